@@ -1,0 +1,237 @@
+"""The store interface: what every tier (memory, filesystem, S3, peers) promises.
+
+A store maps :class:`~chunkstore.hashing.ChunkKey` to the bytes of one chunk
+file. The abstract methods are batched because every real backend is faster
+per key in batches (one directory walk, concurrent S3 requests, one peer
+round trip); single-key conveniences are built on them here.
+
+Contracts every implementation keeps (the conformance suite in
+``chunkstore.testing.store_suite`` checks them):
+
+* A missing key is ``None`` / ``False``, never an exception.
+* A corrupt chunk (any :class:`~chunkstore.errors.FormatError`) read through
+  :meth:`Store.get_many` is a miss: it is counted in ``corrupt_detected``,
+  handed to :meth:`Store._quarantine` and never returned.
+* ``put`` is atomic: a reader sees the old state or the whole new chunk.
+  Two writers of the same key never produce a torn chunk.
+* ``put_if_absent`` writes only when the key is absent and says whether this
+  call wrote it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+from chunkstore.errors import FormatError
+from chunkstore.format import ByteRange, decode_chunk
+from chunkstore.hashing import ChunkKey
+
+log = logging.getLogger(__name__)
+
+Buffer = Any
+"""Anything exposing the buffer protocol (bytes, bytearray, memoryview, numpy array, mmap)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkInfo:
+    """One stored chunk, as listed."""
+
+    key: ChunkKey
+    """Its key (namespace included)."""
+    size: int
+    """Bytes stored."""
+    mtime: float
+    """Last write, seconds since the epoch."""
+    atime: float
+    """Last read as tracked by the store (not the filesystem's atime), seconds since the epoch."""
+
+
+class Store(ABC):
+    """Abstract chunk store. Subclasses implement the ``_``-prefixed batched primitives."""
+
+    #: Short label for metrics and logs (``"fs"``, ``"s3"``, ``"memory"``, ``"peer"``).
+    kind: str = "store"
+
+    def __init__(self, *, name: str | None = None, verify: bool = True) -> None:
+        self.name = name or self.kind
+        self.verify = verify
+        self._corrupt = 0
+        self._corrupt_lock = threading.Lock()
+
+    # --- capabilities -----------------------------------------------------------
+
+    @property
+    def supports_listing(self) -> bool:
+        """Whether :meth:`list` enumerates everything stored."""
+        return True
+
+    @property
+    def atomic_put(self) -> bool:
+        """Whether a reader can never observe a partially written chunk."""
+        return True
+
+    @property
+    def high_latency(self) -> bool:
+        """True for stores where each request costs a round trip (S3, peers):
+        :meth:`lookup_prefix` then binary-searches instead of asking for every key."""
+        return False
+
+    @property
+    def corrupt_detected(self) -> int:
+        """How many corrupt chunks reads have found (and quarantined) so far."""
+        return self._corrupt
+
+    # --- primitives ------------------------------------------------------------
+
+    @abstractmethod
+    def _read_many(self, keys: Sequence[ChunkKey]) -> list[bytes | None]:
+        """Raw stored bytes per key, ``None`` where absent. No validation."""
+
+    @abstractmethod
+    def exists_many(self, keys: Sequence[ChunkKey]) -> list[bool]:
+        """Presence of each key."""
+
+    @abstractmethod
+    def put_many(self, items: Sequence[tuple[ChunkKey, Buffer]]) -> list[bool]:
+        """Store each chunk atomically (overwriting); True per item that was written."""
+
+    @abstractmethod
+    def put_if_absent_many(self, items: Sequence[tuple[ChunkKey, Buffer]]) -> list[bool]:
+        """Store each chunk unless its key exists; True per item this call wrote."""
+
+    @abstractmethod
+    def delete_many(self, keys: Sequence[ChunkKey]) -> int:
+        """Delete keys (missing ones are ignored); returns how many were deleted."""
+
+    @abstractmethod
+    def list(self, namespace: str | None = None) -> Iterator[ChunkInfo]:
+        """Every stored chunk (of one namespace, if given), in no particular order."""
+
+    def close(self) -> None:
+        """Release connections and flush; the store is unusable afterwards."""
+
+    def _quarantine(self, key: ChunkKey, reason: str) -> None:
+        """Move a corrupt chunk out of the serving path. Default: delete it."""
+        self.delete_many([key])
+
+    # --- validated reads ---------------------------------------------------------
+
+    def get_many(self, keys: Sequence[ChunkKey]) -> list[bytes | None]:
+        """Chunk bytes per key; ``None`` for missing and for corrupt (quarantined) chunks."""
+        raw = self._read_many(keys)
+        return [self._checked(k, d) for k, d in zip(keys, raw)]
+
+    def _checked(self, key: ChunkKey, data: Any) -> Any:
+        if data is None or not self.verify:
+            return data
+        try:
+            decode_chunk(data, expected_key=key.digest)
+        except FormatError as exc:
+            self.report_corrupt(key, exc)
+            return None
+        return data
+
+    def report_corrupt(self, key: ChunkKey, exc: Exception) -> None:
+        """Count a corrupt chunk and quarantine it; never raises."""
+        with self._corrupt_lock:
+            self._corrupt += 1
+        log.warning("%s: corrupt chunk %s (%s): quarantined", self.name, key.hex, exc)
+        try:
+            self._quarantine(key, f"{type(exc).__name__}: {exc}")
+        except Exception:  # noqa: BLE001 - quarantine is best effort; the read is a miss anyway
+            log.exception("%s: could not quarantine %s", self.name, key.hex)
+
+    # --- single-key conveniences ---------------------------------------------------
+
+    def get(self, key: ChunkKey) -> bytes | None:
+        """One chunk's bytes or ``None``."""
+        return self.get_many([key])[0]
+
+    def exists(self, key: ChunkKey) -> bool:
+        """Whether one key is stored."""
+        return self.exists_many([key])[0]
+
+    def put(self, key: ChunkKey, data: Buffer) -> bool:
+        """Store one chunk."""
+        return self.put_many([(key, data)])[0]
+
+    def put_if_absent(self, key: ChunkKey, data: Buffer) -> bool:
+        """Store one chunk unless present; True if this call wrote it."""
+        return self.put_if_absent_many([(key, data)])[0]
+
+    def delete(self, key: ChunkKey) -> bool:
+        """Delete one key; True if it existed."""
+        return self.delete_many([key]) == 1
+
+    # --- prefix lookup -------------------------------------------------------------
+
+    def lookup_prefix(self, keys: Sequence[ChunkKey]) -> int:
+        """How many leading keys of a chain are present.
+
+        Low-latency stores ask for all keys in one batch. High-latency stores
+        rely on chains being monotone in practice (a chunk is stored only after
+        its prefix) and binary-search: at most ceil(log2(n)) + 2 requests.
+        """
+        if not keys:
+            return 0
+        if not self.high_latency:
+            present = self.exists_many(keys)
+            for i, hit in enumerate(present):
+                if not hit:
+                    return i
+            return len(keys)
+        return binary_search_prefix(keys, lambda k: self.exists_many([k])[0])
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(name={self.name!r})"
+
+
+def binary_search_prefix(keys: Sequence[ChunkKey], present: Any) -> int:
+    """Length of the present prefix, assuming presence is monotone along the chain.
+
+    Checks the last key first (a full hit costs one request), then the first
+    (a full miss costs two), then bisects: ceil(log2(n)) + 2 requests at most.
+    """
+    n = len(keys)
+    if present(keys[n - 1]):
+        return n
+    if not present(keys[0]):
+        return 0
+    lo, hi = 1, n - 1  # keys[lo-1] present, keys[hi] absent
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if present(keys[mid]):
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+@runtime_checkable
+class SupportsGetInto(Protocol):
+    """Fast path: read a chunk straight into a caller buffer (a host-pool slot)."""
+
+    def get_into(self, key: ChunkKey, buffer: Buffer) -> int | None:
+        """Fill ``buffer`` with the chunk and return its size, or ``None`` if missing/corrupt."""
+        ...
+
+
+@runtime_checkable
+class SupportsRangedRead(Protocol):
+    """Fast path: read only some byte ranges of a chunk (one TP rank's share)."""
+
+    def read_ranges(self, key: ChunkKey, ranges: Sequence[ByteRange]) -> list[bytes] | None:
+        """The bytes of each range, or ``None`` if the chunk is missing. Not checksummed:
+        the caller verifies against the full chunk when it needs to."""
+        ...

@@ -1,0 +1,72 @@
+"""An in-process dict store: the reference implementation and a test double."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator, Sequence
+
+from chunkstore.backends.base import Buffer, ChunkInfo, Store
+from chunkstore.hashing import ChunkKey
+
+
+class MemoryStore(Store):
+    """Chunks in a dict, guarded by one lock. Lost when the process ends."""
+
+    kind = "memory"
+
+    def __init__(self, *, name: str | None = None, verify: bool = True) -> None:
+        super().__init__(name=name, verify=verify)
+        self._data: dict[ChunkKey, tuple[bytes, float, float]] = {}
+        self._lock = threading.Lock()
+
+    def _read_many(self, keys: Sequence[ChunkKey]) -> list[bytes | None]:
+        now = time.time()
+        out: list[bytes | None] = []
+        with self._lock:
+            for key in keys:
+                entry = self._data.get(key)
+                if entry is None:
+                    out.append(None)
+                else:
+                    self._data[key] = (entry[0], entry[1], now)
+                    out.append(entry[0])
+        return out
+
+    def exists_many(self, keys: Sequence[ChunkKey]) -> list[bool]:
+        with self._lock:
+            return [k in self._data for k in keys]
+
+    def put_many(self, items: Sequence[tuple[ChunkKey, Buffer]]) -> list[bool]:
+        now = time.time()
+        with self._lock:
+            for key, data in items:
+                self._data[key] = (bytes(memoryview(data).cast("B")), now, now)
+        return [True] * len(items)
+
+    def put_if_absent_many(self, items: Sequence[tuple[ChunkKey, Buffer]]) -> list[bool]:
+        now = time.time()
+        written = []
+        with self._lock:
+            for key, data in items:
+                if key in self._data:
+                    written.append(False)
+                else:
+                    self._data[key] = (bytes(memoryview(data).cast("B")), now, now)
+                    written.append(True)
+        return written
+
+    def delete_many(self, keys: Sequence[ChunkKey]) -> int:
+        with self._lock:
+            return sum(self._data.pop(k, None) is not None for k in keys)
+
+    def list(self, namespace: str | None = None) -> Iterator[ChunkInfo]:
+        with self._lock:
+            snapshot = list(self._data.items())
+        for key, (data, mtime, atime) in snapshot:
+            if namespace is None or key.namespace == namespace:
+                yield ChunkInfo(key, len(data), mtime, atime)
+
+    def close(self) -> None:
+        with self._lock:
+            self._data.clear()

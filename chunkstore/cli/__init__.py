@@ -1,0 +1,1 @@
+"""The chunkstore command-line interface."""

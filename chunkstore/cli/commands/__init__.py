@@ -1,0 +1,1 @@
+"""Subcommands of ``chunkstore``: one module each, discovered by ``cli.main``."""

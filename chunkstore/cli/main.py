@@ -1,0 +1,68 @@
+"""The ``chunkstore`` command: argument parsing, subcommand discovery and error handling.
+
+Each subcommand is a module in :mod:`chunkstore.cli.commands` with
+``register(subparsers)`` that adds its parser and sets ``func`` to a callable
+``(args) -> int``. User mistakes surface as one line on stderr and a non-zero
+exit code (see :mod:`chunkstore.cli.exitcodes`), never as a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import pkgutil
+import sys
+from collections.abc import Sequence
+
+from chunkstore._version import __version__
+from chunkstore.cli import commands
+from chunkstore.cli.exitcodes import EXIT_CODES_HELP, exit_code_for
+from chunkstore.errors import ChunkStoreError
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The full parser, with every subcommand module found in ``chunkstore.cli.commands``."""
+    parser = argparse.ArgumentParser(
+        prog="chunkstore",
+        description=(
+            "Inspect, verify, prune and copy LLM KV-cache chunk stores; run demos, "
+            "benchmarks, the trace simulator and peer servers."
+        ),
+        epilog=EXIT_CODES_HELP,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"chunkstore {__version__}")
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="log more (-vv: debug)")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
+        module = importlib.import_module(f"{commands.__name__}.{info.name}")
+        module.register(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the console script; returns the process exit code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=[logging.WARNING, logging.INFO, logging.DEBUG][min(args.verbose, 2)],
+        format="%(levelname)s %(name)s: %(message)s",
+    )
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        print("chunkstore: interrupted", file=sys.stderr)
+        return 130
+    except ChunkStoreError as exc:
+        print(f"chunkstore {args.command}: error: {exc}", file=sys.stderr)
+        return exit_code_for(exc)
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,304 @@
+"""Encoding and decoding whole chunks (spec/FORMAT.md).
+
+Write path: fill the payload of a buffer of ``layout.total_size`` bytes (one
+:meth:`ChunkLayout.write_shard` per TP rank, or :func:`encode_chunk` for whole
+tensors), then :func:`seal_chunk` renders the header and checksum in place.
+Read path: :func:`decode_chunk` validates and returns views into the input.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import blake3
+import numpy as np
+import xxhash
+
+from chunkstore.errors import (
+    AuthenticationError,
+    ChecksumMismatch,
+    CompressionError,
+    ConfigError,
+    KeyMismatch,
+    LayoutError,
+    MissingDependency,
+    SpecMismatch,
+    TruncatedChunk,
+)
+from chunkstore.format.dtypes import dtype_named
+from chunkstore.format.header import (
+    FORMAT_VERSION,
+    ChunkHeader,
+    _meta_fields,
+    parse_header,
+    render_header,
+)
+from chunkstore.format.layout import ALIGNMENT, ChunkLayout
+
+_MAC_CONTEXT = "chunkstore 2026-11 chunk mac key v1"
+_ZERO_HEX = b"0" * 64
+
+
+def mac_key_from_secret(secret: bytes | str) -> bytes:
+    """Derive the 32-byte MAC key from a shared secret of any length (BLAKE3 derive_key)."""
+    material = secret.encode() if isinstance(secret, str) else bytes(secret)
+    if not material:
+        raise ConfigError("the chunk authentication secret must not be empty")
+    return blake3.blake3(material, derive_key_context=_MAC_CONTEXT).digest()
+
+
+def _zeroed(head: bytes | bytearray | memoryview, *spans: tuple[int, int] | None) -> bytes:
+    out = bytearray(head)
+    for span in spans:
+        if span is not None:
+            out[span[0] : span[1]] = _ZERO_HEX[: span[1] - span[0]]
+    return bytes(out)
+
+
+def _checksum(head_zeroed: bytes, payload: Any) -> bytes:
+    hasher = xxhash.xxh3_128()
+    hasher.update(head_zeroed)
+    hasher.update(payload)
+    return hasher.digest()
+
+
+def _mac(mac_key: bytes, head_zeroed: bytes, payload: Any) -> bytes:
+    hasher = blake3.blake3(key=mac_key)
+    hasher.update(head_zeroed)
+    hasher.update(payload)
+    return hasher.digest()
+
+
+def key_digest(parent: bytes, tokens: Any) -> bytes:
+    """BLAKE3(parent || tokens as little-endian uint32): the key a chunk must carry."""
+    hasher = blake3.blake3(bytes(parent))
+    hasher.update(np.ascontiguousarray(tokens, dtype="<u4").tobytes())
+    return hasher.digest()
+
+
+def seal_chunk(
+    layout: ChunkLayout,
+    buf: Any,
+    *,
+    key: bytes,
+    parent: bytes,
+    namespace: str,
+    tokens: Any,
+    mac_key: bytes | None = None,
+    verify_key: bool = True,
+) -> None:
+    """Write header, (MAC) and checksum into ``buf`` whose payload is already filled.
+
+    ``buf`` is a writable buffer of ``layout.total_size`` bytes (a host-pool
+    slot, a bytearray). After this call it holds a complete, valid chunk.
+    """
+    view = memoryview(buf).cast("B")
+    if len(view) != layout.total_size:
+        raise ConfigError(f"chunk buffer has {len(view)} bytes, layout needs {layout.total_size}")
+    if (mac_key is not None) != layout.authenticated:
+        raise ConfigError("pass mac_key exactly when the layout is authenticated")
+    token_array = np.ascontiguousarray(tokens, dtype="<u4")
+    if token_array.shape != (layout.spec.chunk_tokens,):
+        raise ConfigError(
+            f"a chunk covers {layout.spec.chunk_tokens} tokens, got {token_array.shape[0]}"
+        )
+    if verify_key and key_digest(parent, token_array) != bytes(key):
+        raise KeyMismatch("key is not BLAKE3(parent || tokens)")
+    template = layout.template
+    head = bytearray(template.raw)
+    values = {
+        "fingerprint": layout.fingerprint.hex(),
+        "namespace": namespace,
+        "key": bytes(key).hex(),
+        "parent": bytes(parent).hex(),
+        "tokens": token_array.tobytes().hex(),
+    }
+    for name, text in values.items():
+        start, stop = template.positions[name]
+        encoded = text.encode()
+        if len(encoded) != stop - start:
+            raise ConfigError(f"{name} has the wrong width for the header ({len(encoded)})")
+        head[start:stop] = encoded
+    payload = view[layout.data_offset :]
+    if mac_key is not None:
+        mac = _mac(mac_key, bytes(head), payload)
+        start, stop = template.positions["mac"]
+        head[start:stop] = mac.hex().encode()
+    start, stop = template.positions["checksum"]
+    head[start:stop] = _checksum(bytes(head), payload).hex().encode()
+    view[: layout.data_offset] = head
+
+
+def encode_chunk(
+    layout: ChunkLayout,
+    *,
+    key: bytes,
+    parent: bytes,
+    namespace: str,
+    tokens: Any,
+    tensors: Mapping[str, Any],
+    out: Any | None = None,
+    mac_key: bytes | None = None,
+    compression: str = "none",
+) -> Any:
+    """Encode whole tensors (every head) as one chunk; returns ``out`` or a new bytearray.
+
+    With ``compression="zstd"`` the result is a new ``bytes`` (not safetensors-
+    readable, smaller on cold tiers); ``out`` must then be None.
+    """
+    buf = bytearray(layout.total_size) if out is None else out
+    layout.write_shard(buf, 0, 1, tensors)
+    seal_chunk(
+        layout, buf, key=key, parent=parent, namespace=namespace, tokens=tokens, mac_key=mac_key
+    )
+    if compression == "none":
+        return buf
+    if out is not None:
+        raise ConfigError("compressed chunks cannot be encoded into a caller buffer")
+    return recompress(buf, compression, mac_key=mac_key)
+
+
+def _zstd() -> Any:
+    try:
+        import zstandard
+    except ImportError:
+        raise MissingDependency(
+            "zstd compression needs the zstandard package: pip install 'chunkstore[zstd]'"
+        ) from None
+    return zstandard
+
+
+def recompress(data: Any, compression: str, *, mac_key: bytes | None = None) -> bytes:
+    """Re-encode a valid chunk with another payload compression (``none`` or ``zstd``)."""
+    chunk = decode_chunk(data, mac_key=mac_key)
+    header = chunk.header
+    if compression == header.compression:
+        return bytes(memoryview(data).cast("B"))
+    payload = chunk.payload
+    if compression == "zstd":
+        stored: Any = _zstd().ZstdCompressor(level=3).compress(payload)
+    elif compression == "none":
+        stored = payload
+    else:
+        raise ConfigError(f"unknown compression {compression!r}; use 'none' or 'zstd'")
+    meta = _meta_fields(
+        version=FORMAT_VERSION,
+        fingerprint=header.fingerprint.hex(),
+        namespace=header.namespace,
+        key=header.key.hex(),
+        parent=header.parent.hex(),
+        tokens=np.asarray(header.tokens, dtype="<u4").tobytes().hex(),
+        compression=compression,
+        payload_size=header.payload_size,
+        stored_size=len(stored),
+        mac="0" * 64 if mac_key is not None else None,
+        checksum="0" * 32,
+    )
+    tensors = [(t.name, t.dtype, t.shape, t.offset, t.nbytes) for t in header.tensors]
+    head = bytearray(render_header(meta, tensors, ALIGNMENT))
+    parsed = parse_header(memoryview(bytes(head)))
+    if mac_key is not None and parsed.mac_span is not None:
+        start, stop = parsed.mac_span
+        head[start:stop] = _mac(mac_key, bytes(head), stored).hex().encode()
+    start, stop = parsed.checksum_span
+    head[start:stop] = _checksum(bytes(head), stored).hex().encode()
+    return bytes(head) + bytes(stored)
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    """A decoded chunk: its validated header and a view of its (uncompressed) payload."""
+
+    header: ChunkHeader
+    """The parsed header."""
+    payload: memoryview
+    """Payload bytes (a view into the input when uncompressed)."""
+
+    def tensor(self, name: str) -> np.ndarray:
+        """A read-only view of tensor ``name`` (no copy for uncompressed chunks)."""
+        for entry in self.header.tensors:
+            if entry.name == name:
+                flat = np.frombuffer(self.payload, np.uint8, entry.nbytes, entry.offset)
+                return flat.view(dtype_named(entry.dtype).numpy).reshape(entry.shape)
+        raise KeyError(name)
+
+    def tensors(self) -> dict[str, np.ndarray]:
+        """Every tensor, as views, in payload order."""
+        return {entry.name: self.tensor(entry.name) for entry in self.header.tensors}
+
+    def copy_into(self, arrays: Mapping[str, np.ndarray]) -> None:
+        """Copy tensors into caller-provided arrays of matching shape (one copy, no temporaries)."""
+        for name, target in arrays.items():
+            source = self.tensor(name)
+            if target.shape != source.shape or target.nbytes != source.nbytes:
+                raise LayoutError(f"{name}: target {target.shape} does not match {source.shape}")
+            np.copyto(target, source if target.dtype == source.dtype else source.view(target.dtype))
+
+
+def decode_chunk(
+    data: Any,
+    *,
+    verify: bool = True,
+    mac_key: bytes | None = None,
+    expected_key: bytes | None = None,
+    expected_fingerprint: bytes | None = None,
+) -> Chunk:
+    """Validate ``data`` (bytes, bytearray, memoryview, mmap) and return views into it.
+
+    ``verify=False`` skips the checksum (for bytes that never left trusted
+    host memory); structure, key derivation and MAC are always checked. Every
+    defect raises a :class:`~chunkstore.errors.FormatError` subclass.
+    """
+    view = memoryview(data).cast("B") if not isinstance(data, memoryview) else data
+    if view.format != "B" or view.ndim != 1:
+        view = view.cast("B")
+    header = parse_header(view)
+    stored = view[header.data_offset :]
+    if len(stored) < header.stored_size:
+        raise TruncatedChunk(f"payload has {len(stored)} of {header.stored_size} bytes")
+    if len(stored) > header.stored_size:
+        raise LayoutError(f"{len(stored) - header.stored_size} trailing bytes after the payload")
+    if verify or mac_key is not None:
+        head = bytes(view[: header.data_offset])
+        if verify and _checksum(_zeroed(head, header.checksum_span), stored) != header.checksum:
+            raise ChecksumMismatch(f"chunk {header.key.hex()} failed its xxh3-128 checksum")
+        if mac_key is not None:
+            if header.mac is None:
+                raise AuthenticationError("chunk carries no MAC but the reader requires one")
+            expected = _mac(mac_key, _zeroed(head, header.checksum_span, header.mac_span), stored)
+            if expected != header.mac:
+                raise AuthenticationError(f"chunk {header.key.hex()} has an invalid MAC")
+    if key_digest(header.parent, header.tokens) != header.key:
+        raise KeyMismatch(f"chunk {header.key.hex()} is not BLAKE3(parent || tokens)")
+    if expected_key is not None and bytes(expected_key) != header.key:
+        raise KeyMismatch(f"asked for {bytes(expected_key).hex()}, chunk holds {header.key.hex()}")
+    if expected_fingerprint is not None and bytes(expected_fingerprint) != header.fingerprint:
+        raise SpecMismatch("chunk was written for another model fingerprint")
+    if header.compression == "zstd":
+        try:
+            payload = _zstd().ZstdDecompressor().decompress(
+                stored, max_output_size=header.payload_size
+            )
+        except Exception as exc:  # zstandard raises its own ZstdError and ValueError
+            if isinstance(exc, MissingDependency):
+                raise
+            raise CompressionError(f"zstd payload cannot be decompressed: {exc}") from None
+        if len(payload) != header.payload_size:
+            raise CompressionError("decompressed payload has the wrong size")
+        return Chunk(header, memoryview(payload))
+    return Chunk(header, stored)
+
+
+def read_header(data: Any) -> ChunkHeader:
+    """Parse only the header (no checksum): for listing and inspection."""
+    return parse_header(memoryview(data).cast("B"))
+
+
+def header_bytes_needed(prefix: bytes) -> int:
+    """Given at least the first 8 bytes of a chunk, how many bytes its header spans."""
+    if len(prefix) < 8:
+        raise TruncatedChunk("need 8 bytes to read the header length")
+    return 8 + int(struct.unpack_from("<Q", prefix, 0)[0])

@@ -1,0 +1,56 @@
+"""Element types a chunk can hold, by their safetensors names."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import ml_dtypes
+import numpy as np
+
+from chunkstore.errors import ConfigError
+
+
+@dataclass(frozen=True, slots=True)
+class DType:
+    """One element type as it appears in a chunk header."""
+
+    name: str
+    """The safetensors dtype string written in the header (``"BF16"``)."""
+    itemsize: int
+    """Bytes per element."""
+    numpy: np.dtype
+    """The numpy dtype used for views (ml_dtypes supplies bf16 and fp8)."""
+
+
+_TABLE = {
+    "BF16": DType("BF16", 2, np.dtype(ml_dtypes.bfloat16)),
+    "F16": DType("F16", 2, np.dtype(np.float16)),
+    "F32": DType("F32", 4, np.dtype(np.float32)),
+    "F8_E4M3": DType("F8_E4M3", 1, np.dtype(ml_dtypes.float8_e4m3fn)),
+    "F8_E5M2": DType("F8_E5M2", 1, np.dtype(ml_dtypes.float8_e5m2)),
+    "I8": DType("I8", 1, np.dtype(np.int8)),
+    "U8": DType("U8", 1, np.dtype(np.uint8)),
+}
+_ALIASES = {
+    "bf16": "BF16", "bfloat16": "BF16", "torch.bfloat16": "BF16",
+    "fp16": "F16", "f16": "F16", "float16": "F16", "half": "F16", "torch.float16": "F16",
+    "fp32": "F32", "f32": "F32", "float32": "F32", "float": "F32", "torch.float32": "F32",
+    "fp8": "F8_E4M3", "fp8_e4m3": "F8_E4M3", "f8_e4m3": "F8_E4M3", "float8_e4m3fn": "F8_E4M3",
+    "torch.float8_e4m3fn": "F8_E4M3",
+    "fp8_e5m2": "F8_E5M2", "f8_e5m2": "F8_E5M2", "float8_e5m2": "F8_E5M2",
+    "torch.float8_e5m2": "F8_E5M2",
+    "int8": "I8", "i8": "I8", "uint8": "U8", "u8": "U8",
+}
+
+
+def dtype_named(name: str) -> DType:
+    """Look a dtype up by safetensors name or common alias (``bf16``, ``torch.float16``)."""
+    key = name if name in _TABLE else _ALIASES.get(str(name).lower())
+    if key is None:
+        raise ConfigError(f"unknown dtype {name!r}; known: {', '.join(sorted(_TABLE))}")
+    return _TABLE[key]
+
+
+def is_known_dtype(name: str) -> bool:
+    """Whether ``name`` is a safetensors dtype string this version can read."""
+    return name in _TABLE

