@@ -1,0 +1,1 @@
+"""Test support shipped with the package: chunk factories and the store conformance suite."""
