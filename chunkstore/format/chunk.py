@@ -179,7 +179,7 @@ def recompress(data: Any, compression: str, *, mac_key: bytes | None = None) -> 
         return bytes(memoryview(data).cast("B"))
     payload = chunk.payload
     if compression == "zstd":
-        stored: Any = _zstd().ZstdCompressor(level=3).compress(payload)
+        stored: Any = _zstd().ZstdCompressor(level=3, write_checksum=True).compress(payload)
     elif compression == "none":
         stored = payload
     else:

@@ -1,0 +1,146 @@
+"""Encode/decode round trips for random specs, dtypes and token counts."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+from safetensors import safe_open
+
+from chunkstore.errors import AuthenticationError, ConfigError, KeyMismatch, SpecMismatch
+from chunkstore.format import (
+    ALIGNMENT,
+    ChunkLayout,
+    KVSpec,
+    decode_chunk,
+    encode_chunk,
+    key_digest,
+    mac_key_from_secret,
+    read_header,
+    recompress,
+)
+from chunkstore.hashing import namespace_of, namespace_root
+from tests.format.strategies import kv_specs, random_tensors
+
+
+def _encode(layout: ChunkLayout, seed: int, **kwargs):
+    root = namespace_root(layout.fingerprint)
+    tokens = np.random.default_rng(seed).integers(0, 2**32, layout.spec.chunk_tokens, dtype=np.uint64)
+    tokens = tokens.astype(np.uint32)
+    tensors = random_tensors(layout, seed)
+    key = key_digest(root, tokens)
+    data = encode_chunk(
+        layout, key=key, parent=root, namespace=namespace_of(root), tokens=tokens, tensors=tensors,
+        **kwargs,
+    )
+    return data, tensors, tokens, key, root
+
+
+@given(kv_specs(), st.integers(0, 2**31))
+def test_round_trip_preserves_every_byte(spec: KVSpec, seed: int) -> None:
+    layout = ChunkLayout(spec)
+    data, tensors, tokens, key, root = _encode(layout, seed)
+    assert len(data) == layout.total_size
+    assert layout.data_offset % ALIGNMENT == 0
+    chunk = decode_chunk(data, expected_key=key, expected_fingerprint=spec.fingerprint())
+    assert chunk.header.key == key and chunk.header.parent == root
+    assert chunk.header.tokens == tuple(int(t) for t in tokens)
+    assert chunk.header.fingerprint == spec.fingerprint()
+    assert [e.name for e in chunk.header.tensors] == [s.name for s in layout.tensors]
+    for name, source in tensors.items():
+        assert chunk.tensor(name).tobytes() == source.tobytes()
+
+
+@given(kv_specs(), st.integers(0, 2**31))
+def test_zstd_round_trip(spec: KVSpec, seed: int) -> None:
+    layout = ChunkLayout(spec)
+    data, tensors, *_ = _encode(layout, seed)
+    packed = recompress(data, "zstd")
+    chunk = decode_chunk(packed)
+    assert chunk.header.compression == "zstd"
+    assert bytes(chunk.payload) == bytes(decode_chunk(data).payload)
+    assert recompress(packed, "none") == bytes(data)
+
+
+@given(kv_specs(), st.integers(0, 2**31))
+def test_decode_into_caller_arrays(spec: KVSpec, seed: int) -> None:
+    layout = ChunkLayout(spec)
+    data, tensors, *_ = _encode(layout, seed)
+    targets = {name: np.empty_like(t) for name, t in tensors.items()}
+    decode_chunk(data).copy_into(targets)
+    for name in tensors:
+        assert targets[name].tobytes() == tensors[name].tobytes()
+
+
+def test_encode_into_caller_buffer_and_decode_views_without_copy() -> None:
+    layout = ChunkLayout(KVSpec.simple("m", num_layers=2, num_kv_heads=2, head_dim=4, chunk_tokens=8))
+    out = bytearray(layout.total_size)
+    data, tensors, *_ = _encode(layout, 7, out=out)
+    assert data is out
+    chunk = decode_chunk(memoryview(out))
+    view = chunk.tensor("layers.1.v")
+    assert np.shares_memory(view, np.frombuffer(out, np.uint8))
+
+
+def test_uncompressed_chunk_is_a_safetensors_file(tmp_path) -> None:
+    spec = KVSpec.simple("m", num_layers=3, num_kv_heads=2, head_dim=8, chunk_tokens=16, dtype="F16")
+    layout = ChunkLayout(spec)
+    data, tensors, *_ = _encode(layout, 3)
+    path = tmp_path / "c.kvc"
+    path.write_bytes(data)
+    with safe_open(str(path), framework="np") as f:
+        assert f.metadata()["chunkstore"] == "1.0"
+        assert sorted(f.keys()) == sorted(tensors)
+        for name in f.keys():
+            assert f.get_tensor(name).tobytes() == tensors[name].tobytes()
+
+
+def test_mac_is_required_when_reader_holds_key() -> None:
+    spec = KVSpec.simple("m", num_layers=1, num_kv_heads=1, head_dim=4, chunk_tokens=4)
+    secret = mac_key_from_secret("team secret")
+    signed, *_ = _encode(ChunkLayout(spec, authenticated=True), 1, mac_key=secret)
+    plain, *_ = _encode(ChunkLayout(spec), 1)
+    decode_chunk(signed, mac_key=secret)
+    decode_chunk(signed)  # readers without the key still read it
+    with pytest.raises(AuthenticationError):
+        decode_chunk(plain, mac_key=secret)
+    with pytest.raises(AuthenticationError):
+        decode_chunk(signed, mac_key=mac_key_from_secret("other secret"))
+    assert read_header(signed).mac is not None
+
+
+def test_expected_key_and_fingerprint_are_checked() -> None:
+    spec = KVSpec.simple("m", num_layers=1, num_kv_heads=1, head_dim=4, chunk_tokens=4)
+    data, *_ = _encode(ChunkLayout(spec), 1)
+    with pytest.raises(KeyMismatch):
+        decode_chunk(data, expected_key=bytes(32))
+    with pytest.raises(SpecMismatch):
+        decode_chunk(data, expected_fingerprint=bytes(32))
+
+
+def test_seal_refuses_a_key_that_does_not_chain() -> None:
+    layout = ChunkLayout(KVSpec.simple("m", num_layers=1, num_kv_heads=1, head_dim=4, chunk_tokens=4))
+    tensors = random_tensors(layout, 0)
+    with pytest.raises(KeyMismatch):
+        encode_chunk(layout, key=bytes(32), parent=bytes(32), namespace="0" * 16,
+                     tokens=[1, 2, 3, 4], tensors=tensors)
+    with pytest.raises(ConfigError):
+        encode_chunk(layout, key=bytes(32), parent=bytes(32), namespace="0" * 16,
+                     tokens=[1, 2, 3], tensors=tensors)
+
+
+def test_all_chunks_of_a_spec_have_one_size() -> None:
+    layout = ChunkLayout(KVSpec.simple("m", num_layers=2, num_kv_heads=2, head_dim=4, chunk_tokens=8))
+    sizes = {len(_encode(layout, seed)[0]) for seed in range(5)}
+    assert sizes == {layout.total_size}
+
+
+def test_spec_round_trips_through_dict_and_rejects_nonsense() -> None:
+    spec = KVSpec.simple("llama", num_layers=4, num_kv_heads=8, head_dim=128)
+    assert KVSpec.from_dict(spec.to_dict()) == spec
+    assert KVSpec.from_dict(spec.to_dict()).fingerprint() == spec.fingerprint()
+    with pytest.raises(ConfigError):
+        KVSpec.from_dict({"model_id": "x"})
+    with pytest.raises(ConfigError):
+        KVSpec.simple("x", num_layers=1, num_kv_heads=1, head_dim=1, dtype="complex128")
