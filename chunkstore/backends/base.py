@@ -126,6 +126,15 @@ class Store(ABC):
         raw = self._read_many(keys)
         return [self._checked(k, d) for k, d in zip(keys, raw)]
 
+    def read_unchecked_many(self, keys: Sequence[ChunkKey]) -> list[bytes | None]:
+        """Stored bytes per key with no validation, no quarantine and no access-time update.
+
+        For maintenance tools (verify, cp, inspect) that must not disturb the
+        LRU order ``prune --max-bytes`` relies on. Stores that track access
+        times override this; the default is the raw read.
+        """
+        return self._read_many(keys)
+
     def _checked(self, key: ChunkKey, data: Any) -> Any:
         if data is None or not self.verify:
             return data
