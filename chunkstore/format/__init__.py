@@ -3,6 +3,7 @@
 from chunkstore.format.chunk import (
     Chunk,
     decode_chunk,
+    decode_into,
     encode_chunk,
     header_bytes_needed,
     key_digest,
@@ -58,6 +59,7 @@ __all__ = [
     "TensorEntry",
     "TensorSlot",
     "decode_chunk",
+    "decode_into",
     "dtype_named",
     "encode_chunk",
     "header_bytes_needed",

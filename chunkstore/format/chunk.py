@@ -40,6 +40,8 @@ from chunkstore.format.layout import ALIGNMENT, ChunkLayout
 
 _MAC_CONTEXT = "chunkstore 2026-11 chunk mac key v1"
 _ZERO_HEX = b"0" * 64
+_FUSED_BLOCK = 256 * 1024
+"""Bytes hashed then copied at a time in fused loops: well inside a core's L2."""
 
 
 def mac_key_from_secret(secret: bytes | str) -> bytes:
@@ -73,10 +75,74 @@ def _mac(mac_key: bytes, head_zeroed: bytes, payload: Any) -> bytes:
 
 
 def key_digest(parent: bytes, tokens: Any) -> bytes:
-    """BLAKE3(parent || tokens as little-endian uint32): the key a chunk must carry."""
+    """BLAKE3(parent || tokens as little-endian uint32): the key a chunk must carry.
+
+    ``tokens`` is a sequence of ids or, already encoded, little-endian uint32 bytes.
+    """
     hasher = blake3.blake3(bytes(parent))
-    hasher.update(np.ascontiguousarray(tokens, dtype="<u4").tobytes())
+    if isinstance(tokens, (bytes, bytearray, memoryview)):
+        hasher.update(tokens)
+    else:
+        hasher.update(np.ascontiguousarray(tokens, dtype="<u4").tobytes())
     return hasher.digest()
+
+
+def _render_head(
+    layout: ChunkLayout, *, key: bytes, parent: bytes, namespace: str, tokens: Any, verify_key: bool
+) -> bytearray:
+    """The header with every field filled in except MAC and checksum (left zeroed)."""
+    token_array = np.ascontiguousarray(tokens, dtype="<u4")
+    if token_array.shape != (layout.spec.chunk_tokens,):
+        raise ConfigError(
+            f"a chunk covers {layout.spec.chunk_tokens} tokens, got {token_array.size}"
+        )
+    if verify_key and key_digest(parent, token_array) != bytes(key):
+        raise KeyMismatch("key is not BLAKE3(parent || tokens)")
+    template = layout.template
+    head = bytearray(template.raw)
+    values = {
+        "fingerprint": layout.fingerprint.hex(),
+        "namespace": namespace,
+        "key": bytes(key).hex(),
+        "parent": bytes(parent).hex(),
+        "tokens": token_array.tobytes().hex(),
+    }
+    for name, text in values.items():
+        start, stop = template.positions[name]
+        encoded = text.encode()
+        if len(encoded) != stop - start:
+            raise ConfigError(f"{name} has the wrong width for the header ({len(encoded)})")
+        head[start:stop] = encoded
+    return head
+
+
+def _finish_head(
+    layout: ChunkLayout, view: memoryview, head: bytearray, checksum: bytes | None,
+    mac_key: bytes | None,
+) -> None:
+    """Add MAC and checksum to ``head`` and write it in front of the payload in ``view``.
+
+    ``checksum`` may be precomputed (fused with the payload copy) only when no MAC is
+    added, since the checksum covers the MAC field.
+    """
+    payload = view[layout.data_offset :]
+    positions = layout.template.positions
+    if mac_key is not None:
+        start, stop = positions["mac"]
+        head[start:stop] = _mac(mac_key, bytes(head), payload).hex().encode()
+        checksum = None
+    if checksum is None:
+        checksum = _checksum(bytes(head), payload)
+    start, stop = positions["checksum"]
+    head[start:stop] = checksum.hex().encode()
+    view[: layout.data_offset] = head
+
+
+def _check_seal_args(layout: ChunkLayout, view: memoryview, mac_key: bytes | None) -> None:
+    if len(view) != layout.total_size:
+        raise ConfigError(f"chunk buffer has {len(view)} bytes, layout needs {layout.total_size}")
+    if (mac_key is not None) != layout.authenticated:
+        raise ConfigError("pass mac_key exactly when the layout is authenticated")
 
 
 def seal_chunk(
@@ -96,40 +162,11 @@ def seal_chunk(
     slot, a bytearray). After this call it holds a complete, valid chunk.
     """
     view = memoryview(buf).cast("B")
-    if len(view) != layout.total_size:
-        raise ConfigError(f"chunk buffer has {len(view)} bytes, layout needs {layout.total_size}")
-    if (mac_key is not None) != layout.authenticated:
-        raise ConfigError("pass mac_key exactly when the layout is authenticated")
-    token_array = np.ascontiguousarray(tokens, dtype="<u4")
-    if token_array.shape != (layout.spec.chunk_tokens,):
-        raise ConfigError(
-            f"a chunk covers {layout.spec.chunk_tokens} tokens, got {token_array.shape[0]}"
-        )
-    if verify_key and key_digest(parent, token_array) != bytes(key):
-        raise KeyMismatch("key is not BLAKE3(parent || tokens)")
-    template = layout.template
-    head = bytearray(template.raw)
-    values = {
-        "fingerprint": layout.fingerprint.hex(),
-        "namespace": namespace,
-        "key": bytes(key).hex(),
-        "parent": bytes(parent).hex(),
-        "tokens": token_array.tobytes().hex(),
-    }
-    for name, text in values.items():
-        start, stop = template.positions[name]
-        encoded = text.encode()
-        if len(encoded) != stop - start:
-            raise ConfigError(f"{name} has the wrong width for the header ({len(encoded)})")
-        head[start:stop] = encoded
-    payload = view[layout.data_offset :]
-    if mac_key is not None:
-        mac = _mac(mac_key, bytes(head), payload)
-        start, stop = template.positions["mac"]
-        head[start:stop] = mac.hex().encode()
-    start, stop = template.positions["checksum"]
-    head[start:stop] = _checksum(bytes(head), payload).hex().encode()
-    view[: layout.data_offset] = head
+    _check_seal_args(layout, view, mac_key)
+    head = _render_head(
+        layout, key=key, parent=parent, namespace=namespace, tokens=tokens, verify_key=verify_key
+    )
+    _finish_head(layout, view, head, None, mac_key)
 
 
 def encode_chunk(
@@ -146,18 +183,34 @@ def encode_chunk(
 ) -> Any:
     """Encode whole tensors (every head) as one chunk; returns ``out`` or a new bytearray.
 
+    The checksum is computed tensor by tensor right after each copy, while the
+    bytes are still in cache, instead of in a second pass over the payload.
     With ``compression="zstd"`` the result is a new ``bytes`` (not safetensors-
     readable, smaller on cold tiers); ``out`` must then be None.
     """
+    if compression != "none" and out is not None:
+        raise ConfigError("compressed chunks cannot be encoded into a caller buffer")
     buf = bytearray(layout.total_size) if out is None else out
-    layout.write_shard(buf, 0, 1, tensors)
-    seal_chunk(
-        layout, buf, key=key, parent=parent, namespace=namespace, tokens=tokens, mac_key=mac_key
+    view = memoryview(buf).cast("B")
+    _check_seal_args(layout, view, mac_key)
+    head = _render_head(
+        layout, key=key, parent=parent, namespace=namespace, tokens=tokens, verify_key=True
     )
+    hasher = xxhash.xxh3_128()
+    hasher.update(bytes(head))
+    for slot in layout.tensors:
+        if slot.name not in tensors:
+            raise LayoutError(f"tensors lack {slot.name}")
+        target = layout.tensor_view(view, slot.name)
+        source = np.asarray(tensors[slot.name])
+        if source.shape != target.shape or source.nbytes != target.nbytes:
+            raise LayoutError(f"{slot.name}: shape {source.shape}, expected {target.shape}")
+        np.copyto(target, source if source.dtype == target.dtype else source.view(target.dtype))
+        start = layout.data_offset + slot.offset
+        hasher.update(view[start : start + slot.nbytes])
+    _finish_head(layout, view, head, hasher.digest(), mac_key)
     if compression == "none":
         return buf
-    if out is not None:
-        raise ConfigError("compressed chunks cannot be encoded into a caller buffer")
     return recompress(buf, compression, mac_key=mac_key)
 
 
@@ -190,7 +243,7 @@ def recompress(data: Any, compression: str, *, mac_key: bytes | None = None) -> 
         namespace=header.namespace,
         key=header.key.hex(),
         parent=header.parent.hex(),
-        tokens=np.asarray(header.tokens, dtype="<u4").tobytes().hex(),
+        tokens=header.token_bytes.hex(),
         compression=compression,
         payload_size=header.payload_size,
         stored_size=len(stored),
@@ -271,12 +324,7 @@ def decode_chunk(
             expected = _mac(mac_key, _zeroed(head, header.checksum_span, header.mac_span), stored)
             if expected != header.mac:
                 raise AuthenticationError(f"chunk {header.key.hex()} has an invalid MAC")
-    if key_digest(header.parent, header.tokens) != header.key:
-        raise KeyMismatch(f"chunk {header.key.hex()} is not BLAKE3(parent || tokens)")
-    if expected_key is not None and bytes(expected_key) != header.key:
-        raise KeyMismatch(f"asked for {bytes(expected_key).hex()}, chunk holds {header.key.hex()}")
-    if expected_fingerprint is not None and bytes(expected_fingerprint) != header.fingerprint:
-        raise SpecMismatch("chunk was written for another model fingerprint")
+    _check_identity(header, expected_key, expected_fingerprint)
     if header.compression == "zstd":
         try:
             payload = _zstd().ZstdDecompressor().decompress(
@@ -290,6 +338,67 @@ def decode_chunk(
             raise CompressionError("decompressed payload has the wrong size")
         return Chunk(header, memoryview(payload))
     return Chunk(header, stored)
+
+
+def decode_into(
+    data: Any,
+    arrays: Mapping[str, np.ndarray],
+    *,
+    verify: bool = True,
+    mac_key: bytes | None = None,
+    expected_key: bytes | None = None,
+    expected_fingerprint: bytes | None = None,
+) -> ChunkHeader:
+    """Validate ``data`` and copy its tensors into caller-provided ``arrays`` in one pass.
+
+    Checksum and copy are fused tensor by tensor (each tensor is hashed, then
+    copied while still in cache). On :class:`ChecksumMismatch` the arrays may
+    already hold damaged bytes: treat them as garbage, like any miss.
+    """
+    view = memoryview(data).cast("B") if not isinstance(data, memoryview) else data
+    if view.format != "B" or view.ndim != 1:
+        view = view.cast("B")
+    header = parse_header(view)
+    if header.compression != "none" or mac_key is not None:
+        chunk = decode_chunk(view, verify=verify, mac_key=mac_key, expected_key=expected_key,
+                             expected_fingerprint=expected_fingerprint)
+        chunk.copy_into(arrays)
+        return chunk.header
+    stored = view[header.data_offset :]
+    if len(stored) != header.stored_size:
+        error = TruncatedChunk if len(stored) < header.stored_size else LayoutError
+        raise error(f"payload has {len(stored)} bytes, header says {header.stored_size}")
+    _check_identity(header, expected_key, expected_fingerprint)
+    hasher = xxhash.xxh3_128() if verify else None
+    if hasher is not None:
+        hasher.update(_zeroed(bytes(view[: header.data_offset]), header.checksum_span))
+    for entry in header.tensors:
+        target = arrays.get(entry.name)
+        if target is not None and (target.shape != entry.shape or target.nbytes != entry.nbytes):
+            raise LayoutError(f"{entry.name}: target {target.shape} does not match {entry.shape}")
+        # Hash and copy in blocks small enough to stay in L2 between the two passes.
+        flat_target = target.reshape(-1).view(np.uint8) if target is not None else None
+        for start in range(0, entry.nbytes, _FUSED_BLOCK):
+            stop = min(start + _FUSED_BLOCK, entry.nbytes)
+            segment = stored[entry.offset + start : entry.offset + stop]
+            if hasher is not None:
+                hasher.update(segment)
+            if flat_target is not None:
+                flat_target[start:stop] = np.frombuffer(segment, np.uint8)
+    if hasher is not None and hasher.digest() != header.checksum:
+        raise ChecksumMismatch(f"chunk {header.key.hex()} failed its xxh3-128 checksum")
+    return header
+
+
+def _check_identity(
+    header: ChunkHeader, expected_key: bytes | None, expected_fingerprint: bytes | None
+) -> None:
+    if key_digest(header.parent, header.token_bytes) != header.key:
+        raise KeyMismatch(f"chunk {header.key.hex()} is not BLAKE3(parent || tokens)")
+    if expected_key is not None and bytes(expected_key) != header.key:
+        raise KeyMismatch(f"asked for {bytes(expected_key).hex()}, chunk holds {header.key.hex()}")
+    if expected_fingerprint is not None and bytes(expected_fingerprint) != header.fingerprint:
+        raise SpecMismatch("chunk was written for another model fingerprint")
 
 
 def read_header(data: Any) -> ChunkHeader:

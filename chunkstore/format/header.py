@@ -103,6 +103,10 @@ class HeaderTemplate:
     """Length prefix and header, placeholders zeroed."""
     positions: dict[str, tuple[int, int]]
     """Field name -> (start, stop) of its variable value inside :attr:`raw`."""
+    entries: tuple[TensorEntry, ...]
+    """The tensor table this header declares, in payload order."""
+    payload_size: int
+    """Payload bytes."""
 
     @property
     def data_offset(self) -> int:
@@ -155,7 +159,59 @@ class HeaderTemplate:
                 marker += f"{CHECKSUM_ALGORITHM}:".encode()
             start = raw.index(marker) + len(marker)
             positions[name] = (start, start + width)
-        return cls(raw, positions)
+        entries = tuple(TensorEntry(n, dtype, tuple(s), o, b) for n, s, o, b in tensors)
+        template = cls(raw, positions, entries, payload_size)
+        _remember(template)
+        return template
+
+
+# Templates of the layouts this process has built, by header length. Decoding a chunk whose
+# fixed bytes equal a known template skips JSON parsing: the fields are read at known
+# positions. Anything else takes the general JSON path, so foreign writers still work.
+_KNOWN_TEMPLATES: dict[int, list[HeaderTemplate]] = {}
+_MAX_TEMPLATES_PER_LENGTH = 8
+
+
+def _remember(template: HeaderTemplate) -> None:
+    bucket = _KNOWN_TEMPLATES.setdefault(len(template.raw), [])
+    if template not in bucket:
+        bucket.insert(0, template)
+        del bucket[_MAX_TEMPLATES_PER_LENGTH:]
+
+
+def _parse_known(raw: bytes) -> ChunkHeader | None:
+    """Parse ``raw`` by position if its fixed bytes match a known template, else None."""
+    for template in _KNOWN_TEMPLATES.get(len(raw), ()):
+        skeleton = bytearray(raw)
+        for start, stop in template.positions.values():
+            skeleton[start:stop] = b"0" * (stop - start)
+        if skeleton != template.raw:
+            continue
+        values: dict[str, bytes] = {}
+        for name, (start, stop) in template.positions.items():
+            text = raw[start:stop]
+            if not _HEX.fullmatch(text):
+                raise MalformedHeader(f"header field {name!r} must be lower-case hex digits")
+            values[name] = bytes.fromhex(text.decode())
+        tokens = values["tokens"]
+        return ChunkHeader(
+            version=FORMAT_VERSION,
+            fingerprint=values["fingerprint"],
+            namespace=values["namespace"].hex(),
+            key=values["key"],
+            parent=values["parent"],
+            token_bytes=tokens,
+            compression="none",
+            payload_size=template.payload_size,
+            stored_size=template.payload_size,
+            checksum=values["checksum"],
+            mac=values.get("mac"),
+            tensors=template.entries,
+            data_offset=len(raw),
+            checksum_span=template.positions["checksum"],
+            mac_span=template.positions.get("mac"),
+        )
+    return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,8 +244,8 @@ class ChunkHeader:
     """32-byte chunk key digest."""
     parent: bytes
     """32-byte parent digest (the namespace root for a conversation's first chunk)."""
-    tokens: tuple[int, ...]
-    """Token ids the chunk covers."""
+    token_bytes: bytes
+    """Token ids the chunk covers, as little-endian uint32 bytes (what the key hashes)."""
     compression: str
     """``none`` or ``zstd``."""
     payload_size: int
@@ -208,6 +264,11 @@ class ChunkHeader:
     """Where the checksum hex lies in the file (zeroed when hashing)."""
     mac_span: tuple[int, int] | None
     """Where the MAC hex lies in the file (zeroed when computing the MAC)."""
+
+    @property
+    def tokens(self) -> tuple[int, ...]:
+        """Token ids the chunk covers."""
+        return struct.unpack(f"<{len(self.token_bytes) // 4}I", self.token_bytes)
 
 
 def _hex_field(meta: dict[str, Any], name: str, width: int, prefix: str = "") -> bytes:
@@ -255,6 +316,9 @@ def parse_header(data: memoryview) -> ChunkHeader:
     if size < data_offset:
         raise TruncatedChunk(f"chunk is {size} bytes, header needs {data_offset}")
     raw = bytes(data[:data_offset])
+    known = _parse_known(raw)
+    if known is not None:
+        return known
     try:
         document = json.loads(raw[8:].decode("utf-8"))
     except (UnicodeDecodeError, ValueError) as exc:
@@ -281,7 +345,6 @@ def parse_header(data: memoryview) -> ChunkHeader:
     ):
         raise MalformedHeader("header field 'tokens' must be 8 hex digits per token")
     token_bytes = bytes.fromhex(tokens_text)
-    tokens = struct.unpack(f"<{len(token_bytes) // 4}I", token_bytes)
     compression = meta.get("compression")
     if compression not in COMPRESSIONS:
         raise MalformedHeader(f"unknown compression {compression!r}")
@@ -337,7 +400,7 @@ def parse_header(data: memoryview) -> ChunkHeader:
         namespace=namespace_bytes.hex(),
         key=key,
         parent=parent,
-        tokens=tuple(tokens),
+        token_bytes=token_bytes,
         compression=compression,
         payload_size=payload_size,
         stored_size=stored_size,

@@ -8,12 +8,20 @@ from hypothesis import given
 from hypothesis import strategies as st
 from safetensors import safe_open
 
-from chunkstore.errors import AuthenticationError, ConfigError, KeyMismatch, SpecMismatch
+from chunkstore.errors import (
+    AuthenticationError,
+    ChecksumMismatch,
+    ConfigError,
+    KeyMismatch,
+    SpecMismatch,
+)
+from chunkstore.format import header as header_module
 from chunkstore.format import (
     ALIGNMENT,
     ChunkLayout,
     KVSpec,
     decode_chunk,
+    decode_into,
     encode_chunk,
     key_digest,
     mac_key_from_secret,
@@ -144,3 +152,29 @@ def test_spec_round_trips_through_dict_and_rejects_nonsense() -> None:
         KVSpec.from_dict({"model_id": "x"})
     with pytest.raises(ConfigError):
         KVSpec.simple("x", num_layers=1, num_kv_heads=1, head_dim=1, dtype="complex128")
+
+
+@given(kv_specs(), st.integers(0, 2**31), st.booleans())
+def test_decode_into_fused_path_matches_and_detects_damage(spec: KVSpec, seed: int, verify: bool) -> None:
+    layout = ChunkLayout(spec)
+    data, tensors, *_ = _encode(layout, seed)
+    targets = {name: np.zeros_like(t) for name, t in tensors.items()}
+    header = decode_into(data, targets, verify=verify)
+    assert header.key == decode_chunk(data).header.key
+    assert all(targets[n].tobytes() == tensors[n].tobytes() for n in tensors)
+    damaged = bytearray(data)
+    damaged[-1] ^= 0x10
+    if verify:
+        with pytest.raises(ChecksumMismatch):
+            decode_into(damaged, targets)
+
+
+def test_known_template_fast_path_agrees_with_json_parser(monkeypatch) -> None:
+    spec = KVSpec.simple("m", num_layers=2, num_kv_heads=2, head_dim=4, chunk_tokens=8)
+    data, *_ = _encode(ChunkLayout(spec, authenticated=True), 5,
+                       mac_key=mac_key_from_secret("k"))
+    fast = read_header(data)
+    monkeypatch.setattr(header_module, "_KNOWN_TEMPLATES", {})
+    slow = read_header(data)
+    assert fast == slow
+    assert fast.tokens == slow.tokens and len(fast.tokens) == 8
