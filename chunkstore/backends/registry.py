@@ -87,3 +87,7 @@ def open_store(url: str, *, config: str | Path | None = None, **options: Any) ->
     if _FALLBACK is None:
         raise ConfigError(f"no store handles {url!r}")
     return _resolve(_FALLBACK)(url, **merged)
+
+
+set_fallback("chunkstore.backends.fs", "open_fs_store")
+register_scheme("s3", "chunkstore.backends.s3", "open_s3_store", "pip install 'chunkstore[s3]'")
