@@ -20,6 +20,7 @@ Contracts every implementation keeps (the conformance suite in
 
 from __future__ import annotations
 
+import builtins
 import logging
 import threading
 from abc import ABC, abstractmethod
@@ -121,12 +122,12 @@ class Store(ABC):
 
     # --- validated reads ---------------------------------------------------------
 
-    def get_many(self, keys: Sequence[ChunkKey]) -> list[bytes | None]:
+    def get_many(self, keys: Sequence[ChunkKey]) -> builtins.list[bytes | None]:
         """Chunk bytes per key; ``None`` for missing and for corrupt (quarantined) chunks."""
         raw = self._read_many(keys)
         return [self._checked(k, d) for k, d in zip(keys, raw)]
 
-    def read_unchecked_many(self, keys: Sequence[ChunkKey]) -> list[bytes | None]:
+    def read_unchecked_many(self, keys: Sequence[ChunkKey]) -> builtins.list[bytes | None]:
         """Stored bytes per key with no validation, no quarantine and no access-time update.
 
         For maintenance tools (verify, cp, inspect) that must not disturb the

@@ -101,7 +101,7 @@ class ChunkLayout:
             for layer in group.layers:
                 specs: list[tuple[str, tuple[int, ...], bool]]
                 if group.kind in (ATTENTION, SLIDING_WINDOW):
-                    shape = (group.num_kv_heads, tokens, group.head_dim)
+                    shape: tuple[int, ...] = (group.num_kv_heads, tokens, group.head_dim)
                     specs = [("k", shape, True), ("v", shape, True)]
                 elif group.kind == MLA:
                     specs = [("latent", (tokens, group.head_dim), False)]

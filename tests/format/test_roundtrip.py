@@ -100,7 +100,7 @@ def test_uncompressed_chunk_is_a_safetensors_file(tmp_path) -> None:
     with safe_open(str(path), framework="np") as f:
         assert f.metadata()["chunkstore"] == "1.0"
         assert sorted(f.keys()) == sorted(tensors)
-        for name in f.keys():
+        for name in f.keys():  # noqa: SIM118 - safe_open is not a dict
             assert f.get_tensor(name).tobytes() == tensors[name].tobytes()
 
 
