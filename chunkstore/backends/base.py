@@ -28,7 +28,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-from chunkstore.errors import FormatError
+from chunkstore.errors import FormatError, UnsupportedVersion
 from chunkstore.format import ByteRange, decode_chunk
 from chunkstore.hashing import ChunkKey
 
@@ -141,6 +141,10 @@ class Store(ABC):
             return data
         try:
             decode_chunk(data, expected_key=key.digest)
+        except UnsupportedVersion:
+            # Written by a newer chunkstore sharing this store (a rolling upgrade): a miss for
+            # us, not damage; quarantining it would destroy the newer readers' cache.
+            return None
         except FormatError as exc:
             self.report_corrupt(key, exc)
             return None

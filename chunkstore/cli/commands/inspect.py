@@ -1,0 +1,284 @@
+"""``chunkstore inspect URL``: what a store holds, per namespace and model, and what is wrong."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from typing import Any
+
+from chunkstore.backends.base import ChunkInfo
+from chunkstore.cli.output import emit_json, emit_text
+from chunkstore.cli.progress import Progress
+from chunkstore.cli.storeaccess import (
+    foreign_files,
+    quarantined,
+    read_header_of,
+    stop_access_tracking,
+    temp_files,
+)
+from chunkstore.cli.storeargs import (
+    add_output_options,
+    add_store_options,
+    namespace_arg,
+    open_cli_store,
+)
+from chunkstore.cli.table import render_table
+from chunkstore.cli.units import format_size
+from chunkstore.errors import FormatError, UnsupportedVersion
+
+AGE_BUCKETS: tuple[tuple[str, float], ...] = (
+    ("< 1h", 3600.0),
+    ("1h - 1d", 86400.0),
+    ("1d - 7d", 7 * 86400.0),
+    ("7d - 30d", 30 * 86400.0),
+    (">= 30d", float("inf")),
+)
+"""Histogram buckets: label and exclusive upper bound in seconds."""
+
+EPILOG = """examples:
+  chunkstore inspect /mnt/kvcache
+  chunkstore inspect s3://bucket/kv --no-headers --json
+
+Reads each chunk's header (not its payload) to find the model fingerprint and
+format version; "corrupt" here means an unreadable header or a header whose key
+does not match the file name. `chunkstore verify` checks payload checksums.
+"""
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add the ``inspect`` subcommand."""
+    parser = subparsers.add_parser(
+        "inspect",
+        help="summarise a store: counts, bytes, namespaces, models, ages, orphans, corrupt",
+        description=(
+            "Summarise a store: chunk count and bytes, breakdown per namespace and per model "
+            "fingerprint, histogram of ages, orphan temp files, foreign files, corrupt and "
+            "quarantined chunks."
+        ),
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("url", metavar="URL", help="store: a directory, file://, s3://, fsspec URL")
+    parser.add_argument("--namespace", metavar="NS", type=namespace_arg, help="only this namespace")
+    parser.add_argument(
+        "--no-headers",
+        action="store_true",
+        help="do not read chunk headers (faster; no per-model breakdown or corrupt count)",
+    )
+    add_output_options(parser)
+    add_store_options(parser)
+    parser.set_defaults(func=run)
+
+
+@dataclass(slots=True)
+class Tally:
+    """Chunk count and bytes of one group."""
+
+    chunks: int = 0
+    """Chunks."""
+    bytes: int = 0
+    """Bytes."""
+    models: set[str] = field(default_factory=set)
+    """Model fingerprints seen (namespace rows) or namespaces seen (model rows)."""
+    tokens: Counter[int] = field(default_factory=Counter)
+    """Tokens per chunk seen (model rows)."""
+    versions: Counter[str] = field(default_factory=Counter)
+    """Format versions seen (model rows)."""
+
+    def add(self, size: int) -> None:
+        """Count one chunk."""
+        self.chunks += 1
+        self.bytes += size
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    """A chunk whose header could not be read or does not match its name."""
+
+    info: ChunkInfo
+    """The chunk as listed."""
+    problem: str
+    """``ErrorClass: message``."""
+
+
+def _bucket(age: float) -> str:
+    for label, bound in AGE_BUCKETS:
+        if age < bound:
+            return label
+    return AGE_BUCKETS[-1][0]
+
+
+def run(args: argparse.Namespace) -> int:
+    """Scan listing (and headers), then print the summary."""
+    namespaces: dict[str, Tally] = defaultdict(Tally)
+    models: dict[str, Tally] = defaultdict(Tally)
+    written: Counter[str] = Counter()
+    used: Counter[str] = Counter()
+    corrupt: list[Problem] = []
+    unsupported: list[Problem] = []
+    total = Tally()
+    with open_cli_store(args.url, args) as store:
+        stop_access_tracking(store)
+        infos = list(store.list(args.namespace))
+        now = time.time()
+        with Progress("inspect", len(infos), quiet=args.quiet or args.no_headers) as progress:
+            for info in infos:
+                total.add(info.size)
+                namespaces[info.key.namespace].add(info.size)
+                written[_bucket(now - info.mtime)] += 1
+                used[_bucket(now - (info.atime or info.mtime))] += 1
+                if not args.no_headers:
+                    _read_header(store, info, namespaces, models, corrupt, unsupported)
+                    progress.advance()
+        orphans = temp_files(store)
+        foreign = foreign_files(store)
+        held = quarantined(store)
+    if args.namespace is not None:
+        foreign = [f for f in foreign if f"{args.namespace}/" in f.path]
+        orphans = [f for f in orphans if f"{args.namespace}/" in f.path]
+    ns_rows = sorted(namespaces.items())
+    model_rows = sorted(models.items(), key=lambda kv: (-kv[1].bytes, kv[0]))
+    if args.json:
+        emit_json(
+            {
+                "url": args.url,
+                "chunks": total.chunks,
+                "bytes": total.bytes,
+                "namespaces": [
+                    {
+                        "namespace": ns,
+                        "chunks": t.chunks,
+                        "bytes": t.bytes,
+                        "models": sorted(t.models),
+                    }
+                    for ns, t in ns_rows
+                ],
+                "models": None
+                if args.no_headers
+                else [
+                    {
+                        "fingerprint": fp,
+                        "chunks": t.chunks,
+                        "bytes": t.bytes,
+                        "namespaces": sorted(t.models),
+                        "tokens_per_chunk": sorted(t.tokens),
+                        "versions": sorted(t.versions),
+                    }
+                    for fp, t in model_rows
+                ],
+                "age_histogram": [
+                    {"bucket": label, "written": written[label], "used": used[label]}
+                    for label, _ in AGE_BUCKETS
+                ],
+                "orphans": {
+                    "count": len(orphans),
+                    "bytes": sum(o.size for o in orphans),
+                    "paths": [o.path for o in orphans],
+                },
+                "foreign": {"count": len(foreign), "paths": [f.path for f in foreign]},
+                "quarantined": len(held),
+                "corrupt": None
+                if args.no_headers
+                else [
+                    {"key": p.info.key.hex, "namespace": p.info.key.namespace, "problem": p.problem}
+                    for p in corrupt
+                ],
+                "unsupported": None
+                if args.no_headers
+                else [
+                    {"key": p.info.key.hex, "namespace": p.info.key.namespace, "problem": p.problem}
+                    for p in unsupported
+                ],
+            }
+        )
+        return 0
+    lines = [f"{args.url}: {total.chunks} chunks, {format_size(total.bytes)}", ""]
+    if ns_rows:
+        lines.append(
+            render_table(
+                ["namespace", "chunks", "bytes", "models"],
+                [
+                    [
+                        ns,
+                        t.chunks,
+                        format_size(t.bytes),
+                        len(t.models) if not args.no_headers else "-",
+                    ]
+                    for ns, t in ns_rows
+                ],
+                right=[1, 2, 3],
+            )
+        )
+        lines.append("")
+    if model_rows:
+        lines.append(
+            render_table(
+                ["model fingerprint", "chunks", "bytes", "namespaces", "tokens/chunk", "format"],
+                [
+                    [
+                        fp[:16],
+                        t.chunks,
+                        format_size(t.bytes),
+                        len(t.models),
+                        ",".join(map(str, sorted(t.tokens))),
+                        ",".join(sorted(t.versions)),
+                    ]
+                    for fp, t in model_rows
+                ],
+                right=[1, 2, 3, 4],
+            )
+        )
+        lines.append("")
+    lines.append(
+        render_table(
+            ["age", "written", "last used"],
+            [[label, written[label], used[label]] for label, _ in AGE_BUCKETS],
+        )
+    )
+    lines.append("")
+    lines.append(f"orphan temp files: {len(orphans)} ({format_size(sum(o.size for o in orphans))})")
+    lines.append(f"foreign files:     {len(foreign)}")
+    lines.append(f"quarantined:       {len(held)}")
+    if args.no_headers:
+        lines.append("corrupt:           not checked (--no-headers)")
+    else:
+        lines.append(f"corrupt:           {len(corrupt)} (headers only; `verify` checks payloads)")
+        lines.append(
+            f"unsupported:       {len(unsupported)} (format version unknown to this reader)"
+        )
+        for p in (corrupt + unsupported)[:10]:
+            lines.append(f"  {p.info.key.namespace}/{p.info.key.hex[:16]}  {p.problem}")
+    emit_text("\n".join(lines))
+    return 0
+
+
+def _read_header(
+    store: Any,
+    info: ChunkInfo,
+    namespaces: dict[str, Tally],
+    models: dict[str, Tally],
+    corrupt: list[Problem],
+    unsupported: list[Problem],
+) -> None:
+    try:
+        header = read_header_of(store, info.key)
+    except UnsupportedVersion as exc:
+        unsupported.append(Problem(info, f"UnsupportedVersion: {exc}"))
+        return
+    except FormatError as exc:
+        corrupt.append(Problem(info, f"{type(exc).__name__}: {exc}"))
+        return
+    if header is None:  # removed since listing
+        return
+    if header.key != info.key.digest or header.namespace != info.key.namespace:
+        corrupt.append(Problem(info, "KeyMismatch: header key or namespace differs from its name"))
+        return
+    fingerprint = header.fingerprint.hex()
+    namespaces[info.key.namespace].models.add(fingerprint)
+    model = models[fingerprint]
+    model.add(info.size)
+    model.models.add(info.key.namespace)
+    model.tokens[len(header.tokens)] += 1
+    model.versions[header.version] += 1

@@ -1,0 +1,196 @@
+"""``chunkstore serve``: run a host cache (in front of optional tiers) with its services.
+
+``serve`` builds one :class:`~chunkstore.cache.TieredStore` from the options
+(host memory first, then every ``--store`` in order), starts each enabled
+service, and blocks until SIGINT/SIGTERM; then it stops the services in
+reverse order and closes the store (flushing pending write-backs).
+
+Services are a small list, :data:`SERVICES`: each adds its own options and,
+if its options enable it, starts and returns a stop function. Metrics is the
+first one. A peer server plugs in the same way, without touching the rest::
+
+    SERVICES.append(Service("peer", add_peer_arguments, start_peer))
+
+where ``start_peer(context)`` serves ``context.store`` and returns its stop.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from chunkstore.cache import POLICY_NAMES, HostCache, TieredStore
+from chunkstore.cli.storeargs import open_cli_store
+from chunkstore.cli.units import format_size, parse_size
+from chunkstore.errors import ConfigError
+from chunkstore.metrics import ChunkstoreMetrics, default_metrics, start_metrics_server
+
+
+@dataclass(frozen=True, slots=True)
+class ServeContext:
+    """What a service gets when it starts."""
+
+    args: argparse.Namespace
+    """The parsed command line (every service's options)."""
+    store: TieredStore
+    """The store to serve: host memory first, then the ``--store`` tiers."""
+    metrics: ChunkstoreMetrics
+    """The metrics every service records into."""
+    announce: Callable[[str], None]
+    """Print one line for the operator (flushed at once: tests and supervisors read it)."""
+
+
+Stop = Callable[[], None]
+
+
+@dataclass(frozen=True, slots=True)
+class Service:
+    """One thing ``serve`` can run next to the store."""
+
+    name: str
+    """Short name, for messages."""
+    add_arguments: Callable[[argparse.ArgumentParser], None]
+    """Adds the service's options to the ``serve`` parser."""
+    start: Callable[[ServeContext], Stop | None]
+    """Starts the service if its options ask for it; returns how to stop it, or None."""
+
+
+def _add_metrics_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("metrics")
+    group.add_argument("--metrics-port", metavar="N", type=int, default=None,
+                       help="serve Prometheus /metrics on this port (0: any free port)")
+    group.add_argument("--metrics-host", metavar="ADDR", default="127.0.0.1",
+                       help="address for /metrics (default: 127.0.0.1)")
+
+
+def _start_metrics(context: ServeContext) -> Stop | None:
+    port = context.args.metrics_port
+    if port is None:
+        return None
+    server = start_metrics_server(port, host=context.args.metrics_host, metrics=context.metrics)
+    context.announce(f"metrics: {server.url}")
+    return server.close
+
+
+SERVICES: list[Service] = [Service("metrics", _add_metrics_arguments, _start_metrics)]
+"""Services in start order (stopped in reverse)."""
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    parser = subparsers.add_parser(
+        "serve",
+        help="run a host-memory chunk cache in front of stores, with /metrics (and peers)",
+        description=(
+            "Keeps a host-memory cache of chunks (ARC or LRU over a preallocated, optionally "
+            "shared slot pool) in front of zero or more stores, writes behind to them, and "
+            "serves it until interrupted (Ctrl-C or SIGTERM flushes pending writes)."
+        ),
+        epilog="example:\n  chunkstore serve --host-cache 64G --slot-size 16MiB "
+               "--store /mnt/kv --metrics-port 9400",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    cache = parser.add_argument_group("host cache")
+    cache.add_argument("--host-cache", metavar="SIZE", type=parse_size, default=parse_size("1G"),
+                       help="host memory for chunks (default: 1G)")
+    cache.add_argument("--slot-size", metavar="SIZE", type=parse_size, default=None,
+                       help="bytes per chunk slot: the model's chunk size (or use --spec)")
+    cache.add_argument("--spec", metavar="FILE", default=None,
+                       help="KV spec JSON/YAML of the model: the slot size is its chunk size")
+    cache.add_argument("--policy", choices=POLICY_NAMES, default="arc",
+                       help="replacement policy (default: arc)")
+    cache.add_argument("--shm-name", metavar="NAME", default=None,
+                       help="put the pool in /dev/shm/NAME so other processes can attach it")
+    cache.add_argument("--shm-replace", action="store_true",
+                       help="remove a leftover pool of the same name first (after a crash)")
+    tiers = parser.add_argument_group("secondary tiers")
+    tiers.add_argument("--store", metavar="URL", action="append", default=[],
+                       help="a store behind host memory (repeatable; looked up in order)")
+    tiers.add_argument("--write-tiers", choices=("all", "first"), default="all",
+                       help="write behind to every store or to the first only (default: all)")
+    tiers.add_argument("--queue-size", metavar="N", type=int, default=256,
+                       help="write-behind queue length; writes beyond it are dropped and counted")
+    tiers.add_argument("--tier-timeout", metavar="SECONDS", type=float, default=30.0,
+                       help="a store call slower than this is a miss (default: 30)")
+    tiers.add_argument("--retry-after", metavar="SECONDS", type=float, default=5.0,
+                       help="back-off before a failed store is tried again (default: 5)")
+    for service in SERVICES:
+        service.add_arguments(parser)
+    parser.set_defaults(func=run)
+
+
+def slot_size_from(args: argparse.Namespace) -> int:
+    """The slot size: ``--slot-size``, or the chunk size of ``--spec``."""
+    if (args.slot_size is None) == (args.spec is None):
+        raise ConfigError("give exactly one of --slot-size or --spec (the chunk size)")
+    if args.slot_size is not None:
+        return int(args.slot_size)
+    from chunkstore.backends.registry import load_options
+    from chunkstore.format import ChunkLayout, KVSpec
+
+    return ChunkLayout(KVSpec.from_dict(load_options(args.spec))).total_size
+
+
+def build_store(args: argparse.Namespace, metrics: ChunkstoreMetrics) -> TieredStore:
+    """The tiered store the options describe."""
+    host = HostCache(
+        slot_size_from(args), capacity_bytes=args.host_cache, policy=args.policy,
+        shm_name=args.shm_name, shm_replace=args.shm_replace,
+    )
+    tiers = []
+    try:
+        for url in args.store:
+            tiers.append(open_cli_store(url, args, create=True))
+        return TieredStore(
+            host, tiers, write_tiers=args.write_tiers, queue_size=args.queue_size,
+            tier_timeout=args.tier_timeout, retry_after=args.retry_after, metrics=metrics,
+        )
+    except BaseException:
+        for tier in tiers:
+            tier.close()
+        host.close()
+        raise
+
+
+def run(args: argparse.Namespace, *, stop_event: threading.Event | None = None) -> int:
+    stop = stop_event or threading.Event()
+
+    def announce(line: str) -> None:
+        print(line, flush=True)
+
+    metrics = default_metrics()
+    store = build_store(args, metrics)
+    stops: list[Stop] = []
+    previous: dict[signal.Signals, Any] = {}
+    try:
+        context = ServeContext(args, store, metrics, announce)
+        for service in SERVICES:
+            stopper = service.start(context)
+            if stopper is not None:
+                stops.append(stopper)
+        host = store.host
+        announce(
+            f"serving: host cache {format_size(host.capacity_bytes)} "
+            f"({host.num_slots} slots of {format_size(host.slot_size)}, {host.policy_name}"
+            f"{', shared as ' + str(host.pool.name) if host.pool.name else ''}), "
+            f"tiers: {', '.join(t.name for t in store.tiers) or 'none'}"
+        )
+        if threading.current_thread() is threading.main_thread():
+            for signum in (signal.SIGINT, signal.SIGTERM):
+                previous[signum] = signal.signal(signum, lambda *_: stop.set())
+        stop.wait()
+        announce("stopping: flushing pending writes")
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        for stopper in reversed(stops):
+            try:
+                stopper()
+            except Exception as exc:  # noqa: BLE001 - keep stopping the others
+                print(f"chunkstore serve: stopping a service failed: {exc}", file=sys.stderr)
+        store.close()
+    return 0

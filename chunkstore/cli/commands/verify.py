@@ -1,0 +1,207 @@
+"""``chunkstore verify URL``: decode every chunk with its checksum; set aside or delete bad ones."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from chunkstore.backends.base import ChunkInfo
+from chunkstore.cli import integrity
+from chunkstore.cli.exitcodes import FAILURE, OK
+from chunkstore.cli.orphans import DEFAULT_GRACE, describe, sweep
+from chunkstore.cli.output import emit_json, emit_text
+from chunkstore.cli.progress import Progress
+from chunkstore.cli.storeaccess import (
+    has_quarantine,
+    quarantine,
+    read_raw_many,
+    stop_access_tracking,
+)
+from chunkstore.cli.storeargs import (
+    add_output_options,
+    add_store_options,
+    namespace_arg,
+    open_cli_store,
+)
+from chunkstore.cli.table import render_table
+from chunkstore.cli.units import format_size, parse_age
+from chunkstore.errors import ConfigError
+
+EPILOG = """examples:
+  chunkstore verify /mnt/kvcache                 (corrupt chunks go to <root>/quarantine/)
+  chunkstore verify /mnt/kvcache --delete
+  chunkstore verify s3://bucket/kv --dry-run --json
+
+Exit status 1 when corrupt chunks were found (whatever was done with them).
+Chunks of a format version this chunkstore cannot read (a newer writer) are
+reported as "unsupported" and left alone. Orphan temp files of killed writers
+older than --grace are removed; foreign files are reported, never touched.
+"""
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add the ``verify`` subcommand."""
+    parser = subparsers.add_parser(
+        "verify",
+        help="check every chunk's checksum and key; quarantine or delete corrupt ones",
+        description=(
+            "Read and decode every chunk with checksum verification and key checks. "
+            "Corrupt chunks are quarantined (default), deleted (--delete) or only "
+            "reported (--dry-run)."
+        ),
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("url", metavar="URL", help="store: a directory, file://, s3://, fsspec URL")
+    action = parser.add_mutually_exclusive_group()
+    action.add_argument(
+        "--quarantine",
+        dest="action",
+        action="store_const",
+        const="quarantine",
+        help="move corrupt chunks to the store's quarantine area (default)",
+    )
+    action.add_argument(
+        "--delete",
+        dest="action",
+        action="store_const",
+        const="delete",
+        help="delete corrupt chunks",
+    )
+    action.add_argument(
+        "--dry-run",
+        dest="action",
+        action="store_const",
+        const="report",
+        help="change nothing, only report",
+    )
+    parser.set_defaults(action="quarantine")
+    parser.add_argument("--namespace", metavar="NS", type=namespace_arg, help="only this namespace")
+    parser.add_argument(
+        "--grace",
+        metavar="AGE",
+        default=DEFAULT_GRACE,
+        help=f"remove orphan temp files older than this (default {DEFAULT_GRACE})",
+    )
+    parser.add_argument(
+        "--batch", type=int, default=64, metavar="N", help="chunks read per request (default 64)"
+    )
+    add_output_options(parser)
+    add_store_options(parser)
+    parser.set_defaults(func=run)
+
+
+@dataclass(frozen=True, slots=True)
+class Finding:
+    """A chunk that did not verify."""
+
+    info: ChunkInfo
+    """The chunk as listed."""
+    verdict: integrity.Verdict
+    """What the decoder said."""
+    action: str
+    """What was done: quarantined, deleted, left (dry run / unsupported)."""
+
+    def as_json(self) -> dict[str, Any]:
+        """JSON form."""
+        return {
+            "key": self.info.key.hex,
+            "namespace": self.info.key.namespace,
+            "size": self.info.size,
+            "status": self.verdict.status,
+            "problem": self.verdict.problem,
+            "action": self.action,
+        }
+
+
+def run(args: argparse.Namespace) -> int:
+    """Verify every chunk, act on corrupt ones, sweep orphans, report."""
+    grace = parse_age(args.grace)
+    if args.batch <= 0:
+        raise ConfigError(f"--batch must be positive, got {args.batch}")
+    started = time.monotonic()
+    findings: list[Finding] = []
+    checked = good = vanished = 0
+    good_bytes = 0
+    with open_cli_store(args.url, args) as store:
+        stop_access_tracking(store)
+        infos = sorted(store.list(args.namespace), key=lambda i: (i.key.namespace, i.key.hex))
+        bad_action = {
+            "quarantine": "quarantined" if has_quarantine(store) else "deleted (no quarantine)",
+            "delete": "deleted",
+            "report": "left (dry run)",
+        }[args.action]
+        with Progress("verify", len(infos), quiet=args.quiet) as progress:
+            for start in range(0, len(infos), args.batch):
+                batch = infos[start : start + args.batch]
+                raws = read_raw_many(store, [i.key for i in batch])
+                to_delete = []
+                for info, raw in zip(batch, raws):
+                    if raw is None:  # deleted since listing (a concurrent prune or eviction)
+                        vanished += 1
+                        continue
+                    checked += 1
+                    verdict = integrity.judge(raw, info.key)
+                    if verdict.status == integrity.OK:
+                        good += 1
+                        good_bytes += info.size
+                        continue
+                    if verdict.status == integrity.UNSUPPORTED:
+                        findings.append(Finding(info, verdict, "left (unsupported version)"))
+                        continue
+                    findings.append(Finding(info, verdict, bad_action))
+                    if args.action == "quarantine":
+                        quarantine(store, info.key, verdict.problem)
+                    elif args.action == "delete":
+                        to_delete.append(info.key)
+                if to_delete:
+                    store.delete_many(to_delete)
+                progress.advance(len(batch))
+        strays = sweep(store, grace=grace, dry_run=args.action == "report")
+    elapsed = time.monotonic() - started
+    corrupt = [f for f in findings if f.verdict.status == integrity.CORRUPT]
+    unsupported = [f for f in findings if f.verdict.status == integrity.UNSUPPORTED]
+    if args.json:
+        emit_json(
+            {
+                "url": args.url,
+                "checked": checked,
+                "ok": good,
+                "ok_bytes": good_bytes,
+                "corrupt": [f.as_json() for f in corrupt],
+                "unsupported": [f.as_json() for f in unsupported],
+                "vanished": vanished,
+                "action": args.action,
+                **strays.as_json(),
+                "seconds": round(elapsed, 3),
+                "chunks_per_s": round(checked / elapsed, 1) if elapsed > 0 else None,
+            }
+        )
+        return FAILURE if corrupt else OK
+    lines = []
+    if findings:
+        rows = [
+            [
+                f.info.key.namespace,
+                f.info.key.hex[:16],
+                format_size(f.info.size),
+                f.verdict.problem.split(":", 1)[0],
+                f.action,
+            ]
+            for f in findings
+        ]
+        lines.append(
+            render_table(["namespace", "key", "size", "problem", "action"], rows, right=[2])
+        )
+        lines.append("")
+    rate = f", {checked / elapsed:,.0f} chunks/s" if elapsed > 0 and checked else ""
+    lines.append(
+        f"verified {checked} chunks in {elapsed:.1f}s{rate}: {good} ok "
+        f"({format_size(good_bytes)}), {len(corrupt)} corrupt, {len(unsupported)} unsupported"
+        + (f", {vanished} vanished while checking" if vanished else "")
+    )
+    lines.extend(describe(strays, dry_run=args.action == "report"))
+    emit_text("\n".join(lines))
+    return FAILURE if corrupt else OK

@@ -1,0 +1,115 @@
+"""What the maintenance commands need from a store beyond the serving interface.
+
+``verify``, ``cp`` and ``inspect`` must read bytes without validating them
+(they report damage themselves), without quarantining, and without counting
+as a use (or ``prune --max-bytes`` would see every chunk as just used). Stores
+offer these as optional methods; this module calls them when present and falls
+back to the :class:`~chunkstore.backends.base.Store` primitives otherwise.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from chunkstore.backends.base import Store, SupportsRangedRead
+from chunkstore.errors import FormatError
+from chunkstore.format import ByteRange, ChunkHeader, header_bytes_needed, read_header
+from chunkstore.hashing import ChunkKey
+
+HEADER_PROBE_BYTES = 64 * 1024
+"""First read size for a header: covers every header of a 256-token chunk of a large model."""
+
+
+@dataclass(frozen=True, slots=True)
+class Stray:
+    """A file in a store's tree that is not a chunk."""
+
+    path: str
+    """Path relative to the store root (full path/URL when the store has no local root)."""
+    size: int
+    """Bytes."""
+    mtime: float
+    """Last modification, seconds since the epoch."""
+    kind: str
+    """``temp`` (a writer's unfinished temp file), ``quarantine`` or ``foreign``."""
+
+
+def read_raw_many(store: Store, keys: Sequence[ChunkKey]) -> list[Any]:
+    """Stored bytes per key (``None`` if gone), unvalidated, not counted as a use."""
+    return list(store.read_unchecked_many(keys))
+
+
+def read_header_of(store: Store, key: ChunkKey) -> ChunkHeader | None:
+    """The parsed header of one stored chunk (``None`` if gone); raises ``FormatError`` if bad.
+
+    Reads only the header bytes when the store supports ranged reads.
+    """
+    if isinstance(store, SupportsRangedRead):
+        parts = store.read_ranges(key, [ByteRange(0, HEADER_PROBE_BYTES)])
+        if parts is None:
+            return None
+        head = bytes(parts[0])
+        try:
+            needed = header_bytes_needed(head)
+        except FormatError:
+            needed = len(head)
+        if needed > len(head) and len(head) == HEADER_PROBE_BYTES:
+            more = store.read_ranges(key, [ByteRange(0, needed)])
+            if more is None:
+                return None
+            head = bytes(more[0])
+        return read_header(head)
+    data = read_raw_many(store, [key])[0]
+    return None if data is None else read_header(data)
+
+
+def _stray(store: Store, item: Any, kind: str) -> Stray:
+    path = str(item.path)
+    root = str(getattr(store, "root", ""))
+    if root and path.startswith(root):
+        path = path[len(root) :].lstrip("/\\")
+    return Stray(path=path, size=int(item.size), mtime=float(item.mtime), kind=kind)
+
+
+def temp_files(store: Store, older_than: float = 0.0) -> list[Stray]:
+    """Writers' temp files last modified at least ``older_than`` seconds ago."""
+    lister = getattr(store, "orphans", None)
+    return [] if lister is None else [_stray(store, f, "temp") for f in lister(older_than)]
+
+
+def remove_orphans(store: Store, grace: float) -> int:
+    """Delete temp files older than ``grace`` seconds; returns how many went."""
+    remover = getattr(store, "remove_orphans", None)
+    return 0 if remover is None else int(remover(grace))
+
+
+def foreign_files(store: Store) -> list[Stray]:
+    """Files in the store's chunk directories that chunkstore did not write."""
+    lister = getattr(store, "foreign_files", None)
+    return [] if lister is None else [_stray(store, f, "foreign") for f in lister()]
+
+
+def quarantined(store: Store) -> list[Stray]:
+    """Chunks the store moved aside as corrupt."""
+    lister = getattr(store, "quarantined", None)
+    return [] if lister is None else [_stray(store, f, "quarantine") for f in lister()]
+
+
+def stop_access_tracking(store: Store) -> None:
+    """Make reads through ``store`` not count as uses (maintenance reads are not cache hits)."""
+    if hasattr(store, "track_access"):
+        store.track_access = False
+
+
+def has_quarantine(store: Store) -> bool:
+    """Whether the store moves corrupt chunks aside (otherwise ``_quarantine`` deletes)."""
+    if getattr(store, "quarantine_mode", "move") == "delete":
+        return False
+    return type(store)._quarantine is not Store._quarantine
+
+
+def quarantine(store: Store, key: ChunkKey, reason: str) -> None:
+    """Move a corrupt chunk aside (or delete it where the store has no quarantine area)."""
+    store._quarantine(key, reason)

@@ -1,0 +1,92 @@
+"""Sizes (``500G``) and ages (``7d``) as the CLI reads and prints them.
+
+Sizes: a number with an optional suffix. ``K M G T P`` and ``KiB MiB GiB TiB
+PiB`` are powers of 1024 (what ``du -h`` and ``df -h`` print); ``KB MB GB TB
+PB`` are powers of 1000 (what disk vendors print). No suffix or ``B`` means
+bytes. Case does not matter. Ages: one or more ``<number><unit>`` parts with
+units ``s m h d w`` (``90m``, ``1d12h``, ``1.5h``); a bare number is seconds.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+from chunkstore.errors import ConfigError
+
+_BINARY = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40, "p": 1 << 50}
+_DECIMAL = {"kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "pb": 10**15}
+_SIZE = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([kmgtp]?(?:ib|b)?)\s*", re.IGNORECASE)
+_AGE_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)([smhdw])", re.IGNORECASE)
+_AGE_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+_SIZE_LABELS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
+
+
+def parse_size(text: str) -> int:
+    """Bytes meant by ``text`` (``"500G"`` -> 536870912000); raises :class:`ConfigError`."""
+    match = _SIZE.fullmatch(text or "")
+    if match is None:
+        raise ConfigError(
+            f"invalid size {text!r}: use a number with an optional unit, e.g. 500G, 1.5T, 800MB"
+        )
+    number, unit = float(match.group(1)), match.group(2).lower()
+    if unit in _DECIMAL:
+        factor = _DECIMAL[unit]
+    elif unit in _BINARY:
+        factor = _BINARY[unit]
+    elif unit[0] in _BINARY and unit[1:] == "ib":
+        factor = _BINARY[unit[0]]
+    else:
+        raise ConfigError(f"invalid size {text!r}: unknown unit {match.group(2)!r}")
+    return int(number * factor)
+
+
+def parse_age(text: str) -> float:
+    """Seconds meant by ``text`` (``"7d"`` -> 604800.0); raises :class:`ConfigError`."""
+    raw = (text or "").strip()
+    try:
+        seconds = float(raw)
+    except ValueError:
+        pass
+    else:
+        if seconds >= 0 and math.isfinite(seconds):
+            return seconds
+        raise ConfigError(f"invalid age {text!r}: must be a non-negative duration")
+    compact = raw.replace(" ", "")
+    parts = _AGE_PART.findall(compact)
+    if not parts or "".join(n + u for n, u in parts).lower() != compact.lower():
+        raise ConfigError(f"invalid age {text!r}: use e.g. 30s, 90m, 12h, 7d, 2w or 1d12h")
+    return float(sum(float(n) * _AGE_UNITS[u.lower()] for n, u in parts))
+
+
+def format_size(size: float) -> str:
+    """Human size with binary units: ``12.0 KiB``, ``3.4 GiB``; plain bytes below 1 KiB."""
+    if size < 1024:
+        return f"{int(size)} B"
+    value = float(size)
+    for label in _SIZE_LABELS:
+        if value < 1024 or label == _SIZE_LABELS[-1]:
+            return f"{value:.1f} {label}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+def format_age(seconds: float) -> str:
+    """Coarse human duration: ``45s``, ``12m``, ``5h 3m``, ``3d 4h``, ``10w 2d``, ``4w``."""
+    seconds = max(0.0, seconds)
+    if seconds < 60:
+        return f"{int(seconds)}s"
+    if seconds < 3600:
+        return f"{int(seconds // 60)}m"
+    if seconds < 86400:
+        big, small = divmod(int(seconds), 3600)
+        return _two_units(big, "h", small // 60, "m")
+    if seconds < 7 * 86400:
+        big, small = divmod(int(seconds), 86400)
+        return _two_units(big, "d", small // 3600, "h")
+    big, small = divmod(int(seconds), 7 * 86400)
+    return _two_units(big, "w", small // 86400, "d")
+
+
+def _two_units(big: int, big_unit: str, small: int, small_unit: str) -> str:
+    return f"{big}{big_unit} {small}{small_unit}" if small else f"{big}{big_unit}"
