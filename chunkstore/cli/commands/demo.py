@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from chunkstore.backends.registry import open_store
+from chunkstore.cache.demo import run_tiered_demo
 from chunkstore.demo import default_store_path, run_store_demo
 
 
@@ -33,4 +34,7 @@ def run(args: argparse.Namespace) -> int:
     print(f"chunkstore demo: store {url}")
     with open_store(url, create=True) as store:
         run_store_demo(store)
+    print()
+    print("tiered: a host cache smaller than the working set in front of the same store")
+    run_tiered_demo(url)
     return 0

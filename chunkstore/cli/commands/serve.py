@@ -80,6 +80,10 @@ def _start_metrics(context: ServeContext) -> Stop | None:
 SERVICES: list[Service] = [Service("metrics", _add_metrics_arguments, _start_metrics)]
 """Services in start order (stopped in reverse)."""
 
+from chunkstore.cli.peerservice import add_peer_arguments, start_peer  # noqa: E402
+
+SERVICES.append(Service("peer", add_peer_arguments, start_peer))
+
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(

@@ -1,0 +1,36 @@
+"""Tier 0: the host-memory chunk cache, its replacement policies, and the tiered store.
+
+* :class:`HostCache` - whole chunks in a preallocated (optionally shared,
+  optionally pinned) slot pool, evicted by :class:`ARCPolicy` (default) or
+  :class:`LRUPolicy`;
+* :class:`TieredStore` - a host cache in front of secondary stores, with
+  write-behind, promotion and tier fail-over;
+* :class:`SlotPool` - the pool itself, which other processes can attach by name.
+
+The policies are pure bookkeeping (no I/O), so the trace simulator
+(:mod:`chunkstore.simulator`) replays traces through the very same classes.
+"""
+
+from chunkstore.cache.arc import ARCPolicy
+from chunkstore.cache.host import HostCache, HostCacheStats, Lease
+from chunkstore.cache.lru import LRUPolicy
+from chunkstore.cache.policy import POLICY_NAMES, CachePolicy, NoEvictableEntry, make_policy
+from chunkstore.cache.pool import SlotPool, StaleSlot
+from chunkstore.cache.tiered import TieredStats, TieredStore, TierStats
+
+__all__ = [
+    "POLICY_NAMES",
+    "ARCPolicy",
+    "CachePolicy",
+    "HostCache",
+    "HostCacheStats",
+    "LRUPolicy",
+    "Lease",
+    "NoEvictableEntry",
+    "SlotPool",
+    "StaleSlot",
+    "TierStats",
+    "TieredStats",
+    "TieredStore",
+    "make_policy",
+]

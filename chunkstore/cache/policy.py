@@ -1,0 +1,104 @@
+"""The replacement-policy interface shared by the host cache and the trace simulator.
+
+A policy only decides *which keys* are resident in a cache of ``capacity``
+entries; it holds no data and does no I/O, so the simulator replays traces
+through exactly the classes the host cache runs. Keys are any hashable value
+(:class:`~chunkstore.hashing.ChunkKey` in the cache, integer hash ids in a
+trace).
+
+Callers drive a policy with two events:
+
+* :meth:`CachePolicy.hit` when a resident key is read (it becomes more recent);
+* :meth:`CachePolicy.admit` when a missing key is brought in. At most one
+  resident key is evicted to make room and returned.
+
+``can_evict`` lets the caller veto victims (pinned slots, chunks still being
+written back): the policy then evicts the next candidate in its own order and
+raises :class:`NoEvictableEntry` when every resident key is vetoed, leaving its
+state unchanged.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Hashable, Iterator
+
+from chunkstore.errors import ChunkStoreError, ConfigError
+
+CanEvict = Callable[[Hashable], bool]
+"""Predicate: may this resident key be evicted now?"""
+
+
+class NoEvictableEntry(ChunkStoreError):
+    """The cache is full and every resident key is pinned: nothing can be admitted now."""
+
+
+class CachePolicy(ABC):
+    """Bookkeeping of which keys a fixed-size cache holds. Not thread-safe: callers lock."""
+
+    #: Registry name (``"arc"``, ``"lru"``).
+    name: str = "policy"
+
+    def __init__(self, capacity: int) -> None:
+        if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
+            raise ConfigError(
+                f"a cache policy needs a capacity of at least 1 entry, got {capacity!r}"
+            )
+        self.capacity = capacity
+
+    @abstractmethod
+    def __len__(self) -> int:
+        """Number of resident keys."""
+
+    @abstractmethod
+    def __contains__(self, key: object) -> bool:
+        """Whether ``key`` is resident (ghost entries do not count)."""
+
+    @abstractmethod
+    def __iter__(self) -> Iterator[Hashable]:
+        """Resident keys, next victim first (as far as the policy has an order)."""
+
+    @abstractmethod
+    def hit(self, key: Hashable) -> bool:
+        """Record a read of ``key``; returns whether it was resident (a miss changes nothing)."""
+
+    @abstractmethod
+    def admit(self, key: Hashable, can_evict: CanEvict | None = None) -> Hashable | None:
+        """Make ``key`` resident; returns the evicted key, or ``None`` if nothing was evicted.
+
+        ``key`` must not be resident. Raises :class:`NoEvictableEntry` (state
+        unchanged) when the cache is full and ``can_evict`` refuses every key.
+        """
+
+    @abstractmethod
+    def remove(self, key: Hashable) -> bool:
+        """Forget a resident key (deleted, not evicted: no ghost entry); True if it was resident."""
+
+    def access(self, key: Hashable) -> bool:
+        """One request as a trace replays it: a hit, or a miss that admits ``key``. Returns hit."""
+        if self.hit(key):
+            return True
+        self.admit(key)
+        return False
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(capacity={self.capacity}, resident={len(self)})"
+
+
+def make_policy(name: str, capacity: int) -> CachePolicy:
+    """The policy called ``name`` (``"arc"`` or ``"lru"``) for ``capacity`` entries."""
+    from chunkstore.cache.arc import ARCPolicy
+    from chunkstore.cache.lru import LRUPolicy
+
+    policies: dict[str, type[CachePolicy]] = {"arc": ARCPolicy, "lru": LRUPolicy}
+    try:
+        cls = policies[name.lower()]
+    except (KeyError, AttributeError):
+        raise ConfigError(
+            f"unknown cache policy {name!r}; choose one of {', '.join(sorted(policies))}"
+        ) from None
+    return cls(capacity)
+
+
+POLICY_NAMES = ("arc", "lru")
+"""Names :func:`make_policy` accepts, default first."""

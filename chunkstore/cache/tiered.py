@@ -1,0 +1,609 @@
+"""TieredStore: the host cache in front of secondary tiers, as one store.
+
+* ``put``: the chunk goes into host memory first (the caller's copy is then
+  done) and is queued, still pinned in its host slot, for a background write to
+  the secondary tiers: every tier (``write_tiers="all"``) or the first only
+  (``"first"``). A full queue drops the write (counted per tier as
+  ``queue_full``, logged with the key) rather than block the caller or grow
+  memory. If host memory cannot take the chunk (every slot pinned, or the chunk
+  is larger than a slot) it is written to the tiers synchronously instead.
+* ``get`` / ``get_into`` / ``acquire``: the first tier that has the chunk, host
+  first; a hit in a lower tier is copied into host memory (promotion).
+* ``lookup_prefix``: host index first, then each tier (batched) from where the
+  previous one stopped, until a full pass over the tiers adds nothing.
+* A tier that raises or times out is a miss (reads) or a dropped write, and is
+  retried after ``retry_after`` seconds; the caller never sees its exception.
+* Eviction never loses a chunk waiting for write-back (its slot is pinned
+  until written); :meth:`TieredStore.close` flushes the queue. A crash loses at
+  most the queued chunks, and only the host copy of them.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+
+from chunkstore.backends.base import Buffer, ChunkInfo, Store, SupportsGetInto
+from chunkstore.cache.guard import GuardedTier, TierUnavailable
+from chunkstore.cache.host import HostCache, HostCacheStats, Lease
+from chunkstore.cache.writeback import WriteBehindQueue
+from chunkstore.errors import ConfigError
+from chunkstore.hashing import ChunkKey
+from chunkstore.metrics import ChunkstoreMetrics, default_metrics
+
+log = logging.getLogger(__name__)
+
+WRITE_TIERS = ("all", "first")
+"""``write_tiers`` values: write-through to every secondary tier, or only the first."""
+
+
+@dataclass(frozen=True, slots=True)
+class TierStats:
+    """Counters of one secondary tier."""
+
+    name: str
+    """The tier's store name (its metric label)."""
+    hits: int
+    """Chunks this tier served (after every tier above it missed)."""
+    misses: int
+    """Chunks asked of this tier that it did not have (or could not serve)."""
+    promotions: int
+    """Chunks copied from this tier into host memory."""
+    writes: int
+    """Chunks written into this tier."""
+    dropped: dict[str, int]
+    """Writes to this tier not performed, by reason (queue_full, tier_down, tier_error)."""
+    errors: int
+    """Calls that failed or timed out."""
+    up: bool
+    """False while the tier is in back-off."""
+
+
+@dataclass(frozen=True, slots=True)
+class TieredStats:
+    """A snapshot of a tiered store's counters."""
+
+    host: HostCacheStats
+    """The host cache's own counters."""
+    tiers: tuple[TierStats, ...]
+    """One entry per secondary tier, in lookup order."""
+    queue_depth: int
+    """Chunks waiting for write-back."""
+    writes_dropped: int
+    """All dropped writes over all tiers and reasons."""
+
+
+@dataclass(frozen=True, slots=True)
+class TieredHealth:
+    """What the metrics collector reads at scrape time."""
+
+    queue_depth: int
+    """Chunks waiting for write-back."""
+    queue_capacity: int
+    """Most chunks that may wait."""
+    tiers_up: tuple[tuple[str, bool], ...]
+    """(tier name, answering?) per secondary tier."""
+
+
+class TieredStore(Store):
+    """A :class:`HostCache` in front of secondary stores; see the module docstring.
+
+    The tiered store owns ``host`` and (with ``close_tiers``) the tiers, and
+    closes them in :meth:`close`. ``tier_timeout=None`` calls tiers inline
+    (no timeout thread); ``clock`` exists for tests of the back-off.
+
+    ``verify`` checks chunks served from host memory (a corrupt one is counted
+    and deleted from every tier). Off by default: host memory is trusted, and
+    every secondary tier checks what it returns with its own ``verify``.
+    """
+
+    kind = "tiered"
+
+    def __init__(
+        self,
+        host: HostCache,
+        tiers: Sequence[Store] = (),
+        *,
+        write_tiers: str = "all",
+        queue_size: int = 256,
+        write_batch: int = 16,
+        tier_timeout: float | None = 30.0,
+        retry_after: float = 5.0,
+        promote: bool = True,
+        close_tiers: bool = True,
+        metrics: ChunkstoreMetrics | None = None,
+        name: str | None = None,
+        verify: bool = False,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        super().__init__(name=name, verify=verify)
+        if write_tiers not in WRITE_TIERS:
+            raise ConfigError(f"write_tiers must be one of {WRITE_TIERS}, got {write_tiers!r}")
+        if tier_timeout is not None and tier_timeout <= 0:
+            raise ConfigError(f"tier_timeout must be positive (or None), got {tier_timeout}")
+        if retry_after < 0:
+            raise ConfigError(f"retry_after must be >= 0, got {retry_after}")
+        names = [host.name, *(t.name for t in tiers)]
+        if len(set(names)) != len(names):
+            raise ConfigError(f"tier names must be unique (they label metrics): {names}")
+        self.host = host
+        """Tier 0."""
+        self.metrics = metrics or default_metrics()
+        """Where this store's metrics go."""
+        self.write_tiers = write_tiers
+        """``"all"`` or ``"first"``."""
+        self.promote = promote
+        """Whether hits in lower tiers are copied into host memory."""
+        self.close_tiers = close_tiers
+        self._host_metrics = self.metrics.tier(host.name)
+        self.tiers: tuple[GuardedTier, ...] = tuple(
+            GuardedTier(t, self.metrics.tier(t.name), timeout=tier_timeout,
+                        retry_after=retry_after, clock=clock)
+            for t in tiers
+        )
+        """Secondary tiers in lookup order."""
+        self._targets = self.tiers[:1] if write_tiers == "first" else self.tiers
+        self._queue: WriteBehindQueue[Lease] | None = (
+            WriteBehindQueue(self._write_back, capacity=queue_size, batch_size=write_batch,
+                             name=f"chunkstore-writeback-{self.name}")
+            if self._targets
+            else None
+        )
+        self._queue_size = queue_size
+        self._recent_drops: deque[ChunkKey] = deque(maxlen=100)
+        self._lock = threading.Lock()
+        self._drops_unreported = 0
+        self._last_drop_log = float("-inf")
+        self._closed = False
+        self.metrics.watch_host(host)
+        self.metrics.watch_store(host)
+        for tier in tiers:
+            self.metrics.watch_store(tier)
+        self.metrics.watch_tiered(self)
+
+    # --- reporting ------------------------------------------------------------------------
+
+    def stats(self) -> TieredStats:
+        """Counters of the host cache and every tier."""
+        tiers = tuple(
+            TierStats(t.name, t.hits, t.misses, t.promotions, t.writes, dict(t.dropped),
+                      t.errors, t.up)
+            for t in self.tiers
+        )
+        return TieredStats(
+            host=self.host.stats(),
+            tiers=tiers,
+            queue_depth=self._queue.pending if self._queue else 0,
+            writes_dropped=sum(sum(t.dropped.values()) for t in tiers),
+        )
+
+    def health(self) -> TieredHealth:
+        """Queue depth and tier liveness (for the metrics collector)."""
+        return TieredHealth(
+            queue_depth=self._queue.depth if self._queue else 0,
+            queue_capacity=self._queue_size if self._queue else 0,
+            tiers_up=tuple((t.name, t.up) for t in self.tiers),
+        )
+
+    def dropped_keys(self) -> list[ChunkKey]:
+        """The most recent (up to 100) chunks whose write-back was dropped, oldest first."""
+        with self._lock:
+            return list(self._recent_drops)
+
+    @property
+    def corrupt_detected(self) -> int:
+        """Corrupt chunks found in host memory (with ``verify``) and by every tier."""
+        return (
+            self._corrupt
+            + self.host.corrupt_detected
+            + sum(t.store.corrupt_detected for t in self.tiers)
+        )
+
+    def _quarantine(self, key: ChunkKey, reason: str) -> None:
+        # A chunk found corrupt in host memory went to the tiers from the same bytes.
+        self.delete_many([key])
+
+    # --- writes ---------------------------------------------------------------------------
+
+    def put_many(self, items: Sequence[tuple[ChunkKey, Buffer]]) -> list[bool]:
+        self._check_open()
+        return [self._put_one(key, data, if_absent=False) for key, data in items]
+
+    def put_if_absent_many(self, items: Sequence[tuple[ChunkKey, Buffer]]) -> list[bool]:
+        self._check_open()
+        if not items:
+            return []
+        present = self.exists_many([k for k, _ in items])
+        # The host cache settles races between concurrent callers: its insert is atomic.
+        return [
+            False if found else self._put_one(key, data, if_absent=True)
+            for (key, data), found in zip(items, present)
+        ]
+
+    def _put_one(self, key: ChunkKey, data: Buffer, *, if_absent: bool) -> bool:
+        started = time.perf_counter()
+        outcome = self.host.insert(key, data, if_absent=if_absent, keep_pinned=True)
+        if outcome.present:
+            return False
+        if outcome.lease is None:
+            return self._write_through(key, data, if_absent=if_absent)
+        self._host_metrics.record_write(len(outcome.lease.view), time.perf_counter() - started)
+        self._queue_write_back(outcome.lease)
+        return True
+
+    def reserve(self, key: ChunkKey) -> Lease | None:
+        """A pinned writable host slot for ``key`` (see :meth:`HostCache.reserve`).
+
+        ``None`` when every slot is pinned: fall back to :meth:`put` with a
+        buffer of your own. Finish with :meth:`commit` or :meth:`abort`.
+        """
+        self._check_open()
+        return self.host.reserve(key)
+
+    def commit(self, lease: Lease, length: int | None = None) -> None:
+        """Publish a reserved slot in host memory and queue its write-back."""
+        self.host.commit(lease, length, keep_pinned=True)
+        self._queue_write_back(lease)
+
+    def abort(self, lease: Lease) -> None:
+        """Give up a reservation; idempotent."""
+        self.host.abort(lease)
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until every queued write-back is done; False if ``timeout`` passed first."""
+        return self._queue.flush(timeout) if self._queue else True
+
+    def _queue_write_back(self, lease: Lease) -> None:
+        if self._queue is None:
+            self.host.release(lease)
+            return
+        if self._queue.offer(lease):
+            return
+        self.host.release(lease)
+        for tier in self._targets:
+            tier.count_drop("queue_full")
+        self._report_drop(lease.key, "write-behind queue full")
+
+    def _write_back(self, batch: list[Lease]) -> None:
+        """Drain-thread side: write a batch to the target tiers, then unpin it."""
+        try:
+            items = [(lease.key, lease.view) for lease in batch]
+            nbytes = sum(len(lease.view) for lease in batch)
+            for tier in self._targets:
+                self._write_to(tier, items, nbytes)
+        finally:
+            for lease in batch:
+                self.host.release(lease)
+
+    def _write_to(
+        self, tier: GuardedTier, items: list[tuple[ChunkKey, Buffer]], nbytes: int,
+        *, if_absent: bool = False,
+    ) -> bool:
+        if not tier.up:
+            tier.count_drop("tier_down", len(items))
+            for key, _ in items:
+                self._report_drop(key, f"tier {tier.name} is down")
+            return False
+        started = time.perf_counter()
+        try:
+            write = tier.store.put_if_absent_many if if_absent else tier.store.put_many
+            written = tier.call("put", write, items)
+        except TierUnavailable:
+            tier.count_drop("tier_error", len(items))
+            for key, _ in items:
+                self._report_drop(key, f"write to {tier.name} failed")
+            return False
+        tier.instruments.record_write(nbytes, time.perf_counter() - started)
+        with self._lock:
+            tier.writes += sum(1 for ok in written if ok)
+        return any(written)
+
+    def _write_through(self, key: ChunkKey, data: Buffer, *, if_absent: bool) -> bool:
+        """Host memory could not take the chunk: write it to the target tiers now."""
+        view = memoryview(data).cast("B")
+        results = [
+            self._write_to(tier, [(key, view)], len(view), if_absent=if_absent)
+            for tier in self._targets
+        ]
+        return any(results)
+
+    def _report_drop(self, key: ChunkKey, why: str) -> None:
+        now = time.monotonic()
+        with self._lock:
+            self._recent_drops.append(key)
+            self._drops_unreported += 1
+            if now - self._last_drop_log < 10.0:
+                return
+            count, self._drops_unreported = self._drops_unreported, 0
+            self._last_drop_log = now
+        log.warning("%s: dropped write-back of %s (%s); %d dropped since the last report",
+                    self.name, key.hex, why, count)
+
+    # --- reads ----------------------------------------------------------------------------
+
+    def _read_many(self, keys: Sequence[ChunkKey]) -> list[bytes | None]:
+        self._check_open()
+        started = time.perf_counter()
+        out: list[bytes | None] = self.host._read_many(keys)
+        if self.verify:
+            out = [self._checked(k, d) for k, d in zip(keys, out)]
+        hits = sum(1 for d in out if d is not None)
+        self._count_host(hits, len(keys) - hits, started, sum(len(d) for d in out if d is not None))
+        missing = [i for i, d in enumerate(out) if d is None]
+        for tier in self.tiers:
+            if not missing:
+                break
+            wanted = [keys[i] for i in missing]
+            started = time.perf_counter()
+            try:
+                found = tier.call("get", tier.store.get_many, wanted)
+            except TierUnavailable:
+                self._count_tier(tier, 0, len(wanted))
+                continue
+            nbytes = sum(len(d) for d in found if d is not None)
+            if nbytes:
+                tier.instruments.record_read(nbytes, time.perf_counter() - started)
+            still_missing = []
+            for i, data in zip(missing, found):
+                if data is None:
+                    still_missing.append(i)
+                    continue
+                out[i] = data
+                self._promote(tier, keys[i], data)
+            self._count_tier(tier, len(missing) - len(still_missing), len(still_missing))
+            missing = still_missing
+        return out
+
+    def get_into(self, key: ChunkKey, buffer: Buffer) -> int | None:
+        """Fill ``buffer`` from the first tier holding ``key``; its size, or ``None``."""
+        lease, settled = self._acquire(key)
+        if lease is not None:
+            try:
+                return _copy(buffer, lease.view)
+            finally:
+                self.host.release(lease)
+        if settled:
+            return None
+        # No promotion (disabled, or host memory full of pinned chunks): read around it.
+        return self._load_from_tiers(key, buffer)
+
+    def acquire(self, key: ChunkKey) -> Lease | None:
+        """Pin ``key`` in host memory for reading in place, promoting it from a lower tier.
+
+        ``None`` if no tier has it, or if it is not in host memory and cannot be
+        promoted (promotion off, or every slot pinned). Release the lease
+        (``with lease:``) when done.
+        """
+        return self._acquire(key)[0]
+
+    def _acquire(self, key: ChunkKey) -> tuple[Lease | None, bool]:
+        """(lease, settled): ``settled`` is False when the tiers were not (all) asked."""
+        self._check_open()
+        started = time.perf_counter()
+        lease = self.host.acquire(key)
+        if lease is not None and self.verify and self._checked(key, lease.view) is None:
+            self.host.release(lease)
+            lease = None
+        if lease is not None:
+            self._count_host(1, 0, started, len(lease.view))
+            return lease, True
+        self._count_host(0, 1, started, 0)
+        if not self.promote:
+            return None, False
+        for tier in self.tiers:
+            if not tier.up:
+                self._count_tier(tier, 0, 1)
+                continue
+            slot = self.host.reserve(key)
+            if slot is None:
+                return None, False
+            lease = self._promote_into(tier, key, slot)
+            if lease is not None:
+                return lease, True
+        return None, True
+
+    def _promote_into(self, tier: GuardedTier, key: ChunkKey, slot: Lease) -> Lease | None:
+        """Load ``key`` from ``tier`` straight into reserved ``slot``; a read lease or ``None``."""
+        started = time.perf_counter()
+        size: int | None = None
+        try:
+            if isinstance(tier.store, SupportsGetInto):
+                size = tier.call("get", tier.store.get_into, key, slot.view)
+            else:
+                data = tier.call("get", tier.store.get, key)
+                if data is not None and len(data) <= len(slot.view):
+                    slot.view[: len(data)] = data
+                    size = len(data)
+        except TierUnavailable:
+            size = None
+        finally:
+            if not size:
+                self.host.abort(slot)
+        if not size:
+            self._count_tier(tier, 0, 1)
+            return None
+        tier.instruments.record_read(size, time.perf_counter() - started)
+        self.host.commit(slot, size, keep_pinned=True)
+        self._count_tier(tier, 1, 0)
+        with self._lock:
+            tier.promotions += 1
+        tier.instruments.promotions.inc()
+        return slot
+
+    def _load_from_tiers(self, key: ChunkKey, buffer: Buffer) -> int | None:
+        """Without promotion: the first tier's copy straight into ``buffer``."""
+        for tier in self.tiers:
+            if not tier.up:
+                self._count_tier(tier, 0, 1)
+                continue
+            started = time.perf_counter()
+            try:
+                if isinstance(tier.store, SupportsGetInto):
+                    size = tier.call("get", tier.store.get_into, key, buffer)
+                else:
+                    data = tier.call("get", tier.store.get, key)
+                    size = None if data is None else _copy(buffer, data)
+            except TierUnavailable:
+                size = None
+            if size is None:
+                self._count_tier(tier, 0, 1)
+                continue
+            tier.instruments.record_read(size, time.perf_counter() - started)
+            self._count_tier(tier, 1, 0)
+            return size
+        return None
+
+    def release(self, lease: Lease) -> None:
+        """Unpin a lease from :meth:`acquire`; idempotent."""
+        self.host.release(lease)
+
+    def _promote(self, tier: GuardedTier, key: ChunkKey, data: bytes) -> None:
+        if not self.promote:
+            return
+        if self.host.put(key, data):
+            with self._lock:
+                tier.promotions += 1
+            tier.instruments.promotions.inc()
+
+    def _count_host(self, hits: int, misses: int, started: float, nbytes: int) -> None:
+        instruments = self._host_metrics
+        if hits:
+            instruments.hits.inc(hits)
+            instruments.record_read(nbytes, time.perf_counter() - started)
+        if misses:
+            instruments.misses.inc(misses)
+
+    def _count_tier(self, tier: GuardedTier, hits: int, misses: int) -> None:
+        with self._lock:
+            tier.hits += hits
+            tier.misses += misses
+        if hits:
+            tier.instruments.hits.inc(hits)
+        if misses:
+            tier.instruments.misses.inc(misses)
+
+    # --- presence -------------------------------------------------------------------------
+
+    def exists_many(self, keys: Sequence[ChunkKey]) -> list[bool]:
+        self._check_open()
+        started = time.perf_counter()
+        present = self.host.exists_many(keys)
+        self._host_metrics.lookup_latency.observe(time.perf_counter() - started)
+        missing = [i for i, hit in enumerate(present) if not hit]
+        for tier in self.tiers:
+            if not missing or not tier.up:
+                continue
+            started = time.perf_counter()
+            try:
+                found = tier.call("exists", tier.store.exists_many, [keys[i] for i in missing])
+            except TierUnavailable:
+                continue
+            tier.instruments.lookup_latency.observe(time.perf_counter() - started)
+            for i, hit in zip(missing, found):
+                present[i] = hit
+            missing = [i for i in missing if not present[i]]
+        return present
+
+    def lookup_prefix(self, keys: Sequence[ChunkKey]) -> int:
+        """Leading keys present in any tier: host first, then each tier from where it stopped."""
+        self._check_open()
+        started = time.perf_counter()
+        position = self.host.lookup_prefix(keys)
+        self._host_metrics.lookup_latency.observe(time.perf_counter() - started)
+        progress = True
+        while position < len(keys) and progress:
+            progress = False
+            for tier in self.tiers:
+                if position == len(keys) or not tier.up:
+                    continue
+                started = time.perf_counter()
+                try:
+                    found = tier.call("lookup", tier.store.lookup_prefix, keys[position:])
+                except TierUnavailable:
+                    continue
+                tier.instruments.lookup_latency.observe(time.perf_counter() - started)
+                if found:
+                    position += found
+                    progress = True
+        return position
+
+    # --- admin ----------------------------------------------------------------------------
+
+    def delete_many(self, keys: Sequence[ChunkKey]) -> int:
+        self._check_open()
+        # A queued write-back would resurrect the chunk after we deleted it.
+        self.flush()
+        present = self.exists_many(keys)
+        self.host.delete_many(keys)
+        for tier in self.tiers:
+            try:
+                tier.call("delete", tier.store.delete_many, keys)
+            except TierUnavailable:
+                continue
+        return sum(present)
+
+    def list(self, namespace: str | None = None) -> Iterator[ChunkInfo]:
+        seen: set[ChunkKey] = set()
+        for info in self.host.list(namespace):
+            seen.add(info.key)
+            yield info
+        for tier in self.tiers:
+            if not tier.store.supports_listing:
+                continue
+            try:
+                listed = tier.call("list", lambda s=tier.store: list(s.list(namespace)))
+            except TierUnavailable:
+                continue
+            for info in listed:
+                if info.key not in seen:
+                    seen.add(info.key)
+                    yield info
+
+    @property
+    def supports_listing(self) -> bool:
+        """Listing covers host memory and every tier that can list."""
+        return all(t.store.supports_listing for t in self.tiers)
+
+    @property
+    def high_latency(self) -> bool:
+        """Never: the host index answers first and each tier picks its own strategy."""
+        return False
+
+    def close(self) -> None:
+        """Flush pending write-backs, stop the drain thread, close host memory (and tiers)."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._queue is not None:
+            for lease in self._queue.close():
+                self.host.release(lease)
+        for tier in self.tiers:
+            tier.close()
+            if self.close_tiers:
+                try:
+                    tier.store.close()
+                except Exception:  # noqa: BLE001 - closing must not stop closing the rest
+                    log.exception("closing tier %s failed", tier.name)
+        self.host.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ConfigError(f"tiered store {self.name!r} is closed")
+
+    def __repr__(self) -> str:
+        names = ", ".join([self.host.name, *(t.name for t in self.tiers)])
+        return f"TieredStore({names}; write_tiers={self.write_tiers!r})"
+
+
+def _copy(buffer: Buffer, data: bytes | memoryview) -> int:
+    target = memoryview(buffer).cast("B")
+    if len(target) < len(data):
+        raise ConfigError(
+            f"buffer of {len(target)} bytes is too small for a {len(data)}-byte chunk"
+        )
+    target[: len(data)] = data
+    return len(data)

@@ -1,0 +1,50 @@
+"""Belady's MIN: the offline optimum the online policies are measured against.
+
+Demand paging, like the online policies: every missed block is admitted, and
+when the cache is full the resident block whose next use lies farthest in
+the future (or never comes) is evicted. No online policy that admits every
+miss can score more hits on the same access sequence.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Hashable, Sequence
+
+from chunkstore.errors import ConfigError
+
+
+def next_uses(accesses: Sequence[Hashable]) -> list[int]:
+    """For each position, the position of the same block's next access (``len`` if none)."""
+    never = len(accesses)
+    following: dict[Hashable, int] = {}
+    out = [never] * len(accesses)
+    for position in range(len(accesses) - 1, -1, -1):
+        block = accesses[position]
+        out[position] = following.get(block, never)
+        following[block] = position
+    return out
+
+
+def belady_hits(accesses: Sequence[Hashable], capacity: int) -> list[bool]:
+    """Hit (True) or miss per access under MIN with ``capacity`` blocks."""
+    if capacity < 1:
+        raise ConfigError(f"capacity must be at least 1 block, got {capacity}")
+    upcoming = next_uses(accesses)
+    resident: dict[Hashable, int] = {}  # block -> its next use
+    # (-next use, tiebreak, block); entries made stale by a later access are skipped on pop.
+    heap: list[tuple[int, int, Hashable]] = []
+    hits = [False] * len(accesses)
+    for position, block in enumerate(accesses):
+        following = upcoming[position]
+        if block in resident:
+            hits[position] = True
+        elif len(resident) >= capacity:
+            while True:
+                negative_next, _, victim = heapq.heappop(heap)
+                if resident.get(victim) == -negative_next:
+                    del resident[victim]
+                    break
+        resident[block] = following
+        heapq.heappush(heap, (-following, position, block))
+    return hits

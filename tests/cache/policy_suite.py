@@ -1,0 +1,143 @@
+"""One contract every replacement policy passes (cachetools ``CacheTestMixin`` style).
+
+A policy's test class only says how to make one::
+
+    class TestLRU(PolicyTestMixin):
+        policy_class = LRUPolicy
+"""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+
+import pytest
+
+from chunkstore.cache.policy import CachePolicy, NoEvictableEntry
+from chunkstore.errors import ConfigError
+
+
+class PolicyTestMixin:
+    """Behaviour shared by ARC and LRU (and any later policy)."""
+
+    policy_class: type[CachePolicy]
+
+    def make(self, capacity: int) -> CachePolicy:
+        return self.policy_class(capacity)
+
+    def test_rejects_bad_capacity(self) -> None:
+        for bad in (0, -1, 1.5, True, "3"):
+            with pytest.raises(ConfigError):
+                self.policy_class(bad)  # type: ignore[arg-type]
+
+    def test_empty(self) -> None:
+        policy = self.make(3)
+        assert len(policy) == 0
+        assert 1 not in policy
+        assert list(policy) == []
+        assert policy.hit(1) is False
+        assert len(policy) == 0  # a miss changes nothing
+        assert policy.remove(1) is False
+
+    def test_admit_then_hit(self) -> None:
+        policy = self.make(3)
+        assert policy.admit("a") is None
+        assert "a" in policy and len(policy) == 1
+        assert policy.hit("a") is True
+        assert set(policy) == {"a"}
+
+    def test_fills_without_evicting(self) -> None:
+        policy = self.make(4)
+        assert [policy.admit(k) for k in range(4)] == [None] * 4
+        assert set(policy) == {0, 1, 2, 3}
+
+    def test_never_exceeds_capacity(self) -> None:
+        policy = self.make(3)
+        evicted = []
+        for key in range(10):
+            victim = policy.admit(key)
+            if victim is not None:
+                evicted.append(victim)
+            assert len(policy) <= 3
+        assert len(evicted) == 7
+        assert set(policy) | set(evicted) == set(range(10))
+        assert not set(policy) & set(evicted)
+
+    def test_evicted_key_is_gone(self) -> None:
+        policy = self.make(2)
+        policy.admit("a")
+        policy.admit("b")
+        victim = policy.admit("c")
+        assert victim in ("a", "b")
+        assert victim not in policy
+        assert policy.hit(victim) is False
+
+    def test_scan_of_new_keys_evicts_oldest_first(self) -> None:
+        # With no re-references ARC degenerates to FIFO = LRU: evictions in insertion order.
+        policy = self.make(3)
+        victims = [policy.admit(k) for k in range(8)]
+        assert victims == [None, None, None, 0, 1, 2, 3, 4]
+
+    def test_recently_hit_key_survives_one_new_key(self) -> None:
+        policy = self.make(3)
+        for key in "abc":
+            policy.admit(key)
+        policy.hit("a")
+        assert policy.admit("d") == "b"
+        assert "a" in policy
+
+    def test_remove(self) -> None:
+        policy = self.make(2)
+        policy.admit("a")
+        policy.admit("b")
+        assert policy.remove("a") is True
+        assert "a" not in policy and len(policy) == 1
+        assert policy.admit("c") is None  # the room freed by remove is used first
+        assert set(policy) == {"b", "c"}
+
+    def test_can_evict_skips_vetoed_keys(self) -> None:
+        policy = self.make(3)
+        for key in "abc":
+            policy.admit(key)
+        pinned = {"a"}
+        victim = policy.admit("d", lambda k: k not in pinned)
+        assert victim == "b"
+        assert "a" in policy and "d" in policy
+
+    def test_all_pinned_raises_and_changes_nothing(self) -> None:
+        policy = self.make(2)
+        policy.admit("a")
+        policy.admit("b")
+        before = sorted(policy)  # type: ignore[type-var]
+        with pytest.raises(NoEvictableEntry):
+            policy.admit("c", lambda k: False)
+        assert sorted(policy) == before  # type: ignore[type-var]
+        assert "c" not in policy
+        assert policy.admit("c") in ("a", "b")  # still usable afterwards
+
+    def test_access_counts_hits(self) -> None:
+        policy = self.make(2)
+        stream: list[Hashable] = ["a", "a", "b", "a", "c", "a", "b"]
+        hits = [policy.access(k) for k in stream]
+        assert hits[:4] == [False, True, False, True]
+        assert hits[5] is True  # "a" was hit twice: it outlives "b"
+        assert len(policy) == 2
+
+    def test_access_matches_hit_then_admit(self) -> None:
+        stream = [k % 7 for k in range(0, 200, 3)] + [1, 2, 3, 1, 2, 3, 9, 9]
+        one, two = self.make(4), self.make(4)
+        for key in stream:
+            expected = two.hit(key)
+            if not expected:
+                two.admit(key)
+            assert one.access(key) is expected
+        assert sorted(one) == sorted(two)  # type: ignore[type-var]
+
+    def test_capacity_one(self) -> None:
+        policy = self.make(1)
+        assert policy.access(1) is False
+        assert policy.access(1) is True
+        assert policy.access(2) is False
+        assert list(policy) == [2]
+
+    def test_repr_names_class(self) -> None:
+        assert self.policy_class.__name__ in repr(self.make(2))

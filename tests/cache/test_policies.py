@@ -1,0 +1,154 @@
+"""ARC and LRU pass the shared policy contract, and agree with reference models."""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+
+from chunkstore.cache import ARCPolicy, LRUPolicy, NoEvictableEntry, make_policy
+from chunkstore.errors import ConfigError
+from tests.cache.policy_suite import PolicyTestMixin
+from tests.cache.reference_arc import PaperARC
+
+
+class TestARC(PolicyTestMixin):
+    policy_class = ARCPolicy
+
+
+class TestLRU(PolicyTestMixin):
+    policy_class = LRUPolicy
+
+
+def test_make_policy() -> None:
+    assert isinstance(make_policy("arc", 2), ARCPolicy)
+    assert isinstance(make_policy("LRU", 2), LRUPolicy)
+    with pytest.raises(ConfigError, match="arc, lru"):
+        make_policy("fifo", 2)
+
+
+KEYS = st.integers(min_value=0, max_value=11)
+
+
+class LRUMachine(RuleBasedStateMachine):
+    """LRUPolicy against a plain list (oldest first), with pins and removals."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.policy = LRUPolicy(4)
+        self.model: list[int] = []
+        self.pinned: set[int] = set()
+
+    @rule(key=KEYS)
+    def access(self, key: int) -> None:
+        hit = key in self.model
+        assert self.policy.hit(key) is hit
+        if hit:
+            self.model.remove(key)
+            self.model.append(key)
+            return
+        candidates = [k for k in self.model if k not in self.pinned]
+        if len(self.model) >= 4 and not candidates:
+            with pytest.raises(NoEvictableEntry):
+                self.policy.admit(key, lambda k: k not in self.pinned)
+            return
+        victim = self.policy.admit(key, lambda k: k not in self.pinned)
+        if len(self.model) >= 4:
+            assert victim == candidates[0]
+            self.model.remove(victim)
+        else:
+            assert victim is None
+        self.model.append(key)
+
+    @rule(key=KEYS)
+    def toggle_pin(self, key: int) -> None:
+        self.pinned ^= {key}
+
+    @rule(key=KEYS)
+    def remove(self, key: int) -> None:
+        assert self.policy.remove(key) is (key in self.model)
+        if key in self.model:
+            self.model.remove(key)
+
+    @invariant()
+    def same_order(self) -> None:
+        assert list(self.policy) == self.model
+
+
+class ARCMachine(RuleBasedStateMachine):
+    """ARCPolicy against a literal transcription of the paper's Fig. 4 (request stream only)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.policy = ARCPolicy(4)
+        self.paper = PaperARC(4)
+
+    @rule(key=KEYS)
+    def request(self, key: int) -> None:
+        assert self.policy.access(key) is self.paper.request(key)
+
+    @invariant()
+    def same_lists(self) -> None:
+        assert list(self.policy.t1) == self.paper.t1
+        assert list(self.policy.t2) == self.paper.t2
+        assert list(self.policy.b1) == self.paper.b1
+        assert list(self.policy.b2) == self.paper.b2
+        assert self.policy.p == self.paper.p
+
+
+class ARCPinMachine(RuleBasedStateMachine):
+    """ARCPolicy with pins and removals: the cache's bookkeeping stays consistent."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.policy = ARCPolicy(4)
+        self.resident: set[Hashable] = set()
+        self.pinned: set[int] = set()
+
+    @rule(key=KEYS)
+    def access(self, key: int) -> None:
+        if self.policy.hit(key):
+            assert key in self.resident
+            return
+        assert key not in self.resident
+        try:
+            victim = self.policy.admit(key, lambda k: k not in self.pinned)
+        except NoEvictableEntry:
+            assert len(self.resident) >= 4 and self.resident <= self.pinned
+            return
+        if victim is not None:
+            assert victim in self.resident and victim not in self.pinned
+            self.resident.discard(victim)
+        self.resident.add(key)
+
+    @rule(key=KEYS)
+    def toggle_pin(self, key: int) -> None:
+        self.pinned ^= {key}
+
+    @rule(key=KEYS)
+    def remove(self, key: int) -> None:
+        assert self.policy.remove(key) is (key in self.resident)
+        self.resident.discard(key)
+
+    @invariant()
+    def bounds(self) -> None:
+        policy = self.policy
+        assert set(policy) == self.resident
+        assert len(policy) <= 4
+        assert len(policy.t1) + len(policy.b1) <= 4
+        assert len(policy.t1) + len(policy.t2) + len(policy.b1) + len(policy.b2) <= 8
+        assert 0 <= policy.p <= 4
+        lists = [set(policy.t1), set(policy.t2), set(policy.b1), set(policy.b2)]
+        assert sum(len(s) for s in lists) == len(set().union(*lists))  # disjoint
+
+
+_SETTINGS = settings(max_examples=60, stateful_step_count=40, deadline=None)
+TestLRUMachine = LRUMachine.TestCase
+TestLRUMachine.settings = _SETTINGS
+TestARCMachine = ARCMachine.TestCase
+TestARCMachine.settings = settings(max_examples=100, stateful_step_count=60, deadline=None)
+TestARCPinMachine = ARCPinMachine.TestCase
+TestARCPinMachine.settings = _SETTINGS

@@ -1,0 +1,157 @@
+"""The trace simulator: known answers on small traces, bad traces, the shared Mooncake trace."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from chunkstore.cli.main import main
+from chunkstore.simulator import (
+    TraceError,
+    belady_hits,
+    default_capacities,
+    load_trace,
+    next_uses,
+    parse_trace,
+    simulate,
+)
+
+SHARED_TRACE = (
+    Path(__file__).resolve().parents[3] / "shared" / "traces" / "mooncake_synthetic_trace.jsonl"
+)
+
+
+def mooncake(*requests: list[int], input_length: int | None = None) -> list[str]:
+    return [
+        json.dumps({"timestamp": i, "input_length": input_length or 512 * len(ids),
+                    "output_length": 1, "hash_ids": ids})
+        for i, ids in enumerate(requests)
+    ]
+
+
+def test_known_answers_on_a_small_trace() -> None:
+    # Accesses: 1 2 3 | 1 2 4 | 1 2 3, capacity 3.
+    trace = parse_trace(mooncake([1, 2, 3], [1, 2, 4], [1, 2, 3]))
+    assert (trace.accesses, trace.unique_blocks, trace.input_tokens) == (9, 4, 9 * 512)
+    result = simulate(trace, [3])
+    lru, arc, opt = (result.result(p, 3) for p in ("lru", "arc", "belady"))
+    # LRU: misses 1 2 3; hits 1 2; 4 evicts 3; hits 1 2; 3 evicts 4 -> 4 hits.
+    assert (lru.hits, lru.tokens_saved) == (4, 4 * 512)
+    # ARC: 1 and 2 move to T2 on their second use; 4 evicts 3 (T1's LRU), 3 evicts 4 -> 4 hits.
+    assert (arc.hits, arc.tokens_saved) == (4, 4 * 512)
+    # Belady: demand paging must admit 4 (never reused); it evicts the resident used farthest
+    # ahead, 3 (position 8, vs 1 at 6 and 2 at 7); 3 then evicts 4 -> also 4 hits.
+    assert opt.hits == 4
+    assert lru.hit_ratio == pytest.approx(4 / 9)
+
+
+def test_belady_beats_lru_where_it_should() -> None:
+    # Cyclic scan over 4 blocks with 3 slots: LRU never hits. MIN (next uses in brackets):
+    # 1 2 3 miss; 4 evicts 3 [1:4 2:5 3:6]; 1 2 hit; 3 evicts 2 [1:8 2:9 4:7]; 4 1 hit;
+    # 2 evicts 1 [4:11 1:never 3:10]; 3 4 hit -> 6 hits.
+    cycle = [1, 2, 3, 4] * 3
+    trace = parse_trace(mooncake(cycle))
+    result = simulate(trace, [3])
+    assert result.result("lru", 3).hits == 0
+    assert result.result("belady", 3).hits == sum(belady_hits(cycle, 3)) == 6
+    assert next_uses([1, 2, 1, 3]) == [2, 4, 4, 4]
+
+
+def test_tokens_saved_counts_leading_hits_only() -> None:
+    # Second request: block 1 hits, 9 misses, 2 hits -> only the first block's tokens are saved.
+    trace = parse_trace(mooncake([1, 2], [1, 9, 2], input_length=1200))
+    entry = simulate(trace, [10], ["lru"]).result("lru", 10)
+    assert entry.hits == 2
+    assert entry.tokens_saved == 512
+    # A prompt shorter than its blocks: saved tokens are capped by the prompt length.
+    trace = parse_trace(mooncake([5], [5], input_length=100))
+    assert simulate(trace, [1], ["arc"]).result("arc", 1).tokens_saved == 100
+
+
+def test_token_trace_is_keyed_by_chain_keys() -> None:
+    shared = list(range(1000, 1064))
+    lines = [json.dumps({"tokens": shared + [1, 2, 3]}), json.dumps({"tokens": shared + [7] * 40})]
+    trace = parse_trace(lines, block_tokens=32)
+    assert [len(r.blocks) for r in trace.requests] == [2, 3]
+    assert trace.requests[0].blocks == trace.requests[1].blocks[:2]
+    entry = simulate(trace, [8], ["lru"]).result("lru", 8)
+    assert (entry.hits, entry.tokens_saved) == (2, 64)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("", "is empty"),
+        ("\n\n", "is empty"),
+        ('{"timestamp": 0, "input_length": 5, "output_length": 1, "hash_ids": [1]}\n{oops',
+         "line 2: not valid JSON"),
+        ('{"timestamp": 0, "input_length": 5, "hash_ids": [1]}',
+         "line 1: missing field 'output_length'"),
+        ('{"input_length": 5, "hash_ids": [1]}', "missing fields 'timestamp', 'output_length'"),
+        ('{"timestamp": 0, "input_length": "5", "output_length": 1, "hash_ids": [1]}',
+         "line 1: 'input_length' must be a non-negative integer"),
+        ('{"timestamp": 0, "input_length": 5, "output_length": 1, "hash_ids": [1, "x"]}',
+         "'hash_ids' must be a list of integers"),
+        ('{"timestamp": "soon", "input_length": 5, "output_length": 1, "hash_ids": []}',
+         "'timestamp' must be a number"),
+        ("[1, 2]", "expected a JSON object"),
+        ('{"tokens": [1, -2]}', "'tokens' must be a list of token ids"),
+        ('{"tokens": [1], "timestamp": null}', "'timestamp' must be a number"),
+    ],
+)
+def test_bad_traces_name_the_line(tmp_path: Path, text: str, message: str) -> None:
+    path = tmp_path / "bad.jsonl"
+    path.write_text(text)
+    with pytest.raises(TraceError, match=message) as info:
+        load_trace(path)
+    assert str(path) in str(info.value)
+
+
+def test_unreadable_trace(tmp_path: Path) -> None:
+    with pytest.raises(TraceError, match="cannot read trace"):
+        load_trace(tmp_path / "missing.jsonl")
+    (tmp_path / "binary.jsonl").write_bytes(b"\xff\xfe\x00")
+    with pytest.raises(TraceError, match="UTF-8"):
+        load_trace(tmp_path / "binary.jsonl")
+
+
+def test_default_capacities() -> None:
+    assert default_capacities(1000) == (20, 50, 100, 200, 300, 500, 750)
+    assert default_capacities(3) == (1, 2)
+
+
+def test_cli_json_and_plot(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("\n".join(mooncake([1, 2, 3], [1, 2, 4], [1, 2, 3])) + "\n")
+    plot = tmp_path / "plot.png"
+    assert main(["simulate", str(trace), "--capacities", "2,3", "--json", "--plot", str(plot)]) == 0
+    document = json.loads(capsys.readouterr().out)
+    assert document["capacities"] == [2, 3] and document["unique_blocks"] == 4
+    by_key = {(r["policy"], r["capacity"]): r for r in document["results"]}
+    assert by_key[("lru", 3)]["hits"] == 4 and by_key[("belady", 3)]["hits"] == 4
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert main(["simulate", str(trace), "--capacities", "3", "--block-bytes", "1MiB"]) == 0
+    text = capsys.readouterr().out
+    assert "ARC HIT%" in text and "3.0 MiB" in text and "ARC >= LRU" in text
+
+
+def test_cli_bad_trace_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"hash_ids": [1]}\n')
+    assert main(["simulate", str(trace)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "line 1: missing fields" in err
+
+
+@pytest.mark.skipif(not SHARED_TRACE.exists(), reason="shared Mooncake trace not present")
+def test_shared_trace_arc_at_least_lru() -> None:
+    # 2%, 10% and 30% of the trace's 43,924 unique blocks (the default sweep's range).
+    trace = load_trace(SHARED_TRACE)
+    capacities = [878, 4392, 13177]
+    result = simulate(trace, capacities)
+    for capacity in capacities:
+        arc, lru, opt = (result.result(p, capacity) for p in ("arc", "lru", "belady"))
+        assert lru.hits <= arc.hits <= opt.hits
+        assert lru.tokens_saved <= arc.tokens_saved <= opt.tokens_saved

@@ -1,0 +1,310 @@
+"""TieredStore: the store contract, write-behind, promotion, tier failures, flushing."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import numpy as np
+import pytest
+from prometheus_client import CollectorRegistry
+
+from chunkstore.backends.memory import MemoryStore
+from chunkstore.cache import HostCache, TieredStore
+from chunkstore.errors import ConfigError
+from chunkstore.metrics import ChunkstoreMetrics
+from chunkstore.testing.factories import MadeChunk
+from chunkstore.testing.stateful import store_state_machine
+from chunkstore.testing.store_suite import StoreSuite
+from tests.cache.conftest import LAYOUT, SLOT
+from tests.cache.doubles import FlakyStore, GatedStore, StallingStore
+
+
+def _tiered(host_slots: int, tiers: int = 1, **options: object) -> TieredStore:
+    stores = [MemoryStore(name=f"tier{i}") for i in range(tiers)]
+    return TieredStore(
+        HostCache(SLOT, num_slots=host_slots), stores, verify=True,
+        metrics=ChunkstoreMetrics(CollectorRegistry()), **options,  # type: ignore[arg-type]
+    )
+
+
+class TestTieredStore(StoreSuite):
+    persistent = False
+
+    @pytest.fixture
+    def make_store(self) -> Callable[[], TieredStore]:
+        return lambda: _tiered(32)
+
+
+class TestTieredStoreSmallHost(StoreSuite):
+    """Host memory smaller than the suite's chunks: reads come from the tiers and promote."""
+
+    persistent = False
+
+    @pytest.fixture
+    def make_store(self) -> Callable[[], TieredStore]:
+        return lambda: _tiered(4, tiers=2, write_tiers="first")
+
+
+TestTieredMachine = store_state_machine(lambda: _tiered(3, tiers=2), max_examples=20).TestCase
+
+
+@pytest.fixture
+def disk() -> MemoryStore:
+    return MemoryStore(name="disk")
+
+
+@pytest.fixture
+def registry_metrics() -> ChunkstoreMetrics:
+    return ChunkstoreMetrics(CollectorRegistry())
+
+
+def make(host_slots: int, tiers: list[MemoryStore], metrics: ChunkstoreMetrics,
+         **options: object) -> TieredStore:
+    return TieredStore(HostCache(LAYOUT, num_slots=host_slots), tiers, metrics=metrics,
+                       **options)  # type: ignore[arg-type]
+
+
+def test_rejects_bad_options(disk: MemoryStore, registry_metrics: ChunkstoreMetrics) -> None:
+    host = HostCache(LAYOUT, num_slots=2)
+    with pytest.raises(ConfigError, match="write_tiers"):
+        TieredStore(host, [disk], write_tiers="some", metrics=registry_metrics)
+    with pytest.raises(ConfigError, match="unique"):
+        TieredStore(host, [disk, MemoryStore(name="disk")], metrics=registry_metrics)
+    with pytest.raises(ConfigError, match="tier_timeout"):
+        TieredStore(host, [disk], tier_timeout=0, metrics=registry_metrics)
+    host.close()
+
+
+def test_write_behind_reaches_every_tier(chain: list[MadeChunk],
+                                         registry_metrics: ChunkstoreMetrics) -> None:
+    first, second = MemoryStore(name="fast"), MemoryStore(name="slow")
+    with make(4, [first, second], registry_metrics, tier_timeout=None) as store:
+        assert store.put_many([(c.key, c.data) for c in chain[:6]]) == [True] * 6
+        assert store.flush(timeout=30)
+        for tier in (first, second):
+            assert tier.exists_many([c.key for c in chain[:6]]) == [True] * 6
+        assert [t.writes for t in store.stats().tiers] == [6, 6]
+
+
+def test_write_to_first_tier_only(chain: list[MadeChunk],
+                                  registry_metrics: ChunkstoreMetrics) -> None:
+    first, second = MemoryStore(name="fast"), MemoryStore(name="slow")
+    with make(4, [first, second], registry_metrics, write_tiers="first") as store:
+        store.put_many([(c.key, c.data) for c in chain[:3]])
+        store.flush()
+        assert first.exists_many([c.key for c in chain[:3]]) == [True] * 3
+        assert second.exists_many([c.key for c in chain[:3]]) == [False] * 3
+
+
+def test_full_queue_drops_and_reports(chain: list[MadeChunk],
+                                      registry_metrics: ChunkstoreMetrics) -> None:
+    gated = GatedStore("disk")
+    store = make(10, [gated], registry_metrics, queue_size=2, write_batch=1)
+    try:
+        assert store.put(chain[0].key, chain[0].data)
+        assert gated.entered.wait(timeout=30)  # chunk 0 is being written; the queue is empty
+        # The caller is never blocked: chunks 1 and 2 wait in the queue, 3..5 are dropped.
+        assert store.put_many([(c.key, c.data) for c in chain[1:6]]) == [True] * 5
+        stats = store.stats()
+        assert stats.writes_dropped == 3
+        assert stats.tiers[0].dropped == {"queue_full": 3}
+        assert store.dropped_keys() == [c.key for c in chain[3:6]]
+        assert store.health().queue_depth == 2
+        gated.gate.set()
+        assert store.flush(timeout=30)
+        assert gated.exists_many([c.key for c in chain[:6]]) == [True] * 3 + [False] * 3
+        # Dropped chunks were still cached: readers get them from host memory.
+        assert store.get(chain[4].key) == chain[4].data
+        value = registry_metrics.registry.get_sample_value(
+            "chunkstore_writes_dropped_total", {"tier": "disk", "reason": "queue_full"})
+        assert value == 3
+    finally:
+        gated.gate.set()
+        store.close()
+
+
+def test_unpersisted_chunks_survive_eviction_pressure(
+    chain: list[MadeChunk], registry_metrics: ChunkstoreMetrics
+) -> None:
+    gated, archive = GatedStore("disk"), MemoryStore(name="archive")
+    archive.put_many([(c.key, c.data) for c in chain[6:12]])
+    store = make(3, [gated, archive], registry_metrics, write_tiers="first", queue_size=8)
+    try:
+        store.put_many([(c.key, c.data) for c in chain[:3]])  # fills host; none persisted yet
+        buffer = bytearray(LAYOUT.total_size)
+        for made in chain[6:12]:
+            # Host memory is all pinned by pending write-backs: reads go around it.
+            assert store.get_into(made.key, buffer) == len(made.data)
+            assert bytes(buffer) == made.data
+            assert store.get(made.key) == made.data
+        assert store.host.exists_many([c.key for c in chain[:3]]) == [True] * 3
+        assert store.stats().tiers[1].promotions == 0
+        gated.gate.set()
+        assert store.flush(timeout=30)
+        assert gated.exists_many([c.key for c in chain[:3]]) == [True] * 3
+        # Persisted, the chunks may now make room for promotions.
+        for made in chain[6:9]:
+            assert store.get(made.key) == made.data
+        assert store.stats().tiers[1].promotions == 3
+        assert store.host.exists_many([c.key for c in chain[:3]]) == [False] * 3
+        assert [store.get(c.key) for c in chain[:3]] == [c.data for c in chain[:3]]
+    finally:
+        gated.gate.set()
+        store.close()
+
+
+def test_close_flushes_pending_writes(chain: list[MadeChunk],
+                                      registry_metrics: ChunkstoreMetrics) -> None:
+    gated = GatedStore("disk")
+    store = make(12, [gated], registry_metrics, close_tiers=False, write_batch=2)
+    store.put_many([(c.key, c.data) for c in chain])
+    gated.gate.set()
+    store.close()
+    assert gated.exists_many([c.key for c in chain]) == [True] * len(chain)
+    with pytest.raises(ConfigError, match="closed"):
+        store.put(chain[0].key, chain[0].data)
+
+
+def test_promotion_on_secondary_hit(chain: list[MadeChunk],
+                                    registry_metrics: ChunkstoreMetrics) -> None:
+    disk = MemoryStore(name="disk")
+    disk.put_many([(c.key, c.data) for c in chain[:4]])
+    with make(2, [disk], registry_metrics) as store:
+        assert store.get(chain[0].key) == chain[0].data
+        assert store.host.exists(chain[0].key)
+        buffer = np.zeros(LAYOUT.total_size, dtype=np.uint8)
+        assert store.get_into(chain[1].key, buffer) == LAYOUT.total_size
+        assert buffer.tobytes() == chain[1].data
+        with store.acquire(chain[2].key) as lease:  # type: ignore[union-attr]
+            assert bytes(lease.view) == chain[2].data
+        assert store.get(chain[2].key) == chain[2].data  # now a host hit
+        stats = store.stats()
+        assert (stats.tiers[0].hits, stats.tiers[0].promotions) == (3, 3)
+        assert stats.host.hits == 1 and stats.host.pinned_slots == 0
+        assert store.get(chain[9].key) is None
+        assert store.stats().tiers[0].misses == 1
+
+
+def test_no_promotion_reads_around_host(chain: list[MadeChunk],
+                                        registry_metrics: ChunkstoreMetrics) -> None:
+    disk = MemoryStore(name="disk")
+    disk.put(chain[0].key, chain[0].data)
+    with make(2, [disk], registry_metrics, promote=False) as store:
+        buffer = bytearray(LAYOUT.total_size)
+        assert store.get_into(chain[0].key, buffer) == len(chain[0].data)
+        assert store.get(chain[0].key) == chain[0].data
+        assert store.acquire(chain[0].key) is None
+        assert not store.host.exists(chain[0].key)
+
+
+def test_lookup_prefix_across_tiers(chain: list[MadeChunk],
+                                    registry_metrics: ChunkstoreMetrics) -> None:
+    disk, archive = MemoryStore(name="disk"), MemoryStore(name="archive")
+    keys = [c.key for c in chain]
+    disk.put_many([(c.key, c.data) for i, c in enumerate(chain[:8]) if i != 3])
+    archive.put_many([(chain[3].key, chain[3].data), (chain[8].key, chain[8].data)])
+    with make(4, [disk, archive], registry_metrics) as store:
+        store.host.put_many([(c.key, c.data) for c in chain[:2]])
+        # host 0-1, disk 2, archive 3, disk 4-7, archive 8, nobody 9.
+        assert store.lookup_prefix(keys) == 9
+        assert store.lookup_prefix(keys[:5]) == 5
+        assert store.lookup_prefix([keys[9], *keys]) == 0
+        assert store.exists_many([keys[3], keys[9]]) == [True, False]
+
+
+def test_failing_tier_degrades_and_is_retried(chain: list[MadeChunk],
+                                              registry_metrics: ChunkstoreMetrics) -> None:
+    now = [1000.0]
+    flaky = FlakyStore("disk")
+    flaky.put_many([(c.key, c.data) for c in chain[:4]])
+    store = make(2, [flaky], registry_metrics, retry_after=60.0, clock=lambda: now[0])
+    try:
+        flaky.broken = True
+        assert store.get(chain[0].key) is None  # the outage is a miss, not an exception
+        assert store.stats().tiers[0].up is False
+        calls = flaky.calls
+        assert store.exists(chain[1].key) is False
+        assert store.lookup_prefix([c.key for c in chain[:4]]) == 0
+        assert store.put(chain[5].key, chain[5].data) is True  # cached; write-back dropped
+        assert store.flush(timeout=30)
+        assert flaky.calls == calls  # in back-off: not even asked
+        stats = store.stats().tiers[0]
+        assert stats.dropped == {"tier_down": 1} and stats.errors == 1
+        assert store.get(chain[5].key) == chain[5].data
+        flaky.broken = False
+        now[0] += 61.0  # back-off over: the next call tries the tier again
+        assert store.get(chain[0].key) == chain[0].data
+        assert store.stats().tiers[0].up is True
+        flaky.broken = True
+        store.put(chain[6].key, chain[6].data)
+        assert store.flush(timeout=30)
+        assert store.stats().tiers[0].dropped == {"tier_down": 1, "tier_error": 1}
+        errors = registry_metrics.registry.get_sample_value(
+            "chunkstore_tier_errors_total", {"tier": "disk", "op": "put"})
+        assert errors == 1
+    finally:
+        store.close()
+
+
+def test_stalled_tier_times_out_to_a_miss(chain: list[MadeChunk],
+                                          registry_metrics: ChunkstoreMetrics) -> None:
+    stalled = StallingStore("nfs")
+    stalled.put(chain[0].key, chain[0].data)
+    store = make(2, [stalled], registry_metrics, tier_timeout=0.2, retry_after=3600.0)
+    try:
+        assert store.get(chain[0].key) is None
+        assert store.exists(chain[0].key) is False  # in back-off: answered at once
+        assert store.stats().tiers[0].errors == 1
+        up = registry_metrics.registry.get_sample_value("chunkstore_tier_up", {"tier": "nfs"})
+        assert up == 0.0
+    finally:
+        stalled.release.set()
+        store.close()
+
+
+def test_reserve_commit_queues_write_back(chain: list[MadeChunk],
+                                          registry_metrics: ChunkstoreMetrics) -> None:
+    disk = MemoryStore(name="disk")
+    with make(2, [disk], registry_metrics) as store:
+        lease = store.reserve(chain[0].key)
+        assert lease is not None
+        lease.view[: len(chain[0].data)] = chain[0].data
+        store.commit(lease, len(chain[0].data))
+        aborted = store.reserve(chain[1].key)
+        store.abort(aborted)  # type: ignore[arg-type]
+        assert store.flush(timeout=30)
+        assert disk.get(chain[0].key) == chain[0].data
+        assert not disk.exists(chain[1].key)
+        assert store.stats().host.pinned_slots == 0
+
+
+def test_delete_reaches_pending_and_persisted_copies(chain: list[MadeChunk],
+                                                     registry_metrics: ChunkstoreMetrics) -> None:
+    gated = GatedStore("disk")
+    store = make(4, [gated], registry_metrics)
+    try:
+        store.put(chain[0].key, chain[0].data)
+        gated.gate.set()
+        assert store.delete(chain[0].key) is True
+        assert store.get(chain[0].key) is None and not gated.exists(chain[0].key)
+    finally:
+        store.close()
+
+
+@pytest.fixture
+def closed_stores() -> Iterator[list[TieredStore]]:
+    stores: list[TieredStore] = []
+    yield stores
+    for store in stores:
+        store.close()
+
+
+def test_oversized_chunk_is_written_through(
+    chain: list[MadeChunk], closed_stores: list[TieredStore], registry_metrics: ChunkstoreMetrics
+) -> None:
+    disk = MemoryStore(name="disk")
+    store = TieredStore(HostCache(1024, num_slots=2), [disk], metrics=registry_metrics)
+    closed_stores.append(store)
+    assert store.put(chain[0].key, chain[0].data) is True
+    assert disk.get(chain[0].key) == chain[0].data
+    assert store.get(chain[0].key) == chain[0].data
