@@ -509,11 +509,14 @@ class TieredStore(Store):
         return present
 
     def lookup_prefix(self, keys: Sequence[ChunkKey]) -> int:
-        """Leading keys present in any tier: host first, then each tier from where it stopped."""
+        """Leading keys present in any tier: host first, then each tier from where it stopped.
+
+        The host is asked again after every tier that made progress: a chunk can be in
+        host memory only (its write-back still queued) while older ones were already
+        evicted to the tiers, so the prefix may alternate between host and tiers.
+        """
         self._check_open()
-        started = time.perf_counter()
-        position = self.host.lookup_prefix(keys)
-        self._host_metrics.lookup_latency.observe(time.perf_counter() - started)
+        position = self._host_prefix(keys, 0)
         progress = True
         while position < len(keys) and progress:
             progress = False
@@ -528,8 +531,18 @@ class TieredStore(Store):
                 tier.instruments.lookup_latency.observe(time.perf_counter() - started)
                 if found:
                     position += found
+                    position = self._host_prefix(keys, position)
                     progress = True
         return position
+
+    def _host_prefix(self, keys: Sequence[ChunkKey], position: int) -> int:
+        """``position`` extended by the keys that follow it in host memory."""
+        if position >= len(keys):
+            return position
+        started = time.perf_counter()
+        found = self.host.lookup_prefix(keys[position:])
+        self._host_metrics.lookup_latency.observe(time.perf_counter() - started)
+        return position + found
 
     # --- admin ----------------------------------------------------------------------------
 

@@ -308,3 +308,18 @@ def test_oversized_chunk_is_written_through(
     assert store.put(chain[0].key, chain[0].data) is True
     assert disk.get(chain[0].key) == chain[0].data
     assert store.get(chain[0].key) == chain[0].data
+
+
+def test_lookup_prefix_alternates_between_host_and_tiers() -> None:
+    """Chunk 0 only in the tier, chunk 1 only in host memory, chunk 2 only in the tier."""
+    from chunkstore.testing.factories import sample_chunks
+
+    store = _tiered(4, tiers=1, write_tiers="first")
+    try:
+        chunks = sample_chunks(3, layout=LAYOUT)
+        tier = store.tiers[0].store
+        tier.put_many([(chunks[0].key, chunks[0].data), (chunks[2].key, chunks[2].data)])
+        store.host.insert(chunks[1].key, chunks[1].data)
+        assert store.lookup_prefix([c.key for c in chunks]) == 3
+    finally:
+        store.close()
