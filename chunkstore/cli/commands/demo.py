@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from chunkstore.backends.registry import open_store
+from chunkstore.backends.peer.demo import run_peer_demo
 from chunkstore.cache.demo import run_tiered_demo
 from chunkstore.demo import default_store_path, run_store_demo
 
@@ -37,4 +38,7 @@ def run(args: argparse.Namespace) -> int:
     print()
     print("tiered: a host cache smaller than the working set in front of the same store")
     run_tiered_demo(url)
-    return 0
+    print()
+    print("peers: a second process pulls a conversation's chunks from this one's peer server")
+    result = run_peer_demo(out=print)
+    return 0 if result.ok else 1

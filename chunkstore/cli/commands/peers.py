@@ -36,19 +36,43 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     source = parser.add_argument_group("where to look (one of)")
-    source.add_argument("--registry", metavar="DIR|URL",
-                        help="registry directory (shared mount), file:///dir or redis://host:port/db")
-    source.add_argument("--peer", action="append", metavar="HOST:PORT", default=[],
-                        help="a server endpoint (repeatable) instead of a registry")
-    parser.add_argument("--probe", action="store_true",
-                        help="contact each server: round trip, data plane, sessions, leases")
-    parser.add_argument("--timeout", type=float, default=2.0, metavar="S",
-                        help="per-server timeout for --probe (default 2)")
-    parser.add_argument("--plane", choices=("auto", "nixl", "inline"), default="inline",
-                        help="data plane to negotiate when probing (default inline: no NIXL "
-                        "agent is started just to look)")
-    parser.add_argument("--secret-env", default="CHUNKSTORE_PEER_SECRET", metavar="VAR",
-                        help="environment variable holding the shared secret")
+    source.add_argument(
+        "--registry",
+        metavar="DIR|URL",
+        help="registry directory (shared mount), file:///dir or redis://host:port/db",
+    )
+    source.add_argument(
+        "--peer",
+        action="append",
+        metavar="HOST:PORT",
+        default=[],
+        help="a server endpoint (repeatable) instead of a registry",
+    )
+    parser.add_argument(
+        "--probe",
+        action="store_true",
+        help="contact each server: round trip, data plane, sessions, leases",
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=2.0,
+        metavar="S",
+        help="per-server timeout for --probe (default 2)",
+    )
+    parser.add_argument(
+        "--plane",
+        choices=("auto", "nixl", "inline"),
+        default="inline",
+        help="data plane to negotiate when probing (default inline: no NIXL "
+        "agent is started just to look)",
+    )
+    parser.add_argument(
+        "--secret-env",
+        default="CHUNKSTORE_PEER_SECRET",
+        metavar="VAR",
+        help="environment variable holding the shared secret",
+    )
     add_output_options(parser)
     parser.set_defaults(func=run)
 
@@ -68,16 +92,28 @@ def _probe(info: Any, args: argparse.Namespace) -> dict[str, Any]:
     from chunkstore.backends.peer.errors import PeerError
 
     curve = info.curve_public_key.encode() if info.curve_public_key else None
-    client = PeerClient(info.endpoint, secret=os.environ.get(args.secret_env) or None,
-                        use_env_secret=False, timeout_s=args.timeout, retry_after_s=0,
-                        plane=args.plane, curve_server_key=curve, recv_arena_bytes=1 << 20)
+    client = PeerClient(
+        info.endpoint,
+        secret=os.environ.get(args.secret_env) or None,
+        use_env_secret=False,
+        timeout_s=args.timeout,
+        retry_after_s=0,
+        plane=args.plane,
+        curve_server_key=curve,
+        recv_arena_bytes=1 << 20,
+    )
     try:
         started = time.perf_counter()
         client.hello()
         rtt_ms = (time.perf_counter() - started) * 1000
         stats = client.stats()
-        return {"status": "ok", "rtt_ms": round(rtt_ms, 3), "plane": client.plane,
-                "plane_reason": client.plane_reason, "stats": stats}
+        return {
+            "status": "ok",
+            "rtt_ms": round(rtt_ms, 3),
+            "plane": client.plane,
+            "plane_reason": client.plane_reason,
+            "stats": stats,
+        }
     except PeerError as exc:
         return {"status": str(exc)}
     except ConfigError as exc:
@@ -93,9 +129,13 @@ def run(args: argparse.Namespace) -> int:
     records = []
     for info in infos:
         record: dict[str, Any] = {
-            "name": info.name, "endpoint": info.endpoint, "fingerprint": info.fingerprint,
-            "chunk_tokens": info.chunk_tokens, "planes": list(info.planes),
-            "capacity_bytes": info.capacity_bytes, "used_bytes": info.used_bytes,
+            "name": info.name,
+            "endpoint": info.endpoint,
+            "fingerprint": info.fingerprint,
+            "chunk_tokens": info.chunk_tokens,
+            "planes": list(info.planes),
+            "capacity_bytes": info.capacity_bytes,
+            "used_bytes": info.used_bytes,
             "curve": info.curve_public_key is not None,
             "expires_in_s": round(info.expires_at - now, 1) if info.expires_at else None,
             "extra": info.extra,
@@ -115,18 +155,29 @@ def run(args: argparse.Namespace) -> int:
         headers += ["rtt ms", "plane", "leases", "status"]
     rows = []
     for r in records:
-        used = (f"{format_size(r['used_bytes'])}/{format_size(r['capacity_bytes'])}"
-                if r["capacity_bytes"] else "-")
+        used = (
+            f"{format_size(r['used_bytes'])}/{format_size(r['capacity_bytes'])}"
+            if r["capacity_bytes"]
+            else "-"
+        )
         row: list[Any] = [
-            r["name"], r["endpoint"], (r["fingerprint"] or "any")[:16],
-            r["chunk_tokens"] or "-", ",".join(r["planes"]) or "-", used,
+            r["name"],
+            r["endpoint"],
+            (r["fingerprint"] or "any")[:16],
+            r["chunk_tokens"] or "-",
+            ",".join(r["planes"]) or "-",
+            used,
             f"{r['expires_in_s']:g}s" if r["expires_in_s"] is not None else "-",
         ]
         if args.probe:
             probe = r["probe"]
             stats = probe.get("stats", {})
-            row += [probe.get("rtt_ms", "-"), probe.get("plane") or "-",
-                    stats.get("leases", "-"), probe["status"]]
+            row += [
+                probe.get("rtt_ms", "-"),
+                probe.get("plane") or "-",
+                stats.get("leases", "-"),
+                probe["status"],
+            ]
         rows.append(row)
     emit_text(render_table(headers, rows))
     return 1 if failed else 0

@@ -1,0 +1,38 @@
+"""Test doubles for the peer tests."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from chunkstore.backends.memory import MemoryStore
+from chunkstore.cache import HostCache
+from chunkstore.hashing import ChunkKey
+
+
+class RegisteredHostCache(HostCache):
+    """A HostCache that reports its pool memory, so a peer server registers it with NIXL and
+    serves slots in place (the capability the cache is asked to provide natively)."""
+
+    def memory_regions(self) -> list[Any]:
+        native = getattr(super(), "memory_regions", None)
+        if native is not None:
+            return list(native())
+        return [self.pool._buf]  # noqa: SLF001 - until HostCache offers memory_regions()
+
+
+class SlowStore(MemoryStore):
+    """A memory store whose reads block until ``unblock`` is set (a stalled peer)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.unblock = threading.Event()
+        self.reading = threading.Event()
+        self.reads = 0
+
+    def _read_many(self, keys: Sequence[ChunkKey]) -> list[bytes | None]:
+        self.reads += 1
+        self.reading.set()
+        self.unblock.wait(30)
+        return super()._read_many(keys)
