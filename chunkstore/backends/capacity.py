@@ -1,0 +1,172 @@
+"""Byte cap for a filesystem store: LRU eviction, shared by every writer process.
+
+Design (spec/FORMAT.md, "Capacity"): a usage ledger ``.chunkstore/usage.json``
+holds the bytes and chunk count of published chunks. Every capped writer
+takes the store's lock file (``flock``) around *account, evict, publish,
+record*, so the check and the rename are one step for all processes: usage
+never exceeds the cap (temp files in flight are not chunks and not counted).
+The chunk data itself is written before the lock is taken, so writers only
+serialise on a rename and a ledger update.
+
+The ledger is a hint that may drift (a crash after publish, an ``rm`` by hand,
+a writer without a cap): a missing or unreadable ledger triggers a recount
+under the lock, and every eviction scan replaces it with the exact count.
+The list of eviction candidates is an in-process cache of the last scan (no
+index that a fresh process would lack): each candidate is re-checked on disk
+before it is deleted, and one recently read is skipped.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections import deque
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+#: Keep at most this many eviction candidates between scans (the oldest ones).
+MAX_CANDIDATES = 65536
+
+
+@dataclass(slots=True)
+class Usage:
+    """Published chunk bytes and count, as the ledger records them."""
+
+    bytes: int
+    """Sum of chunk sizes."""
+    chunks: int
+    """Number of chunks."""
+
+
+class CapacityLimiter:
+    """Serialises publishes of one store root and evicts least-recently-used chunks.
+
+    ``scan()`` yields ``(path, size, access_time)`` for every chunk;
+    ``probe(path)`` returns the current ``(size, access_time)`` or None;
+    ``evict(path)`` deletes a chunk (and its access record) and returns its size or 0.
+    """
+
+    def __init__(
+        self,
+        io: Any,
+        state_dir: str,
+        max_bytes: int,
+        *,
+        scan: Callable[[], Iterable[tuple[str, int, float]]],
+        probe: Callable[[str], tuple[int, float] | None],
+        evict: Callable[[str], int],
+    ) -> None:
+        self.io = io
+        self.max_bytes = max_bytes
+        self.lock_path = io.join(state_dir, "lock")
+        self.ledger_path = io.join(state_dir, "usage.json")
+        self._scan = scan
+        self._probe = probe
+        self._evict = evict
+        self._candidates: deque[tuple[float, str]] = deque()
+        self.evicted = 0
+        """Chunks this process evicted."""
+
+    # --- ledger ------------------------------------------------------------------
+
+    def _load(self) -> Usage:
+        raw = self.io.read_small(self.ledger_path)
+        if raw is not None:
+            try:
+                doc = json.loads(raw)
+                return Usage(int(doc["bytes"]), int(doc["chunks"]))
+            except (ValueError, KeyError, TypeError):
+                log.warning("capacity ledger %s unreadable; recounting", self.ledger_path)
+        return self._recount()
+
+    def _save(self, usage: Usage) -> None:
+        doc = {"bytes": max(usage.bytes, 0), "chunks": max(usage.chunks, 0),
+               "max_bytes": self.max_bytes, "updated": round(time.time(), 3)}
+        self.io.write_small(self.ledger_path, json.dumps(doc).encode())
+
+    def _recount(self) -> Usage:
+        """Exact usage from a full scan; refreshes eviction candidates (caller holds the lock)."""
+        entries = list(self._scan())
+        usage = Usage(sum(size for _, size, _ in entries), len(entries))
+        oldest = sorted((atime, path) for path, _, atime in entries)[:MAX_CANDIDATES]
+        self._candidates = deque(oldest)
+        return usage
+
+    # --- public ------------------------------------------------------------------
+
+    def usage(self) -> Usage:
+        """Current ledger (recounted if missing)."""
+        with self.io.lock(self.lock_path):
+            usage = self._load()
+            self._save(usage)
+            return usage
+
+    def recount(self) -> Usage:
+        """Rebuild the ledger from a full scan."""
+        with self.io.lock(self.lock_path):
+            usage = self._recount()
+            self._save(usage)
+            return usage
+
+    def admit(self, final: str, size: int, publish: Callable[[], bool], *, replace: bool) -> bool:
+        """Make room for ``size`` bytes at ``final`` and call ``publish`` under the lock.
+
+        Returns what ``publish`` returned, or False when one chunk is larger than the cap
+        (or, for ``replace=False``, when ``final`` already exists).
+        """
+        if size > self.max_bytes:
+            log.warning("chunk of %d bytes exceeds the store cap of %d; not stored",
+                        size, self.max_bytes)
+            return False
+        with self.io.lock(self.lock_path):
+            old = self.io.stat(final)
+            if old is not None and not replace:
+                return False
+            old_size = old.size if old is not None else 0
+            usage = self._load()
+            rescanned = False
+            while usage.bytes - old_size + size > self.max_bytes:
+                victim = self._next_victim(final)
+                if victim is None:
+                    if rescanned:
+                        break  # nothing left to evict: the ledger is exact, so this fits
+                    usage = self._recount()
+                    rescanned = True
+                    continue
+                freed = self._evict(victim)
+                if freed:
+                    usage.bytes -= freed
+                    usage.chunks -= 1
+                    self.evicted += 1
+            written = publish()
+            if written:
+                usage.bytes += size - old_size
+                usage.chunks += 0 if old is not None else 1
+            self._save(usage)
+            return written
+
+    def removed(self, remove: Callable[[], list[int]]) -> None:
+        """Run ``remove`` (returns the sizes it deleted) under the lock and update the ledger."""
+        with self.io.lock(self.lock_path):
+            usage = self._load()
+            sizes = remove()
+            usage.bytes -= sum(sizes)
+            usage.chunks -= len(sizes)
+            self._save(usage)
+
+    def _next_victim(self, protect: str) -> str | None:
+        while self._candidates:
+            atime, path = self._candidates.popleft()
+            if path == protect:
+                continue
+            now = self._probe(path)
+            if now is None:
+                continue  # another process evicted or deleted it
+            if now[1] > atime + 1e-3:
+                continue  # read since the scan: no longer least recently used
+            return path
+        return None

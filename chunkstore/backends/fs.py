@@ -1,0 +1,558 @@
+"""The filesystem store: a directory tree (local, NFS/Lustre mount, or any fsspec URL).
+
+Layout (spec/FORMAT.md, "Store layout"; names in :mod:`chunkstore.backends.layout`)::
+
+    <root>/chunkstore-layout.json
+    <root>/<namespace>/ab/cd/<hex>.kvc
+
+Nothing is kept only in memory: a fresh process sees every chunk on disk.
+Writes go to a unique temp file in the chunk's directory and are renamed (or,
+for ``put_if_absent``, hard-linked) into place, so readers see whole chunks
+only and a killed writer leaves at most an orphan temp file.
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import logging
+import os
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from chunkstore.backends import layout as L
+from chunkstore.backends.base import Buffer, ChunkInfo, Store
+from chunkstore.backends.capacity import CapacityLimiter, Usage
+from chunkstore.backends.fastread import read_into, read_verified_into
+from chunkstore.backends.fsio import FileStat, FsspecIO, LocalIO
+from chunkstore.errors import ConfigError, FormatError, MissingDependency, StoreError
+from chunkstore.format import ByteRange, decode_chunk
+from chunkstore.hashing import ChunkKey
+
+log = logging.getLogger(__name__)
+
+QUARANTINE_MODES = ("move", "delete")
+_TOUCH_MEMO_LIMIT = 65536
+
+
+@dataclass(frozen=True, slots=True)
+class StoredFile:
+    """A file in the store that is not a chunk: an orphan temp file or a foreign file."""
+
+    path: str
+    """Full path (fsspec path for non-local stores)."""
+    namespace: str
+    """Namespace directory it sits in ("" at the root)."""
+    size: int
+    """Bytes."""
+    mtime: float
+    """Last modification, seconds since the epoch."""
+
+
+class FsStore(Store):
+    """Chunks as files under ``root``: local paths through ``os``, anything else through fsspec.
+
+    Options:
+        create: make the root (and its layout marker) if missing; otherwise a
+            missing root is a :class:`StoreError`. A non-empty directory that is
+            not a chunkstore store is always refused.
+        fsync: fsync each chunk and its directory before it becomes visible.
+        quarantine: ``"move"`` corrupt chunks to ``<root>/quarantine/`` or ``"delete"`` them.
+        max_bytes: cap on chunk bytes; least recently used chunks are evicted.
+        track_access: record reads as access times (off for tools like ``verify``).
+        access_resolution: seconds; an access is recorded at most this often per chunk.
+    """
+
+    kind = "fs"
+
+    def __init__(
+        self,
+        root: str,
+        *,
+        fs: Any = None,
+        create: bool = False,
+        fsync: bool = False,
+        quarantine: str = "move",
+        max_bytes: int | str | None = None,
+        track_access: bool = True,
+        access_resolution: float = 60.0,
+        verify: bool = True,
+        name: str | None = None,
+    ) -> None:
+        super().__init__(name=name, verify=verify)
+        if quarantine not in QUARANTINE_MODES:
+            raise ConfigError(f"quarantine must be one of {QUARANTINE_MODES}, got {quarantine!r}")
+        if access_resolution < 0:
+            raise ConfigError("access_resolution must not be negative")
+        self.io: LocalIO | FsspecIO
+        if fs is None or _is_local_fs(fs):
+            self.io = LocalIO()
+            self.root = os.path.abspath(os.path.expanduser(root))
+        else:
+            self.io = FsspecIO(fs)
+            self.root = root.rstrip("/") or "/"
+        self.fsync = fsync
+        self.quarantine_mode = quarantine
+        self.track_access = track_access
+        self.access_resolution = float(access_resolution)
+        self._touched: dict[ChunkKey, float] = {}
+        self._suspects: dict[ChunkKey, tuple[int, int] | None] = {}
+        self._marker_ok = False
+        self._marker_lock = threading.Lock()
+        self._open_root(create)
+        self.capacity: CapacityLimiter | None = None
+        if max_bytes is not None:
+            self.capacity = CapacityLimiter(
+                self.io, self.io.join(self.root, L.STATE_DIR), L.parse_size(max_bytes),
+                scan=self._scan_for_capacity, probe=self._probe, evict=self._evict_path,
+            )
+
+    # --- opening -----------------------------------------------------------------
+
+    def _open_root(self, create: bool) -> None:
+        where = self.root
+        try:
+            kind = self.io.kind(self.root)
+            if kind == "missing":
+                if not create:
+                    raise StoreError(
+                        f"{where}: no such directory (pass create=True to make a store)")
+                self.io.makedirs(self.root)
+                self._ensure_marker()
+                return
+            if kind == "file":
+                raise StoreError(f"{where}: is a file, not a chunkstore directory")
+            marker = self.io.read_small(self.io.join(self.root, L.MARKER_NAME))
+            if marker is not None:
+                L.check_marker(marker, where)
+                self._marker_ok = True
+                return
+            entries = self.io.listdir(self.root)
+            if entries is None:
+                raise StoreError(f"{where}: cannot list the directory")
+            # a concurrent creator's marker temp file is ours too (seen between write and rename)
+            names = {n for n, _ in entries if L.classify(n) != L.TEMP}
+            ours = {n for n, is_dir in entries
+                    if is_dir and (L.NAMESPACE_RE.fullmatch(n) or n in (L.QUARANTINE_DIR,
+                                                                        L.STATE_DIR))}
+            if names and not ours:
+                raise StoreError(
+                    f"{where}: not a chunkstore directory (no {L.MARKER_NAME} and no chunk "
+                    "directories, but other files); use an empty or new directory"
+                )
+            if create:
+                self._ensure_marker()
+        except PermissionError as exc:
+            raise StoreError(f"{where}: permission denied ({exc.strerror})") from None
+        except OSError as exc:
+            if isinstance(exc, StoreError):
+                raise
+            raise StoreError(f"{where}: cannot open store: {exc}") from None
+
+    def _ensure_marker(self) -> None:
+        """Write the layout marker before the first chunk (an empty root may lack it)."""
+        if self._marker_ok:
+            return
+        with self._marker_lock:
+            path = self.io.join(self.root, L.MARKER_NAME)
+            existing = self.io.read_small(path)
+            if existing is not None:
+                L.check_marker(existing, self.root)
+            else:
+                self.io.write_small(path, L.marker_bytes())
+            self._marker_ok = True
+
+    # --- paths -------------------------------------------------------------------
+
+    def path_of(self, key: ChunkKey) -> str:
+        """Where ``key``'s chunk file lives."""
+        h = key.hex
+        return self.io.join(self.root, key.namespace, h[0:2], h[2:4], h + L.CHUNK_SUFFIX)
+
+    def _dir_of(self, key: ChunkKey) -> str:
+        h = key.hex
+        return self.io.join(self.root, key.namespace, h[0:2], h[2:4])
+
+    # --- reads -------------------------------------------------------------------
+
+    def _read_many(self, keys: Sequence[ChunkKey]) -> list[bytes | None]:
+        out: list[bytes | None] = []
+        for key in keys:
+            got = self.io.read(self.path_of(key))
+            out.append(None if got is None else got[0])
+        return out
+
+    def read_unchecked_many(self, keys: Sequence[ChunkKey]) -> list[bytes | None]:
+        """Stored bytes per key, unvalidated, not recorded as an access (for verify/cp)."""
+        return self._read_many(keys)
+
+    def get_many(self, keys: Sequence[ChunkKey]) -> list[bytes | None]:
+        """Chunk bytes per key; ``None`` for missing and corrupt (quarantined) chunks.
+
+        On local paths with verification the result is a ``bytearray`` (read and
+        checksummed in one pass, no extra copy); otherwise ``bytes``.
+        """
+        out: list[Any] = []
+        for key in keys:
+            path = self.path_of(key)
+            if isinstance(self.io, LocalIO) and self.verify:
+                got = self._read_local(key, path, None)
+                out.append(None if got is None else got[0])
+                continue
+            whole = self.io.read(path)
+            if whole is None:
+                out.append(None)
+                continue
+            data, st = whole
+            if self.verify and not self._valid(key, data, st):
+                out.append(None)
+                continue
+            self._touch(key, path, st)
+            out.append(data)
+        return out
+
+    def _read_local(self, key: ChunkKey, path: str,
+                    buffer: memoryview | None) -> tuple[Any, int] | None:
+        """Read (and, if verifying, check in the same pass) a local chunk into ``buffer``
+        or a new bytearray; (buffer, size), or None if missing or corrupt."""
+        assert isinstance(self.io, LocalIO)
+        opened = self.io.open_read(path)
+        if opened is None:
+            return None
+        fd, st = opened
+        try:
+            size = st.size
+            if buffer is None:
+                out: Any = bytearray(size)
+                view = memoryview(out)
+            else:
+                if size > len(buffer):
+                    raise ConfigError(
+                        f"buffer of {len(buffer)} bytes is smaller than the chunk ({size})")
+                out, view = buffer, buffer[:size]
+            if self.verify:
+                try:
+                    read_verified_into(fd, view, key.digest)
+                except FormatError as exc:
+                    self._suspects[key] = st.ident
+                    self.report_corrupt(key, exc)
+                    return None
+            elif read_into(fd, view) < size:
+                return None  # published files never shrink; treat as gone
+        finally:
+            os.close(fd)
+        self._touch(key, path, st)
+        return out, size
+
+    def get_into(self, key: ChunkKey, buffer: Buffer) -> int | None:
+        """Read the chunk into ``buffer`` (at least the chunk's size); its size, or None."""
+        view = memoryview(buffer)
+        if view.readonly:
+            raise ConfigError("get_into needs a writable buffer")
+        view = view.cast("B") if view.format != "B" or view.ndim != 1 else view
+        path = self.path_of(key)
+        if isinstance(self.io, LocalIO):
+            got = self._read_local(key, path, view)
+            return None if got is None else got[1]
+        whole = self.io.read(path)
+        if whole is None:
+            return None
+        data, st = whole
+        size = len(data)
+        if size > len(view):
+            raise ConfigError(f"buffer of {len(view)} bytes is smaller than the chunk ({size})")
+        view[:size] = data
+        if self.verify and not self._valid(key, view[:size], st):
+            return None
+        self._touch(key, path, st)
+        return size
+
+    def read_ranges(self, key: ChunkKey, ranges: Sequence[ByteRange]) -> list[bytes] | None:
+        """The bytes of each range (one TP rank's share), or None if missing. Not checksummed."""
+        path = self.path_of(key)
+        got = self.io.read_ranges(path, ranges)
+        if got is None:
+            return None
+        if self.track_access:
+            st = self.io.stat(path)
+            if st is not None:
+                self._touch(key, path, st)
+        return got
+
+    def _valid(self, key: ChunkKey, data: Any, st: FileStat) -> bool:
+        try:
+            decode_chunk(data, expected_key=key.digest)
+        except FormatError as exc:
+            # remember which file was bad so a concurrent good rewrite is not quarantined
+            self._suspects[key] = st.ident
+            self.report_corrupt(key, exc)
+            return False
+        return True
+
+    def exists_many(self, keys: Sequence[ChunkKey]) -> list[bool]:
+        return [self.io.exists(self.path_of(k)) for k in keys]
+
+    # --- access times ------------------------------------------------------------
+
+    def _touch(self, key: ChunkKey, path: str, st: FileStat) -> None:
+        if not self.track_access:
+            return
+        now = time.time()
+        last = max(st.atime, self._touched.get(key, 0.0))
+        if now - last < self.access_resolution and last > 0:
+            return
+        if len(self._touched) >= _TOUCH_MEMO_LIMIT:
+            self._touched.clear()
+        self._touched[key] = now
+        try:
+            if not self.io.set_access(path, now, st):
+                self.io.write_small(path + ".atime", L.access_bytes(now))
+        except OSError as exc:  # access times are advisory; a read never fails over them
+            log.debug("%s: cannot record access to %s: %s", self.name, path, exc)
+
+    def _access_time(self, path: str, st: FileStat, has_record: bool) -> float:
+        atime = max(st.mtime, st.atime if self.io.local else 0.0)
+        if has_record:
+            atime = max(atime, L.parse_access(self.io.read_small(path + ".atime")))
+        return atime
+
+    # --- writes ------------------------------------------------------------------
+
+    def put_many(self, items: Sequence[tuple[ChunkKey, Buffer]]) -> list[bool]:
+        return [self._put(key, data, replace=True) for key, data in items]
+
+    def put_if_absent_many(self, items: Sequence[tuple[ChunkKey, Buffer]]) -> list[bool]:
+        return [self._put(key, data, replace=False) for key, data in items]
+
+    def _put(self, key: ChunkKey, data: Buffer, *, replace: bool) -> bool:
+        final = self.path_of(key)
+        if not replace and self.io.exists(final):
+            return False
+        view = memoryview(data).cast("B")
+        tmp = None
+        published = False
+        try:
+            self._ensure_marker()
+            tmp = self.io.write_temp(self._dir_of(key), L.temp_name(key.hex), view, self.fsync)
+
+            def publish() -> bool:
+                nonlocal published
+                if replace:
+                    self.io.replace(tmp, final, self.fsync)
+                    published = True
+                    return True
+                written = self.io.link_if_absent(tmp, final, self.fsync)
+                published = True  # link_if_absent removed tmp either way
+                return written
+
+            if self.capacity is not None:
+                written = self.capacity.admit(final, len(view), publish, replace=replace)
+            else:
+                written = publish()
+            if written:
+                # Note: an access record left from an earlier version needs no cleanup:
+                # access time is max(mtime, record), and the record predates this write.
+                self._touched.pop(key, None)
+            return written
+        except OSError as exc:
+            raise StoreError(f"{self.name}: cannot write {final}: {exc}") from None
+        finally:
+            if tmp is not None and not published:
+                with contextlib.suppress(OSError):
+                    self.io.remove(tmp)
+
+    def delete_many(self, keys: Sequence[ChunkKey]) -> int:
+        paths = [self.path_of(k) for k in keys]
+        for k in keys:
+            self._touched.pop(k, None)
+        if self.capacity is None:
+            return sum(self._remove_sized(p) >= 0 for p in paths)
+        count = 0
+
+        def remove() -> list[int]:
+            nonlocal count
+            sizes = [s for s in map(self._remove_sized, paths) if s >= 0]
+            count = len(sizes)
+            return sizes
+
+        self.capacity.removed(remove)
+        return count
+
+    def _remove_sized(self, path: str) -> int:
+        """Delete one chunk (and its access record); its size, or -1 if it was not there."""
+        st = self.io.stat(path)
+        if st is None or not self.io.remove(path):
+            return -1
+        with contextlib.suppress(OSError):
+            self.io.remove(path + ".atime")
+        return st.size
+
+    def _evict_path(self, path: str) -> int:
+        size = self._remove_sized(path)
+        return max(size, 0)
+
+    # --- quarantine --------------------------------------------------------------
+
+    def _quarantine(self, key: ChunkKey, reason: str) -> None:
+        ident = self._suspects.pop(key, None)
+        path = self.path_of(key)
+        current = self.io.stat(path)
+        if current is None:
+            return
+        if ident is not None and current.ident is not None and current.ident != ident:
+            return  # replaced by another writer since we read it: not the corrupt file
+
+        def remove() -> list[int]:
+            if self.quarantine_mode == "delete":
+                size = self._remove_sized(path)
+                return [size] if size >= 0 else []
+            dest = self.io.join(self.root, L.QUARANTINE_DIR, key.namespace,
+                                key.hex + L.CHUNK_SUFFIX)
+            if not self.io.move(path, dest):
+                return []
+            with contextlib.suppress(OSError):
+                self.io.remove(path + ".atime")
+                self.io.write_small(dest + L.REASON_SUFFIX,
+                                    f"{time.time():.3f} {reason}\n".encode())
+            return [current.size]
+
+        if self.capacity is not None:
+            self.capacity.removed(remove)
+        else:
+            remove()
+
+    # --- listing -----------------------------------------------------------------
+
+    def namespaces(self) -> list[str]:
+        """Namespace directories present under the root."""
+        entries = self.io.listdir(self.root) or []
+        return sorted(n for n, is_dir in entries if is_dir and L.NAMESPACE_RE.fullmatch(n))
+
+    def _walk(self, namespace: str | None) -> Iterator[tuple[str, str, list[tuple[str, FileStat]]]]:
+        """(namespace, directory, files) for every fan-out leaf directory."""
+        spaces = [namespace] if namespace is not None else self.namespaces()
+        for ns in spaces:
+            ns_dir = self.io.join(self.root, ns)
+            for ab, ab_is_dir in sorted(self.io.listdir(ns_dir) or []):
+                if not ab_is_dir or not L.FANOUT_RE.fullmatch(ab):
+                    continue
+                ab_dir = self.io.join(ns_dir, ab)
+                for cd, cd_is_dir in sorted(self.io.listdir(ab_dir) or []):
+                    if not cd_is_dir or not L.FANOUT_RE.fullmatch(cd):
+                        continue
+                    leaf = self.io.join(ab_dir, cd)
+                    yield ns, leaf, self.io.scan_files(leaf)
+
+    def list(self, namespace: str | None = None) -> Iterator[ChunkInfo]:
+        for ns, leaf, files in self._walk(namespace):
+            records = {n[: -len(".atime")] for n, _ in files if L.classify(n) == L.ACCESS}
+            for fname, st in files:
+                if L.classify(fname) != L.CHUNK:
+                    continue
+                h = fname[: -len(L.CHUNK_SUFFIX)]
+                if h[0:2] != leaf[-5:-3] or h[2:4] != leaf[-2:]:
+                    continue  # a chunk in the wrong fan-out directory is foreign
+                path = self.io.join(leaf, fname)
+                atime = self._access_time(path, st, fname in records)
+                yield ChunkInfo(ChunkKey(bytes.fromhex(h), ns), st.size, st.mtime, atime)
+
+    def _other_files(self, kinds: tuple[str, ...]) -> Iterator[StoredFile]:
+        for ns, leaf, files in self._walk(None):
+            for fname, st in files:
+                kind = L.classify(fname)
+                if kind == L.CHUNK and (fname[0:2] != leaf[-5:-3] or fname[2:4] != leaf[-2:]):
+                    kind = L.FOREIGN
+                if kind in kinds:
+                    yield StoredFile(self.io.join(leaf, fname), ns, st.size, st.mtime)
+
+    def orphans(self, older_than: float = 0.0) -> builtins.list[StoredFile]:
+        """Temp files (interrupted writes) last modified more than ``older_than`` seconds ago."""
+        cutoff = time.time() - older_than
+        return [f for f in self._other_files((L.TEMP,)) if f.mtime <= cutoff]
+
+    def remove_orphans(self, grace: float = 3600.0) -> int:
+        """Delete temp files older than ``grace`` seconds (live writers finish far sooner)."""
+        return sum(self.io.remove(f.path) for f in self.orphans(grace))
+
+    def foreign_files(self) -> builtins.list[StoredFile]:
+        """Files in chunk directories that are neither chunks, access records nor temp files."""
+        return list(self._other_files((L.FOREIGN,)))
+
+    def quarantined(self) -> builtins.list[StoredFile]:
+        """Chunks moved aside as corrupt."""
+        qdir = self.io.join(self.root, L.QUARANTINE_DIR)
+        out = []
+        for ns, is_dir in self.io.listdir(qdir) or []:
+            if is_dir:
+                for fname, st in self.io.scan_files(self.io.join(qdir, ns)):
+                    if fname.endswith(L.CHUNK_SUFFIX):
+                        out.append(StoredFile(self.io.join(qdir, ns, fname), ns, st.size, st.mtime))
+        return out
+
+    def usage(self) -> Usage:
+        """Chunk bytes and count (the ledger when capped, else a scan)."""
+        if self.capacity is not None:
+            return self.capacity.usage()
+        total = count = 0
+        for info in self.list():
+            total += info.size
+            count += 1
+        return Usage(total, count)
+
+    # --- capacity hooks ------------------------------------------------------------
+
+    def _scan_for_capacity(self) -> Iterator[tuple[str, int, float]]:
+        for info in self.list():
+            yield self.path_of(info.key), info.size, info.atime
+
+    def _probe(self, path: str) -> tuple[int, float] | None:
+        st = self.io.stat(path)
+        if st is None:
+            return None
+        has_record = not self.io.local or self.io.exists(path + ".atime")
+        return st.size, self._access_time(path, st, has_record)
+
+    def __repr__(self) -> str:
+        return f"FsStore({self.root!r})"
+
+
+def _is_local_fs(fs: Any) -> bool:
+    try:
+        from fsspec.implementations.local import LocalFileSystem
+    except ImportError:  # pragma: no cover - fsspec is a core dependency
+        return False
+    return isinstance(fs, LocalFileSystem)
+
+
+_FS_OPTIONS = {"create", "fsync", "quarantine", "max_bytes", "track_access",
+               "access_resolution", "verify", "name"}
+
+
+def open_fs_store(url: str, **options: Any) -> FsStore:
+    """Open a filesystem store from a bare path, ``file://`` URL or any fsspec URL.
+
+    ``storage_options`` (a dict) is handed to fsspec; every other option to :class:`FsStore`.
+    """
+    storage_options = dict(options.pop("storage_options", None) or {})
+    unknown = set(options) - _FS_OPTIONS
+    if unknown:
+        raise ConfigError(
+            f"unknown option(s) for a filesystem store: {', '.join(sorted(unknown))} "
+            f"(known: {', '.join(sorted(_FS_OPTIONS | {'storage_options'}))})"
+        )
+    if "://" not in url:
+        return FsStore(url, **options)
+    if url.startswith("file://"):
+        return FsStore(url[len("file://"):] or "/", **options)
+    try:
+        import fsspec
+        fs, path = fsspec.core.url_to_fs(url, **storage_options)
+    except ImportError as exc:
+        scheme = url.split("://")[0]
+        raise MissingDependency(f"{scheme}:// needs a missing package: {exc}") from None
+    except ValueError as exc:
+        raise ConfigError(f"unsupported store URL {url!r}: {exc}") from None
+    return FsStore(path, fs=fs, **options)

@@ -1,0 +1,122 @@
+"""Names inside a store root (spec/FORMAT.md, "Store layout"): shared by the fs and S3 stores.
+
+::
+
+    <root>/chunkstore-layout.json             layout version marker
+    <root>/<namespace>/ab/cd/<hex>.kvc        one chunk (ChunkKey.path)
+    <root>/<namespace>/ab/cd/<hex>.kvc.atime  optional access record (decimal seconds)
+    <root>/<namespace>/ab/cd/.<hex>.<pid>.<rand>.tmp   a write in progress (or an orphan)
+    <root>/quarantine/<namespace>/<hex>.kvc   corrupt chunks moved aside (+ ``.reason``)
+    <root>/.chunkstore/                       lock file and usage ledger (capacity)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import time
+from typing import Any
+
+from chunkstore.errors import ConfigError, StoreError
+
+LAYOUT_VERSION = 1
+"""The store layout this code writes; readers accept :data:`READABLE_LAYOUTS`."""
+READABLE_LAYOUTS = (1,)
+MARKER_NAME = "chunkstore-layout.json"
+QUARANTINE_DIR = "quarantine"
+STATE_DIR = ".chunkstore"
+CHUNK_SUFFIX = ".kvc"
+ACCESS_SUFFIX = ".kvc.atime"
+REASON_SUFFIX = ".reason"
+TEMP_SUFFIX = ".tmp"
+
+NAMESPACE_RE = re.compile(r"[0-9a-f]{16}")
+FANOUT_RE = re.compile(r"[0-9a-f]{2}")
+_CHUNK_RE = re.compile(r"[0-9a-f]{64}\.kvc")
+_ACCESS_RE = re.compile(r"[0-9a-f]{64}\.kvc\.atime")
+_TEMP_RE = re.compile(r"\..+\.tmp")
+
+CHUNK = "chunk"
+ACCESS = "access"
+TEMP = "temp"
+FOREIGN = "foreign"
+
+
+def classify(name: str) -> str:
+    """What a file name inside a fan-out directory is: chunk, access record, temp or foreign."""
+    if _CHUNK_RE.fullmatch(name):
+        return CHUNK
+    if _ACCESS_RE.fullmatch(name):
+        return ACCESS
+    if _TEMP_RE.fullmatch(name):
+        return TEMP
+    return FOREIGN
+
+
+def temp_name(hex_digest: str) -> str:
+    """A temp file name no other writer (process, thread, host) will pick."""
+    return f".{hex_digest}.{os.getpid()}.{secrets.token_hex(6)}{TEMP_SUFFIX}"
+
+
+def marker_bytes() -> bytes:
+    """Contents of a new layout marker."""
+    doc = {
+        "layout": LAYOUT_VERSION,
+        "format": "chunkstore",
+        "created": round(time.time(), 3),
+        "path": "<namespace>/<ab>/<cd>/<hex>.kvc",
+    }
+    return (json.dumps(doc, sort_keys=True) + "\n").encode()
+
+
+def check_marker(data: bytes, where: str) -> int:
+    """The layout version in a marker; StoreError if unreadable or unsupported."""
+    try:
+        doc = json.loads(data)
+        version = int(doc["layout"])
+    except (ValueError, KeyError, TypeError):
+        raise StoreError(f"{where}: {MARKER_NAME} is not a chunkstore layout marker") from None
+    if version not in READABLE_LAYOUTS:
+        raise StoreError(
+            f"{where}: store layout {version} is not supported by this chunkstore "
+            f"(reads {', '.join(map(str, READABLE_LAYOUTS))}); upgrade chunkstore"
+        )
+    return version
+
+
+def parse_access(data: bytes | None) -> float:
+    """The time in an access record; 0 for a missing or torn record."""
+    if not data:
+        return 0.0
+    try:
+        return float(data.decode("ascii").strip())
+    except (ValueError, UnicodeDecodeError):
+        return 0.0
+
+
+def access_bytes(now: float) -> bytes:
+    """Contents of an access record."""
+    return f"{now:.3f}".encode()
+
+
+_SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40, "p": 1 << 50}
+_SIZE_RE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([kmgtp]?)(?:i?b)?\s*", re.IGNORECASE)
+
+
+def parse_size(value: Any) -> int:
+    """Bytes from an int or a string like ``500G``, ``1.5TiB``, ``64MB`` (binary units)."""
+    if isinstance(value, bool):
+        raise ConfigError(f"not a size: {value!r}")
+    if isinstance(value, int):
+        if value < 0:
+            raise ConfigError(f"a size must not be negative, got {value}")
+        return value
+    if isinstance(value, float) and value >= 0:
+        return int(value)
+    if isinstance(value, str):
+        match = _SIZE_RE.fullmatch(value)
+        if match:
+            return int(float(match.group(1)) * _SIZE_UNITS[match.group(2).lower()])
+    raise ConfigError(f"not a size: {value!r} (use bytes or e.g. 500G, 64M)")

@@ -1,0 +1,703 @@
+"""The S3 store: chunks as objects ``<prefix>/<namespace>/ab/cd/<hex>.kvc`` through s3fs.
+
+Requests go straight to s3fs's aiobotocore client on s3fs's event loop, in
+concurrent batches. Each request is retried with jittered exponential backoff
+on throttling, 5xx and timeouts; a request that still fails is a miss
+(``None``/``False``) and a log line, never an exception into the serving path.
+Problems that make the whole store unusable (missing bucket, bad credentials,
+unreachable endpoint) raise one :class:`~chunkstore.errors.StoreError` at open.
+
+An S3 PUT is atomic, so there are no temp objects; ``put_if_absent`` is a PUT
+with ``If-None-Match: *`` (or, with ``conditional_writes=False`` for S3-compatible
+servers without it, a HEAD then a PUT).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import concurrent.futures
+import datetime as _dt
+import logging
+import random
+import re
+import threading
+import time
+from collections.abc import Awaitable, Callable, Iterator, Sequence
+from typing import Any
+
+from chunkstore.backends import layout as L
+from chunkstore.backends.base import Buffer, ChunkInfo, Store
+from chunkstore.backends.fs import StoredFile
+from chunkstore.errors import ConfigError, MissingDependency, StoreError
+from chunkstore.format import ByteRange
+from chunkstore.hashing import ChunkKey
+
+log = logging.getLogger(__name__)
+
+_RETRY_CODES = {
+    "SlowDown", "Throttling", "ThrottlingException", "RequestLimitExceeded", "RequestTimeout",
+    "RequestTimeoutException", "InternalError", "ServiceUnavailable", "TooManyRequests",
+}
+_MISSING_CODES = {"NoSuchKey", "404", "NotFound"}
+_EXISTS_CODES = {"PreconditionFailed", "412", "ConditionalRequestConflict", "409"}
+_AUTH_CODES = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken",
+               "InvalidToken", "403", "AuthorizationHeaderMalformed"}
+_CHUNK_KEY_RE = re.compile(r"([0-9a-f]{16})/([0-9a-f]{2})/([0-9a-f]{2})/([0-9a-f]{64})\.kvc")
+
+
+class _NotFound(Exception):
+    pass
+
+
+class _Exists(Exception):
+    pass
+
+
+class _Failed(Exception):
+    """A request failed for good (after retries, or a permanent error)."""
+
+
+def _import_s3fs() -> Any:
+    try:
+        import s3fs
+    except ImportError:
+        raise MissingDependency("s3:// stores need s3fs: pip install 'chunkstore[s3]'") from None
+    return s3fs
+
+
+def _error_code(exc: Exception) -> tuple[str, int]:
+    response = getattr(exc, "response", None) or {}
+    code = str(response.get("Error", {}).get("Code", ""))
+    status = int(response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
+    return code, status
+
+
+def _retryable(exc: BaseException) -> bool:
+    if isinstance(exc, (asyncio.TimeoutError, TimeoutError, ConnectionError)):
+        return True
+    code, status = _error_code(exc) if isinstance(exc, Exception) else ("", 0)
+    if code or status:
+        return code in _RETRY_CODES or status >= 500 or status == 429
+    try:
+        from botocore.exceptions import ConnectionError as BotoConnectionError
+        from botocore.exceptions import HTTPClientError
+    except ImportError:  # pragma: no cover - s3fs brings botocore
+        return False
+    if isinstance(exc, (HTTPClientError, BotoConnectionError)):  # refused, reset, timeouts
+        return True
+    try:
+        import aiohttp
+    except ImportError:  # pragma: no cover
+        return False
+    return isinstance(exc, aiohttp.ClientError)
+
+
+class S3Store(Store):
+    """Chunks in an S3 bucket (or any S3-compatible server) under an optional prefix.
+
+    Options: ``endpoint_url``, ``region``, ``key``/``secret``/``token``, ``anon``,
+    ``profile`` (otherwise the usual AWS environment and config files);
+    ``max_attempts`` and ``backoff`` (seconds, doubled per retry, jittered);
+    ``timeout`` (per request, seconds); ``concurrency`` (requests in flight);
+    ``multipart_threshold`` and ``part_size`` (bytes); ``conditional_writes``;
+    ``quarantine`` (``move`` or ``delete``); ``track_access`` and
+    ``access_resolution`` (seconds between access records of one chunk).
+    """
+
+    kind = "s3"
+
+    def __init__(
+        self,
+        bucket: str,
+        prefix: str = "",
+        *,
+        endpoint_url: str | None = None,
+        region: str | None = None,
+        key: str | None = None,
+        secret: str | None = None,
+        token: str | None = None,
+        anon: bool = False,
+        profile: str | None = None,
+        max_attempts: int = 5,
+        backoff: float = 0.05,
+        max_backoff: float = 2.0,
+        timeout: float = 30.0,
+        concurrency: int = 32,
+        multipart_threshold: int | str = 64 << 20,
+        part_size: int | str = 16 << 20,
+        conditional_writes: bool = True,
+        quarantine: str = "move",
+        track_access: bool = True,
+        access_resolution: float = 3600.0,
+        create: bool = True,
+        verify: bool = True,
+        name: str | None = None,
+    ) -> None:
+        super().__init__(name=name, verify=verify)
+        if not bucket:
+            raise ConfigError("an S3 store URL needs a bucket: s3://bucket[/prefix]")
+        if quarantine not in ("move", "delete"):
+            raise ConfigError(f"quarantine must be 'move' or 'delete', got {quarantine!r}")
+        if max_attempts < 1 or concurrency < 1:
+            raise ConfigError("max_attempts and concurrency must be at least 1")
+        self.bucket = bucket
+        self.prefix = prefix.strip("/")
+        self.max_attempts = int(max_attempts)
+        self.backoff = float(backoff)
+        self.max_backoff = float(max_backoff)
+        self.timeout = float(timeout)
+        self.concurrency = int(concurrency)
+        self.multipart_threshold = L.parse_size(multipart_threshold)
+        self.part_size = max(L.parse_size(part_size), 5 << 20)
+        self.conditional_writes = conditional_writes
+        self.quarantine_mode = quarantine
+        self.track_access = track_access
+        self.access_resolution = float(access_resolution)
+        self.failed_requests = 0
+        """Requests that failed for good (after retries): each became a miss."""
+        self._touched: dict[ChunkKey, float] = {}
+        self._pending: set[concurrent.futures.Future[Any]] = set()
+        self._pending_lock = threading.Lock()
+        self._rng = random.Random()
+        s3fs = _import_s3fs()
+        client_kwargs: dict[str, Any] = {}
+        if region:
+            client_kwargs["region_name"] = region
+        config_kwargs = {
+            "connect_timeout": min(self.timeout, 10.0),
+            "read_timeout": self.timeout,
+            "retries": {"total_max_attempts": 1, "mode": "standard"},  # we retry ourselves
+            "max_pool_connections": max(self.concurrency, 10),
+        }
+        try:
+            self.fs = s3fs.S3FileSystem(
+                anon=anon, key=key, secret=secret, token=token, profile=profile,
+                endpoint_url=endpoint_url, client_kwargs=client_kwargs,
+                config_kwargs=config_kwargs, skip_instance_cache=True,
+            )
+            from fsspec.asyn import sync
+
+            self._sync = sync
+            self._client = sync(self.fs.loop, self.fs.set_session)
+        except Exception as exc:  # noqa: BLE001 - botocore config errors have many types
+            raise StoreError(f"s3://{bucket}: cannot set up the S3 client: {exc}") from None
+        self.endpoint_url = endpoint_url or getattr(self._client.meta, "endpoint_url", "")
+        self._check_open()
+
+    # --- naming --------------------------------------------------------------------
+
+    @property
+    def high_latency(self) -> bool:
+        return True
+
+    @property
+    def url(self) -> str:
+        return f"s3://{self.bucket}/{self.prefix}" if self.prefix else f"s3://{self.bucket}"
+
+    def object_key(self, key: ChunkKey) -> str:
+        """The object name of ``key``'s chunk."""
+        return f"{self.prefix}/{key.path}" if self.prefix else key.path
+
+    def _full(self, name: str) -> str:
+        return f"{self.prefix}/{name}" if self.prefix else name
+
+    # --- request machinery -----------------------------------------------------------
+
+    def _run(self, coro_fn: Callable[..., Awaitable[Any]], *args: Any) -> Any:
+        return self._sync(self.fs.loop, coro_fn, *args)
+
+    async def _request(self, op: str, **kwargs: Any) -> Any:
+        """One S3 call (body read included) with retries; raises _NotFound/_Exists/_Failed."""
+        kwargs.setdefault("Bucket", self.bucket)
+        last: BaseException | None = None
+        for attempt in range(self.max_attempts):
+            try:
+                return await asyncio.wait_for(self._attempt(op, kwargs), self.timeout)
+            except Exception as exc:  # noqa: BLE001 - classified below
+                code, status = _error_code(exc)
+                if code in _MISSING_CODES or status == 404:
+                    if code == "NoSuchBucket":
+                        raise _Failed(f"bucket {self.bucket} does not exist") from None
+                    raise _NotFound() from None
+                if code in _EXISTS_CODES or status in (409, 412):
+                    raise _Exists() from None
+                last = exc
+                if not _retryable(exc):
+                    break
+                if attempt + 1 < self.max_attempts:
+                    delay = min(self.max_backoff, self.backoff * (2**attempt))
+                    await asyncio.sleep(self._rng.uniform(delay / 2, delay))
+        self.failed_requests += 1
+        raise _Failed(f"{op}: {type(last).__name__}: {last}")
+
+    async def _attempt(self, op: str, kwargs: dict[str, Any]) -> Any:
+        response = await getattr(self._client, op)(**kwargs)
+        body = response.get("Body") if isinstance(response, dict) else None
+        if body is not None:
+            try:
+                response["Body"] = await body.read()
+            finally:
+                body.close()
+        return response
+
+    async def _gather(self, coros: Sequence[Awaitable[Any]]) -> list[Any]:
+        semaphore = asyncio.Semaphore(self.concurrency)
+
+        async def limited(coro: Awaitable[Any]) -> Any:
+            async with semaphore:
+                return await coro
+
+        return list(await asyncio.gather(*(limited(c) for c in coros)))
+
+    # --- opening -----------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        where = self.url
+        prefix = f"{self.prefix}/" if self.prefix else ""
+        try:
+            listing = self._run(self._open_probe, prefix)
+        except Exception as exc:  # noqa: BLE001 - mapped to one clear message
+            code, status = _error_code(exc)
+            if code == "NoSuchBucket" or (status == 404 and not code):
+                raise StoreError(f"{where}: bucket {self.bucket!r} does not exist") from None
+            if code in _AUTH_CODES or status == 403:
+                raise StoreError(
+                    f"{where}: access denied ({code or status}); check the credentials "
+                    "(AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY, profile, key/secret options)"
+                ) from None
+            name = type(exc).__name__
+            if name == "NoCredentialsError":
+                raise StoreError(
+                    f"{where}: no AWS credentials found; set AWS_ACCESS_KEY_ID and "
+                    "AWS_SECRET_ACCESS_KEY, a profile, or anon=True for public buckets"
+                ) from None
+            if _retryable(exc):
+                raise StoreError(
+                    f"{where}: cannot reach the S3 endpoint {self.endpoint_url}: {exc}"
+                ) from None
+            raise StoreError(f"{where}: cannot open: {name}: {exc}") from None
+        dirs = {p["Prefix"][len(prefix):].rstrip("/") for p in listing.get("CommonPrefixes", [])}
+        files = {o["Key"][len(prefix):] for o in listing.get("Contents", [])}
+        if L.MARKER_NAME in files:
+            marker = self._run(self._get_small, self._full(L.MARKER_NAME))
+            if marker is not None:
+                L.check_marker(marker, where)
+            return
+        ours = {d for d in dirs if L.NAMESPACE_RE.fullmatch(d) or d == L.QUARANTINE_DIR}
+        if (dirs or files) and not ours:
+            raise StoreError(
+                f"{where}: not a chunkstore prefix (no {L.MARKER_NAME} and no chunk "
+                "directories, but other objects); use an empty or new prefix"
+            )
+
+    async def _open_probe(self, prefix: str) -> Any:
+        attempts = min(self.max_attempts, 2)
+        last: Exception | None = None
+        for attempt in range(attempts):
+            try:
+                return await asyncio.wait_for(self._client.list_objects_v2(
+                    Bucket=self.bucket, Prefix=prefix, Delimiter="/", MaxKeys=1000),
+                    self.timeout)
+            except Exception as exc:  # noqa: BLE001
+                last = exc
+                if not _retryable(exc) or attempt + 1 == attempts:
+                    raise
+                await asyncio.sleep(self.backoff)
+        raise last  # type: ignore[misc]  # pragma: no cover
+
+    async def _get_small(self, name: str) -> bytes | None:
+        try:
+            return bytes((await self._request("get_object", Key=name))["Body"])
+        except (_NotFound, _Failed):
+            return None
+
+    # --- reads -------------------------------------------------------------------------
+
+    async def _get_one(self, key: ChunkKey) -> bytes | None:
+        try:
+            body: bytes = (await self._request("get_object", Key=self.object_key(key)))["Body"]
+            return body
+        except _NotFound:
+            return None
+        except (_Failed, _Exists) as exc:
+            log.warning("%s: get %s failed, treated as a miss: %s", self.name, key.hex, exc)
+            return None
+
+    async def _read_many_async(self, keys: Sequence[ChunkKey]) -> list[bytes | None]:
+        return await self._gather([self._get_one(k) for k in keys])
+
+    def _read_many(self, keys: Sequence[ChunkKey]) -> list[bytes | None]:
+        got: list[bytes | None] = self._run(self._read_many_async, keys)
+        return got
+
+    def read_unchecked_many(self, keys: Sequence[ChunkKey]) -> list[bytes | None]:
+        """Stored bytes per key, unvalidated, not recorded as an access (for verify/cp)."""
+        return self._read_many(keys)
+
+    def get_many(self, keys: Sequence[ChunkKey]) -> list[bytes | None]:
+        """Chunk bytes per key; ``None`` for missing, corrupt or unreachable chunks."""
+        raw = self._read_many(keys)
+        out = [self._checked(k, d) for k, d in zip(keys, raw)]  # verified off the event loop
+        self._touch([k for k, d in zip(keys, out) if d is not None])
+        return out
+
+    def get_into(self, key: ChunkKey, buffer: Buffer) -> int | None:
+        """Read the chunk into ``buffer``; its size, or None."""
+        view = memoryview(buffer)
+        if view.readonly:
+            raise ConfigError("get_into needs a writable buffer")
+        view = view.cast("B") if view.format != "B" or view.ndim != 1 else view
+        data = self.get(key)
+        if data is None:
+            return None
+        if len(data) > len(view):
+            raise ConfigError(
+                f"buffer of {len(view)} bytes is smaller than the chunk ({len(data)})")
+        view[: len(data)] = data
+        return len(data)
+
+    def read_ranges(self, key: ChunkKey, ranges: Sequence[ByteRange]) -> list[bytes] | None:
+        """Ranged GETs for each byte range (one TP rank's share); None if missing. Unchecked."""
+
+        async def fetch() -> list[bytes | None]:
+            async def one(r: ByteRange) -> bytes | None:
+                try:
+                    got = await self._request(
+                        "get_object", Key=self.object_key(key),
+                        Range=f"bytes={r.offset}-{r.offset + r.length - 1}")
+                    return bytes(got["Body"])
+                except (_NotFound, _Failed, _Exists):
+                    return None
+
+            return await self._gather([one(r) for r in ranges])
+
+        parts: list[bytes] = self._run(fetch)
+        if any(p is None or len(p) != r.length for p, r in zip(parts, ranges)):
+            return None
+        self._touch([key])
+        return parts
+
+    def exists_many(self, keys: Sequence[ChunkKey]) -> list[bool]:
+        async def one(key: ChunkKey) -> bool:
+            try:
+                await self._request("head_object", Key=self.object_key(key))
+                return True
+            except (_NotFound, _Failed, _Exists):
+                return False
+
+        async def run() -> list[bool]:
+            return await self._gather([one(k) for k in keys])
+
+        present: list[bool] = self._run(run)
+        return present
+
+    # --- access records ------------------------------------------------------------------
+
+    def _touch(self, keys: Sequence[ChunkKey]) -> None:
+        """Write access records for keys not recorded within ``access_resolution`` (in the
+        background: a read never waits for its access record)."""
+        if not self.track_access or not keys:
+            return
+        now = time.time()
+        due = [k for k in keys if now - self._touched.get(k, 0.0) >= self.access_resolution]
+        if not due:
+            return
+        if len(self._touched) > 65536:
+            self._touched.clear()
+        for k in due:
+            self._touched[k] = now
+
+        async def write() -> None:
+            async def one(k: ChunkKey) -> None:
+                try:
+                    await self._request("put_object", Key=self.object_key(k) + ".atime",
+                                        Body=L.access_bytes(now))
+                except (_NotFound, _Failed, _Exists):
+                    pass
+
+            await self._gather([one(k) for k in due])
+
+        future = asyncio.run_coroutine_threadsafe(write(), self.fs.loop)
+        with self._pending_lock:
+            self._pending.add(future)
+        future.add_done_callback(self._forget)
+
+    def _forget(self, future: concurrent.futures.Future[Any]) -> None:
+        with self._pending_lock:
+            self._pending.discard(future)
+
+    # --- writes --------------------------------------------------------------------------
+
+    async def _put_one(self, key: ChunkKey, data: Buffer, if_absent: bool) -> bool:
+        name = self.object_key(key)
+        view = memoryview(data).cast("B")
+        body = data if isinstance(data, bytes) else view.tobytes()
+        try:
+            if if_absent and not self.conditional_writes:
+                try:
+                    await self._request("head_object", Key=name)
+                    return False
+                except _NotFound:
+                    pass
+            match = {"IfNoneMatch": "*"} if if_absent and self.conditional_writes else {}
+            if len(body) > self.multipart_threshold:
+                await self._multipart(name, body, match)
+            else:
+                await self._request("put_object", Key=name, Body=body, **match)
+            return True
+        except _Exists:
+            return False
+        except (_Failed, _NotFound) as exc:
+            log.warning("%s: put %s failed, not stored: %s", self.name, key.hex, exc)
+            return False
+
+    async def _multipart(self, name: str, body: bytes, match: dict[str, str]) -> None:
+        upload = await self._request("create_multipart_upload", Key=name)
+        upload_id = upload["UploadId"]
+        try:
+            offsets = range(0, len(body), self.part_size)
+
+            async def part(number: int, start: int) -> dict[str, Any]:
+                got = await self._request(
+                    "upload_part", Key=name, UploadId=upload_id, PartNumber=number,
+                    Body=body[start : start + self.part_size])
+                return {"PartNumber": number, "ETag": got["ETag"]}
+
+            parts = await self._gather([part(i + 1, s) for i, s in enumerate(offsets)])
+            await self._request("complete_multipart_upload", Key=name, UploadId=upload_id,
+                                MultipartUpload={"Parts": parts}, **match)
+        except BaseException:
+            try:
+                await self._request("abort_multipart_upload", Key=name, UploadId=upload_id)
+            except (_Failed, _NotFound, _Exists):
+                pass  # left for remove_orphans / the bucket's lifecycle rule
+            raise
+
+    def _put_batch(self, items: Sequence[tuple[ChunkKey, Buffer]], if_absent: bool) -> list[bool]:
+        async def run() -> list[bool]:
+            return await self._gather([self._put_one(k, d, if_absent) for k, d in items])
+
+        self._ensure_marker()
+        written: list[bool] = self._run(run)
+        for (key, _), ok in zip(items, written):
+            if ok:
+                self._touched.pop(key, None)
+        return written
+
+    def put_many(self, items: Sequence[tuple[ChunkKey, Buffer]]) -> list[bool]:
+        return self._put_batch(items, False)
+
+    def put_if_absent_many(self, items: Sequence[tuple[ChunkKey, Buffer]]) -> list[bool]:
+        return self._put_batch(items, True)
+
+    _marker_ok = False
+
+    def _ensure_marker(self) -> None:
+        if self._marker_ok:
+            return
+
+        async def write() -> None:
+            try:
+                await self._request("put_object", Key=self._full(L.MARKER_NAME),
+                                    Body=L.marker_bytes(), IfNoneMatch="*")
+            except _Exists:
+                pass
+            except (_Failed, _NotFound) as exc:
+                log.warning("%s: cannot write the layout marker: %s", self.name, exc)
+
+        self._run(write)
+        self._marker_ok = True
+
+    def delete_many(self, keys: Sequence[ChunkKey]) -> int:
+        async def one(key: ChunkKey) -> bool:
+            name = self.object_key(key)
+            try:
+                await self._request("head_object", Key=name)
+            except (_NotFound, _Failed, _Exists):
+                return False
+            try:
+                await self._request("delete_object", Key=name)
+                await self._request("delete_object", Key=name + ".atime")
+            except (_NotFound, _Exists):
+                pass
+            except _Failed as exc:
+                log.warning("%s: delete %s failed: %s", self.name, key.hex, exc)
+                return False
+            return True
+
+        async def run() -> list[bool]:
+            return await self._gather([one(k) for k in keys])
+
+        for k in keys:
+            self._touched.pop(k, None)
+        return sum(self._run(run))
+
+    def _quarantine(self, key: ChunkKey, reason: str) -> None:
+        name = self.object_key(key)
+        dest = self._full(f"{L.QUARANTINE_DIR}/{key.namespace}/{key.hex}{L.CHUNK_SUFFIX}")
+
+        async def run() -> None:
+            try:
+                if self.quarantine_mode == "move":
+                    await self._request("copy_object", Key=dest,
+                                        CopySource={"Bucket": self.bucket, "Key": name})
+                    await self._request("put_object", Key=dest + L.REASON_SUFFIX,
+                                        Body=f"{time.time():.3f} {reason}\n".encode())
+                await self._request("delete_object", Key=name)
+                await self._request("delete_object", Key=name + ".atime")
+            except (_NotFound, _Exists):
+                pass
+            except _Failed as exc:
+                log.warning("%s: cannot quarantine %s: %s", self.name, key.hex, exc)
+
+        self._run(run)
+
+    # --- listing -------------------------------------------------------------------------
+
+    def _objects(self, sub: str) -> Iterator[dict[str, Any]]:
+        """Every object under ``<prefix>/<sub>`` (paged; a failed page ends the listing)."""
+        prefix = self._full(sub) if sub else (f"{self.prefix}/" if self.prefix else "")
+        token: str | None = None
+        while True:
+            kwargs: dict[str, Any] = {"Prefix": prefix, "MaxKeys": 1000}
+            if token:
+                kwargs["ContinuationToken"] = token
+            try:
+                page = self._run(self._list_page, kwargs)
+            except _Failed as exc:
+                raise StoreError(f"{self.url}: listing failed: {exc}") from None
+            yield from page.get("Contents", [])
+            if not page.get("IsTruncated"):
+                return
+            token = page.get("NextContinuationToken")
+
+    async def _list_page(self, kwargs: dict[str, Any]) -> Any:
+        try:
+            return await self._request("list_objects_v2", **kwargs)
+        except _NotFound:
+            return {}
+
+    def _relative(self, name: str) -> str:
+        return name[len(self.prefix) + 1 :] if self.prefix else name
+
+    def list(self, namespace: str | None = None) -> Iterator[ChunkInfo]:
+        pending: tuple[ChunkKey, int, float, str] | None = None
+        for obj in self._objects(f"{namespace}/" if namespace else ""):
+            rel = self._relative(obj["Key"])
+            stamp = _timestamp(obj.get("LastModified"))
+            if pending is not None:
+                key, size, mtime, name = pending
+                if rel == name + ".atime":  # sorts right after its chunk
+                    yield ChunkInfo(key, size, mtime, max(mtime, stamp))
+                    pending = None
+                    continue
+                yield ChunkInfo(key, size, mtime, mtime)
+                pending = None
+            match = _CHUNK_KEY_RE.fullmatch(rel)
+            if match and match.group(2) + match.group(3) == match.group(4)[:4]:
+                key = ChunkKey(bytes.fromhex(match.group(4)), match.group(1))
+                pending = (key, int(obj.get("Size", 0)), stamp, rel)
+        if pending is not None:
+            key, size, mtime, _ = pending
+            yield ChunkInfo(key, size, mtime, mtime)
+
+    def foreign_files(self) -> builtins.list[StoredFile]:
+        """Objects under namespace prefixes that are neither chunks nor access records."""
+        out = []
+        for obj in self._objects(""):
+            rel = self._relative(obj["Key"])
+            top = rel.split("/", 1)[0]
+            if not L.NAMESPACE_RE.fullmatch(top):
+                continue
+            match = _CHUNK_KEY_RE.fullmatch(rel.removesuffix(".atime"))
+            if match and match.group(2) + match.group(3) == match.group(4)[:4]:
+                continue
+            out.append(StoredFile(obj["Key"], top, int(obj.get("Size", 0)),
+                                  _timestamp(obj.get("LastModified"))))
+        return out
+
+    def quarantined(self) -> builtins.list[StoredFile]:
+        """Chunks moved aside as corrupt."""
+        return [
+            StoredFile(o["Key"], self._relative(o["Key"]).split("/")[1], int(o.get("Size", 0)),
+                       _timestamp(o.get("LastModified")))
+            for o in self._objects(f"{L.QUARANTINE_DIR}/")
+            if o["Key"].endswith(L.CHUNK_SUFFIX)
+        ]
+
+    def orphans(self, older_than: float = 0.0) -> builtins.list[StoredFile]:
+        """Unfinished multipart uploads (S3's only partial writes) older than ``older_than`` s."""
+        cutoff = time.time() - older_than
+        prefix = f"{self.prefix}/" if self.prefix else ""
+
+        async def run() -> Any:
+            return await self._request("list_multipart_uploads", Prefix=prefix)
+
+        try:
+            listing = self._run(run)
+        except (_Failed, _NotFound, _Exists):
+            return []
+        out = []
+        for upload in listing.get("Uploads", []):
+            started = _timestamp(upload.get("Initiated"))
+            if started <= cutoff:
+                rel = self._relative(upload["Key"])
+                out.append(StoredFile(f"{upload['Key']}?uploadId={upload['UploadId']}",
+                                      rel.split("/", 1)[0], 0, started))
+        return out
+
+    def remove_orphans(self, grace: float = 3600.0) -> int:
+        """Abort multipart uploads started more than ``grace`` seconds ago."""
+        removed = 0
+        for orphan in self.orphans(grace):
+            name, upload_id = orphan.path.split("?uploadId=", 1)
+
+            async def run(name: str = name, upload_id: str = upload_id) -> None:
+                await self._request("abort_multipart_upload", Key=name, UploadId=upload_id)
+
+            try:
+                self._run(run)
+                removed += 1
+            except (_Failed, _NotFound, _Exists):
+                continue
+        return removed
+
+    def flush(self) -> None:
+        """Wait until background access records are written."""
+        with self._pending_lock:
+            pending = list(self._pending)
+        concurrent.futures.wait(pending, timeout=self.timeout)
+
+    def close(self) -> None:
+        """Wait for background access records, then drop the connection pool."""
+        self.flush()
+        try:
+            self._run(self._client.close)
+        except Exception:  # noqa: BLE001 - closing is best effort
+            log.debug("%s: closing the S3 client failed", self.name, exc_info=True)
+
+    def __repr__(self) -> str:
+        return f"S3Store({self.url!r})"
+
+
+def _timestamp(value: Any) -> float:
+    if isinstance(value, _dt.datetime):
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=_dt.timezone.utc)
+        return float(value.timestamp())
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return 0.0
+
+
+def open_s3_store(url: str, **options: Any) -> S3Store:
+    """Open ``s3://bucket[/prefix]``; options as for :class:`S3Store`."""
+    if not url.startswith("s3://"):
+        raise ConfigError(f"not an s3:// URL: {url!r}")
+    bucket, _, prefix = url[len("s3://"):].partition("/")
+    try:
+        return S3Store(bucket, prefix, **options)
+    except TypeError as exc:
+        raise ConfigError(f"invalid option for an S3 store: {exc}") from None

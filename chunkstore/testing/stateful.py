@@ -1,0 +1,124 @@
+"""A Hypothesis state machine that drives any store against a plain dict model.
+
+Usage in a test file::
+
+    TestFsMachine = store_state_machine(lambda: FsStore(mkdtemp(), create=True)).TestCase
+
+The factory is called once per generated run; the store is closed at teardown
+(and ``cleanup``, if given, runs afterwards). Chunks come from one fixed chain,
+so ``lookup_prefix`` is checked against the model's present prefix.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+
+from chunkstore.backends.base import Store
+from chunkstore.testing.factories import MadeChunk, sample_chunks
+from chunkstore.testing.store_suite import corrupt_copies
+
+_CORRUPT = b"<corrupt>"
+_CHAIN: list[MadeChunk] = sample_chunks(8, seed=5)
+_DAMAGE = sorted(corrupt_copies(_CHAIN[0]))
+
+
+def store_state_machine(
+    factory: Callable[[], Store],
+    cleanup: Callable[[Store], None] | None = None,
+    *,
+    max_examples: int = 25,
+    steps: int = 25,
+) -> type[RuleBasedStateMachine]:
+    """A state machine class for ``factory``'s stores; use its ``.TestCase`` in a test module."""
+
+    index = st.integers(min_value=0, max_value=len(_CHAIN) - 1)
+
+    class StoreMachine(RuleBasedStateMachine):
+        def __init__(self) -> None:
+            super().__init__()
+            self.store = factory()
+            self.model: dict[int, bytes] = {}
+            self.corrupt_reads = 0
+
+        @rule(i=index)
+        def put(self, i: int) -> None:
+            assert self.store.put(_CHAIN[i].key, _CHAIN[i].data) is True
+            self.model[i] = _CHAIN[i].data
+
+        @rule(i=index)
+        def put_if_absent(self, i: int) -> None:
+            wrote = self.store.put_if_absent(_CHAIN[i].key, _CHAIN[i].data)
+            assert wrote == (i not in self.model)
+            self.model.setdefault(i, _CHAIN[i].data)
+
+        @rule(i=index, damage=st.sampled_from(_DAMAGE))
+        def put_corrupt(self, i: int, damage: str) -> None:
+            self.store.put(_CHAIN[i].key, corrupt_copies(_CHAIN[i])[damage])
+            self.model[i] = _CORRUPT
+
+        @rule(i=index)
+        def delete(self, i: int) -> None:
+            assert self.store.delete(_CHAIN[i].key) == (i in self.model)
+            self.model.pop(i, None)
+
+        @rule(picks=st.lists(index, min_size=1, max_size=4))
+        def get_many(self, picks: list[int]) -> None:
+            got = self.store.get_many([_CHAIN[i].key for i in picks])
+            for i, data in zip(picks, got):
+                expected = self.model.get(i)
+                if expected is _CORRUPT:
+                    assert data is None
+                    self.corrupt_reads += 1
+                    del self.model[i]  # quarantined: out of the serving path
+                elif expected is None:
+                    assert data is None
+                else:
+                    assert data is not None and bytes(data) == expected
+
+        @rule(picks=st.lists(index, min_size=1, max_size=4))
+        def exists_many(self, picks: list[int]) -> None:
+            assert self.store.exists_many([_CHAIN[i].key for i in picks]) == [
+                i in self.model for i in picks
+            ]
+
+        @rule(n=st.integers(min_value=1, max_value=len(_CHAIN)))
+        def lookup_prefix(self, n: int) -> None:
+            keys = [c.key for c in _CHAIN[:n]]
+            expected = next((i for i in range(n) if i not in self.model), n)
+            got = self.store.lookup_prefix(keys)
+            if self.store.high_latency:
+                # binary search assumes a monotone chain; it must still land on a boundary
+                assert got == n or got == 0 or (got - 1 in self.model and got not in self.model)
+                if expected == n:
+                    assert got == n
+            else:
+                assert got == expected
+
+        @precondition(lambda self: self.store.supports_listing)
+        @rule()
+        def listing(self) -> None:
+            infos = {info.key: info for info in self.store.list()}
+            assert set(infos) == {_CHAIN[i].key for i in self.model}
+            for i, data in self.model.items():
+                if data is not _CORRUPT:
+                    assert infos[_CHAIN[i].key].size == len(data)
+
+        @invariant()
+        def corrupt_count(self) -> None:
+            assert self.store.corrupt_detected == self.corrupt_reads
+
+        def teardown(self) -> None:
+            try:
+                self.store.close()
+            finally:
+                if cleanup is not None:
+                    cleanup(self.store)
+
+    StoreMachine.TestCase.settings = settings(
+        max_examples=max_examples, stateful_step_count=steps, deadline=None
+    )
+    return StoreMachine

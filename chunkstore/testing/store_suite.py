@@ -1,0 +1,275 @@
+"""The conformance suite every store passes (pytest mixin).
+
+A backend's test file only says how to make one::
+
+    class TestMyStore(StoreSuite):
+        @pytest.fixture
+        def make_store(self, tmp_path):
+            return lambda: MyStore(tmp_path / "s")
+
+``make_store`` is a fixture returning a zero-argument factory; each call opens
+a *new* store object over the same location (so the suite can check that a
+fresh process sees what an earlier one wrote). Set ``persistent = False`` for
+stores that live only in their object (the memory store).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+from chunkstore.backends.base import Store, SupportsGetInto, SupportsRangedRead
+from chunkstore.format import ChunkLayout, decode_chunk, encode_chunk
+from chunkstore.testing.factories import MadeChunk, kv_tensors, sample_chunks, small_spec
+
+
+def corrupt_copies(chunk: MadeChunk) -> dict[str, bytes]:
+    """Damaged versions of a chunk: each one must read as a miss."""
+    data = bytearray(chunk.data)
+    flipped = bytearray(data)
+    flipped[-1] ^= 0x40  # payload bit flip: checksum mismatch
+    header_flip = bytearray(data)
+    header_flip[20] ^= 0x01
+    return {
+        "bitflip": bytes(flipped),
+        "header": bytes(header_flip),
+        "truncated": bytes(data[: len(data) // 2]),
+        "empty": b"",
+        "foreign": b"not a chunk at all" * 10,
+    }
+
+
+class StoreSuite:
+    """Contract tests for :class:`~chunkstore.backends.base.Store` implementations."""
+
+    persistent: bool = True
+    """Whether a second store object over the same location sees the first one's chunks."""
+    time_resolution: float = 0.05
+    """Seconds between two events for the store's timestamps to tell them apart (S3: 1 s)."""
+
+    @pytest.fixture
+    def store(self, make_store: Callable[[], Store]) -> Iterator[Store]:
+        s = make_store()
+        yield s
+        s.close()
+
+    @pytest.fixture
+    def chunks(self) -> list[MadeChunk]:
+        return sample_chunks(6, seed=11)
+
+    # --- basics ---------------------------------------------------------------------
+
+    def test_missing_is_none(self, store: Store, chunks: list[MadeChunk]) -> None:
+        key = chunks[0].key
+        assert store.get(key) is None
+        assert store.exists(key) is False
+        assert store.get_many([key, chunks[1].key]) == [None, None]
+        assert store.delete(key) is False
+        assert store.corrupt_detected == 0
+
+    def test_put_get_exact_bytes(self, store: Store, chunks: list[MadeChunk]) -> None:
+        assert store.put_many([(c.key, c.data) for c in chunks]) == [True] * len(chunks)
+        got = store.get_many([c.key for c in chunks])
+        assert [bytes(g) for g in got if g is not None] == [c.data for c in chunks]
+        assert store.exists_many([c.key for c in chunks]) == [True] * len(chunks)
+
+    def test_accepts_any_buffer(self, store: Store, chunks: list[MadeChunk]) -> None:
+        a, b, c = chunks[:3]
+        store.put(a.key, bytearray(a.data))
+        store.put(b.key, memoryview(b.data))
+        store.put(c.key, np.frombuffer(c.data, dtype=np.uint8))
+        for chunk in (a, b, c):
+            assert bytes(store.get(chunk.key) or b"") == chunk.data
+
+    def test_batch_order_and_duplicates(self, store: Store, chunks: list[MadeChunk]) -> None:
+        a, b = chunks[:2]
+        store.put(b.key, b.data)
+        got = store.get_many([b.key, a.key, b.key])
+        assert got[1] is None
+        assert bytes(got[0] or b"") == b.data and bytes(got[2] or b"") == b.data
+        assert store.exists_many([a.key, b.key, a.key]) == [False, True, False]
+
+    def test_overwrite(self, store: Store) -> None:
+        first = sample_chunks(1, seed=1)[0]
+        # same key, different bytes: a chunk of another layout that carries the same key
+        second = _rekeyed(first)
+        assert second != first.data
+        assert store.put(first.key, first.data)
+        assert store.put(first.key, second)
+        assert bytes(store.get(first.key) or b"") == second
+
+    def test_put_if_absent_first_wins(self, store: Store, chunks: list[MadeChunk]) -> None:
+        a, b = chunks[:2]
+        assert store.put_if_absent(a.key, a.data) is True
+        assert store.put_if_absent(a.key, a.data) is False
+        assert store.put_if_absent_many([(a.key, a.data), (b.key, b.data)]) == [False, True]
+        assert bytes(store.get(a.key) or b"") == a.data
+
+    def test_delete(self, store: Store, chunks: list[MadeChunk]) -> None:
+        store.put_many([(c.key, c.data) for c in chunks[:3]])
+        assert store.delete(chunks[0].key) is True
+        assert store.delete(chunks[0].key) is False
+        assert store.delete_many([c.key for c in chunks]) == 2
+        assert store.get(chunks[1].key) is None
+        assert list(store.list()) == []
+
+    # --- listing ----------------------------------------------------------------------
+
+    def test_list(self, store: Store, chunks: list[MadeChunk]) -> None:
+        before = time.time() - 5
+        store.put_many([(c.key, c.data) for c in chunks])
+        other = sample_chunks(2, seed=3, layout=ChunkLayout(small_spec(head_dim=16)))
+        store.put_many([(c.key, c.data) for c in other])
+        infos = {i.key: i for i in store.list()}
+        assert set(infos) == {c.key for c in chunks + other}
+        for c in chunks + other:
+            info = infos[c.key]
+            assert info.size == len(c.data)
+            assert before <= info.mtime <= time.time() + 5
+            assert info.atime >= info.mtime - 1e-3
+        ns = chunks[0].key.namespace
+        assert ns != other[0].key.namespace
+        assert {i.key for i in store.list(ns)} == {c.key for c in chunks}
+        assert list(store.list("0" * 16)) == []
+
+    def test_reads_advance_access_time(self, make_store: Callable[..., Store],
+                                       chunks: list[MadeChunk]) -> None:
+        store = make_store()
+        try:
+            if hasattr(store, "access_resolution"):
+                store.access_resolution = 0.0
+            store.put_many([(c.key, c.data) for c in chunks[:2]])
+            first = {i.key: i.atime for i in store.list()}
+            time.sleep(self.time_resolution)
+            assert store.get(chunks[0].key) is not None
+            flush = getattr(store, "flush", None)
+            if flush is not None:
+                flush()  # access records may be written in the background
+            after = {i.key: i.atime for i in store.list()}
+            assert after[chunks[0].key] > first[chunks[0].key]
+            assert after[chunks[1].key] == pytest.approx(first[chunks[1].key], abs=1e-3)
+        finally:
+            store.close()
+
+    # --- prefix lookup ----------------------------------------------------------------
+
+    def test_lookup_prefix(self, store: Store, chunks: list[MadeChunk]) -> None:
+        keys = [c.key for c in chunks]
+        assert store.lookup_prefix([]) == 0
+        assert store.lookup_prefix(keys) == 0
+        store.put_many([(c.key, c.data) for c in chunks[:4]])
+        assert store.lookup_prefix(keys) == 4
+        assert store.lookup_prefix(keys[:3]) == 3
+        store.put_many([(c.key, c.data) for c in chunks[4:]])
+        assert store.lookup_prefix(keys) == len(keys)
+
+    # --- corruption -------------------------------------------------------------------
+
+    @pytest.mark.parametrize("damage", ["bitflip", "header", "truncated", "empty", "foreign"])
+    def test_corrupt_is_a_counted_miss(self, store: Store, chunks: list[MadeChunk],
+                                       damage: str) -> None:
+        good, bad = chunks[0], chunks[1]
+        store.put(good.key, good.data)
+        store.put(bad.key, corrupt_copies(bad)[damage])
+        assert store.get_many([good.key, bad.key])[1] is None
+        assert store.corrupt_detected == 1
+        assert store.exists(bad.key) is False  # moved out of the serving path
+        assert bytes(store.get(good.key) or b"") == good.data
+        assert {i.key for i in store.list()} == {good.key}
+
+    def test_wrong_key_is_a_miss(self, store: Store, chunks: list[MadeChunk]) -> None:
+        a, b = chunks[:2]
+        store.put(a.key, b.data)  # valid chunk stored under another key
+        assert store.get(a.key) is None
+        assert store.corrupt_detected == 1
+
+    def test_get_into(self, store: Store, chunks: list[MadeChunk]) -> None:
+        if not isinstance(store, SupportsGetInto):
+            pytest.skip("store has no get_into fast path")
+        a, b = chunks[:2]
+        store.put(a.key, a.data)
+        buf = np.zeros(len(a.data) + 4096, dtype=np.uint8)
+        assert store.get_into(a.key, buf) == len(a.data)
+        assert buf[: len(a.data)].tobytes() == a.data
+        assert store.get_into(b.key, buf) is None
+        store.put(b.key, corrupt_copies(b)["bitflip"])
+        assert store.get_into(b.key, bytearray(len(b.data))) is None
+        assert store.corrupt_detected == 1
+
+    def test_read_ranges(self, store: Store, chunks: list[MadeChunk]) -> None:
+        if not isinstance(store, SupportsRangedRead):
+            pytest.skip("store has no ranged reads")
+        a = chunks[0]
+        layout = ChunkLayout(small_spec())
+        store.put(a.key, a.data)
+        ranges = layout.rank_ranges(1, 2)
+        got = store.read_ranges(a.key, ranges)
+        assert got == [a.data[r.offset : r.offset + r.length] for r in ranges]
+        assert store.read_ranges(chunks[1].key, ranges) is None
+
+    # --- persistence and concurrency -----------------------------------------------------
+
+    def test_fresh_store_sees_everything(self, make_store: Callable[[], Store],
+                                         chunks: list[MadeChunk]) -> None:
+        if not self.persistent:
+            pytest.skip("store does not outlive its object")
+        first = make_store()
+        first.put_many([(c.key, c.data) for c in chunks])
+        first.close()
+        second = make_store()
+        try:
+            assert second.lookup_prefix([c.key for c in chunks]) == len(chunks)
+            assert {i.key for i in second.list()} == {c.key for c in chunks}
+            assert bytes(second.get(chunks[-1].key) or b"") == chunks[-1].data
+        finally:
+            second.close()
+
+    def test_concurrent_writers_same_key(self, store: Store, chunks: list[MadeChunk]) -> None:
+        target = chunks[0]
+        errors: list[BaseException] = []
+        wins: list[bool] = []
+
+        def writer(i: int) -> None:
+            try:
+                if i % 2:
+                    store.put(target.key, target.data)
+                else:
+                    wins.append(store.put_if_absent(target.key, target.data))
+                data = store.get(target.key)
+                assert data is not None
+                decode_chunk(data, expected_key=target.key.digest)
+            except BaseException as exc:  # noqa: BLE001 - surfaced below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=writer, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert errors == []
+        assert sum(wins) <= 1
+        assert store.corrupt_detected == 0
+
+    def test_context_manager(self, make_store: Callable[[], Store]) -> None:
+        with make_store() as s:
+            assert isinstance(s, Store)
+            assert s.supports_listing in (True, False)
+            assert s.atomic_put is True
+
+
+def _rekeyed(target: MadeChunk) -> bytes:
+    """A valid chunk of another layout that carries ``target``'s key, parent and tokens."""
+    layout = ChunkLayout(small_spec(num_kv_heads=2))
+    data: Any = encode_chunk(
+        layout, key=target.key.digest, parent=target.parent, namespace=target.key.namespace,
+        tokens=target.tokens, tensors=kv_tensors(layout, target.tokens),
+    )
+    return bytes(data)
+
+
+__all__ = ["StoreSuite", "corrupt_copies"]

@@ -1,0 +1,200 @@
+"""FsStore specifics: opening rules, layout on disk, temp files, quarantine, access times."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import fsspec
+import pytest
+
+from chunkstore.backends.fs import FsStore, open_fs_store
+from chunkstore.backends.fsio import FsspecIO, LocalIO
+from chunkstore.errors import ConfigError, StoreError
+from chunkstore.testing.factories import sample_chunks
+from chunkstore.testing.store_suite import corrupt_copies
+
+CHUNKS = sample_chunks(4, seed=21)
+
+
+def test_missing_root_is_an_error_unless_create(tmp_path: Path) -> None:
+    with pytest.raises(StoreError, match="no such directory"):
+        FsStore(str(tmp_path / "nope"))
+    store = FsStore(str(tmp_path / "nope" / "deeper"), create=True)
+    marker = json.loads((tmp_path / "nope" / "deeper" / "chunkstore-layout.json").read_text())
+    assert marker["layout"] == 1
+    assert store.root == str(tmp_path / "nope" / "deeper")
+
+
+def test_foreign_directory_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "notes.txt").write_text("hello")
+    (tmp_path / "photos").mkdir()
+    for create in (False, True):
+        with pytest.raises(StoreError, match="not a chunkstore directory"):
+            FsStore(str(tmp_path), create=create)
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(StoreError, match="is a file"):
+        FsStore(str(tmp_path / "file"))
+
+
+def test_empty_dir_gets_marker_on_first_write(tmp_path: Path) -> None:
+    store = FsStore(str(tmp_path))
+    assert list(store.list()) == []
+    assert not (tmp_path / "chunkstore-layout.json").exists()  # opening to read writes nothing
+    store.put(CHUNKS[0].key, CHUNKS[0].data)
+    assert (tmp_path / "chunkstore-layout.json").exists()
+    assert (tmp_path / CHUNKS[0].key.path).read_bytes() == CHUNKS[0].data
+
+
+def test_store_without_marker_but_with_chunks_opens(tmp_path: Path) -> None:
+    FsStore(str(tmp_path), create=True).put(CHUNKS[0].key, CHUNKS[0].data)
+    (tmp_path / "chunkstore-layout.json").unlink()
+    assert FsStore(str(tmp_path)).get(CHUNKS[0].key) == CHUNKS[0].data
+
+
+def test_unknown_layout_version_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "chunkstore-layout.json").write_text('{"layout": 7}')
+    with pytest.raises(StoreError, match="layout 7 is not supported"):
+        FsStore(str(tmp_path))
+    (tmp_path / "chunkstore-layout.json").write_text("garbage")
+    with pytest.raises(StoreError, match="not a chunkstore layout marker"):
+        FsStore(str(tmp_path))
+
+
+def test_unreadable_root(tmp_path: Path) -> None:
+    if os.geteuid() == 0:
+        pytest.skip("root ignores permissions")
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o000)
+    try:
+        with pytest.raises(StoreError):
+            FsStore(str(locked / "inner"))
+    finally:
+        locked.chmod(0o755)
+
+
+def test_open_fs_store_urls(tmp_path: Path) -> None:
+    assert isinstance(open_fs_store(str(tmp_path)).io, LocalIO)
+    store = open_fs_store(f"file://{tmp_path}")
+    assert isinstance(store.io, LocalIO) and store.root == str(tmp_path)
+    remote = open_fs_store("memory://open-fs-store-test", create=True)
+    assert isinstance(remote.io, FsspecIO)
+    remote.put(CHUNKS[0].key, CHUNKS[0].data)
+    assert fsspec.filesystem("memory").exists(f"/open-fs-store-test/{CHUNKS[0].key.path}")
+    with pytest.raises(ConfigError, match="unknown option"):
+        open_fs_store(str(tmp_path), colour="blue")
+    with pytest.raises(ConfigError, match="quarantine"):
+        open_fs_store(str(tmp_path), quarantine="shred")
+    with pytest.raises(ConfigError, match="unsupported store URL"):
+        open_fs_store("nosuchproto://x")
+
+
+def test_no_fixed_temp_names_and_orphans(tmp_path: Path) -> None:
+    store = FsStore(str(tmp_path), create=True)
+    store.put(CHUNKS[0].key, CHUNKS[0].data)
+    leaf = tmp_path / CHUNKS[0].key.path
+    assert sorted(os.listdir(leaf.parent)) == [leaf.name]
+    # a writer killed mid-write leaves a temp file; it is listed, never served, removable
+    orphan = leaf.parent / f".{CHUNKS[0].key.hex}.4242.abcdef.tmp"
+    orphan.write_bytes(CHUNKS[0].data[:100])
+    old = time.time() - 7200
+    os.utime(orphan, (old, old))
+    assert [o.path for o in store.orphans()] == [str(orphan)]
+    assert store.orphans(older_than=3 * 3600) == []
+    assert {i.key for i in store.list()} == {CHUNKS[0].key}
+    assert store.remove_orphans(grace=3600) == 1
+    assert not orphan.exists() and leaf.exists()
+
+
+def test_foreign_files_are_listed_not_served(tmp_path: Path) -> None:
+    store = FsStore(str(tmp_path), create=True)
+    store.put(CHUNKS[0].key, CHUNKS[0].data)
+    leaf = tmp_path / CHUNKS[0].key.path
+    (leaf.parent / "README").write_text("x")
+    misplaced = tmp_path / CHUNKS[0].key.namespace / "00" / "00" / (CHUNKS[1].key.hex + ".kvc")
+    misplaced.parent.mkdir(parents=True)
+    misplaced.write_bytes(CHUNKS[1].data)
+    assert {os.path.basename(f.path) for f in store.foreign_files()} == {"README", misplaced.name}
+    assert {i.key for i in store.list()} == {CHUNKS[0].key}
+
+
+def test_quarantine_moves_aside_with_reason(tmp_path: Path) -> None:
+    store = FsStore(str(tmp_path), create=True)
+    store.put(CHUNKS[1].key, corrupt_copies(CHUNKS[1])["bitflip"])
+    assert store.get(CHUNKS[1].key) is None
+    moved = tmp_path / "quarantine" / CHUNKS[1].key.namespace / (CHUNKS[1].key.hex + ".kvc")
+    assert moved.read_bytes() == corrupt_copies(CHUNKS[1])["bitflip"]
+    assert "ChecksumMismatch" in Path(str(moved) + ".reason").read_text()
+    assert [q.path for q in store.quarantined()] == [str(moved)]
+    assert store.corrupt_detected == 1
+
+
+def test_quarantine_delete_mode(tmp_path: Path) -> None:
+    store = FsStore(str(tmp_path), create=True, quarantine="delete")
+    store.put(CHUNKS[1].key, corrupt_copies(CHUNKS[1])["truncated"])
+    assert store.get(CHUNKS[1].key) is None
+    assert not (tmp_path / "quarantine").exists()
+    assert not (tmp_path / CHUNKS[1].key.path).exists()
+
+
+def test_verify_off_returns_raw_bytes(tmp_path: Path) -> None:
+    store = FsStore(str(tmp_path), create=True, verify=False)
+    bad = corrupt_copies(CHUNKS[1])["bitflip"]
+    store.put(CHUNKS[1].key, bad)
+    assert store.get(CHUNKS[1].key) == bad
+    assert store.corrupt_detected == 0
+
+
+def test_access_time_is_explicit_and_rate_limited(tmp_path: Path) -> None:
+    store = FsStore(str(tmp_path), create=True, access_resolution=3600)
+    store.put(CHUNKS[0].key, CHUNKS[0].data)
+    path = tmp_path / CHUNKS[0].key.path
+    old = time.time() - 10 * 3600
+    os.utime(path, (old, old))
+    assert store.get(CHUNKS[0].key) is not None
+    st = path.stat()
+    assert st.st_mtime == pytest.approx(old)  # the write time is untouched
+    assert st.st_atime > old + 9 * 3600  # recorded although the mount may be noatime
+    first = st.st_atime
+    assert store.get(CHUNKS[0].key) is not None
+    assert path.stat().st_atime == first  # within the resolution: no second write
+    quiet = FsStore(str(tmp_path), track_access=False)
+    os.utime(path, (old, old))
+    assert quiet.get(CHUNKS[0].key) is not None
+    assert path.stat().st_atime == pytest.approx(old)
+
+
+def test_access_record_fallback(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = FsStore(str(tmp_path), create=True, access_resolution=0)
+    store.put(CHUNKS[0].key, CHUNKS[0].data)
+    # another user's file: utime with explicit times is refused, the store writes a record
+    monkeypatch.setattr(store.io, "set_access", lambda *a: False)
+    assert store.get(CHUNKS[0].key) is not None
+    record = Path(str(tmp_path / CHUNKS[0].key.path) + ".atime")
+    stamp = float(record.read_text())
+    assert [i.atime for i in store.list()] == [pytest.approx(stamp)]
+    assert store.delete(CHUNKS[0].key) and not record.exists()
+
+
+def test_get_into_small_buffer_is_a_usage_error(tmp_path: Path) -> None:
+    store = FsStore(str(tmp_path), create=True)
+    store.put(CHUNKS[0].key, CHUNKS[0].data)
+    with pytest.raises(ConfigError, match="smaller than the chunk"):
+        store.get_into(CHUNKS[0].key, bytearray(10))
+    with pytest.raises(ConfigError, match="writable"):
+        store.get_into(CHUNKS[0].key, bytes(len(CHUNKS[0].data)))
+
+
+def test_write_failure_is_a_store_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = FsStore(str(tmp_path), create=True)
+
+    def disk_full(*args: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(store.io, "replace", disk_full)
+    with pytest.raises(StoreError, match="cannot write.*No space left"):
+        store.put(CHUNKS[0].key, CHUNKS[0].data)
+    leaf = (tmp_path / CHUNKS[0].key.path).parent
+    assert os.listdir(leaf) == []  # the temp file was cleaned up

@@ -1,0 +1,209 @@
+"""Store benchmark: FsStore and S3Store against raw reads/writes of the same bytes, in one run.
+
+Filesystem, warm page cache (nothing hides the checksum), 256-token chunks of
+2 MiB and 32 MiB:
+
+* get (verified) vs a raw unbuffered ``readinto`` of the same file into a
+  preallocated buffer; both ``get`` (new bytes per call) and ``get_into`` (a
+  reused buffer, the host-pool path) are reported;
+* get without verification (``verify=False``, host-trusted path);
+* put vs a raw write + rename of the same bytes.
+
+S3 on a local moto server: ``get_many``/``put_many`` vs raw s3fs ``cat``/``pipe``.
+
+Counts are small (about 128-256 MiB per measurement, best of a few passes) so
+the whole run stays well under a minute; ratios, not absolute numbers, are the
+point. Never fails on a threshold.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import shutil
+import socket
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any
+
+from chunkstore.backends.fs import FsStore
+from chunkstore.format import ChunkLayout, KVSpec
+from chunkstore.testing.factories import MadeChunk, sample_chunks
+
+# 256 tokens x 2 (K,V) x layers x heads x head_dim x 2 bytes (BF16)
+SHAPES = {
+    "2MiB": dict(num_layers=4, num_kv_heads=4, head_dim=128),
+    "32MiB": dict(num_layers=32, num_kv_heads=8, head_dim=128),  # a Llama-3-8B-like KV chunk
+}
+
+
+def best_of(passes: int, fn: Callable[[], Any]) -> float:
+    times = []
+    for _ in range(passes):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return min(times)
+
+
+def make(label: str, total_bytes: int) -> list[MadeChunk]:
+    spec = KVSpec.simple(f"bench/{label}", dtype="BF16", chunk_tokens=256, **SHAPES[label])
+    layout = ChunkLayout(spec)
+    count = max(2, total_bytes // layout.total_size)
+    return sample_chunks(count, seed=len(label), layout=layout)
+
+
+def bench_fs(label: str, chunks: list[MadeChunk], passes: int, workdir: str) -> list[tuple]:
+    size = len(chunks[0].data)
+    mib = size * len(chunks) / 2**20
+    root = os.path.join(workdir, f"fs-{label}")
+    store = FsStore(root, create=True)
+    store.put_many([(c.key, c.data) for c in chunks])
+    raw_store = FsStore(root, verify=False)
+    paths = [store.path_of(c.key) for c in chunks]
+    keys = [c.key for c in chunks]
+    buf = bytearray(size)
+
+    def raw_read() -> None:
+        for path in paths:
+            with open(path, "rb", buffering=0) as f:
+                f.readinto(buf)
+
+    def get_verified() -> None:
+        for key in keys:
+            assert store.get(key) is not None
+
+    def get_into_verified() -> None:
+        for key in keys:
+            assert store.get_into(key, buf) == size
+
+    def get_into_unverified() -> None:
+        for key in keys:
+            assert raw_store.get_into(key, buf) == size
+
+    def get_unverified() -> None:
+        for key in keys:
+            assert raw_store.get(key) is not None
+
+    raw_read()  # warm the page cache
+    t_raw = best_of(passes, raw_read)
+    rows = [
+        ("fs", label, "get (verify) vs raw readinto", best_of(passes, get_verified), t_raw, mib),
+        ("fs", label, "get_into (verify) vs raw readinto", best_of(passes, get_into_verified),
+         t_raw, mib),
+        ("fs", label, "get (no verify) vs raw readinto", best_of(passes, get_unverified),
+         t_raw, mib),
+        ("fs", label, "get_into (no verify) vs raw readinto", best_of(passes, get_into_unverified),
+         t_raw, mib),
+    ]
+
+    counter = iter(range(10**9))
+
+    def raw_write() -> None:
+        directory = os.path.join(workdir, f"raw-{label}-{next(counter)}")
+        os.makedirs(directory)
+        for i, chunk in enumerate(chunks):
+            tmp = os.path.join(directory, f".{i}.tmp")
+            with open(tmp, "wb", buffering=0) as f:
+                f.write(chunk.data)
+            os.replace(tmp, os.path.join(directory, f"{i}.kvc"))
+        shutil.rmtree(directory)
+
+    def store_put() -> None:
+        target = FsStore(os.path.join(workdir, f"put-{label}-{next(counter)}"), create=True)
+        target.put_many([(c.key, c.data) for c in chunks])
+        shutil.rmtree(target.root)
+
+    t_raw_write = best_of(passes, raw_write)
+    rows.append(("fs", label, "put vs raw write+rename", best_of(passes, store_put),
+                 t_raw_write, mib))
+    return rows
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def bench_s3(chunks: list[MadeChunk], passes: int) -> list[tuple]:
+    try:
+        import boto3
+        import s3fs
+        from moto.server import ThreadedMotoServer
+
+        from chunkstore.backends.s3 import S3Store
+    except ImportError as exc:
+        print(f"S3 benchmark skipped: {exc} (pip install 'chunkstore[test]')")
+        return []
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # moto logs every request
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        os.environ.setdefault(name, "testing")
+    os.environ.setdefault("AWS_DEFAULT_REGION", "us-east-1")
+    port = _free_port()
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    try:
+        endpoint = f"http://127.0.0.1:{port}"
+        boto3.client("s3", endpoint_url=endpoint).create_bucket(Bucket="bench")
+        store = S3Store("bench", "store", endpoint_url=endpoint, track_access=False)
+        raw = s3fs.S3FileSystem(endpoint_url=endpoint, skip_instance_cache=True)
+        mib = sum(len(c.data) for c in chunks) / 2**20
+        keys = [c.key for c in chunks]
+        raw_paths = [f"bench/raw/{c.key.hex}" for c in chunks]
+
+        def raw_put() -> None:
+            raw.pipe({p: c.data for p, c in zip(raw_paths, chunks)})
+
+        def store_put() -> None:
+            store.put_many([(c.key, c.data) for c in chunks])
+
+        def raw_get() -> None:
+            got = raw.cat(raw_paths)
+            assert len(got) == len(raw_paths)
+
+        def store_get() -> None:
+            assert all(d is not None for d in store.get_many(keys))
+
+        t_raw_put = best_of(passes, raw_put)
+        t_put = best_of(passes, store_put)
+        t_raw_get = best_of(passes, raw_get)
+        t_get = best_of(passes, store_get)
+        store.close()
+        return [
+            ("s3", "2MiB", "put_many vs s3fs pipe", t_put, t_raw_put, mib),
+            ("s3", "2MiB", "get_many (verify) vs s3fs cat", t_get, t_raw_get, mib),
+        ]
+    finally:
+        server.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--mib", type=int, default=192, help="MiB of chunks per size (fs)")
+    parser.add_argument("--passes", type=int, default=3, help="take the best of this many")
+    parser.add_argument("--s3-mib", type=int, default=32, help="MiB of chunks for the S3 part")
+    parser.add_argument("--no-s3", action="store_true", help="skip the S3 part")
+    args = parser.parse_args(argv)
+    rows: list[tuple] = []
+    workdir = tempfile.mkdtemp(prefix="chunkstore-bench-", dir=os.environ.get("BENCH_DIR"))
+    try:
+        for label in SHAPES:
+            rows += bench_fs(label, make(label, args.mib << 20), args.passes, workdir)
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    if not args.no_s3:
+        rows += bench_s3(make("2MiB", args.s3_mib << 20), args.passes)
+    print(f"{'store':5} {'chunk':6} {'measurement':38} {'MiB/s':>8} {'base MiB/s':>10} "
+          f"{'ratio':>6}")
+    for kind, label, what, t, t_base, mib in rows:
+        print(f"{kind:5} {label:6} {what:38} {mib / t:8.0f} {mib / t_base:10.0f} "
+              f"{t_base / t:6.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
