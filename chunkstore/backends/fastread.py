@@ -13,10 +13,8 @@ from __future__ import annotations
 
 import os
 
-import xxhash
-
-from chunkstore.errors import ChecksumMismatch, KeyMismatch, LayoutError, TruncatedChunk
-from chunkstore.format import decode_chunk, header_bytes_needed, key_digest, read_header
+from chunkstore.errors import LayoutError, TruncatedChunk
+from chunkstore.format import PayloadVerifier, decode_chunk, header_bytes_needed, read_header
 
 BLOCK = 256 * 1024
 """Bytes read and hashed per step: small enough to stay in L2 between the two."""
@@ -63,24 +61,15 @@ def read_verified_into(fd: int, target: memoryview, expected_key: bytes | None) 
     if stored != header.stored_size:
         error = TruncatedChunk if stored < header.stored_size else LayoutError
         raise error(f"payload has {stored} bytes, header says {header.stored_size}")
-    if key_digest(header.parent, header.token_bytes) != header.key:
-        raise KeyMismatch(f"chunk {header.key.hex()} is not BLAKE3(parent || tokens)")
-    if expected_key is not None and bytes(expected_key) != header.key:
-        raise KeyMismatch(f"asked for {bytes(expected_key).hex()}, chunk holds {header.key.hex()}")
-    head = bytearray(target[: header.data_offset])
-    start, stop = header.checksum_span
-    head[start:stop] = b"0" * (stop - start)
-    hasher = xxhash.xxh3_128()
-    hasher.update(head)
+    verifier = PayloadVerifier(header, target, expected_key=expected_key)
     if first > header.data_offset:
-        hasher.update(target[header.data_offset : first])
+        verifier.update(target[header.data_offset : first])
     pos = max(first, header.data_offset)
     while pos < size:
         end = min(pos + BLOCK, size)
         block = target[pos:end]
         if _read_exact(fd, block, pos) < end - pos:
             raise TruncatedChunk("chunk file shrank while being read")
-        hasher.update(block)
+        verifier.update(block)
         pos = end
-    if hasher.digest() != header.checksum:
-        raise ChecksumMismatch(f"chunk {header.key.hex()} failed its xxh3-128 checksum")
+    verifier.finish()

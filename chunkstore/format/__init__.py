@@ -2,6 +2,7 @@
 
 from chunkstore.format.chunk import (
     Chunk,
+    PayloadVerifier,
     decode_chunk,
     decode_into,
     encode_chunk,
@@ -55,6 +56,7 @@ __all__ = [
     "DType",
     "KVSpec",
     "LayerGroup",
+    "PayloadVerifier",
     "RankShare",
     "TensorEntry",
     "TensorSlot",

@@ -340,6 +340,44 @@ def decode_chunk(
     return Chunk(header, stored)
 
 
+class PayloadVerifier:
+    """Streaming check of an uncompressed chunk whose header is already parsed.
+
+    For readers that copy the payload block by block (from a file, a socket) and
+    want to hash each block while it is still in cache: construct it with the
+    header and the header bytes (key derivation and identity are checked here),
+    :meth:`update` with the stored payload in order, then :meth:`finish`, which
+    raises :class:`ChecksumMismatch` exactly when :func:`decode_chunk` would.
+    """
+
+    __slots__ = ("_hasher", "header")
+
+    def __init__(
+        self,
+        header: ChunkHeader,
+        head: Any,
+        *,
+        expected_key: bytes | None = None,
+        expected_fingerprint: bytes | None = None,
+    ) -> None:
+        if header.compression != "none":
+            raise ConfigError("streaming verification covers uncompressed chunks only")
+        _check_identity(header, expected_key, expected_fingerprint)
+        self.header = header
+        self._hasher = xxhash.xxh3_128()
+        head_bytes = bytes(memoryview(head).cast("B")[: header.data_offset])
+        self._hasher.update(_zeroed(head_bytes, header.checksum_span))
+
+    def update(self, segment: Any) -> None:
+        """Hash the next bytes of the stored payload."""
+        self._hasher.update(segment)
+
+    def finish(self) -> None:
+        """Raise :class:`ChecksumMismatch` unless the payload fed so far matches the header."""
+        if self._hasher.digest() != self.header.checksum:
+            raise ChecksumMismatch(f"chunk {self.header.key.hex()} failed its xxh3-128 checksum")
+
+
 def decode_into(
     data: Any,
     arrays: Mapping[str, np.ndarray],
@@ -368,10 +406,13 @@ def decode_into(
     if len(stored) != header.stored_size:
         error = TruncatedChunk if len(stored) < header.stored_size else LayoutError
         raise error(f"payload has {len(stored)} bytes, header says {header.stored_size}")
-    _check_identity(header, expected_key, expected_fingerprint)
-    hasher = xxhash.xxh3_128() if verify else None
-    if hasher is not None:
-        hasher.update(_zeroed(bytes(view[: header.data_offset]), header.checksum_span))
+    if verify:
+        verifier: PayloadVerifier | None = PayloadVerifier(
+            header, view, expected_key=expected_key, expected_fingerprint=expected_fingerprint
+        )
+    else:
+        verifier = None
+        _check_identity(header, expected_key, expected_fingerprint)
     for entry in header.tensors:
         target = arrays.get(entry.name)
         if target is not None and (target.shape != entry.shape or target.nbytes != entry.nbytes):
@@ -381,12 +422,12 @@ def decode_into(
         for start in range(0, entry.nbytes, _FUSED_BLOCK):
             stop = min(start + _FUSED_BLOCK, entry.nbytes)
             segment = stored[entry.offset + start : entry.offset + stop]
-            if hasher is not None:
-                hasher.update(segment)
+            if verifier is not None:
+                verifier.update(segment)
             if flat_target is not None:
                 flat_target[start:stop] = np.frombuffer(segment, np.uint8)
-    if hasher is not None and hasher.digest() != header.checksum:
-        raise ChecksumMismatch(f"chunk {header.key.hex()} failed its xxh3-128 checksum")
+    if verifier is not None:
+        verifier.finish()
     return header
 
 
