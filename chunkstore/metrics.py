@@ -9,15 +9,23 @@ Two kinds of metric live here:
   depth, tier health) read from the watched objects at scrape time by a
   collector, so the hot path pays nothing for them.
 
-Every metric carries a ``tier`` label: the store's ``name`` (``host`` for the
-host cache unless renamed). ``direction`` is relative to the tier: ``read``
-counts bytes read out of it, ``write`` bytes written into it. The vLLM adapter
-records device copies as ``tier="device"`` (``read``: device to host on save,
-``write``: host to device on load).
+Every tier metric carries a ``tier`` label: the store's ``name`` (``host`` for
+the host cache unless renamed). ``direction`` is relative to the tier: ``read``
+counts bytes read out of it, ``write`` bytes written into it.
 
-Use :func:`default_metrics` for the process-wide registry that
-:func:`start_metrics_server` exposes, or build a :class:`ChunkstoreMetrics` on
-a private :class:`~prometheus_client.CollectorRegistry` (tests do).
+Copies between accelerator and host memory (done by an engine adapter, not by
+chunkstore) have their own ``chunkstore_device_*`` metrics with ``direction``
+``device_to_host`` (saves) or ``host_to_device`` (loads); an adapter reports
+each copy with :func:`record_device_transfer`.
+
+The process default: :func:`default_metrics` returns the one
+:class:`ChunkstoreMetrics` of this process, registered in prometheus-client's
+default registry (``prometheus_client.REGISTRY``), which is what
+:func:`start_metrics_server` exposes and what a host application that already
+serves that registry (vLLM's API server does) shows without further work.
+Stores use it unless given another; build a :class:`ChunkstoreMetrics` on a
+private :class:`~prometheus_client.CollectorRegistry` to keep metrics apart
+(tests do).
 """
 
 from __future__ import annotations
@@ -42,6 +50,8 @@ LATENCY_BUCKETS = (
 THROUGHPUT_BUCKETS = tuple(float(2**e) for e in range(20, 38, 2))
 """Bytes per second: 1 MiB/s to 128 GiB/s in factors of four."""
 DIRECTIONS = ("read", "write")
+DEVICE_DIRECTIONS = ("device_to_host", "host_to_device")
+"""``direction`` values of the ``chunkstore_device_*`` metrics: saves, then loads."""
 
 
 class _HostLike(Protocol):
@@ -151,6 +161,21 @@ class ChunkstoreMetrics:
         self.tier_errors = Counter(
             "chunkstore_tier_errors", "Failed or timed-out calls to a tier, by operation.",
             ["tier", "op"], registry=r)
+        self.device_bytes = Counter(
+            "chunkstore_device_bytes",
+            "Bytes copied between accelerator and host memory, by direction "
+            "(device_to_host: saves, host_to_device: loads).", ["direction"], registry=r)
+        self.device_transfers = Counter(
+            "chunkstore_device_transfers", "Copies between accelerator and host memory.",
+            ["direction"], registry=r)
+        self.device_latency = Histogram(
+            "chunkstore_device_transfer_seconds",
+            "Duration of copies between accelerator and host memory.",
+            ["direction"], buckets=LATENCY_BUCKETS, registry=r)
+        self.device_throughput = Histogram(
+            "chunkstore_device_throughput_bytes_per_second",
+            "Throughput of individual copies between accelerator and host memory.",
+            ["direction"], buckets=THROUGHPUT_BUCKETS, registry=r)
         self._collector = _WatchCollector()
         r.register(self._collector)
         self._tiers: dict[str, TierInstruments] = {}
@@ -173,6 +198,22 @@ class ChunkstoreMetrics:
             instruments.record_read(nbytes, seconds)
         else:
             instruments.record_write(nbytes, seconds)
+
+    def record_device_transfer(self, direction: str, nbytes: int, seconds: float) -> None:
+        """One copy of ``nbytes`` between accelerator and host memory that took ``seconds``.
+
+        ``direction``: ``"device_to_host"`` (a save) or ``"host_to_device"`` (a
+        load). Record one call per copy operation (a batch of blocks is one).
+        """
+        if direction not in DEVICE_DIRECTIONS:
+            raise ConfigError(f"direction must be one of {DEVICE_DIRECTIONS}, got {direction!r}")
+        if nbytes < 0 or seconds < 0:
+            raise ConfigError(f"nbytes and seconds must be >= 0, got {nbytes} and {seconds}")
+        self.device_bytes.labels(direction=direction).inc(nbytes)
+        self.device_transfers.labels(direction=direction).inc()
+        self.device_latency.labels(direction=direction).observe(seconds)
+        if seconds > 0 and nbytes:
+            self.device_throughput.labels(direction=direction).observe(nbytes / seconds)
 
     def watch_host(self, cache: _HostLike) -> None:
         """Report a host cache's occupancy and evictions at every scrape (weakly referenced)."""
@@ -253,12 +294,24 @@ _DEFAULT_LOCK = threading.Lock()
 
 
 def default_metrics() -> ChunkstoreMetrics:
-    """The process-wide metrics, in prometheus-client's default registry (created once)."""
+    """This process's metrics, in prometheus-client's default registry (created on first use).
+
+    Every store and cache built without ``metrics=`` reports here, so an
+    engine adapter that bumps the same object shows up next to them::
+
+        from chunkstore.metrics import default_metrics
+        default_metrics().record_device_transfer("device_to_host", nbytes, seconds)
+    """
     global _DEFAULT
     with _DEFAULT_LOCK:
         if _DEFAULT is None:
             _DEFAULT = ChunkstoreMetrics()
         return _DEFAULT
+
+
+def record_device_transfer(direction: str, nbytes: int, seconds: float) -> None:
+    """:meth:`ChunkstoreMetrics.record_device_transfer` on :func:`default_metrics`."""
+    default_metrics().record_device_transfer(direction, nbytes, seconds)
 
 
 @dataclass(frozen=True, slots=True)

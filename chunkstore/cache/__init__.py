@@ -5,14 +5,18 @@
   :class:`LRUPolicy`;
 * :class:`TieredStore` - a host cache in front of secondary stores, with
   write-behind, promotion and tier fail-over;
-* :class:`SlotPool` - the pool itself, which other processes can attach by name.
+* :class:`SlotPool` - the pool itself, which other processes can attach by name;
+* :class:`AssemblyOwner` / :class:`ShardAssembler` - TP rank processes write
+  their head shards into one shared slot per chunk, published once.
 
 The policies are pure bookkeeping (no I/O), so the trace simulator
 (:mod:`chunkstore.simulator`) replays traces through the very same classes.
 """
 
 from chunkstore.cache.arc import ARCPolicy
-from chunkstore.cache.host import HostCache, HostCacheStats, Lease
+from chunkstore.cache.assembly import AssemblerStats, ShardAssembler, ShardClaim, SlotRead, shard_of
+from chunkstore.cache.assembly_owner import AssemblyOwner, AssemblyStats
+from chunkstore.cache.host import Adoption, HostCache, HostCacheStats, Lease
 from chunkstore.cache.lru import LRUPolicy
 from chunkstore.cache.policy import POLICY_NAMES, CachePolicy, NoEvictableEntry, make_policy
 from chunkstore.cache.pool import SlotPool, StaleSlot
@@ -21,16 +25,24 @@ from chunkstore.cache.tiered import TieredStats, TieredStore, TierStats
 __all__ = [
     "POLICY_NAMES",
     "ARCPolicy",
+    "Adoption",
+    "AssemblerStats",
+    "AssemblyOwner",
+    "AssemblyStats",
     "CachePolicy",
     "HostCache",
     "HostCacheStats",
     "LRUPolicy",
     "Lease",
     "NoEvictableEntry",
+    "ShardAssembler",
+    "ShardClaim",
     "SlotPool",
+    "SlotRead",
     "StaleSlot",
     "TierStats",
     "TieredStats",
     "TieredStore",
     "make_policy",
+    "shard_of",
 ]

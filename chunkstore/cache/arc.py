@@ -197,6 +197,21 @@ class ARCPolicy(CachePolicy):
         self.b2.pop(key, None)
         return resident
 
+    def evict(self, can_evict: CanEvict | None = None) -> Hashable | None:
+        """REPLACE on its own (as for a new key): the victim leaves a ghost in B1 or B2.
+
+        The lists' total is unchanged, so the paper's bounds still hold; the next
+        admission then finds room and replaces nothing.
+        """
+        if not self.t1 and not self.t2:
+            return None
+        try:
+            victim = self._choose(self.p, False, can_evict)
+        except NoEvictableEntry:
+            return None
+        self._evict(victim)
+        return victim[0]
+
     # --- REPLACE -------------------------------------------------------------------
 
     def _choose(self, p: float, in_b2: bool, can_evict: CanEvict | None) -> tuple[Hashable, int]:

@@ -30,7 +30,7 @@ from typing import Any
 
 from chunkstore.backends.base import Buffer, ChunkInfo, Store
 from chunkstore.cache.policy import CachePolicy, NoEvictableEntry, make_policy
-from chunkstore.cache.pool import DOOMED, READY, SlotPool, StaleSlot
+from chunkstore.cache.pool import ABORTED, DOOMED, LENT, READY, SEALED, SlotPool, StaleSlot
 from chunkstore.errors import ConfigError
 from chunkstore.format import ChunkLayout
 from chunkstore.hashing import ChunkKey
@@ -48,6 +48,18 @@ class Insertion:
     """Not written because the key was already cached (only with ``if_absent``)."""
     lease: Lease | None
     """The still-pinned slot, when ``keep_pinned`` was asked and the chunk was written."""
+
+
+@dataclass(frozen=True, slots=True)
+class Adoption:
+    """What :meth:`HostCache.adopt` did with a sealed, lent slot."""
+
+    key: ChunkKey
+    """The chunk's key."""
+    published: bool
+    """The chunk is now cached from that slot (False: the key was already cached)."""
+    lease: Lease | None
+    """A read lease on it, when ``keep_pinned`` was asked and it was published."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +82,8 @@ class HostCacheStats:
     """``num_slots * slot_size``."""
     pinned_slots: int
     """Slots currently pinned by any process."""
+    lent_slots: int = 0
+    """Slots lent to TP rank processes for shard assembly (free, claimed or sealed)."""
 
 
 class Lease:
@@ -195,6 +209,9 @@ class HostCache(Store):
         self._index: dict[ChunkKey, int] = {}
         self._free: list[int] = list(range(num_slots - 1, -1, -1))
         self._doomed: set[int] = set()
+        # Slots on loan to TP rank processes (chunkstore.cache.assembly): out of _free and
+        # of the index until adopted (sealed chunk) or taken back (aborted claim).
+        self._lent: set[int] = set()
         self._mtime = [0.0] * num_slots
         self._atime = [0.0] * num_slots
         self._bytes_used = 0
@@ -219,7 +236,17 @@ class HostCache(Store):
                 rejected=self._rejected, chunks=len(self._ready_keys()),
                 bytes_used=self._bytes_used, capacity_bytes=self.capacity_bytes,
                 pinned_slots=self.pool.pinned_slots() if not self.pool.closed else 0,
+                lent_slots=len(self._lent),
             )
+
+    def memory_regions(self) -> list[memoryview]:
+        """Buffers that contain every view :meth:`acquire` and :meth:`reserve` return.
+
+        They never move while the cache is open: a transfer engine (NIXL)
+        registers them once and then reads or writes any slot in place.
+        """
+        self._check_open()
+        return [self.pool.data_region()]
 
     def _ready_keys(self) -> list[ChunkKey]:
         state = self.pool.state
@@ -447,6 +474,93 @@ class HostCache(Store):
             self._index.clear()
             self.pool.close()
 
+    # --- TP shard assembly: slots lent to rank processes (owner side) -------------------------
+
+    def lend_slots(self, available: int) -> int:
+        """Keep ``available`` free slots lent to rank processes; returns how many are lent now.
+
+        Lends free slots first and evicts (by policy, never a pinned or
+        unpersisted chunk) when there are none. Used by
+        :class:`~chunkstore.cache.assembly.AssemblyOwner`; the lent slots are held
+        out of the cache until adopted (:meth:`adopt`) or taken back (:meth:`take_back`).
+        """
+        with self._lock:
+            self._check_open()
+            self._reclaim_doomed()
+            pool = self.pool
+            ready = sum(1 for s in self._lent if pool.state(s) == LENT)
+            while ready < available:
+                if not self._free and not self._steal_slot(exclude=None):
+                    break
+                slot = self._free.pop()
+                pool.lend(slot)
+                self._lent.add(slot)
+                ready += 1
+            return ready
+
+    def lent(self) -> tuple[int, ...]:
+        """Slot numbers on loan to rank processes (any assembly state), ascending."""
+        with self._lock:
+            return tuple(sorted(self._lent))
+
+    def adopt(self, slot: int, *, keep_pinned: bool = False) -> Adoption:
+        """Take a SEALED lent slot into the cache as a READY chunk.
+
+        The chunk becomes visible to every reader and enters the policy (the
+        lent room was already counted, so nothing is evicted). ``keep_pinned``
+        returns a read lease the caller releases (the tiered store's
+        write-back). When the key is already cached the assembled copy is a
+        duplicate: the slot goes back on loan and nothing is published.
+        """
+        with self._lock:
+            self._check_open()
+            pool = self.pool
+            if slot not in self._lent or pool.state(slot) != SEALED:
+                raise StaleSlot(f"slot {slot} is not a sealed, lent slot")
+            key = pool.key_of(slot)
+            assert key is not None
+            if key in self._index:
+                pool.lend(slot)
+                return Adoption(key, False, None)
+            self._lent.discard(slot)
+            size = pool.length(slot)
+            pool.publish(slot, size)
+            self._bytes_used += size
+            self._mtime[slot] = self._atime[slot] = time.time()
+            self._index[key] = slot
+            self._readmit(key)
+            if not keep_pinned:
+                return Adoption(key, True, None)
+            pool.pin(slot)
+            generation = pool.generation(slot)
+        lease = Lease(self, key, slot, generation, pool.view(slot)[:size], writing=False)
+        return Adoption(key, True, lease)
+
+    def recall_loans(self) -> int:
+        """Return lent slots that no rank has claimed to the cache; how many came back.
+
+        Claimed or sealed loans stay out (a rank may still be writing them);
+        a later owner's pass adopts or reclaims them.
+        """
+        with self._lock:
+            if self._closed:
+                return 0
+            pool = self.pool
+            idle = [s for s in self._lent if pool.state(s) == LENT]
+            for slot in idle:
+                self._lent.discard(slot)
+                pool.free(slot)
+                self._free.append(slot)
+            return len(idle)
+
+    def take_back(self, slot: int) -> None:
+        """Return an ABORTED (or unclaimed) lent slot to the loan pool, ready for a new claim."""
+        with self._lock:
+            pool = self.pool
+            if slot not in self._lent or pool.state(slot) not in (ABORTED, LENT):
+                raise StaleSlot(f"slot {slot} is not an aborted, lent slot")
+            pool.lend(slot)
+
     # --- internals (caller holds self._lock) --------------------------------------------------
 
     def _check_open(self) -> None:
@@ -479,14 +593,19 @@ class HostCache(Store):
         self._evictions += 1
         self._retire(slot)
 
-    def _steal_slot(self, exclude: ChunkKey) -> bool:
-        """Evict one more resident key to free a slot; False if every one is pinned."""
-        for key in self._policy:
-            if key != exclude and key in self._index and self._can_evict(key):
-                self._policy.remove(key)
-                self._evict(key)
-                return bool(self._free)
-        return False
+    def _steal_slot(self, exclude: ChunkKey | None) -> bool:
+        """Evict one more resident key to free a slot; False if every one is pinned.
+
+        The policy picks the victim by its own rule (ARC keeps a ghost of it), so
+        slots lent ahead of time cost the same history as an ordinary eviction.
+        """
+        victim = self._policy.evict(
+            lambda k: k != exclude and k in self._index and self._can_evict(k)
+        )
+        if victim is None:
+            return False
+        self._evict(victim)
+        return bool(self._free)
 
     def _readmit(self, key: ChunkKey) -> None:
         try:

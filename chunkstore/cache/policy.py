@@ -74,6 +74,20 @@ class CachePolicy(ABC):
     def remove(self, key: Hashable) -> bool:
         """Forget a resident key (deleted, not evicted: no ghost entry); True if it was resident."""
 
+    def evict(self, can_evict: CanEvict | None = None) -> Hashable | None:
+        """Evict one resident key ahead of any admission, chosen by the policy's own rule.
+
+        Returns the key, or ``None`` when nothing is resident or ``can_evict``
+        refuses every key. The host cache calls it to keep free slots ready for
+        TP rank processes. Default: the first key of the iteration order, forgotten
+        like :meth:`remove`; policies with history (ARC's ghosts) override it.
+        """
+        for key in self:
+            if can_evict is None or can_evict(key):
+                self.remove(key)
+                return key
+        return None
+
     def access(self, key: Hashable) -> bool:
         """One request as a trace replays it: a hit, or a miss that admits ``key``. Returns hit."""
         if self.hit(key):

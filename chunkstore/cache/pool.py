@@ -5,15 +5,20 @@ Layout of the mapping (all integers little-endian)::
     header (4096 B)  magic "CSPOOL01" | version u32 | 0 u32 | slot_size u64 |
                      slot_stride u64 | num_slots u64 | table_offset u64 |
                      data_offset u64 | owner_pid u64
-    slot table       num_slots x 64 B: state u32 | pins u32 | length u64 |
-                     generation u64 | namespace 8 B | digest 32 B
+                     (at offset 1024: rank table, 64 x pid i64)
+    slot table       num_slots x 128 B: state u32 | pins u32 | length u64 |
+                     generation u64 | namespace 8 B | digest 32 B |
+                     tp u32 | claimer u32 | joined u64 | done u64 | writers u64 |
+                     claimed_at f64 | 24 B reserved
     slots            num_slots x slot_stride B, each 4096-byte aligned
 
 What is shared, and how races are avoided:
 
 * One process **owns** the pool (the one that created it; in vLLM the
   scheduler). Only the owner runs the replacement policy and decides which key
-  lives in which slot, so assignment needs no cross-process agreement.
+  lives in which slot, so assignment needs no cross-process agreement. The one
+  exception is explicit: slots the owner *lends* to TP rank processes, which
+  claim them per key among themselves (see below).
 * The **slot table** is shared: every process can find a key's slot
   (:meth:`SlotPool.find`), pin it for reading (:meth:`SlotPool.acquire`) or
   write into a slot the owner reserved for it (:meth:`SlotPool.writable`).
@@ -25,8 +30,14 @@ What is shared, and how races are avoided:
   readers until the owner publishes it.
 * ``generation`` grows on every reassignment, so a stale slot number handed to
   another process is detected instead of writing into someone else's chunk.
-* Limit: pins held by a process that crashes are never released; such slots
-  stay out of use until the pool is recreated.
+* Limit: read pins held by a process that crashes are never released; such
+  slots stay out of use until the pool is recreated. (Shard writers of a TP
+  claim are tracked per rank instead, so a crashed writer is detected; see
+  :mod:`chunkstore.cache.assembly`.)
+* The claim fields (``tp`` .. ``claimed_at``) and the states ``LENT`` ..
+  ``ABORTED`` belong to TP shard assembly (:mod:`chunkstore.cache.assembly`):
+  the owner lends free slots, rank processes claim one per key, write their
+  shards into it and seal it, and the owner adopts the sealed chunk.
 
 Pinning (page-locking for fast device copies) uses ``cudaHostRegister``
 through torch when torch and CUDA are present; otherwise the pool is plain
@@ -54,13 +65,20 @@ from chunkstore.hashing import ChunkKey
 log = logging.getLogger(__name__)
 
 MAGIC = b"CSPOOL01"
-VERSION = 1
+VERSION = 2
 PAGE = 4096
 HEADER_SIZE = PAGE
 _HEADER = struct.Struct("<8sIIQQQQQQ")
+RANK_TABLE_OFFSET = 1024
+MAX_RANKS = 64
+"""Most TP ranks one pool can assemble chunks for (one bit each in ``joined``/``done``)."""
 
 FREE, WRITING, READY, DOOMED = 0, 1, 2, 3
 """Slot states. DOOMED: deleted or replaced while pinned; freed when the last pin goes."""
+LENT, CLAIMED, SEALING, SEALED, ABORTED = 4, 5, 6, 7, 8
+"""TP assembly states: lent to rank processes by the owner; claimed for a key; being
+sealed by its last writer; sealed, waiting for the owner to adopt it; given up (freed by
+the owner once no writer is still inside it)."""
 
 ENTRY = np.dtype(
     [
@@ -70,9 +88,16 @@ ENTRY = np.dtype(
         ("generation", "<u8"),
         ("namespace", "u1", (8,)),
         ("digest", "u1", (32,)),
+        ("tp", "<u4"),
+        ("claimer", "<u4"),
+        ("joined", "<u8"),
+        ("done", "<u8"),
+        ("writers", "<u8"),
+        ("claimed_at", "<f8"),
+        ("reserved", "u1", (24,)),
     ]
 )
-assert ENTRY.itemsize == 64
+assert ENTRY.itemsize == 128
 
 SHM_DIR = Path("/dev/shm")
 _NAME = re.compile(r"[A-Za-z0-9_.-]{1,200}")
@@ -127,6 +152,13 @@ class SlotPool:
         self._data_offset = data_off
         self._buf = memoryview(mapping)
         table = np.ndarray((num_slots,), dtype=ENTRY, buffer=mapping, offset=table_off)
+        self.table = table
+        """The shared slot table (structured array, one :data:`ENTRY` per slot).
+        Read it under the pool lock; only the owner and the assembly protocol write it."""
+        self.rank_pids = np.ndarray(
+            (MAX_RANKS,), dtype="<i8", buffer=mapping, offset=RANK_TABLE_OFFSET
+        )
+        """Process id of each attached TP rank (0: none), for detecting crashed writers."""
         # Per-field views, taken once: scalar reads on them cost ~100 ns, not a dict lookup.
         self._state = table["state"]
         self._pins = table["pins"]
@@ -281,6 +313,19 @@ class SlotPool:
         """Slots with at least one pin (all processes)."""
         return int(np.count_nonzero(self._pins))
 
+    def data_region(self) -> memoryview:
+        """The slot area: one buffer that contains every slot view and never moves.
+
+        What a transfer engine (NIXL) registers once so it can read and write
+        any slot without a staging copy.
+        """
+        end = self._data_offset + self.num_slots * self.slot_stride
+        return self._buf[self._data_offset : end]
+
+    def slot_offset(self, slot: int) -> int:
+        """Byte offset of ``slot`` inside :meth:`data_region`."""
+        return slot * self.slot_stride
+
     # --- owner-side transitions (caller holds the lock) ------------------------------------
 
     def assign(self, slot: int, key: ChunkKey) -> int:
@@ -307,6 +352,17 @@ class SlotPool:
         self._state[slot] = FREE
         self._pins[slot] = 0
         self._length[slot] = 0
+
+    def lend(self, slot: int) -> None:
+        """FREE/ABORTED -> LENT: claimable by TP rank processes (claim fields cleared)."""
+        entry = self.table[slot]
+        entry["tp"] = entry["claimer"] = 0
+        entry["joined"] = entry["done"] = entry["writers"] = 0
+        entry["claimed_at"] = 0.0
+        self._pins[slot] = 0
+        self._length[slot] = 0
+        self._generation[slot] += 1
+        self._state[slot] = LENT
 
     def pin(self, slot: int) -> None:
         """One more holder."""
@@ -375,7 +431,8 @@ class SlotPool:
         if self._unpin is not None:
             self._unpin()
             self._unpin = None
-        for attr in ("_state", "_pins", "_length", "_generation", "_namespace", "_digest"):
+        for attr in ("_state", "_pins", "_length", "_generation", "_namespace", "_digest",
+                     "table", "rank_pids"):
             setattr(self, attr, None)
         self._buf.release()
         try:

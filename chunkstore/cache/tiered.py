@@ -11,6 +11,10 @@
   first; a hit in a lower tier is copied into host memory (promotion).
 * ``lookup_prefix``: host index first, then each tier (batched) from where the
   previous one stopped, until a full pass over the tiers adds nothing.
+* ``prefetch`` / ``lookup_prefix_async``: the same walk on a background thread,
+  returning a future (never failing: a tier error only shortens the result);
+  ``prefetch`` also copies the chunks it finds into host memory and reports
+  where each came from.
 * A tier that raises or times out is a miss (reads) or a dropped write, and is
   retried after ``retry_after`` seconds; the caller never sees its exception.
 * Eviction never loses a chunk waiting for write-back (its slot is pinned
@@ -25,7 +29,9 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from chunkstore.backends.base import Buffer, ChunkInfo, Store, SupportsGetInto
 from chunkstore.cache.guard import GuardedTier, TierUnavailable
@@ -36,6 +42,11 @@ from chunkstore.hashing import ChunkKey
 from chunkstore.metrics import ChunkstoreMetrics, default_metrics
 
 log = logging.getLogger(__name__)
+
+R = TypeVar("R")
+
+HOST_SOURCE = "host"
+"""What :meth:`TieredStore.prefetch` reports for a chunk that was already in host memory."""
 
 WRITE_TIERS = ("all", "first")
 """``write_tiers`` values: write-through to every secondary tier, or only the first."""
@@ -95,6 +106,8 @@ class TieredStore(Store):
     The tiered store owns ``host`` and (with ``close_tiers``) the tiers, and
     closes them in :meth:`close`. ``tier_timeout=None`` calls tiers inline
     (no timeout thread); ``clock`` exists for tests of the back-off.
+    ``prefetch_workers``: threads serving :meth:`prefetch` and
+    :meth:`lookup_prefix_async` (started on first use).
 
     ``verify`` checks chunks served from host memory (a corrupt one is counted
     and deleted from every tier). Off by default: host memory is trusted, and
@@ -119,8 +132,11 @@ class TieredStore(Store):
         name: str | None = None,
         verify: bool = False,
         clock: Callable[[], float] = time.monotonic,
+        prefetch_workers: int = 2,
     ) -> None:
         super().__init__(name=name, verify=verify)
+        if prefetch_workers < 1:
+            raise ConfigError(f"prefetch_workers must be >= 1, got {prefetch_workers}")
         if write_tiers not in WRITE_TIERS:
             raise ConfigError(f"write_tiers must be one of {WRITE_TIERS}, got {write_tiers!r}")
         if tier_timeout is not None and tier_timeout <= 0:
@@ -159,6 +175,8 @@ class TieredStore(Store):
         self._drops_unreported = 0
         self._last_drop_log = float("-inf")
         self._closed = False
+        self._prefetch_workers = prefetch_workers
+        self._background: ThreadPoolExecutor | None = None
         self.metrics.watch_host(host)
         self.metrics.watch_store(host)
         for tier in tiers:
@@ -252,6 +270,23 @@ class TieredStore(Store):
     def abort(self, lease: Lease) -> None:
         """Give up a reservation; idempotent."""
         self.host.abort(lease)
+
+    def write_back(self, lease: Lease) -> None:
+        """Queue a chunk already in host memory for write-back; takes over ``lease``.
+
+        ``lease`` is a read lease on the host slot (e.g. from
+        :meth:`HostCache.adopt` with ``keep_pinned``); the store releases it
+        once the chunk is written (or the write is dropped).
+        """
+        if self._closed:
+            self.host.release(lease)
+            raise ConfigError(f"tiered store {self.name!r} is closed")
+        self._queue_write_back(lease)
+
+    def memory_regions(self) -> list[memoryview]:
+        """The host cache's :meth:`HostCache.memory_regions` (every slot view lies inside)."""
+        self._check_open()
+        return self.host.memory_regions()
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until every queued write-back is done; False if ``timeout`` passed first."""
@@ -544,6 +579,160 @@ class TieredStore(Store):
         self._host_metrics.lookup_latency.observe(time.perf_counter() - started)
         return position + found
 
+    # --- background lookups and prefetch -------------------------------------------------
+
+    def lookup_prefix_async(self, keys: Sequence[ChunkKey]) -> Future[int]:
+        """:meth:`lookup_prefix` on a background thread; the future never fails (0 at worst).
+
+        For a scheduler that must not wait for a slow tier: poll ``done()``
+        and ask again at its next step.
+        """
+        keys = list(keys)
+        return self._submit(self._lookup_quietly, keys, default=0)
+
+    def prefetch(self, keys: Sequence[ChunkKey]) -> Future[list[str]]:
+        """Bring the leading present ``keys`` into host memory, on a background thread.
+
+        The future resolves to one entry per key from the first on, saying
+        where it is now in host memory from: ``"host"`` (was there already) or
+        the ``kind`` of the tier it was read from (``"fs"``, ``"s3"``, ``"peer"``,
+        ...). It stops at the first key that no tier has or that could not be
+        brought in (tier error or timeout, corrupt chunk, host memory full of
+        pinned chunks), so ``len(result)`` is the usable prefix. It never
+        raises. The prefix is pinned while it is gathered (a later chunk never
+        evicts an earlier one) and unpinned when the future resolves: acquire
+        the chunks before relying on them.
+        """
+        keys = list(keys)
+        return self._submit(self._prefetch_quietly, keys, default=[])
+
+    def _submit(self, fn: Callable[[list[ChunkKey]], R], keys: list[ChunkKey],
+                *, default: R) -> Future[R]:
+        with self._lock:
+            if not self._closed and self._background is None:
+                self._background = ThreadPoolExecutor(
+                    max_workers=self._prefetch_workers,
+                    thread_name_prefix=f"chunkstore-prefetch-{self.name}",
+                )
+            background = self._background
+        if background is not None:
+            try:
+                return background.submit(fn, keys)
+            except RuntimeError:  # shut down by a concurrent close()
+                pass
+        done: Future[R] = Future()
+        done.set_result(default)
+        return done
+
+    def _lookup_quietly(self, keys: list[ChunkKey]) -> int:
+        try:
+            return self.lookup_prefix(keys)
+        except Exception as exc:  # noqa: BLE001 - a background lookup reports a miss instead
+            log.warning("%s: background lookup stopped: %s", self.name, exc)
+            return 0
+
+    def _prefetch_quietly(self, keys: list[ChunkKey]) -> list[str]:
+        sources: list[str] = []
+        try:
+            self._prefetch_into(keys, sources)
+        except Exception as exc:  # noqa: BLE001 - a prefetch ends short instead of failing
+            if not self._closed:
+                log.warning("%s: prefetch stopped after %d chunks: %s",
+                            self.name, len(sources), exc)
+        return sources
+
+    def _prefetch_into(self, keys: list[ChunkKey], sources: list[str]) -> None:
+        """Walk the chain like :meth:`lookup_prefix`, loading each tier's run into host memory.
+
+        Every chunk of the prefix stays pinned until the walk ends, so loading
+        a later chunk can never evict an earlier one: when host memory cannot
+        hold more, the prefix ends there.
+        """
+        held: list[Lease] = []
+        try:
+            position = 0
+            while position < len(keys):
+                self._check_open()
+                while position < len(keys):
+                    lease = self.host.acquire(keys[position])
+                    if lease is None:
+                        break
+                    held.append(lease)
+                    sources.append(HOST_SOURCE)
+                    position += 1
+                if position == len(keys):
+                    return
+                progress = False
+                for tier in self.tiers:
+                    if not tier.up:
+                        continue
+                    started = time.perf_counter()
+                    try:
+                        found = tier.call("lookup", tier.store.lookup_prefix, keys[position:])
+                    except TierUnavailable:
+                        continue
+                    tier.instruments.lookup_latency.observe(time.perf_counter() - started)
+                    if not found:
+                        continue
+                    loaded = self._pull(tier, keys[position : position + found], held)
+                    if loaded:
+                        sources.extend([tier.store.kind] * loaded)
+                        position += loaded
+                        progress = True
+                        break
+                if not progress:
+                    return
+        finally:
+            for lease in held:
+                self.host.release(lease)
+
+    def _pull(self, tier: GuardedTier, keys: list[ChunkKey], held: list[Lease]) -> int:
+        """Copy ``keys`` from ``tier`` into pinned host slots, in order; how many made it."""
+        if tier.store.high_latency or not isinstance(tier.store, SupportsGetInto):
+            return self._pull_batched(tier, keys, held)
+        loaded = 0
+        for key in keys:
+            self._check_open()
+            slot = self.host.reserve(key)
+            if slot is None:
+                return loaded
+            lease = self._promote_into(tier, key, slot)
+            if lease is None:
+                return loaded
+            held.append(lease)
+            loaded += 1
+        return loaded
+
+    def _pull_batched(
+        self, tier: GuardedTier, keys: list[ChunkKey], held: list[Lease], batch: int = 16
+    ) -> int:
+        """Round-trip-bound tiers: ask for ``batch`` chunks per call (the store overlaps them)."""
+        loaded = 0
+        for start in range(0, len(keys), batch):
+            self._check_open()
+            wanted = keys[start : start + batch]
+            started = time.perf_counter()
+            try:
+                found: list[Any] = tier.call("get", tier.store.get_many, wanted)
+            except TierUnavailable:
+                self._count_tier(tier, 0, 1)
+                return loaded
+            nbytes = sum(len(d) for d in found if d is not None)
+            if nbytes:
+                tier.instruments.record_read(nbytes, time.perf_counter() - started)
+            for key, data in zip(wanted, found):
+                outcome = None if data is None else self.host.insert(key, data, keep_pinned=True)
+                if outcome is None or outcome.lease is None:
+                    self._count_tier(tier, 0, 1)
+                    return loaded
+                held.append(outcome.lease)
+                self._count_tier(tier, 1, 0)
+                with self._lock:
+                    tier.promotions += 1
+                tier.instruments.promotions.inc()
+                loaded += 1
+        return loaded
+
     # --- admin ----------------------------------------------------------------------------
 
     def delete_many(self, keys: Sequence[ChunkKey]) -> int:
@@ -591,6 +780,11 @@ class TieredStore(Store):
         if self._closed:
             return
         self._closed = True
+        with self._lock:
+            background, self._background = self._background, None
+        if background is not None:
+            # Jobs see the store closed at their next step and resolve with what they have.
+            background.shutdown(wait=True)
         if self._queue is not None:
             for lease in self._queue.close():
                 self.host.release(lease)

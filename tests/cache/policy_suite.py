@@ -114,6 +114,18 @@ class PolicyTestMixin:
         assert "c" not in policy
         assert policy.admit("c") in ("a", "b")  # still usable afterwards
 
+    def test_evict_makes_room_ahead_of_admission(self) -> None:
+        policy = self.make(3)
+        assert policy.evict() is None
+        for key in "abc":
+            policy.admit(key)
+        assert policy.evict() == "a"
+        assert "a" not in policy and len(policy) == 2
+        assert policy.admit("d") is None  # the room was already made
+        assert policy.evict(lambda k: k != "b") == "c"
+        assert policy.evict(lambda k: False) is None
+        assert sorted(policy) == ["b", "d"]  # type: ignore[type-var]
+
     def test_access_counts_hits(self) -> None:
         policy = self.make(2)
         stream: list[Hashable] = ["a", "a", "b", "a", "c", "a", "b"]

@@ -215,3 +215,37 @@ def test_closed_cache_refuses_use(layout: ChunkLayout, chain: list[MadeChunk]) -
     lease.release()  # type: ignore[union-attr]
     with pytest.raises(ConfigError, match="closed"):
         cache.acquire(chain[0].key)
+
+
+def test_memory_regions_hold_every_slot_view(layout: ChunkLayout, chain: list[MadeChunk]) -> None:
+    """What the peer server registers with NIXL: every leased view lies inside, and it is the
+    same memory (a write through the region is what the lease reads)."""
+    from chunkstore.backends.memory import MemoryStore
+    from chunkstore.cache import TieredStore
+
+    def address(view: memoryview) -> int:
+        return int(np.frombuffer(view, np.uint8).ctypes.data)
+
+    with HostCache(layout, num_slots=3) as cache:
+        (region,) = cache.memory_regions()
+        assert len(region) == 3 * cache.pool.slot_stride
+        cache.put(chain[0].key, chain[0].data)
+        read = cache.acquire(chain[0].key)
+        write = cache.reserve(chain[1].key)
+        assert read is not None and write is not None
+        base = address(region)
+        for lease in (read, write):
+            start = address(lease.view)
+            assert base <= start and start + len(lease.view) <= base + len(region)
+            assert start - base == cache.pool.slot_offset(lease.slot)
+        offset = cache.pool.slot_offset(write.slot)
+        region[offset : offset + len(chain[1].data)] = chain[1].data
+        cache.commit(write, len(chain[1].data))
+        assert cache.get(chain[1].key) == chain[1].data
+        read.release()
+    with pytest.raises(ConfigError, match="closed"):
+        cache.memory_regions()
+    tiered = TieredStore(HostCache(layout, num_slots=2), [MemoryStore()])
+    with tiered:
+        (region,) = tiered.memory_regions()
+        assert address(region) == address(tiered.host.memory_regions()[0])

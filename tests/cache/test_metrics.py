@@ -115,3 +115,35 @@ def test_server_errors_are_config_errors(metrics: ChunkstoreMetrics) -> None:
         start_metrics_server(70000, metrics=metrics)
     with pytest.raises(ConfigError, match="direction"):
         metrics.record_transfer("device", "sideways", 1, 1.0)
+
+
+def test_device_transfers_are_counted_by_direction(metrics: ChunkstoreMetrics) -> None:
+    metrics.record_device_transfer("device_to_host", 4096, 0.002)
+    metrics.record_device_transfer("device_to_host", 1024, 0.0)
+    metrics.record_device_transfer("host_to_device", 8192, 0.001)
+    value = metrics.registry.get_sample_value
+    assert value("chunkstore_device_bytes_total", {"direction": "device_to_host"}) == 5120
+    assert value("chunkstore_device_bytes_total", {"direction": "host_to_device"}) == 8192
+    assert value("chunkstore_device_transfers_total", {"direction": "device_to_host"}) == 2
+    assert value("chunkstore_device_transfer_seconds_count", {"direction": "device_to_host"}) == 2
+    # A zero-duration copy has no throughput sample.
+    assert value("chunkstore_device_throughput_bytes_per_second_count",
+                 {"direction": "device_to_host"}) == 1
+    with pytest.raises(ConfigError, match="direction"):
+        metrics.record_device_transfer("load", 1, 0.1)
+    with pytest.raises(ConfigError, match=">= 0"):
+        metrics.record_device_transfer("host_to_device", -1, 0.1)
+
+
+def test_default_metrics_is_the_process_registry() -> None:
+    from prometheus_client import REGISTRY, generate_latest
+
+    from chunkstore.metrics import default_metrics, record_device_transfer
+
+    default = default_metrics()
+    assert default is default_metrics() and default.registry is REGISTRY
+    labels = {"direction": "host_to_device"}
+    before = REGISTRY.get_sample_value("chunkstore_device_bytes_total", labels) or 0.0
+    record_device_transfer("host_to_device", 300, 0.01)
+    assert REGISTRY.get_sample_value("chunkstore_device_bytes_total", labels) == before + 300
+    assert b"chunkstore_device_bytes_total" in generate_latest(REGISTRY)

@@ -23,6 +23,17 @@ class TestLRU(PolicyTestMixin):
     policy_class = LRUPolicy
 
 
+def test_arc_evict_leaves_a_ghost_that_steers_p() -> None:
+    policy = ARCPolicy(3)
+    for key in "abc":
+        policy.admit(key)
+    assert policy.evict() == "a"
+    assert list(policy.b1) == ["a"] and policy.p == 0.0
+    # "a" comes back: a B1 ghost hit (Case II) grows p and lands in T2, as after a REPLACE.
+    assert policy.admit("a") is None
+    assert "a" in policy.t2 and policy.p == 1.0
+
+
 def test_make_policy() -> None:
     assert isinstance(make_policy("arc", 2), ARCPolicy)
     assert isinstance(make_policy("LRU", 2), LRUPolicy)
