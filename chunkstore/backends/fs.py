@@ -31,6 +31,7 @@ from chunkstore.backends.fsio import FileStat, FsspecIO, LocalIO
 from chunkstore.errors import ConfigError, FormatError, MissingDependency, StoreError
 from chunkstore.format import ByteRange, decode_chunk
 from chunkstore.hashing import ChunkKey
+from chunkstore.units import parse_size
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +107,7 @@ class FsStore(Store):
         self.capacity: CapacityLimiter | None = None
         if max_bytes is not None:
             self.capacity = CapacityLimiter(
-                self.io, self.io.join(self.root, L.STATE_DIR), L.parse_size(max_bytes),
+                self.io, self.io.join(self.root, L.STATE_DIR), parse_size(max_bytes),
                 scan=self._scan_for_capacity, probe=self._probe, evict=self._evict_path,
             )
 

@@ -17,9 +17,8 @@ import os
 import re
 import secrets
 import time
-from typing import Any
 
-from chunkstore.errors import ConfigError, StoreError
+from chunkstore.errors import StoreError
 
 LAYOUT_VERSION = 1
 """The store layout this code writes; readers accept :data:`READABLE_LAYOUTS`."""
@@ -100,23 +99,3 @@ def access_bytes(now: float) -> bytes:
     """Contents of an access record."""
     return f"{now:.3f}".encode()
 
-
-_SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40, "p": 1 << 50}
-_SIZE_RE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*([kmgtp]?)(?:i?b)?\s*", re.IGNORECASE)
-
-
-def parse_size(value: Any) -> int:
-    """Bytes from an int or a string like ``500G``, ``1.5TiB``, ``64MB`` (binary units)."""
-    if isinstance(value, bool):
-        raise ConfigError(f"not a size: {value!r}")
-    if isinstance(value, int):
-        if value < 0:
-            raise ConfigError(f"a size must not be negative, got {value}")
-        return value
-    if isinstance(value, float) and value >= 0:
-        return int(value)
-    if isinstance(value, str):
-        match = _SIZE_RE.fullmatch(value)
-        if match:
-            return int(float(match.group(1)) * _SIZE_UNITS[match.group(2).lower()])
-    raise ConfigError(f"not a size: {value!r} (use bytes or e.g. 500G, 64M)")

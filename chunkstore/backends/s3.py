@@ -32,6 +32,7 @@ from chunkstore.backends.fs import StoredFile
 from chunkstore.errors import ConfigError, MissingDependency, StoreError
 from chunkstore.format import ByteRange
 from chunkstore.hashing import ChunkKey
+from chunkstore.units import parse_size
 
 log = logging.getLogger(__name__)
 
@@ -148,8 +149,8 @@ class S3Store(Store):
         self.max_backoff = float(max_backoff)
         self.timeout = float(timeout)
         self.concurrency = int(concurrency)
-        self.multipart_threshold = L.parse_size(multipart_threshold)
-        self.part_size = max(L.parse_size(part_size), 5 << 20)
+        self.multipart_threshold = parse_size(multipart_threshold)
+        self.part_size = max(parse_size(part_size), 5 << 20)
         self.conditional_writes = conditional_writes
         self.quarantine_mode = quarantine
         self.track_access = track_access

@@ -21,6 +21,37 @@ from chunkstore.cli.exitcodes import EXIT_CODES_HELP, exit_code_for
 from chunkstore.errors import ChunkStoreError
 
 
+class _CurrentStderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
+    """Writes to whatever ``sys.stderr`` is at the time of each record.
+
+    A plain StreamHandler keeps the stream it was created with; when ``main`` runs
+    inside a host program or a test that swaps ``sys.stderr``, background threads would
+    later log into a closed stream.
+    """
+
+    @property  # type: ignore[override]
+    def stream(self) -> object:
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, value: object) -> None:
+        pass
+
+
+def _configure_logging(verbosity: int) -> None:
+    level = [logging.WARNING, logging.INFO, logging.DEBUG][min(verbosity, 2)]
+    root = logging.getLogger()
+    root.setLevel(level)
+    handler = next((h for h in root.handlers if isinstance(h, _CurrentStderrHandler)), None)
+    if handler is None:
+        handler = _CurrentStderrHandler()
+        handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+        root.addHandler(handler)
+    # Libraries may set their own loggers' levels (werkzeug sets INFO); records propagate to
+    # this handler whatever the root's level, so the handler itself filters.
+    handler.setLevel(level)
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The full parser, with every subcommand module found in ``chunkstore.cli.commands``."""
     parser = argparse.ArgumentParser(
@@ -45,10 +76,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the console script; returns the process exit code."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=[logging.WARNING, logging.INFO, logging.DEBUG][min(args.verbose, 2)],
-        format="%(levelname)s %(name)s: %(message)s",
-    )
+    _configure_logging(args.verbose)
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

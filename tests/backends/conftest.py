@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import uuid
@@ -25,6 +26,9 @@ def s3_endpoint() -> Iterator[str]:
                         "AWS_DEFAULT_REGION": "us-east-1"}.items():
         os.environ.setdefault(name, value)
     port = _free_port()
+    # werkzeug logs every request and, with no handler configured, binds one to whatever
+    # sys.stderr is at that moment (a test capture that is closed later): keep it quiet.
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
     server = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
     server.start()
     yield f"http://127.0.0.1:{port}"

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from chunkstore.backends.fs import FsStore
-from chunkstore.backends.layout import parse_size
+from chunkstore.units import parse_size
 from chunkstore.errors import ConfigError
 from chunkstore.testing.factories import sample_chunks
 
@@ -92,7 +92,8 @@ def test_delete_and_quarantine_update_the_ledger(tmp_path: Path) -> None:
 def test_parse_size() -> None:
     assert parse_size("500G") == 500 << 30
     assert parse_size("1.5KiB") == 1536
-    assert parse_size("64mb") == 64 << 20
+    assert parse_size("64mib") == 64 << 20
+    assert parse_size("64mb") == 64_000_000
     assert parse_size(10) == 10
     for bad in ("-1", "ten", True, -5):
         with pytest.raises(ConfigError):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import socket
 import uuid
@@ -30,6 +31,9 @@ def endpoint() -> Iterator[str]:
         "AWS_DEFAULT_REGION": "us-east-1",
     }.items():
         os.environ.setdefault(name, value)
+    # werkzeug logs every request and, with no handler configured, binds one to whatever
+    # sys.stderr is at that moment (a test capture that is closed later): keep it quiet.
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
     server = moto_server.ThreadedMotoServer(
         ip_address="127.0.0.1", port=_free_port(), verbose=False
     )

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from chunkstore.cli.units import format_age, format_size, parse_age, parse_size
+from chunkstore.units import format_age, format_size, parse_age, parse_size
 from chunkstore.errors import ConfigError
 
 

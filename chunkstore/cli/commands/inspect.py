@@ -25,7 +25,7 @@ from chunkstore.cli.storeargs import (
     open_cli_store,
 )
 from chunkstore.cli.table import render_table
-from chunkstore.cli.units import format_size
+from chunkstore.units import format_size
 from chunkstore.errors import FormatError, UnsupportedVersion
 
 AGE_BUCKETS: tuple[tuple[str, float], ...] = (

@@ -15,7 +15,7 @@ from chunkstore.cli.storeargs import (
     open_cli_store,
 )
 from chunkstore.cli.table import render_table
-from chunkstore.cli.units import format_age, format_size
+from chunkstore.units import format_age, format_size
 
 _SORTS = {
     "key": lambda i: (i.key.namespace, i.key.hex),

@@ -9,7 +9,7 @@ from typing import Any
 from chunkstore.cli.output import emit_json, emit_text
 from chunkstore.cli.storeargs import add_output_options
 from chunkstore.cli.table import render_table
-from chunkstore.cli.units import format_size
+from chunkstore.units import format_size
 from chunkstore.errors import ConfigError
 
 EPILOG = """examples:

@@ -18,7 +18,7 @@ from chunkstore.cli.storeargs import (
     open_cli_store,
 )
 from chunkstore.cli.table import render_table
-from chunkstore.cli.units import format_age, format_size, parse_age, parse_size
+from chunkstore.units import format_age, format_size, parse_age, parse_size
 from chunkstore.errors import ConfigError
 
 _SHOWN = 20

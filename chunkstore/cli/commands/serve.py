@@ -26,7 +26,7 @@ from typing import Any
 
 from chunkstore.cache import POLICY_NAMES, HostCache, TieredStore
 from chunkstore.cli.storeargs import open_cli_store
-from chunkstore.cli.units import format_size, parse_size
+from chunkstore.units import format_size, parse_size
 from chunkstore.errors import ConfigError
 from chunkstore.metrics import ChunkstoreMetrics, default_metrics, start_metrics_server
 

@@ -14,7 +14,7 @@ from chunkstore.cli.output import emit_json, emit_text
 from chunkstore.cli.storeaccess import read_raw_many
 from chunkstore.cli.storeargs import add_output_options, add_store_options, open_cli_store
 from chunkstore.cli.table import render_fields, render_table
-from chunkstore.cli.units import format_size
+from chunkstore.units import format_size
 from chunkstore.errors import (
     ChecksumMismatch,
     ConfigError,

@@ -26,7 +26,7 @@ from chunkstore.cli.storeargs import (
     open_cli_store,
 )
 from chunkstore.cli.table import render_table
-from chunkstore.cli.units import format_size, parse_age
+from chunkstore.units import format_size, parse_age
 from chunkstore.errors import ConfigError
 
 EPILOG = """examples:

@@ -1,4 +1,4 @@
-"""Sizes (``500G``) and ages (``7d``) as the CLI reads and prints them.
+"""Sizes (``500G``) and ages (``7d``) as users write them: CLI flags, store options, vLLM options.
 
 Sizes: a number with an optional suffix. ``K M G T P`` and ``KiB MiB GiB TiB
 PiB`` are powers of 1024 (what ``du -h`` and ``df -h`` print); ``KB MB GB TB
@@ -22,8 +22,19 @@ _AGE_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 _SIZE_LABELS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
 
 
-def parse_size(text: str) -> int:
-    """Bytes meant by ``text`` (``"500G"`` -> 536870912000); raises :class:`ConfigError`."""
+def parse_size(text: str | int | float) -> int:
+    """Bytes meant by ``text`` (``"500G"`` -> 536870912000); raises :class:`ConfigError`.
+
+    Non-negative ints and floats are byte counts as they are.
+    """
+    if isinstance(text, bool):
+        raise ConfigError(f"invalid size {text!r}")
+    if isinstance(text, (int, float)):
+        if text < 0 or not math.isfinite(text):
+            raise ConfigError(f"invalid size {text!r}: must be a non-negative byte count")
+        return int(text)
+    if not isinstance(text, str):
+        raise ConfigError(f"invalid size {text!r}: use a number with an optional unit, e.g. 500G")
     match = _SIZE.fullmatch(text or "")
     if match is None:
         raise ConfigError(
