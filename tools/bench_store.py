@@ -9,7 +9,9 @@ Filesystem, warm page cache (nothing hides the checksum), 256-token chunks of
 * get without verification (``verify=False``, host-trusted path);
 * put vs a raw write + rename of the same bytes.
 
-S3 on a local moto server: ``get_many``/``put_many`` vs raw s3fs ``cat``/``pipe``.
+S3 on a local moto server: ``get_many``/``put_many`` vs raw s3fs ``cat``/``pipe``,
+for the s3fs data path and, where NIXL is installed, ``data_path="nixl"`` (NIXL's
+OBJ backend; its reads add a HEAD per chunk over s3fs).
 
 Counts are small (about 128-256 MiB per measurement, best of a few passes) so
 the whole run stays well under a minute; ratios, not absolute numbers, are the
@@ -30,6 +32,7 @@ from collections.abc import Callable
 from typing import Any
 
 from chunkstore.backends.fs import FsStore
+from chunkstore.errors import ChunkStoreError
 from chunkstore.format import ChunkLayout, KVSpec
 from chunkstore.testing.factories import MadeChunk, sample_chunks
 
@@ -173,9 +176,29 @@ def bench_s3(chunks: list[MadeChunk], passes: int) -> list[tuple]:
         t_raw_get = best_of(passes, raw_get)
         t_get = best_of(passes, store_get)
         store.close()
-        return [
+        rows = [
             ("s3", "2MiB", "put_many vs s3fs pipe", t_put, t_raw_put, mib),
             ("s3", "2MiB", "get_many (verify) vs s3fs cat", t_get, t_raw_get, mib),
+        ]
+        try:
+            nixl = S3Store("bench", "nixl", endpoint_url=endpoint, track_access=False,
+                           data_path="nixl")
+        except ChunkStoreError as exc:
+            print(f"S3 data_path=nixl skipped: {exc}")
+            return rows
+
+        def nixl_put() -> None:
+            assert all(nixl.put_many([(c.key, c.data) for c in chunks]))
+
+        def nixl_get() -> None:
+            assert all(d is not None for d in nixl.get_many(keys))
+
+        t_nixl_put = best_of(passes, nixl_put)
+        t_nixl_get = best_of(passes, nixl_get)
+        nixl.close()
+        return rows + [
+            ("s3", "2MiB", "nixl put_many vs s3fs pipe", t_nixl_put, t_raw_put, mib),
+            ("s3", "2MiB", "nixl get_many (verify) vs s3fs cat", t_nixl_get, t_raw_get, mib),
         ]
     finally:
         server.stop()

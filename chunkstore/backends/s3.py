@@ -10,6 +10,9 @@ unreachable endpoint) raise one :class:`~chunkstore.errors.StoreError` at open.
 An S3 PUT is atomic, so there are no temp objects; ``put_if_absent`` is a PUT
 with ``If-None-Match: *`` (or, with ``conditional_writes=False`` for S3-compatible
 servers without it, a HEAD then a PUT).
+
+With ``data_path="nixl"`` chunk bytes move through NIXL's OBJ backend instead
+(:mod:`chunkstore.backends.s3_nixl`); the same objects either way.
 """
 
 from __future__ import annotations
@@ -29,8 +32,14 @@ from typing import Any
 from chunkstore.backends import layout as L
 from chunkstore.backends.base import Buffer, ChunkInfo, Store
 from chunkstore.backends.fs import StoredFile
-from chunkstore.errors import ConfigError, MissingDependency, StoreError
-from chunkstore.format import ByteRange
+from chunkstore.errors import (
+    ConfigError,
+    FormatError,
+    MissingDependency,
+    StoreError,
+    UnsupportedVersion,
+)
+from chunkstore.format import ByteRange, decode_chunk
 from chunkstore.hashing import ChunkKey
 from chunkstore.units import parse_size
 
@@ -103,7 +112,9 @@ class S3Store(Store):
     ``timeout`` (per request, seconds); ``concurrency`` (requests in flight);
     ``multipart_threshold`` and ``part_size`` (bytes); ``conditional_writes``;
     ``quarantine`` (``move`` or ``delete``); ``track_access`` and
-    ``access_resolution`` (seconds between access records of one chunk).
+    ``access_resolution`` (seconds between access records of one chunk);
+    ``data_path`` (``s3fs``, or ``nixl`` for NIXL's OBJ backend) and ``nixl_params``
+    (extra OBJ backend parameters, strings).
     """
 
     kind = "s3"
@@ -134,10 +145,18 @@ class S3Store(Store):
         create: bool = True,
         verify: bool = True,
         name: str | None = None,
+        data_path: str = "s3fs",
+        nixl_params: dict[str, str] | None = None,
     ) -> None:
         super().__init__(name=name, verify=verify)
         if not bucket:
             raise ConfigError("an S3 store URL needs a bucket: s3://bucket[/prefix]")
+        if data_path not in ("s3fs", "nixl"):
+            raise ConfigError(f"data_path must be 's3fs' or 'nixl', got {data_path!r}")
+        if data_path != "nixl" and nixl_params:
+            raise ConfigError("nixl_params only apply with data_path='nixl'")
+        if data_path == "nixl" and anon:
+            raise ConfigError("data_path='nixl' signs every request; anon=True needs 's3fs'")
         if quarantine not in ("move", "delete"):
             raise ConfigError(f"quarantine must be 'move' or 'delete', got {quarantine!r}")
         if max_attempts < 1 or concurrency < 1:
@@ -184,7 +203,36 @@ class S3Store(Store):
         except Exception as exc:  # noqa: BLE001 - botocore config errors have many types
             raise StoreError(f"s3://{bucket}: cannot set up the S3 client: {exc}") from None
         self.endpoint_url = endpoint_url or getattr(self._client.meta, "endpoint_url", "")
+        self.data_path = data_path
+        self._plane: Any = None
         self._check_open()
+        if data_path == "nixl":
+            self._plane = self._open_nixl(endpoint_url, region, key, secret, token,
+                                          nixl_params or {})
+
+    def _open_nixl(self, endpoint_url: str | None, region: str | None, key: str | None,
+                   secret: str | None, token: str | None, params: dict[str, str]) -> Any:
+        from chunkstore.backends.s3_nixl import NixlObjConfig, NixlObjDataPath
+
+        credentials: tuple[str, str, str | None] | None = None
+        if key and secret:
+            credentials = (key, secret, token)
+        else:  # the same credentials the s3fs client resolved (environment, profile, ...)
+            async def resolve() -> Any:
+                found = await self.fs.session.get_credentials()
+                return None if found is None else await found.get_frozen_credentials()
+
+            frozen = self._run(resolve)
+            if frozen is not None and frozen.access_key and frozen.secret_key:
+                credentials = (frozen.access_key, frozen.secret_key, frozen.token)
+        config = NixlObjConfig(
+            bucket=self.bucket,
+            region=region or getattr(self._client.meta, "region_name", None) or "us-east-1",
+            endpoint_url=endpoint_url, credentials=credentials,
+            max_attempts=self.max_attempts, threads=self.concurrency, params=params)
+        return NixlObjDataPath(config, self._object_sizes, where=self.url,
+                               probe_name=self._full(L.MARKER_NAME),
+                               stall_limit=max(60.0, self.timeout * self.max_attempts))
 
     # --- naming --------------------------------------------------------------------
 
@@ -329,8 +377,40 @@ class S3Store(Store):
         return await self._gather([self._get_one(k) for k in keys])
 
     def _read_many(self, keys: Sequence[ChunkKey]) -> list[bytes | None]:
+        if self._plane is not None:
+            read: list[bytes | None] = self._plane.read_many([self.object_key(k) for k in keys])
+            return read
         got: list[bytes | None] = self._run(self._read_many_async, keys)
         return got
+
+    def _object_sizes(self, names: Sequence[str]) -> list[int | None]:
+        """ContentLength per object (one concurrent batch of HEADs); None if missing/failed."""
+
+        async def one(name: str) -> int | None:
+            try:
+                return int((await self._request("head_object", Key=name))["ContentLength"])
+            except (_NotFound, _Failed, _Exists):
+                return None
+
+        async def run() -> list[int | None]:
+            return await self._gather([one(n) for n in names])
+
+        sizes: list[int | None] = self._run(run)
+        return sizes
+
+    def _checked(self, key: ChunkKey, data: Any) -> Any:
+        if self._plane is None or data is None or not self.verify:
+            return super()._checked(key, data)
+        try:
+            decode_chunk(data, expected_key=key.digest)
+            return data
+        except UnsupportedVersion:
+            return None
+        except FormatError:
+            # A NIXL read is a HEAD and then a GET of that many bytes: a chunk rewritten
+            # in between (recompressed, another layout) reads as garbage. One whole s3fs GET
+            # decides before anything is counted or quarantined.
+            return super()._checked(key, self._run(self._get_one, key))
 
     def read_unchecked_many(self, keys: Sequence[ChunkKey]) -> list[bytes | None]:
         """Stored bytes per key, unvalidated, not recorded as an access (for verify/cp)."""
@@ -349,6 +429,21 @@ class S3Store(Store):
         if view.readonly:
             raise ConfigError("get_into needs a writable buffer")
         view = view.cast("B") if view.format != "B" or view.ndim != 1 else view
+        if self._plane is not None:  # straight into the caller's buffer
+            size = self._plane.read_into(self.object_key(key), view)
+            if size is None:
+                return None
+            read = view[:size]
+            checked = self._checked(key, read)
+            if checked is None:
+                return None
+            if checked is not read:  # re-read over s3fs after a failed check (see _checked)
+                if len(checked) > len(view):
+                    return None
+                view[: len(checked)] = checked
+                size = len(checked)
+            self._touch([key])
+            return int(size)
         data = self.get(key)
         if data is None:
             return None
@@ -360,6 +455,12 @@ class S3Store(Store):
 
     def read_ranges(self, key: ChunkKey, ranges: Sequence[ByteRange]) -> list[bytes] | None:
         """Ranged GETs for each byte range (one TP rank's share); None if missing. Unchecked."""
+        if self._plane is not None:
+            got: list[bytes] | None = self._plane.read_ranges(
+                self.object_key(key), [(r.offset, r.length) for r in ranges])
+            if got is not None:
+                self._touch([key])
+            return got
 
         async def fetch() -> list[bytes | None]:
             async def one(r: ByteRange) -> bytes | None:
@@ -480,10 +581,24 @@ class S3Store(Store):
             return await self._gather([self._put_one(k, d, if_absent) for k, d in items])
 
         self._ensure_marker()
-        written: list[bool] = self._run(run)
+        if self._plane is not None and not (if_absent and self.conditional_writes):
+            written = self._plane_put(items, if_absent)
+        else:  # NIXL's PUT has no If-None-Match: conditional writes stay on s3fs
+            written = self._run(run)
         for (key, _), ok in zip(items, written):
             if ok:
                 self._touched.pop(key, None)
+        return written
+
+    def _plane_put(self, items: Sequence[tuple[ChunkKey, Buffer]], if_absent: bool) -> list[bool]:
+        names = [self.object_key(k) for k, _ in items]
+        todo = list(range(len(items)))
+        if if_absent:  # conditional_writes=False: HEAD then PUT, as on the s3fs path
+            todo = [i for i, size in zip(todo, self._object_sizes(names)) if size is None]
+        written = [False] * len(items)
+        done = self._plane.write_many([(names[i], items[i][1]) for i in todo])
+        for i, ok in zip(todo, done):
+            written[i] = ok
         return written
 
     def put_many(self, items: Sequence[tuple[ChunkKey, Buffer]]) -> list[bool]:
@@ -673,13 +788,16 @@ class S3Store(Store):
     def close(self) -> None:
         """Wait for background access records, then drop the connection pool."""
         self.flush()
+        if self._plane is not None:
+            self._plane.close()
         try:
             self._run(self._client.close)
         except Exception:  # noqa: BLE001 - closing is best effort
             log.debug("%s: closing the S3 client failed", self.name, exc_info=True)
 
     def __repr__(self) -> str:
-        return f"S3Store({self.url!r})"
+        via = ", data_path='nixl'" if self._plane is not None else ""
+        return f"S3Store({self.url!r}{via})"
 
 
 def _timestamp(value: Any) -> float:
