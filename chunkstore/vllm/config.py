@@ -8,11 +8,11 @@ No vLLM import here: the scheduler and the tests parse configs without it.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from chunkstore import units
 from chunkstore.errors import ConfigError
 
 __all__ = ["OPTIONS", "ConnectorConfig", "parse_config", "parse_size"]
@@ -40,20 +40,15 @@ OPTIONS: dict[str, str] = {
     "(default: derived from the engine id).",
 }
 
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(i?b?)\s*$", re.IGNORECASE)
-_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
-
-
 def parse_size(value: Any, option: str = "size") -> int:
-    """Bytes from an int or a string like ``8G``, ``512MiB``, ``1.5g`` (binary units)."""
-    if isinstance(value, bool):
-        raise ConfigError(f"{option}: expected a size like '8G' or a byte count, got {value!r}")
-    if isinstance(value, int):
-        n = value
-    elif isinstance(value, str) and (m := _SIZE.match(value)):
-        n = int(float(m.group(1)) * _UNITS[m.group(2).lower()])
-    else:
-        raise ConfigError(f"{option}: expected a size like '8G' or a byte count, got {value!r}")
+    """Bytes from an int or a string like ``8G``, ``512MiB``, ``1.5g`` (:mod:`chunkstore.units`).
+
+    Errors name ``option``; the size must be positive.
+    """
+    try:
+        n = units.parse_size(value)
+    except ConfigError as exc:
+        raise ConfigError(f"{option}: {exc}") from None
     if n <= 0:
         raise ConfigError(f"{option}: must be positive, got {value!r}")
     return n

@@ -32,7 +32,7 @@ from chunkstore.vllm.engine import EngineKV, describe_engine
 from chunkstore.vllm.metadata import ChunkStoreMetadata
 from chunkstore.vllm.scheduler import ChunkStoreScheduler
 from chunkstore.vllm.stats import ChunkStorePromMetrics, ChunkStoreStats
-from chunkstore.vllm.tiers import ConnectorStore, shared_store
+from chunkstore.vllm.tiers import ConnectorStore, RankStore, shared_store
 from chunkstore.vllm.worker import ChunkStoreWorker
 
 if TYPE_CHECKING:
@@ -41,6 +41,10 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 __all__ = ["ChunkStoreConnector"]
+
+# ChunkStoreMetadata is defined without vLLM (worker code runs in processes that never import
+# it); vLLM's base class is an empty marker, so a virtual subclass is all it takes.
+KVConnectorMetadata.register(ChunkStoreMetadata)
 
 
 class ChunkStoreConnector(KVConnectorBase_V1, SupportsHMA):
@@ -65,17 +69,25 @@ class ChunkStoreConnector(KVConnectorBase_V1, SupportsHMA):
         self.engine: EngineKV = describe_engine(
             vllm_config, kv_cache_config, self.cfg, tp_rank=tp_rank
         )
-        if self.engine.tp_size > 1:
-            log.warning(
-                "chunkstore: TP=%d: chunks are looked up and loaded, but saving needs the shared "
-                "host pool, which this chunkstore version lacks; saves are skipped",
-                self.engine.tp_size,
-            )
-        pool_name = self.cfg.shared_pool or f"vllm-{transfer.engine_id}"
-        self.store: ConnectorStore = shared_store(pool_name, self._make_store)
+        self.pool_name = self.cfg.shared_pool or f"vllm-{transfer.engine_id}"
         self.scheduler: ChunkStoreScheduler | None = None
         self.worker: ChunkStoreWorker | None = None
+        self.store: ConnectorStore | RankStore
+        if role == KVConnectorRole.WORKER and self.engine.tp_size > 1:
+            # TP workers run in their own processes: they attach the scheduler's host pool
+            # and write their heads into shared slots instead of holding a cache each.
+            self.store = RankStore(
+                self.pool_name,
+                self.engine.layout,
+                rank=self.engine.tp_rank,
+                tp=self.engine.tp_size,
+            )
+        else:
+            # TP=1: scheduler and worker share one process (vLLM runs the single worker
+            # inside the engine core), so they share this process's store by name.
+            self.store = shared_store(self.pool_name, self._make_store)
         if role == KVConnectorRole.SCHEDULER:
+            assert isinstance(self.store, ConnectorStore)
             self.scheduler = ChunkStoreScheduler(self.engine, self.cfg, self.store)
         else:
             self.worker = ChunkStoreWorker(self.engine, self.cfg, self.store, vllm_config)
@@ -95,6 +107,8 @@ class ChunkStoreConnector(KVConnectorBase_V1, SupportsHMA):
             compression=self.cfg.compression,
             layout=self.engine.layout,
             policy=self.cfg.host_policy,
+            # At TP > 1 the rank processes attach this pool by name to assemble chunks.
+            shm_name=self.pool_name if self.engine.tp_size > 1 else None,
         )
 
     @property
@@ -143,13 +157,13 @@ class ChunkStoreConnector(KVConnectorBase_V1, SupportsHMA):
         return self.worker.take_load_errors() if self.worker is not None else set()
 
     def get_kv_connector_stats(self) -> ChunkStoreStats | None:
-        if self.worker is not None:
-            return self.worker.take_stats()
-        if self.scheduler is not None:
-            return self.scheduler.take_stats()
-        return None
+        half = self.worker or self.scheduler
+        data = half.take_stats() if half is not None else None
+        return ChunkStoreStats(data=data) if data is not None else None
 
     def shutdown(self) -> None:
+        if self.worker is not None:
+            self.worker.drain()
         self.store.flush(timeout=30)
 
     # --- scheduler side -------------------------------------------------------------

@@ -172,7 +172,9 @@ class PagedKVLayout(DeviceLayout):
 
     def check(self, kv: torch.Tensor) -> None:
         super().check(kv)
-        if self.stride_order is not None and physical_order(kv) != self.stride_order:
+        # A size-1 dim (one KV head per rank, e.g. 8 heads at TP=8) has no meaningful stride.
+        wanted = tuple(d for d in self.stride_order or () if kv.shape[d] > 1)
+        if self.stride_order is not None and physical_order(kv) != wanted:
             raise ConfigError(
                 f"{self.name} layout expects stride order {self.stride_order}, tensor has "
                 f"strides {tuple(kv.stride())}"
@@ -231,8 +233,10 @@ class MLALayout(DeviceLayout):
 
 
 def physical_order(t: torch.Tensor) -> tuple[int, ...]:
-    """Logical dims sorted from the largest stride to the smallest (ties keep their order)."""
-    return tuple(sorted(range(t.dim()), key=lambda i: (-t.stride(i), i)))
+    """Logical dims of size > 1 sorted from the largest stride to the smallest (ties keep their
+    order)."""
+    dims = [i for i in range(t.dim()) if t.shape[i] > 1]
+    return tuple(sorted(dims, key=lambda i: (-t.stride(i), i)))
 
 
 def torch_cat_last(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

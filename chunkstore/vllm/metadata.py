@@ -1,15 +1,10 @@
-"""What the scheduler-side connector tells the workers each step (picklable, no tensors)."""
+"""What the scheduler-side connector tells the workers each step (picklable, no vLLM)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from chunkstore.hashing import ChunkKey
-
-try:  # the base class only matters inside vLLM; keep this module importable without it
-    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata
-except ImportError:  # pragma: no cover - exercised only without vllm
-    KVConnectorMetadata = object  # type: ignore[assignment,misc]
 
 __all__ = ["ChunkLoad", "ChunkSave", "ChunkStoreMetadata"]
 
@@ -47,8 +42,12 @@ class ChunkSave:
 
 
 @dataclass
-class ChunkStoreMetadata(KVConnectorMetadata):  # type: ignore[misc]
-    """One step's loads (before the forward pass) and saves (after it)."""
+class ChunkStoreMetadata:
+    """One step's loads (before the forward pass) and saves (after it).
+
+    Registered as a virtual subclass of vLLM's ``KVConnectorMetadata`` by
+    :mod:`chunkstore.vllm.connector` (no vLLM import here).
+    """
 
     loads: list[ChunkLoad] = field(default_factory=list)
     """Chunks to copy host -> device."""

@@ -25,9 +25,9 @@ from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from chunkstore.hashing import ChunkKey, chain_digest, namespace_of, tokens_as_le_u32
 from chunkstore.vllm.config import ConnectorConfig
+from chunkstore.vllm.counters import Counters
 from chunkstore.vllm.engine import EngineKV
 from chunkstore.vllm.metadata import ChunkLoad, ChunkSave, ChunkStoreMetadata
-from chunkstore.vllm.stats import ChunkStoreStats
 from chunkstore.vllm.tiers import ConnectorStore, PrefetchResult
 
 log = logging.getLogger(__name__)
@@ -38,6 +38,8 @@ _NULL_BLOCK = 0
 """vLLM's block pool reserves block 0 as the null block (skipped sliding-window slots)."""
 
 _TIER_SOURCES = {"peer": CacheHitSource.P2P}
+"""Tier kinds that are not disks for vLLM's hit-source metric (fs, s3, ... count as DISK)."""
+_HOST_SOURCE = "host"
 _PREFETCH_POLL_S = 0.002
 """Longest the scheduler waits on an in-flight prefetch per lookup before saying "later"."""
 
@@ -72,7 +74,7 @@ class ChunkStoreScheduler:
         self.kv_cache_manager: Any = None
         self._reqs: dict[str, _Request] = {}
         self._loads: dict[str, list[ChunkLoad]] = {}
-        self.stats = ChunkStoreStats()
+        self.stats = Counters()
 
     # --- keys ------------------------------------------------------------------
 
@@ -189,7 +191,8 @@ class ChunkStoreScheduler:
             return
         self.stats.add("corrupt_chunks", result.corrupt)
         for j, kind in enumerate(result.sources):
-            st.tier_sources[st.prefetch_from + j] = kind
+            if kind != _HOST_SOURCE:  # already in host memory: counted as a host hit
+                st.tier_sources[st.prefetch_from + j] = kind
 
     def get_external_cache_hit_sources(
         self, request: Any, num_external_tokens: int
@@ -283,8 +286,6 @@ class ChunkStoreScheduler:
             st.saved = 0
         return True
 
-    def take_stats(self) -> ChunkStoreStats | None:
-        if self.stats.is_empty():
-            return None
-        stats, self.stats = self.stats, ChunkStoreStats()
-        return stats
+    def take_stats(self) -> dict[str, float] | None:
+        """Counters since the last call (None if nothing happened)."""
+        return self.stats.take()

@@ -10,22 +10,10 @@ from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
     KVConnectorStats,
 )
 
+from chunkstore.vllm.counters import COUNTERS
+
 __all__ = ["COUNTERS", "ChunkStorePromMetrics", "ChunkStoreStats"]
 
-COUNTERS: dict[str, str] = {
-    "lookups": "Requests looked up in the chunk store.",
-    "hit_chunks_host": "Chunks found in host memory at lookup.",
-    "hit_chunks_tier": "Chunks prefetched from a secondary tier into host memory.",
-    "prefetch_timeouts": "Secondary-tier prefetches that ran past prefetch_timeout_s.",
-    "corrupt_chunks": "Corrupt chunks detected (and treated as misses).",
-    "loaded_chunks": "Chunks copied host -> device.",
-    "loaded_bytes": "Bytes copied host -> device.",
-    "load_seconds": "Time spent copying host -> device.",
-    "load_errors": "Chunks that failed to load (vLLM recomputes them).",
-    "saved_chunks": "Chunks copied device -> host and sealed.",
-    "saved_bytes": "Bytes copied device -> host.",
-    "save_seconds": "Time spent copying device -> host and sealing.",
-}
 
 
 @dataclass

@@ -1,131 +1,64 @@
-"""The connector's view of storage: host memory first, then secondary tiers.
+"""The connector's view of storage: a TieredStore (host memory, then secondary tiers).
 
-This module only composes the public core API (``open_store``, the ``Store``
-interface, the format's ``recompress``). What it needs and does not find in
-the core yet (a shared, fixed-slot host pool; a ``TieredStore`` with
-write-behind) is stood in for by the smallest thing that works in one
-process: :class:`_HostMemory`, a byte-bounded LRU of whole chunks. See
-``/work/notes/vllm-needs.md``.
+:class:`ConnectorStore` composes the core: a :class:`~chunkstore.cache.HostCache`
+(tier 0, shared by name with the TP rank processes when TP > 1) in front of the
+secondary tiers in a :class:`~chunkstore.cache.TieredStore` (write-behind,
+promotion, tier fail-over, ``chunkstore_*`` metrics), plus what is specific
+to vLLM: non-blocking prefetch with per-chunk sources for the scheduler, write
+slots for the worker, and the TP assembly owner. :class:`RankStore` is a TP
+rank's side of the shared pool.
 
 Every chunk reaches a device through host memory: a secondary-tier hit is
-first prefetched into host memory (:meth:`ConnectorStore.prefetch`), and only
-then does the scheduler let vLLM allocate device blocks for it.
+first prefetched into host memory (:meth:`ConnectorStore.submit_prefetch`),
+and only then does the scheduler let vLLM allocate device blocks for it.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-import time
-from collections import OrderedDict
 from collections.abc import Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 from chunkstore.backends import Store, open_store
-from chunkstore.errors import ChunkStoreError, FormatError
+from chunkstore.backends.base import Buffer, ChunkInfo
+from chunkstore.errors import FormatError, StoreError
 from chunkstore.format import ChunkLayout, read_header, recompress
 from chunkstore.hashing import ChunkKey
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ConnectorStore", "PrefetchResult", "flush_shared", "release_shared", "shared_store"]
+__all__ = [
+    "ConnectorStore",
+    "PrefetchResult",
+    "RankStore",
+    "flush_shared",
+    "release_shared",
+    "shared_store",
+]
 
 
-class _HostMemory:
-    """Byte-bounded LRU of whole chunks in this process (stand-in for the core HostCache)."""
-
-    def __init__(self, capacity: int) -> None:
-        self.capacity = capacity
-        self.used = 0
-        self._items: OrderedDict[ChunkKey, Any] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def get(self, key: ChunkKey) -> Any | None:
-        with self._lock:
-            data = self._items.get(key)
-            if data is not None:
-                self._items.move_to_end(key)
-            return data
-
-    @contextmanager
-    def read(self, key: ChunkKey) -> Iterator[Any | None]:
-        # The bytes object stays valid even if evicted meanwhile: no pin needed.
-        yield self.get(key)
-
-    def contains(self, key: ChunkKey) -> bool:
-        with self._lock:
-            return key in self._items
-
-    def close(self) -> None:
-        self.clear()
-
-    def put(self, key: ChunkKey, data: Any) -> bool:
-        size = len(memoryview(data).cast("B"))
-        if size > self.capacity:
-            return False
-        with self._lock:
-            old = self._items.pop(key, None)
-            if old is not None:
-                self.used -= len(memoryview(old).cast("B"))
-            while self._items and self.used + size > self.capacity:
-                _, evicted = self._items.popitem(last=False)
-                self.used -= len(memoryview(evicted).cast("B"))
-            self._items[key] = data
-            self.used += size
-        return True
-
-    def delete(self, key: ChunkKey) -> None:
-        with self._lock:
-            old = self._items.pop(key, None)
-            if old is not None:
-                self.used -= len(memoryview(old).cast("B"))
-
-    def clear(self) -> None:
-        with self._lock:
-            self._items.clear()
-            self.used = 0
-
-    def __len__(self) -> int:
-        return len(self._items)
-
-
-class _HostCacheTier:
-    """The core :class:`~chunkstore.cache.HostCache` (slot pool, ARC/LRU), same methods."""
+class _HostView:
+    """The host cache as the scheduler and tests ask it: by key, host memory only."""
 
     def __init__(self, cache: Any) -> None:
         self.cache = cache
-
-    def get(self, key: ChunkKey) -> Any | None:
-        return self.cache.get_many([key])[0]
-
-    @contextmanager
-    def read(self, key: ChunkKey) -> Iterator[Any | None]:
-        lease = self.cache.acquire(key)  # pinned: the policy cannot evict it while we copy
-        if lease is None:
-            yield None
-            return
-        try:
-            yield lease.view
-        finally:
-            self.cache.release(lease)
+        """The :class:`~chunkstore.cache.HostCache`."""
 
     def contains(self, key: ChunkKey) -> bool:
-        return self.cache.exists_many([key])[0]
+        return bool(self.cache.exists_many([key])[0])
 
-    def put(self, key: ChunkKey, data: Any) -> bool:
-        return bool(self.cache.put_many([(key, data)])[0])
+    def get(self, key: ChunkKey) -> bytes | None:
+        return self.cache.get_many([key])[0]
 
     def delete(self, key: ChunkKey) -> None:
         self.cache.delete_many([key])
 
     def clear(self) -> None:
         self.cache.delete_many([info.key for info in self.cache.list()])
-
-    def close(self) -> None:
-        self.cache.close()
 
     def __len__(self) -> int:
         return int(self.cache.stats().chunks)
@@ -138,89 +71,64 @@ class PrefetchResult:
     fetched: int = 0
     """How many chunks (from the first key asked for) are now in host memory."""
     sources: list[str] = field(default_factory=list)
-    """Tier kind each fetched chunk came from (``fs``, ``s3``, ``peer``, ...)."""
+    """Per fetched chunk, where from: ``host`` (already there) or the tier's kind
+    (``fs``, ``s3``, ``peer``, ...)."""
     corrupt: int = 0
-    """Corrupt chunks found (and quarantined by the tier) on the way."""
-    error: str | None = None
-    """Why the prefetch stopped early, if a tier failed."""
+    """Corrupt chunks found (and quarantined by the tiers) meanwhile."""
 
 
 class ConnectorStore:
-    """Host memory plus secondary tiers, as the connector uses them.
+    """Host memory plus secondary tiers, as the connector uses them. Thread-safe.
 
-    Thread-safe. Writes to secondary tiers happen behind the caller's back
-    (write-behind) on a small thread pool; :meth:`flush` waits for them.
+    ``stores`` replaces ``tiers`` with already open stores (tests).
+    ``compression="zstd"`` compresses what is written to the tiers (host memory
+    holds chunks uncompressed, ready to copy). ``shm_name`` shares the host pool
+    with TP rank processes and runs the assembly owner that publishes the chunks
+    they write.
     """
 
     def __init__(
         self,
         *,
         host_bytes: int,
+        layout: ChunkLayout,
         tiers: Sequence[str] = (),
         store_options: dict[str, dict[str, Any]] | None = None,
         compression: str = "none",
         stores: Sequence[Store] | None = None,
-        layout: ChunkLayout | None = None,
         policy: str = "arc",
+        shm_name: str | None = None,
+        metrics: Any = None,
     ) -> None:
-        self.host: Any = _host_tier(host_bytes, layout, policy)
+        from chunkstore.cache import AssemblyOwner, HostCache, TieredStore
+
         options = store_options or {}
-        self.tiers: list[Store] = (
+        opened = (
             list(stores)
             if stores is not None
-            else [open_store(u, **options.get(u, {})) for u in tiers]
+            else [open_store(u, **_tier_options(u, options.get(u, {}))) for u in tiers]
         )
-        self.compression = compression
-        self._pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="chunkstore-vllm")
-        self._pending: set[Future[Any]] = set()
-        self._pending_lock = threading.Lock()
-        self.write_errors = 0
+        self.tiers: list[Store] = opened
+        """The secondary tiers, fastest first (as opened; the tiered store guards them)."""
+        cache = HostCache(
+            layout, capacity_bytes=host_bytes, policy=policy, name="host", shm_name=shm_name
+        )
+        written = [_Zstd(t) for t in opened] if compression == "zstd" else opened
+        self.tiered = TieredStore(cache, written, metrics=metrics)
+        """Host memory in front of the tiers: write-behind, promotion, metrics."""
+        self.host = _HostView(cache)
+        self.owner: Any = None
+        """The TP shard-assembly owner (``shm_name`` given): lends slots to rank processes,
+        publishes what they seal once and queues it for write-back."""
+        if shm_name is not None:
+            self.owner = AssemblyOwner(self.tiered).start()
         self.closed = False
 
     # --- lookups -------------------------------------------------------------
 
     def host_run(self, keys: Sequence[ChunkKey], start: int = 0) -> int:
         """Index one past the last of the consecutive keys from ``start`` held in host memory."""
-        i = start
-        while i < len(keys) and self.host.contains(keys[i]):
-            i += 1
-        return i
-
-    def prefetch(self, keys: Sequence[ChunkKey]) -> PrefetchResult:
-        """Bring the longest prefix of ``keys`` that some tier holds into host memory (blocking).
-
-        Tiers are asked in order; each continues where the previous one
-        stopped. Corrupt chunks are misses (the tier quarantines them).
-        """
-        result = PrefetchResult()
-        remaining = list(keys)
-        for tier in self.tiers:
-            if not remaining:
-                break
-            try:
-                n = tier.lookup_prefix(remaining)
-                if n == 0:
-                    continue
-                before = tier.corrupt_detected
-                datas = tier.get_many(remaining[:n])
-                result.corrupt += tier.corrupt_detected - before
-            except (ChunkStoreError, OSError) as exc:
-                log.warning("chunkstore: prefetch from %s failed: %s", tier.name, exc)
-                result.error = f"{tier.name}: {exc}"
-                continue
-            got = 0
-            for key, data in zip(remaining, datas):
-                if data is None:
-                    break
-                if not self.host.put(key, _uncompressed(data)):
-                    break
-                got += 1
-            result.fetched += got
-            result.sources += [tier.kind] * got
-            remaining = remaining[got:]
-            if got < n:
-                break
-        return result
+        return start + self.host.cache.lookup_prefix(list(keys[start:]))
 
     @property
     def tiers_are_fast(self) -> bool:
@@ -228,61 +136,59 @@ class ConnectorStore:
         return not any(tier.high_latency for tier in self.tiers)
 
     def tier_prefix(self, keys: Sequence[ChunkKey]) -> int:
-        """How many leading ``keys`` some tier holds (lookup only); errors are misses."""
-        best = 0
-        for tier in self.tiers:
-            try:
-                best = max(best, tier.lookup_prefix(keys))
-            except (ChunkStoreError, OSError) as exc:
-                log.warning("chunkstore: lookup in %s failed: %s", tier.name, exc)
-        return best
+        """How many leading ``keys`` host memory and the tiers hold (lookup only; errors miss)."""
+        return self.tiered.lookup_prefix(keys)
 
     def submit_prefetch(self, keys: Sequence[ChunkKey]) -> Future[PrefetchResult]:
-        """:meth:`prefetch` on the background pool."""
-        return self._pool.submit(self.prefetch, list(keys))
+        """Bring the longest prefix of ``keys`` that some tier holds into host memory, on the
+        tiered store's prefetch threads; the future never fails."""
+        corrupt_before = self.tiered.corrupt_detected
+        result: Future[PrefetchResult] = Future()
+
+        def done(inner: Future[list[str]]) -> None:
+            sources = inner.result()
+            corrupt = self.tiered.corrupt_detected - corrupt_before
+            result.set_result(PrefetchResult(len(sources), list(sources), corrupt))
+
+        self.tiered.prefetch(keys).add_done_callback(done)
+        return result
 
     # --- data ----------------------------------------------------------------
 
-    def get_host(self, key: ChunkKey) -> Any | None:
-        """A copy of the chunk's bytes if host memory holds it."""
-        return self.host.get(key)
+    @contextmanager
+    def read_host(self, key: ChunkKey) -> Iterator[Any | None]:
+        """The chunk's bytes in host memory, pinned meanwhile (None if absent)."""
+        lease = self.host.cache.acquire(key)
+        if lease is None:
+            yield None
+            return
+        with lease:
+            yield lease.view
 
-    def read_host(self, key: ChunkKey) -> Any:
-        """Context manager: the chunk's bytes in host memory (pinned meanwhile), or None."""
-        return self.host.read(key)
+    def reserve(self, key: ChunkKey) -> Any | None:
+        """A pinned host slot to write ``key`` into (``lease.view``), or None when every slot is
+        pinned; finish with :meth:`commit` (queues the write-back) or :meth:`abort`."""
+        return self.tiered.reserve(key)
+
+    def commit(self, lease: Any) -> None:
+        self.tiered.commit(lease)
+
+    def abort(self, lease: Any) -> None:
+        self.tiered.abort(lease)
 
     def put(self, key: ChunkKey, data: Any) -> None:
         """Keep a sealed chunk in host memory and write it behind to every tier."""
-        self.host.put(key, data)
-        for tier in self.tiers:
-            future = self._pool.submit(self._write_behind, tier, key, data)
-            with self._pending_lock:
-                self._pending.add(future)
-            future.add_done_callback(self._done)
+        self.tiered.put(key, data)
 
-    def _done(self, future: Future[Any]) -> None:
-        with self._pending_lock:
-            self._pending.discard(future)
-
-    def _write_behind(self, tier: Store, key: ChunkKey, data: Any) -> None:
-        try:
-            payload = recompress(data, "zstd") if self.compression == "zstd" else data
-            tier.put_if_absent(key, payload)
-        except Exception as exc:  # noqa: BLE001 - a failed write is a future miss, never a crash
-            self.write_errors += 1
-            log.warning("chunkstore: write of %s to %s failed: %s", key.hex, tier.name, exc)
+    def drop(self, key: ChunkKey) -> None:
+        """Forget ``key`` in host memory (a chunk that failed to load); tiers keep theirs."""
+        self.host.delete(key)
 
     def flush(self, timeout: float | None = None) -> None:
-        """Wait until every write-behind submitted so far has finished."""
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while True:
-            with self._pending_lock:
-                pending = list(self._pending)
-            if not pending:
-                return
-            for future in pending:
-                left = None if deadline is None else max(0.0, deadline - time.monotonic())
-                future.exception(timeout=left)
+        """Wait until everything stored so far (and sealed by TP ranks) is written behind."""
+        if self.owner is not None:
+            self.owner.collect()  # chunks the ranks sealed but the owner thread has not seen
+        self.tiered.flush(timeout)
 
     def reset_host(self) -> None:
         """Forget everything in host memory (secondary tiers keep their chunks)."""
@@ -293,28 +199,147 @@ class ConnectorStore:
             return
         self.closed = True
         try:
-            self.flush(timeout=30)
+            if self.owner is not None:
+                self.owner.close()
         finally:
-            self._pool.shutdown(wait=True)
-            for tier in [*self.tiers, self.host]:
+            self.tiered.close()
+
+
+class _Zstd(Store):
+    """A tier that stores chunks zstd-compressed and serves them uncompressed.
+
+    Compression happens on the write-behind thread, decompression on the
+    prefetch threads: host memory only ever holds chunks ready to copy.
+    """
+
+    def __init__(self, inner: Store) -> None:
+        super().__init__(name=inner.name, verify=False)  # the inner store verifies
+        self.inner = inner
+        self.kind = inner.kind
+
+    @property
+    def supports_listing(self) -> bool:
+        return self.inner.supports_listing
+
+    @property
+    def high_latency(self) -> bool:
+        return self.inner.high_latency
+
+    @property
+    def corrupt_detected(self) -> int:
+        return self.inner.corrupt_detected
+
+    def _read_many(self, keys: Sequence[ChunkKey]) -> list[bytes | None]:
+        return [None if d is None else _uncompressed(d) for d in self.inner.get_many(keys)]
+
+    def exists_many(self, keys: Sequence[ChunkKey]) -> list[bool]:
+        return self.inner.exists_many(keys)
+
+    def lookup_prefix(self, keys: Sequence[ChunkKey]) -> int:
+        return self.inner.lookup_prefix(keys)
+
+    def put_many(self, items: Sequence[tuple[ChunkKey, Buffer]]) -> list[bool]:
+        return self.inner.put_many([(k, recompress(d, "zstd")) for k, d in items])
+
+    def put_if_absent_many(self, items: Sequence[tuple[ChunkKey, Buffer]]) -> list[bool]:
+        return self.inner.put_if_absent_many([(k, recompress(d, "zstd")) for k, d in items])
+
+    def delete_many(self, keys: Sequence[ChunkKey]) -> int:
+        return self.inner.delete_many(keys)
+
+    def list(self, namespace: str | None = None) -> Iterator[ChunkInfo]:
+        return self.inner.list(namespace)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+class RankStore:
+    """A TP rank's view of its engine's shared host pool, which the scheduler process owns.
+
+    Saves: :meth:`claim` gives this rank its part of a chunk's slot
+    (:class:`~chunkstore.cache.ShardAssembler`); the last rank to mark its
+    part written seals the chunk and the owner publishes it once. Loads:
+    :meth:`read_host` pins a chunk's slot while the rank reads its heads.
+    The pool is attached on first use: vLLM starts the workers before the
+    scheduler that creates it.
+    """
+
+    def __init__(self, pool_name: str, layout: ChunkLayout, *, rank: int, tp: int) -> None:
+        self.pool_name = pool_name
+        self.layout = layout
+        self.rank = rank
+        self.tp = tp
+        self._assembler: Any = None
+        self._lock = threading.Lock()
+        self._warned = False
+
+    def assembler(self) -> Any | None:
+        """The attached :class:`~chunkstore.cache.ShardAssembler`, or None while the pool is
+        not there yet."""
+        with self._lock:
+            if self._assembler is None:
+                from chunkstore.cache import ShardAssembler
+
                 try:
-                    tier.close()
-                except Exception:  # noqa: BLE001
-                    log.exception("chunkstore: closing %s failed", tier)
+                    # pin_memory=None: page-locked in this process when torch sees CUDA.
+                    self._assembler = ShardAssembler.attach(
+                        self.pool_name, self.layout, rank=self.rank, tp=self.tp, pin_memory=None
+                    )
+                except StoreError as exc:
+                    if not self._warned:
+                        self._warned = True
+                        log.info("chunkstore: rank %d: host pool not there yet: %s",
+                                 self.rank, exc)
+                    return None
+            return self._assembler
+
+    @contextmanager
+    def read_host(self, key: ChunkKey) -> Iterator[Any | None]:
+        """The chunk's bytes in the shared pool, pinned meanwhile; None if absent."""
+        assembler = self.assembler()
+        lease = assembler.acquire(key) if assembler is not None else None
+        if lease is None:
+            yield None
+            return
+        with lease:
+            yield lease.view
+
+    def claim(self, key: ChunkKey, parent: bytes, tokens: Sequence[int]) -> Any | None:
+        """This rank's :class:`~chunkstore.cache.ShardClaim` on ``key``, or None (nothing to
+        write: cached already, written by this rank, a replica rank, or no slot free)."""
+        assembler = self.assembler()
+        if assembler is None:
+            return None
+        return assembler.slot_for_write(key, parent=parent, tokens=list(tokens))
+
+    def mark_written(self, claim: Any) -> bool:
+        """This rank's part of ``claim`` is in place (the last rank seals the chunk)."""
+        return bool(self._assembler.mark_written(claim))
+
+    def abandon(self, claim: Any) -> None:
+        """Give up a claim (the chunk is not published)."""
+        self._assembler.abandon(claim)
+
+    def drop(self, key: ChunkKey) -> None:
+        """Nothing: only the owner may evict; a chunk that fails to load stays a load error."""
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Nothing to wait for: the owner writes published chunks to the tiers."""
+
+    def close(self) -> None:
+        with self._lock:
+            if self._assembler is not None:
+                self._assembler.close()
+                self._assembler = None
 
 
-def _host_tier(host_bytes: int, layout: ChunkLayout | None, policy: str) -> Any:
-    """The core HostCache when this chunkstore has one and the layout is known; else a dict LRU."""
-    if layout is not None:
-        try:
-            from chunkstore.cache import HostCache
-        except ImportError:
-            HostCache = None  # noqa: N806 - an older core without the cache package
-        if HostCache is not None:
-            return _HostCacheTier(
-                HostCache(layout, capacity_bytes=host_bytes, policy=policy, name="host")
-            )
-    return _HostMemory(host_bytes)
+def _tier_options(url: str, options: dict[str, Any]) -> dict[str, Any]:
+    """A directory tier is created on first use (a KV cache, not data to protect), unless the
+    user's ``store_options`` say otherwise."""
+    if "://" not in url or url.startswith("file://"):
+        return {"create": True, **options}
+    return dict(options)
 
 
 def _uncompressed(data: Any) -> Any:

@@ -1,18 +1,23 @@
 """Worker side: device pages <-> chunks in host memory, through the detected layout.
 
-Loads run in ``start_load_kv`` (before the forward pass for synchronous
-loads). Saves run in ``wait_for_save``, after the step's forward pass has
-written the blocks: one gather per layer for all chunks of the step, one copy
-into each chunk's host buffer, then seal and hand to the store (which writes
-secondary tiers behind). On CPU these are plain copies; on CUDA the device ->
-host copy is the only part that touches the device.
+Loads are issued in ``start_load_kv`` (before the forward pass for synchronous
+loads). Saves are issued in ``wait_for_save``, after the step's forward pass
+has written the blocks: one gather per layer for all chunks of the step into
+each chunk's rank part, then a device -> host copy. Where the bytes live and
+how they move is the copier's business (:mod:`chunkstore.vllm.transfer`): on
+CPU the conversion writes straight into the host buffers and everything is
+done on return; on CUDA it runs on a side stream and the worker polls events
+(:meth:`ChunkStoreWorker.poll`, called every step) to seal finished saves,
+hand them to the store, release host slots of finished loads and report
+finished asynchronous loads.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-import warnings
+from contextlib import ExitStack
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -20,11 +25,12 @@ import torch
 from chunkstore.errors import ChunkStoreError, ConfigError
 from chunkstore.format import MLA, decode_chunk, seal_chunk
 from chunkstore.vllm.config import ConnectorConfig
+from chunkstore.vllm.counters import Counters
 from chunkstore.vllm.engine import EngineKV
 from chunkstore.vllm.layouts import DeviceLayout, detect_layout
-from chunkstore.vllm.metadata import ChunkLoad, ChunkStoreMetadata
-from chunkstore.vllm.stats import ChunkStoreStats
-from chunkstore.vllm.tiers import ConnectorStore
+from chunkstore.vllm.metadata import ChunkLoad, ChunkSave, ChunkStoreMetadata
+from chunkstore.vllm.tiers import ConnectorStore, RankStore
+from chunkstore.vllm.transfer import Batch, DeviceCopier, Fence, ShardMap, select_copier
 
 log = logging.getLogger(__name__)
 
@@ -41,11 +47,51 @@ _TORCH_DTYPES = {
 }
 
 
+_MAX_IN_FLIGHT = 4
+"""Batches of copies (one per step and direction) that may be unfinished at once."""
+
+
+@dataclass
+class _Pending:
+    fence: Fence
+    started: float
+    nbytes: int
+
+
+@dataclass
+class _PendingLoad(_Pending):
+    leases: ExitStack
+    """Pins on the host slots being read."""
+    chunks: int
+    async_reqs: set[str]
+    """Asynchronous loads reported finished once the copies are complete."""
+    failed_reqs: set[str]
+    """Asynchronous loads that failed, reported (failed) once the copies are complete."""
+
+
+@dataclass
+class _PendingSave(_Pending):
+    saves: list[ChunkSave]
+    buffers: list[Any]
+    """Host chunk buffers being written; sealed and stored when complete."""
+
+
 class ChunkStoreWorker:
-    """The worker-role half of :class:`~chunkstore.vllm.ChunkStoreConnector`."""
+    """The worker-role half of :class:`~chunkstore.vllm.ChunkStoreConnector`.
+
+    ``metrics`` receives every batch of device copies
+    (``chunkstore_device_*{direction="device_to_host"|"host_to_device"}``);
+    default: the process's :func:`chunkstore.metrics.default_metrics`.
+    """
 
     def __init__(
-        self, engine: EngineKV, cfg: ConnectorConfig, store: ConnectorStore, vllm_config: Any = None
+        self,
+        engine: EngineKV,
+        cfg: ConnectorConfig,
+        store: ConnectorStore | RankStore,
+        vllm_config: Any = None,
+        *,
+        metrics: Any = None,
     ) -> None:
         self.engine = engine
         self.cfg = cfg
@@ -54,17 +100,36 @@ class ChunkStoreWorker:
         self.kv_caches: dict[str, torch.Tensor] = {}
         self.layouts: dict[str, DeviceLayout] = {}
         self.torch_dtype = _TORCH_DTYPES[engine.layout.dtype.name]
+        self.copier: DeviceCopier | None = None
+        """Chosen in :meth:`register_kv_caches` from the KV cache's device."""
+        layout, rank, tp = engine.layout, engine.tp_rank, engine.tp_size
+        self.read_map = ShardMap.build(layout, rank, tp, for_write=False)
+        """This rank's part of a chunk on loads (its heads, and MLA latents)."""
+        self.write_map = ShardMap.build(layout, rank, tp, for_write=True)
+        """This rank's part of a chunk on saves (owned heads; MLA on rank 0 only)."""
+        if metrics is None:
+            from chunkstore.metrics import default_metrics
+
+            metrics = default_metrics()
+        self.metrics = metrics
+        self._pending: list[_Pending] = []
         self._load_errors: set[int] = set()
         self._finished_recving: set[str] = set()
         self._failed_recving: set[str] = set()
-        self.stats = ChunkStoreStats()
+        self.stats = Counters()
 
     # --- registration -------------------------------------------------------------
 
     def register_kv_caches(
-        self, kv_caches: dict[str, torch.Tensor], backends: dict[str, str] | None = None
+        self,
+        kv_caches: dict[str, torch.Tensor],
+        backends: dict[str, str] | None = None,
+        copier: DeviceCopier | None = None,
     ) -> None:
-        """Detect each layer's layout; unknown layouts raise :class:`ConfigError` at start-up."""
+        """Detect each layer's layout; unknown layouts raise :class:`ConfigError` at start-up.
+
+        ``copier`` overrides the one chosen from the tensors' device (tests).
+        """
         backends = backends if backends is not None else self._backend_names()
         for name, kv in kv_caches.items():
             info = self.engine.layers.get(name)
@@ -87,12 +152,20 @@ class ChunkStoreWorker:
             )
             if kv.dtype != self.torch_dtype:
                 raise ConfigError(f"{name}: KV cache dtype {kv.dtype}, expected {self.torch_dtype}")
+        devices = {kv.device for kv in kv_caches.values()}
+        if len(devices) > 1:
+            raise ConfigError(f"KV cache tensors on several devices: {sorted(map(str, devices))}")
+        if copier is None and devices:
+            copier = select_copier(devices.pop())
+        self.copier = copier
         self.kv_caches = dict(kv_caches)
         kinds = sorted({layout.name for layout in self.layouts.values()})
         log.info(
-            "chunkstore: %d KV layers, layout(s) %s, chunk %d tokens, %.1f MiB per chunk",
+            "chunkstore: %d KV layers, layout(s) %s, %s copies, chunk %d tokens, "
+            "%.1f MiB per chunk",
             len(kv_caches),
             ", ".join(kinds),
+            copier.name if copier is not None else "no",
             self.engine.chunk_tokens,
             self.engine.layout.total_size / 2**20,
         )
@@ -110,77 +183,175 @@ class ChunkStoreWorker:
             log.debug("chunkstore: cannot read attention backends: %s", exc)
             return {}
 
-    # --- views of a chunk buffer -------------------------------------------------------
+    # --- copies in flight ------------------------------------------------------------
 
-    def _views(self, buf: Any, base: int | None = None) -> dict[str, torch.Tensor]:
-        """Torch views of every tensor of a chunk buffer (no copy).
+    def poll(self) -> None:
+        """Finish every batch whose device copies are complete (oldest first)."""
+        while self._pending and self._pending[0].fence.poll():
+            self._finish(self._pending.pop(0))
 
-        ``base`` is where the payload starts in ``buf``: the layout's data
-        offset for a whole chunk file (default), 0 for a bare payload.
-        """
-        layout = self.engine.layout
-        with warnings.catch_warnings():
-            # Host chunks are read-only bytes on loads; torch only warns about it.
-            warnings.simplefilter("ignore", UserWarning)
-            raw = torch.frombuffer(buf, dtype=torch.uint8)
-        out = {}
-        for slot in layout.tensors:
-            start = (layout.data_offset if base is None else base) + slot.offset
-            out[slot.name] = (
-                raw[start : start + slot.nbytes].view(self.torch_dtype).view(slot.shape)
+    def drain(self) -> None:
+        """Wait for every batch in flight and finish it."""
+        while self._pending:
+            pending = self._pending.pop(0)
+            pending.fence.wait()
+            self._finish(pending)
+
+    def _track(self, pending: _Pending) -> None:
+        self._pending.append(pending)
+        self.poll()
+        # Bound host buffers held by unfinished copies: wait for the oldest beyond the limit.
+        while len(self._pending) > _MAX_IN_FLIGHT:
+            oldest = self._pending.pop(0)
+            oldest.fence.wait()
+            self._finish(oldest)
+
+    def _finish(self, pending: _Pending) -> None:
+        seconds = pending.fence.seconds
+        if seconds is None:
+            seconds = time.perf_counter() - pending.started
+        if isinstance(pending, _PendingLoad):
+            pending.leases.close()  # the host slots may be evicted now
+            self._finished_recving |= pending.async_reqs
+            self._failed_recving |= pending.failed_reqs
+            self.stats.add("loaded_chunks", pending.chunks)
+            self.stats.add("loaded_bytes", pending.nbytes)
+            self.stats.add("load_seconds", seconds)
+            self.metrics.record_device_transfer("host_to_device", pending.nbytes, seconds)
+            return
+        t0 = time.perf_counter()
+        self._store_saves(pending.saves, pending.buffers)
+        self.stats.add("saved_chunks", len(pending.saves))
+        self.stats.add("saved_bytes", pending.nbytes)
+        self.stats.add("save_seconds", seconds + time.perf_counter() - t0)
+        self.metrics.record_device_transfer("device_to_host", pending.nbytes, seconds)
+
+    def _store_saves(self, saves: list[ChunkSave], buffers: list[Any]) -> None:
+        """Chunks whose bytes are in host memory: seal and store them (or mark this rank's
+        part written: the last rank's mark seals, the owner publishes)."""
+        store = self.store
+        if isinstance(store, RankStore):
+            for claim in buffers:
+                store.mark_written(claim)
+            return
+        for save, buf in zip(saves, buffers):
+            seal_chunk(
+                self.engine.layout,
+                buf if isinstance(buf, bytearray) else buf.view,
+                key=save.key.digest,
+                parent=save.parent,
+                namespace=save.key.namespace,
+                tokens=list(save.tokens),
+                verify_key=False,
             )
-        return out
+            if isinstance(buf, bytearray):
+                store.put(save.key, buf)
+            else:
+                store.commit(buf)  # in host memory now; written behind to the tiers
 
     # --- loads ---------------------------------------------------------------------
 
     def start_load_kv(self, meta: ChunkStoreMetadata) -> None:
+        self.poll()
         if not meta.loads or not self.kv_caches:
-            for req_id in meta.async_load_reqs:
-                self._finished_recving.add(req_id)
+            self._finished_recving |= meta.async_load_reqs
             return
         t0 = time.perf_counter()
         failed_reqs: set[str] = set()
+        leases = ExitStack()
+        accepted: list[tuple[ChunkLoad, Any]] = []
         for load in meta.loads:
             if load.req_id in failed_reqs:
                 self._fail(load)
                 continue
             try:
-                self._load_one(load)
+                accepted.append((load, self._open_chunk(load, leases)))
             except Exception as exc:  # noqa: BLE001 - any failure becomes a recompute
                 log.warning(
                     "chunkstore: load of %s for %s failed: %s", load.key.hex, load.req_id, exc
                 )
                 failed_reqs.add(load.req_id)
                 self._fail(load)
-        for req_id in meta.async_load_reqs:
-            self._finished_recving.add(req_id)
-        self.stats.add("load_seconds", time.perf_counter() - t0)
+        ok_reqs = meta.async_load_reqs - failed_reqs
+        failed_async = meta.async_load_reqs & failed_reqs
+        if not accepted:
+            leases.close()
+            self._finished_recving |= meta.async_load_reqs
+            return
+        # A failed asynchronous request is recomputed as soon as it is reported: report it only
+        # after this batch's copies, which may still write into its blocks, are complete.
+        self._failed_recving -= failed_async
+        sync = any(not load.is_async for load, _ in accepted)
+        try:
+            batch = self.copy_in(
+                [load for load, _ in accepted],
+                [payload for _, payload in accepted],
+                block_compute=sync,
+            )
+        except BaseException:
+            leases.close()
+            raise
+        assert batch.fence is not None
+        self._track(
+            _PendingLoad(
+                batch.fence, t0, batch.nbytes, leases, len(accepted), ok_reqs, failed_async
+            )
+        )
+
+    def copy_in(
+        self, loads: list[ChunkLoad], payloads: list[Any], *, block_compute: bool
+    ) -> Batch:
+        """Issue the host -> device copies and scatters of ``loads`` from chunk ``payloads``.
+
+        The device part of a load, without bookkeeping: ``batch.fence`` says when
+        it is complete (``tools/gpu_check.py`` times it).
+        """
+        assert self.copier is not None
+        with self.copier.loading(
+            payloads, self.read_map, self.torch_dtype, block_compute=block_compute
+        ) as batch:
+            for load, views in zip(loads, batch.views):
+                self._scatter_chunk(load, views)
+        return batch
+
+    def copy_out(self, saves: list[ChunkSave], payloads: list[Any]) -> Batch:
+        """Issue the gathers and device -> host copies of ``saves`` into chunk ``payloads``.
+
+        The device part of a save, without sealing or storing: ``batch.fence``
+        says when the bytes are in ``payloads``.
+        """
+        assert self.copier is not None
+        with self.copier.saving(payloads, self.write_map, self.torch_dtype) as batch:
+            self._gather_chunks(saves, batch.views)
+        return batch
+
+    def _open_chunk(self, load: ChunkLoad, leases: ExitStack) -> Any:
+        """The payload of a chunk in host memory, pinned there until ``leases`` closes."""
+        data = leases.enter_context(self.store.read_host(load.key))
+        if data is None:
+            raise ChunkStoreError("chunk left host memory before it was loaded")
+        chunk = decode_chunk(
+            data,
+            verify=self.cfg.verify_host,
+            expected_key=load.key.digest,
+            expected_fingerprint=self.engine.layout.fingerprint,
+        )
+        return chunk.payload
 
     def _fail(self, load: ChunkLoad) -> None:
         self.stats.add("load_errors")
         # Drop the chunk from host memory so vLLM's retry sees a shorter hit, not a loop.
-        self.store.host.delete(load.key)
+        self.store.drop(load.key)
         if load.is_async:
             self._failed_recving.add(load.req_id)
         else:
             for group in load.block_ids:
                 self._load_errors.update(b for b in group[load.skip_blocks :] if b)
 
-    def _load_one(self, load: ChunkLoad) -> None:
-        with self.store.read_host(load.key) as data:
-            if data is None:
-                raise ChunkStoreError("chunk left host memory before it was loaded")
-            chunk = decode_chunk(
-                data,
-                verify=self.cfg.verify_host,
-                expected_key=load.key.digest,
-                expected_fingerprint=self.engine.layout.fingerprint,
-            )
-            self._scatter_chunk(load, self._views(chunk.payload, base=0))
-        self.stats.add("loaded_chunks")
-        self.stats.add("loaded_bytes", self.engine.layout.payload_size)
-
     def _scatter_chunk(self, load: ChunkLoad, views: dict[str, torch.Tensor]) -> None:
+        """Write one chunk's rank part (``views``, on the device) into the request's blocks."""
+        copier = self.copier
+        assert copier is not None
         bs = self.engine.block_size
         skip = load.skip_blocks
         for name, kv in self.kv_caches.items():
@@ -189,72 +360,90 @@ class ChunkStoreWorker:
             keep = [j for j, b in enumerate(ids) if b]  # 0 = null block (sliding window gap)
             if not keep:
                 continue
-            blocks = torch.tensor([ids[j] for j in keep], dtype=torch.long, device=kv.device)
-            token_idx = torch.cat(
-                [torch.arange((skip + j) * bs, (skip + j + 1) * bs) for j in keep]
-            )
+            blocks = copier.index([ids[j] for j in keep])
             layout = self.layouts[name]
+            if skip == 0 and len(keep) == self.engine.blocks_per_chunk:
+                token_idx = None  # the whole chunk: no selection needed
+            else:
+                token_idx = copier.index(
+                    [t for j in keep for t in range((skip + j) * bs, (skip + j + 1) * bs)]
+                )
             if info.kind == MLA:
-                k = views[f"layers.{info.layer}.latent"].index_select(0, token_idx)
-                layout.scatter(kv, blocks, k.to(kv.device), None)
+                k = views[f"layers.{info.layer}.latent"]
+                if token_idx is not None:
+                    k = k.index_select(0, token_idx)
+                layout.scatter(kv, blocks, k, None)
                 continue
-            heads = slice(info.head_start, info.head_stop)
-            k = views[f"layers.{info.layer}.k"][heads].index_select(1, token_idx)
-            v = views[f"layers.{info.layer}.v"][heads].index_select(1, token_idx)
-            layout.scatter(kv, blocks, k.to(kv.device), v.to(kv.device))
+            k = views[f"layers.{info.layer}.k"]
+            v = views[f"layers.{info.layer}.v"]
+            if token_idx is not None:
+                k, v = k.index_select(1, token_idx), v.index_select(1, token_idx)
+            layout.scatter(kv, blocks, k, v)
 
     # --- saves ----------------------------------------------------------------------
 
     def wait_for_save(self, meta: ChunkStoreMetadata) -> None:
+        self.poll()
         if not meta.saves or not self.kv_caches:
-            return
-        if self.engine.tp_size != 1:
-            # Merging TP shards needs the shared host pool (see vllm-needs.md); refuse quietly.
             return
         t0 = time.perf_counter()
         layout = self.engine.layout
+        saves = list(meta.saves)
+        buffers: list[Any]
+        if isinstance(self.store, RankStore):
+            # TP > 1: this rank's heads go straight into its ranges of the chunk's shared slot.
+            claims = [self.store.claim(s.key, s.parent, s.tokens) for s in saves]
+            saves = [s for s, claim in zip(saves, claims) if claim is not None]
+            buffers = [claim for claim in claims if claim is not None]
+            if not buffers:
+                return  # cached already, a replica rank, or no slot lent out
+            views = [claim.view for claim in buffers]
+        else:
+            # Straight into pinned host slots when the cache has room; else a plain buffer.
+            buffers = [self.store.reserve(s.key) or bytearray(layout.total_size) for s in saves]
+            views = [b if isinstance(b, bytearray) else b.view for b in buffers]
+        payloads = [memoryview(v)[layout.data_offset :] for v in views]
+        try:
+            batch = self.copy_out(saves, payloads)
+        except BaseException:
+            self._abandon(buffers)
+            raise
+        assert batch.fence is not None
+        self._track(_PendingSave(batch.fence, t0, batch.nbytes, saves, buffers))
+
+    def _abandon(self, buffers: list[Any]) -> None:
+        store = self.store
+        for buf in buffers:
+            if isinstance(store, RankStore):
+                store.abandon(buf)
+            elif not isinstance(buf, bytearray):
+                store.abort(buf)
+
+    def _gather_chunks(self, saves: list[ChunkSave], views: list[dict[str, torch.Tensor]]) -> None:
+        """Copy the saves' blocks, converted to canonical tensors, into each chunk's ``views``."""
         c = self.engine.chunk_tokens
-        buffers = [bytearray(layout.total_size) for _ in meta.saves]
-        views = [self._views(buf) for buf in buffers]
+        copier = self.copier
+        assert copier is not None
         for name, kv in self.kv_caches.items():
             info = self.engine.layers[name]
             if not info.writer:
                 continue
-            blocks = torch.tensor(
-                [b for s in meta.saves for b in s.block_ids[info.group]],
-                dtype=torch.long,
-                device=kv.device,
-            )
+            blocks = copier.index([b for s in saves for b in s.block_ids[info.group]])
             k_all, v_all = self.layouts[name].gather(kv, blocks)
-            k_all = k_all.to("cpu")
-            v_all = v_all.to("cpu") if v_all is not None else None
             for j, view in enumerate(views):
                 tokens = slice(j * c, (j + 1) * c)
                 if info.kind == MLA:
                     view[f"layers.{info.layer}.latent"].copy_(k_all[tokens])
                     continue
-                heads = slice(info.head_start, info.head_stop)
-                view[f"layers.{info.layer}.k"][heads].copy_(k_all[:, tokens])
-                view[f"layers.{info.layer}.v"][heads].copy_(v_all[:, tokens])
-        for save, buf in zip(meta.saves, buffers):
-            seal_chunk(
-                layout,
-                buf,
-                key=save.key.digest,
-                parent=save.parent,
-                namespace=save.key.namespace,
-                tokens=list(save.tokens),
-                verify_key=False,
-            )
-            self.store.put(save.key, buf)
-        self.stats.add("saved_chunks", len(meta.saves))
-        self.stats.add("saved_bytes", len(meta.saves) * layout.payload_size)
-        self.stats.add("save_seconds", time.perf_counter() - t0)
+                assert v_all is not None
+                view[f"layers.{info.layer}.k"].copy_(k_all[:, tokens])
+                view[f"layers.{info.layer}.v"].copy_(v_all[:, tokens])
 
     # --- results -------------------------------------------------------------------
 
     def take_transfer_results(self) -> tuple[set[str], set[str]]:
         """(finished receiving, failed receiving) since the last call."""
+        self.poll()
         done, failed = self._finished_recving, self._failed_recving
         self._finished_recving, self._failed_recving = set(), set()
         return done, failed
@@ -263,11 +452,9 @@ class ChunkStoreWorker:
         errors, self._load_errors = self._load_errors, set()
         return errors
 
-    def take_stats(self) -> ChunkStoreStats | None:
-        if self.stats.is_empty():
-            return None
-        stats, self.stats = self.stats, ChunkStoreStats()
-        return stats
+    def take_stats(self) -> dict[str, float] | None:
+        """Counters since the last call (None if nothing happened)."""
+        return self.stats.take()
 
 
 def _cpu_isa(dtype: torch.dtype, block_size: int, head_size: int) -> str | None:

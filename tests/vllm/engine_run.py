@@ -1,10 +1,16 @@
-"""Run the tiny vLLM engine on CPU with ChunkStoreConnector; used by the tests in a subprocess.
+"""Run the tiny vLLM engine on CPU with ChunkStoreConnector; the tests run it in a subprocess.
 
-``python -m tests.vllm.engine_run MODEL_DIR STORE_DIR PROMPTS_JSON OUT_JSON [--no-connector]``
+``python -m tests.vllm.engine_run MODEL_DIR STORE_DIR PROMPTS_JSON OUT_JSON [--twice]``
 
 For each prompt (a list of token ids) it generates 12 greedy tokens and
 records them with the external prefix-cache hits (``vllm:external_prefix_cache_hits``)
-and the connector's counters that this prompt added.
+and the connector's counters that this prompt added. ``--twice`` runs the
+prompts again after ``reset_prefix_cache()`` (run 2 reloads what run 1 saved)
+and writes ``{"run1": [...], "run2": [...]}``; otherwise the list of one run.
+
+Every engine runs in its own process: vLLM's start-up walks the attributes of
+every imported module, which breaks on whatever else a test process imported
+(werkzeug's proxies, from moto), and leaves global state behind.
 """
 
 from __future__ import annotations
@@ -83,14 +89,30 @@ def flush(llm) -> None:
     flush_shared(timeout=30)
 
 
+def library_metrics() -> dict[str, float]:
+    """Every ``chunkstore_*`` sample of this process's default registry, as ``name{labels}``."""
+    from prometheus_client import REGISTRY
+
+    out: dict[str, float] = {}
+    for family in REGISTRY.collect():
+        for sample in family.samples:
+            if sample.name.startswith("chunkstore_"):
+                labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()))
+                out[f"{sample.name}{{{labels}}}"] = float(sample.value)
+    return out
+
+
 def main(argv: list[str]) -> int:
     model_dir, store_dir, prompts_path, out_path = argv[:4]
-    use_connector = "--no-connector" not in argv
     prompts = json.loads(open(prompts_path).read())
-    llm = make_llm(model_dir, store_dir if use_connector else None)
-    results = generate(llm, prompts)
-    if use_connector:
+    llm = make_llm(model_dir, store_dir)
+    results: object = generate(llm, prompts)
+    flush(llm)
+    if "--twice" in argv:
+        assert llm.reset_prefix_cache()
+        results = {"run1": results, "run2": generate(llm, prompts)}
         flush(llm)
+        results["library_metrics"] = library_metrics()
     with open(out_path, "w") as f:
         json.dump(results, f)
     return 0

@@ -15,6 +15,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -40,16 +41,15 @@ PROMPTS = [sample_prompt_ids(300, seed=s) for s in (11, 12, 13)]  # 4 chunks of 
 
 @pytest.fixture(scope="module")
 def first_engine(tiny_model, tmp_path_factory):
-    """One engine with the connector: run 1 (saves), reset, run 2 (loads)."""
-    from tests.vllm import engine_run
-
+    """One engine (own process) with the connector: run 1 (saves), reset, run 2 (loads)."""
     store = tmp_path_factory.mktemp("kvstore")
-    llm = engine_run.make_llm(str(tiny_model), str(store))
-    run1 = engine_run.generate(llm, PROMPTS)
-    assert llm.reset_prefix_cache()
-    run2 = engine_run.generate(llm, PROMPTS)
-    engine_run.flush(llm)
-    yield {"store": store, "run1": run1, "run2": run2, "llm": llm}
+    runs = _run_engine(tiny_model, store, PROMPTS, tmp_path_factory.mktemp("run"), "--twice")
+    return {
+        "store": store,
+        "run1": runs["run1"],
+        "run2": runs["run2"],
+        "library_metrics": runs["library_metrics"],
+    }
 
 
 def test_reload_gives_identical_tokens_and_external_hits(first_engine):
@@ -69,7 +69,7 @@ def _chunk_files(store: Path) -> list[Path]:
     return sorted(p for p in store.rglob("*.kvc") if "quarantine" not in p.parts)
 
 
-def _run_engine(tiny_model, store, prompts, tmp_path) -> list[dict]:
+def _run_engine(tiny_model, store, prompts, tmp_path, *flags: str) -> Any:
     prompts_file = tmp_path / "prompts.json"
     prompts_file.write_text(json.dumps(prompts))
     out = tmp_path / "out.json"
@@ -82,6 +82,7 @@ def _run_engine(tiny_model, store, prompts, tmp_path) -> list[dict]:
             str(store),
             str(prompts_file),
             str(out),
+            *flags,
         ],
         cwd=ROOT,
         capture_output=True,
@@ -193,3 +194,33 @@ def test_key_of_file_matches_its_name(first_engine):
     for path in _chunk_files(first_engine["store"])[:2]:
         key = ChunkKey.parse_path(str(path))
         assert decode_chunk(path.read_bytes(), expected_key=key.digest).header.key == key.digest
+
+
+def test_library_metrics_count_device_copies_host_and_tiers(first_engine):
+    """The connector feeds chunkstore_* metrics (the process's default registry)."""
+    m = first_engine["library_metrics"]
+
+    def value(name: str, **labels: str) -> float:
+        want = ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
+        return sum(v for k, v in m.items() if k.startswith(name + "{") and want in k)
+
+    chunk_payload = engine_layout_payload()
+    # 12 chunks saved (device -> host) in run 1, 12 loaded (host -> device) in run 2.
+    assert value("chunkstore_device_bytes_total", direction="device_to_host") == 12 * chunk_payload
+    assert value("chunkstore_device_bytes_total", direction="host_to_device") == 12 * chunk_payload
+    assert value("chunkstore_device_transfers_total", direction="device_to_host") >= 3
+    assert value("chunkstore_device_transfer_seconds_count", direction="host_to_device") >= 3
+    assert value("chunkstore_host_cache_chunks", tier="host") == 12
+    assert value("chunkstore_host_cache_bytes_capacity", tier="host") > 0
+    # Every chunk was written behind to the directory tier.
+    tier_writes = sum(
+        v for k, v in m.items()
+        if k.startswith("chunkstore_transfer_bytes_total{") and "direction=write" in k
+        and "tier=host" not in k
+    )
+    assert tier_writes >= 12 * chunk_payload
+
+
+def engine_layout_payload() -> int:
+    group = LayerGroup(ATTENTION, (0, 1), num_kv_heads=2, head_dim=32)
+    return ChunkLayout(KVSpec("any", "BF16", 64, (group,))).payload_size

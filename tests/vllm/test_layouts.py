@@ -131,6 +131,14 @@ def test_detect_by_backend_and_strides():
     assert detect_layout(mla, mla=True, num_heads=1, head_dim=64, block_size=N).name == "mla"
 
 
+def test_one_head_per_rank_is_recognised_whatever_its_stride():
+    # 8 KV heads at TP=8: the head dim has size 1, so its stride says nothing about order.
+    one = torch.zeros(B, N, 1, 2 * D).transpose(1, 2)
+    args = {"num_heads": 1, "head_dim": D, "block_size": N}
+    assert detect_layout(one, backend="FLASH_ATTN", **args).name == "flash_attn"
+    assert detect_layout(one, backend="FLASHINFER", **args).name == "flashinfer_hnd"
+
+
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [

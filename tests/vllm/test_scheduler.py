@@ -15,7 +15,7 @@ from vllm.v1.request import FinishReason, RequestStatus  # noqa: E402
 
 from chunkstore.backends import MemoryStore  # noqa: E402
 from chunkstore.vllm.testing import sample_prompt_ids  # noqa: E402
-from chunkstore.vllm.tiers import release_shared  # noqa: E402
+from chunkstore.vllm.tiers import ConnectorStore, release_shared, shared_store  # noqa: E402
 
 from .harness import make_harness  # noqa: E402
 
@@ -33,10 +33,7 @@ def harness(tiny_model):
 
     yield make
     for h in made:
-        release_shared(
-            h.connector.cfg.shared_pool
-            or f"vllm-{h.scheduler.vllm_config.kv_transfer_config.engine_id}"
-        )
+        release_shared(h.connector.pool_name)
 
 
 @contextlib.contextmanager
@@ -115,8 +112,21 @@ class SlowStore(MemoryStore):
 
 
 def _tier_harness(harness, tier, **extra):
+    """A harness whose connector store has ``tier`` as its secondary tier."""
     h = harness(extra=extra)
-    h.connector.store.tiers.append(tier)
+    old = h.connector.store
+    name = h.connector.pool_name
+    release_shared(name)
+    store = shared_store(
+        name,
+        lambda: ConnectorStore(
+            host_bytes=old.host.cache.capacity_bytes,
+            layout=h.connector.engine.layout,
+            stores=[tier],
+        ),
+    )
+    for holder in (h.connector, h.connector.scheduler, h.worker, h.worker.worker):
+        holder.store = store
     return h
 
 

@@ -1,0 +1,541 @@
+"""Device <-> host copies of chunk payloads: plain copies on CPU, a side stream on CUDA.
+
+The worker converts between vLLM's paged KV cache and the canonical chunk
+tensors (:mod:`chunkstore.vllm.layouts`); this module only decides *where*
+those canonical tensors live and how their bytes reach host memory:
+
+* :class:`HostCopier` (KV cache on the CPU): the canonical tensors are views
+  straight into the host chunk buffers, so the layout conversion is the only
+  copy and every transfer is complete when the ``with`` block ends.
+* :class:`ImageCopier` (any other torch device): the canonical tensors live in
+  a device *image* (the rank's byte ranges of each chunk, packed); the bytes
+  move between the image and the host buffers with one copy per contiguous
+  run (one per chunk at TP=1). Blocking copies; the fallback for devices
+  without a specialised copier.
+* :class:`CudaCopier`: the same images, but conversion kernels and copies run
+  on a dedicated side stream. Saves: the side stream waits for the forward
+  pass, gathers into the image, and the compute stream then waits only for
+  that gather (device to device) before its next kernels may overwrite the
+  blocks; the device -> host copy overlaps the next forward pass. Loads: the
+  host -> device copy and the scatter run on the side stream and the compute
+  stream waits on an event (no CPU stall). Host buffers that are pinned (the
+  host pool registers itself with ``cudaHostRegister``) are copied to and from
+  directly with ``non_blocking=True``; others go through a pinned staging
+  buffer. Completion is an event the worker polls (:meth:`Fence.poll`).
+
+:func:`select_copier` picks one from the KV cache's device. The CUDA calls go
+through :class:`CudaRuntime`, so tests run :class:`CudaCopier` on CPU tensors
+with a stand-in runtime.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from chunkstore.errors import ConfigError
+from chunkstore.format import ChunkLayout, rank_share
+
+log = logging.getLogger(__name__)
+
+__all__ = [
+    "Batch",
+    "CudaCopier",
+    "CudaRuntime",
+    "DeviceCopier",
+    "Fence",
+    "HostCopier",
+    "ImageCopier",
+    "ShardMap",
+    "ShardTensor",
+    "select_copier",
+]
+
+
+# --- where a rank's tensors are ------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ShardTensor:
+    """The part of one canonical tensor a TP rank reads or writes."""
+
+    name: str
+    """Tensor name in the chunk (``layers.3.k``)."""
+    payload_offset: int
+    """Byte offset of the rank's part inside the chunk payload."""
+    image_offset: int
+    """Byte offset of the same bytes inside the packed device image."""
+    nbytes: int
+    """Size in bytes."""
+    shape: tuple[int, ...]
+    """Shape of the rank's part (its heads only for split tensors)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ShardMap:
+    """A rank's tensors inside a chunk payload and inside a packed image of just those bytes.
+
+    ``runs`` are the contiguous ``(payload_offset, image_offset, length)``
+    pieces a transfer copies: one at TP=1 (the whole payload), two per layer
+    (its K and V heads) at TP>1.
+    """
+
+    tensors: tuple[ShardTensor, ...]
+    """The rank's tensors, in payload order."""
+    runs: tuple[tuple[int, int, int], ...]
+    """Merged contiguous pieces (payload offset, image offset, length)."""
+    image_size: int
+    """Bytes of a packed image (sum of the rank's parts)."""
+    payload_size: int
+    """Bytes of a whole chunk payload."""
+
+    @classmethod
+    def build(cls, layout: ChunkLayout, rank: int, tp: int, *, for_write: bool) -> ShardMap:
+        """The tensors rank ``rank`` of ``tp`` reads (``for_write=False``) or writes.
+
+        Writers skip replicated heads they do not own and unsplit tensors (MLA
+        latents) unless they are rank 0, exactly as :meth:`ChunkLayout.rank_ranges`.
+        """
+        itemsize = layout.dtype.itemsize
+        tensors: list[ShardTensor] = []
+        runs: list[tuple[int, int, int]] = []
+        image = 0
+        for slot in layout.tensors:
+            if slot.split_heads:
+                share = rank_share(rank, tp, slot.shape[0])
+                if for_write and not share.writer:
+                    continue
+                per_head = slot.nbytes // slot.shape[0]
+                offset = slot.offset + share.start * per_head
+                shape = (share.stop - share.start, *slot.shape[1:])
+            else:
+                if for_write and rank != 0:
+                    continue
+                offset, shape = slot.offset, slot.shape
+            nbytes = itemsize
+            for dim in shape:
+                nbytes *= dim
+            tensors.append(ShardTensor(slot.name, offset, image, nbytes, tuple(shape)))
+            if runs and runs[-1][0] + runs[-1][2] == offset and runs[-1][1] + runs[-1][2] == image:
+                runs[-1] = (runs[-1][0], runs[-1][1], runs[-1][2] + nbytes)
+            else:
+                runs.append((offset, image, nbytes))
+            image += nbytes
+        return cls(tuple(tensors), tuple(runs), image, layout.payload_size)
+
+    def views(
+        self, flat: torch.Tensor, dtype: torch.dtype, *, image: bool
+    ) -> dict[str, torch.Tensor]:
+        """Typed views of every tensor inside ``flat`` (uint8): a packed image or a payload."""
+        out = {}
+        for t in self.tensors:
+            start = t.image_offset if image else t.payload_offset
+            out[t.name] = flat[start : start + t.nbytes].view(dtype).view(t.shape)
+        return out
+
+
+# --- completion ------------------------------------------------------------------------------
+
+
+class Fence:
+    """Completion of one batch of copies. :meth:`poll` until true, or :meth:`wait`."""
+
+    def poll(self) -> bool:
+        """Whether the copies are complete (and any host-side finishing step has run)."""
+        raise NotImplementedError
+
+    def wait(self) -> None:
+        """Block until complete."""
+        raise NotImplementedError
+
+    @property
+    def seconds(self) -> float | None:
+        """Time the copies took once complete (device time when measured on the device)."""
+        raise NotImplementedError
+
+
+class DoneFence(Fence):
+    """Copies that completed before the fence was made (CPU, blocking copies)."""
+
+    def __init__(self, seconds: float) -> None:
+        self._seconds = seconds
+
+    def poll(self) -> bool:
+        return True
+
+    def wait(self) -> None:
+        return
+
+    @property
+    def seconds(self) -> float | None:
+        return self._seconds
+
+
+class EventFence(Fence):
+    """Copies that complete when a device event does; holds their buffers until then.
+
+    ``finish`` runs once on the host after the event (staging buffer -> host
+    chunk buffer for saves into unpinned memory).
+    """
+
+    def __init__(
+        self,
+        done: Any,
+        start: Any | None,
+        keep: Sequence[Any],
+        finish: Callable[[], None] | None = None,
+    ) -> None:
+        self._done = done
+        self._start = start
+        self._keep: list[Any] | None = list(keep)
+        self._finish = finish
+        self._seconds: float | None = None
+
+    def _complete(self) -> None:
+        if self._keep is None:
+            return
+        if self._finish is not None:
+            self._finish()
+        if self._start is not None:
+            self._seconds = float(self._start.elapsed_time(self._done)) / 1000.0
+        self._keep = None  # the device and staging buffers may be reused now
+
+    def poll(self) -> bool:
+        if self._keep is None:
+            return True
+        if not self._done.query():
+            return False
+        self._complete()
+        return True
+
+    def wait(self) -> None:
+        if self._keep is not None:
+            self._done.synchronize()
+            self._complete()
+
+    @property
+    def seconds(self) -> float | None:
+        return self._seconds
+
+
+@dataclass
+class Batch:
+    """One step's chunks on their way between host buffers and the device."""
+
+    views: list[dict[str, torch.Tensor]]
+    """Per chunk, tensor name -> the rank's part on the device (fill it for saves, read it
+    for loads)."""
+    nbytes: int
+    """Bytes moved between device and host by this batch."""
+    fence: Fence | None = None
+    """Set when the ``with`` block ends: completion of the copies."""
+    keep: list[Any] = field(default_factory=list)
+    """Buffers the copies read or write; the fence holds them until complete."""
+    start: Any = None
+    """Device event recorded before the copies (CUDA timing), or None."""
+
+
+# --- copiers ------------------------------------------------------------------------------
+
+
+def _as_bytes(buffer: Any) -> torch.Tensor:
+    """A uint8 tensor over a host buffer (no copy; read-only buffers are fine for reads)."""
+    with warnings.catch_warnings():
+        # Host chunks are read-only bytes on loads; torch only warns about it.
+        warnings.simplefilter("ignore", UserWarning)
+        return torch.frombuffer(buffer, dtype=torch.uint8)
+
+
+class DeviceCopier:
+    """Moves chunk payloads between host buffers and a device. See the module docstring.
+
+    ``saving`` / ``loading`` are context managers: run the layout conversion
+    inside the block (it is placed on the copier's stream), read
+    ``batch.fence`` after it.
+    """
+
+    name = "abstract"
+    device: torch.device
+
+    def index(self, values: Sequence[int]) -> torch.Tensor:
+        """A long tensor of block or token indices on the device, without a host sync."""
+        return torch.tensor(list(values), dtype=torch.long).to(self.device)
+
+    def saving(
+        self, payloads: Sequence[Any], shard: ShardMap, dtype: torch.dtype
+    ) -> contextlib.AbstractContextManager[Batch]:
+        """Device tensors to fill with each chunk's rank part; copied into ``payloads`` after.
+
+        ``payloads`` are writable host buffers of ``shard.payload_size`` bytes
+        (the payload part of a chunk buffer). They must stay alive until the
+        fence completes.
+        """
+        raise NotImplementedError
+
+    def loading(
+        self, payloads: Sequence[Any], shard: ShardMap, dtype: torch.dtype, *, block_compute: bool
+    ) -> contextlib.AbstractContextManager[Batch]:
+        """Device tensors holding each chunk's rank part, copied from ``payloads``.
+
+        With ``block_compute`` the next forward pass waits for the block's
+        work (synchronous loads); without it, the caller must not let vLLM use
+        the blocks before ``batch.fence`` completes.
+        """
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.device})"
+
+
+class HostCopier(DeviceCopier):
+    """KV cache in host memory: canonical tensors are views of the chunk buffers themselves."""
+
+    name = "host"
+
+    def __init__(self, device: torch.device | str = "cpu") -> None:
+        self.device = torch.device(device)
+
+    @contextlib.contextmanager
+    def saving(
+        self, payloads: Sequence[Any], shard: ShardMap, dtype: torch.dtype
+    ) -> Iterator[Batch]:
+        t0 = time.perf_counter()
+        batch = Batch([shard.views(_as_bytes(p), dtype, image=False) for p in payloads],
+                      shard.image_size * len(payloads))
+        yield batch
+        batch.fence = DoneFence(time.perf_counter() - t0)
+
+    @contextlib.contextmanager
+    def loading(
+        self, payloads: Sequence[Any], shard: ShardMap, dtype: torch.dtype, *, block_compute: bool
+    ) -> Iterator[Batch]:
+        t0 = time.perf_counter()
+        batch = Batch([shard.views(_as_bytes(p), dtype, image=False) for p in payloads],
+                      shard.image_size * len(payloads))
+        yield batch
+        batch.fence = DoneFence(time.perf_counter() - t0)
+
+
+class ImageCopier(DeviceCopier):
+    """Any torch device: packed device images, blocking copies run by run."""
+
+    name = "image"
+
+    def __init__(self, device: torch.device | str) -> None:
+        self.device = torch.device(device)
+
+    # Hooks the CUDA copier overrides; here: no streams, copies complete on return.
+
+    def _on_side(self) -> contextlib.AbstractContextManager[Any]:
+        """Context in which conversion and copies run; yields the compute stream (or None)."""
+        return contextlib.nullcontext()
+
+    def _empty_image(self, n: int, size: int) -> torch.Tensor:
+        return torch.empty((n, size), dtype=torch.uint8, device=self.device)
+
+    def _to_host(self, batch: Batch, image: torch.Tensor, hosts: list[torch.Tensor],
+                 shard: ShardMap, t0: float, compute: Any) -> Fence:
+        for j, host in enumerate(hosts):
+            for payload_off, image_off, length in shard.runs:
+                host[payload_off : payload_off + length].copy_(
+                    image[j, image_off : image_off + length]
+                )
+        return DoneFence(time.perf_counter() - t0)
+
+    def _to_device(self, batch: Batch, image: torch.Tensor, hosts: list[torch.Tensor],
+                   shard: ShardMap) -> None:
+        for j, host in enumerate(hosts):
+            for payload_off, image_off, length in shard.runs:
+                image[j, image_off : image_off + length].copy_(
+                    host[payload_off : payload_off + length]
+                )
+
+    def _loaded(self, batch: Batch, block_compute: bool, t0: float, compute: Any) -> Fence:
+        return DoneFence(time.perf_counter() - t0)
+
+    @contextlib.contextmanager
+    def saving(
+        self, payloads: Sequence[Any], shard: ShardMap, dtype: torch.dtype
+    ) -> Iterator[Batch]:
+        t0 = time.perf_counter()
+        hosts = [_as_bytes(p) for p in payloads]
+        with self._on_side() as compute:
+            image = self._empty_image(len(hosts), shard.image_size)
+            batch = Batch([shard.views(image[j], dtype, image=True) for j in range(len(hosts))],
+                          shard.image_size * len(hosts), keep=[image, *hosts])
+            yield batch
+            batch.fence = self._to_host(batch, image, hosts, shard, t0, compute)
+
+    @contextlib.contextmanager
+    def loading(
+        self, payloads: Sequence[Any], shard: ShardMap, dtype: torch.dtype, *, block_compute: bool
+    ) -> Iterator[Batch]:
+        t0 = time.perf_counter()
+        hosts = [_as_bytes(p) for p in payloads]
+        with self._on_side() as compute:
+            image = self._empty_image(len(hosts), shard.image_size)
+            batch = Batch([shard.views(image[j], dtype, image=True) for j in range(len(hosts))],
+                          shard.image_size * len(hosts), keep=[image, *hosts])
+            self._to_device(batch, image, hosts, shard)
+            yield batch
+            batch.fence = self._loaded(batch, block_compute, t0, compute)
+
+
+class CudaRuntime:
+    """The torch.cuda calls :class:`CudaCopier` makes, in one place (tests substitute it)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+
+    def new_stream(self) -> Any:
+        return torch.cuda.Stream(device=self.device)
+
+    def current_stream(self) -> Any:
+        return torch.cuda.current_stream(self.device)
+
+    def use_stream(self, stream: Any) -> contextlib.AbstractContextManager[Any]:
+        return torch.cuda.stream(stream)
+
+    def new_event(self, timing: bool = False) -> Any:
+        return torch.cuda.Event(enable_timing=timing)
+
+    def is_pinned(self, host: torch.Tensor) -> bool:
+        # True for cudaHostRegister'ed memory too (CUDA reports it as host-pinned).
+        return bool(host.is_pinned())
+
+    def pinned_empty(self, shape: tuple[int, ...]) -> torch.Tensor:
+        return torch.empty(shape, dtype=torch.uint8, pin_memory=True)
+
+    def pin(self, host: torch.Tensor) -> torch.Tensor:
+        return host.pin_memory()
+
+
+class CudaCopier(ImageCopier):
+    """CUDA: a side stream, pinned host memory, ``non_blocking`` copies, events the worker polls."""
+
+    name = "cuda"
+
+    def __init__(self, device: torch.device | str, runtime: CudaRuntime | None = None,
+                 *, timing: bool = True) -> None:
+        super().__init__(device)
+        self.runtime = runtime or CudaRuntime(self.device)
+        self.stream = self.runtime.new_stream()
+        """The side stream all conversion kernels and copies run on."""
+        self.timing = timing
+        self.staged_batches = 0
+        """Batches that went through a pinned staging buffer (unpinned host memory)."""
+        self._warned_unpinned = False
+
+    def index(self, values: Sequence[int]) -> torch.Tensor:
+        # A pageable host tensor would make the copy synchronise the stream (and so wait for
+        # the forward pass); from pinned memory it is queued like any other copy.
+        host = self.runtime.pin(torch.tensor(list(values), dtype=torch.long))
+        return host.to(self.device, non_blocking=True)
+
+    @contextlib.contextmanager
+    def _on_side(self) -> Iterator[Any]:
+        compute = self.runtime.current_stream()
+        # After the forward pass that wrote (saves) or the block zeroing that precedes (loads).
+        self.stream.wait_stream(compute)
+        with self.runtime.use_stream(self.stream):
+            yield compute
+
+    def _start_event(self) -> Any | None:
+        if not self.timing:
+            return None
+        start = self.runtime.new_event(timing=True)
+        start.record(self.stream)
+        return start
+
+    def _pinned(self, hosts: list[torch.Tensor]) -> bool:
+        pinned = all(self.runtime.is_pinned(h) for h in hosts)
+        if not pinned and not self._warned_unpinned:
+            self._warned_unpinned = True
+            log.info("chunkstore: host chunk buffers are not pinned; copies go through a pinned "
+                     "staging buffer (one extra host copy)")
+        return pinned
+
+    def _to_host(self, batch: Batch, image: torch.Tensor, hosts: list[torch.Tensor],
+                 shard: ShardMap, t0: float, compute: Any) -> Fence:
+        gathered = self.runtime.new_event()
+        gathered.record(self.stream)
+        # The next kernels of the forward pass may reuse freed blocks: they wait for the
+        # gather only (device to device), not for the copy to host below.
+        compute.wait_event(gathered)
+        start = self._start_event()
+        finish: Callable[[], None] | None = None
+        if self._pinned(hosts):
+            for j, host in enumerate(hosts):
+                for payload_off, image_off, length in shard.runs:
+                    host[payload_off : payload_off + length].copy_(
+                        image[j, image_off : image_off + length], non_blocking=True
+                    )
+        else:
+            self.staged_batches += 1
+            staging = self.runtime.pinned_empty(tuple(image.shape))
+            staging.copy_(image, non_blocking=True)
+            batch.keep.append(staging)
+
+            def finish() -> None:
+                for j, host in enumerate(hosts):
+                    for payload_off, image_off, length in shard.runs:
+                        host[payload_off : payload_off + length].copy_(
+                            staging[j, image_off : image_off + length]
+                        )
+
+        done = self.runtime.new_event(timing=self.timing)
+        done.record(self.stream)
+        return EventFence(done, start, batch.keep, finish)
+
+    def _to_device(self, batch: Batch, image: torch.Tensor, hosts: list[torch.Tensor],
+                   shard: ShardMap) -> None:
+        batch.start = self._start_event()
+        if self._pinned(hosts):
+            for j, host in enumerate(hosts):
+                for payload_off, image_off, length in shard.runs:
+                    image[j, image_off : image_off + length].copy_(
+                        host[payload_off : payload_off + length], non_blocking=True
+                    )
+            return
+        self.staged_batches += 1
+        staging = self.runtime.pinned_empty(tuple(image.shape))
+        for j, host in enumerate(hosts):
+            for payload_off, image_off, length in shard.runs:
+                staging[j, image_off : image_off + length].copy_(
+                    host[payload_off : payload_off + length]
+                )
+        image.copy_(staging, non_blocking=True)
+        batch.keep.append(staging)
+
+    def _loaded(self, batch: Batch, block_compute: bool, t0: float, compute: Any) -> Fence:
+        done = self.runtime.new_event(timing=self.timing)
+        done.record(self.stream)
+        if block_compute:
+            # The forward pass reads these blocks: it waits on the device, the CPU does not.
+            compute.wait_event(done)
+        return EventFence(done, batch.start, batch.keep)
+
+
+def select_copier(device: torch.device | str, runtime: CudaRuntime | None = None) -> DeviceCopier:
+    """The copier for a KV cache on ``device``: host views on CPU, side stream on CUDA.
+
+    Other devices (XPU, HPU, ...) get blocking copies through device images.
+    ``runtime`` replaces the torch.cuda calls (tests).
+    """
+    device = torch.device(device)
+    if device.type == "cpu":
+        return HostCopier(device)
+    if device.type == "cuda":
+        if runtime is None and not torch.cuda.is_available():
+            raise ConfigError(f"KV cache is on {device}, but torch sees no CUDA device")
+        return CudaCopier(device, runtime)
+    log.info("chunkstore: no asynchronous copier for %s devices; using blocking copies",
+             device.type)
+    return ImageCopier(device)

@@ -1,0 +1,136 @@
+"""The worker with copies still in flight (the CUDA copier over a stand-in runtime, on CPU).
+
+Under vLLM's real scheduler: a save is sealed and stored only once its copy
+completes; a synchronous load makes the forward pass wait on the device, not
+the CPU; an asynchronous (hybrid) load is reported finished only when its
+copy is complete, and its host slots stay pinned until then.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+
+pytest.importorskip("vllm")
+
+from vllm.v1.request import RequestStatus  # noqa: E402
+
+from chunkstore.vllm.testing import sample_prompt_ids  # noqa: E402
+from chunkstore.vllm.tiers import release_shared  # noqa: E402
+from chunkstore.vllm.transfer import CudaCopier  # noqa: E402
+
+from .fake_cuda import FakeRuntime  # noqa: E402
+from .harness import make_harness  # noqa: E402
+
+PROMPT = sample_prompt_ids(300, seed=21)
+
+
+@pytest.fixture
+def harness(tiny_model):
+    made = []
+
+    def make(**kwargs):
+        h = make_harness(tiny_model, **kwargs)
+        made.append(h)
+        rt = FakeRuntime(pinned=True, auto_complete=False)
+        h.worker.worker.register_kv_caches(h.kv, copier=CudaCopier("cpu", rt))
+        return h, rt
+
+    yield make
+    for h in made:
+        release_shared(f"vllm-{h.scheduler.vllm_config.kv_transfer_config.engine_id}")
+
+
+def test_saves_are_stored_when_their_copy_completes(harness):
+    h, rt = harness()
+    h.add(PROMPT)
+    h.run()
+    worker = h.worker.worker
+    store = h.connector.store
+    keys = h.connector.engine.keys(PROMPT, h.connector.engine.root())
+    assert len(keys) == 4
+    assert not any(store.host.contains(k) for k in keys)  # copies still "on the device"
+    rt.complete_all()
+    worker.poll()
+    assert all(store.host.contains(k) for k in keys)
+    assert worker.stats.data["saved_chunks"] == 4
+
+    # A synchronous load: the forward pass waits on the load's event, the CPU does not.
+    h.scheduler.reset_prefix_cache()
+    req = h.add(PROMPT)
+    waited_before = len(rt.compute.waited)
+    out = h.step()
+    assert out.has_sync_kv_loads
+    load_done = rt.events[-1]
+    assert rt.compute.waited[waited_before:][-1] is load_done
+    assert h.device_kv_matches(req, 256)
+
+
+def test_async_load_is_reported_when_its_copy_completes(harness):
+    h, rt = harness(sliding_window=128)
+    rt.auto_complete = True
+    h.add(PROMPT)
+    h.run()
+    assert len(h.connector.store.host) == 4
+    rt.auto_complete = False
+    h.scheduler.reset_prefix_cache()
+    req = h.add(PROMPT)
+    h.step()
+    assert req.status == RequestStatus.WAITING_FOR_REMOTE_KVS
+    pool = h.connector.store.host.cache.pool
+    assert pool.pinned_slots() == 4  # the host slots being read stay pinned
+    for _ in range(3):
+        h.step()
+        assert req.status == RequestStatus.WAITING_FOR_REMOTE_KVS
+    rt.complete_all()
+    h.step()  # the worker reports the receive finished
+    h.step()
+    assert req.status == RequestStatus.RUNNING
+    assert pool.pinned_slots() == 0
+    assert h.device_kv_matches(req, 256, layers=("model.layers.0.self_attn.attn",))
+    h.run()
+
+
+def test_failed_async_load_is_reported_only_after_the_batch_completes(harness):
+    h, rt = harness(sliding_window=128)
+    rt.auto_complete = True
+    h.add(PROMPT)
+    h.run()
+    rt.auto_complete = False
+    h.scheduler.reset_prefix_cache()
+    store = h.connector.store
+    keys = h.connector.engine.keys(PROMPT, h.connector.engine.root())
+    original = store.read_host
+    store.read_host = lambda key: _gone() if key == keys[2] else original(key)
+    failed: list[set[str]] = []
+    results = h.worker.get_transfer_results
+
+    def spy(finished):
+        out = results(finished)
+        failed.append(set(out.failed_recving))
+        return out
+
+    h.worker.get_transfer_results = spy
+    req = h.add(PROMPT)
+    h.step()
+    h.step()
+    store.read_host = original
+    # Chunks 0 and 1 are still being copied into its blocks: no recompute may start yet.
+    assert req.status == RequestStatus.WAITING_FOR_REMOTE_KVS
+    assert not any(failed)
+    rt.complete_all()
+    rt.auto_complete = True  # the retry loads chunks 0 and 1 again
+    h.step()
+    assert req.request_id in set().union(*failed)
+    for _ in range(10):
+        h.step()
+        if req.num_computed_tokens >= 300:
+            break
+    assert h.device_kv_matches(req, 288, layers=("model.layers.0.self_attn.attn",))
+    h.run()
+
+
+@contextlib.contextmanager
+def _gone():
+    yield None
