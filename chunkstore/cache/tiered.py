@@ -37,7 +37,8 @@ from chunkstore.backends.base import Buffer, ChunkInfo, Store, SupportsGetInto
 from chunkstore.cache.guard import GuardedTier, TierUnavailable
 from chunkstore.cache.host import HostCache, HostCacheStats, Lease
 from chunkstore.cache.writeback import WriteBehindQueue
-from chunkstore.errors import ConfigError
+from chunkstore.errors import ConfigError, FormatError
+from chunkstore.format import read_header, recompress
 from chunkstore.hashing import ChunkKey
 from chunkstore.metrics import ChunkstoreMetrics, default_metrics
 
@@ -453,6 +454,8 @@ class TieredStore(Store):
                 if data is not None and len(data) <= len(slot.view):
                     slot.view[: len(data)] = data
                     size = len(data)
+            if size:
+                size = _decompress_in_place(slot.view, size)
         except TierUnavailable:
             size = None
         finally:
@@ -499,7 +502,7 @@ class TieredStore(Store):
     def _promote(self, tier: GuardedTier, key: ChunkKey, data: bytes) -> None:
         if not self.promote:
             return
-        if self.host.put(key, data):
+        if self.host.put(key, hot_bytes(data)):
             with self._lock:
                 tier.promotions += 1
             tier.instruments.promotions.inc()
@@ -721,7 +724,10 @@ class TieredStore(Store):
             if nbytes:
                 tier.instruments.record_read(nbytes, time.perf_counter() - started)
             for key, data in zip(wanted, found):
-                outcome = None if data is None else self.host.insert(key, data, keep_pinned=True)
+                outcome = (
+                    None if data is None
+                    else self.host.insert(key, hot_bytes(data), keep_pinned=True)
+                )
                 if outcome is None or outcome.lease is None:
                     self._count_tier(tier, 0, 1)
                     return loaded
@@ -804,6 +810,34 @@ class TieredStore(Store):
     def __repr__(self) -> str:
         names = ", ".join([self.host.name, *(t.name for t in self.tiers)])
         return f"TieredStore({names}; write_tiers={self.write_tiers!r})"
+
+
+def hot_bytes(data: Any) -> Any:
+    """``data`` as host memory should hold it: uncompressed, ready to copy to a device.
+
+    Cold tiers may keep chunks zstd-compressed (spec/FORMAT.md §4.4); promotion
+    decompresses them so every host slot can be read through the layout's views.
+    Bytes that do not parse are returned as they are: the tier that served them
+    already verified them, and the host cache never interprets them otherwise.
+    """
+    try:
+        if read_header(data).compression == "none":
+            return data
+        return recompress(data, "none")
+    except FormatError:
+        return data
+
+
+def _decompress_in_place(view: memoryview, size: int) -> int:
+    """Decompress a chunk read into ``view[:size]`` in place if it is compressed; its new size."""
+    stored = view[:size]
+    plain = hot_bytes(stored)
+    if plain is stored:
+        return size
+    if len(plain) > len(view):
+        return 0  # cannot hold it uncompressed: not promoted
+    view[: len(plain)] = plain
+    return len(plain)
 
 
 def _copy(buffer: Buffer, data: bytes | memoryview) -> int:

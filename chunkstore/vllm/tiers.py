@@ -25,8 +25,8 @@ from typing import Any
 
 from chunkstore.backends import Store, open_store
 from chunkstore.backends.base import Buffer, ChunkInfo
-from chunkstore.errors import FormatError, StoreError
-from chunkstore.format import ChunkLayout, read_header, recompress
+from chunkstore.errors import StoreError
+from chunkstore.format import ChunkLayout, recompress
 from chunkstore.hashing import ChunkKey
 
 log = logging.getLogger(__name__)
@@ -230,7 +230,9 @@ class _Zstd(Store):
         return self.inner.corrupt_detected
 
     def _read_many(self, keys: Sequence[ChunkKey]) -> list[bytes | None]:
-        return [None if d is None else _uncompressed(d) for d in self.inner.get_many(keys)]
+        from chunkstore.cache.tiered import hot_bytes
+
+        return [None if d is None else hot_bytes(d) for d in self.inner.get_many(keys)]
 
     def exists_many(self, keys: Sequence[ChunkKey]) -> list[bool]:
         return self.inner.exists_many(keys)
@@ -340,16 +342,6 @@ def _tier_options(url: str, options: dict[str, Any]) -> dict[str, Any]:
     if "://" not in url or url.startswith("file://"):
         return {"create": True, **options}
     return dict(options)
-
-
-def _uncompressed(data: Any) -> Any:
-    """Host memory holds uncompressed chunks, ready to copy to the device."""
-    try:
-        if read_header(data).compression == "none":
-            return data
-        return recompress(data, "none")
-    except FormatError:
-        return data
 
 
 _SHARED: dict[str, ConnectorStore] = {}

@@ -323,3 +323,34 @@ def test_lookup_prefix_alternates_between_host_and_tiers() -> None:
         assert store.lookup_prefix([c.key for c in chunks]) == 3
     finally:
         store.close()
+
+
+@pytest.mark.parametrize("path", ["acquire", "prefetch", "get"])
+def test_compressed_tier_chunks_are_uncompressed_in_host_memory(path: str) -> None:
+    """Host slots are read through the layout's views, so they never hold zstd payloads."""
+    from chunkstore.format import decode_chunk, recompress
+    from chunkstore.testing.factories import sample_chunks
+
+    store = _tiered(4, tiers=1)
+    try:
+        chunk = sample_chunks(1, layout=LAYOUT)[0]
+        packed = recompress(chunk.data, "zstd")
+        assert len(packed) < len(chunk.data)
+        store.tiers[0].store.put(chunk.key, packed)
+        if path == "acquire":
+            lease = store.acquire(chunk.key)
+            assert lease is not None
+            store.release(lease)
+        elif path == "prefetch":
+            assert store.prefetch([chunk.key]).result(timeout=30) == ["memory"]
+        else:
+            assert decode_chunk(store.get(chunk.key)).header.key == chunk.key.digest
+        held = store.host.acquire(chunk.key)
+        assert held is not None
+        try:
+            assert bytes(held.view[: len(chunk.data)]) == chunk.data
+            assert decode_chunk(held.view[: len(chunk.data)]).header.compression == "none"
+        finally:
+            store.host.release(held)
+    finally:
+        store.close()
