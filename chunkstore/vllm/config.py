@@ -38,6 +38,8 @@ OPTIONS: dict[str, str] = {
     "store_options": "Mapping of URL -> keyword options passed to open_store for that tier.",
     "shared_pool": "Name of the shared host pool the TP ranks of one instance attach to "
     "(default: derived from the engine id).",
+    "metrics_port": "Serve the library's chunkstore_* metrics at http://127.0.0.1:PORT/metrics "
+    "from the engine process (0 picks a free port). Default: off.",
 }
 
 def parse_size(value: Any, option: str = "size") -> int:
@@ -86,6 +88,8 @@ class ConnectorConfig:
     """Per-URL store options."""
     shared_pool: str | None
     """Shared host pool name, or None for the default."""
+    metrics_port: int | None
+    """Port of the chunkstore_* metrics endpoint, or None for none."""
 
 
 def _bool(extra: Mapping[str, Any], name: str, default: bool) -> bool:
@@ -127,6 +131,15 @@ def _choice(extra: Mapping[str, Any], name: str, default: str, choices: tuple[st
     if not isinstance(value, str) or value.lower() not in choices:
         raise ConfigError(f"{name}: expected one of {', '.join(choices)}, got {value!r}")
     return value.lower()
+
+
+def _port(extra: Mapping[str, Any], name: str) -> int | None:
+    value = extra.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 65535:
+        raise ConfigError(f"{name}: expected a TCP port number 0..65535, got {value!r}")
+    return value
 
 
 def _optional_str(extra: Mapping[str, Any], name: str) -> str | None:
@@ -202,4 +215,5 @@ def parse_config(
         compression=_choice(extra, "compression", "none", ("none", "zstd")),
         store_options={k: dict(v) for k, v in store_options.items()},
         shared_pool=_optional_str(extra, "shared_pool"),
+        metrics_port=_port(extra, "metrics_port"),
     )

@@ -27,6 +27,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from chunkstore.errors import ConfigError
+from chunkstore.metrics import MetricsServer, start_metrics_server
 from chunkstore.vllm.config import ConnectorConfig, parse_config
 from chunkstore.vllm.engine import EngineKV, describe_engine
 from chunkstore.vllm.metadata import ChunkStoreMetadata
@@ -86,9 +87,13 @@ class ChunkStoreConnector(KVConnectorBase_V1, SupportsHMA):
             # TP=1: scheduler and worker share one process (vLLM runs the single worker
             # inside the engine core), so they share this process's store by name.
             self.store = shared_store(self.pool_name, self._make_store)
+        self.metrics_server: MetricsServer | None = None
         if role == KVConnectorRole.SCHEDULER:
             assert isinstance(self.store, ConnectorStore)
             self.scheduler = ChunkStoreScheduler(self.engine, self.cfg, self.store)
+            if self.cfg.metrics_port is not None:
+                self.metrics_server = start_metrics_server(self.cfg.metrics_port)
+                log.info("chunkstore: metrics at %s", self.metrics_server.url)
         else:
             self.worker = ChunkStoreWorker(self.engine, self.cfg, self.store, vllm_config)
         log.info(
@@ -165,6 +170,9 @@ class ChunkStoreConnector(KVConnectorBase_V1, SupportsHMA):
         if self.worker is not None:
             self.worker.drain()
         self.store.flush(timeout=30)
+        if self.metrics_server is not None:
+            self.metrics_server.close()
+            self.metrics_server = None
 
     # --- scheduler side -------------------------------------------------------------
 

@@ -32,6 +32,8 @@ def test_values_are_parsed():
     assert cfg.tiers == ("file:///mnt/kv",)
     assert cfg.chunk_tokens == 256 and not cfg.save
     assert cfg.compression == "zstd" and cfg.prefetch_timeout_s == 0.5
+    assert cfg.metrics_port is None
+    assert parse_config({"metrics_port": 9400}, block_size=16).metrics_port == 9400
 
 
 @pytest.mark.parametrize(
@@ -51,6 +53,8 @@ def test_values_are_parsed():
         ({"compression": "lz4"}, "compression"),
         ({"store_options": {"s3://x": {}}}, "store_options"),
         ({"model_id": ""}, "model_id"),
+        ({"metrics_port": 70000}, "metrics_port"),
+        ({"metrics_port": "9100"}, "metrics_port"),
     ],
 )
 def test_invalid_options_name_themselves(extra, option):

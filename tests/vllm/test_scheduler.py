@@ -266,3 +266,25 @@ def test_hybrid_groups_load_async_and_fail_by_request(harness):
     assert h.device_kv_matches(req2, 288, layers=full_attention)
     h.run()
     assert h.finished[req2.request_id] == FinishReason.LENGTH
+
+
+def test_metrics_port_serves_library_metrics_after_a_workload(harness):
+    import urllib.request
+
+    def scrape(url: str, name: str) -> float:
+        body = urllib.request.urlopen(url, timeout=10).read().decode()
+        values = [float(line.rsplit(" ", 1)[1]) for line in body.splitlines()
+                  if line.startswith(name + "{") or line.startswith(name + " ")]
+        return sum(values)
+
+    h = harness(extra={"metrics_port": 0})
+    server = h.connector.metrics_server
+    assert server is not None and server.host == "127.0.0.1"
+    saved = 'chunkstore_device_bytes_total{direction="device_to_host"}'
+    before = scrape(server.url, saved)
+    h.add(PROMPT)
+    h.run()
+    assert scrape(server.url, saved) > before
+    assert scrape(server.url, "chunkstore_host_cache_chunks") >= 4
+    h.connector.shutdown()
+    assert h.connector.metrics_server is None
