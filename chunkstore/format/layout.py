@@ -171,17 +171,24 @@ class ChunkLayout:
                 ranges.append(ByteRange(start, length))
         return ranges
 
-    def shard_views(self, buf: Any, rank: int, tp: int) -> dict[str, np.ndarray]:
-        """Views of the parts of every tensor that rank ``rank`` of ``tp`` holds, inside ``buf``."""
-        views: dict[str, np.ndarray] = {}
+    def shard_of(self, tensors: Mapping[str, Any], rank: int, tp: int) -> dict[str, Any]:
+        """What rank ``rank`` of ``tp`` holds of whole-model ``tensors``: its heads of split
+        tensors, all of unsplit ones (slices, no copies). Works on numpy arrays, torch
+        tensors, or anything sliceable along the first axis."""
+        out: dict[str, Any] = {}
         for slot in self.tensors:
-            full = self.tensor_view(buf, slot.name)
+            full = tensors[slot.name]
             if slot.split_heads:
                 share = rank_share(rank, tp, slot.shape[0])
-                views[slot.name] = full[share.start : share.stop]
+                out[slot.name] = full[share.start : share.stop]
             else:
-                views[slot.name] = full
-        return views
+                out[slot.name] = full
+        return out
+
+    def shard_views(self, buf: Any, rank: int, tp: int) -> dict[str, np.ndarray]:
+        """Views of the parts of every tensor that rank ``rank`` of ``tp`` holds, inside ``buf``."""
+        full = {slot.name: self.tensor_view(buf, slot.name) for slot in self.tensors}
+        return self.shard_of(full, rank, tp)
 
     def write_shard(self, buf: Any, rank: int, tp: int, shard: Mapping[str, Any]) -> None:
         """Copy rank ``rank``'s tensors (its heads only) into their places in chunk buffer ``buf``.

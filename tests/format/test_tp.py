@@ -26,15 +26,7 @@ from tests.format.strategies import kv_specs, random_tensors
 
 def _shard(tensors: dict[str, np.ndarray], layout: ChunkLayout, rank: int, tp: int) -> dict:
     """What rank `rank` of `tp` holds on its device: its heads of split tensors, all of unsplit ones."""
-    out = {}
-    for slot in layout.tensors:
-        full = tensors[slot.name]
-        if slot.split_heads:
-            share = rank_share(rank, tp, slot.shape[0])
-            out[slot.name] = full[share.start : share.stop]
-        else:
-            out[slot.name] = full
-    return out
+    return layout.shard_of(tensors, rank, tp)
 
 
 def _assemble(layout, tensors, tokens, root, tp, order) -> bytes:
@@ -103,6 +95,15 @@ def test_rank_ranges_cover_exactly_the_rank_bytes(spec, seed) -> None:
             covered = sum(r.length for r in read_ranges)
             expected = sum(v.nbytes for v in _shard(tensors, layout, rank, tp).values())
             assert covered == expected
+
+
+def test_shard_of_slices_heads_without_copying() -> None:
+    layout = ChunkLayout(KVSpec.simple("m", num_layers=1, num_kv_heads=4, head_dim=2, chunk_tokens=2))
+    tensors = random_tensors(layout, 3)
+    shard = layout.shard_of(tensors, 1, 2)
+    assert shard["layers.0.k"].tobytes() == tensors["layers.0.k"][2:4].tobytes()
+    assert np.shares_memory(shard["layers.0.v"], tensors["layers.0.v"])
+    assert shard["layers.0.k"].shape == (2, 2, 2)
 
 
 def test_tp1_share_is_the_whole_payload_in_one_range() -> None:
