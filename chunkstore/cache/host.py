@@ -254,23 +254,36 @@ class HostCache(Store):
 
     # --- fast paths: reserve / commit / abort -------------------------------------------------
 
-    def reserve(self, key: ChunkKey) -> Lease | None:
+    def reserve(self, key: ChunkKey, *, evict: bool = True) -> Lease | None:
         """A pinned, writable slot for ``key`` (``None`` when every slot is pinned).
 
         Write the chunk into ``lease.view`` (``slot_size`` bytes; e.g. one
         :meth:`ChunkLayout.write_shard` per TP rank, then ``seal_chunk``), then
         :meth:`commit`. Until then readers miss the key. Reserving a key that is
         already cached replaces it on commit (its old slot serves current readers).
+
+        ``evict=False`` is for speculative reads (promoting a chunk that a lower
+        tier may not have): it only takes a free slot (``None`` when there is
+        none, not counted as rejected) and leaves the policy alone until
+        :meth:`commit`, so an :meth:`abort` after a miss has evicted nothing
+        and recorded no use of ``key``.
         """
         with self._lock:
             self._check_open()
-            slot = self._allocate(key)
-            if slot is None:
-                self._rejected += 1
-                return None
+            if evict:
+                slot = self._allocate(key)
+                if slot is None:
+                    self._rejected += 1
+                    return None
+            else:
+                self._reclaim_doomed()
+                if not self._free:
+                    return None
+                slot = self._free.pop()
             generation = self.pool.assign(slot, key)
             # A new key is indexed at once (as WRITING: readers miss it) so that the policy's
-            # resident set and the index agree; a cached key keeps serving its old slot.
+            # resident set and the index agree (without eviction the policy learns of it at
+            # commit); a cached key keeps serving its old slot.
             self._index.setdefault(key, slot)
             self._mtime[slot] = self._atime[slot] = time.time()
         return Lease(self, key, slot, generation, self.pool.view(slot), writing=True)
@@ -328,9 +341,11 @@ class HostCache(Store):
                 return
             pool.unpin(slot)
             if self._index.get(lease.key) == slot:
-                # The reservation never published: the key was not cached before it.
+                # The reservation never published: the key was not cached before it. (A
+                # reservation without eviction never entered the policy: leave its history.)
                 del self._index[lease.key]
-                self._policy.remove(lease.key)
+                if lease.key in self._policy:
+                    self._policy.remove(lease.key)
             self._retire(slot)
 
     # --- fast paths: acquire / release / get_into ---------------------------------------------
@@ -392,6 +407,26 @@ class HostCache(Store):
                 out.append(bytes(lease.view))
             finally:
                 self.release(lease)
+        return out
+
+    def read_unchecked_many(self, keys: Sequence[ChunkKey]) -> list[bytes | None]:
+        """Cached bytes per key; not a use (no hit counted, no policy or access-time update)."""
+        out: list[bytes | None] = []
+        for key in keys:
+            with self._lock:
+                self._check_open()
+                slot = self._index.get(key)
+                if slot is None or self.pool.state(slot) != READY:
+                    out.append(None)
+                    continue
+                self.pool.pin(slot)
+                length = self.pool.length(slot)
+            try:
+                out.append(bytes(self.pool.view(slot)[:length]))
+            finally:
+                with self._lock:
+                    if not self.pool.closed:
+                        self._unpin(slot)
         return out
 
     def exists_many(self, keys: Sequence[ChunkKey]) -> list[bool]:

@@ -17,6 +17,13 @@
   where each came from.
 * A tier that raises or times out is a miss (reads) or a dropped write, and is
   retried after ``retry_after`` seconds; the caller never sees its exception.
+  A timed-out call keeps running in the background, so host memory handed to
+  it (a slot being promoted into, a slot being written back) stays pinned
+  until it ends; a caller's own buffer is never handed to a call that may
+  outlive it (a private copy is used instead).
+* ``delete`` never waits for the write-behind queue: queued write-backs of the
+  deleted keys are withdrawn, and a write already under way is undone (the
+  keys deleted again from the tiers) when it ends.
 * Eviction never loses a chunk waiting for write-back (its slot is pinned
   until written); :meth:`TieredStore.close` flushes the queue. A crash loses at
   most the queued chunks, and only the host copy of them.
@@ -73,6 +80,8 @@ class TierStats:
     """Calls that failed or timed out."""
     up: bool
     """False while the tier is in back-off."""
+    abandoned: int = 0
+    """Timed-out calls still running; each may keep a host slot pinned until it ends."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -166,7 +175,7 @@ class TieredStore(Store):
         self._targets = self.tiers[:1] if write_tiers == "first" else self.tiers
         self._queue: WriteBehindQueue[Lease] | None = (
             WriteBehindQueue(self._write_back, capacity=queue_size, batch_size=write_batch,
-                             name=f"chunkstore-writeback-{self.name}")
+                             name=f"chunkstore-writeback-{self.name}", undo=self._undo_writes)
             if self._targets
             else None
         )
@@ -190,7 +199,7 @@ class TieredStore(Store):
         """Counters of the host cache and every tier."""
         tiers = tuple(
             TierStats(t.name, t.hits, t.misses, t.promotions, t.writes, dict(t.dropped),
-                      t.errors, t.up)
+                      t.errors, t.up, t.abandoned)
             for t in self.tiers
         )
         return TieredStats(
@@ -305,20 +314,44 @@ class TieredStore(Store):
         self._report_drop(lease.key, "write-behind queue full")
 
     def _write_back(self, batch: list[Lease]) -> None:
-        """Drain-thread side: write a batch to the target tiers, then unpin it."""
+        """Drain-thread side: write a batch to the target tiers, then unpin it.
+
+        The tiers read the slots in place (no copy on the common path). A write
+        that times out may still be reading them, so the batch stays pinned
+        until every such call has ended: the slots cannot be reused and their
+        bytes stored under these keys.
+        """
+        def release_batch() -> None:
+            for lease in batch:
+                self.host.release(lease)
+
+        holds = _Holds(release_batch)
         try:
             items = [(lease.key, lease.view) for lease in batch]
             nbytes = sum(len(lease.view) for lease in batch)
             for tier in self._targets:
-                self._write_to(tier, items, nbytes)
+                self._write_to(tier, items, nbytes, holds=holds)
         finally:
-            for lease in batch:
-                self.host.release(lease)
+            holds.done()
+
+    def _undo_writes(self, batch: list[Lease]) -> None:
+        """Drain-thread side: keys deleted while their write-back was under way."""
+        keys = list(dict.fromkeys(lease.key for lease in batch))
+        for tier in self._targets:
+            try:
+                tier.call("delete", tier.store.delete_many, keys)
+            except TierUnavailable:
+                continue
 
     def _write_to(
         self, tier: GuardedTier, items: list[tuple[ChunkKey, Buffer]], nbytes: int,
-        *, if_absent: bool = False,
+        *, if_absent: bool = False, holds: _Holds | None = None,
     ) -> bool:
+        """Write ``items`` to ``tier``; ``holds`` keeps their memory alive past a timeout.
+
+        Without ``holds`` the buffers must be private to this write (a timed-out
+        call may read them later).
+        """
         if not tier.up:
             tier.count_drop("tier_down", len(items))
             for key, _ in items:
@@ -328,7 +361,9 @@ class TieredStore(Store):
         try:
             write = tier.store.put_if_absent_many if if_absent else tier.store.put_many
             written = tier.call("put", write, items)
-        except TierUnavailable:
+        except TierUnavailable as exc:
+            if holds is not None:
+                holds.until_settled(exc)
             tier.count_drop("tier_error", len(items))
             for key, _ in items:
                 self._report_drop(key, f"write to {tier.name} failed")
@@ -340,7 +375,11 @@ class TieredStore(Store):
 
     def _write_through(self, key: ChunkKey, data: Buffer, *, if_absent: bool) -> bool:
         """Host memory could not take the chunk: write it to the target tiers now."""
-        view = memoryview(data).cast("B")
+        view: Buffer = memoryview(data).cast("B")
+        if any(tier.timeout is not None for tier in self._targets):
+            # A call that times out goes on reading its input after we return, while the
+            # caller may reuse its buffer: hand the tiers a private copy (slow path only).
+            view = bytes(view)
         results = [
             self._write_to(tier, [(key, view)], len(view), if_absent=if_absent)
             for tier in self._targets
@@ -394,6 +433,28 @@ class TieredStore(Store):
             missing = still_missing
         return out
 
+    def read_unchecked_many(self, keys: Sequence[ChunkKey]) -> list[bytes | None]:
+        """Stored bytes per key from the first tier holding each, host first.
+
+        For maintenance tools: no verification, no promotion, no hit or
+        access-time update in any tier.
+        """
+        self._check_open()
+        out = self.host.read_unchecked_many(keys)
+        missing = [i for i, d in enumerate(out) if d is None]
+        for tier in self.tiers:
+            if not missing:
+                break
+            try:
+                found = tier.call("get", tier.store.read_unchecked_many,
+                                  [keys[i] for i in missing])
+            except TierUnavailable:
+                continue
+            for i, data in zip(missing, found):
+                out[i] = data
+            missing = [i for i in missing if out[i] is None]
+        return out
+
     def get_into(self, key: ChunkKey, buffer: Buffer) -> int | None:
         """Fill ``buffer`` from the first tier holding ``key``; its size, or ``None``."""
         lease, settled = self._acquire(key)
@@ -434,16 +495,77 @@ class TieredStore(Store):
             if not tier.up:
                 self._count_tier(tier, 0, 1)
                 continue
-            slot = self.host.reserve(key)
-            if slot is None:
+            promoted = self._promote_from(tier, key)
+            if promoted is _NO_ROOM:
                 return None, False
-            lease = self._promote_into(tier, key, slot)
-            if lease is not None:
-                return lease, True
+            if isinstance(promoted, Lease):
+                return promoted, True
         return None, True
 
+    def _promote_from(self, tier: GuardedTier, key: ChunkKey) -> Lease | object | None:
+        """``key`` from ``tier`` into a pinned host slot: a read lease, ``None`` (the tier
+        does not have it) or ``_NO_ROOM`` (it may, but every host slot is pinned).
+
+        Host memory is not made room in before the tier has shown it holds the
+        chunk: a miss (the common case for a new prompt) must not evict a
+        resident chunk, which may exist nowhere else (its write-back dropped).
+        A free slot is read into directly; when there is none, a low-latency
+        tier is asked ``exists`` first (a stat, then the zero-copy read into
+        the evicted slot), a round-trip-bound one is read into a private
+        buffer that is then copied in (a copy costs less than a second trip).
+        """
+        slot = self.host.reserve(key, evict=False)
+        if slot is not None:
+            return self._promote_into(tier, key, slot)
+        if tier.store.high_latency or not isinstance(tier.store, SupportsGetInto):
+            return self._promote_copy(tier, key)
+        try:
+            found = tier.call("exists", tier.store.exists_many, [key])[0]
+        except TierUnavailable:
+            found = False
+        if not found:
+            self._count_tier(tier, 0, 1)
+            return None
+        slot = self.host.reserve(key)
+        if slot is None:
+            return _NO_ROOM
+        return self._promote_into(tier, key, slot)
+
+    def _promote_copy(self, tier: GuardedTier, key: ChunkKey) -> Lease | object | None:
+        """Read ``key`` from ``tier`` into private memory, then into host memory (evicting)."""
+        started = time.perf_counter()
+        try:
+            data = tier.call("get", tier.store.get, key)
+        except TierUnavailable:
+            data = None
+        if data is None:
+            self._count_tier(tier, 0, 1)
+            return None
+        outcome = self.host.insert(key, hot_bytes(data), keep_pinned=True)
+        if outcome.lease is None:
+            return _NO_ROOM  # the caller reads around host memory
+        tier.instruments.record_read(len(data), time.perf_counter() - started)
+        self._count_tier(tier, 1, 0)
+        with self._lock:
+            tier.promotions += 1
+        tier.instruments.promotions.inc()
+        return outcome.lease
+
     def _promote_into(self, tier: GuardedTier, key: ChunkKey, slot: Lease) -> Lease | None:
-        """Load ``key`` from ``tier`` straight into reserved ``slot``; a read lease or ``None``."""
+        """Load ``key`` from ``tier`` straight into reserved ``slot``; a read lease or ``None``.
+
+        The tier writes into the slot in place (zero-copy, also with a
+        timeout). A read that timed out may still write there later, so the
+        reservation is then given back only when that call has ended
+        (:meth:`TierUnavailable.when_settled`); until then the slot stays
+        pinned and cannot be handed to another chunk.
+
+        Why pin rather than read through a private buffer: ``tier_timeout``
+        is on by default, so a bounce buffer would cost a copy on every
+        promotion (and write-back), while pinning costs only when a call
+        actually times out, and then at most one slot per stuck worker (calls
+        queued behind it are cancelled and the tier backs off).
+        """
         started = time.perf_counter()
         size: int | None = None
         try:
@@ -456,12 +578,15 @@ class TieredStore(Store):
                     size = len(data)
             if size:
                 size = _decompress_in_place(slot.view, size)
-        except TierUnavailable:
-            size = None
-        finally:
-            if not size:
-                self.host.abort(slot)
+        except TierUnavailable as exc:
+            exc.when_settled(lambda: self.host.abort(slot))
+            self._count_tier(tier, 0, 1)
+            return None
+        except BaseException:
+            self.host.abort(slot)
+            raise
         if not size:
+            self.host.abort(slot)
             self._count_tier(tier, 0, 1)
             return None
         tier.instruments.record_read(size, time.perf_counter() - started)
@@ -473,14 +598,20 @@ class TieredStore(Store):
         return slot
 
     def _load_from_tiers(self, key: ChunkKey, buffer: Buffer) -> int | None:
-        """Without promotion: the first tier's copy straight into ``buffer``."""
+        """Without promotion: the first tier's copy straight into ``buffer``.
+
+        ``buffer`` is the caller's and is reused as soon as we return, so a
+        tier with a timeout (whose call may outlive the wait) reads into
+        private memory that is copied over; only an inline call (no timeout)
+        gets ``buffer`` itself.
+        """
         for tier in self.tiers:
             if not tier.up:
                 self._count_tier(tier, 0, 1)
                 continue
             started = time.perf_counter()
             try:
-                if isinstance(tier.store, SupportsGetInto):
+                if tier.timeout is None and isinstance(tier.store, SupportsGetInto):
                     size = tier.call("get", tier.store.get_into, key, buffer)
                 else:
                     data = tier.call("get", tier.store.get, key)
@@ -743,8 +874,14 @@ class TieredStore(Store):
 
     def delete_many(self, keys: Sequence[ChunkKey]) -> int:
         self._check_open()
-        # A queued write-back would resurrect the chunk after we deleted it.
-        self.flush()
+        if self._queue is not None:
+            # A queued write-back would resurrect the chunk after we delete it. Withdraw those
+            # instead of waiting for the queue (a stalled tier would stall the caller, and the
+            # quarantine of a corrupt host chunk runs on the read path); one being written
+            # now is undone by the drain thread when it ends (_undo_writes).
+            wanted = set(keys)
+            for lease in self._queue.withdraw(lambda lease: lease.key in wanted):
+                self.host.release(lease)
         present = self.exists_many(keys)
         self.host.delete_many(keys)
         for tier in self.tiers:
@@ -810,6 +947,37 @@ class TieredStore(Store):
     def __repr__(self) -> str:
         names = ", ".join([self.host.name, *(t.name for t in self.tiers)])
         return f"TieredStore({names}; write_tiers={self.write_tiers!r})"
+
+
+_NO_ROOM = object()
+"""Promotion outcome: the tier may have the chunk, but every host slot is pinned."""
+
+
+class _Holds:
+    """Releases a write-back batch once the drain thread and every abandoned write are done."""
+
+    __slots__ = ("_count", "_lock", "_release")
+
+    def __init__(self, release: Callable[[], None]) -> None:
+        self._count = 1
+        self._lock = threading.Lock()
+        self._release = release
+
+    def until_settled(self, failure: TierUnavailable) -> None:
+        """Keep the batch until the call behind ``failure`` has ended (if it still runs)."""
+        if failure.pending is None:
+            return
+        with self._lock:
+            self._count += 1
+        failure.when_settled(self.done)
+
+    def done(self) -> None:
+        """One holder fewer; the last one releases."""
+        with self._lock:
+            self._count -= 1
+            last = self._count == 0
+        if last:
+            self._release()
 
 
 def hot_bytes(data: Any) -> Any:

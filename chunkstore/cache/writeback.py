@@ -3,7 +3,10 @@
 The caller's ``put`` only appends (or, when the queue is full, is told so and
 drops): it never blocks on a slow tier and memory never grows without bound.
 Items are whatever the owner wants written; here, pinned host-cache leases,
-so a queued chunk cannot be evicted before it is persisted.
+so a queued chunk cannot be evicted before it is persisted. The owner can take
+items back (:meth:`WriteBehindQueue.withdraw`, e.g. for a deleted key) without
+waiting for the queue; an item already being written is handed to ``undo``
+once its write has ended.
 """
 
 from __future__ import annotations
@@ -27,6 +30,8 @@ class WriteBehindQueue(Generic[T]):
 
     ``write`` receives up to ``batch_size`` items in queue order and owns them
     from then on (it must release whatever they hold, even when it raises).
+    ``undo`` (on the drain thread, after ``write`` returned) receives the items
+    of that batch that were withdrawn while it was being written.
     """
 
     def __init__(
@@ -36,6 +41,7 @@ class WriteBehindQueue(Generic[T]):
         capacity: int = 256,
         batch_size: int = 16,
         name: str = "chunkstore-writeback",
+        undo: Callable[[list[T]], None] | None = None,
     ) -> None:
         if capacity < 1 or batch_size < 1:
             raise ConfigError(
@@ -47,7 +53,10 @@ class WriteBehindQueue(Generic[T]):
         self.batch_size = batch_size
         """Most items handed to one ``write`` call."""
         self._write = write
+        self._undo = undo
         self._items: deque[T] = deque()
+        self._batch: list[T] = []
+        self._withdrawn_late: list[T] = []
         self._in_flight = 0
         self._closing = False
         self._cond = threading.Condition()
@@ -73,6 +82,20 @@ class WriteBehindQueue(Generic[T]):
         """Items waiting or being written."""
         with self._cond:
             return len(self._items) + self._in_flight
+
+    def withdraw(self, match: Callable[[T], bool]) -> list[T]:
+        """Take back the waiting items for which ``match`` is true (the caller owns them again).
+
+        Matching items of the batch being written cannot be taken back; they
+        go to ``undo`` when that write ends. Never waits for a write.
+        """
+        with self._cond:
+            taken = [item for item in self._items if match(item)]
+            if taken:
+                self._items = deque(item for item in self._items if not match(item))
+            self._withdrawn_late.extend(item for item in self._batch if match(item))
+            self._cond.notify_all()
+        return taken
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until everything queued so far is written; False if ``timeout`` passed first."""
@@ -105,6 +128,7 @@ class WriteBehindQueue(Generic[T]):
                     return
                 count = min(self.batch_size, len(self._items))
                 batch = [self._items.popleft() for _ in range(count)]
+                self._batch = batch
                 self._in_flight = len(batch)
             try:
                 self._write(batch)
@@ -112,5 +136,14 @@ class WriteBehindQueue(Generic[T]):
                 log.exception("write-behind batch of %d items failed", len(batch))
             finally:
                 with self._cond:
-                    self._in_flight = 0
-                    self._cond.notify_all()
+                    late, self._withdrawn_late = self._withdrawn_late, []
+                    self._batch = []
+                try:
+                    if late and self._undo is not None:
+                        self._undo(late)
+                except Exception:  # noqa: BLE001 - as above
+                    log.exception("undoing %d withdrawn writes failed", len(late))
+                finally:
+                    with self._cond:
+                        self._in_flight = 0
+                        self._cond.notify_all()

@@ -120,6 +120,32 @@ def test_abort_and_context_manager(layout: ChunkLayout, chain: list[MadeChunk]) 
 
 
 @pytest.mark.parametrize("policy", ["arc", "lru"])
+def test_reserve_without_eviction(
+    layout: ChunkLayout, chain: list[MadeChunk], policy: str
+) -> None:
+    """Speculative reservations take only free slots and touch the policy only on commit."""
+    with HostCache(layout, num_slots=2, policy=policy) as cache:
+        cache.put(chain[0].key, chain[0].data)
+        lease = cache.reserve(chain[1].key, evict=False)
+        assert lease is not None
+        cache.abort(lease)
+        assert cache.stats().chunks == 1 and cache.stats().pinned_slots == 0
+        cache.put(chain[2].key, chain[2].data)
+        assert cache.reserve(chain[3].key, evict=False) is None  # full: no eviction
+        stats = cache.stats()
+        assert (stats.evictions, stats.rejected, stats.chunks) == (0, 0, 2)
+        # Committed, it is admitted like any chunk (evicting by policy when full).
+        cache.delete(chain[2].key)
+        lease = cache.reserve(chain[4].key, evict=False)
+        assert lease is not None
+        lease.view[: len(chain[4].data)] = chain[4].data
+        cache.commit(lease, len(chain[4].data))
+        assert cache.get(chain[4].key) == chain[4].data
+        cache.put(chain[5].key, chain[5].data)
+        assert cache.stats().evictions == 1 and cache.exists(chain[5].key)
+
+
+@pytest.mark.parametrize("policy", ["arc", "lru"])
 def test_pinned_chunk_is_never_evicted(
     layout: ChunkLayout, chain: list[MadeChunk], policy: str
 ) -> None:

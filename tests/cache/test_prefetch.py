@@ -14,7 +14,13 @@ from chunkstore.metrics import ChunkstoreMetrics
 from chunkstore.testing.factories import MadeChunk
 from chunkstore.testing.store_suite import corrupt_copies
 from tests.cache.conftest import LAYOUT
-from tests.cache.doubles import FlakyStore, StallingStore
+from tests.cache.doubles import (
+    FlakyStore,
+    StallingStore,
+    assert_intact,
+    cache_chunks,
+    wait_until,
+)
 
 
 class FarStore(MemoryStore):
@@ -147,15 +153,27 @@ def test_prefetch_does_not_block_the_caller(
     assert lookup.result(timeout=30) == 2
 
 
+@pytest.mark.parametrize("stall_lookups", [True, False], ids=["lookup", "read"])
 def test_timed_out_tier_is_a_miss(
-    chain: list[MadeChunk], metrics: ChunkstoreMetrics, stores: list[TieredStore]
+    chain: list[MadeChunk], metrics: ChunkstoreMetrics, stores: list[TieredStore],
+    stall_lookups: bool,
 ) -> None:
-    stalled = StallingStore("nfs")
+    stalled = StallingStore("nfs", stall_lookups=stall_lookups)
     stalled.put(chain[0].key, chain[0].data)
-    store = tiered(stores, metrics, [stalled], tier_timeout=0.1, retry_after=3600.0)
+    store = tiered(stores, metrics, [stalled], host_slots=2, tier_timeout=0.05,
+                   retry_after=3600.0)
     try:
         assert store.prefetch([chain[0].key]).result(timeout=30) == []
         assert store.stats().tiers[0].errors == 1
+        # A read that timed out into a reserved slot still writes there once it ends.
+        held = cache_chunks(store.host, chain[1:4])
+        stalled.release.set()
+        if not stall_lookups:
+            assert stalled.finished.wait(timeout=30)
+        wait_until(lambda: store.stats().host.pinned_slots == 0, "the stalled read's slot freed")
+        assert_intact(store.host, held)
+        assert not store.host.exists(chain[0].key)
+        cache_chunks(store.host, chain[4:6])
     finally:
         stalled.release.set()
 

@@ -16,7 +16,14 @@ from chunkstore.testing.factories import MadeChunk
 from chunkstore.testing.stateful import store_state_machine
 from chunkstore.testing.store_suite import StoreSuite
 from tests.cache.conftest import LAYOUT, SLOT
-from tests.cache.doubles import FlakyStore, GatedStore, StallingStore
+from tests.cache.doubles import (
+    FlakyStore,
+    GatedStore,
+    StallingStore,
+    assert_intact,
+    cache_chunks,
+    wait_until,
+)
 
 
 def _tiered(host_slots: int, tiers: int = 1, **options: object) -> TieredStore:
@@ -246,17 +253,33 @@ def test_failing_tier_degrades_and_is_retried(chain: list[MadeChunk],
         store.close()
 
 
+@pytest.mark.parametrize("path", ["get", "get_into", "acquire"])
 def test_stalled_tier_times_out_to_a_miss(chain: list[MadeChunk],
-                                          registry_metrics: ChunkstoreMetrics) -> None:
+                                          registry_metrics: ChunkstoreMetrics, path: str) -> None:
     stalled = StallingStore("nfs")
     stalled.put(chain[0].key, chain[0].data)
-    store = make(2, [stalled], registry_metrics, tier_timeout=0.2, retry_after=3600.0)
+    store = make(2, [stalled], registry_metrics, tier_timeout=0.05, retry_after=3600.0)
     try:
-        assert store.get(chain[0].key) is None
+        if path == "get":
+            assert store.get(chain[0].key) is None
+        elif path == "get_into":
+            assert store.get_into(chain[0].key, bytearray(LAYOUT.total_size)) is None
+        else:
+            assert store.acquire(chain[0].key) is None
         assert store.exists(chain[0].key) is False  # in back-off: answered at once
         assert store.stats().tiers[0].errors == 1
         up = registry_metrics.registry.get_sample_value("chunkstore_tier_up", {"tier": "nfs"})
         assert up == 0.0
+        # The abandoned read cannot be stopped: it writes chunk 0 wherever it was told to
+        # once released. Chunks cached meanwhile must not be in that memory.
+        held = cache_chunks(store.host, chain[1:4])
+        stalled.release.set()
+        assert stalled.finished.wait(timeout=30)
+        wait_until(lambda: store.stats().host.pinned_slots == 0, "the stalled read's slot freed")
+        assert_intact(store.host, held)
+        assert not store.host.exists(chain[0].key)
+        cache_chunks(store.host, chain[4:6])  # the slot it held is in use again
+        assert store.stats().tiers[0].abandoned == 0
     finally:
         stalled.release.set()
         store.close()

@@ -3,9 +3,11 @@
 One :class:`NixlEndpoint` wraps one NIXL agent. The server registers its
 staging arena and the served object's pool once, before handing its agent
 metadata to clients in ``hello``; the client registers its receive arena and
-READs straight from the server's memory. Every call into NIXL is bounded by a
-deadline and every NIXL failure becomes ``False`` (a miss), never an exception
-on the serving path.
+READs straight from the server's memory. Every transfer has a deadline and
+every NIXL failure becomes ``False`` (a miss), never an exception on the
+serving path. A transfer still running at its deadline fails, but only once
+NIXL reports it ended: until then UCX may still write into (or read from) the
+local memory, which the caller frees or reuses as soon as we return.
 """
 
 from __future__ import annotations
@@ -185,7 +187,8 @@ class NixlEndpoint:
 
     def read(self, remote: str, pairs: Sequence[tuple[int, int, int]], deadline: float) -> bool:
         """READ each ``(local_address, remote_address, size)`` from ``remote``; True when all
-        bytes arrived before ``deadline`` (``time.monotonic()``)."""
+        bytes arrived before ``deadline`` (``time.monotonic()``). Never returns while the
+        transfer may still write into the local memory (see the module docstring)."""
         return self._transfer("READ", remote, pairs, deadline)
 
     def write(self, remote: str, pairs: Sequence[tuple[int, int, int]], deadline: float) -> bool:
@@ -205,14 +208,26 @@ class NixlEndpoint:
             handle = agent.initialize_xfer(op, local, far, remote)
             state = agent.transfer(handle)
             spins = 0
+            overdue = False
             while state == "PROC":
-                if time.monotonic() > deadline:
-                    log.warning("NIXL %s from %s timed out", op, remote)
-                    break
+                if not overdue and time.monotonic() > deadline:
+                    # Returning now would hand the local memory back to its owner (an arena
+                    # block, a host-cache slot) while UCX may still write into it (READ) or
+                    # read from it (WRITE): releasing a handle does not stop an RMA already
+                    # posted. So the transfer fails, but only once NIXL says it has ended; a
+                    # caller that must not wait that long runs us under its own timeout and
+                    # keeps the memory pinned until we return (chunkstore.cache.guard).
+                    log.warning("NIXL %s with %s passed its deadline; failing it once it ends",
+                                op, remote)
+                    overdue = True
                 spins += 1
                 if spins > 200:  # spin briefly, then yield: UCX progresses on its own thread
-                    time.sleep(0.0002)
+                    time.sleep(0.0002 if not overdue else 0.002)
                 state = agent.check_xfer_state(handle)
+            if overdue:
+                # Late data may come from memory the peer reused after our lease ended.
+                self._discard(handle)
+                return False
             if state != "DONE":
                 if state == "ERR":
                     log.warning("NIXL %s from %s failed", op, remote)
