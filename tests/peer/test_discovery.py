@@ -62,22 +62,93 @@ def registries(tmp_path: Path, redis_url: str | None) -> Any:
     return RedisRegistry(redis_url, prefix=f"test:{tmp_path.name}:")
 
 
-@pytest.mark.parametrize("kind", ["file", "redis"])
-def test_announce_heartbeat_expire_withdraw(
-    kind: str, tmp_path: Path, request: pytest.FixtureRequest
-) -> None:
-    url = request.getfixturevalue("redis_url") if kind == "redis" else None
-    registry = registries(tmp_path, url)
+class FakeClock:
+    """Wall-clock time that moves only when the test says so."""
+
+    def __init__(self) -> None:
+        self.now = 1_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def names(registry: Any) -> set[str]:
+    return {p.name for p in registry.peers()}
+
+
+def test_file_registry_heartbeat_expire_withdraw(tmp_path: Path) -> None:
+    # Time is a fake clock: expiry is exact, whatever the machine's load.
+    clock = FakeClock()
+    registry = FileRegistry(tmp_path / "registry", clock=clock)
     alive = PeerInfo("alive", "tcp://127.0.0.1:1")
     crashed = PeerInfo("crashed", "tcp://127.0.0.1:2")
-    announcer = Announcer(registry, alive, interval_s=0.1, ttl_s=0.5).start()
+    announcer = Announcer(registry, alive, interval_s=0.1, ttl_s=0.5)
+    announcer.beat()
     registry.announce(crashed, 0.3)  # announced once, then its heartbeat stops
-    assert {p.name for p in registry.peers()} == {"alive", "crashed"}
-    wait_for(lambda: {p.name for p in registry.peers()} == {"alive"})
-    time.sleep(0.6)  # several TTLs: the heartbeat keeps "alive" listed
-    assert [p.name for p in registry.peers()] == ["alive"]
+    assert names(registry) == {"alive", "crashed"}
+    clock.now += 0.29
+    assert names(registry) == {"alive", "crashed"}  # not yet
+    clock.now += 0.02
+    assert names(registry) == {"alive"}  # crashed is past its TTL
+    for _ in range(10):  # ten heartbeats, 2 s: four TTLs, "alive" stays listed
+        clock.now += 0.2
+        announcer.beat()
+        assert names(registry) == {"alive"}
+    clock.now += 0.51  # heartbeat stopped without withdrawing (a crash): it lapses too
+    assert names(registry) == set()
+    announcer.beat()
+    announcer.stop()  # a clean stop withdraws at once
+    assert registry.peers() == []
+    files = tmp_path / "registry"
+    assert [p.name for p in files.glob("*.peer.json")] == ["crashed.peer.json"]  # dead, kept
+    clock.now += registry.cleanup_after_s
+    assert registry.peers() == [] and not list(files.glob("*.peer.json"))  # long dead: removed
+
+
+def test_announcer_thread_keeps_beating(tmp_path: Path) -> None:
+    beats: list[float] = []
+
+    class Counting(FileRegistry):
+        def announce(self, info: PeerInfo, ttl_s: float) -> None:
+            beats.append(ttl_s)
+            super().announce(info, ttl_s)
+
+    registry = Counting(tmp_path)
+    announcer = Announcer(registry, PeerInfo("a", "tcp://127.0.0.1:1"), interval_s=0.01).start()
+    try:
+        assert beats and beats[0] == pytest.approx(0.03)  # first beat synchronous, TTL 3 beats
+        wait_for(lambda: len(beats) >= 4, timeout=30)  # the thread renews in the background
+        assert names(registry) == {"a"}
+    finally:
+        announcer.stop()
+    assert registry.peers() == []
+
+
+def test_redis_registry_expire_heartbeat_withdraw(tmp_path: Path, redis_url: str) -> None:
+    # Redis expires keys on its own clock, so this test polls with generous deadlines and
+    # only asserts what the elapsed time it measured allows.
+    registry = RedisRegistry(redis_url, prefix=f"test:{tmp_path.name}:")
+    alive = PeerInfo("alive", "tcp://127.0.0.1:1")
+    crashed = PeerInfo("crashed", "tcp://127.0.0.1:2")
+    announcer = Announcer(registry, alive, interval_s=10, ttl_s=60)
+    announcer.beat()
+    started = time.monotonic()
+    registry.announce(crashed, 0.3)  # announced once, then its heartbeat stops
+    ttl_ms = registry._redis.pttl(registry.prefix + "crashed")
+    listed = names(registry)
+    assert ttl_ms == -2 or 0 < ttl_ms <= 300  # Redis holds it for its TTL (-2: already gone)
+    if time.monotonic() - started < 0.3:  # only meaningful before its TTL can have run out
+        assert listed == {"alive", "crashed"}
+    assert "alive" in listed
+    wait_for(lambda: names(registry) == {"alive"}, timeout=30)  # Redis expired it
+    first = {p.name: p for p in registry.peers()}["alive"].expires_at
+    time.sleep(0.01)
+    announcer.beat()  # a heartbeat renews the record (and its Redis TTL)
+    assert {p.name: p for p in registry.peers()}["alive"].expires_at > first
+    assert 0 < registry._redis.pttl(registry.prefix + "alive") <= 60_000
     announcer.stop()
     assert registry.peers() == []
+    registry.close()
 
 
 def test_file_registry_ignores_junk_and_cleans_long_dead(tmp_path: Path) -> None:
@@ -109,7 +180,8 @@ def test_peer_store_follows_the_registry(
     with PeerServer(
         backing, staging_bytes=4 << 20, use_env_secret=False, fingerprint=FINGERPRINT
     ) as server:
-        announcer = Announcer(registry, server.info, interval_s=0.2).start()
+        # a heartbeat far longer than the test: the record cannot lapse on a loaded machine
+        announcer = Announcer(registry, server.info, interval_s=30).start()
         store = PeerStore(
             registry, fingerprint=FINGERPRINT, plane="inline", refresh_s=0, use_env_secret=False
         )

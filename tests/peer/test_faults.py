@@ -20,7 +20,7 @@ from chunkstore.backends.peer import PeerClient, PeerRefused, PeerServer, PeerSt
 from chunkstore.backends.peer import protocol as P
 from chunkstore.testing.factories import sample_chunks
 from tests.peer import procs
-from tests.peer.conftest import NIXL_REASON
+from tests.peer.conftest import require_nixl
 from tests.peer.doubles import RegisteredHostCache, SlowStore
 
 pytestmark = pytest.mark.timeout(60)
@@ -138,8 +138,8 @@ def test_server_killed_mid_request_is_a_bounded_miss(plane: str) -> None:
             proc.kill()
 
 
-@pytest.mark.skipif(NIXL_REASON is not None, reason=str(NIXL_REASON))
 def test_server_killed_between_lease_and_read_is_a_miss(monkeypatch: pytest.MonkeyPatch) -> None:
+    require_nixl()
     ctx = mp.get_context("spawn")
     parent, child = ctx.Pipe()
     proc = ctx.Process(target=procs.prefill_server, args=(child, 21, 4, "host", {}, 16))
@@ -370,8 +370,8 @@ def test_corrupt_push_is_refused(plane: str, serve: Callable[..., PeerServer]) -
 # --- leases -----------------------------------------------------------------------------------
 
 
-@pytest.mark.skipif(NIXL_REASON is not None, reason=str(NIXL_REASON))
 def test_lease_expiry_frees_pins(serve: Callable[..., PeerServer]) -> None:
+    require_nixl()
     cache = filled(RegisteredHostCache(len(CHUNKS[0].data), num_slots=8, pin_memory=False))
     server = serve(cache)
     client = PeerClient(
@@ -400,8 +400,8 @@ def test_lease_expiry_frees_pins(serve: Callable[..., PeerServer]) -> None:
     client.close()
 
 
-@pytest.mark.skipif(NIXL_REASON is not None, reason=str(NIXL_REASON))
 def test_goodbye_and_idle_sessions_free_pins(serve: Callable[..., PeerServer]) -> None:
+    require_nixl()
     cache = filled(RegisteredHostCache(len(CHUNKS[0].data), num_slots=8, pin_memory=False))
     server = serve(cache, session_idle_s=0.3)
     client = PeerClient(

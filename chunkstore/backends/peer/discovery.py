@@ -4,6 +4,10 @@ Servers announce a :class:`PeerInfo` with a heartbeat (:class:`Announcer`);
 an entry not renewed within its TTL disappears (Redis expires the key, the file
 registry ignores and later removes stale files), so a crashed server drops
 out on its own. Clients call ``peers()`` on any source.
+
+``peers()`` is forgiving (an unreachable registry lists nobody, so a serving
+client degrades to fewer peers); tools that must tell "empty" from
+"unreachable" call the registry's ``check()`` first.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -120,11 +124,36 @@ class StaticPeers:
 
 
 class FileRegistry:
-    """One JSON file per server in a directory every instance can see (NFS, Lustre, local)."""
+    """One JSON file per server in a directory every instance can see (NFS, Lustre, local).
 
-    def __init__(self, directory: str | os.PathLike[str], *, cleanup_after_s: float = 60.0) -> None:
+    ``clock`` gives the wall-clock time records expire against (seconds since the
+    epoch; tests pass a fake one to drive expiry without sleeping).
+    """
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        *,
+        cleanup_after_s: float = 60.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.directory = Path(directory)
         self.cleanup_after_s = cleanup_after_s
+        self._clock = clock
+
+    def check(self) -> None:
+        """Raise :class:`StoreError` unless the directory exists and can be listed."""
+        if not self.directory.exists():
+            raise StoreError(f"peer registry {self.directory}: no such directory")
+        if not self.directory.is_dir():
+            raise StoreError(f"peer registry {self.directory}: not a directory")
+        try:
+            with os.scandir(self.directory) as entries:
+                next(entries, None)
+        except OSError as exc:
+            raise StoreError(
+                f"peer registry {self.directory}: cannot list it ({exc.strerror or exc})"
+            ) from None
 
     def _path(self, name: str) -> Path:
         safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
@@ -134,7 +163,7 @@ class FileRegistry:
         """Write the record atomically (temp file + rename), valid for ``ttl_s``."""
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
-            record = replace(info, expires_at=time.time() + ttl_s)
+            record = replace(info, expires_at=self._clock() + ttl_s)
             path = self._path(info.name)
             temp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
             temp.write_text(record.to_json())
@@ -156,7 +185,7 @@ class FileRegistry:
             paths = sorted(self.directory.glob(f"*{_SUFFIX}"))
         except OSError:
             return []
-        now = time.time()
+        now = self._clock()
         for path in paths:
             try:
                 info = PeerInfo.from_json(path.read_text())
@@ -194,6 +223,13 @@ class RedisRegistry:
             url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s
         )
         self._errors = (redis.RedisError, OSError)
+
+    def check(self) -> None:
+        """Raise :class:`StoreError` unless Redis answers a PING."""
+        try:
+            self._redis.ping()
+        except self._errors as exc:
+            raise StoreError(f"peer registry {self.url}: Redis unreachable ({exc})") from None
 
     def announce(self, info: PeerInfo, ttl_s: float) -> None:
         """SET the record with an expiry of ``ttl_s`` (rounded up to milliseconds)."""

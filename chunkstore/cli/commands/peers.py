@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import math
 import time
 from typing import Any
 
 from chunkstore.cli.output import emit_json, emit_text
 from chunkstore.cli.storeargs import add_output_options
 from chunkstore.cli.table import render_table
-from chunkstore.units import format_size
 from chunkstore.errors import ConfigError
+from chunkstore.units import format_size
 
 EPILOG = """examples:
   chunkstore peers --registry /mnt/shared/chunkstore-peers
@@ -22,6 +23,9 @@ record lapses unless the server's heartbeat renews it). --probe contacts each se
 (hello + stats) and adds its round trip, data plane, sessions and open leases. A server
 that refuses us (secret, model fingerprint) or does not answer shows why in STATUS.
 The shared secret comes from --secret-env (default CHUNKSTORE_PEER_SECRET).
+
+A registry directory that does not exist, or a Redis that does not answer, is an error
+(exit 4); a registry that exists but holds no live record prints "no peers" (exit 0).
 """
 
 
@@ -82,7 +86,26 @@ def _source(args: argparse.Namespace) -> Any:
 
     if bool(args.registry) == bool(args.peer):
         raise ConfigError("give either --registry or one or more --peer")
+    if not (args.timeout > 0 and math.isfinite(args.timeout)):
+        raise ConfigError(f"--timeout must be a positive number of seconds, got {args.timeout:g}")
     return open_registry(args.registry) if args.registry else StaticPeers(args.peer)
+
+
+def _list(source: Any) -> list[Any]:
+    """The source's peers by name; an unreachable registry raises StoreError (exit 4).
+
+    ``peers()`` alone cannot tell an empty registry from one that is not there: it
+    lists nobody in both cases, so that serving clients degrade instead of failing.
+    """
+    try:
+        check = getattr(source, "check", None)
+        if check is not None:
+            check()
+        return sorted(source.peers(), key=lambda i: i.name)
+    finally:
+        close = getattr(source, "close", None)
+        if close is not None:
+            close()
 
 
 def _probe(info: Any, args: argparse.Namespace) -> dict[str, Any]:
@@ -123,8 +146,9 @@ def _probe(info: Any, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace) -> int:
-    """List (and optionally probe) peers; exit 1 when a probed peer is unreachable."""
-    infos = sorted(_source(args).peers(), key=lambda i: i.name)
+    """List (and optionally probe) peers; exit 1 when a probed peer is unreachable, 4 when
+    the registry is."""
+    infos = _list(_source(args))
     now = time.time()
     records = []
     for info in infos:

@@ -5,18 +5,23 @@
 service, and blocks until SIGINT/SIGTERM; then it stops the services in
 reverse order and closes the store (flushing pending write-backs).
 
-Services are a small list, :data:`SERVICES`: each adds its own options and,
-if its options enable it, starts and returns a stop function. Metrics is the
-first one. A peer server plugs in the same way, without touching the rest::
+Services are a small list, :data:`SERVICES`: each adds its own options,
+checks them, and, if its options enable it, starts and returns a stop
+function. Metrics is the first one. A peer server plugs in the same way,
+without touching the rest::
 
-    SERVICES.append(Service("peer", add_peer_arguments, start_peer))
+    SERVICES.append(Service("peer", add_peer_arguments, start_peer, check_peer))
 
 where ``start_peer(context)`` serves ``context.store`` and returns its stop.
+Every option of every service is checked before the store is opened or
+anything is started or printed: a mistake is one line and exit code 2, never
+a half-started server.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import signal
 import sys
 import threading
@@ -25,10 +30,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from chunkstore.cache import POLICY_NAMES, HostCache, TieredStore
-from chunkstore.cli.storeargs import open_cli_store
-from chunkstore.units import format_size, parse_size
-from chunkstore.errors import ConfigError
+from chunkstore.cli.storeargs import local_path, open_cli_store
+from chunkstore.errors import ConfigError, StoreError
 from chunkstore.metrics import ChunkstoreMetrics, default_metrics, start_metrics_server
+from chunkstore.units import format_size, parse_size
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +53,10 @@ class ServeContext:
 Stop = Callable[[], None]
 
 
+def _no_check(args: argparse.Namespace) -> None:
+    """A service whose options need no checking beyond argparse's."""
+
+
 @dataclass(frozen=True, slots=True)
 class Service:
     """One thing ``serve`` can run next to the store."""
@@ -58,6 +67,24 @@ class Service:
     """Adds the service's options to the ``serve`` parser."""
     start: Callable[[ServeContext], Stop | None]
     """Starts the service if its options ask for it; returns how to stop it, or None."""
+    check: Callable[[argparse.Namespace], None] = _no_check
+    """Raises :class:`ConfigError` (naming the flag) for a bad option; runs before anything
+    starts, so a mistake never leaves a service half started."""
+
+
+def check_port(value: int | None, flag: str) -> None:
+    """A TCP port option: absent, or 0..65535 (0: any free port)."""
+    if value is not None and not 0 <= value <= 65535:
+        raise ConfigError(f"{flag} must be a TCP port in 0..65535 (0: any free port), got {value}")
+
+
+def check_seconds(value: float, flag: str, *, minimum: float = 0.0, allow_minimum: bool = False
+                  ) -> None:
+    """A duration option: finite and above ``minimum`` (or equal to it with ``allow_minimum``)."""
+    ok = math.isfinite(value) and (value >= minimum if allow_minimum else value > minimum)
+    if not ok:
+        bound = f">= {minimum:g}" if allow_minimum else f"> {minimum:g}"
+        raise ConfigError(f"{flag} must be a number of seconds {bound}, got {value:g}")
 
 
 def _add_metrics_arguments(parser: argparse.ArgumentParser) -> None:
@@ -66,6 +93,10 @@ def _add_metrics_arguments(parser: argparse.ArgumentParser) -> None:
                        help="serve Prometheus /metrics on this port (0: any free port)")
     group.add_argument("--metrics-host", metavar="ADDR", default="127.0.0.1",
                        help="address for /metrics (default: 127.0.0.1)")
+
+
+def _check_metrics(args: argparse.Namespace) -> None:
+    check_port(args.metrics_port, "--metrics-port")
 
 
 def _start_metrics(context: ServeContext) -> Stop | None:
@@ -77,12 +108,14 @@ def _start_metrics(context: ServeContext) -> Stop | None:
     return server.close
 
 
-SERVICES: list[Service] = [Service("metrics", _add_metrics_arguments, _start_metrics)]
+SERVICES: list[Service] = [
+    Service("metrics", _add_metrics_arguments, _start_metrics, _check_metrics)
+]
 """Services in start order (stopped in reverse)."""
 
-from chunkstore.cli.peerservice import add_peer_arguments, start_peer  # noqa: E402
+from chunkstore.cli.peerservice import add_peer_arguments, check_peer, start_peer  # noqa: E402
 
-SERVICES.append(Service("peer", add_peer_arguments, start_peer))
+SERVICES.append(Service("peer", add_peer_arguments, start_peer, check_peer))
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -95,7 +128,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
             "serves it until interrupted (Ctrl-C or SIGTERM flushes pending writes)."
         ),
         epilog="example:\n  chunkstore serve --host-cache 64G --slot-size 16MiB "
-               "--store /mnt/kv --metrics-port 9400",
+               "--store /mnt/kv --metrics-port 9400\n\n"
+               "Every --store must exist already (a mistyped path is an error, not a new empty\n"
+               "cache); give --create to make missing ones.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     cache = parser.add_argument_group("host cache")
@@ -113,7 +148,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
                        help="remove a leftover pool of the same name first (after a crash)")
     tiers = parser.add_argument_group("secondary tiers")
     tiers.add_argument("--store", metavar="URL", action="append", default=[],
-                       help="a store behind host memory (repeatable; looked up in order)")
+                       help="a store behind host memory (repeatable; looked up in order); "
+                            "it must exist unless --create is given")
+    tiers.add_argument("--create", action="store_true",
+                       help="create a --store directory or bucket that does not exist yet "
+                            "(default: a missing store is an error, so a typo never starts "
+                            "an empty cache)")
     tiers.add_argument("--write-tiers", choices=("all", "first"), default="all",
                        help="write behind to every store or to the first only (default: all)")
     tiers.add_argument("--queue-size", metavar="N", type=int, default=256,
@@ -139,8 +179,32 @@ def slot_size_from(args: argparse.Namespace) -> int:
     return ChunkLayout(KVSpec.from_dict(load_options(args.spec))).total_size
 
 
+def check_options(args: argparse.Namespace) -> None:
+    """Check the numeric options of the cache and every service; raises ConfigError."""
+    if args.queue_size < 1:
+        raise ConfigError(f"--queue-size must be at least 1, got {args.queue_size}")
+    check_seconds(args.tier_timeout, "--tier-timeout")
+    check_seconds(args.retry_after, "--retry-after", allow_minimum=True)
+    for service in SERVICES:
+        service.check(args)
+
+
+def _check_stores_exist(args: argparse.Namespace) -> None:
+    # Opening with create=False already refuses a missing local directory; saying so here
+    # names the flag that would make it (the generic store error cannot).
+    if args.create:
+        return
+    for url in args.store:
+        path = local_path(url)
+        if path is not None and not path.exists():
+            raise StoreError(
+                f"--store {url}: no such directory (give --create to start a new store there)"
+            )
+
+
 def build_store(args: argparse.Namespace, metrics: ChunkstoreMetrics) -> TieredStore:
-    """The tiered store the options describe."""
+    """The tiered store the options describe (missing stores are made only with --create)."""
+    _check_stores_exist(args)
     host = HostCache(
         slot_size_from(args), capacity_bytes=args.host_cache, policy=args.policy,
         shm_name=args.shm_name, shm_replace=args.shm_replace,
@@ -148,7 +212,7 @@ def build_store(args: argparse.Namespace, metrics: ChunkstoreMetrics) -> TieredS
     tiers = []
     try:
         for url in args.store:
-            tiers.append(open_cli_store(url, args, create=True))
+            tiers.append(open_cli_store(url, args, create=args.create))
         return TieredStore(
             host, tiers, write_tiers=args.write_tiers, queue_size=args.queue_size,
             tier_timeout=args.tier_timeout, retry_after=args.retry_after, metrics=metrics,
@@ -166,6 +230,7 @@ def run(args: argparse.Namespace, *, stop_event: threading.Event | None = None) 
     def announce(line: str) -> None:
         print(line, flush=True)
 
+    check_options(args)
     metrics = default_metrics()
     store = build_store(args, metrics)
     stops: list[Stop] = []
