@@ -66,6 +66,17 @@ def test_every_request_op_validates_its_fields() -> None:
                 P.validate_request(wrong)
 
 
+def test_fetch_use_flag_is_optional_but_typed() -> None:
+    body = {"v": 1, "id": 1, "op": "fetch", "s": b"s" * 16, "keys": b"", "plane": "inline",
+            "lease_ms": 0}
+    assert P.validate_request(body) is body
+    assert P.validate_request({**body, "use": False})["use"] is False
+    with pytest.raises(ProtocolViolation):
+        P.validate_request({**body, "use": "no"})
+    # unknown fields are ignored (spec §2), so older servers accept the flag
+    assert P.validate_request({**body, "future_field": 1})["op"] == "fetch"
+
+
 def test_bool_is_not_an_int_and_versions_are_checked() -> None:
     with pytest.raises(ProtocolViolation) as exc:
         P.validate_request({"v": True, "id": 1, "op": "stats", "s": b""})

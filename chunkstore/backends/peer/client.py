@@ -346,16 +346,17 @@ class PeerClient:
             out.extend(bool(p) for p in present)
         return out
 
-    def fetch(self, keys: Sequence[ChunkKey]) -> list[bytes | None]:
+    def fetch(self, keys: Sequence[ChunkKey], *, use: bool = True) -> list[bytes | None]:
         """Raw chunk bytes per key (``None`` where the peer has none). Not verified: the
-        caller checks each chunk (:meth:`PeerStore.get_many` does)."""
+        caller checks each chunk (:meth:`PeerStore.get_many` does). ``use=False`` is a
+        maintenance read: the server neither pins the chunks nor records an access."""
         self.hello()
         out: list[bytes | None] = []
         for batch in self._batches(keys):
             if self.plane == P.PLANE_NIXL:
-                out.extend(self._fetch_nixl(batch, None))
+                out.extend(self._fetch_nixl(batch, None, use=use))
             else:
-                out.extend(self._fetch_inline(batch))
+                out.extend(self._fetch_inline(batch, use=use))
         return out
 
     def fetch_into(self, keys: Sequence[ChunkKey], buffers: Sequence[Buffer]) -> list[int | None]:
@@ -375,11 +376,14 @@ class PeerClient:
             sizes.append(len(blob))
         return sizes
 
-    def _fetch_inline(self, keys: Sequence[ChunkKey], *, views: bool = False) -> list[Any]:
+    def _fetch_inline(
+        self, keys: Sequence[ChunkKey], *, views: bool = False, use: bool = True
+    ) -> list[Any]:
         """``views``: return the received frames' memory (no copy) instead of ``bytes``."""
-        reply, data = self.request(
-            "fetch", {"keys": P.pack_keys(keys), "plane": P.PLANE_INLINE, "lease_ms": 0}
-        )
+        body: dict[str, Any] = {"keys": P.pack_keys(keys), "plane": P.PLANE_INLINE, "lease_ms": 0}
+        if not use:
+            body["use"] = False
+        reply, data = self.request("fetch", body)
         sizes = reply.get("sizes")
         if (
             not isinstance(sizes, list)
@@ -406,18 +410,20 @@ class PeerClient:
         metrics.CLIENT_BYTES.labels(P.PLANE_INLINE, "in").inc(total)
         return out
 
-    def _fetch_nixl(self, keys: Sequence[ChunkKey], buffers: Sequence[Buffer] | None) -> list[Any]:
+    def _fetch_nixl(
+        self, keys: Sequence[ChunkKey], buffers: Sequence[Buffer] | None, *, use: bool = True
+    ) -> list[Any]:
         assert self._nixl is not None and self._remote_agent is not None
         arena, endpoint = self._nixl.arena, self._nixl.endpoint
         started = time.monotonic()
-        reply, _ = self.request(
-            "fetch",
-            {
-                "keys": P.pack_keys(keys),
-                "plane": P.PLANE_NIXL,
-                "lease_ms": self.config.lease_ms,
-            },
-        )
+        body: dict[str, Any] = {
+            "keys": P.pack_keys(keys),
+            "plane": P.PLANE_NIXL,
+            "lease_ms": self.config.lease_ms,
+        }
+        if not use:
+            body["use"] = False
+        reply, _ = self.request("fetch", body)
         items = reply.get("items")
         lease = reply.get("lease")
         if not isinstance(items, list) or len(items) != len(keys) or not isinstance(lease, bytes):

@@ -185,6 +185,7 @@ REQUEST_FIELDS: dict[str, dict[str, tuple[type, ...]]] = {
 }
 OPTIONAL_FIELDS: dict[str, dict[str, tuple[type, ...]]] = {
     "*": {"dmacs": _LIST},
+    "fetch": {"use": _BOOL},
 }
 
 
@@ -213,7 +214,8 @@ def validate_request(body: Any) -> dict[str, Any]:
         value = body[name]
         if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
             raise ProtocolViolation(MALFORMED, f"{op}: field {name!r} has the wrong type")
-    for name, types in OPTIONAL_FIELDS["*"].items():
+    optional = {**OPTIONAL_FIELDS["*"], **OPTIONAL_FIELDS.get(op, {})}
+    for name, types in optional.items():
         if name in body and not isinstance(body[name], types):
             raise ProtocolViolation(MALFORMED, f"{op}: field {name!r} has the wrong type")
     return body

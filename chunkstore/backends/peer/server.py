@@ -582,16 +582,22 @@ class PeerServer:
         session = self._session(body["s"])
         if plane not in session.planes:
             raise ProtocolViolation(P.DATAPLANE_UNAVAILABLE, f"data plane {plane!r} is not offered")
+        # `use: false` marks a maintenance read (verify, cp): it must not count as a use of
+        # the chunks, so no pins (acquire counts a hit) and no access-time update.
+        use = body.get("use", True)
         if plane == P.PLANE_NIXL:
-            return self._fetch_nixl(body, keys)
-        return self._fetch_inline(keys)
+            return self._fetch_nixl(body, keys, use=use)
+        return self._fetch_inline(keys, use=use)
 
-    def _fetch_inline(self, keys: list[ChunkKey]) -> _Result:
+    def _read(self, keys: list[ChunkKey], use: bool) -> list[Any]:
+        return self.store.get_many(keys) if use else self.store.read_unchecked_many(keys)
+
+    def _fetch_inline(self, keys: list[ChunkKey], *, use: bool = True) -> _Result:
         sizes: list[int | None] = []
         frames: list[Any] = []
         releases: list[Callable[[], None]] = []
         budget = self.config.limits.max_message_bytes
-        if self._pinning:
+        if self._pinning and use:
             for key in keys:
                 pin = self.store.acquire(key)  # type: ignore[attr-defined]
                 if pin is None or len(pin.view) > budget:
@@ -604,7 +610,7 @@ class PeerServer:
                 frames.append(pin.view)
                 releases.append(partial(self.store.release, pin))  # type: ignore[attr-defined]
         else:
-            for blob in self.store.get_many(keys):
+            for blob in self._read(keys, use):
                 if blob is None or len(blob) > budget:
                     sizes.append(None)
                     continue
@@ -620,13 +626,15 @@ class PeerServer:
 
         return {"sizes": sizes}, frames, on_sent if releases else None
 
-    def _fetch_nixl(self, body: dict[str, Any], keys: list[ChunkKey]) -> _Result:
+    def _fetch_nixl(
+        self, body: dict[str, Any], keys: list[ChunkKey], *, use: bool = True
+    ) -> _Result:
         assert self._nixl is not None
         lease_ms = min(body["lease_ms"] or self.config.default_lease_ms, self.config.max_lease_ms)
         items: list[list[int] | None] = []
         releases: list[Callable[[], None]] = []
         pending: list[int] = []  # indices that go through the staging arena
-        if self._pinning:
+        if self._pinning and use:
             for i, key in enumerate(keys):
                 pin = self.store.acquire(key)  # type: ignore[attr-defined]
                 if pin is None:
@@ -653,7 +661,7 @@ class PeerServer:
             items = [None] * len(keys)
             pending = list(range(len(keys)))
         if pending:
-            blobs = self.store.get_many([keys[i] for i in pending])
+            blobs = self._read([keys[i] for i in pending], use)
             for i, blob in zip(pending, blobs):
                 if blob is None:
                     continue

@@ -25,7 +25,13 @@ from chunkstore.backends.peer.discovery import PeerInfo, PeerSource, StaticPeers
 from chunkstore.backends.peer.errors import PeerError, PeerRefused
 from chunkstore.backends.peer.nixlplane import nixl_unavailable_reason
 from chunkstore.backends.peer.protocol import PLANE_INLINE, PLANE_NIXL
-from chunkstore.errors import AuthenticationError, ConfigError, FormatError, SpecMismatch
+from chunkstore.errors import (
+    AuthenticationError,
+    ConfigError,
+    FormatError,
+    SpecMismatch,
+    UnsupportedVersion,
+)
 from chunkstore.format import decode_chunk
 from chunkstore.hashing import ChunkKey
 
@@ -229,15 +235,25 @@ class PeerStore(Store):
                 self._fetch_into_list(keys, stale, out)
         return out
 
+    def read_unchecked_many(self, keys: Sequence[ChunkKey]) -> list[bytes | None]:
+        """Raw bytes per key, unverified, and not a use: peers neither pin nor touch them."""
+        out: list[bytes | None] = [None] * len(keys)
+        if keys:
+            self._fetch_into_list(keys, list(range(len(keys))), out, use=False)
+        return out
+
     def _fetch_into_list(
-        self, keys: Sequence[ChunkKey], wanted: list[int], out: list[bytes | None]
+        self, keys: Sequence[ChunkKey], wanted: list[int], out: list[bytes | None],
+        *, use: bool = True,
     ) -> None:
         subset = [keys[i] for i in wanted]
         local_plan = self._locate(subset)
         plan = {e: [wanted[j] for j in idx] for e, idx in local_plan.items()}
         clients = {c.endpoint: c for c in self.clients()}
         targets = [clients[e] for e in plan if e in clients]
-        fetched = self._each(targets, lambda c: c.fetch([keys[i] for i in plan[c.endpoint]]))
+        fetched = self._each(
+            targets, lambda c: c.fetch([keys[i] for i in plan[c.endpoint]], use=use)
+        )
         for client, blobs in zip(targets, fetched):
             if blobs is None:
                 continue
@@ -254,6 +270,8 @@ class PeerStore(Store):
                 mac_key=self.mac_key,
                 expected_fingerprint=self.config.fingerprint,
             )
+        except UnsupportedVersion:
+            return None  # a newer chunkstore's chunk: a miss here, intact for newer readers
         except (SpecMismatch, AuthenticationError) as exc:
             # Intact, but not for us (another model, or no valid MAC for our key): a miss,
             # and no reason to delete the peer's copy.
