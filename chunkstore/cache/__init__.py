@@ -14,7 +14,7 @@ The policies are pure bookkeeping (no I/O), so the trace simulator
 """
 
 from chunkstore.cache.arc import ARCPolicy
-from chunkstore.cache.assembly import AssemblerStats, ShardAssembler, ShardClaim, SlotRead, shard_of
+from chunkstore.cache.assembly import AssemblerStats, ShardAssembler, ShardClaim, SlotRead
 from chunkstore.cache.assembly_owner import AssemblyOwner, AssemblyStats
 from chunkstore.cache.host import Adoption, HostCache, HostCacheStats, Lease
 from chunkstore.cache.lru import LRUPolicy
@@ -44,5 +44,4 @@ __all__ = [
     "TieredStats",
     "TieredStore",
     "make_policy",
-    "shard_of",
 ]

@@ -81,7 +81,7 @@ from chunkstore.cache.pool import (
     StaleSlot,
 )
 from chunkstore.errors import ConfigError, KeyMismatch
-from chunkstore.format import ChunkLayout, key_digest, rank_share, seal_chunk
+from chunkstore.format import ChunkLayout, key_digest, seal_chunk
 from chunkstore.hashing import ChunkKey
 
 log = logging.getLogger(__name__)
@@ -580,23 +580,6 @@ class ShardAssembler:
             raise ConfigError(f"shard assembler for rank {self.rank} is closed")
 
 
-def shard_of(
-    layout: ChunkLayout, tensors: Mapping[str, np.ndarray], rank: int, tp: int
-) -> dict[str, np.ndarray]:
-    """Rank ``rank``'s part of full tensors: its heads of split tensors, unsplit ones whole.
-
-    What a TP worker holds on its device; tests and tools use it to simulate ranks.
-    """
-    out: dict[str, np.ndarray] = {}
-    for slot in layout.tensors:
-        full = tensors[slot.name]
-        if slot.split_heads:
-            share = rank_share(rank, tp, slot.shape[0])
-            out[slot.name] = full[share.start : share.stop]
-        else:
-            out[slot.name] = full
-    return out
-
 
 __all__ = [
     "AssemblerStats",
@@ -605,7 +588,6 @@ __all__ = [
     "SlotRead",
     "process_alive",
     "ranks_in",
-    "shard_of",
     "wake_address",
     "writer_mask",
 ]

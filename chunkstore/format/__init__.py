@@ -26,6 +26,7 @@ from chunkstore.format.layout import (
     ByteRange,
     ChunkLayout,
     RankShare,
+    RankSlice,
     TensorSlot,
     rank_share,
 )
@@ -58,6 +59,7 @@ __all__ = [
     "LayerGroup",
     "PayloadVerifier",
     "RankShare",
+    "RankSlice",
     "TensorEntry",
     "TensorSlot",
     "decode_chunk",

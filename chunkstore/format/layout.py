@@ -57,6 +57,20 @@ class ByteRange:
 
 
 @dataclass(frozen=True, slots=True)
+class RankSlice:
+    """The part of one tensor that a TP rank holds."""
+
+    name: str
+    """Tensor name."""
+    offset: int
+    """Byte offset of the part inside the payload."""
+    nbytes: int
+    """Size of the part in bytes."""
+    shape: tuple[int, ...]
+    """Shape of the part (the rank's heads first, for split tensors)."""
+
+
+@dataclass(frozen=True, slots=True)
 class RankShare:
     """Which heads of a ``num_heads``-head tensor a TP rank holds, and whether it writes them."""
 
@@ -144,31 +158,38 @@ class ChunkLayout:
 
     # --- TP ranks -----------------------------------------------------------
 
-    def rank_ranges(self, rank: int, tp: int, *, for_write: bool = False) -> list[ByteRange]:
-        """The byte ranges of a chunk file that TP rank ``rank`` of ``tp`` reads (or writes).
+    def rank_slices(self, rank: int, tp: int, *, for_write: bool = False) -> list[RankSlice]:
+        """Per tensor, the part TP rank ``rank`` of ``tp`` reads (or writes), in payload order.
 
         Readers need their heads plus every unsplit tensor (MLA latents and
         states are replicated on all ranks); writers skip unsplit tensors unless
-        they are rank 0, and replicas of a head unless they own it. Adjacent
-        ranges are merged, so at TP=1 the whole payload is one range.
+        they are rank 0, and replicas of a head unless they own it.
         """
-        ranges: list[ByteRange] = []
+        slices: list[RankSlice] = []
         for slot in self.tensors:
             if slot.split_heads:
                 share = rank_share(rank, tp, slot.shape[0])
                 if for_write and not share.writer:
                     continue
                 per_head = slot.nbytes // slot.shape[0]
-                start = self.data_offset + slot.offset + share.start * per_head
-                length = (share.stop - share.start) * per_head
-            else:
-                if for_write and rank != 0:
-                    continue
-                start, length = self.data_offset + slot.offset, slot.nbytes
+                heads = share.stop - share.start
+                slices.append(RankSlice(slot.name, slot.offset + share.start * per_head,
+                                        heads * per_head, (heads, *slot.shape[1:])))
+            elif not for_write or rank == 0:
+                slices.append(RankSlice(slot.name, slot.offset, slot.nbytes, slot.shape))
+        return slices
+
+    def rank_ranges(self, rank: int, tp: int, *, for_write: bool = False) -> list[ByteRange]:
+        """The byte ranges of a chunk file that TP rank ``rank`` of ``tp`` reads (or writes):
+        :meth:`rank_slices` as absolute file offsets, adjacent ones merged, so at TP=1 the
+        whole payload is one range."""
+        ranges: list[ByteRange] = []
+        for part in self.rank_slices(rank, tp, for_write=for_write):
+            start = self.data_offset + part.offset
             if ranges and ranges[-1].offset + ranges[-1].length == start:
-                ranges[-1] = ByteRange(ranges[-1].offset, ranges[-1].length + length)
+                ranges[-1] = ByteRange(ranges[-1].offset, ranges[-1].length + part.nbytes)
             else:
-                ranges.append(ByteRange(start, length))
+                ranges.append(ByteRange(start, part.nbytes))
         return ranges
 
     def shard_of(self, tensors: Mapping[str, Any], rank: int, tp: int) -> dict[str, Any]:

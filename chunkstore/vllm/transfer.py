@@ -41,7 +41,7 @@ from typing import Any
 import torch
 
 from chunkstore.errors import ConfigError
-from chunkstore.format import ChunkLayout, rank_share
+from chunkstore.format import ChunkLayout
 
 log = logging.getLogger(__name__)
 
@@ -103,26 +103,12 @@ class ShardMap:
         Writers skip replicated heads they do not own and unsplit tensors (MLA
         latents) unless they are rank 0, exactly as :meth:`ChunkLayout.rank_ranges`.
         """
-        itemsize = layout.dtype.itemsize
         tensors: list[ShardTensor] = []
         runs: list[tuple[int, int, int]] = []
         image = 0
-        for slot in layout.tensors:
-            if slot.split_heads:
-                share = rank_share(rank, tp, slot.shape[0])
-                if for_write and not share.writer:
-                    continue
-                per_head = slot.nbytes // slot.shape[0]
-                offset = slot.offset + share.start * per_head
-                shape = (share.stop - share.start, *slot.shape[1:])
-            else:
-                if for_write and rank != 0:
-                    continue
-                offset, shape = slot.offset, slot.shape
-            nbytes = itemsize
-            for dim in shape:
-                nbytes *= dim
-            tensors.append(ShardTensor(slot.name, offset, image, nbytes, tuple(shape)))
+        for part in layout.rank_slices(rank, tp, for_write=for_write):
+            offset, nbytes = part.offset, part.nbytes
+            tensors.append(ShardTensor(part.name, offset, image, nbytes, part.shape))
             if runs and runs[-1][0] + runs[-1][2] == offset and runs[-1][1] + runs[-1][2] == image:
                 runs[-1] = (runs[-1][0], runs[-1][1], runs[-1][2] + nbytes)
             else:

@@ -22,7 +22,6 @@ from chunkstore.cache import (
     HostCache,
     ShardAssembler,
     TieredStore,
-    shard_of,
 )
 from chunkstore.cache.assembly import process_alive, writer_mask
 from chunkstore.cache.pool import ABORTED, CLAIMED, LENT, SHM_DIR
@@ -165,7 +164,7 @@ def test_rank_dying_mid_write_publishes_nothing_and_frees_the_slot(
         claim = rank0.slot_for_write(chunk.key, parent=chunk.parent, tokens=chunk.tokens)
         assert claim is not None
         with claim:
-            claim.write_shard(shard_of(layout, full, 0, 2))
+            claim.write_shard(layout.shard_of(full, 0, 2))
         context = multiprocessing.get_context("spawn")
         dying = context.Process(target=die_mid_write, args=(shm_name, "gqa", 3, 1, 2))
         dying.start()
@@ -195,7 +194,7 @@ def test_rank_dying_mid_write_publishes_nothing_and_frees_the_slot(
                 again = asm.slot_for_write(chunk.key, parent=chunk.parent, tokens=chunk.tokens)
                 assert again is not None
                 with again:
-                    again.write_shard(shard_of(layout, full, rank, 2))
+                    again.write_shard(layout.shard_of(full, rank, 2))
         assert owner.collect() == [chunk.key]
         assert tiered.flush(timeout=30)
         assert tier.writes == Counter({chunk.key: 1})
@@ -228,7 +227,7 @@ def write(asm: ShardAssembler, chunk: MadeChunk) -> bool | None:
     claim = asm.slot_for_write(chunk.key, parent=chunk.parent, tokens=chunk.tokens)
     if claim is None:
         return None
-    claim.write_shard(shard_of(asm.layout, kv_tensors(asm.layout, chunk.tokens), asm.rank, asm.tp))
+    claim.write_shard(asm.layout.shard_of(kv_tensors(asm.layout, chunk.tokens), asm.rank, asm.tp))
     return asm.mark_written(claim)
 
 
@@ -287,7 +286,7 @@ def test_read_shard_returns_exactly_the_ranks_heads(
             for asm in assemblers(host, gqa, tp):
                 got = asm.read_shard(chunk.key)
                 assert got is not None
-                for name, tensor in shard_of(gqa, full, asm.rank, tp).items():
+                for name, tensor in gqa.shard_of(full, asm.rank, tp).items():
                     assert got[name].shape == (4 // tp, 16, 8)
                     assert got[name].tobytes() == tensor.tobytes()
                 lease = asm.acquire(chunk.key)
@@ -509,7 +508,7 @@ def test_random_interleaving_keeps_every_slot_accounted_for(gqa: ChunkLayout) ->
                 claim = asm.slot_for_write(chunk.key, parent=chunk.parent, tokens=chunk.tokens)
                 if claim is not None:
                     full = kv_tensors(gqa, chunk.tokens)
-                    claim.write_shard(shard_of(gqa, full, asm.rank, 2))
+                    claim.write_shard(gqa.shard_of(full, asm.rank, 2))
                     open_claims.append((asm, claim))
             elif op == 4 and open_claims:
                 asm, claim = open_claims.pop(rng.randrange(len(open_claims)))

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from chunkstore.cache import ShardAssembler, shard_of
+from chunkstore.cache import ShardAssembler
 from chunkstore.format import MLA, ChunkLayout, KVSpec, LayerGroup
 from chunkstore.testing.factories import (
     MadeChunk,
@@ -56,7 +56,7 @@ def write_all(assembler: ShardAssembler, chunks: list[MadeChunk], order_seed: in
         if claim is None:
             continue
         with claim:
-            claim.write_shard(shard_of(layout, kv_tensors(layout, chunk.tokens), rank, tp))
+            claim.write_shard(layout.shard_of(kv_tensors(layout, chunk.tokens), rank, tp))
 
 
 def read_all(assembler: ShardAssembler, chunks: list[MadeChunk]) -> bool:
@@ -66,7 +66,7 @@ def read_all(assembler: ShardAssembler, chunks: list[MadeChunk]) -> bool:
         got = assembler.read_shard(chunk.key)
         if got is None:
             return False
-        want = shard_of(layout, kv_tensors(layout, chunk.tokens), rank, tp)
+        want = layout.shard_of(kv_tensors(layout, chunk.tokens), rank, tp)
         if set(got) != set(want):
             return False
         for name, tensor in want.items():
