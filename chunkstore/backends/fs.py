@@ -28,7 +28,13 @@ from chunkstore.backends.base import Buffer, ChunkInfo, Store
 from chunkstore.backends.capacity import CapacityLimiter, Usage
 from chunkstore.backends.fastread import read_into, read_verified_into
 from chunkstore.backends.fsio import FileStat, FsspecIO, LocalIO
-from chunkstore.errors import ConfigError, FormatError, MissingDependency, StoreError
+from chunkstore.errors import (
+    ConfigError,
+    FormatError,
+    MissingDependency,
+    StoreError,
+    UnsupportedVersion,
+)
 from chunkstore.format import ByteRange, decode_chunk
 from chunkstore.hashing import ChunkKey
 from chunkstore.units import parse_size
@@ -62,7 +68,9 @@ class FsStore(Store):
             not a chunkstore store is always refused.
         fsync: fsync each chunk and its directory before it becomes visible.
         quarantine: ``"move"`` corrupt chunks to ``<root>/quarantine/`` or ``"delete"`` them.
-        max_bytes: cap on chunk bytes; least recently used chunks are evicted.
+        max_bytes: cap on chunk bytes; least recently used chunks are evicted. Held across
+            writer processes on local and kernel-mounted paths (flock); through fsspec only
+            within one process (a warning is logged at open).
         track_access: record reads as access times (off for tools like ``verify``).
         access_resolution: seconds; an access is recorded at most this often per chunk.
     """
@@ -101,6 +109,9 @@ class FsStore(Store):
         self.access_resolution = float(access_resolution)
         self._touched: dict[ChunkKey, float] = {}
         self._suspects: dict[ChunkKey, tuple[int, int] | None] = {}
+        self.read_errors = 0
+        """Reads that failed with an OS error other than absence (EIO, ESTALE, EACCES, a
+        directory at a chunk's path): each was logged and served as a miss."""
         self._marker_ok = False
         self._marker_lock = threading.Lock()
         self._open_root(create)
@@ -110,6 +121,13 @@ class FsStore(Store):
                 self.io, self.io.join(self.root, L.STATE_DIR), parse_size(max_bytes),
                 scan=self._scan_for_capacity, probe=self._probe, evict=self._evict_path,
             )
+            if isinstance(self.io, FsspecIO):
+                # fsspec has no cross-process lock: the ledger update is atomic per process only
+                log.warning(
+                    "%s: max_bytes on a non-local filesystem (%s) holds per writer process: "
+                    "several processes writing to %s together can exceed it; use one writer "
+                    "process, or a local/kernel-mounted path (flock)", self.name,
+                    type(self.io.fs).__name__, self.root)
 
     # --- opening -----------------------------------------------------------------
 
@@ -179,16 +197,42 @@ class FsStore(Store):
 
     # --- reads -------------------------------------------------------------------
 
+    def _read_whole(self, path: str) -> tuple[bytes, FileStat] | None:
+        """The file and its stat; None if missing or unreadable (logged, counted)."""
+        try:
+            return self.io.read(path)
+        except OSError as exc:
+            self._read_failed(path, exc)
+            return None
+
+    def _read_failed(self, path: str, exc: OSError) -> None:
+        # Note: EIO/ESTALE on a shared mount, or another user's unreadable file, must not
+        # reach the serving path as an exception (the contract is: a miss).
+        with self._corrupt_lock:
+            self.read_errors += 1
+        log.warning("%s: cannot read %s, treated as a miss: %s", self.name, path, exc)
+
     def _read_many(self, keys: Sequence[ChunkKey]) -> list[bytes | None]:
-        out: list[bytes | None] = []
-        for key in keys:
-            got = self.io.read(self.path_of(key))
-            out.append(None if got is None else got[0])
-        return out
+        return [None if got is None else got[0] for got in self._read_versions(keys)]
+
+    def _read_versions(self, keys: Sequence[ChunkKey]) -> list[tuple[bytes, FileStat] | None]:
+        return [self._read_whole(self.path_of(key)) for key in keys]
 
     def read_unchecked_many(self, keys: Sequence[ChunkKey]) -> list[bytes | None]:
         """Stored bytes per key, unvalidated, not recorded as an access (for verify/cp)."""
         return self._read_many(keys)
+
+    def read_unchecked_with_idents(
+        self, keys: Sequence[ChunkKey]
+    ) -> list[tuple[bytes, tuple[int, int] | None] | None]:
+        """Like :meth:`read_unchecked_many`, with an ident of the file each read came from.
+
+        Hand the ident to :meth:`quarantine_if_unchanged` / :meth:`delete_if_unchanged`
+        so that a maintenance tool removes the file it judged, never one another writer
+        put in its place since. Idents are ``None`` on non-local filesystems (no guard).
+        """
+        return [None if got is None else (got[0], got[1].ident)
+                for got in self._read_versions(keys)]
 
     def get_many(self, keys: Sequence[ChunkKey]) -> list[bytes | None]:
         """Chunk bytes per key; ``None`` for missing and corrupt (quarantined) chunks.
@@ -203,7 +247,7 @@ class FsStore(Store):
                 got = self._read_local(key, path, None)
                 out.append(None if got is None else got[0])
                 continue
-            whole = self.io.read(path)
+            whole = self._read_whole(path)
             if whole is None:
                 out.append(None)
                 continue
@@ -220,7 +264,11 @@ class FsStore(Store):
         """Read (and, if verifying, check in the same pass) a local chunk into ``buffer``
         or a new bytearray; (buffer, size), or None if missing or corrupt."""
         assert isinstance(self.io, LocalIO)
-        opened = self.io.open_read(path)
+        try:
+            opened = self.io.open_read(path)
+        except OSError as exc:
+            self._read_failed(path, exc)
+            return None
         if opened is None:
             return None
         fd, st = opened
@@ -237,12 +285,17 @@ class FsStore(Store):
             if self.verify:
                 try:
                     read_verified_into(fd, view, key.digest)
+                except UnsupportedVersion:
+                    return None  # a newer chunkstore's chunk (rolling upgrade): a miss, not damage
                 except FormatError as exc:
                     self._suspects[key] = st.ident
                     self.report_corrupt(key, exc)
                     return None
             elif read_into(fd, view) < size:
                 return None  # published files never shrink; treat as gone
+        except OSError as exc:
+            self._read_failed(path, exc)
+            return None
         finally:
             os.close(fd)
         self._touch(key, path, st)
@@ -258,7 +311,7 @@ class FsStore(Store):
         if isinstance(self.io, LocalIO):
             got = self._read_local(key, path, view)
             return None if got is None else got[1]
-        whole = self.io.read(path)
+        whole = self._read_whole(path)
         if whole is None:
             return None
         data, st = whole
@@ -274,18 +327,25 @@ class FsStore(Store):
     def read_ranges(self, key: ChunkKey, ranges: Sequence[ByteRange]) -> list[bytes] | None:
         """The bytes of each range (one TP rank's share), or None if missing. Not checksummed."""
         path = self.path_of(key)
-        got = self.io.read_ranges(path, ranges)
+        try:
+            got = self.io.read_ranges(path, ranges)
+        except OSError as exc:
+            self._read_failed(path, exc)
+            return None
         if got is None:
             return None
         if self.track_access:
-            st = self.io.stat(path)
-            if st is not None:
-                self._touch(key, path, st)
+            with contextlib.suppress(OSError):  # access times are advisory
+                st = self.io.stat(path)
+                if st is not None:
+                    self._touch(key, path, st)
         return got
 
     def _valid(self, key: ChunkKey, data: Any, st: FileStat) -> bool:
         try:
             decode_chunk(data, expected_key=key.digest)
+        except UnsupportedVersion:
+            return False  # a newer chunkstore's chunk (rolling upgrade): a miss, not damage
         except FormatError as exc:
             # remember which file was bad so a concurrent good rewrite is not quarantined
             self._suspects[key] = st.ident
@@ -294,7 +354,8 @@ class FsStore(Store):
         return True
 
     def exists_many(self, keys: Sequence[ChunkKey]) -> list[bool]:
-        return [self.io.exists(self.path_of(k)) for k in keys]
+        # a regular file only: a directory (or anything else) at a chunk's path reads as a miss
+        return [self.io.is_file(self.path_of(k)) for k in keys]
 
     # --- access times ------------------------------------------------------------
 
@@ -398,32 +459,72 @@ class FsStore(Store):
     # --- quarantine --------------------------------------------------------------
 
     def _quarantine(self, key: ChunkKey, reason: str) -> None:
+        # the ident of the file a read found bad, so a concurrent good rewrite is left alone
         ident = self._suspects.pop(key, None)
+        self._set_aside(key, ident, reason)
+
+    def quarantine_if_unchanged(self, key: ChunkKey, ident: tuple[int, int] | None,
+                                reason: str) -> bool:
+        """Move ``key``'s chunk to quarantine (or delete it, with ``quarantine="delete"``)
+        only if it is still the file ``ident`` names (from :meth:`read_unchecked_with_idents`);
+        True if it was set aside. ``ident=None`` sets aside whatever is there."""
+        return self._set_aside(key, ident, reason)
+
+    def delete_if_unchanged(self, key: ChunkKey, ident: tuple[int, int] | None) -> bool:
+        """Delete ``key``'s chunk only if it is still the file ``ident`` names; True if deleted."""
+        return self._set_aside(key, ident, None)
+
+    def _set_aside(self, key: ChunkKey, ident: tuple[int, int] | None,
+                   reason: str | None) -> bool:
+        """Quarantine (``reason`` given) or delete the chunk file ``ident`` names.
+
+        The file is first renamed away (to quarantine, or to a temp name when deleting), and
+        only then compared with ``ident``: a rename moves one inode, so what is checked is
+        exactly what left the serving path. A file another writer published in between is
+        put back (unless a yet newer one arrived): nothing good is lost to the race.
+        """
         path = self.path_of(key)
-        current = self.io.stat(path)
-        if current is None:
-            return
-        if ident is not None and current.ident is not None and current.ident != ident:
-            return  # replaced by another writer since we read it: not the corrupt file
+        delete = reason is None or self.quarantine_mode == "delete"
+        done = False
 
         def remove() -> list[int]:
-            if self.quarantine_mode == "delete":
+            nonlocal done
+            current = self.io.stat(path)
+            if current is None or not _same_file(current, ident):
+                return []
+            guarded = ident is not None and current.ident is not None
+            if delete and not guarded:
                 size = self._remove_sized(path)
-                return [size] if size >= 0 else []
-            dest = self.io.join(self.root, L.QUARANTINE_DIR, key.namespace,
-                                key.hex + L.CHUNK_SUFFIX)
+                done = size >= 0
+                return [size] if done else []
+            if delete:
+                dest = self.io.join(self._dir_of(key), L.temp_name(key.hex))
+            else:
+                dest = self.io.join(self.root, L.QUARANTINE_DIR, key.namespace,
+                                    key.hex + L.CHUNK_SUFFIX)
             if not self.io.move(path, dest):
                 return []
+            taken = (self.io.stat(dest) if guarded else None) or current
+            if not _same_file(taken, ident):
+                restored = self.io.link_if_absent(dest, path, self.fsync)  # removes dest
+                return [] if restored else [taken.size]
+            done = True
             with contextlib.suppress(OSError):
                 self.io.remove(path + ".atime")
-                self.io.write_small(dest + L.REASON_SUFFIX,
-                                    f"{time.time():.3f} {reason}\n".encode())
-            return [current.size]
+            with contextlib.suppress(OSError):
+                if delete:
+                    self.io.remove(dest)
+                else:
+                    self.io.write_small(dest + L.REASON_SUFFIX,
+                                        f"{time.time():.3f} {reason}\n".encode())
+            return [taken.size]
 
+        self._touched.pop(key, None)
         if self.capacity is not None:
             self.capacity.removed(remove)
         else:
             remove()
+        return done
 
     # --- listing -----------------------------------------------------------------
 
@@ -518,6 +619,11 @@ class FsStore(Store):
 
     def __repr__(self) -> str:
         return f"FsStore({self.root!r})"
+
+
+def _same_file(st: FileStat, ident: tuple[int, int] | None) -> bool:
+    """Whether ``st`` is the file ``ident`` names (always, when either side has no ident)."""
+    return ident is None or st.ident is None or st.ident == ident
 
 
 def _is_local_fs(fs: Any) -> bool:

@@ -13,6 +13,7 @@ import datetime as _dt
 import errno
 import fcntl
 import os
+import stat as _stat
 import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -22,6 +23,8 @@ from chunkstore.format import ByteRange
 
 _O_NOATIME = getattr(os, "O_NOATIME", 0)
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+# Regular files ignore O_NONBLOCK; a FIFO left at a chunk path would block open() forever.
+_O_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,39 +94,47 @@ class LocalIO:
 
     # --- reads ---------------------------------------------------------------
 
-    def _open_read(self, path: str) -> int | None:
-        flags = os.O_RDONLY | _O_CLOEXEC
+    def _open_read(self, path: str) -> tuple[int, os.stat_result] | None:
+        """An fd of the regular file at ``path`` and its fstat; None if there is none.
+
+        Raises ``OSError`` for anything but absence (EIO, ESTALE, EACCES, or a directory
+        or other non-regular file at the path): the store turns those into logged misses.
+        """
+        flags = os.O_RDONLY | _O_CLOEXEC | _O_NONBLOCK
         try:
-            return os.open(path, flags | self._noatime)
-        except FileNotFoundError:
-            return None
-        except PermissionError:
-            if not self._noatime:
-                raise
-            self._noatime = 0  # not the owner: O_NOATIME is refused, plain reads still work
             try:
-                return os.open(path, flags)
-            except FileNotFoundError:
-                return None
-
-    def open_read(self, path: str) -> tuple[int, FileStat] | None:
-        """An fd open for reading (the caller closes it) and its stat, or None if missing."""
-        fd = self._open_read(path)
-        if fd is None:
-            return None
-        try:
-            return fd, _filestat(os.fstat(fd))
-        except BaseException:
-            os.close(fd)
-            raise
-
-    def read(self, path: str) -> tuple[bytes, FileStat] | None:
-        """Whole file and its stat, from one open file (so both describe the same inode)."""
-        fd = self._open_read(path)
-        if fd is None:
+                fd = os.open(path, flags | self._noatime)
+            except PermissionError as exc:
+                if not self._noatime or exc.errno != errno.EPERM:
+                    raise
+                self._noatime = 0  # not the owner: O_NOATIME is refused, plain reads still work
+                fd = os.open(path, flags)
+        except (FileNotFoundError, NotADirectoryError):
             return None
         try:
             st = os.fstat(fd)
+            if not _stat.S_ISREG(st.st_mode):
+                raise OSError(errno.EISDIR if _stat.S_ISDIR(st.st_mode) else errno.EINVAL,
+                              "not a regular file", path)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd, st
+
+    def open_read(self, path: str) -> tuple[int, FileStat] | None:
+        """An fd open for reading (the caller closes it) and its stat, or None if missing."""
+        opened = self._open_read(path)
+        if opened is None:
+            return None
+        return opened[0], _filestat(opened[1])
+
+    def read(self, path: str) -> tuple[bytes, FileStat] | None:
+        """Whole file and its stat, from one open file (so both describe the same inode)."""
+        opened = self._open_read(path)
+        if opened is None:
+            return None
+        fd, st = opened
+        try:
             data = os.read(fd, st.st_size)
             if len(data) < st.st_size:  # rare short read (signals, network mounts)
                 parts = [data]
@@ -140,9 +151,10 @@ class LocalIO:
             os.close(fd)
 
     def read_ranges(self, path: str, ranges: Sequence[ByteRange]) -> list[bytes] | None:
-        fd = self._open_read(path)
-        if fd is None:
+        opened = self._open_read(path)
+        if opened is None:
             return None
+        fd = opened[0]
         try:
             return [os.pread(fd, r.length, r.offset) for r in ranges]
         finally:
@@ -156,6 +168,10 @@ class LocalIO:
 
     def exists(self, path: str) -> bool:
         return os.path.exists(path)
+
+    def is_file(self, path: str) -> bool:
+        """Whether a regular file is at ``path`` (False on any error: a miss)."""
+        return os.path.isfile(path)
 
     def read_small(self, path: str) -> bytes | None:
         try:
@@ -254,19 +270,31 @@ class LocalIO:
     def set_access(self, path: str, now: float, st: FileStat) -> bool:
         """Record an access in the file's own atime (explicit, so noatime mounts keep it).
 
-        False when not allowed (another user's file): the caller writes an access record.
+        Only the file that was read (``st.ident``) is touched, through an fd of it, with its
+        mtime kept to the nanosecond: a file another writer put in its place since keeps its
+        own times (and ``ident``, which the quarantine guard compares). False when not
+        allowed (another user's file): the caller writes an access record.
         """
         try:
-            os.utime(path, (now, st.mtime))
-            return True
-        except FileNotFoundError:
+            opened = self._open_read(path)
+        except PermissionError:
+            return False
+        if opened is None:
             return True  # deleted meanwhile: nothing to record
+        fd, current = opened
+        try:
+            if st.ident is not None and (current.st_ino, current.st_mtime_ns) != st.ident:
+                return True  # replaced since the read: the new file is as fresh as its mtime
+            os.utime(fd, ns=(int(now * 1e9), current.st_mtime_ns))
+            return True
         except PermissionError:
             return False
         except OSError as exc:
             if exc.errno in (errno.ENOTSUP, errno.EOPNOTSUPP, errno.EROFS):
                 return False
             raise
+        finally:
+            os.close(fd)
 
     @contextlib.contextmanager
     def lock(self, path: str) -> Iterator[None]:
@@ -376,6 +404,13 @@ class FsspecIO:
 
     def exists(self, path: str) -> bool:
         return bool(self.fs.exists(path))
+
+    def is_file(self, path: str) -> bool:
+        """Whether a file (not a directory) is at ``path`` (False on any error: a miss)."""
+        try:
+            return bool(self.fs.isfile(path))
+        except OSError:
+            return False
 
     def read_small(self, path: str) -> bytes | None:
         try:

@@ -15,8 +15,10 @@ class MemoryStore(Store):
 
     kind = "memory"
 
-    def __init__(self, *, name: str | None = None, verify: bool = True, create: bool = True) -> None:
-        # `create` is accepted for symmetry with directory stores: a memory store always starts empty.
+    def __init__(self, *, name: str | None = None, verify: bool = True,
+                 create: bool = True) -> None:
+        # `create` is accepted for symmetry with directory stores: a memory store always
+        # starts empty.
         super().__init__(name=name, verify=verify)
         self._data: dict[ChunkKey, tuple[bytes, float, float]] = {}
         self._lock = threading.Lock()
@@ -33,6 +35,11 @@ class MemoryStore(Store):
                     self._data[key] = (entry[0], entry[1], now)
                     out.append(entry[0])
         return out
+
+    def read_unchecked_many(self, keys: Sequence[ChunkKey]) -> list[bytes | None]:
+        """Stored bytes per key; not a use, so access times (LRU order for prune) stay put."""
+        with self._lock:
+            return [None if (entry := self._data.get(k)) is None else entry[0] for k in keys]
 
     def exists_many(self, keys: Sequence[ChunkKey]) -> list[bool]:
         with self._lock:

@@ -24,6 +24,7 @@ import datetime as _dt
 import logging
 import random
 import re
+import secrets
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
@@ -57,11 +58,23 @@ _CHUNK_KEY_RE = re.compile(r"([0-9a-f]{16})/([0-9a-f]{2})/([0-9a-f]{2})/([0-9a-f
 
 
 class _NotFound(Exception):
-    pass
+    def __init__(self, retried: bool = False) -> None:
+        super().__init__()
+        self.retried = retried
+        """An earlier attempt of the same request may have reached S3 (its answer was lost)."""
 
 
 class _Exists(Exception):
-    pass
+    def __init__(self, retried: bool = False) -> None:
+        super().__init__()
+        self.retried = retried
+        """An earlier attempt of the same request may have reached S3 (its answer was lost)."""
+
+
+_WRITER_META = "chunkstore-writer"
+"""User metadata on conditional writes: a token per call, so that a retry answered 412
+(or, for multipart, NoSuchUpload) can tell "my lost first attempt wrote it" from "another
+writer did" (chunks of one key have the same bytes, so comparing bytes or ETags cannot)."""
 
 
 class _Failed(Exception):
@@ -268,9 +281,9 @@ class S3Store(Store):
                 if code in _MISSING_CODES or status == 404:
                     if code == "NoSuchBucket":
                         raise _Failed(f"bucket {self.bucket} does not exist") from None
-                    raise _NotFound() from None
+                    raise _NotFound(retried=attempt > 0) from None
                 if code in _EXISTS_CODES or status in (409, 412):
-                    raise _Exists() from None
+                    raise _Exists(retried=attempt > 0) from None
                 last = exc
                 if not _retryable(exc):
                     break
@@ -542,20 +555,42 @@ class S3Store(Store):
                     return False
                 except _NotFound:
                     pass
-            match = {"IfNoneMatch": "*"} if if_absent and self.conditional_writes else {}
+            match: dict[str, Any] = {}
+            token = ""
+            if if_absent and self.conditional_writes:
+                token = secrets.token_hex(8)
+                match = {"IfNoneMatch": "*", "Metadata": {_WRITER_META: token}}
             if len(body) > self.multipart_threshold:
                 await self._multipart(name, body, match)
             else:
                 await self._request("put_object", Key=name, Body=body, **match)
             return True
-        except _Exists:
+        except _Exists as exc:
+            return exc.retried and await self._written_by(name, token)
+        except _NotFound as exc:
+            if exc.retried and await self._written_by(name, token):
+                return True  # a retried CompleteMultipartUpload whose first answer was lost
+            log.warning("%s: put %s failed, not stored: %s", self.name, key.hex, exc)
             return False
-        except (_Failed, _NotFound) as exc:
+        except _Failed as exc:
             log.warning("%s: put %s failed, not stored: %s", self.name, key.hex, exc)
             return False
 
-    async def _multipart(self, name: str, body: bytes, match: dict[str, str]) -> None:
-        upload = await self._request("create_multipart_upload", Key=name)
+    async def _written_by(self, name: str, token: str) -> bool:
+        """Whether the stored object carries this call's writer token."""
+        if not token:
+            return False
+        try:
+            head = await self._request("head_object", Key=name)
+        except (_NotFound, _Failed, _Exists):
+            return False
+        return bool(head.get("Metadata", {}).get(_WRITER_META) == token)
+
+    async def _multipart(self, name: str, body: bytes, match: dict[str, Any]) -> None:
+        match = dict(match)
+        metadata = match.pop("Metadata", None)
+        extra = {"Metadata": metadata} if metadata else {}
+        upload = await self._request("create_multipart_upload", Key=name, **extra)
         upload_id = upload["UploadId"]
         try:
             offsets = range(0, len(body), self.part_size)

@@ -156,6 +156,26 @@ class StoreSuite:
         finally:
             store.close()
 
+    def test_unchecked_reads_leave_access_time(self, make_store: Callable[..., Store],
+                                               chunks: list[MadeChunk]) -> None:
+        """``read_unchecked_many`` (verify, cp, inspect) is not a use: ``prune --max-bytes``
+        must see the same least-recently-used order afterwards."""
+        store = make_store()
+        try:
+            if hasattr(store, "access_resolution"):
+                store.access_resolution = 0.0
+            store.put_many([(c.key, c.data) for c in chunks[:2]])
+            first = {i.key: i.atime for i in store.list()}
+            time.sleep(0.05)  # a recorded access would now carry a later time
+            got = store.read_unchecked_many([chunks[0].key, chunks[2].key])
+            assert bytes(got[0] or b"") == chunks[0].data and got[1] is None
+            flush = getattr(store, "flush", None)
+            if flush is not None:
+                flush()
+            assert {i.key: i.atime for i in store.list()} == first
+        finally:
+            store.close()
+
     # --- prefix lookup ----------------------------------------------------------------
 
     def test_lookup_prefix(self, store: Store, chunks: list[MadeChunk]) -> None:
@@ -181,6 +201,23 @@ class StoreSuite:
         assert store.exists(bad.key) is False  # moved out of the serving path
         assert bytes(store.get(good.key) or b"") == good.data
         assert {i.key for i in store.list()} == {good.key}
+
+    def test_newer_major_version_is_a_plain_miss(self, store: Store,
+                                                 chunks: list[MadeChunk]) -> None:
+        """A chunk a newer chunkstore wrote (next major format) into a shared store: a miss
+        for this reader, but not damage. Counting or quarantining it would let every old
+        reader destroy the upgraded writers' cache during a rolling upgrade."""
+        newer, good = chunks[0], chunks[1]
+        data = newer_major_copy(newer)
+        store.put_many([(newer.key, data), (good.key, good.data)])
+        assert store.get(newer.key) is None
+        assert store.get_many([good.key, newer.key])[1] is None
+        if isinstance(store, SupportsGetInto):
+            assert store.get_into(newer.key, bytearray(len(data) + 4096)) is None
+        assert store.corrupt_detected == 0
+        assert store.exists(newer.key) is True  # left where it is, for the newer readers
+        assert bytes(store.read_unchecked_many([newer.key])[0] or b"") == data
+        assert {i.key for i in store.list()} == {newer.key, good.key}
 
     def test_wrong_key_is_a_miss(self, store: Store, chunks: list[MadeChunk]) -> None:
         a, b = chunks[:2]
@@ -262,6 +299,13 @@ class StoreSuite:
             assert s.atomic_put is True
 
 
+def newer_major_copy(chunk: MadeChunk) -> bytes:
+    """``chunk`` as a future chunkstore would label it: format major version 2."""
+    current = b'"chunkstore":"1.0"'
+    assert chunk.data.count(current) == 1
+    return chunk.data.replace(current, b'"chunkstore":"2.0"')
+
+
 def _rekeyed(target: MadeChunk) -> bytes:
     """A valid chunk of another layout that carries ``target``'s key, parent and tokens."""
     layout = ChunkLayout(small_spec(num_kv_heads=2))
@@ -272,4 +316,4 @@ def _rekeyed(target: MadeChunk) -> bytes:
     return bytes(data)
 
 
-__all__ = ["StoreSuite", "corrupt_copies"]
+__all__ = ["StoreSuite", "corrupt_copies", "newer_major_copy"]

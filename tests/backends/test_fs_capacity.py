@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from chunkstore.backends.fs import FsStore
-from chunkstore.units import parse_size
 from chunkstore.errors import ConfigError
 from chunkstore.testing.factories import sample_chunks
+from chunkstore.units import parse_size
 
 CHUNKS = sample_chunks(8, seed=31)
 SIZE = len(CHUNKS[0].data)
@@ -108,3 +108,22 @@ def test_refused_writes_leave_no_temp_files(tmp_path: Path) -> None:
     assert small.put_if_absent(CHUNKS[1].key, CHUNKS[1].data) is False
     assert small.put(CHUNKS[1].key, CHUNKS[1].data) is False
     assert store.orphans() == []
+
+
+def test_cap_through_fsspec_warns_that_it_holds_per_process(
+        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """Review #13: fsspec has no cross-process lock, so the cap is per writer process there;
+    the store says so at open. Local paths (flock) hold it across processes: no warning."""
+    import fsspec
+
+    fs = fsspec.filesystem("memory")
+    root = f"/cap-{tmp_path.name}"
+    try:
+        FsStore(root, fs=fs, create=True, max_bytes=SIZE)
+        assert "holds per writer process" in caplog.text
+        caplog.clear()
+        FsStore(root, fs=fs)  # no cap: nothing to say
+        capped(tmp_path, 2)
+        assert "per writer process" not in caplog.text
+    finally:
+        fs.rm(root, recursive=True)

@@ -7,7 +7,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from chunkstore.backends.base import ChunkInfo
+from chunkstore.backends.base import ChunkInfo, Store
+from chunkstore.backends.fs import FsStore
 from chunkstore.cli import integrity
 from chunkstore.cli.exitcodes import FAILURE, OK
 from chunkstore.cli.orphans import DEFAULT_GRACE, describe, sweep
@@ -26,8 +27,9 @@ from chunkstore.cli.storeargs import (
     open_cli_store,
 )
 from chunkstore.cli.table import render_table
-from chunkstore.units import format_size, parse_age
 from chunkstore.errors import ConfigError
+from chunkstore.hashing import ChunkKey
+from chunkstore.units import format_size, parse_age
 
 EPILOG = """examples:
   chunkstore verify /mnt/kvcache                 (corrupt chunks go to <root>/quarantine/)
@@ -36,8 +38,11 @@ EPILOG = """examples:
 
 Exit status 1 when corrupt chunks were found (whatever was done with them).
 Chunks of a format version this chunkstore cannot read (a newer writer) are
-reported as "unsupported" and left alone. Orphan temp files of killed writers
-older than --grace are removed; foreign files are reported, never touched.
+reported as "unsupported" and left alone. On a filesystem store only the very
+file that was judged is set aside: one a writer replaced (or removed) while
+verify was checking it is "left (changed while checking)". Orphan temp files
+of killed writers older than --grace are removed; foreign files are reported,
+never touched.
 """
 
 
@@ -116,6 +121,16 @@ class Finding:
         }
 
 
+def _read_batch(store: Store, keys: list[ChunkKey]) -> tuple[list[Any], list[Any]]:
+    """Raw bytes per key (None if gone) and, from a filesystem store, an ident of each file
+    read (so only that very file is set aside if it is bad)."""
+    if not isinstance(store, FsStore):
+        return read_raw_many(store, keys), [None] * len(keys)
+    pairs = store.read_unchecked_with_idents(keys)
+    return ([None if p is None else p[0] for p in pairs],
+            [None if p is None else p[1] for p in pairs])
+
+
 def run(args: argparse.Namespace) -> int:
     """Verify every chunk, act on corrupt ones, sweep orphans, report."""
     grace = parse_age(args.grace)
@@ -136,9 +151,9 @@ def run(args: argparse.Namespace) -> int:
         with Progress("verify", len(infos), quiet=args.quiet) as progress:
             for start in range(0, len(infos), args.batch):
                 batch = infos[start : start + args.batch]
-                raws = read_raw_many(store, [i.key for i in batch])
+                raws, idents = _read_batch(store, [i.key for i in batch])
                 to_delete = []
-                for info, raw in zip(batch, raws):
+                for info, raw, ident in zip(batch, raws, idents):
                     if raw is None:  # deleted since listing (a concurrent prune or eviction)
                         vanished += 1
                         continue
@@ -151,11 +166,19 @@ def run(args: argparse.Namespace) -> int:
                     if verdict.status == integrity.UNSUPPORTED:
                         findings.append(Finding(info, verdict, "left (unsupported version)"))
                         continue
-                    findings.append(Finding(info, verdict, bad_action))
-                    if args.action == "quarantine":
+                    action = bad_action
+                    if isinstance(store, FsStore) and args.action != "report":
+                        # only the very file judged here: a writer may have replaced it since
+                        if args.action == "quarantine":
+                            done = store.quarantine_if_unchanged(info.key, ident, verdict.problem)
+                        else:
+                            done = store.delete_if_unchanged(info.key, ident)
+                        action = bad_action if done else "left (changed while checking)"
+                    elif args.action == "quarantine":
                         quarantine(store, info.key, verdict.problem)
                     elif args.action == "delete":
                         to_delete.append(info.key)
+                    findings.append(Finding(info, verdict, action))
                 if to_delete:
                     store.delete_many(to_delete)
                 progress.advance(len(batch))
