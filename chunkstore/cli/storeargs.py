@@ -28,6 +28,24 @@ def add_output_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress bar on stderr")
 
 
+def add_maintenance_options(
+    parser: argparse.ArgumentParser, *, batch_default: int, batch_unit: str
+) -> None:
+    """``--grace AGE`` (orphan temp files) and ``--batch N``, shared by ``verify`` and ``prune``."""
+    from chunkstore.cli.orphans import DEFAULT_GRACE
+
+    parser.add_argument(
+        "--grace",
+        metavar="AGE",
+        default=DEFAULT_GRACE,
+        help=f"remove orphan temp files older than this (default {DEFAULT_GRACE})",
+    )
+    parser.add_argument(
+        "--batch", type=int, default=batch_default, metavar="N",
+        help=f"chunks {batch_unit} per request (default {batch_default})",
+    )
+
+
 def add_store_options(parser: argparse.ArgumentParser, prefix: str = "") -> None:
     """``--config FILE`` and repeatable ``-o KEY=VALUE`` (with ``prefix``: ``--src-config``...)."""
     dashed = f"--{prefix}-" if prefix else "--"

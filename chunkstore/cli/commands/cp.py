@@ -21,8 +21,8 @@ from chunkstore.cli.storeargs import (
     open_cli_store,
 )
 from chunkstore.cli.table import render_table
-from chunkstore.units import format_size
 from chunkstore.errors import ConfigError
+from chunkstore.units import format_size
 
 EPILOG = """examples:
   chunkstore cp /mnt/kvcache s3://new-cluster-bucket/kv    (seed a bucket from a shared mount)

@@ -25,8 +25,8 @@ from chunkstore.cli.storeargs import (
     open_cli_store,
 )
 from chunkstore.cli.table import render_table
-from chunkstore.units import format_size
 from chunkstore.errors import FormatError, UnsupportedVersion
+from chunkstore.units import format_size
 
 AGE_BUCKETS: tuple[tuple[str, float], ...] = (
     ("< 1h", 3600.0),

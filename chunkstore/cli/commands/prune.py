@@ -8,18 +8,19 @@ from dataclasses import dataclass
 from typing import Any
 
 from chunkstore.backends.base import ChunkInfo
-from chunkstore.cli.orphans import DEFAULT_GRACE, describe, sweep
+from chunkstore.cli.orphans import describe, sweep
 from chunkstore.cli.output import emit_json, emit_text
 from chunkstore.cli.progress import Progress
 from chunkstore.cli.storeargs import (
+    add_maintenance_options,
     add_output_options,
     add_store_options,
     namespace_arg,
     open_cli_store,
 )
 from chunkstore.cli.table import render_table
-from chunkstore.units import format_age, format_size, parse_age, parse_size
 from chunkstore.errors import ConfigError
+from chunkstore.units import format_age, format_size, parse_age, parse_size
 
 _SHOWN = 20
 
@@ -62,15 +63,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument(
         "--dry-run", action="store_true", help="print what would be removed, remove nothing"
     )
-    parser.add_argument(
-        "--grace",
-        metavar="AGE",
-        default=DEFAULT_GRACE,
-        help=f"remove orphan temp files older than this (default {DEFAULT_GRACE})",
-    )
-    parser.add_argument(
-        "--batch", type=int, default=256, metavar="N", help="chunks deleted per request"
-    )
+    add_maintenance_options(parser, batch_default=256, batch_unit="deleted")
     add_output_options(parser)
     add_store_options(parser)
     parser.set_defaults(func=run)

@@ -14,7 +14,6 @@ from chunkstore.cli.output import emit_json, emit_text
 from chunkstore.cli.storeaccess import read_raw_many
 from chunkstore.cli.storeargs import add_output_options, add_store_options, open_cli_store
 from chunkstore.cli.table import render_fields, render_table
-from chunkstore.units import format_size
 from chunkstore.errors import (
     ChecksumMismatch,
     ConfigError,
@@ -24,6 +23,7 @@ from chunkstore.errors import (
 )
 from chunkstore.format import ChunkHeader, decode_chunk, key_digest, read_header
 from chunkstore.hashing import ChunkKey
+from chunkstore.units import format_size
 
 _KEY_ARG = re.compile(r"(?:([0-9a-f]{16})/)?([0-9a-f]{4,64})")
 _CHUNK_NAME = re.compile(r"([0-9a-f]{64})\.kvc")

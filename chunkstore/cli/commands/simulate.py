@@ -7,9 +7,9 @@ from pathlib import Path
 
 from chunkstore.cli.output import emit_json, emit_text
 from chunkstore.cli.table import render_table
-from chunkstore.units import format_size, parse_size
 from chunkstore.errors import ConfigError
 from chunkstore.simulator import SIMULATED_POLICIES, Simulation, load_trace, simulate
+from chunkstore.units import format_size, parse_size
 
 EXAMPLES = """examples:
   chunkstore simulate trace.jsonl

@@ -11,7 +11,7 @@ from chunkstore.backends.base import ChunkInfo, Store
 from chunkstore.backends.fs import FsStore
 from chunkstore.cli import integrity
 from chunkstore.cli.exitcodes import FAILURE, OK
-from chunkstore.cli.orphans import DEFAULT_GRACE, describe, sweep
+from chunkstore.cli.orphans import describe, sweep
 from chunkstore.cli.output import emit_json, emit_text
 from chunkstore.cli.progress import Progress
 from chunkstore.cli.storeaccess import (
@@ -21,6 +21,7 @@ from chunkstore.cli.storeaccess import (
     stop_access_tracking,
 )
 from chunkstore.cli.storeargs import (
+    add_maintenance_options,
     add_output_options,
     add_store_options,
     namespace_arg,
@@ -84,15 +85,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     parser.set_defaults(action="quarantine")
     parser.add_argument("--namespace", metavar="NS", type=namespace_arg, help="only this namespace")
-    parser.add_argument(
-        "--grace",
-        metavar="AGE",
-        default=DEFAULT_GRACE,
-        help=f"remove orphan temp files older than this (default {DEFAULT_GRACE})",
-    )
-    parser.add_argument(
-        "--batch", type=int, default=64, metavar="N", help="chunks read per request (default 64)"
-    )
+    add_maintenance_options(parser, batch_default=64, batch_unit="read")
     add_output_options(parser)
     add_store_options(parser)
     parser.set_defaults(func=run)
