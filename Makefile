@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install demo test bench lint clean
+.PHONY: install demo test bench lint lint-only clean
 
 install: $(STAMP)
 
@@ -16,14 +16,18 @@ $(STAMP): pyproject.toml tools/install.sh
 demo: install
 	$(BIN)/chunkstore demo
 
-test: install
+test: install lint-only
 	$(BIN)/python -m pytest
 
 bench: install
 	$(BIN)/python tools/run_benchmarks.py
 
-lint: install
+lint: install lint-only
+
+# ruff over everything, mypy strict on the format and key modules (run before the tests).
+lint-only:
 	$(BIN)/ruff check chunkstore tests tools
+	$(BIN)/ruff format --check chunkstore tests tools
 	$(BIN)/mypy chunkstore/format chunkstore/hashing
 
 clean:

@@ -18,7 +18,7 @@ import numpy as np
 
 from chunkstore.backends.base import Store
 from chunkstore.format import ChunkLayout, KVSpec, decode_into, encode_chunk
-from chunkstore.hashing import chain_keys, namespace_root, parent_of
+from chunkstore.hashing import chain_keys, namespace_of, namespace_root, parent_of
 from chunkstore.testing.factories import conversation_tokens, kv_tensors
 
 Printer = Callable[[str], None]
@@ -58,7 +58,9 @@ def conversations(chunk_tokens: int) -> dict[str, list[np.ndarray]]:
         prompt = system
         turns = []
         for turn in range(3):
-            prompt = np.concatenate([prompt, conversation_tokens(seed * 10 + turn, 2 * chunk_tokens + 17)])
+            prompt = np.concatenate(
+                [prompt, conversation_tokens(seed * 10 + turn, 2 * chunk_tokens + 17)]
+            )
             turns.append(prompt)
         chats[name] = turns
     return chats
@@ -70,8 +72,10 @@ def run_store_demo(store: Store, out: Printer = print) -> DemoReport:
     root = namespace_root(layout.fingerprint)
     step = DEMO_SPEC.chunk_tokens
     report = DemoReport()
-    out(f"model {DEMO_SPEC.model_id}: {DEMO_SPEC.num_layers} layers, chunk = {step} tokens "
-        f"= {layout.total_size / 2**10:.0f} KiB; namespace {chain_keys([0] * step, root=root, chunk_tokens=step)[0].namespace}")
+    out(
+        f"model {DEMO_SPEC.model_id}: {DEMO_SPEC.num_layers} layers, chunk = {step} tokens "
+        f"= {layout.total_size / 2**10:.0f} KiB; namespace {namespace_of(root)}"
+    )
     chats = conversations(step)
     for name, turns in chats.items():
         for number, prompt in enumerate(turns, 1):
@@ -82,8 +86,12 @@ def run_store_demo(store: Store, out: Printer = print) -> DemoReport:
             for i in range(hit, len(keys)):
                 tokens = prompt[i * step : (i + 1) * step]
                 data = encode_chunk(
-                    layout, key=keys[i].digest, parent=parent_of(keys, i, root),
-                    namespace=keys[i].namespace, tokens=tokens, tensors=kv_tensors(layout, tokens),
+                    layout,
+                    key=keys[i].digest,
+                    parent=parent_of(keys, i, root),
+                    namespace=keys[i].namespace,
+                    tokens=tokens,
+                    tensors=kv_tensors(layout, tokens),
                 )
                 if store.put_if_absent(keys[i], data):
                     written += 1
@@ -92,8 +100,10 @@ def run_store_demo(store: Store, out: Printer = print) -> DemoReport:
             report.chunks_reused += hit
             report.chunks_written += written
             report.turns.append((name, len(prompt), hit, written))
-            out(f"  {name} turn {number}: {len(prompt):5d} prompt tokens, {len(keys)} full chunks: "
-                f"{hit} reused from the store, {written} computed and written ({elapsed:.1f} ms)")
+            out(
+                f"  {name} turn {number}: {len(prompt):5d} prompt tokens, {len(keys)} full chunks: "
+                f"{hit} reused from the store, {written} computed and written ({elapsed:.1f} ms)"
+            )
     shared = chats["chat-A"][0][: 4 * step]
     keys = chain_keys(shared, root=root, chunk_tokens=step)
     started = time.perf_counter()
@@ -110,10 +120,14 @@ def run_store_demo(store: Store, out: Printer = print) -> DemoReport:
         report.verified_chunks += 1
         report.bytes_read += len(data)
     elapsed = (time.perf_counter() - started) * 1e3
-    out(f"reloaded the shared {len(shared)}-token system prompt: {len(keys)} chunks, "
-        f"{report.bytes_read / 2**20:.1f} MiB, verified byte for byte ({elapsed:.1f} ms)")
+    out(
+        f"reloaded the shared {len(shared)}-token system prompt: {len(keys)} chunks, "
+        f"{report.bytes_read / 2**20:.1f} MiB, verified byte for byte ({elapsed:.1f} ms)"
+    )
     report.keys = [k.hex for k in keys]
     out(f"shared prefix keys: {', '.join(h[:16] + '…' for h in report.keys)}")
-    out(f"total: {report.chunks_written} chunks written ({report.bytes_written / 2**20:.1f} MiB), "
-        f"{report.chunks_reused} chunk loads avoided recompute")
+    out(
+        f"total: {report.chunks_written} chunks written ({report.bytes_written / 2**20:.1f} MiB), "
+        f"{report.chunks_reused} chunk loads avoided recompute"
+    )
     return report

@@ -43,8 +43,23 @@ from prometheus_client.registry import Collector
 from chunkstore.errors import ConfigError
 
 LATENCY_BUCKETS = (
-    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
-    2.5, 5.0, 10.0, 30.0,
+    0.0001,
+    0.00025,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
 )
 """Seconds: 100 µs (a host hit) to 30 s (a stalled object store)."""
 THROUGHPUT_BUCKETS = tuple(float(2**e) for e in range(20, 38, 2))
@@ -77,8 +92,18 @@ class TierInstruments:
     """The metric children of one tier, resolved once (label lookups off the hot path)."""
 
     __slots__ = (
-        "_errors", "_metrics", "hits", "lookup_latency", "misses", "name", "promotions",
-        "read_bytes", "read_latency", "read_throughput", "write_bytes", "write_latency",
+        "_errors",
+        "_metrics",
+        "hits",
+        "lookup_latency",
+        "misses",
+        "name",
+        "promotions",
+        "read_bytes",
+        "read_latency",
+        "read_throughput",
+        "write_bytes",
+        "write_latency",
         "write_throughput",
     )
 
@@ -131,51 +156,85 @@ class ChunkstoreMetrics:
         """Where the metrics are registered (what the HTTP server exposes)."""
         r = self.registry
         self.hits = Counter(
-            "chunkstore_cache_hits", "Chunk reads served by a tier.", ["tier"], registry=r)
+            "chunkstore_cache_hits", "Chunk reads served by a tier.", ["tier"], registry=r
+        )
         self.misses = Counter(
-            "chunkstore_cache_misses", "Chunk reads a tier could not serve.", ["tier"], registry=r)
+            "chunkstore_cache_misses", "Chunk reads a tier could not serve.", ["tier"], registry=r
+        )
         self.lookup_latency = Histogram(
             "chunkstore_lookup_latency_seconds",
             "Latency of presence lookups (exists, lookup_prefix) per tier.",
-            ["tier"], buckets=LATENCY_BUCKETS, registry=r)
+            ["tier"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
         self.transfer_latency = Histogram(
             "chunkstore_transfer_latency_seconds",
             "Latency of chunk transfers per tier and direction "
             "(read: out of the tier, write: into it).",
-            ["tier", "direction"], buckets=LATENCY_BUCKETS, registry=r)
+            ["tier", "direction"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
         self.transfer_bytes = Counter(
-            "chunkstore_transfer_bytes", "Chunk bytes moved per tier and direction.",
-            ["tier", "direction"], registry=r)
+            "chunkstore_transfer_bytes",
+            "Chunk bytes moved per tier and direction.",
+            ["tier", "direction"],
+            registry=r,
+        )
         self.throughput = Histogram(
             "chunkstore_transfer_throughput_bytes_per_second",
             "Throughput of individual transfers per tier and direction.",
-            ["tier", "direction"], buckets=THROUGHPUT_BUCKETS, registry=r)
+            ["tier", "direction"],
+            buckets=THROUGHPUT_BUCKETS,
+            registry=r,
+        )
         self.writes_dropped = Counter(
             "chunkstore_writes_dropped",
             "Chunk writes to a tier not performed: reason queue_full (backpressure), "
             "tier_down (tier in back-off), tier_error (the write failed or timed out).",
-            ["tier", "reason"], registry=r)
+            ["tier", "reason"],
+            registry=r,
+        )
         self.promotions = Counter(
-            "chunkstore_promotions", "Chunks copied into host memory after a hit in a lower tier.",
-            ["tier"], registry=r)
+            "chunkstore_promotions",
+            "Chunks copied into host memory after a hit in a lower tier.",
+            ["tier"],
+            registry=r,
+        )
         self.tier_errors = Counter(
-            "chunkstore_tier_errors", "Failed or timed-out calls to a tier, by operation.",
-            ["tier", "op"], registry=r)
+            "chunkstore_tier_errors",
+            "Failed or timed-out calls to a tier, by operation.",
+            ["tier", "op"],
+            registry=r,
+        )
         self.device_bytes = Counter(
             "chunkstore_device_bytes",
             "Bytes copied between accelerator and host memory, by direction "
-            "(device_to_host: saves, host_to_device: loads).", ["direction"], registry=r)
+            "(device_to_host: saves, host_to_device: loads).",
+            ["direction"],
+            registry=r,
+        )
         self.device_transfers = Counter(
-            "chunkstore_device_transfers", "Copies between accelerator and host memory.",
-            ["direction"], registry=r)
+            "chunkstore_device_transfers",
+            "Copies between accelerator and host memory.",
+            ["direction"],
+            registry=r,
+        )
         self.device_latency = Histogram(
             "chunkstore_device_transfer_seconds",
             "Duration of copies between accelerator and host memory.",
-            ["direction"], buckets=LATENCY_BUCKETS, registry=r)
+            ["direction"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
         self.device_throughput = Histogram(
             "chunkstore_device_throughput_bytes_per_second",
             "Throughput of individual copies between accelerator and host memory.",
-            ["direction"], buckets=THROUGHPUT_BUCKETS, registry=r)
+            ["direction"],
+            buckets=THROUGHPUT_BUCKETS,
+            registry=r,
+        )
         self._collector = _WatchCollector()
         r.register(self._collector)
         self._tiers: dict[str, TierInstruments] = {}
@@ -238,19 +297,26 @@ class _WatchCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         used = GaugeMetricFamily(
-            "chunkstore_host_cache_bytes_used", "Bytes of chunk data held in the host cache.",
-            labels=["tier"])
+            "chunkstore_host_cache_bytes_used",
+            "Bytes of chunk data held in the host cache.",
+            labels=["tier"],
+        )
         capacity = GaugeMetricFamily(
-            "chunkstore_host_cache_bytes_capacity", "Host cache capacity in bytes.",
-            labels=["tier"])
+            "chunkstore_host_cache_bytes_capacity", "Host cache capacity in bytes.", labels=["tier"]
+        )
         chunks = GaugeMetricFamily(
-            "chunkstore_host_cache_chunks", "Chunks resident in the host cache.", labels=["tier"])
+            "chunkstore_host_cache_chunks", "Chunks resident in the host cache.", labels=["tier"]
+        )
         pinned = GaugeMetricFamily(
             "chunkstore_host_cache_pinned_slots",
-            "Host cache slots pinned by a reader, writer or pending write-back.", labels=["tier"])
+            "Host cache slots pinned by a reader, writer or pending write-back.",
+            labels=["tier"],
+        )
         evictions = CounterMetricFamily(
-            "chunkstore_evictions", "Chunks evicted from the host cache by its policy.",
-            labels=["tier"])
+            "chunkstore_evictions",
+            "Chunks evicted from the host cache by its policy.",
+            labels=["tier"],
+        )
         for cache in list(self.hosts):
             stats = cache.stats()
             used.add_metric([cache.name], stats.bytes_used)
@@ -261,8 +327,10 @@ class _WatchCollector(Collector):
         yield from (used, capacity, chunks, pinned, evictions)
 
         corrupt = CounterMetricFamily(
-            "chunkstore_corrupt_chunks", "Corrupt chunks detected (and quarantined) on read.",
-            labels=["tier"])
+            "chunkstore_corrupt_chunks",
+            "Corrupt chunks detected (and quarantined) on read.",
+            labels=["tier"],
+        )
         totals: dict[str, int] = {}
         for store in list(self.stores):
             totals[store.name] = totals.get(store.name, 0) + store.corrupt_detected
@@ -273,13 +341,18 @@ class _WatchCollector(Collector):
         depth = GaugeMetricFamily(
             "chunkstore_write_queue_depth",
             "Chunks waiting in a tiered store's write-behind queue.",
-            labels=["store"])
+            labels=["store"],
+        )
         queue_capacity = GaugeMetricFamily(
-            "chunkstore_write_queue_capacity", "Capacity of a tiered store's write-behind queue.",
-            labels=["store"])
+            "chunkstore_write_queue_capacity",
+            "Capacity of a tiered store's write-behind queue.",
+            labels=["store"],
+        )
         up = GaugeMetricFamily(
-            "chunkstore_tier_up", "1 while a tier answers, 0 while it is in back-off after errors.",
-            labels=["tier"])
+            "chunkstore_tier_up",
+            "1 while a tier answers, 0 while it is in back-off after errors.",
+            labels=["tier"],
+        )
         for tiered in list(self.tiered):
             health = tiered.health()
             depth.add_metric([tiered.name], health.queue_depth)

@@ -45,8 +45,12 @@ def pytest_sessionstart(session) -> None:  # noqa: ANN001 - pytest hook signatur
     # A test may run a child pytest under CI=true to check per-test rules in isolation.
     if not _in_ci() or os.environ.get("CHUNKSTORE_CHECK_TEST_DEPENDENCIES") == "0":
         return
-    missing = [f"{name} ({how})" for name, how in REQUIRED_IN_CI.items()
-               if importlib.util.find_spec(name) is None]
+    missing = [
+        f"{name} ({how})"
+        for name, how in REQUIRED_IN_CI.items()
+        if importlib.util.find_spec(name) is None
+    ]
     if missing:
-        pytest.exit(f"CI is set but these test dependencies are missing: {', '.join(missing)}",
-                    returncode=1)
+        pytest.exit(
+            f"CI is set but these test dependencies are missing: {', '.join(missing)}", returncode=1
+        )

@@ -40,8 +40,10 @@ def best_of(repeats: int, fn: Callable[[], None]) -> float:
 
 def bench_host_hits() -> None:
     keys = [ChunkKey(bytes([i]) * 32, "0" * 16) for i in range(CHUNKS)]
-    payloads = [np.random.default_rng(i).integers(0, 256, CHUNK_BYTES, dtype=np.uint8)
-                for i in range(CHUNKS)]
+    payloads = [
+        np.random.default_rng(i).integers(0, 256, CHUNK_BYTES, dtype=np.uint8)
+        for i in range(CHUNKS)
+    ]
     target = np.empty(CHUNK_BYTES, dtype=np.uint8)
     total = CHUNKS * ROUNDS * CHUNK_BYTES
 
@@ -61,11 +63,14 @@ def bench_host_hits() -> None:
                 host.get_into(key, target)
 
     seconds = best_of(3, host_get_into)
-    print(f"HostCache.get_into (host hit)       {total / seconds / 2**30:7.2f} GiB/s  "
-          f"{baseline / seconds:5.2f}x numpy  (goal >= 0.8x)")
+    print(
+        f"HostCache.get_into (host hit)       {total / seconds / 2**30:7.2f} GiB/s  "
+        f"{baseline / seconds:5.2f}x numpy  (goal >= 0.8x)"
+    )
     host.close()
-    tiered = TieredStore(HostCache(CHUNK_BYTES, num_slots=CHUNKS), [],
-                         metrics=ChunkstoreMetrics(CollectorRegistry()))
+    tiered = TieredStore(
+        HostCache(CHUNK_BYTES, num_slots=CHUNKS), [], metrics=ChunkstoreMetrics(CollectorRegistry())
+    )
     tiered.put_many(list(zip(keys, payloads)))
 
     def tiered_get_into() -> None:
@@ -74,8 +79,10 @@ def bench_host_hits() -> None:
                 tiered.get_into(key, target)
 
     seconds = best_of(3, tiered_get_into)
-    print(f"TieredStore.get_into (host hit)     {total / seconds / 2**30:7.2f} GiB/s  "
-          f"{baseline / seconds:5.2f}x numpy  (with metrics)")
+    print(
+        f"TieredStore.get_into (host hit)     {total / seconds / 2**30:7.2f} GiB/s  "
+        f"{baseline / seconds:5.2f}x numpy  (with metrics)"
+    )
     tiered.close()
 
 
@@ -107,8 +114,10 @@ def bench_policies() -> None:
 
         seconds = best_of(3, hits)
         rate = LOOKUPS / seconds / 1e6
-        print(f"{cls.__name__:<10} hit() all hits        {rate:7.2f} M lookups/s  "
-              f"{baseline / seconds:5.2f}x dict")
+        print(
+            f"{cls.__name__:<10} hit() all hits        {rate:7.2f} M lookups/s  "
+            f"{baseline / seconds:5.2f}x dict"
+        )
         policy = cls(POLICY_ENTRIES)
 
         def mixed(p: ARCPolicy | LRUPolicy = policy) -> None:
@@ -120,8 +129,10 @@ def bench_policies() -> None:
         counter = cls(POLICY_ENTRIES)
         hit_ratio = sum(map(counter.access, stream)) / LOOKUPS
         rate = LOOKUPS / seconds / 1e6
-        print(f"{cls.__name__:<10} access() mixed        {rate:7.2f} M lookups/s  "
-              f"{baseline / seconds:5.2f}x dict  ({hit_ratio:.0%} hits)")
+        print(
+            f"{cls.__name__:<10} access() mixed        {rate:7.2f} M lookups/s  "
+            f"{baseline / seconds:5.2f}x dict  ({hit_ratio:.0%} hits)"
+        )
 
 
 def bench_simulator() -> None:
@@ -134,14 +145,20 @@ def bench_simulator() -> None:
     trace = load_trace(TRACE)
     result = simulate(trace)
     seconds = time.perf_counter() - started
-    print(f"simulator: {len(trace.requests)} requests, {trace.accesses} lookups, "
-          f"{trace.unique_blocks} unique blocks, {len(result.results)} runs in {seconds:.1f} s")
-    print(f"{'capacity':>9} {'ARC hit%':>9} {'LRU hit%':>9} {'Belady%':>8} "
-          f"{'ARC/LRU':>8} {'gap to Belady':>14}")
+    print(
+        f"simulator: {len(trace.requests)} requests, {trace.accesses} lookups, "
+        f"{trace.unique_blocks} unique blocks, {len(result.results)} runs in {seconds:.1f} s"
+    )
+    print(
+        f"{'capacity':>9} {'ARC hit%':>9} {'LRU hit%':>9} {'Belady%':>8} "
+        f"{'ARC/LRU':>8} {'gap to Belady':>14}"
+    )
     for capacity in result.capacities:
         arc, lru, opt = (result.result(p, capacity) for p in ("arc", "lru", "belady"))
-        print(f"{capacity:>9} {arc.hit_ratio:9.2%} {lru.hit_ratio:9.2%} {opt.hit_ratio:8.2%} "
-              f"{arc.hits / max(lru.hits, 1):8.3f} {opt.hit_ratio - arc.hit_ratio:13.2%}p")
+        print(
+            f"{capacity:>9} {arc.hit_ratio:9.2%} {lru.hit_ratio:9.2%} {opt.hit_ratio:8.2%} "
+            f"{arc.hits / max(lru.hits, 1):8.3f} {opt.hit_ratio - arc.hit_ratio:13.2%}p"
+        )
 
 
 def main() -> int:

@@ -1,4 +1,4 @@
-"""Format benchmarks (issue: chunk format v1): encode/decode vs a numpy copy, chain_keys vs vLLM's recipe.
+"""Format benchmarks: encode/decode vs a numpy copy, chain_keys vs vLLM's block hashing.
 
 Every figure is a ratio against a baseline measured in the same run on the same
 bytes; higher is better. Goals: encode into buffer >= 0.8x copy, decode into
@@ -50,8 +50,15 @@ def bench_chunk(name: str, spec: KVSpec, repeat: int, number: int) -> None:
     copy_target = np.empty_like(payload)
 
     def encode() -> None:
-        encode_chunk(layout, key=key, parent=root, namespace=namespace_of(root), tokens=tokens,
-                     tensors=tensors, out=out)
+        encode_chunk(
+            layout,
+            key=key,
+            parent=root,
+            namespace=namespace_of(root),
+            tokens=tokens,
+            tensors=tensors,
+            out=out,
+        )
 
     encode()
 
@@ -66,8 +73,10 @@ def bench_chunk(name: str, spec: KVSpec, repeat: int, number: int) -> None:
 
     copy = best_of(lambda: np.copyto(copy_target, payload), repeat=repeat, number=number)
     mib = layout.payload_size / 2**20
-    print(f"{name}: payload {mib:.2f} MiB, file {layout.total_size / 2**20:.2f} MiB; "
-          f"numpy copy {mib / 1024 / copy:.2f} GiB/s")
+    print(
+        f"{name}: payload {mib:.2f} MiB, file {layout.total_size / 2**20:.2f} MiB; "
+        f"numpy copy {mib / 1024 / copy:.2f} GiB/s"
+    )
     for label, fn, goal in [
         ("encode into buffer", encode, 0.8),
         ("seal in place (payload already there)", seal, None),
@@ -85,7 +94,9 @@ def vllm_default_block_hashes(tokens: list[int], block: int = 16) -> list[bytes]
     out = []
     for i in range(0, len(tokens) - block + 1, block):
         parent = hashlib.sha256(
-            pickle.dumps((parent, tuple(tokens[i : i + block]), None), protocol=pickle.HIGHEST_PROTOCOL)
+            pickle.dumps(
+                (parent, tuple(tokens[i : i + block]), None), protocol=pickle.HIGHEST_PROTOCOL
+            )
         ).digest()
         out.append(parent)
     return out
@@ -101,17 +112,23 @@ def bench_keys() -> None:
     t_ours_list = best_of(lambda: chain_keys(token_list, root=root, chunk_tokens=256), repeat=3)
     print(f"chain_keys over {n} tokens (256-token chunks):")
     print(f"  vLLM sha256+pickle per 16 tokens  {n / t_vllm / 1e6:8.1f} Mtok/s")
-    print(f"  chain_keys (numpy input)          {n / t_ours / 1e6:8.1f} Mtok/s  "
-          f"ratio {t_vllm / t_ours:6.1f}x (goal >= 5x)")
-    print(f"  chain_keys (list input)           {n / t_ours_list / 1e6:8.1f} Mtok/s  "
-          f"ratio {t_vllm / t_ours_list:6.1f}x")
+    print(
+        f"  chain_keys (numpy input)          {n / t_ours / 1e6:8.1f} Mtok/s  "
+        f"ratio {t_vllm / t_ours:6.1f}x (goal >= 5x)"
+    )
+    print(
+        f"  chain_keys (list input)           {n / t_ours_list / 1e6:8.1f} Mtok/s  "
+        f"ratio {t_vllm / t_ours_list:6.1f}x"
+    )
 
 
 def main() -> int:
     big = KVSpec.simple("bench/llama-8b-like", num_layers=32, num_kv_heads=8, head_dim=128)
     small = KVSpec.simple("bench/small", num_layers=2, num_kv_heads=8, head_dim=128)
     bench_chunk("large chunk (256 tok x 32 layers x 8 heads x 128, bf16)", big, repeat=7, number=2)
-    bench_chunk("small chunk (256 tok x 2 layers x 8 heads x 128, bf16)", small, repeat=7, number=50)
+    bench_chunk(
+        "small chunk (256 tok x 2 layers x 8 heads x 128, bf16)", small, repeat=7, number=50
+    )
     bench_keys()
     return 0
 

@@ -95,12 +95,30 @@ def bench_fs(label: str, chunks: list[MadeChunk], passes: int, workdir: str) -> 
     t_raw = best_of(passes, raw_read)
     rows = [
         ("fs", label, "get (verify) vs raw readinto", best_of(passes, get_verified), t_raw, mib),
-        ("fs", label, "get_into (verify) vs raw readinto", best_of(passes, get_into_verified),
-         t_raw, mib),
-        ("fs", label, "get (no verify) vs raw readinto", best_of(passes, get_unverified),
-         t_raw, mib),
-        ("fs", label, "get_into (no verify) vs raw readinto", best_of(passes, get_into_unverified),
-         t_raw, mib),
+        (
+            "fs",
+            label,
+            "get_into (verify) vs raw readinto",
+            best_of(passes, get_into_verified),
+            t_raw,
+            mib,
+        ),
+        (
+            "fs",
+            label,
+            "get (no verify) vs raw readinto",
+            best_of(passes, get_unverified),
+            t_raw,
+            mib,
+        ),
+        (
+            "fs",
+            label,
+            "get_into (no verify) vs raw readinto",
+            best_of(passes, get_into_unverified),
+            t_raw,
+            mib,
+        ),
     ]
 
     counter = iter(range(10**9))
@@ -121,8 +139,9 @@ def bench_fs(label: str, chunks: list[MadeChunk], passes: int, workdir: str) -> 
         shutil.rmtree(target.root)
 
     t_raw_write = best_of(passes, raw_write)
-    rows.append(("fs", label, "put vs raw write+rename", best_of(passes, store_put),
-                 t_raw_write, mib))
+    rows.append(
+        ("fs", label, "put vs raw write+rename", best_of(passes, store_put), t_raw_write, mib)
+    )
     return rows
 
 
@@ -181,8 +200,9 @@ def bench_s3(chunks: list[MadeChunk], passes: int) -> list[tuple]:
             ("s3", "2MiB", "get_many (verify) vs s3fs cat", t_get, t_raw_get, mib),
         ]
         try:
-            nixl = S3Store("bench", "nixl", endpoint_url=endpoint, track_access=False,
-                           data_path="nixl")
+            nixl = S3Store(
+                "bench", "nixl", endpoint_url=endpoint, track_access=False, data_path="nixl"
+            )
         except ChunkStoreError as exc:
             print(f"S3 data_path=nixl skipped: {exc}")
             return rows
@@ -220,11 +240,11 @@ def main(argv: list[str] | None = None) -> int:
         shutil.rmtree(workdir, ignore_errors=True)
     if not args.no_s3:
         rows += bench_s3(make("2MiB", args.s3_mib << 20), args.passes)
-    print(f"{'store':5} {'chunk':6} {'measurement':38} {'MiB/s':>8} {'base MiB/s':>10} "
-          f"{'ratio':>6}")
+    print(
+        f"{'store':5} {'chunk':6} {'measurement':38} {'MiB/s':>8} {'base MiB/s':>10} {'ratio':>6}"
+    )
     for kind, label, what, t, t_base, mib in rows:
-        print(f"{kind:5} {label:6} {what:38} {mib / t:8.0f} {mib / t_base:10.0f} "
-              f"{t_base / t:6.2f}")
+        print(f"{kind:5} {label:6} {what:38} {mib / t:8.0f} {mib / t_base:10.0f} {t_base / t:6.2f}")
     return 0
 
 

@@ -67,8 +67,12 @@ def _build(args, torch, device):
 
     block, chunk = 16, 256
     heads, dim = args.kv_heads, args.head_dim
-    spec = KVSpec("gpu-check/llama-like", "BF16", chunk,
-                  (LayerGroup(ATTENTION, tuple(range(args.layers)), heads, dim),))
+    spec = KVSpec(
+        "gpu-check/llama-like",
+        "BF16",
+        chunk,
+        (LayerGroup(ATTENTION, tuple(range(args.layers)), heads, dim),),
+    )
     layout = ChunkLayout(spec)
     names = [f"model.layers.{i}.self_attn.attn" for i in range(args.layers)]
     layers = {n: LayerInfo(n, i, 0, ATTENTION, 0, heads, dim, True) for i, n in enumerate(names)}
@@ -188,16 +192,24 @@ def run(args, torch) -> dict:
         "save_issue_ms": round(issue_s * 1000, 3),
         "round_trip_identical": same,
     }
-    print(f"gpu_check on {result['gpu']}: {args.chunks} chunks of "
-          f"{layout.payload_size / 2**20:.0f} MiB per batch, host slots pinned: {pinned_slots}")
+    print(
+        f"gpu_check on {result['gpu']}: {args.chunks} chunks of "
+        f"{layout.payload_size / 2**20:.0f} MiB per batch, host slots pinned: {pinned_slots}"
+    )
     print(f"  raw pinned copy_:  D2H {gbps['raw_d2h']:6.1f} GB/s   H2D {gbps['raw_h2d']:6.1f} GB/s")
-    print(f"  connector:         D2H {gbps['save']:6.1f} GB/s   H2D {gbps['load']:6.1f} GB/s"
-          f"   ratio {result['ratio_d2h']:.2f} / {result['ratio_h2d']:.2f}  (goal >= 0.8)")
-    print(f"  unpinned + staging D2H {gbps['save_unpinned']:6.1f} GB/s   H2D "
-          f"{gbps['load_unpinned']:6.1f} GB/s   ratio {result['ratio_d2h_unpinned']:.2f} / "
-          f"{result['ratio_h2d_unpinned']:.2f}")
-    print(f"  CPU time to issue a save batch: {result['save_issue_ms']:.2f} ms; "
-          f"round trip bit-identical: {same}")
+    print(
+        f"  connector:         D2H {gbps['save']:6.1f} GB/s   H2D {gbps['load']:6.1f} GB/s"
+        f"   ratio {result['ratio_d2h']:.2f} / {result['ratio_h2d']:.2f}  (goal >= 0.8)"
+    )
+    print(
+        f"  unpinned + staging D2H {gbps['save_unpinned']:6.1f} GB/s   H2D "
+        f"{gbps['load_unpinned']:6.1f} GB/s   ratio {result['ratio_d2h_unpinned']:.2f} / "
+        f"{result['ratio_h2d_unpinned']:.2f}"
+    )
+    print(
+        f"  CPU time to issue a save batch: {result['save_issue_ms']:.2f} ms; "
+        f"round trip bit-identical: {same}"
+    )
     return result
 
 

@@ -30,16 +30,18 @@ from chunkstore.hashing import chain_keys, namespace_of, namespace_root
 VECTORS = Path(__file__).resolve().parent.parent / "spec" / "vectors"
 TOKEN_LENGTHS = (0, 1, 15, 16, 17, 31, 32, 48, 100)
 KEY_COMMENT = (
-    "Key derivation vectors. Input tokens for case length L are t[i] = (i * 2654435761) mod 2**32 "
-    "for i in 0..L-1 (uint32, hashed little-endian). The model fingerprint is BLAKE3-256 of the "
-    "canonical JSON of the spec given in 'spec'; the namespace root is derived from it and 'extra'. "
-    "'keys' lists one BLAKE3 chain key per full chunk of chunk_tokens tokens; a partial tail has none."
+    "Key derivation vectors. Input tokens for case length L are t[i] = (i * 2654435761) mod "
+    "2**32 for i in 0..L-1 (uint32, hashed little-endian). The model fingerprint is "
+    "BLAKE3-256 of the canonical JSON of the spec given in 'spec'; the namespace root is "
+    "derived from it and 'extra'. 'keys' lists one BLAKE3 chain key per full chunk of "
+    "chunk_tokens tokens; a partial tail has none."
 )
 CHUNK_COMMENT = (
-    "Golden chunks. Tokens t[i] = (i * 2654435761) mod 2**32 for i in 0..chunk_tokens-1; each is the "
-    "first chunk of its conversation, so parent = namespace root. Tensor contents: the payload byte "
-    "at payload offset j is (j * 7 + 3) mod 251, then for 2-byte dtypes the high byte of each element "
-    "is ANDed with 0x3f (finite values). Files are stored next to this JSON; 'sha256' is of the file."
+    "Golden chunks. Tokens t[i] = (i * 2654435761) mod 2**32 for i in 0..chunk_tokens-1; each "
+    "is the first chunk of its conversation, so parent = namespace root. Tensor contents: the "
+    "payload byte at payload offset j is (j * 7 + 3) mod 251, then for 2-byte dtypes the high "
+    "byte of each element is ANDed with 0x3f (finite values). Files are stored next to this "
+    "JSON; 'sha256' is of the file."
 )
 
 
@@ -66,20 +68,26 @@ def key_cases() -> list[dict]:
     ]
     cases = []
     for spec in specs:
-        for extra in (None, {"cache_salt": "tenant-a"}, {"lora": "sql-adapter", "mm": ["ab12", "cd34"]}):
+        for extra in (
+            None,
+            {"cache_salt": "tenant-a"},
+            {"lora": "sql-adapter", "mm": ["ab12", "cd34"]},
+        ):
             root = namespace_root(spec.fingerprint(), extra=extra)
             lengths = TOKEN_LENGTHS if spec.chunk_tokens == 16 else (255, 256, 600)
             for length in lengths:
                 keys = chain_keys(tokens_for(length), root=root, chunk_tokens=spec.chunk_tokens)
-                cases.append({
-                    "spec": spec.to_dict(),
-                    "fingerprint": spec.fingerprint().hex(),
-                    "extra": extra,
-                    "namespace_root": root.hex(),
-                    "namespace": namespace_of(root),
-                    "num_tokens": length,
-                    "keys": [k.hex for k in keys],
-                })
+                cases.append(
+                    {
+                        "spec": spec.to_dict(),
+                        "fingerprint": spec.fingerprint().hex(),
+                        "extra": extra,
+                        "namespace_root": root.hex(),
+                        "namespace": namespace_of(root),
+                        "num_tokens": length,
+                        "keys": [k.hex for k in keys],
+                    }
+                )
     return cases
 
 
@@ -98,10 +106,17 @@ def chunk_cases() -> list[tuple[dict, bytes]]:
         layout = ChunkLayout(spec, authenticated=mac_key is not None)
         root = namespace_root(spec.fingerprint())
         tokens = tokens_for(spec.chunk_tokens)
-        data = bytes(encode_chunk(
-            layout, key=key_digest(root, tokens), parent=root, namespace=namespace_of(root),
-            tokens=tokens, tensors=payload_tensors(layout), mac_key=mac_key,
-        ))
+        data = bytes(
+            encode_chunk(
+                layout,
+                key=key_digest(root, tokens),
+                parent=root,
+                namespace=namespace_of(root),
+                tokens=tokens,
+                tensors=payload_tensors(layout),
+                mac_key=mac_key,
+            )
+        )
         if options.get("compression"):
             data = recompress(data, options["compression"], mac_key=mac_key)
         case = {
@@ -124,8 +139,10 @@ def main() -> int:
     keys_doc = {"_comment": KEY_COMMENT, "cases": key_cases()}
     chunks = chunk_cases()
     chunks_doc = {"_comment": CHUNK_COMMENT, "cases": [c for c, _ in chunks]}
-    files = {VECTORS / "keys.json": (json.dumps(keys_doc, indent=1) + "\n").encode(),
-             VECTORS / "chunks.json": (json.dumps(chunks_doc, indent=1) + "\n").encode()}
+    files = {
+        VECTORS / "keys.json": (json.dumps(keys_doc, indent=1) + "\n").encode(),
+        VECTORS / "chunks.json": (json.dumps(chunks_doc, indent=1) + "\n").encode(),
+    }
     for case, data in chunks:
         files[VECTORS / "chunks" / case["file"]] = data
     if args.check:

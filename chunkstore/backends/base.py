@@ -113,7 +113,7 @@ class Store(ABC):
     def list(self, namespace: str | None = None) -> Iterator[ChunkInfo]:
         """Every stored chunk (of one namespace, if given), in no particular order."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional hook: stores without resources need nothing
         """Release connections and flush; the store is unusable afterwards."""
 
     def _quarantine(self, key: ChunkKey, reason: str) -> None:

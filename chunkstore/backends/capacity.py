@@ -84,8 +84,12 @@ class CapacityLimiter:
         return self._recount()
 
     def _save(self, usage: Usage) -> None:
-        doc = {"bytes": max(usage.bytes, 0), "chunks": max(usage.chunks, 0),
-               "max_bytes": self.max_bytes, "updated": round(time.time(), 3)}
+        doc = {
+            "bytes": max(usage.bytes, 0),
+            "chunks": max(usage.chunks, 0),
+            "max_bytes": self.max_bytes,
+            "updated": round(time.time(), 3),
+        }
         self.io.write_small(self.ledger_path, json.dumps(doc).encode())
 
     def _recount(self) -> Usage:
@@ -119,8 +123,9 @@ class CapacityLimiter:
         (or, for ``replace=False``, when ``final`` already exists).
         """
         if size > self.max_bytes:
-            log.warning("chunk of %d bytes exceeds the store cap of %d; not stored",
-                        size, self.max_bytes)
+            log.warning(
+                "chunk of %d bytes exceeds the store cap of %d; not stored", size, self.max_bytes
+            )
             return False
         with self.io.lock(self.lock_path):
             old = self.io.stat(final)

@@ -118,16 +118,23 @@ class FsStore(Store):
         self.capacity: CapacityLimiter | None = None
         if max_bytes is not None:
             self.capacity = CapacityLimiter(
-                self.io, self.io.join(self.root, L.STATE_DIR), parse_size(max_bytes),
-                scan=self._scan_for_capacity, probe=self._probe, evict=self._evict_path,
+                self.io,
+                self.io.join(self.root, L.STATE_DIR),
+                parse_size(max_bytes),
+                scan=self._scan_for_capacity,
+                probe=self._probe,
+                evict=self._evict_path,
             )
             if isinstance(self.io, FsspecIO):
                 # fsspec has no cross-process lock: the ledger update is atomic per process only
                 log.warning(
                     "%s: max_bytes on a non-local filesystem (%s) holds per writer process: "
                     "several processes writing to %s together can exceed it; use one writer "
-                    "process, or a local/kernel-mounted path (flock)", self.name,
-                    type(self.io.fs).__name__, self.root)
+                    "process, or a local/kernel-mounted path (flock)",
+                    self.name,
+                    type(self.io.fs).__name__,
+                    self.root,
+                )
 
     # --- opening -----------------------------------------------------------------
 
@@ -138,7 +145,8 @@ class FsStore(Store):
             if kind == "missing":
                 if not create:
                     raise StoreError(
-                        f"{where}: no such directory (pass create=True to make a store)")
+                        f"{where}: no such directory (pass create=True to make a store)"
+                    )
                 self.io.makedirs(self.root)
                 self._ensure_marker()
                 return
@@ -154,9 +162,11 @@ class FsStore(Store):
                 raise StoreError(f"{where}: cannot list the directory")
             # a concurrent creator's marker temp file is ours too (seen between write and rename)
             names = {n for n, _ in entries if L.classify(n) != L.TEMP}
-            ours = {n for n, is_dir in entries
-                    if is_dir and (L.NAMESPACE_RE.fullmatch(n) or n in (L.QUARANTINE_DIR,
-                                                                        L.STATE_DIR))}
+            ours = {
+                n
+                for n, is_dir in entries
+                if is_dir and (L.NAMESPACE_RE.fullmatch(n) or n in (L.QUARANTINE_DIR, L.STATE_DIR))
+            }
             if names and not ours:
                 raise StoreError(
                     f"{where}: not a chunkstore directory (no {L.MARKER_NAME} and no chunk "
@@ -231,8 +241,9 @@ class FsStore(Store):
         so that a maintenance tool removes the file it judged, never one another writer
         put in its place since. Idents are ``None`` on non-local filesystems (no guard).
         """
-        return [None if got is None else (got[0], got[1].ident)
-                for got in self._read_versions(keys)]
+        return [
+            None if got is None else (got[0], got[1].ident) for got in self._read_versions(keys)
+        ]
 
     def get_many(self, keys: Sequence[ChunkKey]) -> list[bytes | None]:
         """Chunk bytes per key; ``None`` for missing and corrupt (quarantined) chunks.
@@ -259,8 +270,9 @@ class FsStore(Store):
             out.append(data)
         return out
 
-    def _read_local(self, key: ChunkKey, path: str,
-                    buffer: memoryview | None) -> tuple[Any, int] | None:
+    def _read_local(
+        self, key: ChunkKey, path: str, buffer: memoryview | None
+    ) -> tuple[Any, int] | None:
         """Read (and, if verifying, check in the same pass) a local chunk into ``buffer``
         or a new bytearray; (buffer, size), or None if missing or corrupt."""
         assert isinstance(self.io, LocalIO)
@@ -280,7 +292,8 @@ class FsStore(Store):
             else:
                 if size > len(buffer):
                     raise ConfigError(
-                        f"buffer of {len(buffer)} bytes is smaller than the chunk ({size})")
+                        f"buffer of {len(buffer)} bytes is smaller than the chunk ({size})"
+                    )
                 out, view = buffer, buffer[:size]
             if self.verify:
                 try:
@@ -463,8 +476,9 @@ class FsStore(Store):
         ident = self._suspects.pop(key, None)
         self._set_aside(key, ident, reason)
 
-    def quarantine_if_unchanged(self, key: ChunkKey, ident: tuple[int, int] | None,
-                                reason: str) -> bool:
+    def quarantine_if_unchanged(
+        self, key: ChunkKey, ident: tuple[int, int] | None, reason: str
+    ) -> bool:
         """Move ``key``'s chunk to quarantine (or delete it, with ``quarantine="delete"``)
         only if it is still the file ``ident`` names (from :meth:`read_unchecked_with_idents`);
         True if it was set aside. ``ident=None`` sets aside whatever is there."""
@@ -474,8 +488,7 @@ class FsStore(Store):
         """Delete ``key``'s chunk only if it is still the file ``ident`` names; True if deleted."""
         return self._set_aside(key, ident, None)
 
-    def _set_aside(self, key: ChunkKey, ident: tuple[int, int] | None,
-                   reason: str | None) -> bool:
+    def _set_aside(self, key: ChunkKey, ident: tuple[int, int] | None, reason: str | None) -> bool:
         """Quarantine (``reason`` given) or delete the chunk file ``ident`` names.
 
         The file is first renamed away (to quarantine, or to a temp name when deleting), and
@@ -500,8 +513,9 @@ class FsStore(Store):
             if delete:
                 dest = self.io.join(self._dir_of(key), L.temp_name(key.hex))
             else:
-                dest = self.io.join(self.root, L.QUARANTINE_DIR, key.namespace,
-                                    key.hex + L.CHUNK_SUFFIX)
+                dest = self.io.join(
+                    self.root, L.QUARANTINE_DIR, key.namespace, key.hex + L.CHUNK_SUFFIX
+                )
             if not self.io.move(path, dest):
                 return []
             taken = (self.io.stat(dest) if guarded else None) or current
@@ -515,8 +529,9 @@ class FsStore(Store):
                 if delete:
                     self.io.remove(dest)
                 else:
-                    self.io.write_small(dest + L.REASON_SUFFIX,
-                                        f"{time.time():.3f} {reason}\n".encode())
+                    self.io.write_small(
+                        dest + L.REASON_SUFFIX, f"{time.time():.3f} {reason}\n".encode()
+                    )
             return [taken.size]
 
         self._touched.pop(key, None)
@@ -634,8 +649,16 @@ def _is_local_fs(fs: Any) -> bool:
     return isinstance(fs, LocalFileSystem)
 
 
-_FS_OPTIONS = {"create", "fsync", "quarantine", "max_bytes", "track_access",
-               "access_resolution", "verify", "name"}
+_FS_OPTIONS = {
+    "create",
+    "fsync",
+    "quarantine",
+    "max_bytes",
+    "track_access",
+    "access_resolution",
+    "verify",
+    "name",
+}
 
 
 def open_fs_store(url: str, **options: Any) -> FsStore:
@@ -653,9 +676,10 @@ def open_fs_store(url: str, **options: Any) -> FsStore:
     if "://" not in url:
         return FsStore(url, **options)
     if url.startswith("file://"):
-        return FsStore(url[len("file://"):] or "/", **options)
+        return FsStore(url[len("file://") :] or "/", **options)
     try:
         import fsspec
+
         fs, path = fsspec.core.url_to_fs(url, **storage_options)
     except ImportError as exc:
         scheme = url.split("://")[0]

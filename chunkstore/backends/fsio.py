@@ -114,8 +114,11 @@ class LocalIO:
         try:
             st = os.fstat(fd)
             if not _stat.S_ISREG(st.st_mode):
-                raise OSError(errno.EISDIR if _stat.S_ISDIR(st.st_mode) else errno.EINVAL,
-                              "not a regular file", path)
+                raise OSError(
+                    errno.EISDIR if _stat.S_ISDIR(st.st_mode) else errno.EINVAL,
+                    "not a regular file",
+                    path,
+                )
         except BaseException:
             os.close(fd)
             raise
@@ -263,8 +266,9 @@ class LocalIO:
         """Replace a small file atomically (temp + rename)."""
         directory, name = os.path.split(path)
         os.makedirs(directory, exist_ok=True)
-        tmp = self.write_temp(directory, f".{name}.{os.getpid()}.{threading.get_ident()}.tmp",
-                              data, False)
+        tmp = self.write_temp(
+            directory, f".{name}.{os.getpid()}.{threading.get_ident()}.tmp", data, False
+        )
         os.replace(tmp, path)
 
     def set_access(self, path: str, now: float, st: FileStat) -> bool:
@@ -367,8 +371,10 @@ class FsspecIO:
         entries = self._ls(path)
         if entries is None:
             return None
-        return [(e["name"].rstrip("/").rsplit("/", 1)[-1], e.get("type") == "directory")
-                for e in entries]
+        return [
+            (e["name"].rstrip("/").rsplit("/", 1)[-1], e.get("type") == "directory")
+            for e in entries
+        ]
 
     def scan_files(self, path: str) -> list[tuple[str, FileStat]]:
         out = []
@@ -389,8 +395,7 @@ class FsspecIO:
 
     def read_ranges(self, path: str, ranges: Sequence[ByteRange]) -> list[bytes] | None:
         try:
-            return [self.fs.cat_file(path, start=r.offset, end=r.offset + r.length)
-                    for r in ranges]
+            return [self.fs.cat_file(path, start=r.offset, end=r.offset + r.length) for r in ranges]
         except FileNotFoundError:
             return None
 

@@ -98,4 +98,3 @@ def parse_access(data: bytes | None) -> float:
 def access_bytes(now: float) -> bytes:
     """Contents of an access record."""
     return f"{now:.3f}".encode()
-

@@ -15,8 +15,9 @@ class MemoryStore(Store):
 
     kind = "memory"
 
-    def __init__(self, *, name: str | None = None, verify: bool = True,
-                 create: bool = True) -> None:
+    def __init__(
+        self, *, name: str | None = None, verify: bool = True, create: bool = True
+    ) -> None:
         # `create` is accepted for symmetry with directory stores: a memory store always
         # starts empty.
         super().__init__(name=name, verify=verify)

@@ -43,7 +43,9 @@ def load_options(config: str | Path | None) -> dict[str, Any]:
         try:
             import yaml
         except ImportError:
-            raise MissingDependency("YAML configs need PyYAML: pip install 'chunkstore[yaml]'") from None
+            raise MissingDependency(
+                "YAML configs need PyYAML: pip install 'chunkstore[yaml]'"
+            ) from None
         data = yaml.safe_load(text)
     else:
         try:
@@ -92,5 +94,9 @@ def open_store(url: str, *, config: str | Path | None = None, **options: Any) ->
 set_fallback("chunkstore.backends.fs", "open_fs_store")
 register_scheme("s3", "chunkstore.backends.s3", "open_s3_store", "pip install 'chunkstore[s3]'")
 for _scheme in ("peer", "peer+redis", "peer+file"):
-    register_scheme(_scheme, "chunkstore.backends.peer.store", "open_peer_store",
-                    "pip install 'chunkstore[peer]'")
+    register_scheme(
+        _scheme,
+        "chunkstore.backends.peer.store",
+        "open_peer_store",
+        "pip install 'chunkstore[peer]'",
+    )

@@ -47,13 +47,27 @@ from chunkstore.units import parse_size
 log = logging.getLogger(__name__)
 
 _RETRY_CODES = {
-    "SlowDown", "Throttling", "ThrottlingException", "RequestLimitExceeded", "RequestTimeout",
-    "RequestTimeoutException", "InternalError", "ServiceUnavailable", "TooManyRequests",
+    "SlowDown",
+    "Throttling",
+    "ThrottlingException",
+    "RequestLimitExceeded",
+    "RequestTimeout",
+    "RequestTimeoutException",
+    "InternalError",
+    "ServiceUnavailable",
+    "TooManyRequests",
 }
 _MISSING_CODES = {"NoSuchKey", "404", "NotFound"}
 _EXISTS_CODES = {"PreconditionFailed", "412", "ConditionalRequestConflict", "409"}
-_AUTH_CODES = {"AccessDenied", "InvalidAccessKeyId", "SignatureDoesNotMatch", "ExpiredToken",
-               "InvalidToken", "403", "AuthorizationHeaderMalformed"}
+_AUTH_CODES = {
+    "AccessDenied",
+    "InvalidAccessKeyId",
+    "SignatureDoesNotMatch",
+    "ExpiredToken",
+    "InvalidToken",
+    "403",
+    "AuthorizationHeaderMalformed",
+}
 _CHUNK_KEY_RE = re.compile(r"([0-9a-f]{16})/([0-9a-f]{2})/([0-9a-f]{2})/([0-9a-f]{64})\.kvc")
 
 
@@ -205,9 +219,15 @@ class S3Store(Store):
         }
         try:
             self.fs = s3fs.S3FileSystem(
-                anon=anon, key=key, secret=secret, token=token, profile=profile,
-                endpoint_url=endpoint_url, client_kwargs=client_kwargs,
-                config_kwargs=config_kwargs, skip_instance_cache=True,
+                anon=anon,
+                key=key,
+                secret=secret,
+                token=token,
+                profile=profile,
+                endpoint_url=endpoint_url,
+                client_kwargs=client_kwargs,
+                config_kwargs=config_kwargs,
+                skip_instance_cache=True,
             )
             from fsspec.asyn import sync
 
@@ -220,17 +240,26 @@ class S3Store(Store):
         self._plane: Any = None
         self._check_open()
         if data_path == "nixl":
-            self._plane = self._open_nixl(endpoint_url, region, key, secret, token,
-                                          nixl_params or {})
+            self._plane = self._open_nixl(
+                endpoint_url, region, key, secret, token, nixl_params or {}
+            )
 
-    def _open_nixl(self, endpoint_url: str | None, region: str | None, key: str | None,
-                   secret: str | None, token: str | None, params: dict[str, str]) -> Any:
+    def _open_nixl(
+        self,
+        endpoint_url: str | None,
+        region: str | None,
+        key: str | None,
+        secret: str | None,
+        token: str | None,
+        params: dict[str, str],
+    ) -> Any:
         from chunkstore.backends.s3_nixl import NixlObjConfig, NixlObjDataPath
 
         credentials: tuple[str, str, str | None] | None = None
         if key and secret:
             credentials = (key, secret, token)
         else:  # the same credentials the s3fs client resolved (environment, profile, ...)
+
             async def resolve() -> Any:
                 found = await self.fs.session.get_credentials()
                 return None if found is None else await found.get_frozen_credentials()
@@ -241,11 +270,19 @@ class S3Store(Store):
         config = NixlObjConfig(
             bucket=self.bucket,
             region=region or getattr(self._client.meta, "region_name", None) or "us-east-1",
-            endpoint_url=endpoint_url, credentials=credentials,
-            max_attempts=self.max_attempts, threads=self.concurrency, params=params)
-        return NixlObjDataPath(config, self._object_sizes, where=self.url,
-                               probe_name=self._full(L.MARKER_NAME),
-                               stall_limit=max(60.0, self.timeout * self.max_attempts))
+            endpoint_url=endpoint_url,
+            credentials=credentials,
+            max_attempts=self.max_attempts,
+            threads=self.concurrency,
+            params=params,
+        )
+        return NixlObjDataPath(
+            config,
+            self._object_sizes,
+            where=self.url,
+            probe_name=self._full(L.MARKER_NAME),
+            stall_limit=max(60.0, self.timeout * self.max_attempts),
+        )
 
     # --- naming --------------------------------------------------------------------
 
@@ -339,8 +376,8 @@ class S3Store(Store):
                     f"{where}: cannot reach the S3 endpoint {self.endpoint_url}: {exc}"
                 ) from None
             raise StoreError(f"{where}: cannot open: {name}: {exc}") from None
-        dirs = {p["Prefix"][len(prefix):].rstrip("/") for p in listing.get("CommonPrefixes", [])}
-        files = {o["Key"][len(prefix):] for o in listing.get("Contents", [])}
+        dirs = {p["Prefix"][len(prefix) :].rstrip("/") for p in listing.get("CommonPrefixes", [])}
+        files = {o["Key"][len(prefix) :] for o in listing.get("Contents", [])}
         if L.MARKER_NAME in files:
             marker = self._run(self._get_small, self._full(L.MARKER_NAME))
             if marker is not None:
@@ -358,9 +395,12 @@ class S3Store(Store):
         last: Exception | None = None
         for attempt in range(attempts):
             try:
-                return await asyncio.wait_for(self._client.list_objects_v2(
-                    Bucket=self.bucket, Prefix=prefix, Delimiter="/", MaxKeys=1000),
-                    self.timeout)
+                return await asyncio.wait_for(
+                    self._client.list_objects_v2(
+                        Bucket=self.bucket, Prefix=prefix, Delimiter="/", MaxKeys=1000
+                    ),
+                    self.timeout,
+                )
             except Exception as exc:  # noqa: BLE001
                 last = exc
                 if not _retryable(exc) or attempt + 1 == attempts:
@@ -462,7 +502,8 @@ class S3Store(Store):
             return None
         if len(data) > len(view):
             raise ConfigError(
-                f"buffer of {len(view)} bytes is smaller than the chunk ({len(data)})")
+                f"buffer of {len(view)} bytes is smaller than the chunk ({len(data)})"
+            )
         view[: len(data)] = data
         return len(data)
 
@@ -470,7 +511,8 @@ class S3Store(Store):
         """Ranged GETs for each byte range (one TP rank's share); None if missing. Unchecked."""
         if self._plane is not None:
             got: list[bytes] | None = self._plane.read_ranges(
-                self.object_key(key), [(r.offset, r.length) for r in ranges])
+                self.object_key(key), [(r.offset, r.length) for r in ranges]
+            )
             if got is not None:
                 self._touch([key])
             return got
@@ -479,8 +521,10 @@ class S3Store(Store):
             async def one(r: ByteRange) -> bytes | None:
                 try:
                     got = await self._request(
-                        "get_object", Key=self.object_key(key),
-                        Range=f"bytes={r.offset}-{r.offset + r.length - 1}")
+                        "get_object",
+                        Key=self.object_key(key),
+                        Range=f"bytes={r.offset}-{r.offset + r.length - 1}",
+                    )
                     return bytes(got["Body"])
                 except (_NotFound, _Failed, _Exists):
                     return None
@@ -526,8 +570,9 @@ class S3Store(Store):
         async def write() -> None:
             async def one(k: ChunkKey) -> None:
                 try:
-                    await self._request("put_object", Key=self.object_key(k) + ".atime",
-                                        Body=L.access_bytes(now))
+                    await self._request(
+                        "put_object", Key=self.object_key(k) + ".atime", Body=L.access_bytes(now)
+                    )
                 except (_NotFound, _Failed, _Exists):
                     pass
 
@@ -597,13 +642,22 @@ class S3Store(Store):
 
             async def part(number: int, start: int) -> dict[str, Any]:
                 got = await self._request(
-                    "upload_part", Key=name, UploadId=upload_id, PartNumber=number,
-                    Body=body[start : start + self.part_size])
+                    "upload_part",
+                    Key=name,
+                    UploadId=upload_id,
+                    PartNumber=number,
+                    Body=body[start : start + self.part_size],
+                )
                 return {"PartNumber": number, "ETag": got["ETag"]}
 
             parts = await self._gather([part(i + 1, s) for i, s in enumerate(offsets)])
-            await self._request("complete_multipart_upload", Key=name, UploadId=upload_id,
-                                MultipartUpload={"Parts": parts}, **match)
+            await self._request(
+                "complete_multipart_upload",
+                Key=name,
+                UploadId=upload_id,
+                MultipartUpload={"Parts": parts},
+                **match,
+            )
         except BaseException:
             try:
                 await self._request("abort_multipart_upload", Key=name, UploadId=upload_id)
@@ -650,8 +704,12 @@ class S3Store(Store):
 
         async def write() -> None:
             try:
-                await self._request("put_object", Key=self._full(L.MARKER_NAME),
-                                    Body=L.marker_bytes(), IfNoneMatch="*")
+                await self._request(
+                    "put_object",
+                    Key=self._full(L.MARKER_NAME),
+                    Body=L.marker_bytes(),
+                    IfNoneMatch="*",
+                )
             except _Exists:
                 pass
             except (_Failed, _NotFound) as exc:
@@ -691,10 +749,14 @@ class S3Store(Store):
         async def run() -> None:
             try:
                 if self.quarantine_mode == "move":
-                    await self._request("copy_object", Key=dest,
-                                        CopySource={"Bucket": self.bucket, "Key": name})
-                    await self._request("put_object", Key=dest + L.REASON_SUFFIX,
-                                        Body=f"{time.time():.3f} {reason}\n".encode())
+                    await self._request(
+                        "copy_object", Key=dest, CopySource={"Bucket": self.bucket, "Key": name}
+                    )
+                    await self._request(
+                        "put_object",
+                        Key=dest + L.REASON_SUFFIX,
+                        Body=f"{time.time():.3f} {reason}\n".encode(),
+                    )
                 await self._request("delete_object", Key=name)
                 await self._request("delete_object", Key=name + ".atime")
             except (_NotFound, _Exists):
@@ -764,15 +826,22 @@ class S3Store(Store):
             match = _CHUNK_KEY_RE.fullmatch(rel.removesuffix(".atime"))
             if match and match.group(2) + match.group(3) == match.group(4)[:4]:
                 continue
-            out.append(StoredFile(obj["Key"], top, int(obj.get("Size", 0)),
-                                  _timestamp(obj.get("LastModified"))))
+            out.append(
+                StoredFile(
+                    obj["Key"], top, int(obj.get("Size", 0)), _timestamp(obj.get("LastModified"))
+                )
+            )
         return out
 
     def quarantined(self) -> builtins.list[StoredFile]:
         """Chunks moved aside as corrupt."""
         return [
-            StoredFile(o["Key"], self._relative(o["Key"]).split("/")[1], int(o.get("Size", 0)),
-                       _timestamp(o.get("LastModified")))
+            StoredFile(
+                o["Key"],
+                self._relative(o["Key"]).split("/")[1],
+                int(o.get("Size", 0)),
+                _timestamp(o.get("LastModified")),
+            )
             for o in self._objects(f"{L.QUARANTINE_DIR}/")
             if o["Key"].endswith(L.CHUNK_SUFFIX)
         ]
@@ -794,8 +863,14 @@ class S3Store(Store):
             started = _timestamp(upload.get("Initiated"))
             if started <= cutoff:
                 rel = self._relative(upload["Key"])
-                out.append(StoredFile(f"{upload['Key']}?uploadId={upload['UploadId']}",
-                                      rel.split("/", 1)[0], 0, started))
+                out.append(
+                    StoredFile(
+                        f"{upload['Key']}?uploadId={upload['UploadId']}",
+                        rel.split("/", 1)[0],
+                        0,
+                        started,
+                    )
+                )
         return out
 
     def remove_orphans(self, grace: float = 3600.0) -> int:
@@ -850,7 +925,7 @@ def open_s3_store(url: str, **options: Any) -> S3Store:
     """Open ``s3://bucket[/prefix]``; options as for :class:`S3Store`."""
     if not url.startswith("s3://"):
         raise ConfigError(f"not an s3:// URL: {url!r}")
-    bucket, _, prefix = url[len("s3://"):].partition("/")
+    bucket, _, prefix = url[len("s3://") :].partition("/")
     try:
         return S3Store(bucket, prefix, **options)
     except TypeError as exc:

@@ -71,13 +71,17 @@ class NixlObjConfig:
 
     def backend_params(self) -> dict[str, str]:
         """The ``createBackend("OBJ", ...)`` parameters."""
-        out = {"bucket": self.bucket, "region": self.region,
-               "num_threads": str(max(1, self.threads))}
+        out = {
+            "bucket": self.bucket,
+            "region": self.region,
+            "num_threads": str(max(1, self.threads)),
+        }
         if self.endpoint_url:
             parts = urlsplit(self.endpoint_url)
             if parts.scheme not in ("http", "https") or not parts.netloc:
-                raise ConfigError(f"endpoint_url must be http(s)://host[:port], "
-                                  f"got {self.endpoint_url!r}")
+                raise ConfigError(
+                    f"endpoint_url must be http(s)://host[:port], got {self.endpoint_url!r}"
+                )
             out["endpoint_override"] = self.endpoint_url
             out["scheme"] = parts.scheme
             # S3-compatible servers (MinIO, Ceph, moto) are addressed path-style.
@@ -91,8 +95,9 @@ class NixlObjConfig:
                 out["session_token"] = token
         for name, value in self.params.items():
             if not isinstance(name, str) or not isinstance(value, str):
-                raise ConfigError(f"nixl_params must map strings to strings, got "
-                                  f"{name!r}: {value!r}")
+                raise ConfigError(
+                    f"nixl_params must map strings to strings, got {name!r}: {value!r}"
+                )
             out[name] = value
         return out
 
@@ -159,8 +164,15 @@ class NixlObjDataPath:
     Every failure is a ``None``/``False`` per item and a log line, never an exception.
     """
 
-    def __init__(self, config: NixlObjConfig, sizes: SizeLookup, *, where: str,
-                 probe_name: str, stall_limit: float = 120.0) -> None:
+    def __init__(
+        self,
+        config: NixlObjConfig,
+        sizes: SizeLookup,
+        *,
+        where: str,
+        probe_name: str,
+        stall_limit: float = 120.0,
+    ) -> None:
         """``sizes``: the store's HEAD batch; ``where``: the store URL for messages;
         ``probe_name``: an object (present or not) under the store's prefix that the open
         check HEADs; ``stall_limit``: seconds after which a transfer NIXL never finished is
@@ -176,15 +188,16 @@ class NixlObjDataPath:
         self._lock = threading.Lock()
         self._abandoned: list[_Transfer] = []
         self._empty = np.zeros(1, dtype=np.uint8)  # a registrable address for 0-byte transfers
-        self.name = (f"chunkstore-s3-{socket.gethostname()}-{os.getpid()}-"
-                     f"{uuid.uuid4().hex[:8]}")
+        self.name = f"chunkstore-s3-{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         params = config.backend_params()
         try:
             # No progress thread: OBJ completes through the SDK's callbacks on its own pool,
             # and NIXL's Python API would make that thread a busy loop (pthrDelay = 0).
             agent_config = api.nixl_agent_config(
-                enable_prog_thread=False, backends=[],
-                sync_mode=api.nixl_thread_sync_t.NIXL_THREAD_SYNC_STRICT)
+                enable_prog_thread=False,
+                backends=[],
+                sync_mode=api.nixl_thread_sync_t.NIXL_THREAD_SYNC_STRICT,
+            )
             self._agent = api.nixl_agent(self.name, agent_config)
         except Exception as exc:  # noqa: BLE001 - binding errors have no common base
             raise StoreError(f"{where}: cannot create a NIXL agent: {exc}") from None
@@ -192,14 +205,16 @@ class NixlObjDataPath:
             raise StoreError(
                 f"{where}: NIXL has no OBJ plugin here (plugins found: "
                 f"{', '.join(self._agent.get_plugin_list()) or 'none'}; "
-                f"NIXL_PLUGIN_DIR={os.environ.get('NIXL_PLUGIN_DIR', '(unset)')})")
+                f"NIXL_PLUGIN_DIR={os.environ.get('NIXL_PLUGIN_DIR', '(unset)')})"
+            )
         try:
             with _sdk_retry_env(config.max_attempts):
                 self._agent.create_backend("OBJ", params)
         except Exception as exc:  # noqa: BLE001
             raise StoreError(
                 f"{where}: NIXL's OBJ backend rejected its parameters "
-                f"({type(exc).__name__}: {exc}; NIXL's log on stderr says which)") from None
+                f"({type(exc).__name__}: {exc}; NIXL's log on stderr says which)"
+            ) from None
         self._probe(probe_name, params)
 
     def _probe(self, name: str, params: Mapping[str, str]) -> None:
@@ -263,8 +278,9 @@ class NixlObjDataPath:
 
     def write_many(self, items: Sequence[tuple[str, Any]]) -> list[bool]:
         """PUT each ``(object name, contiguous buffer)`` whole; True per object written."""
-        return self._transfer("WRITE", [(name, memoryview(data).cast("B"), 0)
-                                        for name, data in items])
+        return self._transfer(
+            "WRITE", [(name, memoryview(data).cast("B"), 0) for name, data in items]
+        )
 
     # --- transfers -----------------------------------------------------------------------
 
@@ -278,8 +294,13 @@ class NixlObjDataPath:
             ok = transfer.state == "DONE"
             if not ok:
                 self.failed_transfers += 1
-                log.warning("%s: NIXL OBJ %s of %s failed (%s)", self.where, op,
-                            transfer.name, transfer.state)
+                log.warning(
+                    "%s: NIXL OBJ %s of %s failed (%s)",
+                    self.where,
+                    op,
+                    transfer.name,
+                    transfer.state,
+                )
             if transfer.state != "PROC":
                 self._release(transfer)
             results.append(ok)
@@ -293,13 +314,20 @@ class NixlObjDataPath:
             dev_id = next(self._ids)  # the OBJ backend maps devId -> object name
         address = _address(buffer) if length else _address(self._empty)
         try:
-            transfer.registrations.append(agent.register_memory(
-                [(address, max(length, 1), 0, "")], "DRAM", backends=["OBJ"]))
-            transfer.registrations.append(agent.register_memory(
-                [(0, max(offset + length, 1), dev_id, name)], "OBJ", backends=["OBJ"]))
+            transfer.registrations.append(
+                agent.register_memory([(address, max(length, 1), 0, "")], "DRAM", backends=["OBJ"])
+            )
+            transfer.registrations.append(
+                agent.register_memory(
+                    [(0, max(offset + length, 1), dev_id, name)], "OBJ", backends=["OBJ"]
+                )
+            )
             transfer.handle = agent.initialize_xfer(
-                op, agent.get_xfer_descs([(address, length, 0)], "DRAM"),
-                agent.get_xfer_descs([(offset, length, dev_id)], "OBJ"), self.name)
+                op,
+                agent.get_xfer_descs([(address, length, 0)], "DRAM"),
+                agent.get_xfer_descs([(offset, length, dev_id)], "OBJ"),
+                self.name,
+            )
             transfer.state = agent.transfer(transfer.handle)
         except Exception as exc:  # noqa: BLE001 - NIXL errors (nixlBackendError, ...) = failure
             transfer.state = f"ERR: {type(exc).__name__}: {exc}"
@@ -315,8 +343,13 @@ class NixlObjDataPath:
             if time.monotonic() - started > self._stall_limit:
                 with self._lock:
                     self._abandoned.extend(pending)  # the SDK may still touch their buffers
-                log.error("%s: %d NIXL OBJ transfers unfinished after %.0f s; abandoned "
-                          "with their buffers", self.where, len(pending), self._stall_limit)
+                log.error(
+                    "%s: %d NIXL OBJ transfers unfinished after %.0f s; abandoned "
+                    "with their buffers",
+                    self.where,
+                    len(pending),
+                    self._stall_limit,
+                )
                 return
             time.sleep(pause)
             pause = min(pause * 2, 0.002)  # the SDK completes on its own threads: just look

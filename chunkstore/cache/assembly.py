@@ -145,7 +145,11 @@ class ShardClaim:
     __slots__ = ("_assembler", "finished", "generation", "key", "sealed", "slot", "view")
 
     def __init__(
-        self, assembler: ShardAssembler, key: ChunkKey, slot: int, generation: int,
+        self,
+        assembler: ShardAssembler,
+        key: ChunkKey,
+        slot: int,
+        generation: int,
         view: memoryview,
     ) -> None:
         self._assembler = assembler
@@ -266,9 +270,7 @@ class ShardAssembler:
         if (mac_key is not None) != layout.authenticated:
             raise ConfigError("pass mac_key exactly when the layout is authenticated")
         self._owns_pool = isinstance(pool, str)
-        self.pool = (
-            SlotPool.attach(pool, pin_memory=pin_memory) if isinstance(pool, str) else pool
-        )
+        self.pool = SlotPool.attach(pool, pin_memory=pin_memory) if isinstance(pool, str) else pool
         """The shared slot pool."""
         if layout.total_size > self.pool.slot_size:
             if self._owns_pool:
@@ -304,8 +306,13 @@ class ShardAssembler:
             previous = int(self.pool.rank_pids[rank])
             if previous not in (0, os.getpid()):
                 if process_alive(previous):
-                    log.warning("pool %s: rank %d was registered by live process %d; now %d",
-                                self.pool.name, rank, previous, os.getpid())
+                    log.warning(
+                        "pool %s: rank %d was registered by live process %d; now %d",
+                        self.pool.name,
+                        rank,
+                        previous,
+                        os.getpid(),
+                    )
                 self._write_off_previous()
             self.pool.rank_pids[rank] = os.getpid()
         self._closed = False
@@ -321,8 +328,9 @@ class ShardAssembler:
                 state[slot] = ABORTED
 
     @classmethod
-    def attach(cls, name: str, layout: ChunkLayout, *, rank: int, tp: int,
-               **options: Any) -> ShardAssembler:
+    def attach(
+        cls, name: str, layout: ChunkLayout, *, rank: int, tp: int, **options: Any
+    ) -> ShardAssembler:
         """Attach the shared pool ``name`` as rank ``rank`` of ``tp``."""
         return cls(name, layout, rank=rank, tp=tp, **options)
 
@@ -367,9 +375,7 @@ class ShardAssembler:
                 return None
             time.sleep(0.001)
 
-    def _claim_locked(
-        self, key: ChunkKey, parent: bytes, tokens: np.ndarray
-    ) -> ShardClaim | str:
+    def _claim_locked(self, key: ChunkKey, parent: bytes, tokens: np.ndarray) -> ShardClaim | str:
         pool = self.pool
         table = pool.table
         state = table["state"]
@@ -484,8 +490,13 @@ class ShardAssembler:
         start = _CLAIM_HEAD.size
         tokens = np.frombuffer(view, "<u4", count=count, offset=start).copy()
         seal_chunk(
-            self.layout, view, key=claim.key.digest, parent=parent,
-            namespace=claim.key.namespace, tokens=tokens, mac_key=self.mac_key,
+            self.layout,
+            view,
+            key=claim.key.digest,
+            parent=parent,
+            namespace=claim.key.namespace,
+            tokens=tokens,
+            mac_key=self.mac_key,
             verify_key=False,  # checked when the claim was made
         )
 
@@ -578,7 +589,6 @@ class ShardAssembler:
     def _check_open(self) -> None:
         if self._closed:
             raise ConfigError(f"shard assembler for rank {self.rank} is closed")
-
 
 
 __all__ = [

@@ -107,13 +107,18 @@ class AssemblyOwner:
                 sock.bind(wake_address(self.pool.name))
             except OSError as exc:
                 sock.close()
-                log.warning("pool %s: no wake-up socket (%s); sweeping every %.2f s",
-                            self.pool.name, exc, self.sweep_interval)
+                log.warning(
+                    "pool %s: no wake-up socket (%s); sweeping every %.2f s",
+                    self.pool.name,
+                    exc,
+                    self.sweep_interval,
+                )
             else:
                 sock.setblocking(False)
                 self._sock = sock
         self._thread = threading.Thread(
-            target=self._run, name=f"chunkstore-assembly-{self.pool.name or 'private'}",
+            target=self._run,
+            name=f"chunkstore-assembly-{self.pool.name or 'private'}",
             daemon=True,
         )
         self._thread.start()
@@ -183,7 +188,9 @@ class AssemblyOwner:
                         log.warning(
                             "pool %s: claim on slot %d not sealed within %.1f s "
                             "(ranks joined %s, done %s); aborted",
-                            pool.name, slot, self.claim_timeout,
+                            pool.name,
+                            slot,
+                            self.claim_timeout,
                             ranks_in(int(table["joined"][slot])),
                             ranks_in(int(table["done"][slot])),
                         )

@@ -28,7 +28,11 @@ from chunkstore.testing.factories import conversation_tokens, kv_tensors
 Printer = Callable[[str], None]
 
 TIERED_DEMO_SPEC = KVSpec.simple(
-    "chunkstore/demo-tiered", num_layers=4, num_kv_heads=2, head_dim=64, dtype="BF16",
+    "chunkstore/demo-tiered",
+    num_layers=4,
+    num_kv_heads=2,
+    head_dim=64,
+    dtype="BF16",
     chunk_tokens=32,
 )
 """A small model (4 layers, 2 KV heads of 64, 32-token chunks: 68 KiB per chunk)."""
@@ -72,8 +76,13 @@ def _conversations(step: int, count: int, turns: int) -> list[tuple[str, list[np
 
 
 def run_tiered_demo(
-    store_url: str, out: Printer = print, *, host_chunks: int = 12, conversations: int = 4,
-    turns: int = 4, policy: str = "arc",
+    store_url: str,
+    out: Printer = print,
+    *,
+    host_chunks: int = 12,
+    conversations: int = 4,
+    turns: int = 4,
+    policy: str = "arc",
 ) -> TieredDemoReport:
     """Run the workload: ``host_chunks`` of host memory in front of the store at ``store_url``."""
     layout = ChunkLayout(TIERED_DEMO_SPEC)
@@ -82,13 +91,16 @@ def run_tiered_demo(
     options: dict[str, Any] = {} if store_url.startswith("memory://") else {"create": True}
     backing = open_store(store_url, **options)
     host = HostCache(layout, num_slots=host_chunks, policy=policy)
-    store = TieredStore(host, [backing], metrics=ChunkstoreMetrics(CollectorRegistry()),
-                        tier_timeout=None)
+    store = TieredStore(
+        host, [backing], metrics=ChunkstoreMetrics(CollectorRegistry()), tier_timeout=None
+    )
     report = TieredDemoReport(host_slots=host_chunks)
     chats = _conversations(step, conversations, turns)
     seen: set[bytes] = set()
-    out(f"tiered demo: {host_chunks} chunks of host memory ({policy.upper()}, "
-        f"{host_chunks * layout.total_size / 2**20:.1f} MiB) in front of {store_url}")
+    out(
+        f"tiered demo: {host_chunks} chunks of host memory ({policy.upper()}, "
+        f"{host_chunks * layout.total_size / 2**20:.1f} MiB) in front of {store_url}"
+    )
     out(f"{'turn':<12} {'prompt':>6} {'host':>5} {'store':>5} {'computed':>8}")
     buffer = bytearray(layout.total_size)
     try:
@@ -109,8 +121,11 @@ def run_tiered_demo(
                 for i in range(present, len(keys)):
                     tokens = prompt[i * step : (i + 1) * step]
                     data = encode_chunk(
-                        layout, key=keys[i].digest, parent=parent_of(keys, i, root),
-                        namespace=keys[i].namespace, tokens=tokens,
+                        layout,
+                        key=keys[i].digest,
+                        parent=parent_of(keys, i, root),
+                        namespace=keys[i].namespace,
+                        tokens=tokens,
                         tensors=kv_tensors(layout, tokens),
                     )
                     store.put(keys[i], data)
@@ -119,8 +134,10 @@ def run_tiered_demo(
                 report.store_hits += store_hits
                 report.computed += computed
                 report.turns.append((name, turn + 1, host_hits, store_hits, computed))
-                out(f"{name + ' #' + str(turn + 1):<12} {len(prompt):>6} {host_hits:>5} "
-                    f"{store_hits:>5} {computed:>8}")
+                out(
+                    f"{name + ' #' + str(turn + 1):<12} {len(prompt):>6} {host_hits:>5} "
+                    f"{store_hits:>5} {computed:>8}"
+                )
                 store.flush()
         stats = store.stats()
         report.promotions = stats.tiers[0].promotions
@@ -130,10 +147,14 @@ def run_tiered_demo(
         total = report.host_hits + report.store_hits + report.computed
         out(f"working set {report.working_set} chunks, host memory {host_chunks} chunks")
         out(f"chunks loaded from host memory: {report.host_hits} of {total}")
-        out(f"chunks loaded from {backing.name} (promoted to host): {report.store_hits} "
-            f"(promotions {report.promotions}, host evictions {report.evictions})")
-        out(f"chunks computed and written: {report.computed} "
-            f"(write-backs dropped: {report.writes_dropped})")
+        out(
+            f"chunks loaded from {backing.name} (promoted to host): {report.store_hits} "
+            f"(promotions {report.promotions}, host evictions {report.evictions})"
+        )
+        out(
+            f"chunks computed and written: {report.computed} "
+            f"(write-backs dropped: {report.writes_dropped})"
+        )
     finally:
         store.close()
     return report

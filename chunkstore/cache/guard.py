@@ -147,8 +147,13 @@ class GuardedTier:
             self._down_until = self._clock() + self.retry_after
         self.instruments.error(op)
         if first:
-            log.warning("tier %s: %s %s; treating it as a miss for %.1f s",
-                        self.name, op, why, self.retry_after)
+            log.warning(
+                "tier %s: %s %s; treating it as a miss for %.1f s",
+                self.name,
+                op,
+                why,
+                self.retry_after,
+            )
 
     def close(self) -> None:
         """Stop the worker threads (calls still running are abandoned, not awaited)."""

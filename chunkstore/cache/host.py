@@ -98,7 +98,12 @@ class Lease:
     __slots__ = ("_cache", "_done", "generation", "key", "slot", "view", "writing")
 
     def __init__(
-        self, cache: HostCache, key: ChunkKey, slot: int, generation: int, view: memoryview,
+        self,
+        cache: HostCache,
+        key: ChunkKey,
+        slot: int,
+        generation: int,
+        view: memoryview,
         writing: bool,
     ) -> None:
         self._cache = cache
@@ -232,9 +237,13 @@ class HostCache(Store):
         """A snapshot of the counters."""
         with self._lock:
             return HostCacheStats(
-                hits=self._hits, misses=self._misses, evictions=self._evictions,
-                rejected=self._rejected, chunks=len(self._ready_keys()),
-                bytes_used=self._bytes_used, capacity_bytes=self.capacity_bytes,
+                hits=self._hits,
+                misses=self._misses,
+                evictions=self._evictions,
+                rejected=self._rejected,
+                chunks=len(self._ready_keys()),
+                bytes_used=self._bytes_used,
+                capacity_bytes=self.capacity_bytes,
                 pinned_slots=self.pool.pinned_slots() if not self.pool.closed else 0,
                 lent_slots=len(self._lent),
             )

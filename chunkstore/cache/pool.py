@@ -195,8 +195,10 @@ class SlotPool:
         name (from a crashed owner) instead of refusing to start.
         """
         if slot_size < 1 or num_slots < 1:
-            raise ConfigError(f"a slot pool needs slot_size >= 1 and num_slots >= 1 "
-                              f"(got {slot_size} and {num_slots})")
+            raise ConfigError(
+                f"a slot pool needs slot_size >= 1 and num_slots >= 1 "
+                f"(got {slot_size} and {num_slots})"
+            )
         stride = _round_up(slot_size, PAGE)
         table_offset = HEADER_SIZE
         data_offset = _round_up(table_offset + num_slots * ENTRY.itemsize, PAGE)
@@ -228,8 +230,17 @@ class SlotPool:
                     f"{exc.strerror} (is /dev/shm large enough?)"
                 ) from None
         _HEADER.pack_into(
-            mapping, 0, MAGIC, VERSION, 0, slot_size, stride, num_slots,
-            table_offset, data_offset, os.getpid(),
+            mapping,
+            0,
+            MAGIC,
+            VERSION,
+            0,
+            slot_size,
+            stride,
+            num_slots,
+            table_offset,
+            data_offset,
+            os.getpid(),
         )
         return cls(mapping, fd=fd, name=name, owner=True, pin_memory=pin_memory)
 
@@ -431,8 +442,16 @@ class SlotPool:
         if self._unpin is not None:
             self._unpin()
             self._unpin = None
-        for attr in ("_state", "_pins", "_length", "_generation", "_namespace", "_digest",
-                     "table", "rank_pids"):
+        for attr in (
+            "_state",
+            "_pins",
+            "_length",
+            "_generation",
+            "_namespace",
+            "_digest",
+            "table",
+            "rank_pids",
+        ):
             setattr(self, attr, None)
         self._buf.release()
         try:

@@ -167,15 +167,25 @@ class TieredStore(Store):
         self.close_tiers = close_tiers
         self._host_metrics = self.metrics.tier(host.name)
         self.tiers: tuple[GuardedTier, ...] = tuple(
-            GuardedTier(t, self.metrics.tier(t.name), timeout=tier_timeout,
-                        retry_after=retry_after, clock=clock)
+            GuardedTier(
+                t,
+                self.metrics.tier(t.name),
+                timeout=tier_timeout,
+                retry_after=retry_after,
+                clock=clock,
+            )
             for t in tiers
         )
         """Secondary tiers in lookup order."""
         self._targets = self.tiers[:1] if write_tiers == "first" else self.tiers
         self._queue: WriteBehindQueue[Lease] | None = (
-            WriteBehindQueue(self._write_back, capacity=queue_size, batch_size=write_batch,
-                             name=f"chunkstore-writeback-{self.name}", undo=self._undo_writes)
+            WriteBehindQueue(
+                self._write_back,
+                capacity=queue_size,
+                batch_size=write_batch,
+                name=f"chunkstore-writeback-{self.name}",
+                undo=self._undo_writes,
+            )
             if self._targets
             else None
         )
@@ -198,8 +208,17 @@ class TieredStore(Store):
     def stats(self) -> TieredStats:
         """Counters of the host cache and every tier."""
         tiers = tuple(
-            TierStats(t.name, t.hits, t.misses, t.promotions, t.writes, dict(t.dropped),
-                      t.errors, t.up, t.abandoned)
+            TierStats(
+                t.name,
+                t.hits,
+                t.misses,
+                t.promotions,
+                t.writes,
+                dict(t.dropped),
+                t.errors,
+                t.up,
+                t.abandoned,
+            )
             for t in self.tiers
         )
         return TieredStats(
@@ -321,6 +340,7 @@ class TieredStore(Store):
         until every such call has ended: the slots cannot be reused and their
         bytes stored under these keys.
         """
+
         def release_batch() -> None:
             for lease in batch:
                 self.host.release(lease)
@@ -344,8 +364,13 @@ class TieredStore(Store):
                 continue
 
     def _write_to(
-        self, tier: GuardedTier, items: list[tuple[ChunkKey, Buffer]], nbytes: int,
-        *, if_absent: bool = False, holds: _Holds | None = None,
+        self,
+        tier: GuardedTier,
+        items: list[tuple[ChunkKey, Buffer]],
+        nbytes: int,
+        *,
+        if_absent: bool = False,
+        holds: _Holds | None = None,
     ) -> bool:
         """Write ``items`` to ``tier``; ``holds`` keeps their memory alive past a timeout.
 
@@ -395,8 +420,13 @@ class TieredStore(Store):
                 return
             count, self._drops_unreported = self._drops_unreported, 0
             self._last_drop_log = now
-        log.warning("%s: dropped write-back of %s (%s); %d dropped since the last report",
-                    self.name, key.hex, why, count)
+        log.warning(
+            "%s: dropped write-back of %s (%s); %d dropped since the last report",
+            self.name,
+            key.hex,
+            why,
+            count,
+        )
 
     # --- reads ----------------------------------------------------------------------------
 
@@ -446,8 +476,7 @@ class TieredStore(Store):
             if not missing:
                 break
             try:
-                found = tier.call("get", tier.store.read_unchecked_many,
-                                  [keys[i] for i in missing])
+                found = tier.call("get", tier.store.read_unchecked_many, [keys[i] for i in missing])
             except TierUnavailable:
                 continue
             for i, data in zip(missing, found):
@@ -740,8 +769,9 @@ class TieredStore(Store):
         keys = list(keys)
         return self._submit(self._prefetch_quietly, keys, default=[])
 
-    def _submit(self, fn: Callable[[list[ChunkKey]], R], keys: list[ChunkKey],
-                *, default: R) -> Future[R]:
+    def _submit(
+        self, fn: Callable[[list[ChunkKey]], R], keys: list[ChunkKey], *, default: R
+    ) -> Future[R]:
         with self._lock:
             if not self._closed and self._background is None:
                 self._background = ThreadPoolExecutor(
@@ -771,8 +801,9 @@ class TieredStore(Store):
             self._prefetch_into(keys, sources)
         except Exception as exc:  # noqa: BLE001 - a prefetch ends short instead of failing
             if not self._closed:
-                log.warning("%s: prefetch stopped after %d chunks: %s",
-                            self.name, len(sources), exc)
+                log.warning(
+                    "%s: prefetch stopped after %d chunks: %s", self.name, len(sources), exc
+                )
         return sources
 
     def _prefetch_into(self, keys: list[ChunkKey], sources: list[str]) -> None:
@@ -856,7 +887,8 @@ class TieredStore(Store):
                 tier.instruments.record_read(nbytes, time.perf_counter() - started)
             for key, data in zip(wanted, found):
                 outcome = (
-                    None if data is None
+                    None
+                    if data is None
                     else self.host.insert(key, hot_bytes(data), keep_pinned=True)
                 )
                 if outcome is None or outcome.lease is None:

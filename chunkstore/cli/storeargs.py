@@ -41,7 +41,10 @@ def add_maintenance_options(
         help=f"remove orphan temp files older than this (default {DEFAULT_GRACE})",
     )
     parser.add_argument(
-        "--batch", type=int, default=batch_default, metavar="N",
+        "--batch",
+        type=int,
+        default=batch_default,
+        metavar="N",
         help=f"chunks {batch_unit} per request (default {batch_default})",
     )
 

@@ -117,7 +117,10 @@ def _render_head(
 
 
 def _finish_head(
-    layout: ChunkLayout, view: memoryview, head: bytearray, checksum: bytes | None,
+    layout: ChunkLayout,
+    view: memoryview,
+    head: bytearray,
+    checksum: bytes | None,
     mac_key: bytes | None,
 ) -> None:
     """Add MAC and checksum to ``head`` and write it in front of the payload in ``view``.
@@ -327,8 +330,8 @@ def decode_chunk(
     _check_identity(header, expected_key, expected_fingerprint)
     if header.compression == "zstd":
         try:
-            payload = _zstd().ZstdDecompressor().decompress(
-                stored, max_output_size=header.payload_size
+            payload = (
+                _zstd().ZstdDecompressor().decompress(stored, max_output_size=header.payload_size)
             )
         except Exception as exc:  # zstandard raises its own ZstdError and ValueError
             if isinstance(exc, MissingDependency):
@@ -398,8 +401,13 @@ def decode_into(
         view = view.cast("B")
     header = parse_header(view)
     if header.compression != "none" or mac_key is not None:
-        chunk = decode_chunk(view, verify=verify, mac_key=mac_key, expected_key=expected_key,
-                             expected_fingerprint=expected_fingerprint)
+        chunk = decode_chunk(
+            view,
+            verify=verify,
+            mac_key=mac_key,
+            expected_key=expected_key,
+            expected_fingerprint=expected_fingerprint,
+        )
         chunk.copy_into(arrays)
         return chunk.header
     stored = view[header.data_offset :]

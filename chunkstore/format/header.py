@@ -340,8 +340,10 @@ def parse_header(data: memoryview) -> ChunkHeader:
     key = _hex_field(meta, "key", 64)
     parent = _hex_field(meta, "parent", 64)
     tokens_text = meta.get("tokens")
-    if not isinstance(tokens_text, str) or len(tokens_text) % 8 or not _HEX.fullmatch(
-        tokens_text.encode()
+    if (
+        not isinstance(tokens_text, str)
+        or len(tokens_text) % 8
+        or not _HEX.fullmatch(tokens_text.encode())
     ):
         raise MalformedHeader("header field 'tokens' must be 8 hex digits per token")
     token_bytes = bytes.fromhex(tokens_text)
@@ -390,7 +392,9 @@ def parse_header(data: memoryview) -> ChunkHeader:
     for entry in entries:
         if entry.offset != cursor:
             kind = "overlap" if entry.offset < cursor else "hole"
-            raise LayoutError(f"tensor {entry.name!r} at {entry.offset}: {kind} before it (at {cursor})")
+            raise LayoutError(
+                f"tensor {entry.name!r} at {entry.offset}: {kind} before it (at {cursor})"
+            )
         cursor = entry.offset + entry.nbytes
     if cursor != payload_size:
         raise LayoutError(f"tensors cover {cursor} bytes, payload_size says {payload_size}")

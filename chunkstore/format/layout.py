@@ -83,7 +83,8 @@ class RankShare:
 
 
 def rank_share(rank: int, tp: int, num_heads: int) -> RankShare:
-    """Heads of rank ``rank`` of ``tp``; with ``tp > num_heads`` heads are replicated (as vLLM does)."""
+    """Heads of rank ``rank`` of ``tp``; with ``tp > num_heads`` heads are replicated, as
+    vLLM does."""
     if tp <= 0 or not 0 <= rank < tp:
         raise ConfigError(f"rank must be in [0, tp), got rank={rank} tp={tp}")
     if num_heads % tp == 0:
@@ -124,7 +125,9 @@ class ChunkLayout:
                 for role, shape, split in specs:
                     nbytes = math.prod(shape) * self.dtype.itemsize
                     slots.append(
-                        TensorSlot(f"layers.{layer}.{role}", layer, role, shape, offset, nbytes, split)
+                        TensorSlot(
+                            f"layers.{layer}.{role}", layer, role, shape, offset, nbytes, split
+                        )
                     )
                     offset += nbytes
         self.tensors: tuple[TensorSlot, ...] = tuple(slots)
@@ -173,8 +176,14 @@ class ChunkLayout:
                     continue
                 per_head = slot.nbytes // slot.shape[0]
                 heads = share.stop - share.start
-                slices.append(RankSlice(slot.name, slot.offset + share.start * per_head,
-                                        heads * per_head, (heads, *slot.shape[1:])))
+                slices.append(
+                    RankSlice(
+                        slot.name,
+                        slot.offset + share.start * per_head,
+                        heads * per_head,
+                        (heads, *slot.shape[1:]),
+                    )
+                )
             elif not for_write or rank == 0:
                 slices.append(RankSlice(slot.name, slot.offset, slot.nbytes, slot.shape))
         return slices

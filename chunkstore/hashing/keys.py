@@ -35,9 +35,13 @@ class ChunkKey:
 
     def __post_init__(self) -> None:
         if len(self.digest) != DIGEST_SIZE:
-            raise KeyParseError(f"a chunk key digest has {DIGEST_SIZE} bytes, got {len(self.digest)}")
+            raise KeyParseError(
+                f"a chunk key digest has {DIGEST_SIZE} bytes, got {len(self.digest)}"
+            )
         if not _NAMESPACE.fullmatch(self.namespace):
-            raise KeyParseError(f"namespace must be 16 lower-case hex digits, got {self.namespace!r}")
+            raise KeyParseError(
+                f"namespace must be 16 lower-case hex digits, got {self.namespace!r}"
+            )
 
     @property
     def hex(self) -> str:
@@ -62,7 +66,7 @@ class ChunkKey:
 
     @classmethod
     def parse_path(cls, path: str) -> ChunkKey:
-        """Parse ``[...]/<namespace>/<ab>/<cd>/<hex>.kvc`` back into a key; raises on anything else."""
+        """Parse ``[...]/<namespace>/<ab>/<cd>/<hex>.kvc`` back into a key; raises otherwise."""
         parts = path.replace("\\", "/").rstrip("/").split("/")
         if len(parts) < 4 or not parts[-1].endswith(".kvc"):
             raise KeyParseError(f"not a chunk path: {path!r}")
@@ -118,7 +122,9 @@ def namespace_root(
     are sorted, ``None`` values are dropped, so ``{"lora": None}`` equals ``{}``.
     """
     if len(model_fingerprint) != DIGEST_SIZE:
-        raise ConfigError(f"a model fingerprint has {DIGEST_SIZE} bytes, got {len(model_fingerprint)}")
+        raise ConfigError(
+            f"a model fingerprint has {DIGEST_SIZE} bytes, got {len(model_fingerprint)}"
+        )
     hasher = blake3.blake3(derive_key_context=_ROOT_CONTEXT)
     hasher.update(model_fingerprint)
     hasher.update(_canonical_extra(extra))
@@ -127,7 +133,9 @@ def namespace_root(
 
 def tokens_as_le_u32(tokens: Any) -> np.ndarray:
     """Tokens (list, numpy array, torch tensor) as a contiguous little-endian uint32 array."""
-    if hasattr(tokens, "detach") and hasattr(tokens, "cpu"):  # torch.Tensor, without importing torch
+    if hasattr(tokens, "detach") and hasattr(
+        tokens, "cpu"
+    ):  # torch.Tensor, without importing torch
         tokens = tokens.detach().cpu().numpy()
     array = np.asarray(tokens)
     if array.ndim != 1:

@@ -7,8 +7,11 @@ from pathlib import Path
 from chunkstore.errors import ConfigError, MissingDependency
 from chunkstore.simulator.replay import Simulation
 
-_STYLE = {"arc": ("ARC", "tab:blue", "o"), "lru": ("LRU", "tab:orange", "s"),
-          "belady": ("Belady (offline optimum)", "tab:green", "^")}
+_STYLE = {
+    "arc": ("ARC", "tab:blue", "o"),
+    "lru": ("LRU", "tab:orange", "s"),
+    "belady": ("Belady (offline optimum)", "tab:green", "^"),
+}
 
 
 def plot_simulation(

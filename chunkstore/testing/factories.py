@@ -15,12 +15,23 @@ from chunkstore.format import ChunkLayout, KVSpec, encode_chunk
 from chunkstore.hashing import ChunkKey, chain_keys, namespace_root
 
 
-def small_spec(chunk_tokens: int = 16, *, num_layers: int = 2, num_kv_heads: int = 4,
-               head_dim: int = 8, dtype: str = "BF16", model_id: str = "test/tiny") -> KVSpec:
+def small_spec(
+    chunk_tokens: int = 16,
+    *,
+    num_layers: int = 2,
+    num_kv_heads: int = 4,
+    head_dim: int = 8,
+    dtype: str = "BF16",
+    model_id: str = "test/tiny",
+) -> KVSpec:
     """A tiny full-attention model description (a few KiB per chunk)."""
     return KVSpec.simple(
-        model_id, num_layers=num_layers, num_kv_heads=num_kv_heads, head_dim=head_dim,
-        dtype=dtype, chunk_tokens=chunk_tokens,
+        model_id,
+        num_layers=num_layers,
+        num_kv_heads=num_kv_heads,
+        head_dim=head_dim,
+        dtype=dtype,
+        chunk_tokens=chunk_tokens,
     )
 
 
@@ -74,15 +85,22 @@ def make_chunks(
     for i, key in enumerate(keys):
         chunk_tokens = token_array[i * step : (i + 1) * step]
         data = encode_chunk(
-            layout, key=key.digest, parent=parent, namespace=key.namespace,
-            tokens=chunk_tokens, tensors=kv_tensors(layout, chunk_tokens), mac_key=mac_key,
+            layout,
+            key=key.digest,
+            parent=parent,
+            namespace=key.namespace,
+            tokens=chunk_tokens,
+            tensors=kv_tensors(layout, chunk_tokens),
+            mac_key=mac_key,
         )
         made.append(MadeChunk(key, parent, chunk_tokens, bytes(data)))
         parent = key.digest
     return made
 
 
-def sample_chunks(count: int, *, seed: int = 0, layout: ChunkLayout | None = None) -> list[MadeChunk]:
+def sample_chunks(
+    count: int, *, seed: int = 0, layout: ChunkLayout | None = None
+) -> list[MadeChunk]:
     """``count`` chunks of one conversation (so their keys chain)."""
     layout = layout or ChunkLayout(small_spec())
     tokens = conversation_tokens(seed, count * layout.spec.chunk_tokens)

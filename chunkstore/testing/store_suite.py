@@ -137,8 +137,9 @@ class StoreSuite:
         assert {i.key for i in store.list(ns)} == {c.key for c in chunks}
         assert list(store.list("0" * 16)) == []
 
-    def test_reads_advance_access_time(self, make_store: Callable[..., Store],
-                                       chunks: list[MadeChunk]) -> None:
+    def test_reads_advance_access_time(
+        self, make_store: Callable[..., Store], chunks: list[MadeChunk]
+    ) -> None:
         store = make_store()
         try:
             if hasattr(store, "access_resolution"):
@@ -156,8 +157,9 @@ class StoreSuite:
         finally:
             store.close()
 
-    def test_unchecked_reads_leave_access_time(self, make_store: Callable[..., Store],
-                                               chunks: list[MadeChunk]) -> None:
+    def test_unchecked_reads_leave_access_time(
+        self, make_store: Callable[..., Store], chunks: list[MadeChunk]
+    ) -> None:
         """``read_unchecked_many`` (verify, cp, inspect) is not a use: ``prune --max-bytes``
         must see the same least-recently-used order afterwards."""
         store = make_store()
@@ -191,8 +193,9 @@ class StoreSuite:
     # --- corruption -------------------------------------------------------------------
 
     @pytest.mark.parametrize("damage", ["bitflip", "header", "truncated", "empty", "foreign"])
-    def test_corrupt_is_a_counted_miss(self, store: Store, chunks: list[MadeChunk],
-                                       damage: str) -> None:
+    def test_corrupt_is_a_counted_miss(
+        self, store: Store, chunks: list[MadeChunk], damage: str
+    ) -> None:
         good, bad = chunks[0], chunks[1]
         store.put(good.key, good.data)
         store.put(bad.key, corrupt_copies(bad)[damage])
@@ -202,8 +205,9 @@ class StoreSuite:
         assert bytes(store.get(good.key) or b"") == good.data
         assert {i.key for i in store.list()} == {good.key}
 
-    def test_newer_major_version_is_a_plain_miss(self, store: Store,
-                                                 chunks: list[MadeChunk]) -> None:
+    def test_newer_major_version_is_a_plain_miss(
+        self, store: Store, chunks: list[MadeChunk]
+    ) -> None:
         """A chunk a newer chunkstore wrote (next major format) into a shared store: a miss
         for this reader, but not damage. Counting or quarantining it would let every old
         reader destroy the upgraded writers' cache during a rolling upgrade."""
@@ -251,8 +255,9 @@ class StoreSuite:
 
     # --- persistence and concurrency -----------------------------------------------------
 
-    def test_fresh_store_sees_everything(self, make_store: Callable[[], Store],
-                                         chunks: list[MadeChunk]) -> None:
+    def test_fresh_store_sees_everything(
+        self, make_store: Callable[[], Store], chunks: list[MadeChunk]
+    ) -> None:
         if not self.persistent:
             pytest.skip("store does not outlive its object")
         first = make_store()
@@ -310,8 +315,12 @@ def _rekeyed(target: MadeChunk) -> bytes:
     """A valid chunk of another layout that carries ``target``'s key, parent and tokens."""
     layout = ChunkLayout(small_spec(num_kv_heads=2))
     data: Any = encode_chunk(
-        layout, key=target.key.digest, parent=target.parent, namespace=target.key.namespace,
-        tokens=target.tokens, tensors=kv_tensors(layout, target.tokens),
+        layout,
+        key=target.key.digest,
+        parent=target.parent,
+        namespace=target.key.namespace,
+        tokens=target.tokens,
+        tensors=kv_tensors(layout, target.tokens),
     )
     return bytes(data)
 

@@ -42,6 +42,7 @@ OPTIONS: dict[str, str] = {
     "from the engine process (0 picks a free port). Default: off.",
 }
 
+
 def parse_size(value: Any, option: str = "size") -> int:
     """Bytes from an int or a string like ``8G``, ``512MiB``, ``1.5g`` (:mod:`chunkstore.units`).
 

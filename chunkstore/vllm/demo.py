@@ -136,8 +136,9 @@ def run_vllm_demo(
         out(f"  store {url}, {prompts} prompts x {prompt_tokens} tokens, chunks of 256 tokens")
         model = make_tiny_llama(scratch / "model", spec)
         llm = _engine(str(model), url, prompt_tokens)
-        asks = [sample_prompt_ids(prompt_tokens, spec.vocab_size, seed=500 + i)
-                for i in range(prompts)]
+        asks = [
+            sample_prompt_ids(prompt_tokens, spec.vocab_size, seed=500 + i) for i in range(prompts)
+        ]
         # Warm the engine up on an unrelated prompt: the first request pays one-off costs.
         _turn(llm, "warm-up", [sample_prompt_ids(64, spec.vocab_size, seed=499)])
         turns = [_turn(llm, "cold: computed, saved", asks)]
@@ -207,12 +208,16 @@ def _print(result: VllmDemoResult, out: Callable[[str], None]) -> None:
     out(header + f"{'computed':>10}  (prompt tokens by where they came from)")
     for i, turn in enumerate(result.turns, 1):
         cells = "".join(f"{turn.cached_tokens.get(s, 0):>8}" for s in sources)
-        out(f"  {i}. {turn.label:<25} {turn.ttft_s * 1000:>6.1f} ms  {cells}"
-            f"{turn.computed_tokens:>10}")
+        out(
+            f"  {i}. {turn.label:<25} {turn.ttft_s * 1000:>6.1f} ms  {cells}"
+            f"{turn.computed_tokens:>10}"
+        )
     out("")
     for turn in result.turns[1:]:
         ratio = cold.ttft_s / turn.ttft_s if turn.ttft_s else float("inf")
         out(f"  {turn.label}: time to first token {ratio:.1f}x shorter than computing")
     same = "yes" if result.same_tokens else "NO"
-    out(f"  same greedy first token in every turn: {same}; "
-        f"{result.chunk_files} chunk files in {result.store}")
+    out(
+        f"  same greedy first token in every turn: {same}; "
+        f"{result.chunk_files} chunk files in {result.store}"
+    )

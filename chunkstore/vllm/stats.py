@@ -15,7 +15,6 @@ from chunkstore.vllm.counters import COUNTERS
 __all__ = ["COUNTERS", "ChunkStorePromMetrics", "ChunkStoreStats"]
 
 
-
 @dataclass
 class ChunkStoreStats(KVConnectorStats):
     """Counters since the last report; aggregation across workers and intervals is a sum."""

@@ -291,8 +291,7 @@ class RankStore:
                 except StoreError as exc:
                     if not self._warned:
                         self._warned = True
-                        log.info("chunkstore: rank %d: host pool not there yet: %s",
-                                 self.rank, exc)
+                        log.info("chunkstore: rank %d: host pool not there yet: %s", self.rank, exc)
                     return None
             return self._assembler
 

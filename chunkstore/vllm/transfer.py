@@ -293,8 +293,10 @@ class HostCopier(DeviceCopier):
         self, payloads: Sequence[Any], shard: ShardMap, dtype: torch.dtype
     ) -> Iterator[Batch]:
         t0 = time.perf_counter()
-        batch = Batch([shard.views(_as_bytes(p), dtype, image=False) for p in payloads],
-                      shard.image_size * len(payloads))
+        batch = Batch(
+            [shard.views(_as_bytes(p), dtype, image=False) for p in payloads],
+            shard.image_size * len(payloads),
+        )
         yield batch
         batch.fence = DoneFence(time.perf_counter() - t0)
 
@@ -303,8 +305,10 @@ class HostCopier(DeviceCopier):
         self, payloads: Sequence[Any], shard: ShardMap, dtype: torch.dtype, *, block_compute: bool
     ) -> Iterator[Batch]:
         t0 = time.perf_counter()
-        batch = Batch([shard.views(_as_bytes(p), dtype, image=False) for p in payloads],
-                      shard.image_size * len(payloads))
+        batch = Batch(
+            [shard.views(_as_bytes(p), dtype, image=False) for p in payloads],
+            shard.image_size * len(payloads),
+        )
         yield batch
         batch.fence = DoneFence(time.perf_counter() - t0)
 
@@ -326,8 +330,15 @@ class ImageCopier(DeviceCopier):
     def _empty_image(self, n: int, size: int) -> torch.Tensor:
         return torch.empty((n, size), dtype=torch.uint8, device=self.device)
 
-    def _to_host(self, batch: Batch, image: torch.Tensor, hosts: list[torch.Tensor],
-                 shard: ShardMap, t0: float, compute: Any) -> Fence:
+    def _to_host(
+        self,
+        batch: Batch,
+        image: torch.Tensor,
+        hosts: list[torch.Tensor],
+        shard: ShardMap,
+        t0: float,
+        compute: Any,
+    ) -> Fence:
         for j, host in enumerate(hosts):
             for payload_off, image_off, length in shard.runs:
                 host[payload_off : payload_off + length].copy_(
@@ -335,8 +346,9 @@ class ImageCopier(DeviceCopier):
                 )
         return DoneFence(time.perf_counter() - t0)
 
-    def _to_device(self, batch: Batch, image: torch.Tensor, hosts: list[torch.Tensor],
-                   shard: ShardMap) -> None:
+    def _to_device(
+        self, batch: Batch, image: torch.Tensor, hosts: list[torch.Tensor], shard: ShardMap
+    ) -> None:
         for j, host in enumerate(hosts):
             for payload_off, image_off, length in shard.runs:
                 image[j, image_off : image_off + length].copy_(
@@ -354,8 +366,11 @@ class ImageCopier(DeviceCopier):
         hosts = [_as_bytes(p) for p in payloads]
         with self._on_side() as compute:
             image = self._empty_image(len(hosts), shard.image_size)
-            batch = Batch([shard.views(image[j], dtype, image=True) for j in range(len(hosts))],
-                          shard.image_size * len(hosts), keep=[image, *hosts])
+            batch = Batch(
+                [shard.views(image[j], dtype, image=True) for j in range(len(hosts))],
+                shard.image_size * len(hosts),
+                keep=[image, *hosts],
+            )
             yield batch
             batch.fence = self._to_host(batch, image, hosts, shard, t0, compute)
 
@@ -367,8 +382,11 @@ class ImageCopier(DeviceCopier):
         hosts = [_as_bytes(p) for p in payloads]
         with self._on_side() as compute:
             image = self._empty_image(len(hosts), shard.image_size)
-            batch = Batch([shard.views(image[j], dtype, image=True) for j in range(len(hosts))],
-                          shard.image_size * len(hosts), keep=[image, *hosts])
+            batch = Batch(
+                [shard.views(image[j], dtype, image=True) for j in range(len(hosts))],
+                shard.image_size * len(hosts),
+                keep=[image, *hosts],
+            )
             self._to_device(batch, image, hosts, shard)
             yield batch
             batch.fence = self._loaded(batch, block_compute, t0, compute)
@@ -408,8 +426,9 @@ class CudaCopier(ImageCopier):
 
     name = "cuda"
 
-    def __init__(self, device: torch.device | str, runtime: CudaRuntime | None = None,
-                 *, timing: bool = True) -> None:
+    def __init__(
+        self, device: torch.device | str, runtime: CudaRuntime | None = None, *, timing: bool = True
+    ) -> None:
         super().__init__(device)
         self.runtime = runtime or CudaRuntime(self.device)
         self.stream = self.runtime.new_stream()
@@ -444,12 +463,21 @@ class CudaCopier(ImageCopier):
         pinned = all(self.runtime.is_pinned(h) for h in hosts)
         if not pinned and not self._warned_unpinned:
             self._warned_unpinned = True
-            log.info("chunkstore: host chunk buffers are not pinned; copies go through a pinned "
-                     "staging buffer (one extra host copy)")
+            log.info(
+                "chunkstore: host chunk buffers are not pinned; copies go through a pinned "
+                "staging buffer (one extra host copy)"
+            )
         return pinned
 
-    def _to_host(self, batch: Batch, image: torch.Tensor, hosts: list[torch.Tensor],
-                 shard: ShardMap, t0: float, compute: Any) -> Fence:
+    def _to_host(
+        self,
+        batch: Batch,
+        image: torch.Tensor,
+        hosts: list[torch.Tensor],
+        shard: ShardMap,
+        t0: float,
+        compute: Any,
+    ) -> Fence:
         gathered = self.runtime.new_event()
         gathered.record(self.stream)
         # The next kernels of the forward pass may reuse freed blocks: they wait for the
@@ -480,8 +508,9 @@ class CudaCopier(ImageCopier):
         done.record(self.stream)
         return EventFence(done, start, batch.keep, finish)
 
-    def _to_device(self, batch: Batch, image: torch.Tensor, hosts: list[torch.Tensor],
-                   shard: ShardMap) -> None:
+    def _to_device(
+        self, batch: Batch, image: torch.Tensor, hosts: list[torch.Tensor], shard: ShardMap
+    ) -> None:
         batch.start = self._start_event()
         if self._pinned(hosts):
             for j, host in enumerate(hosts):
@@ -522,6 +551,7 @@ def select_copier(device: torch.device | str, runtime: CudaRuntime | None = None
         if runtime is None and not torch.cuda.is_available():
             raise ConfigError(f"KV cache is on {device}, but torch sees no CUDA device")
         return CudaCopier(device, runtime)
-    log.info("chunkstore: no asynchronous copier for %s devices; using blocking copies",
-             device.type)
+    log.info(
+        "chunkstore: no asynchronous copier for %s devices; using blocking copies", device.type
+    )
     return ImageCopier(device)

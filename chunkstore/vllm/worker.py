@@ -298,9 +298,7 @@ class ChunkStoreWorker:
             )
         )
 
-    def copy_in(
-        self, loads: list[ChunkLoad], payloads: list[Any], *, block_compute: bool
-    ) -> Batch:
+    def copy_in(self, loads: list[ChunkLoad], payloads: list[Any], *, block_compute: bool) -> Batch:
         """Issue the host -> device copies and scatters of ``loads`` from chunk ``payloads``.
 
         The device part of a load, without bookkeeping: ``batch.fence`` says when

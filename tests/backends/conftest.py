@@ -23,8 +23,11 @@ def s3_endpoint() -> Iterator[str]:
     """URL of a ThreadedMotoServer; AWS credentials are dummies set in the environment."""
     pytest.importorskip("s3fs")
     moto_server = pytest.importorskip("moto.server")
-    for name, value in {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing",
-                        "AWS_DEFAULT_REGION": "us-east-1"}.items():
+    for name, value in {
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_DEFAULT_REGION": "us-east-1",
+    }.items():
         os.environ.setdefault(name, value)
     port = _free_port()
     # werkzeug logs every request and, with no handler configured, binds one to whatever

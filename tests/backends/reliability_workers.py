@@ -18,9 +18,14 @@ def chunk_versions(count: int, seed: int) -> list[tuple[MadeChunk, bytes]]:
     alt_layout = ChunkLayout(small_spec(num_kv_heads=2))
     out = []
     for chunk in sample_chunks(count, seed=seed):
-        alt = encode_chunk(alt_layout, key=chunk.key.digest, parent=chunk.parent,
-                           namespace=chunk.key.namespace, tokens=chunk.tokens,
-                           tensors=kv_tensors(alt_layout, chunk.tokens))
+        alt = encode_chunk(
+            alt_layout,
+            key=chunk.key.digest,
+            parent=chunk.parent,
+            namespace=chunk.key.namespace,
+            tokens=chunk.tokens,
+            tensors=kv_tensors(alt_layout, chunk.tokens),
+        )
         out.append((chunk, bytes(alt)))
     return out
 

@@ -16,8 +16,11 @@ from chunkstore.testing.store_suite import corrupt_copies
 
 SMALL = sample_chunks(2, seed=8)
 # several blocks of payload, so the block loop and its boundaries are exercised
-BIG = sample_chunks(1, seed=9, layout=ChunkLayout(
-    small_spec(chunk_tokens=64, num_layers=2, num_kv_heads=8, head_dim=256)))[0]
+BIG = sample_chunks(
+    1,
+    seed=9,
+    layout=ChunkLayout(small_spec(chunk_tokens=64, num_layers=2, num_kv_heads=8, head_dim=256)),
+)[0]
 assert len(BIG.data) > 2 * BLOCK
 
 
@@ -59,9 +62,11 @@ def test_compressed_chunk() -> None:
 
 
 @settings(max_examples=60, deadline=None)
-@given(position=st.integers(min_value=0, max_value=len(BIG.data) - 1),
-       bit=st.integers(min_value=0, max_value=7),
-       cut=st.one_of(st.none(), st.integers(min_value=0, max_value=len(BIG.data) - 1)))
+@given(
+    position=st.integers(min_value=0, max_value=len(BIG.data) - 1),
+    bit=st.integers(min_value=0, max_value=7),
+    cut=st.one_of(st.none(), st.integers(min_value=0, max_value=len(BIG.data) - 1)),
+)
 def test_any_bit_flip_or_truncation(position: int, bit: int, cut: int | None) -> None:
     data = bytearray(BIG.data)
     data[position] ^= 1 << bit

@@ -111,7 +111,8 @@ def test_refused_writes_leave_no_temp_files(tmp_path: Path) -> None:
 
 
 def test_cap_through_fsspec_warns_that_it_holds_per_process(
-        tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
     """Review #13: fsspec has no cross-process lock, so the cap is per writer process there;
     the store says so at open. Local paths (flock) hold it across processes: no warning."""
     import fsspec

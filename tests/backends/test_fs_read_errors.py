@@ -94,9 +94,13 @@ class FaultyFile:
 
 @pytest.mark.parametrize("verify", [True, False])
 @pytest.mark.parametrize("err", [errno.EIO, errno.EACCES, errno.ESTALE])
-def test_os_errors_are_counted_misses(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                      caplog: pytest.LogCaptureFixture, verify: bool,
-                                      err: int) -> None:
+def test_os_errors_are_counted_misses(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    verify: bool,
+    err: int,
+) -> None:
     store = FsStore(str(tmp_path / "s"), create=True, verify=verify)
     store.put_many([(CHUNK.key, CHUNK.data), (OTHER.key, OTHER.data)])
     target = store.path_of(CHUNK.key)

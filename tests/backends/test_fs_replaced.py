@@ -18,8 +18,9 @@ CHUNK = sample_chunks(1, seed=43)[0]
 ODD_MTIME_NS = 1_700_000_000_123_456_789  # not representable as a float to the nanosecond
 
 
-def _replace_with(store: FsStore, chunk: MadeChunk, data: bytes,
-                  mtime_ns: int | None = None) -> os.stat_result:
+def _replace_with(
+    store: FsStore, chunk: MadeChunk, data: bytes, mtime_ns: int | None = None
+) -> os.stat_result:
     """Publish ``data`` at ``chunk``'s path as another writer would: temp file + rename."""
     path = store.path_of(chunk.key)
     tmp = path + ".other-writer.tmp"
@@ -51,7 +52,8 @@ def test_access_keeps_mtime_to_the_nanosecond(store: FsStore) -> None:
 
 @pytest.mark.parametrize("read", ["get", "get_into", "read_ranges", "unverified_get"])
 def test_access_does_not_touch_a_file_replaced_since_the_read(
-        store: FsStore, monkeypatch: pytest.MonkeyPatch, read: str) -> None:
+    store: FsStore, monkeypatch: pytest.MonkeyPatch, read: str
+) -> None:
     store.put(CHUNK.key, CHUNK.data)
     newer: list[os.stat_result] = []
     real = store.io.set_access
@@ -74,7 +76,10 @@ def test_access_does_not_touch_a_file_replaced_since_the_read(
     assert len(newer) == 1
     now = os.stat(store.path_of(CHUNK.key))
     assert (now.st_ino, now.st_mtime_ns, now.st_atime_ns) == (
-        newer[0].st_ino, ODD_MTIME_NS, newer[0].st_atime_ns)
+        newer[0].st_ino,
+        ODD_MTIME_NS,
+        newer[0].st_atime_ns,
+    )
 
 
 # --- setting aside only the file that was judged (review #9) ------------------------------------
@@ -112,11 +117,13 @@ def test_set_aside_removes_the_unchanged_file(store: FsStore, mode: str) -> None
 
 @pytest.mark.parametrize("quarantine", ["move", "delete"])
 def test_replaced_between_check_and_move_is_put_back(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, quarantine: str) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, quarantine: str
+) -> None:
     """The narrowest race: the file is replaced after the ident check, just before the rename.
     What was renamed is compared afterwards, and the good file goes back."""
-    store = FsStore(str(tmp_path / "s"), create=True, quarantine=quarantine,
-                    max_bytes=10 * len(CHUNK.data))
+    store = FsStore(
+        str(tmp_path / "s"), create=True, quarantine=quarantine, max_bytes=10 * len(CHUNK.data)
+    )
     store.put(CHUNK.key, corrupt_copies(CHUNK)["bitflip"])
     [(_, ident)] = store.read_unchecked_with_idents([CHUNK.key])  # type: ignore[misc]
     real = store.io.move
@@ -133,8 +140,9 @@ def test_replaced_between_check_and_move_is_put_back(
     assert store.capacity is not None and store.capacity.recount().chunks == 1
 
 
-def test_read_quarantine_spares_a_good_rewrite(store: FsStore,
-                                               monkeypatch: pytest.MonkeyPatch) -> None:
+def test_read_quarantine_spares_a_good_rewrite(
+    store: FsStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The serving path's quarantine (a verified read found damage) has the same guard."""
     store.put(CHUNK.key, corrupt_copies(CHUNK)["bitflip"])
     real = store._quarantine

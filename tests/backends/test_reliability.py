@@ -64,8 +64,9 @@ def test_kill_9_mid_write_leaves_no_partial_chunks(
     assert store.orphans() == []
 
 
-def test_concurrent_writers_and_readers_never_tear(tmp_path: Path,
-                                                  ctx: multiprocessing.context.BaseContext) -> None:
+def test_concurrent_writers_and_readers_never_tear(
+    tmp_path: Path, ctx: multiprocessing.context.BaseContext
+) -> None:
     root = str(tmp_path / "store")
     with ctx.Pool(4) as pool:
         results = pool.starmap(workers.mixed_worker, [(root, seed, 600) for seed in range(4)])
@@ -78,9 +79,9 @@ def test_concurrent_writers_and_readers_never_tear(tmp_path: Path,
     assert store.orphans() == []
 
 
-def test_capacity_cap_holds_under_concurrent_writers(tmp_path: Path,
-                                                     ctx: multiprocessing.context.BaseContext
-                                                     ) -> None:
+def test_capacity_cap_holds_under_concurrent_writers(
+    tmp_path: Path, ctx: multiprocessing.context.BaseContext
+) -> None:
     root = str(tmp_path / "store")
     size = len(sample_chunks(1)[0].data)
     cap = 10 * size

@@ -26,8 +26,9 @@ from tests.backends.conftest import _free_port  # noqa: E402
 class ClientProxy:
     """Wraps the aiobotocore client: counts calls per operation and injects faults."""
 
-    def __init__(self, client: Any, *, fail_share: float = 0.0, seed: int = 0,
-                 ops: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self, client: Any, *, fail_share: float = 0.0, seed: int = 0, ops: tuple[str, ...] = ()
+    ) -> None:
         self._client = client
         self.calls: dict[str, int] = {}
         self.fail_share = fail_share
@@ -49,11 +50,21 @@ class ClientProxy:
             if (not self._ops or op in self._ops) and roll < self.fail_share:
                 self.faults += 1
                 if kind == "503":
-                    raise ClientError({"Error": {"Code": "ServiceUnavailable"},
-                                       "ResponseMetadata": {"HTTPStatusCode": 503}}, op)
+                    raise ClientError(
+                        {
+                            "Error": {"Code": "ServiceUnavailable"},
+                            "ResponseMetadata": {"HTTPStatusCode": 503},
+                        },
+                        op,
+                    )
                 if kind == "slowdown":
-                    raise ClientError({"Error": {"Code": "SlowDown"},
-                                       "ResponseMetadata": {"HTTPStatusCode": 503}}, op)
+                    raise ClientError(
+                        {
+                            "Error": {"Code": "SlowDown"},
+                            "ResponseMetadata": {"HTTPStatusCode": 503},
+                        },
+                        op,
+                    )
                 if kind == "timeout":
                     raise ReadTimeoutError(endpoint_url="http://moto")
                 if kind == "reset":
@@ -80,12 +91,15 @@ def test_open_unreachable_endpoint() -> None:
         S3Store("bucket", endpoint_url=endpoint, backoff=0.001, timeout=2)
 
 
-def test_open_bad_credentials(s3_endpoint: str, s3_bucket: str,
-                              monkeypatch: pytest.MonkeyPatch) -> None:
+def test_open_bad_credentials(
+    s3_endpoint: str, s3_bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     # moto accepts any key; emulate AWS's answer to an unknown access key
     async def denied(self: Any, prefix: str) -> Any:
-        raise ClientError({"Error": {"Code": "InvalidAccessKeyId"},
-                           "ResponseMetadata": {"HTTPStatusCode": 403}}, "ListObjectsV2")
+        raise ClientError(
+            {"Error": {"Code": "InvalidAccessKeyId"}, "ResponseMetadata": {"HTTPStatusCode": 403}},
+            "ListObjectsV2",
+        )
 
     monkeypatch.setattr(S3Store, "_open_probe", denied)
     with pytest.raises(StoreError, match="access denied.*credentials"):
@@ -96,7 +110,8 @@ def test_open_refuses_foreign_prefix(s3_endpoint: str, s3_bucket: str) -> None:
     import boto3
 
     boto3.client("s3", endpoint_url=s3_endpoint).put_object(
-        Bucket=s3_bucket, Key="data/report.csv", Body=b"a,b")
+        Bucket=s3_bucket, Key="data/report.csv", Body=b"a,b"
+    )
     with pytest.raises(StoreError, match="not a chunkstore prefix"):
         S3Store(s3_bucket, "data", endpoint_url=s3_endpoint)
 
@@ -108,8 +123,12 @@ def test_registry_and_options(s3_endpoint: str, s3_bucket: str) -> None:
     store.put(chunk.key, chunk.data)
     import boto3
 
-    names = [o["Key"] for o in boto3.client("s3", endpoint_url=s3_endpoint)
-             .list_objects_v2(Bucket=s3_bucket)["Contents"]]
+    names = [
+        o["Key"]
+        for o in boto3.client("s3", endpoint_url=s3_endpoint).list_objects_v2(Bucket=s3_bucket)[
+            "Contents"
+        ]
+    ]
     assert sorted(names) == sorted([f"a/b/{chunk.key.path}", "a/b/chunkstore-layout.json"])
     with pytest.raises(ConfigError, match="invalid option"):
         open_s3_store(f"s3://{s3_bucket}", colour="blue")
@@ -162,8 +181,9 @@ def test_faults_give_correct_data_or_a_miss(s3_endpoint: str, s3_bucket: str) ->
         ranges = ChunkLayout(small_spec()).rank_ranges(0, 2)
         parts = store.read_ranges(chunks[round_].key, ranges)
         if parts is not None:
-            assert parts == [by_key[chunks[round_].key][r.offset:r.offset + r.length]
-                             for r in ranges]
+            assert parts == [
+                by_key[chunks[round_].key][r.offset : r.offset + r.length] for r in ranges
+            ]
         written = store.put_if_absent_many([(c.key, c.data) for c in chunks[8:]])
         for c, ok in zip(chunks[8:], written):
             assert isinstance(ok, bool) and not (ok and c.key in stored)
@@ -239,15 +259,17 @@ class LostFirstAnswer:
 
 @pytest.mark.parametrize("size", ["single", "multipart"])
 def test_put_if_absent_retried_after_a_lost_answer_says_written(
-        s3_endpoint: str, s3_bucket: str, size: str) -> None:
+    s3_endpoint: str, s3_bucket: str, size: str
+) -> None:
     """Review #14: the retry of a conditional PUT that already landed gets 412; the store
     must still say this call wrote it, and say False when another writer did."""
     if size == "single":
         chunks = sample_chunks(2, seed=9)
         store, op = make(s3_endpoint, s3_bucket), "put_object"
     else:
-        layout = ChunkLayout(small_spec(chunk_tokens=256, num_layers=8, num_kv_heads=8,
-                                        head_dim=128))
+        layout = ChunkLayout(
+            small_spec(chunk_tokens=256, num_layers=8, num_kv_heads=8, head_dim=128)
+        )
         chunks = sample_chunks(2, layout=layout)
         store = make(s3_endpoint, s3_bucket, multipart_threshold=5 << 20, part_size=5 << 20)
         op = "complete_multipart_upload"
@@ -296,9 +318,11 @@ def test_quarantine_and_foreign(s3_endpoint: str, s3_bucket: str) -> None:
     store.put(chunks[0].key, chunks[0].data[:-10])
     assert store.get(chunks[0].key) is None
     assert [q.path for q in store.quarantined()] == [
-        f"p/quarantine/{chunks[0].key.namespace}/{chunks[0].key.hex}.kvc"]
+        f"p/quarantine/{chunks[0].key.namespace}/{chunks[0].key.hex}.kvc"
+    ]
     boto3.client("s3", endpoint_url=s3_endpoint).put_object(
-        Bucket=s3_bucket, Key=f"p/{chunks[1].key.namespace}/junk.txt", Body=b"x")
+        Bucket=s3_bucket, Key=f"p/{chunks[1].key.namespace}/junk.txt", Body=b"x"
+    )
     assert [f.path for f in store.foreign_files()] == [f"p/{chunks[1].key.namespace}/junk.txt"]
     store.close()
 
@@ -321,11 +345,22 @@ def _machine() -> Any:
             server.start()
             state["endpoint"] = f"http://127.0.0.1:{port}"
         bucket = f"sm-{uuid.uuid4().hex[:12]}"
-        boto3.client("s3", endpoint_url=state["endpoint"], region_name="us-east-1",
-                     aws_access_key_id="testing", aws_secret_access_key="testing",
-                     ).create_bucket(Bucket=bucket)
-        return S3Store(bucket, "sm", endpoint_url=state["endpoint"], key="testing",
-                       secret="testing", backoff=0.001, track_access=False)
+        boto3.client(
+            "s3",
+            endpoint_url=state["endpoint"],
+            region_name="us-east-1",
+            aws_access_key_id="testing",
+            aws_secret_access_key="testing",
+        ).create_bucket(Bucket=bucket)
+        return S3Store(
+            bucket,
+            "sm",
+            endpoint_url=state["endpoint"],
+            key="testing",
+            secret="testing",
+            backoff=0.001,
+            track_access=False,
+        )
 
     return store_state_machine(factory, max_examples=10, steps=15).TestCase
 

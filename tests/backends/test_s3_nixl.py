@@ -68,9 +68,9 @@ def _objects(endpoint: str, bucket: str) -> dict[str, bytes]:
     return {n: client.get_object(Bucket=bucket, Key=n)["Body"].read() for n in names}
 
 
-def test_nixl_writes_what_s3fs_writes(s3_endpoint: str, s3_bucket: str,
-                                      both: tuple[S3Store, S3Store],
-                                      chunks: list[MadeChunk]) -> None:
+def test_nixl_writes_what_s3fs_writes(
+    s3_endpoint: str, s3_bucket: str, both: tuple[S3Store, S3Store], chunks: list[MadeChunk]
+) -> None:
     nixl, plain = both
     assert nixl.put_many([(c.key, c.data) for c in chunks[:2]]) == [True, True]
     assert plain.put_many([(c.key, c.data) for c in chunks[2:]]) == [True, True]
@@ -82,21 +82,23 @@ def test_nixl_writes_what_s3fs_writes(s3_endpoint: str, s3_bucket: str,
         assert [bytes(g) if g is not None else None for g in got] == [c.data for c in chunks]
 
 
-def test_nixl_reads_into_the_callers_buffer(both: tuple[S3Store, S3Store],
-                                            chunks: list[MadeChunk]) -> None:
+def test_nixl_reads_into_the_callers_buffer(
+    both: tuple[S3Store, S3Store], chunks: list[MadeChunk]
+) -> None:
     nixl, plain = both
     chunk = chunks[0]
     plain.put(chunk.key, chunk.data)
     buffer = np.full(len(chunk.data) + 100, 0xAB, dtype=np.uint8)
     assert nixl.get_into(chunk.key, buffer) == len(chunk.data)
     assert buffer[: len(chunk.data)].tobytes() == chunk.data
-    assert (buffer[len(chunk.data):] == 0xAB).all()  # nothing past the object is touched
+    assert (buffer[len(chunk.data) :] == 0xAB).all()  # nothing past the object is touched
     with pytest.raises(ConfigError):
         nixl.get_into(chunk.key, bytearray(len(chunk.data) - 1))
 
 
-def test_nixl_ranged_reads_match_s3fs(both: tuple[S3Store, S3Store],
-                                      chunks: list[MadeChunk]) -> None:
+def test_nixl_ranged_reads_match_s3fs(
+    both: tuple[S3Store, S3Store], chunks: list[MadeChunk]
+) -> None:
     nixl, plain = both
     chunk = chunks[0]
     nixl.put(chunk.key, chunk.data)
@@ -106,9 +108,9 @@ def test_nixl_ranged_reads_match_s3fs(both: tuple[S3Store, S3Store],
     assert nixl.read_ranges(chunk.key, beyond) is None
 
 
-def test_chunk_bytes_bypass_the_s3fs_client(both: tuple[S3Store, S3Store],
-                                            chunks: list[MadeChunk],
-                                            monkeypatch: pytest.MonkeyPatch) -> None:
+def test_chunk_bytes_bypass_the_s3fs_client(
+    both: tuple[S3Store, S3Store], chunks: list[MadeChunk], monkeypatch: pytest.MonkeyPatch
+) -> None:
     nixl, _ = both
     nixl.track_access = False
     nixl.put(chunks[0].key, chunks[0].data)  # the layout marker goes out before counting
@@ -122,14 +124,16 @@ def test_chunk_bytes_bypass_the_s3fs_client(both: tuple[S3Store, S3Store],
     monkeypatch.setattr(nixl, "_request", counting)
     assert nixl.put_many([(c.key, c.data) for c in chunks]) == [True] * len(chunks)
     assert [bytes(g or b"") for g in nixl.get_many([c.key for c in chunks])] == [
-        c.data for c in chunks]
+        c.data for c in chunks
+    ]
     # s3fs only asked for sizes (NIXL's GET needs the length); bodies went through NIXL
     assert {op for op, _ in sent} == {"head_object"}
     assert len(sent) == len(chunks)
 
 
-def test_crt_client_uploads_large_objects_in_parts(s3_endpoint: str, s3_bucket: str,
-                                                  both: tuple[S3Store, S3Store]) -> None:
+def test_crt_client_uploads_large_objects_in_parts(
+    s3_endpoint: str, s3_bucket: str, both: tuple[S3Store, S3Store]
+) -> None:
     import boto3
 
     _, plain = both
@@ -139,7 +143,8 @@ def test_crt_client_uploads_large_objects_in_parts(s3_endpoint: str, s3_bucket: 
         body = np.random.default_rng(0).bytes(6 << 20)  # stored unchecked: bytes are bytes
         assert big.put(key, body)
         head = boto3.client("s3", endpoint_url=s3_endpoint, region_name="us-east-1").head_object(
-            Bucket=s3_bucket, Key=big.object_key(key))
+            Bucket=s3_bucket, Key=big.object_key(key)
+        )
         assert re.fullmatch(r"[0-9a-f]{32}-\d+", head["ETag"].strip('"'))  # multipart
         assert plain.read_unchecked_many([key]) == [body]
         assert big.read_unchecked_many([key]) == [body]
@@ -150,21 +155,24 @@ def test_crt_client_uploads_large_objects_in_parts(s3_endpoint: str, s3_bucket: 
 # --- put_if_absent -----------------------------------------------------------------------
 
 
-def test_conditional_put_stays_on_s3fs(both: tuple[S3Store, S3Store], chunks: list[MadeChunk],
-                                       monkeypatch: pytest.MonkeyPatch) -> None:
+def test_conditional_put_stays_on_s3fs(
+    both: tuple[S3Store, S3Store], chunks: list[MadeChunk], monkeypatch: pytest.MonkeyPatch
+) -> None:
     nixl, plain = both
     a, b = chunks[:2]
     nixl.put(a.key, a.data)
     writes: list[Any] = []
-    monkeypatch.setattr(nixl._plane, "write_many",
-                        lambda items: writes.append(items) or [False] * len(items))
+    monkeypatch.setattr(
+        nixl._plane, "write_many", lambda items: writes.append(items) or [False] * len(items)
+    )
     assert nixl.put_if_absent_many([(a.key, a.data), (b.key, b.data)]) == [False, True]
     assert writes == []  # If-None-Match PUTs: NIXL's OBJ PUT cannot carry the condition
     assert bytes(plain.get(b.key) or b"") == b.data
 
 
-def test_unconditional_servers_head_then_nixl_put(s3_endpoint: str, s3_bucket: str,
-                                                   chunks: list[MadeChunk]) -> None:
+def test_unconditional_servers_head_then_nixl_put(
+    s3_endpoint: str, s3_bucket: str, chunks: list[MadeChunk]
+) -> None:
     store = _nixl_store(s3_endpoint, s3_bucket, conditional_writes=False)
     try:
         a, b = chunks[:2]
@@ -179,8 +187,8 @@ def test_unconditional_servers_head_then_nixl_put(s3_endpoint: str, s3_bucket: s
 
 
 def test_rewritten_between_head_and_get_is_not_quarantined(
-        both: tuple[S3Store, S3Store], chunks: list[MadeChunk],
-        monkeypatch: pytest.MonkeyPatch) -> None:
+    both: tuple[S3Store, S3Store], chunks: list[MadeChunk], monkeypatch: pytest.MonkeyPatch
+) -> None:
     nixl, _ = both
     chunk = chunks[0]
     nixl.put(chunk.key, chunk.data)
@@ -193,8 +201,9 @@ def test_rewritten_between_head_and_get_is_not_quarantined(
     assert nixl.exists(chunk.key)
 
 
-def test_failed_transfer_is_a_miss(both: tuple[S3Store, S3Store], chunks: list[MadeChunk],
-                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_failed_transfer_is_a_miss(
+    both: tuple[S3Store, S3Store], chunks: list[MadeChunk], monkeypatch: pytest.MonkeyPatch
+) -> None:
     nixl, _ = both
     chunk = chunks[0]
     # deleted between HEAD and GET: NIXL's GET fails
@@ -227,12 +236,14 @@ def test_endpoint_nixl_cannot_reach_fails_at_open(s3_endpoint: str, s3_bucket: s
         sock.bind(("127.0.0.1", 0))
         closed = f"http://127.0.0.1:{sock.getsockname()[1]}"
     with pytest.raises(StoreError, match="cannot use bucket .* although s3fs can"):
-        _nixl_store(s3_endpoint, s3_bucket, max_attempts=1,
-                    nixl_params={"endpoint_override": closed})
+        _nixl_store(
+            s3_endpoint, s3_bucket, max_attempts=1, nixl_params={"endpoint_override": closed}
+        )
 
 
-def test_missing_nixl_is_an_install_hint(s3_endpoint: str, s3_bucket: str,
-                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_missing_nixl_is_an_install_hint(
+    s3_endpoint: str, s3_bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setitem(sys.modules, "nixl._api", None)
     with pytest.raises(MissingDependency, match=r"chunkstore\[nixl\]"):
         _nixl_store(s3_endpoint, s3_bucket)

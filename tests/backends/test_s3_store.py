@@ -18,5 +18,6 @@ class TestS3Store(StoreSuite):
 
     @pytest.fixture
     def make_store(self, s3_endpoint: str, s3_bucket: str) -> Callable[[], S3Store]:
-        return lambda: S3Store(s3_bucket, "kv/cache", endpoint_url=s3_endpoint,
-                               access_resolution=0, backoff=0.001)
+        return lambda: S3Store(
+            s3_bucket, "kv/cache", endpoint_url=s3_endpoint, access_resolution=0, backoff=0.001
+        )

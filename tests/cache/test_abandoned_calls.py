@@ -41,8 +41,14 @@ def test_timed_out_write_back_keeps_its_slot_until_the_write_ends(
     chain: list[MadeChunk], metrics: ChunkstoreMetrics, stores: list[TieredStore]
 ) -> None:
     gated = GatedStore("disk")
-    store = TieredStore(HostCache(LAYOUT, num_slots=2), [gated], tier_timeout=TIMEOUT,
-                        retry_after=3600.0, metrics=metrics, close_tiers=False)
+    store = TieredStore(
+        HostCache(LAYOUT, num_slots=2),
+        [gated],
+        tier_timeout=TIMEOUT,
+        retry_after=3600.0,
+        metrics=metrics,
+        close_tiers=False,
+    )
     stores.append(store)
     try:
         assert store.put(chain[0].key, chain[0].data)
@@ -69,8 +75,14 @@ def test_timed_out_write_through_reads_a_private_copy(
 ) -> None:
     gated = GatedStore("disk")
     # Slots smaller than a chunk: every put is written through to the tier from the caller.
-    store = TieredStore(HostCache(1024, num_slots=2), [gated], tier_timeout=TIMEOUT,
-                        retry_after=3600.0, metrics=metrics, close_tiers=False)
+    store = TieredStore(
+        HostCache(1024, num_slots=2),
+        [gated],
+        tier_timeout=TIMEOUT,
+        retry_after=3600.0,
+        metrics=metrics,
+        close_tiers=False,
+    )
     stores.append(store)
     buffer = bytearray(chain[0].data)
     try:
@@ -88,8 +100,14 @@ def test_read_around_host_memory_never_lends_the_callers_buffer(
 ) -> None:
     stalled = StallingStore("nfs", stall_lookups=False)
     stalled.put(chain[0].key, chain[0].data)
-    store = TieredStore(HostCache(LAYOUT, num_slots=2), [stalled], tier_timeout=TIMEOUT,
-                        retry_after=3600.0, promote=False, metrics=metrics)
+    store = TieredStore(
+        HostCache(LAYOUT, num_slots=2),
+        [stalled],
+        tier_timeout=TIMEOUT,
+        retry_after=3600.0,
+        promote=False,
+        metrics=metrics,
+    )
     stores.append(store)
     buffer = bytearray(LAYOUT.total_size)
     try:
@@ -109,8 +127,9 @@ def test_inline_tier_calls_read_straight_into_the_callers_buffer(
     tier = StallingStore("nfs")
     tier.release.set()
     tier.put(chain[0].key, chain[0].data)
-    store = TieredStore(HostCache(LAYOUT, num_slots=2), [tier], tier_timeout=None,
-                        promote=False, metrics=metrics)
+    store = TieredStore(
+        HostCache(LAYOUT, num_slots=2), [tier], tier_timeout=None, promote=False, metrics=metrics
+    )
     stores.append(store)
     buffer = bytearray(LAYOUT.total_size)
     assert store.get_into(chain[0].key, buffer) == len(chain[0].data)

@@ -31,8 +31,15 @@ def _returns_while_gated(call: Callable[[], Any], gated: GatedStore) -> Any:
 
 
 def _store(gated: GatedStore, metrics: ChunkstoreMetrics, **options: Any) -> TieredStore:
-    return TieredStore(HostCache(LAYOUT, num_slots=4), [gated], tier_timeout=None,
-                       metrics=metrics, close_tiers=False, write_batch=1, **options)
+    return TieredStore(
+        HostCache(LAYOUT, num_slots=4),
+        [gated],
+        tier_timeout=None,
+        metrics=metrics,
+        close_tiers=False,
+        write_batch=1,
+        **options,
+    )
 
 
 def test_delete_withdraws_queued_write_backs_without_waiting(

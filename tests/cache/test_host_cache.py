@@ -95,8 +95,14 @@ def test_reserve_commit_writes_in_place(layout: ChunkLayout, chain: list[MadeChu
         for rank in range(2):
             shard = {name: t[rank * 2 : (rank + 1) * 2] for name, t in tensors.items()}
             layout.write_shard(lease.view, rank, 2, shard)
-        seal_chunk(layout, lease.view, key=made.key.digest, parent=made.parent,
-                   namespace=made.key.namespace, tokens=made.tokens)
+        seal_chunk(
+            layout,
+            lease.view,
+            key=made.key.digest,
+            parent=made.parent,
+            namespace=made.key.namespace,
+            tokens=made.tokens,
+        )
         cache.commit(lease)
         assert lease.released
         assert cache.get(made.key) == made.data
@@ -120,9 +126,7 @@ def test_abort_and_context_manager(layout: ChunkLayout, chain: list[MadeChunk]) 
 
 
 @pytest.mark.parametrize("policy", ["arc", "lru"])
-def test_reserve_without_eviction(
-    layout: ChunkLayout, chain: list[MadeChunk], policy: str
-) -> None:
+def test_reserve_without_eviction(layout: ChunkLayout, chain: list[MadeChunk], policy: str) -> None:
     """Speculative reservations take only free slots and touch the policy only on commit."""
     with HostCache(layout, num_slots=2, policy=policy) as cache:
         cache.put(chain[0].key, chain[0].data)

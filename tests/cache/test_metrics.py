@@ -29,8 +29,7 @@ def scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
 def test_scrape_after_known_workload(chain: list[MadeChunk], metrics: ChunkstoreMetrics) -> None:
     disk = MemoryStore(name="disk")
     size = LAYOUT.total_size
-    store = TieredStore(HostCache(LAYOUT, num_slots=4), [disk], metrics=metrics,
-                        tier_timeout=None)
+    store = TieredStore(HostCache(LAYOUT, num_slots=4), [disk], metrics=metrics, tier_timeout=None)
     server = start_metrics_server(0, metrics=metrics)
     try:
         assert server.url.startswith("http://127.0.0.1:")
@@ -39,11 +38,11 @@ def test_scrape_after_known_workload(chain: list[MadeChunk], metrics: Chunkstore
         assert store.flush(timeout=30)
         store.put_many([(c.key, c.data) for c in chain[4:6]])
         assert store.flush(timeout=30)
-        assert store.get(chain[5].key) == chain[5].data          # host hit
-        assert store.get(chain[0].key) == chain[0].data          # host miss, disk hit, promoted
-        assert store.get(chain[11].key) is None                  # missing everywhere
+        assert store.get(chain[5].key) == chain[5].data  # host hit
+        assert store.get(chain[0].key) == chain[0].data  # host miss, disk hit, promoted
+        assert store.get(chain[11].key) is None  # missing everywhere
         disk.put(chain[10].key, corrupt_copies(chain[10])["bitflip"])
-        assert store.get(chain[10].key) is None                  # corrupt on disk
+        assert store.get(chain[10].key) is None  # corrupt on disk
         metrics.record_transfer("device", "write", 4096, 0.001)
 
         values = scrape(server.url)
@@ -67,10 +66,17 @@ def test_scrape_after_known_workload(chain: list[MadeChunk], metrics: Chunkstore
         assert value("chunkstore_transfer_bytes_total", tier="host", direction="write") == 6 * size
         assert value("chunkstore_transfer_bytes_total", tier="host", direction="read") == size
         assert value("chunkstore_transfer_bytes_total", tier="device", direction="write") == 4096
-        assert value("chunkstore_transfer_latency_seconds_count",
-                     tier="disk", direction="read") == 1
-        assert value("chunkstore_transfer_throughput_bytes_per_second_count",
-                     tier="device", direction="write") == 1
+        assert (
+            value("chunkstore_transfer_latency_seconds_count", tier="disk", direction="read") == 1
+        )
+        assert (
+            value(
+                "chunkstore_transfer_throughput_bytes_per_second_count",
+                tier="device",
+                direction="write",
+            )
+            == 1
+        )
         assert value("chunkstore_lookup_latency_seconds_count", tier="host") == 0
         store.lookup_prefix([c.key for c in chain[:3]])
         assert value("chunkstore_write_queue_depth", store="tiered") == 0
@@ -87,8 +93,9 @@ def test_drops_are_exported(chain: list[MadeChunk], metrics: ChunkstoreMetrics) 
     from tests.cache.doubles import GatedStore
 
     gated = GatedStore("disk")
-    store = TieredStore(HostCache(LAYOUT, num_slots=8), [gated], metrics=metrics,
-                        queue_size=1, write_batch=1)
+    store = TieredStore(
+        HostCache(LAYOUT, num_slots=8), [gated], metrics=metrics, queue_size=1, write_batch=1
+    )
     server = start_metrics_server(0, metrics=metrics)
     try:
         store.put(chain[0].key, chain[0].data)
@@ -127,8 +134,12 @@ def test_device_transfers_are_counted_by_direction(metrics: ChunkstoreMetrics) -
     assert value("chunkstore_device_transfers_total", {"direction": "device_to_host"}) == 2
     assert value("chunkstore_device_transfer_seconds_count", {"direction": "device_to_host"}) == 2
     # A zero-duration copy has no throughput sample.
-    assert value("chunkstore_device_throughput_bytes_per_second_count",
-                 {"direction": "device_to_host"}) == 1
+    assert (
+        value(
+            "chunkstore_device_throughput_bytes_per_second_count", {"direction": "device_to_host"}
+        )
+        == 1
+    )
     with pytest.raises(ConfigError, match="direction"):
         metrics.record_device_transfer("load", 1, 0.1)
     with pytest.raises(ConfigError, match=">= 0"):

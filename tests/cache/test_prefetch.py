@@ -41,11 +41,14 @@ def stores() -> Iterator[list[TieredStore]]:
         store.close()
 
 
-def tiered(stores: list[TieredStore], metrics: ChunkstoreMetrics,
-           tiers: list[MemoryStore | FsStore], host_slots: int = 8,
-           **options: object) -> TieredStore:
-    store = TieredStore(HostCache(LAYOUT, num_slots=host_slots), tiers, metrics=metrics,
-                        **options)  # type: ignore[arg-type]
+def tiered(
+    stores: list[TieredStore],
+    metrics: ChunkstoreMetrics,
+    tiers: list[MemoryStore | FsStore],
+    host_slots: int = 8,
+    **options: object,
+) -> TieredStore:
+    store = TieredStore(HostCache(LAYOUT, num_slots=host_slots), tiers, metrics=metrics, **options)  # type: ignore[arg-type]
     stores.append(store)
     return store
 
@@ -155,13 +158,14 @@ def test_prefetch_does_not_block_the_caller(
 
 @pytest.mark.parametrize("stall_lookups", [True, False], ids=["lookup", "read"])
 def test_timed_out_tier_is_a_miss(
-    chain: list[MadeChunk], metrics: ChunkstoreMetrics, stores: list[TieredStore],
+    chain: list[MadeChunk],
+    metrics: ChunkstoreMetrics,
+    stores: list[TieredStore],
     stall_lookups: bool,
 ) -> None:
     stalled = StallingStore("nfs", stall_lookups=stall_lookups)
     stalled.put(chain[0].key, chain[0].data)
-    store = tiered(stores, metrics, [stalled], host_slots=2, tier_timeout=0.05,
-                   retry_after=3600.0)
+    store = tiered(stores, metrics, [stalled], host_slots=2, tier_timeout=0.05, retry_after=3600.0)
     try:
         assert store.prefetch([chain[0].key]).result(timeout=30) == []
         assert store.stats().tiers[0].errors == 1
@@ -178,9 +182,7 @@ def test_timed_out_tier_is_a_miss(
         stalled.release.set()
 
 
-def test_closed_store_resolves_at_once(
-    chain: list[MadeChunk], metrics: ChunkstoreMetrics
-) -> None:
+def test_closed_store_resolves_at_once(chain: list[MadeChunk], metrics: ChunkstoreMetrics) -> None:
     store = TieredStore(HostCache(LAYOUT, num_slots=2), [MemoryStore()], metrics=metrics)
     store.host.insert(chain[0].key, chain[0].data)
     assert store.prefetch([chain[0].key]).result(timeout=30) == ["host"]

@@ -19,9 +19,21 @@ from chunkstore.cli.main import build_parser, main
 
 @pytest.mark.slow
 def test_serve_exposes_metrics_and_stops_cleanly(tmp_path: Path) -> None:
-    command = [sys.executable, "-m", "chunkstore.cli.main", "serve", "--slot-size", "64KiB",
-               "--host-cache", "1MiB", "--store", str(tmp_path / "disk"), "--create",
-               "--metrics-port", "0"]
+    command = [
+        sys.executable,
+        "-m",
+        "chunkstore.cli.main",
+        "serve",
+        "--slot-size",
+        "64KiB",
+        "--host-cache",
+        "1MiB",
+        "--store",
+        str(tmp_path / "disk"),
+        "--create",
+        "--metrics-port",
+        "0",
+    ]
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert process.stdout is not None
@@ -57,7 +69,8 @@ def test_serve_runs_added_services(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setattr(serve, "SERVICES", [*serve.SERVICES, serve.Service("extra", add, start)])
     args = build_parser().parse_args(
-        ["serve", "--slot-size", "4KiB", "--host-cache", "64KiB", "--extra-port", "7"])
+        ["serve", "--slot-size", "4KiB", "--host-cache", "64KiB", "--extra-port", "7"]
+    )
     stop = threading.Event()
     stop.set()
     assert serve.run(args, stop_event=stop) == 0
@@ -74,26 +87,30 @@ def test_serve_option_errors(capsys: pytest.CaptureFixture[str], tmp_path: Path)
     assert main(["serve", "--spec", str(spec)]) == 2
 
 
-@pytest.mark.parametrize(("options", "message"), [
-    (["--metrics-port", "70000"], "--metrics-port must be a TCP port in 0..65535"),
-    (["--metrics-port", "-1"], "--metrics-port must be a TCP port in 0..65535"),
-    (["--queue-size", "0"], "--queue-size must be at least 1"),
-    (["--tier-timeout", "0"], "--tier-timeout must be a number of seconds > 0"),
-    (["--tier-timeout", "inf"], "--tier-timeout must be a number of seconds > 0"),
-    (["--retry-after", "-1"], "--retry-after must be a number of seconds >= 0"),
-])
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        (["--metrics-port", "70000"], "--metrics-port must be a TCP port in 0..65535"),
+        (["--metrics-port", "-1"], "--metrics-port must be a TCP port in 0..65535"),
+        (["--queue-size", "0"], "--queue-size must be at least 1"),
+        (["--tier-timeout", "0"], "--tier-timeout must be a number of seconds > 0"),
+        (["--tier-timeout", "inf"], "--tier-timeout must be a number of seconds > 0"),
+        (["--retry-after", "-1"], "--retry-after must be a number of seconds >= 0"),
+    ],
+)
 def test_serve_rejects_bad_numbers_naming_the_flag(
-        options: list[str], message: str, capsys: pytest.CaptureFixture[str]) -> None:
+    options: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     # --metrics-port 0 comes first where valid: a half-started serve would have printed its URL
     metrics = [] if "--metrics-port" in options else ["--metrics-port", "0"]
-    assert main(["serve", "--slot-size", "4KiB", "--host-cache", "64KiB", *metrics,
-                 *options]) == 2
+    assert main(["serve", "--slot-size", "4KiB", "--host-cache", "64KiB", *metrics, *options]) == 2
     out, err = capsys.readouterr()
     assert out == "" and message in err and len(err.strip().splitlines()) == 1, (out, err)
 
 
 def test_serve_never_creates_a_mistyped_store(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     typo = tmp_path / "mnt" / "kv-typo"
     base = ["serve", "--slot-size", "4KiB", "--host-cache", "64KiB", "--store", str(typo)]
     assert main([*base, "--metrics-port", "0"]) == 4

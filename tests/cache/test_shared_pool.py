@@ -53,8 +53,9 @@ def test_attach_rejects_foreign_memory(shm_name: str) -> None:
         SlotPool.attach(shm_name)
 
 
-def test_same_process_attach_sees_slots(layout: ChunkLayout, chain: list[MadeChunk],
-                                        shm_name: str) -> None:
+def test_same_process_attach_sees_slots(
+    layout: ChunkLayout, chain: list[MadeChunk], shm_name: str
+) -> None:
     with HostCache(layout, num_slots=4, shm_name=shm_name) as cache:
         cache.put(chain[0].key, chain[0].data)
         other = SlotPool.attach(shm_name)
@@ -70,8 +71,9 @@ def test_same_process_attach_sees_slots(layout: ChunkLayout, chain: list[MadeChu
 
 
 @pytest.mark.slow
-def test_second_process_reads_pins_and_writes(layout: ChunkLayout, chain: list[MadeChunk],
-                                              shm_name: str) -> None:
+def test_second_process_reads_pins_and_writes(
+    layout: ChunkLayout, chain: list[MadeChunk], shm_name: str
+) -> None:
     context = multiprocessing.get_context("spawn")
     commands: Any = context.Queue()
     replies: Any = context.Queue()
@@ -80,6 +82,7 @@ def test_second_process_reads_pins_and_writes(layout: ChunkLayout, chain: list[M
         process = context.Process(target=worker, args=(shm_name, commands, replies))
         process.start()
         try:
+
             def ask(*command: Any) -> Any:
                 commands.put(command)
                 return replies.get(timeout=60)

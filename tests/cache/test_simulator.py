@@ -25,8 +25,14 @@ SHARED_TRACE = (
 
 def mooncake(*requests: list[int], input_length: int | None = None) -> list[str]:
     return [
-        json.dumps({"timestamp": i, "input_length": input_length or 512 * len(ids),
-                    "output_length": 1, "hash_ids": ids})
+        json.dumps(
+            {
+                "timestamp": i,
+                "input_length": input_length or 512 * len(ids),
+                "output_length": 1,
+                "hash_ids": ids,
+            }
+        )
         for i, ids in enumerate(requests)
     ]
 
@@ -85,17 +91,27 @@ def test_token_trace_is_keyed_by_chain_keys() -> None:
     [
         ("", "is empty"),
         ("\n\n", "is empty"),
-        ('{"timestamp": 0, "input_length": 5, "output_length": 1, "hash_ids": [1]}\n{oops',
-         "line 2: not valid JSON"),
-        ('{"timestamp": 0, "input_length": 5, "hash_ids": [1]}',
-         "line 1: missing field 'output_length'"),
+        (
+            '{"timestamp": 0, "input_length": 5, "output_length": 1, "hash_ids": [1]}\n{oops',
+            "line 2: not valid JSON",
+        ),
+        (
+            '{"timestamp": 0, "input_length": 5, "hash_ids": [1]}',
+            "line 1: missing field 'output_length'",
+        ),
         ('{"input_length": 5, "hash_ids": [1]}', "missing fields 'timestamp', 'output_length'"),
-        ('{"timestamp": 0, "input_length": "5", "output_length": 1, "hash_ids": [1]}',
-         "line 1: 'input_length' must be a non-negative integer"),
-        ('{"timestamp": 0, "input_length": 5, "output_length": 1, "hash_ids": [1, "x"]}',
-         "'hash_ids' must be a list of integers"),
-        ('{"timestamp": "soon", "input_length": 5, "output_length": 1, "hash_ids": []}',
-         "'timestamp' must be a number"),
+        (
+            '{"timestamp": 0, "input_length": "5", "output_length": 1, "hash_ids": [1]}',
+            "line 1: 'input_length' must be a non-negative integer",
+        ),
+        (
+            '{"timestamp": 0, "input_length": 5, "output_length": 1, "hash_ids": [1, "x"]}',
+            "'hash_ids' must be a list of integers",
+        ),
+        (
+            '{"timestamp": "soon", "input_length": 5, "output_length": 1, "hash_ids": []}',
+            "'timestamp' must be a number",
+        ),
         ("[1, 2]", "expected a JSON object"),
         ('{"tokens": [1, -2]}', "'tokens' must be a list of token ids"),
         ('{"tokens": [1], "timestamp": null}', "'timestamp' must be a number"),

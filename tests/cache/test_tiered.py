@@ -29,8 +29,11 @@ from tests.cache.doubles import (
 def _tiered(host_slots: int, tiers: int = 1, **options: object) -> TieredStore:
     stores = [MemoryStore(name=f"tier{i}") for i in range(tiers)]
     return TieredStore(
-        HostCache(SLOT, num_slots=host_slots), stores, verify=True,
-        metrics=ChunkstoreMetrics(CollectorRegistry()), **options,  # type: ignore[arg-type]
+        HostCache(SLOT, num_slots=host_slots),
+        stores,
+        verify=True,
+        metrics=ChunkstoreMetrics(CollectorRegistry()),
+        **options,  # type: ignore[arg-type]
     )
 
 
@@ -65,10 +68,10 @@ def registry_metrics() -> ChunkstoreMetrics:
     return ChunkstoreMetrics(CollectorRegistry())
 
 
-def make(host_slots: int, tiers: list[MemoryStore], metrics: ChunkstoreMetrics,
-         **options: object) -> TieredStore:
-    return TieredStore(HostCache(LAYOUT, num_slots=host_slots), tiers, metrics=metrics,
-                       **options)  # type: ignore[arg-type]
+def make(
+    host_slots: int, tiers: list[MemoryStore], metrics: ChunkstoreMetrics, **options: object
+) -> TieredStore:
+    return TieredStore(HostCache(LAYOUT, num_slots=host_slots), tiers, metrics=metrics, **options)  # type: ignore[arg-type]
 
 
 def test_rejects_bad_options(disk: MemoryStore, registry_metrics: ChunkstoreMetrics) -> None:
@@ -82,8 +85,9 @@ def test_rejects_bad_options(disk: MemoryStore, registry_metrics: ChunkstoreMetr
     host.close()
 
 
-def test_write_behind_reaches_every_tier(chain: list[MadeChunk],
-                                         registry_metrics: ChunkstoreMetrics) -> None:
+def test_write_behind_reaches_every_tier(
+    chain: list[MadeChunk], registry_metrics: ChunkstoreMetrics
+) -> None:
     first, second = MemoryStore(name="fast"), MemoryStore(name="slow")
     with make(4, [first, second], registry_metrics, tier_timeout=None) as store:
         assert store.put_many([(c.key, c.data) for c in chain[:6]]) == [True] * 6
@@ -93,8 +97,9 @@ def test_write_behind_reaches_every_tier(chain: list[MadeChunk],
         assert [t.writes for t in store.stats().tiers] == [6, 6]
 
 
-def test_write_to_first_tier_only(chain: list[MadeChunk],
-                                  registry_metrics: ChunkstoreMetrics) -> None:
+def test_write_to_first_tier_only(
+    chain: list[MadeChunk], registry_metrics: ChunkstoreMetrics
+) -> None:
     first, second = MemoryStore(name="fast"), MemoryStore(name="slow")
     with make(4, [first, second], registry_metrics, write_tiers="first") as store:
         store.put_many([(c.key, c.data) for c in chain[:3]])
@@ -103,8 +108,9 @@ def test_write_to_first_tier_only(chain: list[MadeChunk],
         assert second.exists_many([c.key for c in chain[:3]]) == [False] * 3
 
 
-def test_full_queue_drops_and_reports(chain: list[MadeChunk],
-                                      registry_metrics: ChunkstoreMetrics) -> None:
+def test_full_queue_drops_and_reports(
+    chain: list[MadeChunk], registry_metrics: ChunkstoreMetrics
+) -> None:
     gated = GatedStore("disk")
     store = make(10, [gated], registry_metrics, queue_size=2, write_batch=1)
     try:
@@ -123,7 +129,8 @@ def test_full_queue_drops_and_reports(chain: list[MadeChunk],
         # Dropped chunks were still cached: readers get them from host memory.
         assert store.get(chain[4].key) == chain[4].data
         value = registry_metrics.registry.get_sample_value(
-            "chunkstore_writes_dropped_total", {"tier": "disk", "reason": "queue_full"})
+            "chunkstore_writes_dropped_total", {"tier": "disk", "reason": "queue_full"}
+        )
         assert value == 3
     finally:
         gated.gate.set()
@@ -160,8 +167,9 @@ def test_unpersisted_chunks_survive_eviction_pressure(
         store.close()
 
 
-def test_close_flushes_pending_writes(chain: list[MadeChunk],
-                                      registry_metrics: ChunkstoreMetrics) -> None:
+def test_close_flushes_pending_writes(
+    chain: list[MadeChunk], registry_metrics: ChunkstoreMetrics
+) -> None:
     gated = GatedStore("disk")
     store = make(12, [gated], registry_metrics, close_tiers=False, write_batch=2)
     store.put_many([(c.key, c.data) for c in chain])
@@ -172,8 +180,9 @@ def test_close_flushes_pending_writes(chain: list[MadeChunk],
         store.put(chain[0].key, chain[0].data)
 
 
-def test_promotion_on_secondary_hit(chain: list[MadeChunk],
-                                    registry_metrics: ChunkstoreMetrics) -> None:
+def test_promotion_on_secondary_hit(
+    chain: list[MadeChunk], registry_metrics: ChunkstoreMetrics
+) -> None:
     disk = MemoryStore(name="disk")
     disk.put_many([(c.key, c.data) for c in chain[:4]])
     with make(2, [disk], registry_metrics) as store:
@@ -192,8 +201,9 @@ def test_promotion_on_secondary_hit(chain: list[MadeChunk],
         assert store.stats().tiers[0].misses == 1
 
 
-def test_no_promotion_reads_around_host(chain: list[MadeChunk],
-                                        registry_metrics: ChunkstoreMetrics) -> None:
+def test_no_promotion_reads_around_host(
+    chain: list[MadeChunk], registry_metrics: ChunkstoreMetrics
+) -> None:
     disk = MemoryStore(name="disk")
     disk.put(chain[0].key, chain[0].data)
     with make(2, [disk], registry_metrics, promote=False) as store:
@@ -204,8 +214,9 @@ def test_no_promotion_reads_around_host(chain: list[MadeChunk],
         assert not store.host.exists(chain[0].key)
 
 
-def test_lookup_prefix_across_tiers(chain: list[MadeChunk],
-                                    registry_metrics: ChunkstoreMetrics) -> None:
+def test_lookup_prefix_across_tiers(
+    chain: list[MadeChunk], registry_metrics: ChunkstoreMetrics
+) -> None:
     disk, archive = MemoryStore(name="disk"), MemoryStore(name="archive")
     keys = [c.key for c in chain]
     disk.put_many([(c.key, c.data) for i, c in enumerate(chain[:8]) if i != 3])
@@ -219,8 +230,9 @@ def test_lookup_prefix_across_tiers(chain: list[MadeChunk],
         assert store.exists_many([keys[3], keys[9]]) == [True, False]
 
 
-def test_failing_tier_degrades_and_is_retried(chain: list[MadeChunk],
-                                              registry_metrics: ChunkstoreMetrics) -> None:
+def test_failing_tier_degrades_and_is_retried(
+    chain: list[MadeChunk], registry_metrics: ChunkstoreMetrics
+) -> None:
     now = [1000.0]
     flaky = FlakyStore("disk")
     flaky.put_many([(c.key, c.data) for c in chain[:4]])
@@ -247,15 +259,17 @@ def test_failing_tier_degrades_and_is_retried(chain: list[MadeChunk],
         assert store.flush(timeout=30)
         assert store.stats().tiers[0].dropped == {"tier_down": 1, "tier_error": 1}
         errors = registry_metrics.registry.get_sample_value(
-            "chunkstore_tier_errors_total", {"tier": "disk", "op": "put"})
+            "chunkstore_tier_errors_total", {"tier": "disk", "op": "put"}
+        )
         assert errors == 1
     finally:
         store.close()
 
 
 @pytest.mark.parametrize("path", ["get", "get_into", "acquire"])
-def test_stalled_tier_times_out_to_a_miss(chain: list[MadeChunk],
-                                          registry_metrics: ChunkstoreMetrics, path: str) -> None:
+def test_stalled_tier_times_out_to_a_miss(
+    chain: list[MadeChunk], registry_metrics: ChunkstoreMetrics, path: str
+) -> None:
     stalled = StallingStore("nfs")
     stalled.put(chain[0].key, chain[0].data)
     store = make(2, [stalled], registry_metrics, tier_timeout=0.05, retry_after=3600.0)
@@ -285,8 +299,9 @@ def test_stalled_tier_times_out_to_a_miss(chain: list[MadeChunk],
         store.close()
 
 
-def test_reserve_commit_queues_write_back(chain: list[MadeChunk],
-                                          registry_metrics: ChunkstoreMetrics) -> None:
+def test_reserve_commit_queues_write_back(
+    chain: list[MadeChunk], registry_metrics: ChunkstoreMetrics
+) -> None:
     disk = MemoryStore(name="disk")
     with make(2, [disk], registry_metrics) as store:
         lease = store.reserve(chain[0].key)
@@ -301,8 +316,9 @@ def test_reserve_commit_queues_write_back(chain: list[MadeChunk],
         assert store.stats().host.pinned_slots == 0
 
 
-def test_delete_reaches_pending_and_persisted_copies(chain: list[MadeChunk],
-                                                     registry_metrics: ChunkstoreMetrics) -> None:
+def test_delete_reaches_pending_and_persisted_copies(
+    chain: list[MadeChunk], registry_metrics: ChunkstoreMetrics
+) -> None:
     gated = GatedStore("disk")
     store = make(4, [gated], registry_metrics)
     try:

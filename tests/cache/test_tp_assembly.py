@@ -103,9 +103,7 @@ def wait_for(condition: Callable[[], bool], what: str) -> None:
 
 
 def chunk_files(root: Path) -> dict[str, bytes]:
-    return {
-        str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*.kvc"))
-    }
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*.kvc"))}
 
 
 # --- separate rank processes sharing one pool ----------------------------------------------------
@@ -156,8 +154,9 @@ def test_rank_dying_mid_write_publishes_nothing_and_frees_the_slot(
     skew = [0.0]
     tier = CountingFsStore(str(tmp_path / "kv"))
     tiered = TieredStore(HostCache(layout, num_slots=8, shm_name=shm_name), [tier])
-    owner = AssemblyOwner(tiered, lend_slots=2, claim_timeout=30.0,
-                          clock=lambda: time.monotonic() + skew[0])
+    owner = AssemblyOwner(
+        tiered, lend_slots=2, claim_timeout=30.0, clock=lambda: time.monotonic() + skew[0]
+    )
     rank0 = ShardAssembler.attach(shm_name, layout, rank=0, tp=2)
     try:
         full = kv_tensors(layout, chunk.tokens)
@@ -345,8 +344,9 @@ def test_slow_writer_keeps_an_aborted_slot_until_it_finishes(
 ) -> None:
     skew = [0.0]
     with HostCache(gqa, num_slots=4) as host:
-        owner = AssemblyOwner(host, lend_slots=1, claim_timeout=5.0,
-                              clock=lambda: time.monotonic() + skew[0])
+        owner = AssemblyOwner(
+            host, lend_slots=1, claim_timeout=5.0, clock=lambda: time.monotonic() + skew[0]
+        )
         r0, r1 = assemblers(host, gqa, 2)
         chunk = made[0]
         slow = r1.slot_for_write(chunk.key, parent=chunk.parent, tokens=chunk.tokens)
@@ -422,9 +422,20 @@ def test_authenticated_layout_seals_with_the_mac() -> None:
         assert owner.collect() == [chunk.key]
         assert host.get(chunk.key) == chunk.data
         full = kv_tensors(layout, chunk.tokens)
-        assert bytes(encode_chunk(layout, key=chunk.key.digest, parent=chunk.parent,
-                                  namespace=chunk.key.namespace, tokens=chunk.tokens,
-                                  tensors=full, mac_key=mac)) == chunk.data
+        assert (
+            bytes(
+                encode_chunk(
+                    layout,
+                    key=chunk.key.digest,
+                    parent=chunk.parent,
+                    namespace=chunk.key.namespace,
+                    tokens=chunk.tokens,
+                    tensors=full,
+                    mac_key=mac,
+                )
+            )
+            == chunk.data
+        )
     with pytest.raises(ConfigError, match="mac_key"):
         with HostCache(layout, num_slots=2) as host:
             ShardAssembler(host.pool, layout, rank=0, tp=1)
@@ -436,8 +447,9 @@ def test_owner_thread_publishes_into_the_tiered_store(
     tier = CountingFsStore(str(tmp_path / "kv"))
     tiered = TieredStore(HostCache(gqa, num_slots=8, shm_name=shm_name), [tier])
     published: list[ChunkKey] = []
-    with AssemblyOwner(tiered, lend_slots=4, sweep_interval=30.0,
-                       on_publish=published.extend).start() as owner:
+    with AssemblyOwner(
+        tiered, lend_slots=4, sweep_interval=30.0, on_publish=published.extend
+    ).start() as owner:
         ranks = [ShardAssembler.attach(shm_name, gqa, rank=r, tp=2) for r in range(2)]
         for chunk in made[:3]:
             for r in ranks:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from chunkstore.units import format_age, format_size, parse_age, parse_size
 from chunkstore.errors import ConfigError
+from chunkstore.units import format_age, format_size, parse_age, parse_size
 
 
 @pytest.mark.parametrize(

@@ -20,7 +20,8 @@ CHUNK, OTHER = sample_chunks(2, seed=47)
 
 @pytest.mark.parametrize("action", ["--quarantine", "--delete"])
 def test_verify_leaves_a_chunk_rewritten_while_checking(
-        cli: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, action: str) -> None:
+    cli: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, action: str
+) -> None:
     root = tmp_path / "s"
     writer = FsStore(str(root), create=True)
     writer.put(CHUNK.key, corrupt_copies(CHUNK)["bitflip"])
@@ -46,4 +47,5 @@ def test_verify_leaves_a_chunk_rewritten_while_checking(
     assert bytes(writer.get(CHUNK.key) or b"") == CHUNK.data  # the good rewrite survived
     assert not os.path.exists(writer.path_of(OTHER.key))  # the unchanged bad one went
     assert [Path(q.path).name for q in writer.quarantined()] == (
-        [f"{OTHER.key.hex}.kvc"] if action == "--quarantine" else [])
+        [f"{OTHER.key.hex}.kvc"] if action == "--quarantine" else []
+    )

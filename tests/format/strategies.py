@@ -17,7 +17,11 @@ def kv_specs(draw: st.DrawFn, *, attention_only: bool = False) -> KVSpec:
     groups = []
     layer = 0
     for _ in range(n_groups):
-        kinds = [ATTENTION, SLIDING_WINDOW] if attention_only else [ATTENTION, SLIDING_WINDOW, MLA, STATE]
+        kinds = (
+            [ATTENTION, SLIDING_WINDOW]
+            if attention_only
+            else [ATTENTION, SLIDING_WINDOW, MLA, STATE]
+        )
         kind = draw(st.sampled_from(kinds))
         count = draw(st.integers(1, 3))
         layers = tuple(range(layer, layer + count))
@@ -25,8 +29,13 @@ def kv_specs(draw: st.DrawFn, *, attention_only: bool = False) -> KVSpec:
         if kind in (ATTENTION, SLIDING_WINDOW):
             heads = draw(st.sampled_from([1, 2, 4, 8]))
             groups.append(
-                LayerGroup(kind, layers, heads, draw(st.integers(1, 16)),
-                           sliding_window=draw(st.integers(1, 64)) if kind == SLIDING_WINDOW else None)
+                LayerGroup(
+                    kind,
+                    layers,
+                    heads,
+                    draw(st.integers(1, 16)),
+                    sliding_window=draw(st.integers(1, 64)) if kind == SLIDING_WINDOW else None,
+                )
             )
         elif kind == MLA:
             groups.append(LayerGroup(MLA, layers, 1, draw(st.integers(1, 24))))
@@ -42,7 +51,7 @@ def kv_specs(draw: st.DrawFn, *, attention_only: bool = False) -> KVSpec:
 
 
 def random_tensors(layout: ChunkLayout, seed: int) -> dict[str, np.ndarray]:
-    """Random bit patterns of the layout's dtype (NaNs included: bytes, not values, must survive)."""
+    """Random bit patterns of the layout's dtype (NaNs too: bytes, not values, must survive)."""
     rng = np.random.default_rng(seed)
     return {
         slot.name: rng.integers(0, 256, slot.nbytes, dtype=np.uint8)

@@ -1,4 +1,4 @@
-"""Damaged input: truncation, bit flips, foreign and empty files -> the right FormatError, always."""
+"""Damaged input: truncation, bit flips, foreign and empty files -> the right FormatError."""
 
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ def _boundaries(data: bytes) -> list[int]:
     header_end = LAYOUT.data_offset
     marks = {0, 1, 7, 8, header_end - 1, header_end, len(data) - 1}
     text = data[8:header_end]
-    for token in (b'":"', b'","', b'":{', b'},', b"[", b"]"):
+    for token in (b'":"', b'","', b'":{', b"},", b"[", b"]"):
         start = 0
         while (i := text.find(token, start)) >= 0:
             marks.update({8 + i, 8 + i + len(token)})
@@ -115,12 +115,21 @@ def _rewrite_header(mutate) -> bytes:
     header_len = struct.unpack_from("<Q", GOOD)[0]
     doc = json.loads(GOOD[8 : 8 + header_len])
     meta = doc.pop("__metadata__")
-    tensors = [(k, v["dtype"], tuple(v["shape"]), v["data_offsets"][0],
-                v["data_offsets"][1] - v["data_offsets"][0]) for k, v in doc.items()]
+    tensors = [
+        (
+            k,
+            v["dtype"],
+            tuple(v["shape"]),
+            v["data_offsets"][0],
+            v["data_offsets"][1] - v["data_offsets"][0],
+        )
+        for k, v in doc.items()
+    ]
     mutate(meta, tensors)
     head = render_header(list(meta.items()), tensors, 4096)
     payload = GOOD[LAYOUT.data_offset :]
     import xxhash
+
     zeroed = head.replace(meta["checksum"].encode(), b"xxh3-128:" + b"0" * 32)
     digest = xxhash.xxh3_128(zeroed + payload).hexdigest()
     return zeroed.replace(b"xxh3-128:" + b"0" * 32, f"xxh3-128:{digest}".encode()) + payload
@@ -162,8 +171,13 @@ def test_key_not_rederivable_from_parent_and_tokens() -> None:
 
 
 def test_bad_fields_are_malformed() -> None:
-    for field, value in [("fingerprint", "xyz"), ("tokens", "123"), ("compression", "lz4"),
-                         ("payload_size", "-1"), ("key", "A" * 64)]:
+    for field, value in [
+        ("fingerprint", "xyz"),
+        ("tokens", "123"),
+        ("compression", "lz4"),
+        ("payload_size", "-1"),
+        ("key", "A" * 64),
+    ]:
         with pytest.raises(MalformedHeader):
             decode_chunk(_rewrite_header(lambda m, t, f=field, v=value: m.update({f: v})))
 
@@ -188,7 +202,15 @@ def test_seal_then_flip_then_reseal_is_valid_again() -> None:
     buf[-1] ^= 1
     root = namespace_root(LAYOUT.fingerprint)
     tokens = np.arange(8, dtype=np.uint32)
-    seal_chunk(LAYOUT, buf, key=key_digest(root, tokens), parent=root,
-               namespace=namespace_of(root), tokens=tokens)
+    seal_chunk(
+        LAYOUT,
+        buf,
+        key=key_digest(root, tokens),
+        parent=root,
+        namespace=namespace_of(root),
+        tokens=tokens,
+    )
     decode_chunk(buf)
-    assert decode_chunk(_rewrite_header(lambda m, t: None)).header.key == decode_chunk(GOOD).header.key
+    assert (
+        decode_chunk(_rewrite_header(lambda m, t: None)).header.key == decode_chunk(GOOD).header.key
+    )

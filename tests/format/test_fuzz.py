@@ -36,9 +36,7 @@ def test_arbitrary_bytes_after_a_valid_prefix(tail: bytes) -> None:
 
 @settings(max_examples=400)
 @given(
-    st.lists(
-        st.tuples(st.integers(0, len(GOOD) - 1), st.integers(0, 255)), min_size=1, max_size=8
-    ),
+    st.lists(st.tuples(st.integers(0, len(GOOD) - 1), st.integers(0, 255)), min_size=1, max_size=8),
     st.integers(0, len(GOOD) + 16),
 )
 def test_mutated_chunks(edits: list[tuple[int, int]], length: int) -> None:

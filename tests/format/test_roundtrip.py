@@ -15,7 +15,6 @@ from chunkstore.errors import (
     KeyMismatch,
     SpecMismatch,
 )
-from chunkstore.format import header as header_module
 from chunkstore.format import (
     ALIGNMENT,
     ChunkLayout,
@@ -28,18 +27,26 @@ from chunkstore.format import (
     read_header,
     recompress,
 )
+from chunkstore.format import header as header_module
 from chunkstore.hashing import namespace_of, namespace_root
 from tests.format.strategies import kv_specs, random_tensors
 
 
 def _encode(layout: ChunkLayout, seed: int, **kwargs):
     root = namespace_root(layout.fingerprint)
-    tokens = np.random.default_rng(seed).integers(0, 2**32, layout.spec.chunk_tokens, dtype=np.uint64)
+    tokens = np.random.default_rng(seed).integers(
+        0, 2**32, layout.spec.chunk_tokens, dtype=np.uint64
+    )
     tokens = tokens.astype(np.uint32)
     tensors = random_tensors(layout, seed)
     key = key_digest(root, tokens)
     data = encode_chunk(
-        layout, key=key, parent=root, namespace=namespace_of(root), tokens=tokens, tensors=tensors,
+        layout,
+        key=key,
+        parent=root,
+        namespace=namespace_of(root),
+        tokens=tokens,
+        tensors=tensors,
         **kwargs,
     )
     return data, tensors, tokens, key, root
@@ -82,7 +89,9 @@ def test_decode_into_caller_arrays(spec: KVSpec, seed: int) -> None:
 
 
 def test_encode_into_caller_buffer_and_decode_views_without_copy() -> None:
-    layout = ChunkLayout(KVSpec.simple("m", num_layers=2, num_kv_heads=2, head_dim=4, chunk_tokens=8))
+    layout = ChunkLayout(
+        KVSpec.simple("m", num_layers=2, num_kv_heads=2, head_dim=4, chunk_tokens=8)
+    )
     out = bytearray(layout.total_size)
     data, tensors, *_ = _encode(layout, 7, out=out)
     assert data is out
@@ -92,7 +101,9 @@ def test_encode_into_caller_buffer_and_decode_views_without_copy() -> None:
 
 
 def test_uncompressed_chunk_is_a_safetensors_file(tmp_path) -> None:
-    spec = KVSpec.simple("m", num_layers=3, num_kv_heads=2, head_dim=8, chunk_tokens=16, dtype="F16")
+    spec = KVSpec.simple(
+        "m", num_layers=3, num_kv_heads=2, head_dim=8, chunk_tokens=16, dtype="F16"
+    )
     layout = ChunkLayout(spec)
     data, tensors, *_ = _encode(layout, 3)
     path = tmp_path / "c.kvc"
@@ -128,18 +139,34 @@ def test_expected_key_and_fingerprint_are_checked() -> None:
 
 
 def test_seal_refuses_a_key_that_does_not_chain() -> None:
-    layout = ChunkLayout(KVSpec.simple("m", num_layers=1, num_kv_heads=1, head_dim=4, chunk_tokens=4))
+    layout = ChunkLayout(
+        KVSpec.simple("m", num_layers=1, num_kv_heads=1, head_dim=4, chunk_tokens=4)
+    )
     tensors = random_tensors(layout, 0)
     with pytest.raises(KeyMismatch):
-        encode_chunk(layout, key=bytes(32), parent=bytes(32), namespace="0" * 16,
-                     tokens=[1, 2, 3, 4], tensors=tensors)
+        encode_chunk(
+            layout,
+            key=bytes(32),
+            parent=bytes(32),
+            namespace="0" * 16,
+            tokens=[1, 2, 3, 4],
+            tensors=tensors,
+        )
     with pytest.raises(ConfigError):
-        encode_chunk(layout, key=bytes(32), parent=bytes(32), namespace="0" * 16,
-                     tokens=[1, 2, 3], tensors=tensors)
+        encode_chunk(
+            layout,
+            key=bytes(32),
+            parent=bytes(32),
+            namespace="0" * 16,
+            tokens=[1, 2, 3],
+            tensors=tensors,
+        )
 
 
 def test_all_chunks_of_a_spec_have_one_size() -> None:
-    layout = ChunkLayout(KVSpec.simple("m", num_layers=2, num_kv_heads=2, head_dim=4, chunk_tokens=8))
+    layout = ChunkLayout(
+        KVSpec.simple("m", num_layers=2, num_kv_heads=2, head_dim=4, chunk_tokens=8)
+    )
     sizes = {len(_encode(layout, seed)[0]) for seed in range(5)}
     assert sizes == {layout.total_size}
 
@@ -155,7 +182,9 @@ def test_spec_round_trips_through_dict_and_rejects_nonsense() -> None:
 
 
 @given(kv_specs(), st.integers(0, 2**31), st.booleans())
-def test_decode_into_fused_path_matches_and_detects_damage(spec: KVSpec, seed: int, verify: bool) -> None:
+def test_decode_into_fused_path_matches_and_detects_damage(
+    spec: KVSpec, seed: int, verify: bool
+) -> None:
     layout = ChunkLayout(spec)
     data, tensors, *_ = _encode(layout, seed)
     targets = {name: np.zeros_like(t) for name, t in tensors.items()}
@@ -171,8 +200,7 @@ def test_decode_into_fused_path_matches_and_detects_damage(spec: KVSpec, seed: i
 
 def test_known_template_fast_path_agrees_with_json_parser(monkeypatch) -> None:
     spec = KVSpec.simple("m", num_layers=2, num_kv_heads=2, head_dim=4, chunk_tokens=8)
-    data, *_ = _encode(ChunkLayout(spec, authenticated=True), 5,
-                       mac_key=mac_key_from_secret("k"))
+    data, *_ = _encode(ChunkLayout(spec, authenticated=True), 5, mac_key=mac_key_from_secret("k"))
     fast = read_header(data)
     monkeypatch.setattr(header_module, "_KNOWN_TEMPLATES", {})
     slow = read_header(data)

@@ -25,7 +25,7 @@ from tests.format.strategies import kv_specs, random_tensors
 
 
 def _shard(tensors: dict[str, np.ndarray], layout: ChunkLayout, rank: int, tp: int) -> dict:
-    """What rank `rank` of `tp` holds on its device: its heads of split tensors, all of unsplit ones."""
+    """What rank `rank` of `tp` holds on its device (its heads; unsplit tensors whole)."""
     return layout.shard_of(tensors, rank, tp)
 
 
@@ -33,8 +33,14 @@ def _assemble(layout, tensors, tokens, root, tp, order) -> bytes:
     buf = bytearray(layout.total_size)
     for rank in order:
         layout.write_shard(buf, rank, tp, _shard(tensors, layout, rank, tp))
-    seal_chunk(layout, buf, key=key_digest(root, tokens), parent=root,
-               namespace=namespace_of(root), tokens=tokens)
+    seal_chunk(
+        layout,
+        buf,
+        key=key_digest(root, tokens),
+        parent=root,
+        namespace=namespace_of(root),
+        tokens=tokens,
+    )
     return bytes(buf)
 
 
@@ -54,8 +60,14 @@ def test_every_tp_size_and_write_order_gives_identical_bytes(spec, seed, rnd) ->
     tokens = np.arange(spec.chunk_tokens, dtype=np.uint32) * 3
     root = namespace_root(layout.fingerprint)
     reference = bytes(
-        encode_chunk(layout, key=key_digest(root, tokens), parent=root,
-                     namespace=namespace_of(root), tokens=tokens, tensors=tensors)
+        encode_chunk(
+            layout,
+            key=key_digest(root, tokens),
+            parent=root,
+            namespace=namespace_of(root),
+            tokens=tokens,
+            tensors=tensors,
+        )
     )
     for tp in _valid_tps(spec):
         order = list(range(tp))
@@ -74,7 +86,9 @@ def test_read_shard_returns_what_the_rank_wrote(spec, seed) -> None:
         for rank in range(tp):
             got = layout.read_shard(buf, rank, tp)
             want = _shard(tensors, layout, rank, tp)
-            assert {k: v.tobytes() for k, v in got.items()} == {k: v.tobytes() for k, v in want.items()}
+            assert {k: v.tobytes() for k, v in got.items()} == {
+                k: v.tobytes() for k, v in want.items()
+            }
 
 
 @given(kv_specs(), st.integers(0, 2**31))
@@ -98,7 +112,9 @@ def test_rank_ranges_cover_exactly_the_rank_bytes(spec, seed) -> None:
 
 
 def test_shard_of_slices_heads_without_copying() -> None:
-    layout = ChunkLayout(KVSpec.simple("m", num_layers=1, num_kv_heads=4, head_dim=2, chunk_tokens=2))
+    layout = ChunkLayout(
+        KVSpec.simple("m", num_layers=1, num_kv_heads=4, head_dim=2, chunk_tokens=2)
+    )
     tensors = random_tensors(layout, 3)
     shard = layout.shard_of(tensors, 1, 2)
     assert shard["layers.0.k"].tobytes() == tensors["layers.0.k"][2:4].tobytes()
@@ -107,7 +123,9 @@ def test_shard_of_slices_heads_without_copying() -> None:
 
 
 def test_tp1_share_is_the_whole_payload_in_one_range() -> None:
-    layout = ChunkLayout(KVSpec.simple("m", num_layers=4, num_kv_heads=8, head_dim=16, chunk_tokens=8))
+    layout = ChunkLayout(
+        KVSpec.simple("m", num_layers=4, num_kv_heads=8, head_dim=16, chunk_tokens=8)
+    )
     assert [(r.offset, r.length) for r in layout.rank_ranges(0, 1)] == [
         (layout.data_offset, layout.payload_size)
     ]
@@ -118,7 +136,10 @@ def test_replicated_heads_when_tp_exceeds_kv_heads() -> None:
     assert rank_share(0, 4, 2) == rank_share(0, 4, 2)
     shares = [rank_share(r, 4, 2) for r in range(4)]
     assert [(s.start, s.stop, s.writer) for s in shares] == [
-        (0, 1, True), (0, 1, False), (1, 2, True), (1, 2, False)
+        (0, 1, True),
+        (0, 1, False),
+        (1, 2, True),
+        (1, 2, False),
     ]
     with pytest.raises(ConfigError):
         rank_share(0, 3, 2)
@@ -135,4 +156,6 @@ def test_mla_latent_is_not_split_and_written_by_rank_zero_only() -> None:
     buf = bytearray(layout.total_size)
     for rank, tp in itertools.product(range(4), [4]):
         layout.write_shard(buf, rank, tp, tensors)
-    assert layout.tensor_view(buf, "layers.1.latent").tobytes() == tensors["layers.1.latent"].tobytes()
+    assert (
+        layout.tensor_view(buf, "layers.1.latent").tobytes() == tensors["layers.1.latent"].tobytes()
+    )

@@ -38,7 +38,9 @@ def test_vector_corpus_is_present() -> None:
         assert (VECTORS / "chunks" / case["file"]).is_file()
 
 
-@pytest.mark.parametrize("case", KEY_CASES, ids=lambda c: f"{c['spec']['model_id']}-{c['num_tokens']}")
+@pytest.mark.parametrize(
+    "case", KEY_CASES, ids=lambda c: f"{c['spec']['model_id']}-{c['num_tokens']}"
+)
 def test_key_vectors(case: dict) -> None:
     spec = KVSpec.from_dict(case["spec"])
     assert spec.fingerprint().hex() == case["fingerprint"]
@@ -92,10 +94,17 @@ def test_golden_chunks_exact_bytes(case: dict) -> None:
     root = namespace_root(spec.fingerprint())
     tokens = _tokens(spec.chunk_tokens)
     assert key_digest(root, tokens).hex() == case["key"]
-    data = bytes(encode_chunk(
-        layout, key=key_digest(root, tokens), parent=root, namespace=namespace_of(root),
-        tokens=tokens, tensors=_payload(layout), mac_key=mac_key,
-    ))
+    data = bytes(
+        encode_chunk(
+            layout,
+            key=key_digest(root, tokens),
+            parent=root,
+            namespace=namespace_of(root),
+            tokens=tokens,
+            tensors=_payload(layout),
+            mac_key=mac_key,
+        )
+    )
     if case["options"].get("compression"):
         # Compressed bytes depend on the zstd library version; the payload they decode to does not.
         assert bytes(decode_chunk(golden).payload) == bytes(decode_chunk(data).payload)

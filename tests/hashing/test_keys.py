@@ -39,8 +39,11 @@ def test_changing_any_token_changes_that_key_and_all_later(tokens: list[int]) ->
 def test_lists_numpy_and_torch_give_the_same_keys() -> None:
     tokens = list(range(1000, 1100))
     expected = chain_keys(tokens, root=ROOT, chunk_tokens=16)
-    for array in (np.array(tokens, dtype=np.int64), np.array(tokens, dtype=np.uint32),
-                  np.array(tokens, dtype=">i4")):
+    for array in (
+        np.array(tokens, dtype=np.int64),
+        np.array(tokens, dtype=np.uint32),
+        np.array(tokens, dtype=">i4"),
+    ):
         assert chain_keys(array, root=ROOT, chunk_tokens=16) == expected
     torch = pytest.importorskip("torch")
     assert chain_keys(torch.tensor(tokens), root=ROOT, chunk_tokens=16) == expected
@@ -55,11 +58,15 @@ def test_keys_are_identical_across_processes_and_hash_seeds() -> None:
     outputs = set()
     for seed in ("0", "1", "random"):
         env = {**os.environ, "PYTHONHASHSEED": seed}
-        outputs.add(subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
-                                   text=True, check=True).stdout)
+        outputs.add(
+            subprocess.run(
+                [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+            ).stdout
+        )
     root = namespace_root(FP, extra={"lora": 3, "cache_salt": "s"})
-    assert outputs == {",".join(k.hex for k in chain_keys(list(range(64)), root=root,
-                                                          chunk_tokens=16)) + "\n"}
+    assert outputs == {
+        ",".join(k.hex for k in chain_keys(list(range(64)), root=root, chunk_tokens=16)) + "\n"
+    }
 
 
 def test_salts_models_and_extras_never_share_keys() -> None:

@@ -26,8 +26,9 @@ def filled() -> MemoryStore:
 def test_open_peer_store_urls(serve: Callable[..., PeerServer]) -> None:
     server = serve(filled())
     hostport = server.endpoint.removeprefix("tcp://")
-    store = open_peer_store(f"peer://{hostport}", plane="inline", timeout_s=3.0,
-                            use_env_secret=False)
+    store = open_peer_store(
+        f"peer://{hostport}", plane="inline", timeout_s=3.0, use_env_secret=False
+    )
     try:
         assert isinstance(store, PeerStore)
         assert store.config.timeout_s == 3.0
@@ -36,13 +37,16 @@ def test_open_peer_store_urls(serve: Callable[..., PeerServer]) -> None:
         store.close()
 
 
-def test_peer_store_as_a_tier_behind_host_memory(plane: str,
-                                                 serve: Callable[..., PeerServer]) -> None:
+def test_peer_store_as_a_tier_behind_host_memory(
+    plane: str, serve: Callable[..., PeerServer]
+) -> None:
     server = serve(filled())
-    peers = PeerStore([server.endpoint], plane=plane, recv_arena_bytes=4 << 20,
-                      use_env_secret=False)
-    tiered = TieredStore(HostCache(len(CHUNKS[0].data), num_slots=8, pin_memory=False), [peers],
-                         name="decode")
+    peers = PeerStore(
+        [server.endpoint], plane=plane, recv_arena_bytes=4 << 20, use_env_secret=False
+    )
+    tiered = TieredStore(
+        HostCache(len(CHUNKS[0].data), num_slots=8, pin_memory=False), [peers], name="decode"
+    )
     try:
         assert tiered.lookup_prefix(KEYS) == len(KEYS)
         assert [bytes(g or b"") for g in tiered.get_many(KEYS)] == [c.data for c in CHUNKS]
@@ -52,11 +56,13 @@ def test_peer_store_as_a_tier_behind_host_memory(plane: str,
 
 
 def test_chunks_of_another_model_are_misses_and_stay_on_the_peer(
-        serve: Callable[..., PeerServer]) -> None:
+    serve: Callable[..., PeerServer],
+) -> None:
     backing = filled()
     server = serve(backing)  # serves any model
-    store = PeerStore([server.endpoint], plane="inline", fingerprint=b"\x05" * 32,
-                      use_env_secret=False)
+    store = PeerStore(
+        [server.endpoint], plane="inline", fingerprint=b"\x05" * 32, use_env_secret=False
+    )
     try:
         assert store.get(KEYS[0]) is None
         assert store.corrupt_detected == 0

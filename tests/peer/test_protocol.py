@@ -67,8 +67,15 @@ def test_every_request_op_validates_its_fields() -> None:
 
 
 def test_fetch_use_flag_is_optional_but_typed() -> None:
-    body = {"v": 1, "id": 1, "op": "fetch", "s": b"s" * 16, "keys": b"", "plane": "inline",
-            "lease_ms": 0}
+    body = {
+        "v": 1,
+        "id": 1,
+        "op": "fetch",
+        "s": b"s" * 16,
+        "keys": b"",
+        "plane": "inline",
+        "lease_ms": 0,
+    }
     assert P.validate_request(body) is body
     assert P.validate_request({**body, "use": False})["use"] is False
     with pytest.raises(ProtocolViolation):

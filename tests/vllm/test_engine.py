@@ -214,8 +214,10 @@ def test_library_metrics_count_device_copies_host_and_tiers(first_engine):
     assert value("chunkstore_host_cache_bytes_capacity", tier="host") > 0
     # Every chunk was written behind to the directory tier.
     tier_writes = sum(
-        v for k, v in m.items()
-        if k.startswith("chunkstore_transfer_bytes_total{") and "direction=write" in k
+        v
+        for k, v in m.items()
+        if k.startswith("chunkstore_transfer_bytes_total{")
+        and "direction=write" in k
         and "tier=host" not in k
     )
     assert tier_writes >= 12 * chunk_payload

@@ -273,8 +273,11 @@ def test_metrics_port_serves_library_metrics_after_a_workload(harness):
 
     def scrape(url: str, name: str) -> float:
         body = urllib.request.urlopen(url, timeout=10).read().decode()
-        values = [float(line.rsplit(" ", 1)[1]) for line in body.splitlines()
-                  if line.startswith(name + "{") or line.startswith(name + " ")]
+        values = [
+            float(line.rsplit(" ", 1)[1])
+            for line in body.splitlines()
+            if line.startswith(name + "{") or line.startswith(name + " ")
+        ]
         return sum(values)
 
     h = harness(extra={"metrics_port": 0})

@@ -107,4 +107,3 @@ def test_tp_1_2_4_write_byte_identical_chunks_once_and_ranks_load_their_heads(ra
         finally:
             owner.close()
             Path(SHM_DIR, shm).unlink(missing_ok=True)
-

@@ -217,8 +217,9 @@ class NixlEndpoint:
                     # posted. So the transfer fails, but only once NIXL says it has ended; a
                     # caller that must not wait that long runs us under its own timeout and
                     # keeps the memory pinned until we return (chunkstore.cache.guard).
-                    log.warning("NIXL %s with %s passed its deadline; failing it once it ends",
-                                op, remote)
+                    log.warning(
+                        "NIXL %s with %s passed its deadline; failing it once it ends", op, remote
+                    )
                     overdue = True
                 spins += 1
                 if spins > 200:  # spin briefly, then yield: UCX progresses on its own thread

@@ -243,8 +243,12 @@ class PeerStore(Store):
         return out
 
     def _fetch_into_list(
-        self, keys: Sequence[ChunkKey], wanted: list[int], out: list[bytes | None],
-        *, use: bool = True,
+        self,
+        keys: Sequence[ChunkKey],
+        wanted: list[int],
+        out: list[bytes | None],
+        *,
+        use: bool = True,
     ) -> None:
         subset = [keys[i] for i in wanted]
         local_plan = self._locate(subset)

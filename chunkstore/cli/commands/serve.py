@@ -78,8 +78,9 @@ def check_port(value: int | None, flag: str) -> None:
         raise ConfigError(f"{flag} must be a TCP port in 0..65535 (0: any free port), got {value}")
 
 
-def check_seconds(value: float, flag: str, *, minimum: float = 0.0, allow_minimum: bool = False
-                  ) -> None:
+def check_seconds(
+    value: float, flag: str, *, minimum: float = 0.0, allow_minimum: bool = False
+) -> None:
     """A duration option: finite and above ``minimum`` (or equal to it with ``allow_minimum``)."""
     ok = math.isfinite(value) and (value >= minimum if allow_minimum else value > minimum)
     if not ok:
@@ -89,10 +90,19 @@ def check_seconds(value: float, flag: str, *, minimum: float = 0.0, allow_minimu
 
 def _add_metrics_arguments(parser: argparse.ArgumentParser) -> None:
     group = parser.add_argument_group("metrics")
-    group.add_argument("--metrics-port", metavar="N", type=int, default=None,
-                       help="serve Prometheus /metrics on this port (0: any free port)")
-    group.add_argument("--metrics-host", metavar="ADDR", default="127.0.0.1",
-                       help="address for /metrics (default: 127.0.0.1)")
+    group.add_argument(
+        "--metrics-port",
+        metavar="N",
+        type=int,
+        default=None,
+        help="serve Prometheus /metrics on this port (0: any free port)",
+    )
+    group.add_argument(
+        "--metrics-host",
+        metavar="ADDR",
+        default="127.0.0.1",
+        help="address for /metrics (default: 127.0.0.1)",
+    )
 
 
 def _check_metrics(args: argparse.Namespace) -> None:
@@ -128,40 +138,89 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
             "serves it until interrupted (Ctrl-C or SIGTERM flushes pending writes)."
         ),
         epilog="example:\n  chunkstore serve --host-cache 64G --slot-size 16MiB "
-               "--store /mnt/kv --metrics-port 9400\n\n"
-               "Every --store must exist already (a mistyped path is an error, not a new empty\n"
-               "cache); give --create to make missing ones.",
+        "--store /mnt/kv --metrics-port 9400\n\n"
+        "Every --store must exist already (a mistyped path is an error, not a new empty\n"
+        "cache); give --create to make missing ones.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     cache = parser.add_argument_group("host cache")
-    cache.add_argument("--host-cache", metavar="SIZE", type=parse_size, default=parse_size("1G"),
-                       help="host memory for chunks (default: 1G)")
-    cache.add_argument("--slot-size", metavar="SIZE", type=parse_size, default=None,
-                       help="bytes per chunk slot: the model's chunk size (or use --spec)")
-    cache.add_argument("--spec", metavar="FILE", default=None,
-                       help="KV spec JSON/YAML of the model: the slot size is its chunk size")
-    cache.add_argument("--policy", choices=POLICY_NAMES, default="arc",
-                       help="replacement policy (default: arc)")
-    cache.add_argument("--shm-name", metavar="NAME", default=None,
-                       help="put the pool in /dev/shm/NAME so other processes can attach it")
-    cache.add_argument("--shm-replace", action="store_true",
-                       help="remove a leftover pool of the same name first (after a crash)")
+    cache.add_argument(
+        "--host-cache",
+        metavar="SIZE",
+        type=parse_size,
+        default=parse_size("1G"),
+        help="host memory for chunks (default: 1G)",
+    )
+    cache.add_argument(
+        "--slot-size",
+        metavar="SIZE",
+        type=parse_size,
+        default=None,
+        help="bytes per chunk slot: the model's chunk size (or use --spec)",
+    )
+    cache.add_argument(
+        "--spec",
+        metavar="FILE",
+        default=None,
+        help="KV spec JSON/YAML of the model: the slot size is its chunk size",
+    )
+    cache.add_argument(
+        "--policy", choices=POLICY_NAMES, default="arc", help="replacement policy (default: arc)"
+    )
+    cache.add_argument(
+        "--shm-name",
+        metavar="NAME",
+        default=None,
+        help="put the pool in /dev/shm/NAME so other processes can attach it",
+    )
+    cache.add_argument(
+        "--shm-replace",
+        action="store_true",
+        help="remove a leftover pool of the same name first (after a crash)",
+    )
     tiers = parser.add_argument_group("secondary tiers")
-    tiers.add_argument("--store", metavar="URL", action="append", default=[],
-                       help="a store behind host memory (repeatable; looked up in order); "
-                            "it must exist unless --create is given")
-    tiers.add_argument("--create", action="store_true",
-                       help="create a --store directory or bucket that does not exist yet "
-                            "(default: a missing store is an error, so a typo never starts "
-                            "an empty cache)")
-    tiers.add_argument("--write-tiers", choices=("all", "first"), default="all",
-                       help="write behind to every store or to the first only (default: all)")
-    tiers.add_argument("--queue-size", metavar="N", type=int, default=256,
-                       help="write-behind queue length; writes beyond it are dropped and counted")
-    tiers.add_argument("--tier-timeout", metavar="SECONDS", type=float, default=30.0,
-                       help="a store call slower than this is a miss (default: 30)")
-    tiers.add_argument("--retry-after", metavar="SECONDS", type=float, default=5.0,
-                       help="back-off before a failed store is tried again (default: 5)")
+    tiers.add_argument(
+        "--store",
+        metavar="URL",
+        action="append",
+        default=[],
+        help="a store behind host memory (repeatable; looked up in order); "
+        "it must exist unless --create is given",
+    )
+    tiers.add_argument(
+        "--create",
+        action="store_true",
+        help="create a --store directory or bucket that does not exist yet "
+        "(default: a missing store is an error, so a typo never starts "
+        "an empty cache)",
+    )
+    tiers.add_argument(
+        "--write-tiers",
+        choices=("all", "first"),
+        default="all",
+        help="write behind to every store or to the first only (default: all)",
+    )
+    tiers.add_argument(
+        "--queue-size",
+        metavar="N",
+        type=int,
+        default=256,
+        help="write-behind queue length; writes beyond it are dropped and counted",
+    )
+    tiers.add_argument(
+        "--tier-timeout",
+        metavar="SECONDS",
+        type=float,
+        default=30.0,
+        help="a store call slower than this is a miss (default: 30)",
+    )
+    tiers.add_argument(
+        "--retry-after",
+        metavar="SECONDS",
+        type=float,
+        default=5.0,
+        help="back-off before a failed store is tried again (default: 5)",
+    )
     for service in SERVICES:
         service.add_arguments(parser)
     parser.set_defaults(func=run)
@@ -206,16 +265,24 @@ def build_store(args: argparse.Namespace, metrics: ChunkstoreMetrics) -> TieredS
     """The tiered store the options describe (missing stores are made only with --create)."""
     _check_stores_exist(args)
     host = HostCache(
-        slot_size_from(args), capacity_bytes=args.host_cache, policy=args.policy,
-        shm_name=args.shm_name, shm_replace=args.shm_replace,
+        slot_size_from(args),
+        capacity_bytes=args.host_cache,
+        policy=args.policy,
+        shm_name=args.shm_name,
+        shm_replace=args.shm_replace,
     )
     tiers = []
     try:
         for url in args.store:
             tiers.append(open_cli_store(url, args, create=args.create))
         return TieredStore(
-            host, tiers, write_tiers=args.write_tiers, queue_size=args.queue_size,
-            tier_timeout=args.tier_timeout, retry_after=args.retry_after, metrics=metrics,
+            host,
+            tiers,
+            write_tiers=args.write_tiers,
+            queue_size=args.queue_size,
+            tier_timeout=args.tier_timeout,
+            retry_after=args.retry_after,
+            metrics=metrics,
         )
     except BaseException:
         for tier in tiers:

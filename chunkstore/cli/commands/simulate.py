@@ -34,25 +34,43 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     parser.add_argument("trace", help="JSONL trace file")
     parser.add_argument(
-        "--capacities", metavar="N,N,...", type=_capacities, default=None,
+        "--capacities",
+        metavar="N,N,...",
+        type=_capacities,
+        default=None,
         help="cache sizes in blocks (default: 2%%..75%% of the trace's unique blocks)",
     )
     parser.add_argument(
-        "--policies", metavar="P,P,...", type=_policies, default=SIMULATED_POLICIES,
+        "--policies",
+        metavar="P,P,...",
+        type=_policies,
+        default=SIMULATED_POLICIES,
         help=f"policies to compare (default: {','.join(SIMULATED_POLICIES)})",
     )
     parser.add_argument(
-        "--block-tokens", metavar="N", type=int, default=512,
+        "--block-tokens",
+        metavar="N",
+        type=int,
+        default=512,
         help="tokens per block (Mooncake traces: 512; token traces are cut into blocks of N)",
     )
     parser.add_argument(
-        "--block-bytes", metavar="SIZE", type=parse_size, default=None,
+        "--block-bytes",
+        metavar="SIZE",
+        type=parse_size,
+        default=None,
         help="bytes per block (e.g. 40MiB): also show capacities as host memory",
     )
-    parser.add_argument("--limit", metavar="N", type=int, default=None,
-                        help="replay only the first N requests")
-    parser.add_argument("--plot", metavar="FILE", type=Path, default=None,
-                        help="draw hit ratio against capacity into FILE (PNG/SVG/PDF; matplotlib)")
+    parser.add_argument(
+        "--limit", metavar="N", type=int, default=None, help="replay only the first N requests"
+    )
+    parser.add_argument(
+        "--plot",
+        metavar="FILE",
+        type=Path,
+        default=None,
+        help="draw hit ratio against capacity into FILE (PNG/SVG/PDF; matplotlib)",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON document")
     parser.set_defaults(func=run)
 
@@ -142,10 +160,16 @@ def render(result: Simulation, block_bytes: int | None, plot: Path | None) -> st
         "hit% = block hit ratio; saved% = prompt tokens not recomputed (leading hits per request)",
     ]
     if "arc" in result.policies and "lru" in result.policies:
-        worse = [c for c in result.capacities
-                 if result.result("arc", c).hits < result.result("lru", c).hits]
-        lines.append("ARC >= LRU at every capacity" if not worse
-                     else f"LRU beats ARC at {', '.join(map(str, worse))} blocks")
+        worse = [
+            c
+            for c in result.capacities
+            if result.result("arc", c).hits < result.result("lru", c).hits
+        ]
+        lines.append(
+            "ARC >= LRU at every capacity"
+            if not worse
+            else f"LRU beats ARC at {', '.join(map(str, worse))} blocks"
+        )
     if plot is not None:
         lines.append(f"plot written to {plot}")
     return "\n".join(lines)

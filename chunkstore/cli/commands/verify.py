@@ -120,8 +120,10 @@ def _read_batch(store: Store, keys: list[ChunkKey]) -> tuple[list[Any], list[Any
     if not isinstance(store, FsStore):
         return read_raw_many(store, keys), [None] * len(keys)
     pairs = store.read_unchecked_with_idents(keys)
-    return ([None if p is None else p[0] for p in pairs],
-            [None if p is None else p[1] for p in pairs])
+    return (
+        [None if p is None else p[0] for p in pairs],
+        [None if p is None else p[1] for p in pairs],
+    )
 
 
 def run(args: argparse.Namespace) -> int:
