@@ -20,7 +20,7 @@ from chunkstore.errors import ConfigError, StoreError  # noqa: E402
 from chunkstore.format import ChunkLayout, decode_chunk  # noqa: E402
 from chunkstore.testing.factories import sample_chunks, small_spec  # noqa: E402
 from chunkstore.testing.stateful import store_state_machine  # noqa: E402
-from tests.backends.conftest import _free_port  # noqa: E402
+from tests.conftest import _free_port  # noqa: E402
 
 
 class ClientProxy:

@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-import logging
-import os
-import socket
 import uuid
-from collections.abc import Iterator
 
 import pytest
 
@@ -15,40 +11,15 @@ from chunkstore.cli.exitcodes import FAILURE, OK, STORE_UNAVAILABLE
 from tests.cli.conftest import GoodStore
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@pytest.fixture(scope="module")
-def endpoint() -> Iterator[str]:
-    pytest.importorskip("s3fs")
-    moto_server = pytest.importorskip("moto.server")
-    for name, value in {
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_DEFAULT_REGION": "us-east-1",
-    }.items():
-        os.environ.setdefault(name, value)
-    # werkzeug logs every request and, with no handler configured, binds one to whatever
-    # sys.stderr is at that moment (a test capture that is closed later): keep it quiet.
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    server = moto_server.ThreadedMotoServer(
-        ip_address="127.0.0.1", port=_free_port(), verbose=False
-    )
-    server.start()
-    host, port = server.get_host_and_port()
-    yield f"http://{host}:{port}"
-    server.stop()
+@pytest.fixture
+def endpoint(s3_endpoint: str) -> str:
+    return s3_endpoint
 
 
 @pytest.fixture
-def bucket(endpoint: str) -> str:
-    import boto3
-
+def bucket(s3_admin) -> str:
     name = f"cli-{uuid.uuid4().hex[:12]}"
-    boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1").create_bucket(Bucket=name)
+    s3_admin.create_bucket(Bucket=name)
     return name
 
 
