@@ -721,17 +721,22 @@ class TieredStore(Store):
             for tier in self.tiers:
                 if position == len(keys) or not tier.up:
                     continue
-                started = time.perf_counter()
-                try:
-                    found = tier.call("lookup", tier.store.lookup_prefix, keys[position:])
-                except TierUnavailable:
-                    continue
-                tier.instruments.lookup_latency.observe(time.perf_counter() - started)
+                found = self._tier_prefix(tier, keys[position:])
                 if found:
                     position += found
                     position = self._host_prefix(keys, position)
                     progress = True
         return position
+
+    def _tier_prefix(self, tier: GuardedTier, keys: Sequence[ChunkKey]) -> int:
+        """How many leading ``keys`` ``tier`` holds; 0 when it fails or times out."""
+        started = time.perf_counter()
+        try:
+            found: int = tier.call("lookup", tier.store.lookup_prefix, keys)
+        except TierUnavailable:
+            return 0
+        tier.instruments.lookup_latency.observe(time.perf_counter() - started)
+        return found
 
     def _host_prefix(self, keys: Sequence[ChunkKey], position: int) -> int:
         """``position`` extended by the keys that follow it in host memory."""
@@ -831,12 +836,7 @@ class TieredStore(Store):
                 for tier in self.tiers:
                     if not tier.up:
                         continue
-                    started = time.perf_counter()
-                    try:
-                        found = tier.call("lookup", tier.store.lookup_prefix, keys[position:])
-                    except TierUnavailable:
-                        continue
-                    tier.instruments.lookup_latency.observe(time.perf_counter() - started)
+                    found = self._tier_prefix(tier, keys[position:])
                     if not found:
                         continue
                     loaded = self._pull(tier, keys[position : position + found], held)
