@@ -160,6 +160,13 @@ class FsStore(Store):
             entries = self.io.listdir(self.root)
             if entries is None:
                 raise StoreError(f"{where}: cannot list the directory")
+            if any(n == L.MARKER_NAME for n, _ in entries):
+                # A concurrent creator renamed its marker into place after our first look.
+                marker = self.io.read_small(self.io.join(self.root, L.MARKER_NAME))
+                if marker is not None:
+                    L.check_marker(marker, where)
+                    self._marker_ok = True
+                    return
             # a concurrent creator's marker temp file is ours too (seen between write and rename)
             names = {n for n, _ in entries if L.classify(n) != L.TEMP}
             ours = {

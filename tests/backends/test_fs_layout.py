@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import time
 from pathlib import Path
 
@@ -198,3 +199,26 @@ def test_write_failure_is_a_store_error(tmp_path: Path, monkeypatch: pytest.Monk
         store.put(CHUNKS[0].key, CHUNKS[0].data)
     leaf = (tmp_path / CHUNKS[0].key.path).parent
     assert os.listdir(leaf) == []  # the temp file was cleaned up
+
+
+def test_marker_appearing_between_first_look_and_listing_is_accepted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A concurrent creator renames its marker into place after our first read of it."""
+    FsStore(str(tmp_path / "s"), create=True).put(CHUNKS[0].key, CHUNKS[0].data)
+    # leave only the marker: the other process has created the store, not yet written a chunk
+    for entry in (tmp_path / "s").iterdir():
+        if entry.is_dir():
+            shutil.rmtree(entry)
+    real = LocalIO.read_small
+    seen = []
+
+    def first_read_misses(self, path):  # type: ignore[no-untyped-def]
+        if path.endswith("chunkstore-layout.json") and not seen:
+            seen.append(path)
+            return None  # what we saw just before the rename
+        return real(self, path)
+
+    monkeypatch.setattr(LocalIO, "read_small", first_read_misses)
+    store = FsStore(str(tmp_path / "s"))
+    assert seen and store.exists_many([]) == []
