@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Hashable, Iterator
 
-from chunkstore.cache.policy import CachePolicy, CanEvict, NoEvictableEntry
+from chunkstore.cache.policy import CachePolicy, CanEvict, NoEvictableEntry, first_evictable
 
 _T1, _T2 = 1, 2
 
@@ -171,7 +171,7 @@ class ARCPolicy(CachePolicy):
                     self._evict(victim)
                 else:
                     # T1 is the whole cache and B1 is empty: drop T1's LRU without a ghost.
-                    found = _first(t1, can_evict)
+                    found = first_evictable(t1, can_evict)
                     if found is None:
                         raise NoEvictableEntry(f"all {len(t1)} resident entries are pinned")
                     del t1[found]
@@ -220,7 +220,7 @@ class ARCPolicy(CachePolicy):
         prefer_t1 = t1_len >= 1 and (t1_len > p or (in_b2 and t1_len == p))
         order = ((self.t1, _T1), (self.t2, _T2)) if prefer_t1 else ((self.t2, _T2), (self.t1, _T1))
         for entries, which in order:
-            found = _first(entries, can_evict)
+            found = first_evictable(entries, can_evict)
             if found is not None:
                 return found, which
         raise NoEvictableEntry(f"all {t1_len + len(self.t2)} resident entries are pinned")
@@ -248,13 +248,3 @@ class ARCPolicy(CachePolicy):
 
 
 _ABSENT = object()
-
-
-def _first(entries: OrderedDict[Hashable, None], can_evict: CanEvict | None) -> Hashable | None:
-    """The oldest key of ``entries`` that ``can_evict`` accepts."""
-    if can_evict is None:
-        return next(iter(entries), None)
-    for key in entries:
-        if can_evict(key):
-            return key
-    return None

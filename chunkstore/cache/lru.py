@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Hashable, Iterator
 
-from chunkstore.cache.policy import CachePolicy, CanEvict, NoEvictableEntry
+from chunkstore.cache.policy import CachePolicy, CanEvict, NoEvictableEntry, first_evictable
 
 
 class LRUPolicy(CachePolicy):
@@ -42,7 +42,7 @@ class LRUPolicy(CachePolicy):
         entries = self._entries
         victim = None
         if len(entries) >= self.capacity:
-            victim = _first_evictable(entries, can_evict)
+            victim = first_evictable(entries, can_evict)
             if victim is None:
                 raise NoEvictableEntry(f"all {len(entries)} resident entries are pinned")
             del entries[victim]
@@ -65,15 +65,3 @@ class LRUPolicy(CachePolicy):
 
 
 _ABSENT = object()
-
-
-def _first_evictable(
-    entries: OrderedDict[Hashable, None], can_evict: CanEvict | None
-) -> Hashable | None:
-    """The oldest key ``can_evict`` accepts (oldest overall when there is no predicate)."""
-    if can_evict is None:
-        return next(iter(entries), None)
-    for key in entries:
-        if can_evict(key):
-            return key
-    return None

@@ -21,11 +21,23 @@ state unchanged.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Hashable, Iterator
+from collections.abc import Callable, Hashable, Iterable, Iterator
 
 from chunkstore.errors import ChunkStoreError, ConfigError
 
 CanEvict = Callable[[Hashable], bool]
+
+
+def first_evictable(entries: Iterable[Hashable], can_evict: CanEvict | None) -> Hashable | None:
+    """The first (oldest) key of ``entries`` that ``can_evict`` accepts (any key without one)."""
+    if can_evict is None:
+        return next(iter(entries), None)
+    for key in entries:
+        if can_evict(key):
+            return key
+    return None
+
+
 """Predicate: may this resident key be evicted now?"""
 
 
