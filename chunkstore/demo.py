@@ -19,7 +19,7 @@ import numpy as np
 from chunkstore.backends.base import Store
 from chunkstore.format import ChunkLayout, KVSpec, decode_into, encode_chunk
 from chunkstore.hashing import chain_keys, namespace_of, namespace_root, parent_of
-from chunkstore.testing.factories import conversation_tokens, kv_tensors
+from chunkstore.testing.factories import conversation_tokens, growing_conversation, kv_tensors
 
 Printer = Callable[[str], None]
 
@@ -53,17 +53,12 @@ class DemoReport:
 def conversations(chunk_tokens: int) -> dict[str, list[np.ndarray]]:
     """Two chats sharing a 4-chunk system prompt; each turn's prompt extends the previous one."""
     system = conversation_tokens(1, 4 * chunk_tokens)
-    chats = {}
-    for name, seed in (("chat-A", 2), ("chat-B", 3)):
-        prompt = system
-        turns = []
-        for turn in range(3):
-            prompt = np.concatenate(
-                [prompt, conversation_tokens(seed * 10 + turn, 2 * chunk_tokens + 17)]
-            )
-            turns.append(prompt)
-        chats[name] = turns
-    return chats
+    return {
+        name: growing_conversation(
+            system, [seed * 10 + turn for turn in range(3)], 2 * chunk_tokens + 17
+        )
+        for name, seed in (("chat-A", 2), ("chat-B", 3))
+    }
 
 
 def run_store_demo(store: Store, out: Printer = print) -> DemoReport:

@@ -23,7 +23,7 @@ from chunkstore.cache.tiered import TieredStore
 from chunkstore.format import ChunkLayout, KVSpec, encode_chunk
 from chunkstore.hashing import chain_keys, namespace_root, parent_of
 from chunkstore.metrics import ChunkstoreMetrics
-from chunkstore.testing.factories import conversation_tokens, kv_tensors
+from chunkstore.testing.factories import conversation_tokens, growing_conversation, kv_tensors
 
 Printer = Callable[[str], None]
 
@@ -64,15 +64,13 @@ class TieredDemoReport:
 
 def _conversations(step: int, count: int, turns: int) -> list[tuple[str, list[np.ndarray]]]:
     system = conversation_tokens(100, 3 * step)  # a shared system prompt of 3 chunks
-    chats = []
-    for c in range(count):
-        prompt = system
-        prompts = []
-        for t in range(turns):
-            prompt = np.concatenate([prompt, conversation_tokens(1000 + 10 * c + t, 2 * step + 5)])
-            prompts.append(prompt)
-        chats.append((f"chat-{chr(ord('A') + c)}", prompts))
-    return chats
+    return [
+        (
+            f"chat-{chr(ord('A') + c)}",
+            growing_conversation(system, [1000 + 10 * c + t for t in range(turns)], 2 * step + 5),
+        )
+        for c in range(count)
+    ]
 
 
 def run_tiered_demo(

@@ -40,6 +40,19 @@ def conversation_tokens(seed: int, length: int, vocab: int = 32000) -> np.ndarra
     return np.random.default_rng(seed).integers(0, vocab, size=length, dtype=np.uint32)
 
 
+def growing_conversation(
+    system: np.ndarray, turn_seeds: Sequence[int], turn_tokens: int
+) -> list[np.ndarray]:
+    """One chat's prompts: each turn appends ``turn_tokens`` deterministic tokens (seeded by
+    that turn's seed) to the previous prompt, starting from the shared ``system`` prompt."""
+    prompts: list[np.ndarray] = []
+    prompt = system
+    for seed in turn_seeds:
+        prompt = np.concatenate([prompt, conversation_tokens(seed, turn_tokens)])
+        prompts.append(prompt)
+    return prompts
+
+
 def kv_tensors(layout: ChunkLayout, tokens: Sequence[int] | np.ndarray) -> dict[str, np.ndarray]:
     """Deterministic tensor contents for one chunk: a function of the tokens it covers."""
     seed = int(np.asarray(tokens, dtype=np.uint64).sum() % (2**32))
