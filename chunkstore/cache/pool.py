@@ -53,6 +53,7 @@ import os
 import re
 import struct
 import threading
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 from types import TracebackType
@@ -175,6 +176,13 @@ class SlotPool:
         if pin_memory is not False:
             self._unpin = _page_lock(mapping, required=pin_memory is True)
             self.pinned = self._unpin is not None
+        # The owner's name must not outlive its process: an owner that is garbage-collected or
+        # exits without close() still removes /dev/shm/<name> (kill -9 is left to `replace`).
+        self._remove_name: weakref.finalize[[Path, int], None] | None = None
+        if owner and name is not None:
+            self._remove_name = weakref.finalize(
+                self, _remove_shm_name, _shm_path(name), os.getpid()
+            )
 
     # --- construction -------------------------------------------------------------
 
@@ -462,8 +470,8 @@ class SlotPool:
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
-            if self.owner and self.name is not None:
-                _shm_path(self.name).unlink(missing_ok=True)
+        if self._remove_name is not None:
+            self._remove_name()
 
     @property
     def closed(self) -> bool:
@@ -473,6 +481,12 @@ class SlotPool:
     def __repr__(self) -> str:
         where = f"/dev/shm/{self.name}" if self.name else "private"
         return f"SlotPool({where}, slots={self.num_slots}, slot_size={self.slot_size})"
+
+
+def _remove_shm_name(path: Path, creator_pid: int) -> None:
+    # A process forked from the owner inherits the finalizer; only the creator removes the name.
+    if os.getpid() == creator_pid:
+        path.unlink(missing_ok=True)
 
 
 def _shm_path(name: str) -> Path:

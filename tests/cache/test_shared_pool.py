@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import gc
 import multiprocessing
 import os
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -37,6 +40,38 @@ def test_name_is_exclusive_and_removed_on_close(layout: ChunkLayout, shm_name: s
     assert not (SHM_DIR / shm_name).exists()
     with pytest.raises(StoreError, match="no shared pool"):
         SlotPool.attach(shm_name)
+
+
+def test_owner_that_exits_without_close_removes_its_name(shm_name: str) -> None:
+    # A host cache that is never closed: the process ends and /dev/shm must not keep its pool.
+    script = (
+        "import sys\n"
+        "from chunkstore.cache import HostCache\n"
+        "from chunkstore.testing.factories import small_spec\n"
+        "from chunkstore.format import ChunkLayout\n"
+        "cache = HostCache(ChunkLayout(small_spec()), num_slots=2, shm_name=sys.argv[1])\n"
+        "print(cache.pool.name)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, shm_name], capture_output=True, text=True, check=True
+    )
+    assert done.stdout.strip() == shm_name
+    assert not (SHM_DIR / shm_name).exists()
+
+
+def test_forked_child_does_not_remove_the_owners_name(shm_name: str) -> None:
+    pool = SlotPool.create(4096, 2, name=shm_name, pin_memory=False)
+    try:
+        child = os.fork()
+        if child == 0:  # the child drops its copy of the pool and exits through atexit
+            del pool
+            gc.collect()
+            os._exit(0)
+        os.waitpid(child, 0)
+        assert (SHM_DIR / shm_name).exists()
+    finally:
+        pool.close()
+    assert not (SHM_DIR / shm_name).exists()
 
 
 def test_replace_takes_over_a_leftover_pool(layout: ChunkLayout, shm_name: str) -> None:
