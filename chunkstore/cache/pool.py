@@ -178,7 +178,7 @@ class SlotPool:
             self.pinned = self._unpin is not None
         # The owner's name must not outlive its process: an owner that is garbage-collected or
         # exits without close() still removes /dev/shm/<name> (kill -9 is left to `replace`).
-        self._remove_name: weakref.finalize[[Path, int], None] | None = None
+        self._remove_name: weakref.finalize[[Path, int], SlotPool] | None = None
         if owner and name is not None:
             self._remove_name = weakref.finalize(
                 self, _remove_shm_name, _shm_path(name), os.getpid()
