@@ -227,6 +227,41 @@ def _zstd() -> Any:
     return zstandard
 
 
+_ZSTD_FRAME_MAGIC = b"\x28\xb5\x2f\xfd"
+
+
+def _unzstd(stored: memoryview, payload_size: int) -> bytes:
+    """The payload of a ``zstd`` chunk (spec section 4.4), or :class:`CompressionError`.
+
+    The stored payload must be exactly one zstd frame (no skippable frames, nothing after
+    it) that carries a content checksum and declares ``payload_size`` as its content size,
+    so every reader allocates the same bounded output and checks the same digest.
+    """
+    zstd = _zstd()
+    if bytes(stored[:4]) != _ZSTD_FRAME_MAGIC:
+        raise CompressionError("stored payload does not start with a zstd frame")
+    try:
+        params = zstd.get_frame_parameters(stored)
+    except zstd.ZstdError as exc:
+        raise CompressionError(f"zstd frame header is invalid: {exc}") from None
+    if not params.has_checksum:
+        raise CompressionError("zstd frame carries no content checksum (section 4.4 needs one)")
+    if params.content_size != payload_size:
+        raise CompressionError(
+            f"zstd frame declares {params.content_size} content bytes, payload_size {payload_size}"
+        )
+    decompressor = zstd.ZstdDecompressor().decompressobj()
+    try:
+        payload: bytes = decompressor.decompress(stored)
+    except zstd.ZstdError as exc:
+        raise CompressionError(f"zstd payload cannot be decompressed: {exc}") from None
+    if not decompressor.eof or decompressor.unused_data:
+        raise CompressionError("stored payload must be exactly one complete zstd frame")
+    if len(payload) != payload_size:
+        raise CompressionError("decompressed payload has the wrong size")
+    return payload
+
+
 def recompress(data: Any, compression: str, *, mac_key: bytes | None = None) -> bytes:
     """Re-encode a valid chunk with another payload compression (``none`` or ``zstd``)."""
     chunk = decode_chunk(data, mac_key=mac_key)
@@ -329,16 +364,7 @@ def decode_chunk(
                 raise AuthenticationError(f"chunk {header.key.hex()} has an invalid MAC")
     _check_identity(header, expected_key, expected_fingerprint)
     if header.compression == "zstd":
-        try:
-            payload = (
-                _zstd().ZstdDecompressor().decompress(stored, max_output_size=header.payload_size)
-            )
-        except Exception as exc:  # zstandard raises its own ZstdError and ValueError
-            if isinstance(exc, MissingDependency):
-                raise
-            raise CompressionError(f"zstd payload cannot be decompressed: {exc}") from None
-        if len(payload) != header.payload_size:
-            raise CompressionError("decompressed payload has the wrong size")
+        payload = _unzstd(stored, header.payload_size)
         return Chunk(header, memoryview(payload))
     return Chunk(header, stored)
 
