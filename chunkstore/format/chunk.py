@@ -246,6 +246,8 @@ def _unzstd(stored: memoryview, payload_size: int) -> bytes:
         raise CompressionError(f"zstd frame header is invalid: {exc}") from None
     if not params.has_checksum:
         raise CompressionError("zstd frame carries no content checksum (section 4.4 needs one)")
+    if params.content_size == zstd.CONTENTSIZE_UNKNOWN:
+        raise CompressionError("zstd frame declares no content size (section 4.4 needs one)")
     if params.content_size != payload_size:
         raise CompressionError(
             f"zstd frame declares {params.content_size} content bytes, payload_size {payload_size}"
