@@ -492,7 +492,25 @@ def reader_cases() -> list[tuple[dict[str, Any], bytes]]:
         "UnknownCompression",
         verdict="unsupported",
     )
+    hybrid_v11 = edit(hybrid_text, b'"chunkstore":"1.0"', b'"chunkstore":"1.1"')
+    case(
+        "unsupported-minor-1.1-tensor-role",
+        "2",
+        'version "1.1" with "layers.4.state" named "layers.4.conv" (a new layer-group kind)',
+        seal(edit(hybrid_v11, b'"layers.4.state"', b'"layers.4.conv"'), hybrid_payload),
+        "UnsupportedFeature",
+        verdict="unsupported",
+        origin="hybrid-bf16.kvc",
+    )
     # corrupt: a 1.0 chunk cannot hold what 1.1 may add
+    case(
+        "malformed-1.0-tensor-role",
+        "2",
+        'version "1.0" with "layers.4.state" named "layers.4.conv"',
+        seal(edit(hybrid_text, b'"layers.4.state"', b'"layers.4.conv"'), hybrid_payload),
+        "MalformedHeader",
+        origin="hybrid-bf16.kvc",
+    )
     case(
         "malformed-1.0-dtype",
         "2",

@@ -459,14 +459,23 @@ def _tensor_entries(tensors: dict[str, Any], newer: bool) -> tuple[list[TensorEn
     layers_seen: set[str] = set()
     pending_k: TensorEntry | None = None
     cursor = 0
+    # Unknown dtypes and roles first (spec section 3.4, group 6), so that a chunk of a newer
+    # minor is classified unsupported whatever else its table holds.
+    for name, entry in tensors.items():
+        dtype = entry.get("dtype") if isinstance(entry, dict) else None
+        if isinstance(dtype, str) and not is_known_dtype(dtype):
+            raise _unknown(newer, UnknownDType, f"tensor {name!r} has unknown dtype {dtype!r}")
+        match = _TENSOR_NAME.fullmatch(name)
+        if match is not None and match.group(2) not in _ROLE_RANKS:
+            raise _unknown(newer, UnsupportedFeature, f"tensor {name!r} has unknown role")
     for name, entry in tensors.items():
         if not isinstance(entry, dict) or entry.keys() != _TENSOR_MEMBERS:
             raise MalformedHeader(
                 f"tensor {name!r} must be an object of exactly dtype, shape and data_offsets"
             )
         dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
-        if not isinstance(dtype, str) or not is_known_dtype(dtype):
-            raise _unknown(newer, UnknownDType, f"tensor {name!r} has unknown dtype {dtype!r}")
+        if not isinstance(dtype, str):
+            raise MalformedHeader(f"tensor {name!r} has a dtype that is not a string")
         if dtype_seen is not None and dtype != dtype_seen:
             raise MalformedHeader(f"tensor {name!r} is {dtype}, earlier tensors {dtype_seen}")
         dtype_seen = dtype
@@ -474,10 +483,10 @@ def _tensor_entries(tensors: dict[str, Any], newer: bool) -> tuple[list[TensorEn
         if match is None:
             raise MalformedHeader(f"tensor name {name!r} is not layers.<L>.<k|v|latent|state>")
         layer, role = match.group(1), match.group(2)
-        if role not in _ROLE_RANKS:
-            raise _unknown(newer, UnsupportedFeature, f"tensor {name!r} has unknown role")
-        if not isinstance(shape, list) or not all(
-            isinstance(d, int) and 0 < d < _MAX_INT for d in shape
+        if (
+            not isinstance(shape, list)
+            or not shape
+            or not all(isinstance(d, int) and 0 < d < _MAX_INT for d in shape)
         ):
             raise MalformedHeader(f"tensor {name!r} has a bad shape {shape!r}")
         if _ROLE_RANKS[role] and len(shape) != _ROLE_RANKS[role]:
