@@ -429,6 +429,7 @@ def _split_document(body: bytes) -> tuple[dict[str, Any], bytes]:
 # tier of zstd chunks) parses each table once. Only tables that passed are kept.
 _KNOWN_TABLES: dict[bytes, tuple[tuple[TensorEntry, ...], int | None]] = {}
 _MAX_KNOWN_TABLES = 64
+_MAX_KNOWN_TABLE_BYTES = 256 * 1024
 
 
 def _tensor_table(text: bytes, newer: bool) -> tuple[tuple[TensorEntry, ...], int | None]:
@@ -438,6 +439,8 @@ def _tensor_table(text: bytes, newer: bool) -> tuple[tuple[TensorEntry, ...], in
         return known
     entries, chunk_tokens = _tensor_entries(_json_object(b"{" + text), newer)
     table = (tuple(entries), chunk_tokens)
+    if len(text) > _MAX_KNOWN_TABLE_BYTES:
+        return table  # bounds the cache's memory whatever a store holds
     if len(_KNOWN_TABLES) >= _MAX_KNOWN_TABLES:
         del _KNOWN_TABLES[next(iter(_KNOWN_TABLES))]
     _KNOWN_TABLES[text] = table
