@@ -230,6 +230,22 @@ def _zstd() -> Any:
 _ZSTD_FRAME_MAGIC = b"\x28\xb5\x2f\xfd"
 
 
+def _zstd_frame_size(zstd: Any, stored: memoryview) -> int:
+    """Bytes the zstd frame at the start of ``stored`` spans, by walking its block headers
+    (RFC 8878 section 3.1.1.2): the decompressor itself ignores whatever follows a frame."""
+    position = int(zstd.frame_header_size(stored))
+    while True:
+        if position + 3 > len(stored):
+            raise CompressionError("zstd frame is truncated")
+        block = int.from_bytes(stored[position : position + 3], "little")
+        block_type, block_size = (block >> 1) & 3, block >> 3
+        if block_type == 3:
+            raise CompressionError("zstd frame has a reserved block type")
+        position += 3 + (1 if block_type == 1 else block_size)  # an RLE block stores one byte
+        if block & 1:  # Last_Block
+            return position + 4  # the content checksum (required, checked before)
+
+
 def _unzstd(stored: memoryview, payload_size: int) -> bytes:
     """The payload of a ``zstd`` chunk (spec section 4.4), or :class:`CompressionError`.
 
@@ -252,13 +268,12 @@ def _unzstd(stored: memoryview, payload_size: int) -> bytes:
         raise CompressionError(
             f"zstd frame declares {params.content_size} content bytes, payload_size {payload_size}"
         )
-    decompressor = zstd.ZstdDecompressor().decompressobj()
+    if _zstd_frame_size(zstd, stored) != len(stored):
+        raise CompressionError("stored payload must be exactly one zstd frame, nothing after it")
     try:
-        payload: bytes = decompressor.decompress(stored)
+        payload: bytes = zstd.ZstdDecompressor().decompress(stored, max_output_size=payload_size)
     except zstd.ZstdError as exc:
         raise CompressionError(f"zstd payload cannot be decompressed: {exc}") from None
-    if not decompressor.eof or decompressor.unused_data:
-        raise CompressionError("stored payload must be exactly one complete zstd frame")
     if len(payload) != payload_size:
         raise CompressionError("decompressed payload has the wrong size")
     return payload

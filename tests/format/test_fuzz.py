@@ -114,23 +114,31 @@ def test_token_width_other_than_c_is_malformed(count: int, seed: int) -> None:
         decode_chunk(reseal(text, STORED))
 
 
-@settings(max_examples=60)
-@given(st.integers(1, 19), st.booleans(), st.booleans(), st.integers(0, 2))
+@settings(max_examples=80)
+@given(
+    st.integers(1, 19),
+    st.booleans(),
+    st.booleans(),
+    st.integers(0, 2),
+    st.binary(max_size=6),
+    st.booleans(),
+)
 def test_zstd_frames_need_one_checksummed_sized_frame(
-    level: int, checksum: bool, content_size: bool, extra_frames: int
+    level: int, checksum: bool, content_size: bool, extra_frames: int, tail: bytes, zeros: bool
 ) -> None:
+    payload = bytes(len(STORED)) if zeros else STORED  # zeros: RLE blocks
     compressor = zstandard.ZstdCompressor(
         level=level, write_checksum=checksum, write_content_size=content_size
     )
-    frame = compressor.compress(STORED)
-    stored = frame * (1 + extra_frames)
+    frame = compressor.compress(payload)
+    stored = frame * (1 + extra_frames) + tail
     text = TEXT.replace(b'"compression":"none"', b'"compression":"zstd"')
     text = text.replace(
         f'"stored_size":"{len(STORED)}"'.encode(), f'"stored_size":"{len(stored)}"'.encode()
     )
     data = reseal(text, stored)
-    if checksum and content_size and not extra_frames:
-        assert bytes(decode_chunk(data).payload) == STORED
+    if checksum and content_size and not extra_frames and not tail:
+        assert bytes(decode_chunk(data).payload) == payload
     else:
         with pytest.raises(CompressionError):
             decode_chunk(data)
