@@ -8,6 +8,7 @@ import re
 
 import numpy as np
 import pytest
+import xxhash
 import zstandard
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -142,3 +143,22 @@ def test_zstd_frames_need_one_checksummed_sized_frame(
     else:
         with pytest.raises(CompressionError):
             decode_chunk(data)
+
+
+def test_zstd_frame_of_one_rle_block_is_read() -> None:
+    """A frame written by hand (RFC 8878): single-segment header, one RLE block, checksum."""
+    payload = b"\x2a" * len(STORED)
+    assert len(payload) < 256  # fits the one-byte Frame_Content_Size of this header
+    block = (1 | 1 << 1 | len(payload) << 3).to_bytes(3, "little")  # last, RLE, size
+    digest = (xxhash.xxh64(payload).intdigest() & 0xFFFFFFFF).to_bytes(4, "little")
+    frame = b"\x28\xb5\x2f\xfd" + bytes([0x24, len(payload)]) + block + b"\x2a" + digest
+    text = TEXT.replace(b'"compression":"none"', b'"compression":"zstd"')
+    text = text.replace(
+        f'"stored_size":"{len(STORED)}"'.encode(), f'"stored_size":"{len(frame)}"'.encode()
+    )
+    assert bytes(decode_chunk(reseal(text, frame)).payload) == payload
+    longer = text.replace(
+        f'"stored_size":"{len(frame)}"'.encode(), f'"stored_size":"{len(frame) + 1}"'.encode()
+    )
+    with pytest.raises(CompressionError):  # the same frame with a byte after it
+        decode_chunk(reseal(longer, frame + b"\0"))
