@@ -53,7 +53,24 @@ class MalformedHeader(FormatError):
 
 
 class UnsupportedVersion(FormatError):
-    """The chunk's major format version is unknown to this reader."""
+    """The chunk needs a newer reader: valid for its writer, a plain miss for this one.
+
+    Raised for an unknown major version, and (through the subclasses below) for
+    what a later minor version of a known major may add. Never damage: stores and
+    tools must not quarantine or delete such a chunk (spec/FORMAT.md section 2).
+    """
+
+
+class UnsupportedFeature(UnsupportedVersion):
+    """A chunk of a newer minor version uses something this reader does not know."""
+
+
+class UnknownDType(UnsupportedFeature):
+    """A tensor dtype this reader does not know, in a chunk of a newer minor version."""
+
+
+class UnknownCompression(UnsupportedFeature):
+    """A payload compression this reader does not know, in a chunk of a newer minor version."""
 
 
 class LayoutError(FormatError):

@@ -1,8 +1,9 @@
 """Judging stored bytes: ok, corrupt, or written by a format version this reader lacks.
 
 ``verify`` and ``cp`` both need the distinction: a chunk of an unknown major
-version (a newer writer during a rolling upgrade) is not damage and must not be
-quarantined or deleted, only reported.
+version, or of a newer minor using a dtype or compression this reader lacks (a
+newer writer during a rolling upgrade), is not damage and must not be
+quarantined or deleted, only reported (spec/FORMAT.md section 2).
 """
 
 from __future__ import annotations
@@ -33,8 +34,8 @@ def judge(data: Any, key: ChunkKey) -> Verdict:
     """Decode with checksum verification and check the key and namespace it was stored under."""
     try:
         chunk = decode_chunk(data, verify=True, expected_key=key.digest)
-    except UnsupportedVersion as exc:
-        return Verdict(UNSUPPORTED, f"UnsupportedVersion: {exc}")
+    except UnsupportedVersion as exc:  # also what a newer minor added (UnknownDType, ...)
+        return Verdict(UNSUPPORTED, f"{type(exc).__name__}: {exc}")
     except FormatError as exc:
         return Verdict(CORRUPT, f"{type(exc).__name__}: {exc}")
     if chunk.header.namespace != key.namespace:

@@ -227,6 +227,58 @@ def _zstd() -> Any:
     return zstandard
 
 
+_ZSTD_FRAME_MAGIC = b"\x28\xb5\x2f\xfd"
+
+
+def _zstd_frame_size(zstd: Any, stored: memoryview) -> int:
+    """Bytes the zstd frame at the start of ``stored`` spans, by walking its block headers
+    (RFC 8878 section 3.1.1.2): the decompressor itself ignores whatever follows a frame."""
+    position = int(zstd.frame_header_size(stored))
+    while True:
+        if position + 3 > len(stored):
+            raise CompressionError("zstd frame is truncated")
+        block = int.from_bytes(stored[position : position + 3], "little")
+        block_type, block_size = (block >> 1) & 3, block >> 3
+        if block_type == 3:
+            raise CompressionError("zstd frame has a reserved block type")
+        position += 3 + (1 if block_type == 1 else block_size)  # an RLE block stores one byte
+        if block & 1:  # Last_Block
+            return position + 4  # the content checksum (required, checked before)
+
+
+def _unzstd(stored: memoryview, payload_size: int) -> bytes:
+    """The payload of a ``zstd`` chunk (spec section 4.4), or :class:`CompressionError`.
+
+    The stored payload must be exactly one zstd frame (no skippable frames, nothing after
+    it) that carries a content checksum and declares ``payload_size`` as its content size,
+    so every reader allocates the same bounded output and checks the same digest.
+    """
+    zstd = _zstd()
+    if bytes(stored[:4]) != _ZSTD_FRAME_MAGIC:
+        raise CompressionError("stored payload does not start with a zstd frame")
+    try:
+        params = zstd.get_frame_parameters(stored)
+    except zstd.ZstdError as exc:
+        raise CompressionError(f"zstd frame header is invalid: {exc}") from None
+    if not params.has_checksum:
+        raise CompressionError("zstd frame carries no content checksum (section 4.4 needs one)")
+    if params.content_size == zstd.CONTENTSIZE_UNKNOWN:
+        raise CompressionError("zstd frame declares no content size (section 4.4 needs one)")
+    if params.content_size != payload_size:
+        raise CompressionError(
+            f"zstd frame declares {params.content_size} content bytes, payload_size {payload_size}"
+        )
+    if _zstd_frame_size(zstd, stored) != len(stored):
+        raise CompressionError("stored payload must be exactly one zstd frame, nothing after it")
+    try:
+        payload: bytes = zstd.ZstdDecompressor().decompress(stored, max_output_size=payload_size)
+    except zstd.ZstdError as exc:
+        raise CompressionError(f"zstd payload cannot be decompressed: {exc}") from None
+    if len(payload) != payload_size:
+        raise CompressionError("decompressed payload has the wrong size")
+    return payload
+
+
 def recompress(data: Any, compression: str, *, mac_key: bytes | None = None) -> bytes:
     """Re-encode a valid chunk with another payload compression (``none`` or ``zstd``)."""
     chunk = decode_chunk(data, mac_key=mac_key)
@@ -329,16 +381,7 @@ def decode_chunk(
                 raise AuthenticationError(f"chunk {header.key.hex()} has an invalid MAC")
     _check_identity(header, expected_key, expected_fingerprint)
     if header.compression == "zstd":
-        try:
-            payload = (
-                _zstd().ZstdDecompressor().decompress(stored, max_output_size=header.payload_size)
-            )
-        except Exception as exc:  # zstandard raises its own ZstdError and ValueError
-            if isinstance(exc, MissingDependency):
-                raise
-            raise CompressionError(f"zstd payload cannot be decompressed: {exc}") from None
-        if len(payload) != header.payload_size:
-            raise CompressionError("decompressed payload has the wrong size")
+        payload = _unzstd(stored, header.payload_size)
         return Chunk(header, memoryview(payload))
     return Chunk(header, stored)
 

@@ -19,6 +19,21 @@ KINDS = (ATTENTION, SLIDING_WINDOW, MLA, STATE)
 """Layer-group kinds: K/V attention (full or sliding window), MLA latent, per-chunk state."""
 
 
+def _require_int(name: str, value: Any) -> None:
+    # The canonical JSON must not depend on a language's number printing: integers only.
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise ConfigError(f"{name} must be an integer, got {value!r}")
+
+
+def _require_text(name: str, value: Any) -> None:
+    if not isinstance(value, str):
+        raise ConfigError(f"{name} must be a string, got {value!r}")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ConfigError(f"{name} is not valid Unicode (a lone surrogate): {value!r}") from None
+
+
 @dataclass(frozen=True, slots=True)
 class LayerGroup:
     """Layers that share one KV shape and kind."""
@@ -37,6 +52,16 @@ class LayerGroup:
     """Shape of the per-chunk state tensor of each layer, for ``state`` groups."""
 
     def __post_init__(self) -> None:
+        for name in (
+            "num_kv_heads",
+            "head_dim",
+            *(("sliding_window",) if self.sliding_window is not None else ()),
+        ):
+            _require_int(name, getattr(self, name))
+        for value in (*self.layers, *self.state_shape):
+            _require_int("layers and state_shape entries", value)
+        if self.sliding_window is not None and self.sliding_window <= 0:
+            raise ConfigError(f"sliding_window must be positive or None, got {self.sliding_window}")
         if self.kind not in KINDS:
             raise ConfigError(f"layer group kind must be one of {KINDS}, got {self.kind!r}")
         if not self.layers or len(set(self.layers)) != len(self.layers) or min(self.layers) < 0:
@@ -78,7 +103,14 @@ class KVSpec:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "dtype", dtype_named(self.dtype).name)
-        object.__setattr__(self, "extra", tuple(sorted((str(k), str(v)) for k, v in self.extra)))
+        _require_text("model_id", self.model_id)
+        for pair in self.extra:
+            if len(pair) != 2:
+                raise ConfigError(f"KVSpec extra entries are (name, value) pairs, got {pair!r}")
+            for text in pair:
+                _require_text("KVSpec extra names and values", text)
+        object.__setattr__(self, "extra", tuple(sorted(tuple(p) for p in self.extra)))
+        _require_int("chunk_tokens", self.chunk_tokens)
         if self.chunk_tokens <= 0:
             raise ConfigError(f"chunk_tokens must be positive, got {self.chunk_tokens}")
         if not self.groups:

@@ -82,44 +82,79 @@ def namespace_of(root: bytes) -> str:
     return root[: NAMESPACE_HEX_CHARS // 2].hex()
 
 
-def _canonical_extra(extra: Mapping[str, Any] | Sequence[Any] | None) -> bytes:
-    """Length-prefixed, sorted encoding of extra keys, so that no two inputs collide."""
-    if extra is None:
-        return b""
-    items: Iterable[tuple[str, Any]]
-    if isinstance(extra, Mapping):
-        items = sorted((str(k), v) for k, v in extra.items())
-    else:
-        items = ((str(i), v) for i, v in enumerate(extra))
+_INT_RANGE = range(-(2**63), 2**64)
+
+
+def _utf8(text: str, what: str) -> bytes:
+    try:
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ConfigError(f"{what} is not valid Unicode (a lone surrogate)") from None
+
+
+def _encode_value(name: str, value: Any) -> bytes:
+    """``v`` of spec section 5.2: a type tag byte, then the value's bytes."""
+    if isinstance(value, bool):
+        # Spelled as chunkstore 1.0 wrote it (Python's str), so existing keys stay valid.
+        return b"sTrue" if value else b"sFalse"
+    if isinstance(value, int):
+        if value not in _INT_RANGE:
+            raise ConfigError(f"extra key {name!r}: integer {value} is outside [-2**63, 2**64)")
+        return b"s" + str(value).encode("ascii")
+    if isinstance(value, str):
+        return b"s" + _utf8(value, f"extra key {name!r}")
+    if isinstance(value, (bytes, bytearray)):
+        return b"b" + bytes(value)
+    if isinstance(value, (list, tuple)):
+        if any(item is None for item in value):
+            raise ConfigError(f"extra key {name!r}: a list must not hold None")
+        return b"l" + _encode_pairs((str(i), item) for i, item in enumerate(value))
+    raise ConfigError(
+        f"extra key {name!r} must be str, int, bool, bytes or a list of them, "
+        f"not {type(value).__name__}"
+    )
+
+
+def _encode_pairs(pairs: Iterable[tuple[str, Any]]) -> bytes:
     out = bytearray()
-    for name, value in items:
-        if value is None:
-            continue
-        if isinstance(value, bytes):
-            encoded = b"b" + value
-        elif isinstance(value, (list, tuple)):
-            encoded = b"l" + _canonical_extra(list(value))
-        elif isinstance(value, (str, int, bool)):
-            encoded = b"s" + str(value).encode()
-        else:
-            raise ConfigError(
-                f"extra key {name!r} must be str, int, bytes or a list of them, "
-                f"not {type(value).__name__}"
-            )
-        name_bytes = name.encode()
+    for name, value in pairs:
+        name_bytes = _utf8(name, f"extra key name {name!r}")
+        encoded = _encode_value(name, value)
         out += len(name_bytes).to_bytes(4, "little") + name_bytes
         out += len(encoded).to_bytes(8, "little") + encoded
     return bytes(out)
 
 
-def namespace_root(
-    model_fingerprint: bytes, *, extra: Mapping[str, Any] | Sequence[Any] | None = None
-) -> bytes:
+def _name(pair: tuple[str, Any]) -> str:
+    return pair[0]
+
+
+def encode_extra(extra: Mapping[str, Any] | None) -> bytes:
+    """``encode_extra`` of spec section 5.2: the bytes the namespace root hashes after the
+    fingerprint. Names sorted by code point, ``None`` values dropped, lists in their order.
+
+    Anything outside the closed set of value types raises :class:`ConfigError`, so no
+    input depends on how a language prints it.
+    """
+    if extra is None:
+        return b""
+    if not isinstance(extra, Mapping):
+        raise ConfigError(
+            f"extra keys must be a mapping of names to values, not {type(extra).__name__}"
+        )
+    for name in extra:
+        if not isinstance(name, str):
+            raise ConfigError(f"extra key names must be strings, got {name!r}")
+    return _encode_pairs(sorted(((k, v) for k, v in extra.items() if v is not None), key=_name))
+
+
+def namespace_root(model_fingerprint: bytes, *, extra: Mapping[str, Any] | None = None) -> bytes:
     """Derive the 32-byte namespace root from a model fingerprint and optional extra keys.
 
     ``extra`` holds whatever makes KV for the same tokens differ or must not be
     shared: a LoRA id, multimodal content hashes, a tenant ``cache_salt``. Keys
     are sorted, ``None`` values are dropped, so ``{"lora": None}`` equals ``{}``.
+    Values: str, int, bool, bytes, or lists of these (spec section 5.2).
     """
     if len(model_fingerprint) != DIGEST_SIZE:
         raise ConfigError(
@@ -127,7 +162,7 @@ def namespace_root(
         )
     hasher = blake3.blake3(derive_key_context=_ROOT_CONTEXT)
     hasher.update(model_fingerprint)
-    hasher.update(_canonical_extra(extra))
+    hasher.update(encode_extra(extra))
     return hasher.digest()
 
 

@@ -1,11 +1,23 @@
-"""Hypothesis strategies for KV specs and chunk contents."""
+"""Hypothesis strategies for KV specs and chunk contents, and header surgery for format tests."""
 
 from __future__ import annotations
 
+import struct
+
 import numpy as np
+import xxhash
 from hypothesis import strategies as st
 
-from chunkstore.format import ATTENTION, MLA, SLIDING_WINDOW, STATE, ChunkLayout, KVSpec, LayerGroup
+from chunkstore.format import (
+    ALIGNMENT,
+    ATTENTION,
+    MLA,
+    SLIDING_WINDOW,
+    STATE,
+    ChunkLayout,
+    KVSpec,
+    LayerGroup,
+)
 
 DTYPES = ("BF16", "F16", "F8_E4M3", "F32")
 
@@ -59,3 +71,21 @@ def random_tensors(layout: ChunkLayout, seed: int) -> dict[str, np.ndarray]:
         .reshape(slot.shape)
         for slot in layout.tensors
     }
+
+
+def split_chunk(data: bytes) -> tuple[bytes, bytes]:
+    """(header JSON text without its padding, stored payload) of a chunk."""
+    (header_len,) = struct.unpack_from("<Q", data, 0)
+    return data[8 : 8 + header_len].rstrip(b" "), data[8 + header_len :]
+
+
+def reseal(text: bytes, stored: bytes, padding: bytes = b"") -> bytes:
+    """A chunk from header text and stored payload, padded and with a correct checksum, so a
+    test's edit to the header is the chunk's only defect."""
+    body = text + padding
+    body += b" " * (-(8 + len(body)) % ALIGNMENT)
+    head = bytearray(struct.pack("<Q", len(body)) + body)
+    digits = head.index(b'"checksum":"xxh3-128:') + len(b'"checksum":"xxh3-128:')
+    head[digits : digits + 32] = b"0" * 32
+    head[digits : digits + 32] = xxhash.xxh3_128(bytes(head) + stored).hexdigest().encode()
+    return bytes(head) + stored

@@ -17,8 +17,11 @@ from chunkstore.errors import (
 )
 from chunkstore.format import (
     ALIGNMENT,
+    ATTENTION,
+    SLIDING_WINDOW,
     ChunkLayout,
     KVSpec,
+    LayerGroup,
     decode_chunk,
     decode_into,
     encode_chunk,
@@ -179,6 +182,23 @@ def test_spec_round_trips_through_dict_and_rejects_nonsense() -> None:
         KVSpec.from_dict({"model_id": "x"})
     with pytest.raises(ConfigError):
         KVSpec.simple("x", num_layers=1, num_kv_heads=1, head_dim=1, dtype="complex128")
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: KVSpec.simple("x", num_layers=1, num_kv_heads=1, head_dim=2.0),  # type: ignore[arg-type]
+        lambda: KVSpec.simple("x", num_layers=1, num_kv_heads=True, head_dim=2),
+        lambda: KVSpec.simple("x", num_layers=1, num_kv_heads=1, head_dim=2, chunk_tokens=4.0),  # type: ignore[arg-type]
+        lambda: KVSpec.simple("\ud800", num_layers=1, num_kv_heads=1, head_dim=2),
+        lambda: KVSpec("x", "BF16", 4, (LayerGroup(SLIDING_WINDOW, (0,), 1, 2, sliding_window=0),)),
+        lambda: KVSpec("x", "BF16", 4, (LayerGroup(ATTENTION, (0,), 1, 2),), extra=(("k", 1),)),  # type: ignore[arg-type]
+    ],
+)
+def test_spec_fields_that_canonical_json_cannot_spell_one_way_are_refused(make) -> None:
+    """Section 5.1: integers are integers and strings valid Unicode, never a language's print."""
+    with pytest.raises(ConfigError):
+        make()
 
 
 @given(kv_specs(), st.integers(0, 2**31), st.booleans())

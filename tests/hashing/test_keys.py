@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from chunkstore.errors import ConfigError, KeyParseError
-from chunkstore.hashing import ChunkKey, chain_keys, namespace_of, namespace_root
+from chunkstore.hashing import ChunkKey, chain_keys, encode_extra, namespace_of, namespace_root
 
 FP = bytes(range(32))
 ROOT = namespace_root(FP)
@@ -110,3 +110,41 @@ def test_bad_inputs_are_clear_errors() -> None:
         chain_keys([[1, 2]], root=ROOT, chunk_tokens=1)
     with pytest.raises(ConfigError):
         namespace_root(FP, extra={"x": object()})
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {"x": 1.5},
+        {"x": {"a": "b"}},
+        {"mm": ["a", None]},
+        {"n": 2**64},
+        {"n": -(2**63) - 1},
+        {1: "v"},
+        {"x": "\ud800"},
+        {"\ud800": "x"},
+        {"x": np.int64(3)},
+    ],
+    ids=repr,
+)
+def test_extra_values_outside_the_closed_set_are_refused(extra: dict) -> None:
+    with pytest.raises(ConfigError):
+        namespace_root(FP, extra=extra)
+
+
+def test_extra_must_be_a_mapping() -> None:
+    with pytest.raises(ConfigError, match="mapping"):
+        namespace_root(FP, extra=["a", "b"])  # type: ignore[arg-type]
+
+
+def test_extra_value_types_encode_as_spec_section_5_2_says() -> None:
+    def entry(name: bytes, value: bytes) -> bytes:
+        return len(name).to_bytes(4, "little") + name + len(value).to_bytes(8, "little") + value
+
+    assert encode_extra(None) == encode_extra({}) == encode_extra({"lora": None}) == b""
+    assert encode_extra({"b": True, "a": -7}) == entry(b"a", b"s-7") + entry(b"b", b"sTrue")
+    assert encode_extra({"x": b"\x00"}) == entry(b"x", b"b\x00")
+    items = [f"h{i}" for i in range(12)]
+    expected = b"".join(entry(str(i).encode(), b"s" + v.encode()) for i, v in enumerate(items))
+    assert encode_extra({"mm": items}) == entry(b"mm", b"l" + expected)  # list order, not "10"<"2"
+    assert encode_extra({"é": "ü"}) == entry("é".encode(), "sü".encode())
