@@ -65,3 +65,12 @@ def test_newer_minor_additions_are_left_alone_and_1_0_ones_quarantined(
     assert {c["action"] for c in doc["corrupt"]} == {"quarantined"}
     for chunk in good.chunks:
         assert (good.root / chunk.key.path).exists() == (chunk.key.hex not in corrupt)
+
+
+def test_inspect_names_the_reason_a_chunk_is_unsupported(cli, good: GoodStore) -> None:
+    expected = {
+        _rewrite(good, 0, b"1.1", _new_dtype): "UnknownDType",
+        _rewrite(good, 1, b"1.1", _new_compression): "UnknownCompression",
+    }
+    doc = cli("inspect", good.root, "--json").json()
+    assert {c["key"]: c["problem"].split(":")[0] for c in doc["unsupported"]} == expected

@@ -265,7 +265,7 @@ def _read_header(
     try:
         header = read_header_of(store, info.key)
     except UnsupportedVersion as exc:
-        unsupported.append(Problem(info, f"UnsupportedVersion: {exc}"))
+        unsupported.append(Problem(info, f"{type(exc).__name__}: {exc}"))
         return
     except FormatError as exc:
         corrupt.append(Problem(info, f"{type(exc).__name__}: {exc}"))
