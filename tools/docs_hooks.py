@@ -59,12 +59,12 @@ def github_list_indents(lines: list[str]) -> list[str]:
     return out
 
 
-class _GithubListIndents(Preprocessor):
+class _GithubListIndents(Preprocessor):  # type: ignore[misc]  # markdown has no type hints
     def run(self, lines: list[str]) -> list[str]:
         return github_list_indents(lines)
 
 
-class _GithubListIndentsExtension(Extension):
+class _GithubListIndentsExtension(Extension):  # type: ignore[misc]  # (as above)
     def extendMarkdown(self, md: Markdown) -> None:  # noqa: N802 (Python-Markdown's name)
         md.preprocessors.register(_GithubListIndents(md), "github_list_indents", AFTER_SNIPPETS)
 
