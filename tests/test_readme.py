@@ -1,8 +1,16 @@
-"""README.md stays true: its API example runs; every metric, command and option is in it."""
+"""README.md and the manual in docs/ stay true.
+
+The Python API example runs; every metric, CLI command and connector option is on its page;
+every `make` target and `chunkstore` command shown exists, with the flags shown; README.md stays a
+README (short, every link inside the repository). `mkdocs build --strict` (in `make test`) checks
+the site's links, anchors and navigation.
+"""
 
 from __future__ import annotations
 
+import argparse
 import re
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -10,19 +18,54 @@ import pytest
 from chunkstore.cli.main import build_parser
 
 ROOT = Path(__file__).resolve().parents[1]
-README = (ROOT / "README.md").read_text()
+DOCS = ROOT / "docs"
+README = ROOT / "README.md"
+README_MAX_LINES = 200
+
+# Fenced blocks (language, body) and inline code spans.
+FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
+INLINE = re.compile(r"`([^`\n]+)`")
+# A shell line invoking make or chunkstore: at the start, after a prompt, or after `&&`/`;`/`|`,
+# optionally behind VAR=value assignments and a path to the executable.
+MAKE = re.compile(r"(?:^|\$ |&& |; )(?:[A-Z_]+=\S* )*make ((?:[a-z][\w-]* ?)+)")
+CLI = re.compile(r"(?:^|\$ |&& |; |\| )(?:\S*/)?chunkstore ([a-z][\w-]*)([^|;#&>]*)")
 
 
-def _section(title: str) -> str:
-    start = README.index(f"\n## {title}")
-    end = README.find("\n## ", start + 1)
-    return README[start : end if end != -1 else None]
+def _page(name: str) -> str:
+    return (DOCS / name).read_text()
+
+
+def _documents() -> Iterator[tuple[str, str]]:
+    yield "README.md", README.read_text()
+    for path in sorted(DOCS.rglob("*.md")):
+        yield str(path.relative_to(ROOT)), path.read_text()
+
+
+def _shell_lines(text: str) -> Iterator[str]:
+    """Lines of every non-Python code block (continuations joined), then every inline span."""
+    for match in FENCE.finditer(text):
+        if match.group(1) != "python":
+            yield from match.group(2).replace("\\\n", " ").splitlines()
+    prose = FENCE.sub("", text)
+    yield from (span.strip() for span in INLINE.findall(prose))
+
+
+def _subcommands() -> dict[str, argparse.ArgumentParser]:
+    parser = build_parser()
+    action = next(a for a in parser._actions if a.dest == "command")
+    assert isinstance(action, argparse._SubParsersAction)
+    return dict(action.choices)
+
+
+def _make_targets() -> set[str]:
+    makefile = (ROOT / "Makefile").read_text()
+    return set(re.findall(r"^([a-z][\w-]*)\s*:(?!=)", makefile, re.M))
 
 
 def test_python_api_example_runs() -> None:
-    block = re.search(r"```python\n(.*?)```", _section("Python API: keys and chunks"), re.S)
+    block = re.search(r"```python\n(.*?)```", _page("python-api.md"), re.S)
     assert block is not None
-    exec(compile(block.group(1), "README.md", "exec"), {})
+    exec(compile(block.group(1), "docs/python-api.md", "exec"), {})
 
 
 def test_every_metric_is_documented() -> None:
@@ -30,13 +73,13 @@ def test_every_metric_is_documented() -> None:
     for path in (ROOT / "chunkstore").rglob("*.py"):
         names |= set(re.findall(r"[\"'](chunkstore_[a-z_]+)[\"']", path.read_text()))
     assert len(names) >= 20
-    missing = sorted(n for n in names if n not in README)
-    assert not missing, f"metrics missing from README.md: {missing}"
+    page = _page("metrics.md")
+    missing = sorted(n for n in names if f"`{n}" not in page)
+    assert not missing, f"metrics missing from docs/metrics.md: {missing}"
 
 
 def test_every_cli_command_is_documented() -> None:
-    parser = build_parser()
-    commands = next(a for a in parser._actions if a.dest == "command").choices
+    commands = _subcommands()
     assert {
         "ls",
         "inspect",
@@ -49,12 +92,78 @@ def test_every_cli_command_is_documented() -> None:
         "simulate",
         "peers",
     } <= set(commands)
-    missing = sorted(c for c in commands if f"chunkstore {c}" not in README)
-    assert not missing, f"commands missing from README.md: {missing}"
+    page = _page("cli.md")
+    missing = sorted(c for c in commands if f"`chunkstore {c}" not in page)
+    assert not missing, f"commands missing from the table in docs/cli.md: {missing}"
 
 
 def test_every_connector_option_is_documented() -> None:
     config = pytest.importorskip("chunkstore.vllm.config")
-    section = _section("vLLM")
-    missing = sorted(o for o in config.OPTIONS if f"`{o}`" not in section)
-    assert not missing, f"connector options missing from README.md: {missing}"
+    page = _page("vllm.md")
+    missing = sorted(o for o in config.OPTIONS if f"`{o}`" not in page)
+    assert not missing, f"connector options missing from docs/vllm.md: {missing}"
+
+
+def test_make_targets_shown_exist() -> None:
+    targets = _make_targets()
+    shown: dict[str, str] = {}
+    for name, text in _documents():
+        for line in _shell_lines(text):
+            for match in MAKE.finditer(line):
+                for target in match.group(1).split():
+                    shown.setdefault(target, name)
+    assert {"demo", "test", "bench"} <= set(shown)
+    unknown = sorted(f"make {t} ({where})" for t, where in shown.items() if t not in targets)
+    assert not unknown, f"make targets shown but not in the Makefile: {unknown}"
+
+
+def test_cli_commands_shown_exist_with_their_flags() -> None:
+    commands = _subcommands()
+    problems = []
+    seen = set()
+    for name, text in _documents():
+        for line in _shell_lines(text):
+            for match in CLI.finditer(line):
+                command, rest = match.groups()
+                seen.add(command)
+                if command not in commands:
+                    problems.append(f"{name}: chunkstore {command} (no such command)")
+                    continue
+                known = commands[command]._option_string_actions
+                for flag, wildcard in re.findall(r"(?<![\w-])(--?[a-zA-Z][\w-]*)(\*?)", rest):
+                    # `--peer-*` stands for a family of flags: some flag must start with it.
+                    if flag not in known and not (
+                        wildcard and any(k.startswith(flag) for k in known)
+                    ):
+                        problems.append(f"{name}: chunkstore {command} {flag} (no such flag)")
+    assert {"ls", "inspect", "show", "verify", "prune", "cp", "serve", "simulate"} <= seen
+    assert not problems, "\n".join(problems)
+
+
+def test_readme_is_short_and_links_stay_in_the_repository() -> None:
+    text = README.read_text()
+    lines = text.count("\n")
+    assert lines <= README_MAX_LINES, f"README.md has {lines} lines; the manual belongs in docs/"
+    links = re.findall(r"\]\(([^)\s]+)\)", text) + re.findall(r"(?:src|href)=\"([^\"]+)\"", text)
+    assert links
+    headings = {_github_anchor(h) for h in re.findall(r"^#+ (.+)$", FENCE.sub("", text), re.M)}
+    for link in links:
+        if re.match(r"[a-z]+://", link):
+            continue
+        target, _, anchor = link.partition("#")
+        if not target:
+            assert anchor in headings, f"README.md links #{anchor}, which is no heading"
+            continue
+        path = (ROOT / target).resolve()
+        assert path.is_relative_to(ROOT), f"README.md links {link}, outside the repository"
+        assert path.exists(), f"README.md links {link}, which does not exist"
+
+
+def _github_anchor(heading: str) -> str:
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_readme_vllm_example_is_the_documented_one() -> None:
+    blocks = [b for lang, b in FENCE.findall(README.read_text()) if "vllm serve" in b]
+    assert len(blocks) == 1
+    assert blocks[0] in _page("vllm.md"), "README's vllm serve example differs from docs/vllm.md"
