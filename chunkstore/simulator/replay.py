@@ -107,8 +107,13 @@ def _replay(
     for request in trace.requests:
         leading = 0
         in_prefix = True
+        parent = None  # each block's chain parent is the block before it in the prompt
         for block in request.blocks:
-            hit = access(block) if access is not None else hits_of[position]  # type: ignore[index]
+            if access is not None:
+                hit = access(block, parent)
+                parent = block
+            else:
+                hit = hits_of[position]  # type: ignore[index]
             position += 1
             if hit:
                 hits += 1

@@ -9,7 +9,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from chunkstore.cache import ARCPolicy, LRUPolicy, NoEvictableEntry, make_policy
+from chunkstore.cache import ARCPolicy, LRUPolicy, NoEvictableEntry, PrefixARCPolicy, make_policy
 from chunkstore.errors import ConfigError
 from tests.cache.policy_suite import PolicyTestMixin
 from tests.cache.reference_arc import PaperARC
@@ -21,6 +21,10 @@ class TestARC(PolicyTestMixin):
 
 class TestLRU(PolicyTestMixin):
     policy_class = LRUPolicy
+
+
+class TestPrefixARC(PolicyTestMixin):
+    policy_class = PrefixARCPolicy
 
 
 def test_arc_evict_leaves_a_ghost_that_steers_p() -> None:

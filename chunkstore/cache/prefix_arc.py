@@ -1,0 +1,292 @@
+"""Prefix-aware ARC ("parc"): ARC's recency/frequency balance, shaped for KV prefix reuse.
+
+The engine can only use a chunk when every chunk before it in its chain is
+cached too (only the leading run of hits of a request is skipped), shared
+shallow prefixes (system prompts, tool definitions) come back across many
+conversations, and a conversation's next turn comes back after a think time
+that is long compared with a small cache's turnover. Three changes to ARC
+(Megiddo & Modha 2003; :mod:`chunkstore.cache.arc`) follow from that:
+
+* **Leaf first.** REPLACE picks the least recently used entry of T1 or T2 as
+  ARC does, but when that entry still has resident children it walks down to
+  a leaf of its subtree (always into the least recently used child) and
+  evicts that leaf instead. A chunk is never evicted while a chunk after it
+  stays, so what remains of a chain is a usable prefix rather than a useless
+  tail, and shared shallow chunks (many children) are the last to go.
+* **Orphans go first, the parent of the chunk being admitted last.** A
+  resident chunk whose parent is gone (an *orphan*: only pins or a chain
+  longer than the cache make one) is worth nothing until the parent returns,
+  so it is evicted before anything else; admitting chunk ``i`` never evicts
+  chunk ``i - 1`` while anything else can go (the new chunk would be
+  unusable). A chain longer than the cache thus keeps its head, and its tail
+  rotates through one slot.
+* **A long frequency memory.** Besides ARC's ghosts (at most ``capacity``
+  keys, far too short for think times), the last ``history * capacity``
+  evicted keys are remembered; one that comes back is admitted straight to
+  T2, the list of chunks seen more than once, without moving ARC's target
+  ``p``. A chain reused once is likely to be reused again.
+
+Chain structure comes from ``parent`` in :meth:`PrefixARCPolicy.admit` /
+:meth:`~PrefixARCPolicy.access` or from :meth:`PrefixARCPolicy.link` (the host
+cache reads it from each chunk's header when the chunk is committed). Keys
+without a known parent are treated as chain roots, and the policy then
+behaves like ARC with a longer memory. Pins (``can_evict``) are honoured: a
+vetoed leaf makes REPLACE try the next candidate; only when no leaf can go
+is an inner chunk evicted, and :class:`NoEvictableEntry` is raised (state
+unchanged) when nothing can.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Hashable, Iterator
+
+from chunkstore.cache.policy import CachePolicy, CanEvict, NoEvictableEntry, first_evictable
+from chunkstore.errors import ConfigError
+
+DEFAULT_HISTORY = 4
+"""Remembered evicted keys, in multiples of the capacity (picked from the simulator sweep)."""
+
+
+class PrefixARCPolicy(CachePolicy):
+    """Prefix-aware ARC over ``capacity`` entries; see the module docstring."""
+
+    name = "parc"
+    follows_chains = True
+
+    def __init__(self, capacity: int, history: int = DEFAULT_HISTORY) -> None:
+        super().__init__(capacity)
+        if isinstance(history, bool) or not isinstance(history, int) or history < 0:
+            raise ConfigError(f"history must be a non-negative multiple, got {history!r}")
+        self.t1: OrderedDict[Hashable, None] = OrderedDict()
+        """Resident keys seen once recently, oldest first."""
+        self.t2: OrderedDict[Hashable, None] = OrderedDict()
+        """Resident keys seen more than once, oldest first."""
+        self.b1: OrderedDict[Hashable, None] = OrderedDict()
+        """ARC ghosts of keys evicted from T1."""
+        self.b2: OrderedDict[Hashable, None] = OrderedDict()
+        """ARC ghosts of keys evicted from T2."""
+        self.history: OrderedDict[Hashable, None] = OrderedDict()
+        """The last ``history * capacity`` evicted keys, oldest first."""
+        self.p: float = 0.0
+        """ARC's target size of T1."""
+        self._history_limit = history * capacity
+        self._parent: dict[Hashable, Hashable] = {}
+        self._children: dict[Hashable, set[Hashable]] = {}
+        # Last use per resident key: picks the least recently used child on the way down.
+        self._stamp: dict[Hashable, int] = {}
+        self._tick = 0
+        self._orphans: OrderedDict[Hashable, None] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self.t1) + len(self.t2)
+
+    def __contains__(self, key: object) -> bool:
+        return key in self.t1 or key in self.t2
+
+    def __iter__(self) -> Iterator[Hashable]:
+        return iter([*self.t1, *self.t2])
+
+    def parent_of(self, key: Hashable) -> Hashable | None:
+        """The recorded parent of a resident key (``None`` if unknown or not resident)."""
+        return self._parent.get(key)
+
+    def children_of(self, key: Hashable) -> frozenset[Hashable]:
+        """Resident keys whose recorded parent is ``key`` (resident or not)."""
+        return frozenset(self._children.get(key, ()))
+
+    # --- uses ----------------------------------------------------------------------------
+
+    def hit(self, key: Hashable) -> bool:
+        t1 = self.t1
+        if key in t1:
+            del t1[key]
+            self.t2[key] = None
+        elif key in self.t2:
+            self.t2.move_to_end(key)
+        else:
+            return False
+        self._tick += 1
+        self._stamp[key] = self._tick
+        return True
+
+    def access(self, key: Hashable, parent: Hashable | None = None) -> bool:
+        if self.hit(key):
+            return True
+        self.admit(key, parent=parent)
+        return False
+
+    def admit(
+        self, key: Hashable, can_evict: CanEvict | None = None, *, parent: Hashable | None = None
+    ) -> Hashable | None:
+        c = self.capacity
+        b1, b2 = self.b1, self.b2
+        p = self.p
+        in_b2 = False
+        frequent = True
+        if key in b1:  # ARC Case II: recency was evicted too early.
+            p = min(p + (len(b2) / len(b1) if len(b2) > len(b1) else 1.0), float(c))
+        elif key in b2:  # ARC Case III: frequency was evicted too early.
+            p = max(p - (len(b1) / len(b2) if len(b1) > len(b2) else 1.0), 0.0)
+            in_b2 = True
+        else:
+            frequent = key in self.history
+        victim = None
+        if len(self.t1) + len(self.t2) >= c:
+            # An orphan parent is worth nothing: protecting it would only cost a useful chunk.
+            protect = None if parent in self._orphans else parent
+            victim = self._choose(p, in_b2, can_evict, protect)
+        # Nothing has changed before this point: NoEvictableEntry leaves the state as it was.
+        self.p = p
+        b1.pop(key, None)
+        b2.pop(key, None)
+        self.history.pop(key, None)
+        if victim is not None:
+            self._evict(victim)
+        (self.t2 if frequent else self.t1)[key] = None
+        self._tick += 1
+        self._stamp[key] = self._tick
+        for child in self._children.get(key, ()):
+            self._orphans.pop(child, None)
+        if parent is not None:
+            self.link(key, parent)
+        self._trim_ghosts()
+        return victim
+
+    def link(self, key: Hashable, parent: Hashable) -> None:
+        """Record that ``parent`` precedes the resident ``key`` in its chain."""
+        if key == parent or key not in self._stamp:
+            return
+        old = self._parent.get(key)
+        if old == parent:
+            return
+        if old is not None:
+            self._unlink(key, old)
+        self._parent[key] = parent
+        self._children.setdefault(parent, set()).add(key)
+        if parent in self._stamp:
+            self._orphans.pop(key, None)
+        else:
+            self._orphans[key] = None
+
+    def remove(self, key: Hashable) -> bool:
+        resident = (
+            self.t1.pop(key, _ABSENT) is not _ABSENT or self.t2.pop(key, _ABSENT) is not _ABSENT
+        )
+        # A deleted chunk must not come back as if it had been evicted.
+        self.b1.pop(key, None)
+        self.b2.pop(key, None)
+        self.history.pop(key, None)
+        if resident:
+            self._forget(key)
+        return resident
+
+    def evict(self, can_evict: CanEvict | None = None) -> Hashable | None:
+        """REPLACE on its own, leaf first: the victim leaves a ghost as after an admission."""
+        if not self.t1 and not self.t2:
+            return None
+        try:
+            victim = self._choose(self.p, False, can_evict, protect=None)
+        except NoEvictableEntry:
+            return None
+        self._evict(victim)
+        self._trim_ghosts()
+        return victim
+
+    # --- REPLACE ---------------------------------------------------------------------------
+
+    def _choose(
+        self, p: float, in_b2: bool, can_evict: CanEvict | None, protect: Hashable | None
+    ) -> Hashable:
+        """The victim, without moving anything; raises when every resident key is vetoed.
+
+        Orphans first, then ARC's list order, each candidate walked down to a leaf;
+        then the protected parent; then, only when pins hold every leaf, an inner key.
+        """
+        t1_len = len(self.t1)
+        prefer_t1 = t1_len >= 1 and (t1_len > p or (in_b2 and t1_len == p))
+        order = (self.t1, self.t2) if prefer_t1 else (self.t2, self.t1)
+        dead: set[Hashable] = set()
+        for entries in (self._orphans, *order):
+            for candidate in entries:
+                leaf = self._leaf_below(candidate, can_evict, protect, dead)
+                if leaf is not None:
+                    return leaf
+        if protect in self and (can_evict is None or can_evict(protect)):
+            return protect
+        for entries in order:
+            found = first_evictable(entries, can_evict)
+            if found is not None:
+                return found
+        raise NoEvictableEntry(f"all {len(self)} resident entries are pinned")
+
+    def _leaf_below(
+        self,
+        key: Hashable,
+        can_evict: CanEvict | None,
+        protect: Hashable | None,
+        dead: set[Hashable],
+    ) -> Hashable | None:
+        """The leaf reached from ``key`` through least recently used children, if evictable.
+
+        ``dead`` collects the keys of failed walks: a walk that reaches one ends where
+        that one did, so each REPLACE walks every key at most once.
+        """
+        children, stamp = self._children, self._stamp
+        node = key
+        path = [node]
+        # Bounded walk: recorded parents could form a cycle only through colliding keys.
+        for _ in range(len(stamp)):
+            if node in dead:
+                break
+            below = children.get(node)
+            if not below:
+                if node != protect and (can_evict is None or can_evict(node)):
+                    return node
+                break
+            node = min(below, key=stamp.__getitem__) if len(below) > 1 else next(iter(below))
+            path.append(node)
+        dead.update(path)
+        return None
+
+    def _evict(self, victim: Hashable) -> None:
+        """Move a resident victim to the ghost list of its list and to the long history."""
+        if victim in self.t1:
+            del self.t1[victim]
+            self.b1[victim] = None
+        else:
+            del self.t2[victim]
+            self.b2[victim] = None
+        if self._history_limit:
+            history = self.history
+            history[victim] = None
+            if len(history) > self._history_limit:
+                history.popitem(last=False)
+        self._forget(victim)
+
+    def _forget(self, key: Hashable) -> None:
+        del self._stamp[key]
+        self._orphans.pop(key, None)
+        parent = self._parent.pop(key, None)
+        if parent is not None:
+            self._unlink(key, parent)
+        for child in self._children.get(key, ()):
+            self._orphans[child] = None
+
+    def _unlink(self, key: Hashable, parent: Hashable) -> None:
+        siblings = self._children[parent]
+        siblings.discard(key)
+        if not siblings:
+            del self._children[parent]
+
+    def _trim_ghosts(self) -> None:
+        # ARC's bounds: |T1| + |B1| <= c and |T1| + |T2| + |B1| + |B2| <= 2c.
+        c = self.capacity
+        b1, b2 = self.b1, self.b2
+        while b1 and len(self.t1) + len(b1) > c:
+            b1.popitem(last=False)
+        while len(self.t1) + len(self.t2) + len(b1) + len(b2) > 2 * c and (b2 or b1):
+            (b2 or b1).popitem(last=False)
+
+
+_ABSENT = object()
