@@ -1,9 +1,9 @@
 """Prefix-aware ARC (parc): eviction sequences traced by hand, and its invariants under Hypothesis.
 
 Lists are written LRU first. The rules (chunkstore/cache/prefix_arc.py): REPLACE
-picks T1 or T2 as ARC does; the victim is the leaf reached from the list's LRU
-through least recently used children; orphans (parent gone) go before anything;
-the parent of the key being admitted goes only when nothing else can.
+picks T1 or T2 as ARC does; the victim is the leaf reached from that list's LRU
+(among siblings the walk prefers one in T1); orphans (parent gone) go before
+anything; the parent of the key being admitted goes only when nothing else can.
 """
 
 from __future__ import annotations
@@ -60,16 +60,16 @@ def test_shared_prefix_outlives_its_conversations() -> None:
     assert set(policy) == {"s", "z0", "z1"}
 
 
-def test_walks_into_the_least_recently_used_child() -> None:
+def test_walks_into_a_child_seen_only_once() -> None:
     # c = 4: r with children a and b, then x; T1 = [r a b x].
     policy = PrefixARCPolicy(4)
     policy.admit("r")
     policy.admit("a", parent="r")
     policy.admit("b", parent="r")
     policy.admit("x")
-    assert policy.hit("a")  # a -> T2, and a is now used more recently than b
-    # z: |T1| = 3 > p = 0, so REPLACE starts at T1's LRU r; of its children b is the less
-    # recently used, and a leaf.
+    assert policy.hit("a")  # a -> T2: read twice
+    # z: |T1| = 3 > p = 0, so REPLACE starts at T1's LRU r; of its children b is the one
+    # seen only once (in T1), and a leaf.
     assert policy.admit("z") == "b"
     # w: the walk from r now reaches a, although a sits in T2 (its ghost goes to B2).
     assert policy.admit("w") == "a"
