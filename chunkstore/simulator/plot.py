@@ -13,7 +13,7 @@ _STYLE = {
     "parc": ("prefix-aware ARC (parc)", "tab:red", "D"),
     "arc": ("ARC", "tab:blue", "o"),
     "lru": ("LRU", "tab:orange", "s"),
-    "belady": ("Belady (offline optimum)", "tab:green", "^"),
+    "belady": ("Belady MIN (offline, block hits)", "tab:green", "^"),
 }
 
 
