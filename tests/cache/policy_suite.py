@@ -17,7 +17,7 @@ from chunkstore.errors import ConfigError
 
 
 class PolicyTestMixin:
-    """Behaviour shared by ARC and LRU (and any later policy)."""
+    """Behaviour shared by every policy (parc, ARC, LRU)."""
 
     policy_class: type[CachePolicy]
 
@@ -72,7 +72,7 @@ class PolicyTestMixin:
         assert policy.hit(victim) is False
 
     def test_scan_of_new_keys_evicts_oldest_first(self) -> None:
-        # With no re-references ARC degenerates to FIFO = LRU: evictions in insertion order.
+        # With no re-references (and no chains) every policy evicts in insertion order.
         policy = self.make(3)
         victims = [policy.admit(k) for k in range(8)]
         assert victims == [None, None, None, 0, 1, 2, 3, 4]

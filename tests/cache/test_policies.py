@@ -1,4 +1,4 @@
-"""ARC and LRU pass the shared policy contract, and agree with reference models."""
+"""Every host policy passes the shared policy contract; ARC and LRU agree with reference models."""
 
 from __future__ import annotations
 
@@ -9,7 +9,14 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from chunkstore.cache import ARCPolicy, LRUPolicy, NoEvictableEntry, PrefixARCPolicy, make_policy
+from chunkstore.cache import (
+    POLICY_NAMES,
+    ARCPolicy,
+    LRUPolicy,
+    NoEvictableEntry,
+    PrefixARCPolicy,
+    make_policy,
+)
 from chunkstore.errors import ConfigError
 from tests.cache.policy_suite import PolicyTestMixin
 from tests.cache.reference_arc import PaperARC
@@ -39,10 +46,17 @@ def test_arc_evict_leaves_a_ghost_that_steers_p() -> None:
 
 
 def test_make_policy() -> None:
+    assert isinstance(make_policy("parc", 2), PrefixARCPolicy)
     assert isinstance(make_policy("arc", 2), ARCPolicy)
     assert isinstance(make_policy("LRU", 2), LRUPolicy)
-    with pytest.raises(ConfigError, match="arc, lru"):
+    with pytest.raises(ConfigError, match="parc, arc, lru"):
         make_policy("fifo", 2)
+
+
+def test_the_shared_suite_covers_every_policy() -> None:
+    tested = {cls.policy_class.name for cls in (TestARC, TestLRU, TestPrefixARC)}
+    assert tested == set(POLICY_NAMES)
+    assert all(make_policy(name, 2).name == name for name in POLICY_NAMES)
 
 
 KEYS = st.integers(min_value=0, max_value=11)
