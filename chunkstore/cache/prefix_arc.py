@@ -39,17 +39,22 @@ unchanged) when nothing can.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Hashable, Iterator
+from collections.abc import Hashable
 
-from chunkstore.cache.policy import CachePolicy, CanEvict, NoEvictableEntry, first_evictable
+from chunkstore.cache.arc import ARCPolicy
+from chunkstore.cache.policy import CanEvict, NoEvictableEntry, first_evictable
 from chunkstore.errors import ConfigError
 
 DEFAULT_HISTORY = 2
 """Remembered evicted keys, in multiples of the capacity (picked from the simulator sweep)."""
 
 
-class PrefixARCPolicy(CachePolicy):
-    """Prefix-aware ARC over ``capacity`` entries; see the module docstring."""
+class PrefixARCPolicy(ARCPolicy):
+    """Prefix-aware ARC over ``capacity`` entries; see the module docstring.
+
+    ARC's lists, target ``p``, hits (Case I) and ghost bounds are inherited;
+    admission, REPLACE and removal are its own.
+    """
 
     name = "parc"
     follows_chains = True
@@ -58,31 +63,12 @@ class PrefixARCPolicy(CachePolicy):
         super().__init__(capacity)
         if isinstance(history, bool) or not isinstance(history, int) or history < 0:
             raise ConfigError(f"history must be a non-negative multiple, got {history!r}")
-        self.t1: OrderedDict[Hashable, None] = OrderedDict()
-        """Resident keys seen once recently, oldest first."""
-        self.t2: OrderedDict[Hashable, None] = OrderedDict()
-        """Resident keys seen more than once, oldest first."""
-        self.b1: OrderedDict[Hashable, None] = OrderedDict()
-        """ARC ghosts of keys evicted from T1."""
-        self.b2: OrderedDict[Hashable, None] = OrderedDict()
-        """ARC ghosts of keys evicted from T2."""
         self.history: OrderedDict[Hashable, None] = OrderedDict()
         """The last ``history * capacity`` evicted keys, oldest first."""
-        self.p: float = 0.0
-        """ARC's target size of T1."""
         self._history_limit = history * capacity
         self._parent: dict[Hashable, Hashable] = {}
         self._children: dict[Hashable, set[Hashable]] = {}
         self._orphans: OrderedDict[Hashable, None] = OrderedDict()
-
-    def __len__(self) -> int:
-        return len(self.t1) + len(self.t2)
-
-    def __contains__(self, key: object) -> bool:
-        return key in self.t1 or key in self.t2
-
-    def __iter__(self) -> Iterator[Hashable]:
-        return iter([*self.t1, *self.t2])
 
     def parent_of(self, key: Hashable) -> Hashable | None:
         """The recorded parent of a resident key (``None`` if unknown or not resident)."""
@@ -94,31 +80,12 @@ class PrefixARCPolicy(CachePolicy):
 
     # --- uses ----------------------------------------------------------------------------
 
-    def hit(self, key: Hashable) -> bool:
-        t1 = self.t1
-        if key in t1:
-            del t1[key]
-            self.t2[key] = None
-        else:
-            t2 = self.t2
-            if key not in t2:
-                return False
-            t2.move_to_end(key)
-        return True
-
     def access(self, key: Hashable, parent: Hashable | None = None) -> bool:
-        # hit() inlined: the simulator's and the benchmark's hot path.
-        t1 = self.t1
-        if key in t1:
-            del t1[key]
-            self.t2[key] = None
-        else:
-            t2 = self.t2
-            if key not in t2:
-                self.admit(key, parent=parent)
-                return False
-            t2.move_to_end(key)
-        return True
+        # Not ARC's inlined admission: the chain needs the parent.
+        if self.hit(key):
+            return True
+        self.admit(key, parent=parent)
+        return False
 
     def admit(
         self, key: Hashable, can_evict: CanEvict | None = None, *, parent: Hashable | None = None
@@ -141,9 +108,9 @@ class PrefixARCPolicy(CachePolicy):
             # An orphan parent is worth nothing: protecting it would only cost a useful chunk.
             protect = None if parent in self._orphans else parent
             if can_evict is None and not self._orphans:
-                victim = self._choose_unpinned(p, in_b2, protect)
+                victim = self._choose_victim_unpinned(p, in_b2, protect)
             else:
-                victim = self._choose(p, in_b2, can_evict, protect)
+                victim = self._choose_victim(p, in_b2, can_evict, protect)
         # Nothing has changed before this point: NoEvictableEntry leaves the state as it was.
         self.p = p
         history = self.history
@@ -152,7 +119,7 @@ class PrefixARCPolicy(CachePolicy):
             b2.pop(key, None)
             history.pop(key, None)
         if victim is not None:
-            self._evict(victim)
+            self._evict_key(victim)
         (t2 if frequent else t1)[key] = None
         children = self._children
         if children:
@@ -182,12 +149,8 @@ class PrefixARCPolicy(CachePolicy):
             self._orphans[key] = None
 
     def remove(self, key: Hashable) -> bool:
-        resident = (
-            self.t1.pop(key, _ABSENT) is not _ABSENT or self.t2.pop(key, _ABSENT) is not _ABSENT
-        )
+        resident = super().remove(key)
         # A deleted chunk must not come back as if it had been evicted.
-        self.b1.pop(key, None)
-        self.b2.pop(key, None)
         self.history.pop(key, None)
         if resident:
             self._forget(key)
@@ -198,17 +161,17 @@ class PrefixARCPolicy(CachePolicy):
         if not self.t1 and not self.t2:
             return None
         try:
-            victim = self._choose(self.p, False, can_evict, protect=None)
+            victim = self._choose_victim(self.p, False, can_evict, protect=None)
         except NoEvictableEntry:
             return None
-        self._evict(victim)
+        self._evict_key(victim)
         self._trim_ghosts()
         return victim
 
     # --- REPLACE ---------------------------------------------------------------------------
 
-    def _choose_unpinned(self, p: float, in_b2: bool, protect: Hashable | None) -> Hashable:
-        """:meth:`_choose` with nothing vetoed and no orphans: one walk from one list's LRU."""
+    def _choose_victim_unpinned(self, p: float, in_b2: bool, protect: Hashable | None) -> Hashable:
+        """:meth:`_choose_victim` with nothing vetoed and no orphans: one walk from one LRU."""
         t1, t2 = self.t1, self.t2
         n1 = len(t1)
         entries = t1 if (n1 and (n1 > p or (in_b2 and n1 == p))) or not t2 else t2
@@ -222,12 +185,12 @@ class PrefixARCPolicy(CachePolicy):
                 if not below:
                     break
             else:  # a cycle of recorded parents (colliding keys): let the careful walk decide
-                return self._choose(p, in_b2, None, protect)
+                return self._choose_victim(p, in_b2, None, protect)
         if protect is not None and node == protect:
-            return self._choose(p, in_b2, None, protect)
+            return self._choose_victim(p, in_b2, None, protect)
         return node
 
-    def _choose(
+    def _choose_victim(
         self, p: float, in_b2: bool, can_evict: CanEvict | None, protect: Hashable | None
     ) -> Hashable:
         """The victim, without moving anything; raises when every resident key is vetoed.
@@ -293,7 +256,7 @@ class PrefixARCPolicy(CachePolicy):
                 return key
         return next(iter(siblings))
 
-    def _evict(self, victim: Hashable) -> None:
+    def _evict_key(self, victim: Hashable) -> None:
         """Move a resident victim to the ghost list of its list and to the long history."""
         t1 = self.t1
         if victim in t1:
@@ -325,15 +288,3 @@ class PrefixARCPolicy(CachePolicy):
         siblings.discard(key)
         if not siblings:
             del self._children[parent]
-
-    def _trim_ghosts(self) -> None:
-        # ARC's bounds: |T1| + |B1| <= c and |T1| + |T2| + |B1| + |B2| <= 2c.
-        c = self.capacity
-        b1, b2 = self.b1, self.b2
-        while b1 and len(self.t1) + len(b1) > c:
-            b1.popitem(last=False)
-        while len(self.t1) + len(self.t2) + len(b1) + len(b2) > 2 * c and (b2 or b1):
-            (b2 or b1).popitem(last=False)
-
-
-_ABSENT = object()

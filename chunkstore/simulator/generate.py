@@ -114,6 +114,7 @@ class _Workload(ABC):
         self.rng = rng
         self.rate = sessions_per_second
         self._next_segment = 0
+        self._zipf_weights: dict[tuple[int, float], list[float]] = {}
 
     def segment(self, mean_tokens: float, minimum: int = 16) -> Segment:
         """A fresh segment (new content) of about ``mean_tokens`` tokens (log-normal)."""
@@ -127,7 +128,7 @@ class _Workload(ABC):
         return self.rng.choices(range(population), cum_weights=weights)[0]
 
     def _weights(self, population: int, exponent: float) -> list[float]:
-        cache: dict[tuple[int, float], list[float]] = self.__dict__.setdefault("_zipf", {})
+        cache = self._zipf_weights
         key = (population, exponent)
         if key not in cache:
             total, cumulative = 0.0, []
@@ -140,6 +141,35 @@ class _Workload(ABC):
     def think(self, mean_seconds: float) -> float:
         """A user's or a tool's pause before the next request, in seconds."""
         return self.rng.expovariate(1.0 / mean_seconds)
+
+    def growing(
+        self,
+        prompt: list[Segment],
+        at: float,
+        remaining: int,
+        *,
+        reply: float,
+        added: float,
+        think: float,
+    ) -> _Pending:
+        """A request whose ``remaining`` follow-ups each extend the prompt before it.
+
+        A follow-up re-sends the prompt, the reply (about ``reply`` tokens) and a
+        new segment (about ``added``) after a pause of about ``think`` seconds:
+        a chat turn, or an agent step with its tool result.
+        """
+        answer = self.segment(reply)
+
+        def follow_up(now: float) -> _Pending | None:
+            if remaining == 0:
+                return None
+            following = [*prompt, answer, self.segment(added)]
+            pause = self.think(think)
+            return self.growing(
+                following, now + pause, remaining - 1, reply=reply, added=added, think=think
+            )
+
+        return _Pending(at, prompt, answer[1], follow_up)
 
     @abstractmethod
     def session(self, start: float) -> _Pending:
@@ -178,18 +208,9 @@ class _Chat(_Workload):
     def session(self, start: float) -> _Pending:
         system = self.system_prompts[self.zipf(len(self.system_prompts), 1.0)]
         turns = 1 + min(int(self.rng.expovariate(1 / 5.0)), 30)
-        return self._turn([system, self.segment(300)], start, turns - 1)
-
-    def _turn(self, history: list[Segment], at: float, remaining: int) -> _Pending:
-        answer = self.segment(400)
-
-        def follow_up(now: float) -> _Pending | None:
-            if remaining == 0:
-                return None
-            following = [*history, answer, self.segment(200)]
-            return self._turn(following, now + self.think(60.0), remaining - 1)
-
-        return _Pending(at, history, answer[1], follow_up)
+        return self.growing(
+            [system, self.segment(300)], start, turns - 1, reply=400, added=200, think=60.0
+        )
 
 
 class _SystemPrompts(_Workload):
@@ -239,18 +260,9 @@ class _Agent(_Workload):
     def session(self, start: float) -> _Pending:
         tools = self.tool_sets[self.zipf(len(self.tool_sets), 1.0)]
         steps = 2 + min(int(self.rng.expovariate(1 / 10.0)), 60)
-        return self._step([tools, self.segment(400)], start, steps - 1)
-
-    def _step(self, transcript: list[Segment], at: float, remaining: int) -> _Pending:
-        call = self.segment(120)
-
-        def follow_up(now: float) -> _Pending | None:
-            if remaining == 0:
-                return None
-            result = self.segment(900)
-            return self._step([*transcript, call, result], now + self.think(4.0), remaining - 1)
-
-        return _Pending(at, transcript, call[1], follow_up)
+        return self.growing(
+            [tools, self.segment(400)], start, steps - 1, reply=120, added=900, think=4.0
+        )
 
 
 WORKLOADS: dict[str, Callable[[random.Random], _Workload]] = {

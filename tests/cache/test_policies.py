@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Hashable
-
 import pytest
 from hypothesis import settings
-from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from chunkstore.cache import (
@@ -18,7 +15,7 @@ from chunkstore.cache import (
     make_policy,
 )
 from chunkstore.errors import ConfigError
-from tests.cache.policy_suite import PolicyTestMixin
+from tests.cache.policy_suite import KEYS, ARCPinMachine, PolicyTestMixin
 from tests.cache.reference_arc import PaperARC
 
 
@@ -57,9 +54,6 @@ def test_the_shared_suite_covers_every_policy() -> None:
     tested = {cls.policy_class.name for cls in (TestARC, TestLRU, TestPrefixARC)}
     assert tested == set(POLICY_NAMES)
     assert all(make_policy(name, 2).name == name for name in POLICY_NAMES)
-
-
-KEYS = st.integers(min_value=0, max_value=11)
 
 
 class LRUMachine(RuleBasedStateMachine):
@@ -126,52 +120,6 @@ class ARCMachine(RuleBasedStateMachine):
         assert list(self.policy.b1) == self.paper.b1
         assert list(self.policy.b2) == self.paper.b2
         assert self.policy.p == self.paper.p
-
-
-class ARCPinMachine(RuleBasedStateMachine):
-    """ARCPolicy with pins and removals: the cache's bookkeeping stays consistent."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.policy = ARCPolicy(4)
-        self.resident: set[Hashable] = set()
-        self.pinned: set[int] = set()
-
-    @rule(key=KEYS)
-    def access(self, key: int) -> None:
-        if self.policy.hit(key):
-            assert key in self.resident
-            return
-        assert key not in self.resident
-        try:
-            victim = self.policy.admit(key, lambda k: k not in self.pinned)
-        except NoEvictableEntry:
-            assert len(self.resident) >= 4 and self.resident <= self.pinned
-            return
-        if victim is not None:
-            assert victim in self.resident and victim not in self.pinned
-            self.resident.discard(victim)
-        self.resident.add(key)
-
-    @rule(key=KEYS)
-    def toggle_pin(self, key: int) -> None:
-        self.pinned ^= {key}
-
-    @rule(key=KEYS)
-    def remove(self, key: int) -> None:
-        assert self.policy.remove(key) is (key in self.resident)
-        self.resident.discard(key)
-
-    @invariant()
-    def bounds(self) -> None:
-        policy = self.policy
-        assert set(policy) == self.resident
-        assert len(policy) <= 4
-        assert len(policy.t1) + len(policy.b1) <= 4
-        assert len(policy.t1) + len(policy.t2) + len(policy.b1) + len(policy.b2) <= 8
-        assert 0 <= policy.p <= 4
-        lists = [set(policy.t1), set(policy.t2), set(policy.b1), set(policy.b2)]
-        assert sum(len(s) for s in lists) == len(set().union(*lists))  # disjoint
 
 
 _SETTINGS = settings(max_examples=60, stateful_step_count=40, deadline=None)

@@ -13,10 +13,11 @@ from collections.abc import Hashable
 import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from hypothesis.stateful import invariant, precondition, rule
 
 from chunkstore.cache import NoEvictableEntry, PrefixARCPolicy
 from chunkstore.errors import ConfigError
+from tests.cache.policy_suite import KEYS, ARCPinMachine
 
 
 def chain(policy: PrefixARCPolicy, keys: list[Hashable]) -> list[tuple[bool, Hashable | None]]:
@@ -170,48 +171,19 @@ def test_bad_history() -> None:
             PrefixARCPolicy(2, history=bad)  # type: ignore[arg-type]
 
 
-KEYS = st.integers(min_value=0, max_value=9)
+class PrefixARCMachine(ARCPinMachine):
+    """parc under the ARC pin machine, plus chained requests, late links and lone evictions."""
 
-
-class PrefixARCMachine(RuleBasedStateMachine):
-    """parc with chains, pins, removals and late links against a plain resident set."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.policy = PrefixARCPolicy(4, history=2)
-        self.resident: set[Hashable] = set()
-        self.pinned: set[int] = set()
-
-    def _can_evict(self, key: Hashable) -> bool:
-        return key not in self.pinned
+    def make(self) -> PrefixARCPolicy:
+        return PrefixARCPolicy(4, history=2)
 
     @rule(keys=st.lists(KEYS, min_size=1, max_size=6))
     def request(self, keys: list[int]) -> None:
         parent: int | None = None
         for key in keys:
-            if self.policy.hit(key):
-                assert key in self.resident
-            else:
-                assert key not in self.resident
-                try:
-                    victim = self.policy.admit(key, self._can_evict, parent=parent)
-                except NoEvictableEntry:
-                    assert len(self.resident) >= 4 and self.resident <= self.pinned
-                    return
-                if victim is not None:
-                    assert victim in self.resident and victim not in self.pinned
-                    self.resident.discard(victim)
-                self.resident.add(key)
+            if not self.read(key, parent):
+                return
             parent = key
-
-    @rule(key=KEYS)
-    def toggle_pin(self, key: int) -> None:
-        self.pinned ^= {key}
-
-    @rule(key=KEYS)
-    def remove(self, key: int) -> None:
-        assert self.policy.remove(key) is (key in self.resident)
-        self.resident.discard(key)
 
     @precondition(lambda self: self.resident)
     @rule(data=st.data(), parent=KEYS)
@@ -221,7 +193,7 @@ class PrefixARCMachine(RuleBasedStateMachine):
 
     @rule()
     def evict(self) -> None:
-        victim = self.policy.evict(self._can_evict)
+        victim = self.policy.evict(lambda k: k not in self.pinned)
         if victim is None:
             assert self.resident <= self.pinned
         else:
@@ -229,20 +201,15 @@ class PrefixARCMachine(RuleBasedStateMachine):
             self.resident.discard(victim)
 
     @invariant()
-    def bookkeeping(self) -> None:
+    def chain_bookkeeping(self) -> None:
         policy = self.policy
-        assert set(policy) == self.resident and len(policy) <= 4
-        lists = [set(policy.t1), set(policy.t2), set(policy.b1), set(policy.b2)]
-        assert sum(len(s) for s in lists) == len(set().union(*lists))
-        assert len(policy.t1) + len(policy.b1) <= 4
-        assert sum(len(s) for s in lists) <= 8
-        assert 0 <= policy.p <= 4
+        assert isinstance(policy, PrefixARCPolicy)
         assert len(policy.history) <= 8 and not set(policy.history) & self.resident
         for key in self.resident:
             parent = policy.parent_of(key)
             if parent is not None:
                 assert key in policy.children_of(parent)
-        for key in range(10):
+        for key in range(12):
             assert policy.children_of(key) <= self.resident
 
 
