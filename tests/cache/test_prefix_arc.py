@@ -158,6 +158,28 @@ def test_long_history_admits_a_returning_key_to_t2() -> None:
     assert list(plain.t1) == ["a"] and list(plain.history) == []
 
 
+def test_a_b2_ghost_hit_turns_to_frequency_faster() -> None:
+    # c = 4, no history. a b read twice (T2), c d once (T1); e evicts c (T1's LRU) to B1;
+    # c again is a B1 hit: p = 0 + 1, and REPLACE (|T1| = 2 > p) evicts d to B1.
+    # f: |T1| = 1 is not > p = 1, so T2's LRU a goes to B2.
+    policy = PrefixARCPolicy(4, history=0, frequency_step=2.0)
+    for key in "abab":
+        policy.access(key)
+    assert [policy.admit(k) for k in "cdecf"] == [None, None, "c", "d", "a"]
+    assert (list(policy.t1), list(policy.t2), list(policy.b2), policy.p) == (
+        ["e", "f"],
+        ["b", "c"],
+        ["a"],
+        1.0,
+    )
+    policy.p = 3.0  # as if recency had been winning for a while
+    # a returns from B2: ARC would shrink p by one step (|B1| = |B2| = 1) to 2.0; parc by two.
+    assert policy.admit("a") == "e"
+    assert policy.p == 1.0 and list(policy.t2) == ["b", "c", "a"]
+    with pytest.raises(ConfigError, match="frequency_step"):
+        PrefixARCPolicy(4, frequency_step=0.5)
+
+
 def test_history_is_bounded() -> None:
     policy = PrefixARCPolicy(2, history=2)
     for key in range(20):
