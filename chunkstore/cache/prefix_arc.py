@@ -4,12 +4,13 @@ The engine can only use a chunk when every chunk before it in its chain is
 cached too (only the leading run of hits of a request is skipped), shared
 shallow prefixes (system prompts, tool definitions) come back across many
 conversations, and a conversation's next turn comes back after a think time
-that is long compared with a small cache's turnover. Three changes to ARC
+that is long compared with a small cache's turnover. Four changes to ARC
 (Megiddo & Modha 2003; :mod:`chunkstore.cache.arc`) follow from that:
 
 * **Leaf first.** REPLACE picks the least recently used entry of T1 or T2 as
   ARC does, but when that entry still has resident children it walks down to
-  a leaf of its subtree (into a child seen only once, when there is a choice) and
+  a leaf of its subtree (into a child seen only once, else the oldest, when
+  there is a choice) and
   evicts that leaf instead. A chunk is never evicted while a chunk after it
   stays, so what remains of a chain is a usable prefix rather than a useless
   tail, and shared shallow chunks (many children) are the last to go.
@@ -83,7 +84,9 @@ class PrefixARCPolicy(ARCPolicy):
         """The last ``history * capacity`` evicted keys, oldest first."""
         self._history_limit = history * capacity
         self._parent: dict[Hashable, Hashable] = {}
-        self._children: dict[Hashable, set[Hashable]] = {}
+        # Children in the order they were linked (a dict, not a set: the walk must not depend
+        # on hash order, which varies between processes for str and bytes keys).
+        self._children: dict[Hashable, dict[Hashable, None]] = {}
         self._orphans: OrderedDict[Hashable, None] = OrderedDict()
 
     def parent_of(self, key: Hashable) -> Hashable | None:
@@ -159,7 +162,7 @@ class PrefixARCPolicy(ARCPolicy):
         if old is not None:
             self._unlink(key, old)
         self._parent[key] = parent
-        self._children.setdefault(parent, set()).add(key)
+        self._children.setdefault(parent, {})[key] = None
         if parent in self:
             self._orphans.pop(key, None)
         else:
@@ -261,8 +264,8 @@ class PrefixARCPolicy(ARCPolicy):
         dead.update(path)
         return None
 
-    def _coldest(self, siblings: set[Hashable]) -> Hashable:
-        """The sibling to walk into: one seen only once recently (in T1) if any.
+    def _coldest(self, siblings: dict[Hashable, None]) -> Hashable:
+        """The sibling to walk into: the oldest one seen only once (in T1), else the oldest.
 
         (Ordering siblings by last use instead costs a timestamp per hit and made no
         measurable difference on the simulator's traces.)
@@ -302,6 +305,6 @@ class PrefixARCPolicy(ARCPolicy):
 
     def _unlink(self, key: Hashable, parent: Hashable) -> None:
         siblings = self._children[parent]
-        siblings.discard(key)
+        siblings.pop(key, None)
         if not siblings:
             del self._children[parent]
