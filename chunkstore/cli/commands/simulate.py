@@ -76,7 +76,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         metavar="FILE",
         type=Path,
         default=None,
-        help="draw hit ratio against capacity into FILE (PNG/SVG/PDF; matplotlib)",
+        help="draw hit ratio and tokens saved against capacity into FILE (PNG/SVG/PDF)",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON document")
     parser.set_defaults(func=run)
