@@ -1,13 +1,17 @@
-"""Host cache benchmarks: hit copy speed, policy overhead, simulator on the shared trace.
+"""Host cache benchmarks: hit copy speed, policy overhead, policies on real and generated traces.
 
 Prints ratios against baselines measured in the same run; never fails on a threshold.
-Sizes are smaller than production (2-core CI box): 16 chunks of 4 MiB, 1M policy lookups.
+Sizes are smaller than production (2-core CI box): 16 chunks of 4 MiB, 1M policy lookups,
+generated traces of 2000 requests.
 
-    .venv/bin/python tools/bench_cache.py
+    .venv/bin/python tools/bench_cache.py                   # everything
+    .venv/bin/python tools/bench_cache.py --only traces --plot docs/policies.png
+        [--trace ../shared/traces/mooncake_synthetic_trace.jsonl]
 """
 
 from __future__ import annotations
 
+import argparse
 import random
 import sys
 import time
@@ -17,7 +21,14 @@ from pathlib import Path
 import numpy as np
 from prometheus_client import CollectorRegistry
 
-from chunkstore.cache import ARCPolicy, HostCache, LRUPolicy, TieredStore
+from chunkstore.cache import (
+    DEFAULT_POLICY,
+    POLICY_NAMES,
+    CachePolicy,
+    HostCache,
+    TieredStore,
+    make_policy,
+)
 from chunkstore.hashing import ChunkKey
 from chunkstore.metrics import ChunkstoreMetrics
 
@@ -27,6 +38,9 @@ ROUNDS = 20
 POLICY_ENTRIES = 100_000
 LOOKUPS = 1_000_000
 TRACE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "mooncake_synthetic_trace.jsonl"
+GENERATED_REQUESTS = 2000
+GOAL_FRACTIONS = (0.01, 0.02, 0.03, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75)
+"""Capacities the goal is checked at: 1%..75% of each trace's unique blocks."""
 
 
 def best_of(repeats: int, fn: Callable[[], None]) -> float:
@@ -102,72 +116,121 @@ def bench_policies() -> None:
 
     baseline = best_of(3, plain_dict)
     print(f"dict membership test (baseline)     {LOOKUPS / baseline / 1e6:7.2f} M lookups/s")
-    for cls in (ARCPolicy, LRUPolicy):
-        policy = cls(POLICY_ENTRIES)
+    for name in POLICY_NAMES:
+        policy = make_policy(name, POLICY_ENTRIES)
         for key in range(POLICY_ENTRIES):
             policy.access(key)
 
-        def hits(p: ARCPolicy | LRUPolicy = policy) -> None:
+        def hits(p: CachePolicy = policy) -> None:
             hit = p.hit
             for key in hot:
                 hit(key)
 
         seconds = best_of(3, hits)
         rate = LOOKUPS / seconds / 1e6
+        label = type(policy).__name__
         print(
-            f"{cls.__name__:<10} hit() all hits        {rate:7.2f} M lookups/s  "
-            f"{baseline / seconds:5.2f}x dict"
+            f"{label:<16} hit() all hits  {rate:7.2f} M lookups/s  {baseline / seconds:5.2f}x dict"
         )
-        policy = cls(POLICY_ENTRIES)
+        policy = make_policy(name, POLICY_ENTRIES)
 
-        def mixed(p: ARCPolicy | LRUPolicy = policy) -> None:
+        def mixed(p: CachePolicy = policy) -> None:
             access = p.access
             for key in stream:
                 access(key)
 
         seconds = best_of(2, mixed)
-        counter = cls(POLICY_ENTRIES)
+        counter = make_policy(name, POLICY_ENTRIES)
         hit_ratio = sum(map(counter.access, stream)) / LOOKUPS
         rate = LOOKUPS / seconds / 1e6
         print(
-            f"{cls.__name__:<10} access() mixed        {rate:7.2f} M lookups/s  "
+            f"{label:<16} access() mixed  {rate:7.2f} M lookups/s  "
             f"{baseline / seconds:5.2f}x dict  ({hit_ratio:.0%} hits)"
         )
+        chained = make_policy(name, POLICY_ENTRIES)
+
+        def chains(p: CachePolicy = chained) -> None:
+            # Requests of 32 chained blocks over 1.25x the capacity: every miss has a parent.
+            access = p.access
+            for key in stream:
+                access(key, key - 1 if key % 32 else None)
+
+        seconds = best_of(2, chains)
+        rate = LOOKUPS / seconds / 1e6
+        print(f"{label:<16} access() chained {rate:6.2f} M lookups/s  (misses with parents)")
 
 
-def bench_simulator() -> None:
-    if not TRACE.exists():
-        print(f"simulator: {TRACE} not found, skipped")
-        return
-    from chunkstore.simulator import load_trace, simulate
+def bench_traces(plot: Path | None, shared: Path) -> None:
+    """Tokens saved by every policy on the shared trace and each generated workload."""
+    from chunkstore.simulator import Trace, load_trace, simulate
+    from chunkstore.simulator.generate import WORKLOADS, generate_trace
+    from chunkstore.simulator.trace import TraceRequest
 
-    started = time.perf_counter()
-    trace = load_trace(TRACE)
-    result = simulate(trace)
-    seconds = time.perf_counter() - started
-    print(
-        f"simulator: {len(trace.requests)} requests, {trace.accesses} lookups, "
-        f"{trace.unique_blocks} unique blocks, {len(result.results)} runs in {seconds:.1f} s"
-    )
-    print(
-        f"{'capacity':>9} {'ARC hit%':>9} {'LRU hit%':>9} {'Belady%':>8} "
-        f"{'ARC/LRU':>8} {'gap to Belady':>14}"
-    )
-    for capacity in result.capacities:
-        arc, lru, opt = (result.result(p, capacity) for p in ("arc", "lru", "belady"))
-        print(
-            f"{capacity:>9} {arc.hit_ratio:9.2%} {lru.hit_ratio:9.2%} {opt.hit_ratio:8.2%} "
-            f"{arc.hits / max(lru.hits, 1):8.3f} {opt.hit_ratio - arc.hit_ratio:13.2%}p"
+    traces: list[Trace] = []
+    if shared.exists():
+        traces.append(load_trace(shared))
+    else:
+        print(f"{shared} not found: generated traces only")
+    for workload in WORKLOADS:
+        requests = generate_trace(workload, requests=GENERATED_REQUESTS, seed=0)
+        replayable = tuple(
+            TraceRequest(r.timestamp, r.input_length, r.output_length, r.hash_ids) for r in requests
         )
+        traces.append(Trace(f"generated {workload} (seed 0)", replayable, 512))
+    results = []
+    for trace in traces:
+        nominal = {max(1, round(trace.unique_blocks * f)): f for f in reversed(GOAL_FRACTIONS)}
+        capacities = sorted(nominal)
+        started = time.perf_counter()
+        result = simulate(trace, capacities)
+        results.append(result)
+        seconds = time.perf_counter() - started
+        print(
+            f"\n{trace.source}: {len(trace.requests)} requests, {trace.accesses} lookups, "
+            f"{trace.unique_blocks} unique blocks; {len(result.results)} runs in {seconds:.1f} s"
+        )
+        names = [p for p in result.policies if p != "belady"]
+        print(
+            f"{'capacity':>9} {'%':>5} "
+            + " ".join(f"{p + ' saved%':>12}" for p in [*names, "belady"])
+            + f" {DEFAULT_POLICY + '/arc':>9} {DEFAULT_POLICY + '/max':>9}  goal"
+        )
+        for capacity in capacities:
+            entries = {p: result.result(p, capacity) for p in result.policies}
+            ours = entries[DEFAULT_POLICY].tokens_saved
+            arc = entries["arc"].tokens_saved
+            best = max(entries["arc"].tokens_saved, entries["lru"].tokens_saved)
+            fraction = nominal[capacity]
+            goal = ours >= best and (fraction > 0.05 or ours >= 1.2 * arc)
+            print(
+                f"{capacity:>9} {fraction:5.0%} "
+                + " ".join(f"{entries[p].tokens_saved_ratio:12.2%}" for p in [*names, "belady"])
+                + f" {ours / max(arc, 1):9.3f} {ours / max(best, 1):9.3f}  "
+                + ("met" if goal else "MISSED")
+            )
+    if plot is not None:
+        from chunkstore.simulator.plot import plot_tokens_saved
+
+        print(f"\nplot written to {plot_tokens_saved(results, plot)}")
 
 
 def main() -> int:
-    print("== host hit copy ==")
-    bench_host_hits()
-    print("== policy overhead ==")
-    bench_policies()
-    print("== simulator (shared Mooncake trace) ==")
-    bench_simulator()
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--only", choices=("hits", "policies", "traces"), default=None)
+    parser.add_argument("--plot", type=Path, default=None, help="tokens-saved plot (traces)")
+    parser.add_argument(
+        "--trace", type=Path, default=TRACE, help=f"the Mooncake trace (default: {TRACE})"
+    )
+    args = parser.parse_args()
+    if args.only in (None, "hits"):
+        print("== host hit copy ==")
+        bench_host_hits()
+    if args.only in (None, "policies"):
+        print("== policy overhead ==")
+        bench_policies()
+    if args.only in (None, "traces"):
+        print("== tokens saved per policy (goal: default >= max(ARC, LRU), >= 1.2x ARC at 1-5%) ==")
+        bench_traces(args.plot, args.trace)
     return 0
 
 

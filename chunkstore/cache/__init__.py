@@ -1,8 +1,8 @@
 """Tier 0: the host-memory chunk cache, its replacement policies, and the tiered store.
 
 * :class:`HostCache` - whole chunks in a preallocated (optionally shared,
-  optionally pinned) slot pool, evicted by :class:`ARCPolicy` (default) or
-  :class:`LRUPolicy`;
+  optionally pinned) slot pool, evicted by :class:`PrefixARCPolicy` (default),
+  :class:`ARCPolicy` or :class:`LRUPolicy`;
 * :class:`TieredStore` - a host cache in front of secondary stores, with
   write-behind, promotion and tier fail-over;
 * :class:`SlotPool` - the pool itself, which other processes can attach by name;
@@ -18,11 +18,19 @@ from chunkstore.cache.assembly import AssemblerStats, ShardAssembler, ShardClaim
 from chunkstore.cache.assembly_owner import AssemblyOwner, AssemblyStats
 from chunkstore.cache.host import Adoption, HostCache, HostCacheStats, Lease
 from chunkstore.cache.lru import LRUPolicy
-from chunkstore.cache.policy import POLICY_NAMES, CachePolicy, NoEvictableEntry, make_policy
+from chunkstore.cache.policy import (
+    DEFAULT_POLICY,
+    POLICY_NAMES,
+    CachePolicy,
+    NoEvictableEntry,
+    make_policy,
+)
 from chunkstore.cache.pool import SlotPool, StaleSlot
+from chunkstore.cache.prefix_arc import PrefixARCPolicy
 from chunkstore.cache.tiered import TieredStats, TieredStore, TierStats
 
 __all__ = [
+    "DEFAULT_POLICY",
     "POLICY_NAMES",
     "ARCPolicy",
     "Adoption",
@@ -35,6 +43,7 @@ __all__ = [
     "LRUPolicy",
     "Lease",
     "NoEvictableEntry",
+    "PrefixARCPolicy",
     "ShardAssembler",
     "ShardClaim",
     "SlotPool",

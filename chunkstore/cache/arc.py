@@ -67,7 +67,7 @@ class ARCPolicy(CachePolicy):
             return True
         return False
 
-    def access(self, key: Hashable) -> bool:
+    def access(self, key: Hashable, parent: Hashable | None = None) -> bool:
         # Inlined Case I: the hot path of both the simulator and host-cache hits.
         t1 = self.t1
         if key in t1:
@@ -138,7 +138,9 @@ class ARCPolicy(CachePolicy):
 
     # --- Cases II, III, IV ---------------------------------------------------------
 
-    def admit(self, key: Hashable, can_evict: CanEvict | None = None) -> Hashable | None:
+    def admit(
+        self, key: Hashable, can_evict: CanEvict | None = None, *, parent: Hashable | None = None
+    ) -> Hashable | None:
         if can_evict is None:
             return self._admit_unpinned(key)
         # Vetoes can evict from the list REPLACE did not pick: ghosts may need trimming later.

@@ -29,7 +29,8 @@ from types import TracebackType
 from typing import Any
 
 from chunkstore.backends.base import Buffer, ChunkInfo, Store
-from chunkstore.cache.policy import CachePolicy, NoEvictableEntry, make_policy
+from chunkstore.cache.chains import chunk_parent
+from chunkstore.cache.policy import DEFAULT_POLICY, CachePolicy, NoEvictableEntry, make_policy
 from chunkstore.cache.pool import ABORTED, DOOMED, LENT, READY, SEALED, SlotPool, StaleSlot
 from chunkstore.errors import ConfigError
 from chunkstore.format import ChunkLayout
@@ -151,7 +152,7 @@ class Lease:
 
 
 class HostCache(Store):
-    """Whole chunks in a preallocated slot pool, evicted by ARC or LRU. Thread-safe.
+    """Whole chunks in a preallocated slot pool, evicted by a policy (``parc``). Thread-safe.
 
     ``slot_size``: bytes per slot, or a :class:`ChunkLayout` (its
     ``total_size``). Capacity is ``num_slots``, or ``capacity_bytes // slot_size``.
@@ -172,7 +173,7 @@ class HostCache(Store):
         *,
         num_slots: int | None = None,
         capacity_bytes: int | None = None,
-        policy: str | CachePolicy = "arc",
+        policy: str | CachePolicy = DEFAULT_POLICY,
         shm_name: str | None = None,
         shm_replace: bool = False,
         pin_memory: bool | None = None,
@@ -199,7 +200,7 @@ class HostCache(Store):
         else:
             self._policy = make_policy(policy, num_slots)
         self.policy_name = self._policy.name
-        """``"arc"`` or ``"lru"``."""
+        """``"parc"``, ``"arc"`` or ``"lru"``."""
         self.pool = SlotPool.create(
             size, num_slots, name=shm_name, pin_memory=pin_memory, replace=shm_replace
         )
@@ -329,6 +330,7 @@ class HostCache(Store):
             if lease.key not in self._policy:
                 # The old slot was deleted meanwhile: re-admit (the reservation's room is gone).
                 self._readmit(lease.key)
+            self._link_parent(lease.key, slot)
             lease.writing = False
             lease.view = lease.view[:size]
             if not keep_pinned:
@@ -573,6 +575,7 @@ class HostCache(Store):
             self._mtime[slot] = self._atime[slot] = time.time()
             self._index[key] = slot
             self._readmit(key)
+            self._link_parent(key, slot)
             if not keep_pinned:
                 return Adoption(key, True, None)
             pool.pin(slot)
@@ -660,6 +663,13 @@ class HostCache(Store):
             return
         if victim is not None:
             self._evict(victim)
+
+    def _link_parent(self, key: ChunkKey, slot: int) -> None:
+        # Only chain-following policies pay for reading the header of a published chunk.
+        if self._policy.follows_chains and key in self._policy:
+            parent = chunk_parent(key, self.pool.view(slot)[: self.pool.length(slot)])
+            if parent is not None:
+                self._policy.link(key, parent)
 
     def _can_evict_other(self, key: ChunkKey) -> Any:
         return lambda k: k != key and self._can_evict(k)

@@ -38,7 +38,9 @@ class LRUPolicy(CachePolicy):
             return True
         return False
 
-    def admit(self, key: Hashable, can_evict: CanEvict | None = None) -> Hashable | None:
+    def admit(
+        self, key: Hashable, can_evict: CanEvict | None = None, *, parent: Hashable | None = None
+    ) -> Hashable | None:
         entries = self._entries
         victim = None
         if len(entries) >= self.capacity:
@@ -52,7 +54,7 @@ class LRUPolicy(CachePolicy):
     def remove(self, key: Hashable) -> bool:
         return self._entries.pop(key, _ABSENT) is not _ABSENT
 
-    def access(self, key: Hashable) -> bool:
+    def access(self, key: Hashable, parent: Hashable | None = None) -> bool:
         # Inlined hit/admit: the simulator calls this hundreds of thousands of times.
         entries = self._entries
         if key in entries:

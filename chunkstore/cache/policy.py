@@ -12,6 +12,15 @@ Callers drive a policy with two events:
 * :meth:`CachePolicy.admit` when a missing key is brought in. At most one
   resident key is evicted to make room and returned.
 
+Chain structure: KV chunks are prefix-chained (a chunk is usable only with
+every chunk before it), and a policy may use that. ``admit(..., parent=)``
+and ``access(key, parent)`` name the key of the chunk before this one (``None``
+for a chain's first chunk, or when unknown), and :meth:`CachePolicy.link`
+records it later for a resident key (the host cache learns the parent from
+the chunk header only once the chunk is written). Policies with
+``follows_chains = False`` (ARC, LRU) ignore it, and the host cache then does
+not read headers for it.
+
 ``can_evict`` lets the caller veto victims (pinned slots, chunks still being
 written back): the policy then evicts the next candidate in its own order and
 raises :class:`NoEvictableEntry` when every resident key is vetoed, leaving its
@@ -48,8 +57,10 @@ class NoEvictableEntry(ChunkStoreError):
 class CachePolicy(ABC):
     """Bookkeeping of which keys a fixed-size cache holds. Not thread-safe: callers lock."""
 
-    #: Registry name (``"arc"``, ``"lru"``).
+    #: Registry name (``"parc"``, ``"arc"``, ``"lru"``).
     name: str = "policy"
+    #: Whether the policy uses chain structure (``parent`` / :meth:`link`).
+    follows_chains: bool = False
 
     def __init__(self, capacity: int) -> None:
         if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
@@ -75,12 +86,18 @@ class CachePolicy(ABC):
         """Record a read of ``key``; returns whether it was resident (a miss changes nothing)."""
 
     @abstractmethod
-    def admit(self, key: Hashable, can_evict: CanEvict | None = None) -> Hashable | None:
+    def admit(
+        self, key: Hashable, can_evict: CanEvict | None = None, *, parent: Hashable | None = None
+    ) -> Hashable | None:
         """Make ``key`` resident; returns the evicted key, or ``None`` if nothing was evicted.
 
-        ``key`` must not be resident. Raises :class:`NoEvictableEntry` (state
+        ``key`` must not be resident. ``parent``: the key before it in its chain
+        (see the module docstring). Raises :class:`NoEvictableEntry` (state
         unchanged) when the cache is full and ``can_evict`` refuses every key.
         """
+
+    def link(self, key: Hashable, parent: Hashable) -> None:  # noqa: B027 (optional hook)
+        """Record that ``parent`` precedes the resident ``key`` in its chain (default: ignored)."""
 
     @abstractmethod
     def remove(self, key: Hashable) -> bool:
@@ -100,11 +117,11 @@ class CachePolicy(ABC):
                 return key
         return None
 
-    def access(self, key: Hashable) -> bool:
+    def access(self, key: Hashable, parent: Hashable | None = None) -> bool:
         """One request as a trace replays it: a hit, or a miss that admits ``key``. Returns hit."""
         if self.hit(key):
             return True
-        self.admit(key)
+        self.admit(key, parent=parent)
         return False
 
     def __repr__(self) -> str:
@@ -112,19 +129,27 @@ class CachePolicy(ABC):
 
 
 def make_policy(name: str, capacity: int) -> CachePolicy:
-    """The policy called ``name`` (``"arc"`` or ``"lru"``) for ``capacity`` entries."""
+    """The policy called ``name`` (one of :data:`POLICY_NAMES`) for ``capacity`` entries."""
     from chunkstore.cache.arc import ARCPolicy
     from chunkstore.cache.lru import LRUPolicy
+    from chunkstore.cache.prefix_arc import PrefixARCPolicy
 
-    policies: dict[str, type[CachePolicy]] = {"arc": ARCPolicy, "lru": LRUPolicy}
+    policies: dict[str, type[CachePolicy]] = {
+        "parc": PrefixARCPolicy,
+        "arc": ARCPolicy,
+        "lru": LRUPolicy,
+    }
     try:
         cls = policies[name.lower()]
     except (KeyError, AttributeError):
         raise ConfigError(
-            f"unknown cache policy {name!r}; choose one of {', '.join(sorted(policies))}"
+            f"unknown cache policy {name!r}; choose one of {', '.join(POLICY_NAMES)}"
         ) from None
     return cls(capacity)
 
 
-POLICY_NAMES = ("arc", "lru")
-"""Names :func:`make_policy` accepts, default first."""
+POLICY_NAMES = ("parc", "arc", "lru")
+"""Names :func:`make_policy` accepts, default first (see README "Host cache policies")."""
+
+DEFAULT_POLICY = POLICY_NAMES[0]
+"""The host cache's policy unless configured otherwise."""

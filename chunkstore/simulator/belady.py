@@ -3,7 +3,16 @@
 Demand paging, like the online policies: every missed block is admitted, and
 when the cache is full the resident block whose next use lies farthest in
 the future (or never comes) is evicted. No online policy that admits every
-miss can score more hits on the same access sequence.
+miss can score more **block hits** on the same access sequence.
+
+For **prompt tokens saved** (the leading run of hits of each request) the
+simulator counts MIN's hits the same way as any policy's. MIN is prefix-aware
+by construction: every request reads a chunk's parent just before the chunk,
+so a parent's next use always comes before its child's and MIN never evicts a
+chunk while keeping the chunk after it. It is not a proven upper bound on
+tokens saved (which leading runs to complete is a harder, knapsack-like
+choice), so an online policy may come out ahead of it on that measure; the
+simulator then reports a negative gap.
 """
 
 from __future__ import annotations

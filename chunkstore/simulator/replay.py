@@ -10,8 +10,11 @@ computes and saves the block). Two results per policy and capacity:
   capped at the prompt length, summed over requests.
 
 Online policies are the real :class:`~chunkstore.cache.policy.CachePolicy`
-classes the host cache runs; ``belady`` is the offline optimum
-(:mod:`chunkstore.simulator.belady`).
+classes the host cache runs, told each block's chain parent (the block before
+it in the prompt) as the host cache learns it from chunk headers; ``belady``
+is the offline reference (:mod:`chunkstore.simulator.belady`), and
+:meth:`Simulation.gap_to_belady` measures every policy against it on both
+results.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ from chunkstore.simulator.trace import Trace
 
 SIMULATED_POLICIES = (*POLICY_NAMES, "belady")
 """Policy names :func:`simulate` accepts."""
-DEFAULT_FRACTIONS = (0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75)
+DEFAULT_FRACTIONS = (0.01, 0.02, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75)
 """Default capacities, as fractions of the trace's unique blocks."""
 
 
@@ -35,7 +38,7 @@ class PolicyResult:
     """One policy at one capacity."""
 
     policy: str
-    """``arc``, ``lru`` or ``belady``."""
+    """A host-cache policy name (``parc``, ``arc``, ``lru``) or ``belady``."""
     capacity: int
     """Cache size in blocks."""
     accesses: int
@@ -91,6 +94,20 @@ class Simulation:
                 return entry
         raise KeyError((policy, capacity))
 
+    def gap_to_belady(self, policy: str, capacity: int) -> tuple[float, float] | None:
+        """Belady's hit ratio and tokens-saved ratio minus ``policy``'s, in points of 1.0.
+
+        ``None`` when Belady was not simulated. The tokens gap can be negative:
+        Belady maximises block hits, not tokens saved (see :mod:`~chunkstore.simulator.belady`).
+        """
+        if "belady" not in self.policies:
+            return None
+        ours, best = self.result(policy, capacity), self.result("belady", capacity)
+        return (
+            best.hit_ratio - ours.hit_ratio,
+            best.tokens_saved_ratio - ours.tokens_saved_ratio,
+        )
+
 
 def default_capacities(unique_blocks: int) -> tuple[int, ...]:
     """:data:`DEFAULT_FRACTIONS` of the working set, at least one block each, deduplicated."""
@@ -107,8 +124,13 @@ def _replay(
     for request in trace.requests:
         leading = 0
         in_prefix = True
+        parent = None  # each block's chain parent is the block before it in the prompt
         for block in request.blocks:
-            hit = access(block) if access is not None else hits_of[position]  # type: ignore[index]
+            if access is not None:
+                hit = access(block, parent)
+                parent = block
+            else:
+                hit = hits_of[position]  # type: ignore[index]
             position += 1
             if hit:
                 hits += 1

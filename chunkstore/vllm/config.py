@@ -13,13 +13,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from chunkstore import units
+from chunkstore.cache.policy import DEFAULT_POLICY, POLICY_NAMES
 from chunkstore.errors import ConfigError
 
 __all__ = ["OPTIONS", "ConnectorConfig", "parse_config", "parse_size"]
 
 OPTIONS: dict[str, str] = {
     "host_cache": "Host memory for chunks (tier 0), e.g. '8G', '512MiB' or bytes. Default '2G'.",
-    "host_policy": "Host cache eviction policy: 'arc' (default) or 'lru'.",
+    "host_policy": "Host cache eviction policy: 'parc' (prefix-aware ARC, default), 'arc', 'lru'.",
     "tiers": "Secondary tiers, fastest first: a URL or a list of URLs "
     "('file:///mnt/kv', '/mnt/kv', 's3://bucket/prefix'). Default: none.",
     "chunk_tokens": "Tokens per chunk; a multiple of the engine's block size. Default 256.",
@@ -203,7 +204,7 @@ def parse_config(
     role = kv_role or "kv_both"
     return ConnectorConfig(
         host_cache_bytes=parse_size(extra.get("host_cache", "2G"), "host_cache"),
-        host_policy=_choice(extra, "host_policy", "arc", ("arc", "lru")),
+        host_policy=_choice(extra, "host_policy", DEFAULT_POLICY, POLICY_NAMES),
         tiers=tiers,
         chunk_tokens=chunk_tokens,
         model_id=_optional_str(extra, "model_id"),

@@ -11,13 +11,18 @@ from __future__ import annotations
 from collections.abc import Hashable
 
 import pytest
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
+from chunkstore.cache.arc import ARCPolicy
 from chunkstore.cache.policy import CachePolicy, NoEvictableEntry
 from chunkstore.errors import ConfigError
 
+KEYS = st.integers(min_value=0, max_value=11)
+
 
 class PolicyTestMixin:
-    """Behaviour shared by ARC and LRU (and any later policy)."""
+    """Behaviour shared by every policy (parc, ARC, LRU)."""
 
     policy_class: type[CachePolicy]
 
@@ -72,7 +77,7 @@ class PolicyTestMixin:
         assert policy.hit(victim) is False
 
     def test_scan_of_new_keys_evicts_oldest_first(self) -> None:
-        # With no re-references ARC degenerates to FIFO = LRU: evictions in insertion order.
+        # With no re-references (and no chains) every policy evicts in insertion order.
         policy = self.make(3)
         victims = [policy.admit(k) for k in range(8)]
         assert victims == [None, None, None, 0, 1, 2, 3, 4]
@@ -153,3 +158,60 @@ class PolicyTestMixin:
 
     def test_repr_names_class(self) -> None:
         assert self.policy_class.__name__ in repr(self.make(2))
+
+
+class ARCPinMachine(RuleBasedStateMachine):
+    """An ARC-family policy (``make``) with pins and removals: its bookkeeping stays consistent.
+
+    Capacity 4 over keys 0..11; subclasses add rules (parc adds chains and links).
+    """
+
+    def make(self) -> ARCPolicy:
+        return ARCPolicy(4)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.policy = self.make()
+        self.resident: set[Hashable] = set()
+        self.pinned: set[int] = set()
+
+    @rule(key=KEYS)
+    def access(self, key: int) -> None:
+        self.read(key, None)
+
+    def read(self, key: int, parent: int | None) -> bool:
+        """One lookup that admits on a miss, checked against the model; False if all pinned."""
+        if self.policy.hit(key):
+            assert key in self.resident
+            return True
+        assert key not in self.resident
+        try:
+            victim = self.policy.admit(key, lambda k: k not in self.pinned, parent=parent)
+        except NoEvictableEntry:
+            assert len(self.resident) >= 4 and self.resident <= self.pinned
+            return False
+        if victim is not None:
+            assert victim in self.resident and victim not in self.pinned
+            self.resident.discard(victim)
+        self.resident.add(key)
+        return True
+
+    @rule(key=KEYS)
+    def toggle_pin(self, key: int) -> None:
+        self.pinned ^= {key}
+
+    @rule(key=KEYS)
+    def remove(self, key: int) -> None:
+        assert self.policy.remove(key) is (key in self.resident)
+        self.resident.discard(key)
+
+    @invariant()
+    def bounds(self) -> None:
+        policy = self.policy
+        assert set(policy) == self.resident
+        assert len(policy) <= 4
+        assert len(policy.t1) + len(policy.b1) <= 4
+        assert len(policy.t1) + len(policy.t2) + len(policy.b1) + len(policy.b2) <= 8
+        assert 0 <= policy.p <= 4
+        lists = [set(policy.t1), set(policy.t2), set(policy.b1), set(policy.b2)]
+        assert sum(len(s) for s in lists) == len(set().union(*lists))  # disjoint

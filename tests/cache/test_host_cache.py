@@ -51,7 +51,7 @@ def test_sizes(layout: ChunkLayout) -> None:
 
 
 def test_capacity_is_bounded_and_stats_add_up(layout: ChunkLayout, chain: list[MadeChunk]) -> None:
-    with HostCache(layout, num_slots=4) as cache:
+    with HostCache(layout, num_slots=4, policy="arc") as cache:
         assert cache.put_many([(c.key, c.data) for c in chain]) == [True] * len(chain)
         stats = cache.stats()
         assert stats.chunks == 4 and stats.evictions == len(chain) - 4
@@ -62,6 +62,16 @@ def test_capacity_is_bounded_and_stats_add_up(layout: ChunkLayout, chain: list[M
         assert cache.get(chain[-1].key) == chain[-1].data
         stats = cache.stats()
         assert (stats.hits, stats.misses) == (1, 1)
+
+
+def test_default_policy_keeps_a_chains_head(layout: ChunkLayout, chain: list[MadeChunk]) -> None:
+    # parc reads each chunk's parent from its header: a chain longer than the cache keeps
+    # its first chunks (a usable prefix) and rotates its tail through the last slot.
+    with HostCache(layout, num_slots=4) as cache:
+        assert cache.policy_name == "parc"
+        assert cache.put_many([(c.key, c.data) for c in chain]) == [True] * len(chain)
+        assert cache.stats().evictions == len(chain) - 4
+        assert cache.exists_many([c.key for c in chain]) == [True] * 3 + [False] * 8 + [True]
 
 
 def test_oversized_chunk_is_refused(chain: list[MadeChunk]) -> None:

@@ -29,7 +29,9 @@ def scrape(url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
 def test_scrape_after_known_workload(chain: list[MadeChunk], metrics: ChunkstoreMetrics) -> None:
     disk = MemoryStore(name="disk")
     size = LAYOUT.total_size
-    store = TieredStore(HostCache(LAYOUT, num_slots=4), [disk], metrics=metrics, tier_timeout=None)
+    # ARC: which chunk the bursts evict (chain[0]) is part of the known workload.
+    host = HostCache(LAYOUT, num_slots=4, policy="arc")
+    store = TieredStore(host, [disk], metrics=metrics, tier_timeout=None)
     server = start_metrics_server(0, metrics=metrics)
     try:
         assert server.url.startswith("http://127.0.0.1:")

@@ -1,17 +1,21 @@
-"""ARC and LRU pass the shared policy contract, and agree with reference models."""
+"""Every host policy passes the shared policy contract; ARC and LRU agree with reference models."""
 
 from __future__ import annotations
 
-from collections.abc import Hashable
-
 import pytest
 from hypothesis import settings
-from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from chunkstore.cache import ARCPolicy, LRUPolicy, NoEvictableEntry, make_policy
+from chunkstore.cache import (
+    POLICY_NAMES,
+    ARCPolicy,
+    LRUPolicy,
+    NoEvictableEntry,
+    PrefixARCPolicy,
+    make_policy,
+)
 from chunkstore.errors import ConfigError
-from tests.cache.policy_suite import PolicyTestMixin
+from tests.cache.policy_suite import KEYS, ARCPinMachine, PolicyTestMixin
 from tests.cache.reference_arc import PaperARC
 
 
@@ -21,6 +25,10 @@ class TestARC(PolicyTestMixin):
 
 class TestLRU(PolicyTestMixin):
     policy_class = LRUPolicy
+
+
+class TestPrefixARC(PolicyTestMixin):
+    policy_class = PrefixARCPolicy
 
 
 def test_arc_evict_leaves_a_ghost_that_steers_p() -> None:
@@ -35,13 +43,17 @@ def test_arc_evict_leaves_a_ghost_that_steers_p() -> None:
 
 
 def test_make_policy() -> None:
+    assert isinstance(make_policy("parc", 2), PrefixARCPolicy)
     assert isinstance(make_policy("arc", 2), ARCPolicy)
     assert isinstance(make_policy("LRU", 2), LRUPolicy)
-    with pytest.raises(ConfigError, match="arc, lru"):
+    with pytest.raises(ConfigError, match="parc, arc, lru"):
         make_policy("fifo", 2)
 
 
-KEYS = st.integers(min_value=0, max_value=11)
+def test_the_shared_suite_covers_every_policy() -> None:
+    tested = {cls.policy_class.name for cls in (TestARC, TestLRU, TestPrefixARC)}
+    assert tested == set(POLICY_NAMES)
+    assert all(make_policy(name, 2).name == name for name in POLICY_NAMES)
 
 
 class LRUMachine(RuleBasedStateMachine):
@@ -108,52 +120,6 @@ class ARCMachine(RuleBasedStateMachine):
         assert list(self.policy.b1) == self.paper.b1
         assert list(self.policy.b2) == self.paper.b2
         assert self.policy.p == self.paper.p
-
-
-class ARCPinMachine(RuleBasedStateMachine):
-    """ARCPolicy with pins and removals: the cache's bookkeeping stays consistent."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.policy = ARCPolicy(4)
-        self.resident: set[Hashable] = set()
-        self.pinned: set[int] = set()
-
-    @rule(key=KEYS)
-    def access(self, key: int) -> None:
-        if self.policy.hit(key):
-            assert key in self.resident
-            return
-        assert key not in self.resident
-        try:
-            victim = self.policy.admit(key, lambda k: k not in self.pinned)
-        except NoEvictableEntry:
-            assert len(self.resident) >= 4 and self.resident <= self.pinned
-            return
-        if victim is not None:
-            assert victim in self.resident and victim not in self.pinned
-            self.resident.discard(victim)
-        self.resident.add(key)
-
-    @rule(key=KEYS)
-    def toggle_pin(self, key: int) -> None:
-        self.pinned ^= {key}
-
-    @rule(key=KEYS)
-    def remove(self, key: int) -> None:
-        assert self.policy.remove(key) is (key in self.resident)
-        self.resident.discard(key)
-
-    @invariant()
-    def bounds(self) -> None:
-        policy = self.policy
-        assert set(policy) == self.resident
-        assert len(policy) <= 4
-        assert len(policy.t1) + len(policy.b1) <= 4
-        assert len(policy.t1) + len(policy.t2) + len(policy.b1) + len(policy.b2) <= 8
-        assert 0 <= policy.p <= 4
-        lists = [set(policy.t1), set(policy.t2), set(policy.b1), set(policy.b2)]
-        assert sum(len(s) for s in lists) == len(set().union(*lists))  # disjoint
 
 
 _SETTINGS = settings(max_examples=60, stateful_step_count=40, deadline=None)

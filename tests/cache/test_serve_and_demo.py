@@ -40,7 +40,7 @@ def test_serve_exposes_metrics_and_stops_cleanly(tmp_path: Path) -> None:
         metrics_line = process.stdout.readline()
         assert metrics_line.startswith("metrics: http://127.0.0.1:"), metrics_line
         serving = process.stdout.readline()
-        assert "16 slots of 64.0 KiB, arc" in serving and "tiers: fs" in serving
+        assert "16 slots of 64.0 KiB, parc" in serving and "tiers: fs" in serving
         with urllib.request.urlopen(metrics_line.split()[1], timeout=10) as response:
             families = {f.name: f for f in text_string_to_metric_families(response.read().decode())}
         capacity = families["chunkstore_host_cache_bytes_capacity"].samples[0]

@@ -134,8 +134,38 @@ def test_unreadable_trace(tmp_path: Path) -> None:
 
 
 def test_default_capacities() -> None:
-    assert default_capacities(1000) == (20, 50, 100, 200, 300, 500, 750)
+    assert default_capacities(1000) == (10, 20, 50, 100, 200, 300, 500, 750)
     assert default_capacities(3) == (1, 2)
+
+
+def test_every_host_policy_is_simulated_with_its_gap_to_belady() -> None:
+    # Two requests of chain 1-2-3 around a one-off chain 7-8 that does not fit beside it.
+    trace = parse_trace(mooncake([1, 2, 3], [7, 8], [1, 2, 3]))
+    result = simulate(trace, [3])
+    assert result.policies == ("parc", "arc", "lru", "belady")
+    # parc: 7 evicts the leaf 3 (walk from 1), 8 evicts 2, then 1; 1 2 3 are all misses again.
+    # Belady evicts by next use: 3 for 7 (3 is read last), then 7 itself for 8 -> 1 2 hit.
+    opt = result.result("belady", 3)
+    assert (opt.hits, opt.tokens_saved) == (2, 1024)
+    for policy in ("parc", "arc", "lru"):
+        entry = result.result(policy, 3)
+        gap = result.gap_to_belady(policy, 3)
+        assert gap == pytest.approx(
+            (opt.hit_ratio - entry.hit_ratio, opt.tokens_saved_ratio - entry.tokens_saved_ratio)
+        )
+    assert simulate(trace, [3], ["arc"]).gap_to_belady("arc", 3) is None
+
+
+def test_parc_keeps_a_usable_prefix_where_arc_keeps_a_useless_tail() -> None:
+    # A 4-block conversation comes back after a 2-block one-off, in a cache of 4 blocks:
+    # ARC evicts the conversation's head (1, 2) for 8 9; on the second read 1 and 2 miss and
+    # evict 3 and 4 before they are read: no hit at all. parc evicts the tail (4, 3), so
+    # 1 2 hit and their tokens are saved.
+    trace = parse_trace(mooncake([1, 2, 3, 4], [8, 9], [1, 2, 3, 4]))
+    result = simulate(trace, [4], ["parc", "arc"])
+    arc, parc = result.result("arc", 4), result.result("parc", 4)
+    assert (arc.hits, arc.tokens_saved) == (0, 0)
+    assert (parc.hits, parc.tokens_saved) == (2, 1024)
 
 
 def test_cli_json_and_plot(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -148,9 +178,13 @@ def test_cli_json_and_plot(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     by_key = {(r["policy"], r["capacity"]): r for r in document["results"]}
     assert by_key[("lru", 3)]["hits"] == 4 and by_key[("belady", 3)]["hits"] == 4
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert by_key[("arc", 3)]["tokens_saved_gap_to_belady"] == pytest.approx(
+        by_key[("belady", 3)]["tokens_saved_ratio"] - by_key[("arc", 3)]["tokens_saved_ratio"]
+    )
     assert main(["simulate", str(trace), "--capacities", "3", "--block-bytes", "1MiB"]) == 0
     text = capsys.readouterr().out
-    assert "ARC HIT%" in text and "3.0 MiB" in text and "ARC >= LRU" in text
+    assert "SAVED GAP" in text and "3.0 MiB" in text
+    assert "parc saves at least as many tokens as arc and lru at every capacity" in text
 
 
 def test_cli_bad_trace_is_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

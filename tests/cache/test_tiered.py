@@ -142,7 +142,12 @@ def test_unpersisted_chunks_survive_eviction_pressure(
 ) -> None:
     gated, archive = GatedStore("disk"), MemoryStore(name="archive")
     archive.put_many([(c.key, c.data) for c in chain[6:12]])
-    store = make(3, [gated, archive], registry_metrics, write_tiers="first", queue_size=8)
+    # ARC: the promotions below evict exactly the three older chunks (parc would first evict
+    # the promoted run itself, whose parent chain[5] is not cached).
+    host = HostCache(LAYOUT, num_slots=3, policy="arc")
+    store = TieredStore(
+        host, [gated, archive], metrics=registry_metrics, write_tiers="first", queue_size=8
+    )
     try:
         store.put_many([(c.key, c.data) for c in chain[:3]])  # fills host; none persisted yet
         buffer = bytearray(LAYOUT.total_size)

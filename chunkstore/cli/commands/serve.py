@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from chunkstore.cache import POLICY_NAMES, HostCache, TieredStore
+from chunkstore.cache import DEFAULT_POLICY, POLICY_NAMES, HostCache, TieredStore
 from chunkstore.cli.storeargs import local_path, open_cli_store
 from chunkstore.errors import ConfigError, StoreError
 from chunkstore.metrics import ChunkstoreMetrics, default_metrics, start_metrics_server
@@ -165,7 +165,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="KV spec JSON/YAML of the model: the slot size is its chunk size",
     )
     cache.add_argument(
-        "--policy", choices=POLICY_NAMES, default="arc", help="replacement policy (default: arc)"
+        "--policy",
+        choices=POLICY_NAMES,
+        default=DEFAULT_POLICY,
+        help=f"replacement policy (default: {DEFAULT_POLICY}, prefix-aware ARC; see README)",
     )
     cache.add_argument(
         "--shm-name",
