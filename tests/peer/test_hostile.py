@@ -253,7 +253,9 @@ def test_session_flood_stays_bounded(serve: Callable[..., PeerServer]) -> None:
 
 def test_huge_hello_fields_do_not_grow_memory(serve: Callable[..., PeerServer]) -> None:
     server = serve(MemoryStore())
-    big = msgpack.packb(hello_body(client="n" * (1 << 20)), use_bin_type=True)
+    # just under the 1 MiB control frame limit, so only the field cap refuses it
+    big = msgpack.packb(hello_body(client="n" * ((1 << 20) - 4096)), use_bin_type=True)
+    assert len(big) < P.Limits().max_control_bytes
     flood = Dealer(server.endpoint)
     try:
         flood.ask(hello_body())  # warm up buffers and metric children
