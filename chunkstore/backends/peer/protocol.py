@@ -242,7 +242,7 @@ def validate_request(body: Any, limits: Limits | None = None) -> dict[str, Any]:
             raise ProtocolViolation(MALFORMED, f"{op}: field {name!r} has the wrong type")
     limits = limits or Limits()
     for name in fields:
-        check = _GRAMMAR.get(name)
+        check = FIELD_GRAMMAR.get(name)
         if check is not None:
             check(op, body[name], limits)
     return body
@@ -363,7 +363,7 @@ def _check_nixl_md(op: str, value: Any, limits: Limits) -> None:
 
 
 #: Per field name: the grammar check run after the type check (spec §4, "Field grammar").
-_GRAMMAR: dict[str, Callable[[str, Any, Limits], None]] = {
+FIELD_GRAMMAR: dict[str, Callable[[str, Any, Limits], None]] = {
     "s": _check_session,
     "lease": _check_lease,
     "keys": _check_keys,
