@@ -20,6 +20,7 @@ import blake3
 from chunkstore.backends.peer.errors import ProtocolViolation
 from chunkstore.errors import ConfigError, MissingDependency
 from chunkstore.hashing import DIGEST_SIZE, ChunkKey, is_namespace
+from chunkstore.units import shown
 
 PROTOCOL_VERSION = 1
 """The major version this implementation writes."""
@@ -229,7 +230,7 @@ def validate_request(body: Any, limits: Limits | None = None) -> dict[str, Any]:
     op = body["op"]
     fields = REQUEST_FIELDS.get(op)
     if fields is None:
-        raise ProtocolViolation(UNKNOWN_OP, f"unknown operation {_shown(op)}")
+        raise ProtocolViolation(UNKNOWN_OP, f"unknown operation {shown(op)}")
     for name, types in fields.items():
         if name not in body:
             raise ProtocolViolation(MALFORMED, f"{op}: missing field {name!r}")
@@ -251,12 +252,6 @@ def validate_request(body: Any, limits: Limits | None = None) -> dict[str, Any]:
 def is_wire_int(value: Any) -> bool:
     """An integer on the wire; booleans are not integers (spec §3.4)."""
     return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _shown(value: Any) -> str:
-    """A received value for an error reason, cut short (a reply must not echo a megabyte)."""
-    text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _fail(code: str, op: str, name: str, why: str) -> ProtocolViolation:
