@@ -354,3 +354,36 @@ def test_garbage_nixl_metadata_is_not_offered_nixl(serve: Callable[..., PeerServ
         assert dealer.ask(hello_body(planes=planes))["planes"] == planes
     finally:
         dealer.close()
+
+
+def test_eviction_spares_sessions_holding_leases(serve: Callable[..., PeerServer]) -> None:
+    from tests.peer.conftest import require_nixl
+    from tests.peer.doubles import RegisteredHostCache
+
+    require_nixl()
+    cache = RegisteredHostCache(len(CHUNKS[0].data), num_slots=8, pin_memory=False)
+    cache.put_many([(c.key, c.data) for c in CHUNKS[:2]])
+    server = serve(cache, max_sessions_per_client=2, name=unique("leases"))
+    leaseholder = PeerClient(
+        server.endpoint,
+        plane="nixl",
+        client_name="same",
+        recv_arena_bytes=4 << 20,
+        use_env_secret=False,
+    )
+    dealer = Dealer(server.endpoint)
+    try:
+        reply, _ = leaseholder.request(
+            "fetch", {"keys": P.pack_keys(KEYS[:2]), "plane": "nixl", "lease_ms": 30_000}
+        )
+        assert server.stats()["pins"] == 2
+        for i in range(3):  # the same identity says hello again and again
+            assert dealer.ask(hello_body(id=i + 1, client="same"))["ok"] is True
+        stats = server.stats()
+        assert stats["counts"]["sessions_evicted_per_client"] == 2
+        assert stats["pins"] == 2 and cache.stats().pinned_slots == 2  # the lease survived
+        leaseholder.request("release", {"lease": reply["lease"], "ack": True})
+        assert cache.stats().pinned_slots == 0
+    finally:
+        dealer.close()
+        leaseholder.close()

@@ -670,9 +670,11 @@ class PeerServer:
             evicted = self._sessions.pop(victim) if victim is not None else None
             leases = self._pop_leases_of(victim) if victim is not None else []
             self._sessions[session_id] = session
-            count = len(self._sessions)
+            count, open_leases = len(self._sessions), len(self._leases)
         for lease in leases:
             self._release_lease(lease)
+        if leases:
+            metrics.SERVER_LEASES.labels(self.name).set(open_leases)
         if evicted is not None:
             self._drop_session(evicted)
             self._count(f"sessions_evicted_{cause}")
