@@ -94,3 +94,19 @@ def test_naming_option_adds_the_url_only_when_missing() -> None:
     )
     assert isinstance(naming_option(MissingDependency("x"), "o", "u"), MissingDependency)
     assert isinstance(naming_option(ConfigError("x"), "o", "u"), ConfigError)
+
+
+def test_s3_without_its_extra_is_refused_at_parse_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    from chunkstore.vllm.config import parse_config
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "s3fs" else real(name, *a)
+    )
+    with pytest.raises(MissingDependency, match=r"s3://bucket/kv needs s3fs.*chunkstore\[s3\]"):
+        check_url("s3://bucket/kv")
+    with pytest.raises(MissingDependency) as exc:
+        parse_config({"tiers": ["s3://bucket/kv"]}, block_size=16)
+    assert str(exc.value).startswith("tiers: s3://bucket/kv needs s3fs")
