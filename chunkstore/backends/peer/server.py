@@ -504,7 +504,7 @@ class PeerServer:
             P.validate_request(body, self.config.limits)
         except ProtocolViolation as exc:
             self._reject(exc.code)
-            extra = (
+            extra: dict[str, Any] = (
                 {"versions": sorted(P.ACCEPTED_VERSIONS)}
                 if exc.code == P.UNSUPPORTED_VERSION
                 else {}
