@@ -5,42 +5,62 @@ PiB`` are powers of 1024 (what ``du -h`` and ``df -h`` print); ``KB MB GB TB
 PB`` are powers of 1000 (what disk vendors print). No suffix or ``B`` means
 bytes. Case does not matter. Ages: one or more ``<number><unit>`` parts with
 units ``s m h d w`` (``90m``, ``1d12h``, ``1.5h``); a bare number is seconds.
+
+Both are bounded (:data:`MAX_BYTES`, :data:`MAX_SECONDS`): a value past the
+bound, infinity or NaN is a :class:`ConfigError`, never an ``OverflowError``
+from a later ``int()`` or a wait.
 """
 
 from __future__ import annotations
 
 import math
 import re
+import reprlib
+from decimal import Decimal, InvalidOperation
 
 from chunkstore.errors import ConfigError
 
+MAX_BYTES = 1 << 60
+"""Largest size accepted (1 EiB): more than any memory pool, disk or bucket quota holds."""
+MAX_SECONDS = 100 * 365 * 86400
+"""Longest duration accepted (100 years); below ``threading.TIMEOUT_MAX``, so any parsed
+duration can be a wait's timeout."""
+
 _BINARY = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40, "p": 1 << 50}
 _DECIMAL = {"kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "pb": 10**15}
-_SIZE = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([kmgtp]?(?:ib|b)?)\s*", re.IGNORECASE)
-_AGE_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)([smhdw])", re.IGNORECASE)
+_SIZE = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([kmgtp]?(?:ib|b)?)\s*", re.IGNORECASE | re.ASCII)
+_AGE_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)([smhdw])", re.IGNORECASE | re.ASCII)
 _AGE_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 _SIZE_LABELS = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
+
+
+def shown(value: object) -> str:
+    """``repr(value)`` cut to a few dozen characters, for an error line about user input."""
+    return reprlib.repr(value)
 
 
 def parse_size(text: str | int | float) -> int:
     """Bytes meant by ``text`` (``"500G"`` -> 536870912000); raises :class:`ConfigError`.
 
-    Non-negative ints and floats are byte counts as they are.
+    Non-negative ints and floats are byte counts as they are; at most :data:`MAX_BYTES`.
     """
     if isinstance(text, bool):
         raise ConfigError(f"invalid size {text!r}")
     if isinstance(text, (int, float)):
-        if text < 0 or not math.isfinite(text):
-            raise ConfigError(f"invalid size {text!r}: must be a non-negative byte count")
-        return int(text)
+        if isinstance(text, float) and not math.isfinite(text):
+            raise ConfigError(f"invalid size {text!r}: must be a finite byte count")
+        return _bounded_size(text, text)
     if not isinstance(text, str):
-        raise ConfigError(f"invalid size {text!r}: use a number with an optional unit, e.g. 500G")
+        raise ConfigError(
+            f"invalid size {shown(text)}: use a number with an optional unit, e.g. 500G"
+        )
     match = _SIZE.fullmatch(text or "")
     if match is None:
         raise ConfigError(
-            f"invalid size {text!r}: use a number with an optional unit, e.g. 500G, 1.5T, 800MB"
+            f"invalid size {shown(text)}: use a number with an optional unit, "
+            "e.g. 500G, 1.5T, 800MB"
         )
-    number, unit = float(match.group(1)), match.group(2).lower()
+    number, unit = Decimal(match.group(1)), match.group(2).lower()
     if unit in _DECIMAL:
         factor = _DECIMAL[unit]
     elif unit in _BINARY:
@@ -48,26 +68,49 @@ def parse_size(text: str | int | float) -> int:
     elif unit[0] in _BINARY and unit[1:] == "ib":
         factor = _BINARY[unit[0]]
     else:
-        raise ConfigError(f"invalid size {text!r}: unknown unit {match.group(2)!r}")
-    return int(number * factor)
+        raise ConfigError(f"invalid size {shown(text)}: unknown unit {match.group(2)!r}")
+    return _bounded_size(number * factor, text)
 
 
-def parse_age(text: str) -> float:
-    """Seconds meant by ``text`` (``"7d"`` -> 604800.0); raises :class:`ConfigError`."""
-    raw = (text or "").strip()
+def _bounded_size(value: int | float | Decimal, text: object) -> int:
+    # Compared before int(): the value may be a Decimal with hundreds of digits.
+    if value < 0:
+        raise ConfigError(f"invalid size {shown(text)}: must be a non-negative byte count")
+    if value > MAX_BYTES:
+        raise ConfigError(f"invalid size {shown(text)}: larger than the maximum of 1 EiB")
+    return int(value)
+
+
+def parse_age(text: str | int | float) -> float:
+    """Seconds meant by ``text`` (``"7d"`` -> 604800.0); raises :class:`ConfigError`.
+
+    Non-negative ints and floats are seconds as they are; at most :data:`MAX_SECONDS`.
+    """
+    if isinstance(text, bool) or not isinstance(text, (str, int, float)):
+        raise ConfigError(f"invalid age {shown(text)}: use e.g. 30s, 90m, 12h, 7d or seconds")
+    if isinstance(text, (int, float)):
+        finite = isinstance(text, int) or math.isfinite(text)
+        return _bounded_seconds(Decimal(text) if finite else text, text)
+    raw = text.strip()
     try:
-        seconds = float(raw)
-    except ValueError:
+        number = Decimal(raw)
+    except InvalidOperation:
         pass
     else:
-        if seconds >= 0 and math.isfinite(seconds):
-            return seconds
-        raise ConfigError(f"invalid age {text!r}: must be a non-negative duration")
+        return _bounded_seconds(number, text)
     compact = raw.replace(" ", "")
     parts = _AGE_PART.findall(compact)
     if not parts or "".join(n + u for n, u in parts).lower() != compact.lower():
-        raise ConfigError(f"invalid age {text!r}: use e.g. 30s, 90m, 12h, 7d, 2w or 1d12h")
-    return float(sum(float(n) * _AGE_UNITS[u.lower()] for n, u in parts))
+        raise ConfigError(f"invalid age {shown(text)}: use e.g. 30s, 90m, 12h, 7d, 2w or 1d12h")
+    return _bounded_seconds(sum(Decimal(n) * _AGE_UNITS[u.lower()] for n, u in parts), text)
+
+
+def _bounded_seconds(value: Decimal | float, text: object) -> float:
+    if isinstance(value, float) or not value.is_finite() or value < 0:
+        raise ConfigError(f"invalid age {shown(text)}: must be a non-negative duration")
+    if value > MAX_SECONDS:
+        raise ConfigError(f"invalid age {shown(text)}: longer than the maximum of 100 years")
+    return float(value)
 
 
 def format_size(size: float) -> str:

@@ -5,6 +5,13 @@ A tier that raises or does not answer within ``timeout`` is marked down for
 treats them as misses or dropped writes), and the first call after it tries
 the tier again. The serving path never sees the tier's exception.
 
+Reads and writes have separate health. A write that fails because the tier is
+full, read-only or not writable for us (ENOSPC, EDQUOT, EFBIG, EROFS, EACCES,
+EPERM) stops only the writes: what the tier holds stays readable. Any other
+failure (the tier is unreachable, hangs, or a read fails) stops both. A bad
+entry or a bad argument (a key that does not parse, a damaged chunk) says
+nothing about the tier's health and marks nothing down.
+
 A call that times out cannot be stopped: it goes on running on its worker
 thread and may still read or write the memory it was given. The
 :class:`TierUnavailable` it raises therefore carries the still-running call
@@ -14,6 +21,7 @@ thread and may still read or write the memory it was given. The
 
 from __future__ import annotations
 
+import errno
 import logging
 import threading
 import time
@@ -23,11 +31,39 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, TypeVar
 
 from chunkstore.backends.base import Store
+from chunkstore.errors import ConfigError, FormatError, KeyParseError
 from chunkstore.metrics import TierInstruments
 
 log = logging.getLogger(__name__)
 
 R = TypeVar("R")
+
+WRITE_OPS = frozenset({"put", "delete"})
+"""Operations that change the tier; every other op name is a read."""
+WRITE_FAULT_ERRNOS = frozenset(
+    {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EPERM}
+)
+"""Errors that say the tier cannot take writes, not that it cannot be read."""
+_NOT_THE_TIER = (KeyParseError, FormatError, ConfigError)
+"""Errors about one entry or about the request: the tier itself answered."""
+
+
+def _causes(exc: BaseException) -> list[BaseException]:
+    """``exc`` and the exceptions it was raised from or during (stores re-wrap OSErrors)."""
+    chain: list[BaseException] = []
+    current: BaseException | None = exc
+    while current is not None and current not in chain:
+        chain.append(current)
+        current = current.__cause__ or current.__context__
+    return chain
+
+
+def is_write_fault(exc: BaseException) -> bool:
+    """Whether ``exc`` (or what it wraps) says "cannot write here": full, read-only, denied."""
+    return any(
+        isinstance(e, PermissionError) or (isinstance(e, OSError) and e.errno in WRITE_FAULT_ERRNOS)
+        for e in _causes(exc)
+    )
 
 
 class TierUnavailable(Exception):
@@ -69,7 +105,8 @@ class GuardedTier:
         self.timeout = timeout
         self.retry_after = retry_after
         self._clock = clock
-        self._down_until: float | None = None
+        self._read_down_until: float | None = None
+        self._write_down_until: float | None = None
         self._lock = threading.Lock()
         # Note: a call that times out keeps running on its worker (Python threads cannot be
         # stopped); the pool lets later calls proceed past a few stuck ones once the tier is
@@ -92,13 +129,25 @@ class GuardedTier:
 
     @property
     def up(self) -> bool:
-        """False while the tier is in back-off."""
-        until = self._down_until
+        """False while reads of the tier are in back-off (it failed or did not answer)."""
+        return self._is_up(self._read_down_until)
+
+    @property
+    def writable(self) -> bool:
+        """False while writes to the tier are in back-off (also when it is full or read-only)."""
+        return self._is_up(self._write_down_until)
+
+    def _is_up(self, until: float | None) -> bool:
         return until is None or self._clock() >= until
 
     def call(self, op: str, fn: Callable[..., R], *args: Any) -> R:
-        """``fn(*args)`` under the timeout; raises :class:`TierUnavailable` instead of failing."""
-        if not self.up:
+        """``fn(*args)`` under the timeout; raises :class:`TierUnavailable` instead of failing.
+
+        ``op`` names the operation: ``put`` and ``delete`` are writes (checked
+        against :attr:`writable`), everything else reads (:attr:`up`).
+        """
+        write = op in WRITE_OPS
+        if not (self.writable if write else self.up):
             raise TierUnavailable(self.name)
         future: Future[R] | None = None
         try:
@@ -112,17 +161,30 @@ class GuardedTier:
             # A call still queued behind stuck ones is cancelled; one already running is not
             # stoppable, so the caller must keep its buffers alive until it ends.
             pending = None if future.cancel() else self._abandon(future)
-            self._failed(op, f"timed out after {self.timeout} s")
+            self._failed(op, f"timed out after {self.timeout} s", writes_only=False)
             raise TierUnavailable(self.name, pending) from None
-        except Exception as exc:  # noqa: BLE001 - any tier failure degrades to a miss
-            self._failed(op, f"{type(exc).__name__}: {exc}")
+        except _NOT_THE_TIER as exc:
+            # One unparsable entry or a bad argument: a miss for this call, the tier stays up.
+            self.instruments.error(op)
+            log.warning("tier %s: %s: %s: %s", self.name, op, type(exc).__name__, exc)
             raise TierUnavailable(self.name) from exc
-        if self._down_until is not None:
-            with self._lock:
-                if self._down_until is not None:
-                    log.info("tier %s answers again", self.name)
-                    self._down_until = None
+        except Exception as exc:  # noqa: BLE001 - any tier failure degrades to a miss
+            self._failed(
+                op, f"{type(exc).__name__}: {exc}", writes_only=write and is_write_fault(exc)
+            )
+            raise TierUnavailable(self.name) from exc
+        if (self._write_down_until if write else self._read_down_until) is not None:
+            self._answered(write)
         return result
+
+    def _answered(self, write: bool) -> None:
+        with self._lock:
+            if write and self._write_down_until is not None:
+                log.info("tier %s takes writes again", self.name)
+                self._write_down_until = None
+            elif not write and self._read_down_until is not None:
+                log.info("tier %s answers again", self.name)
+                self._read_down_until = None
 
     def _abandon(self, future: Future[R]) -> Future[R]:
         with self._lock:
@@ -140,18 +202,25 @@ class GuardedTier:
             self.dropped[reason] = self.dropped.get(reason, 0) + count
         self.instruments.dropped(reason, count)
 
-    def _failed(self, op: str, why: str) -> None:
+    def _failed(self, op: str, why: str, *, writes_only: bool) -> None:
+        """Back off: from writes only (full, read-only tier), else from reads and writes."""
         with self._lock:
             self.errors += 1
-            first = self._down_until is None or self._clock() >= self._down_until
-            self._down_until = self._clock() + self.retry_after
+            now = self._clock()
+            first = self._is_up(self._write_down_until) and (
+                writes_only or self._is_up(self._read_down_until)
+            )
+            self._write_down_until = now + self.retry_after
+            if not writes_only:
+                self._read_down_until = now + self.retry_after
         self.instruments.error(op)
         if first:
             log.warning(
-                "tier %s: %s %s; treating it as a miss for %.1f s",
+                "tier %s: %s %s; %s for %.1f s",
                 self.name,
                 op,
                 why,
+                "not writing to it (reads go on)" if writes_only else "treating it as a miss",
                 self.retry_after,
             )
 

@@ -377,7 +377,7 @@ class TieredStore(Store):
         Without ``holds`` the buffers must be private to this write (a timed-out
         call may read them later).
         """
-        if not tier.up:
+        if not tier.writable:  # a full or read-only tier still serves reads
             tier.count_drop("tier_down", len(items))
             for key, _ in items:
                 self._report_drop(key, f"tier {tier.name} is down")

@@ -11,13 +11,14 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 from pathlib import Path
 from typing import Any
 
 from chunkstore.backends.base import Store
-from chunkstore.backends.registry import load_options, open_store
+from chunkstore.backends.registry import check_url, load_options, open_for_option, open_store
 from chunkstore.errors import ConfigError, StoreError
+from chunkstore.hashing import is_namespace
+from chunkstore.units import parse_size
 
 
 def add_output_options(parser: argparse.ArgumentParser) -> None:
@@ -85,12 +86,17 @@ def parse_options(pairs: list[str]) -> dict[str, Any]:
     return options
 
 
-_NAMESPACE = re.compile(r"[0-9a-f]{16}")
+def size_arg(text: str) -> int:
+    """argparse ``type=`` for a size option (``8G``, ``512MiB``): bounded, one-line errors."""
+    try:
+        return parse_size(text)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def namespace_arg(text: str) -> str:
     """argparse ``type=`` for ``--namespace``: 16 lower-case hex digits."""
-    if not _NAMESPACE.fullmatch(text):
+    if not is_namespace(text):
         raise argparse.ArgumentTypeError(f"a namespace is 16 lower-case hex digits, got {text!r}")
     return text
 
@@ -127,21 +133,25 @@ def check_local_store(path: Path) -> None:
 
 
 def open_cli_store(
-    url: str, args: argparse.Namespace, *, prefix: str = "", create: bool = False
+    url: str,
+    args: argparse.Namespace,
+    *,
+    prefix: str = "",
+    create: bool = False,
+    option: str | None = None,
 ) -> Store:
     """Open ``url`` with the options given on the command line.
 
     With ``create=False`` a local directory must already exist and be readable;
     the store itself (``create=False`` option) rejects directories that are not
-    chunkstore stores.
+    chunkstore stores. Every failure is one line naming the URL (and ``option``,
+    the flag it came from, when given); an unreachable store is a ``StoreError``
+    (exit code 4).
     """
-    if url.lower().startswith("memory://"):
-        # The registry gives each open a fresh MemoryStore: a CLI run would read an empty
-        # store or write into one that vanishes when the command exits.
-        raise ConfigError(
-            f"{url}: memory:// stores live inside one process; the CLI needs a directory, "
-            "file://, s3:// or another fsspec URL"
-        )
+    # memory:// is refused: the registry gives each open a fresh MemoryStore, so a CLI run
+    # would read an empty store or write into one that vanishes when the command exits.
+    if option is None:
+        check_url(url, in_process=False)
     dest = f"{prefix}_" if prefix else ""
     options = load_options(getattr(args, f"{dest}config", None))
     options.update(parse_options(getattr(args, f"{dest}option", []) or []))
@@ -150,8 +160,6 @@ def open_cli_store(
         check_local_store(path)
     if path is not None or _takes_create(url):
         options.setdefault("create", create)
-    try:
-        return open_store(url, **options)
-    except TypeError as exc:
-        # A store factory rejecting an option name is a user mistake, not a crash.
-        raise ConfigError(f"bad store option for {url}: {exc}") from None
+    if option is not None:
+        return open_for_option(option, url, **options)
+    return open_store(url, **options)

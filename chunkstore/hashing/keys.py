@@ -77,6 +77,11 @@ class ChunkKey:
         return key
 
 
+def is_namespace(text: object) -> bool:
+    """Whether ``text`` is a storage namespace: 16 lower-case hex digits (nothing path-like)."""
+    return isinstance(text, str) and _NAMESPACE.fullmatch(text) is not None
+
+
 def namespace_of(root: bytes) -> str:
     """The storage namespace of a namespace root: its first 8 bytes in hex."""
     return root[: NAMESPACE_HEX_CHARS // 2].hex()

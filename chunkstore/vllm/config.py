@@ -13,8 +13,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from chunkstore import units
+from chunkstore.backends.registry import check_url, naming_option
 from chunkstore.cache.policy import DEFAULT_POLICY, POLICY_NAMES
-from chunkstore.errors import ConfigError
+from chunkstore.errors import ChunkStoreError, ConfigError
+from chunkstore.units import shown
 
 __all__ = ["OPTIONS", "ConnectorConfig", "parse_config", "parse_size"]
 
@@ -32,7 +34,8 @@ OPTIONS: dict[str, str] = {
     "save": "Save computed chunks (default true; false for a kv_consumer).",
     "save_decode": "Also save full chunks of generated tokens (multi-turn reuse). Default true.",
     "prefetch_timeout_s": "How long a request waits for a secondary tier to bring its hit into "
-    "host memory before the hit is shortened to what arrived. Default 10.",
+    "host memory before the hit is shortened to what arrived: seconds or an age like '30s'. "
+    "Default 10.",
     "verify_host": "Verify checksums of chunks read from host memory too (tiers are always "
     "verified). Default false.",
     "compression": "Compression of chunks written to secondary tiers: 'none' (default) or 'zstd'.",
@@ -42,6 +45,14 @@ OPTIONS: dict[str, str] = {
     "metrics_port": "Serve the library's chunkstore_* metrics at http://127.0.0.1:PORT/metrics "
     "from the engine process (0 picks a free port). Default: off.",
 }
+
+
+MAX_CHUNK_TOKENS = 1 << 20
+"""Most tokens per chunk (far beyond any useful chunk: a chunk holds every layer's KV)."""
+MAX_TIERS = 16
+"""Most secondary tiers."""
+MAX_TEXT = 1024
+"""Longest string option (model_id, namespace, shared_pool) and tier URL, in characters."""
 
 
 def parse_size(value: Any, option: str = "size") -> int:
@@ -54,7 +65,7 @@ def parse_size(value: Any, option: str = "size") -> int:
     except ConfigError as exc:
         raise ConfigError(f"{option}: {exc}") from None
     if n <= 0:
-        raise ConfigError(f"{option}: must be positive, got {value!r}")
+        raise ConfigError(f"{option}: must be positive, got {shown(value)}")
     return n
 
 
@@ -100,38 +111,33 @@ def _bool(extra: Mapping[str, Any], name: str, default: bool) -> bool:
         return value
     if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
         return value.lower() in ("true", "1", "yes")
-    raise ConfigError(f"{name}: expected true or false, got {value!r}")
+    raise ConfigError(f"{name}: expected true or false, got {shown(value)}")
 
 
-def _positive_int(value: Any, name: str) -> int:
+def _positive_int(value: Any, name: str, maximum: int) -> int:
+    expected = f"{name}: expected an integer 1..{maximum}, got {shown(value)}"
     if isinstance(value, bool) or not isinstance(value, (int, str)):
-        raise ConfigError(f"{name}: expected a positive integer, got {value!r}")
+        raise ConfigError(expected)
     try:
         n = int(value)
-    except ValueError:
-        raise ConfigError(f"{name}: expected a positive integer, got {value!r}") from None
-    if n <= 0:
-        raise ConfigError(f"{name}: expected a positive integer, got {value!r}")
+    except ValueError:  # also a string of more digits than int() converts
+        raise ConfigError(expected) from None
+    if not 0 < n <= maximum:
+        raise ConfigError(expected)
     return n
 
 
 def _seconds(extra: Mapping[str, Any], name: str, default: float) -> float:
-    value = extra.get(name, default)
-    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-        raise ConfigError(f"{name}: expected a number of seconds, got {value!r}")
     try:
-        seconds = float(value)
-    except ValueError:
-        raise ConfigError(f"{name}: expected a number of seconds, got {value!r}") from None
-    if not seconds >= 0:
-        raise ConfigError(f"{name}: must be >= 0, got {value!r}")
-    return seconds
+        return units.parse_age(extra.get(name, default))
+    except ConfigError as exc:
+        raise ConfigError(f"{name}: {exc}") from None
 
 
 def _choice(extra: Mapping[str, Any], name: str, default: str, choices: tuple[str, ...]) -> str:
     value = extra.get(name, default)
     if not isinstance(value, str) or value.lower() not in choices:
-        raise ConfigError(f"{name}: expected one of {', '.join(choices)}, got {value!r}")
+        raise ConfigError(f"{name}: expected one of {', '.join(choices)}, got {shown(value)}")
     return value.lower()
 
 
@@ -140,7 +146,7 @@ def _port(extra: Mapping[str, Any], name: str) -> int | None:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 65535:
-        raise ConfigError(f"{name}: expected a TCP port number 0..65535, got {value!r}")
+        raise ConfigError(f"{name}: expected a TCP port number 0..65535, got {shown(value)}")
     return value
 
 
@@ -148,9 +154,36 @@ def _optional_str(extra: Mapping[str, Any], name: str) -> str | None:
     value = extra.get(name)
     if value is None:
         return None
-    if not isinstance(value, str) or not value:
-        raise ConfigError(f"{name}: expected a non-empty string, got {value!r}")
+    if not isinstance(value, str) or not value or len(value) > MAX_TEXT:
+        raise ConfigError(
+            f"{name}: expected a non-empty string of at most {MAX_TEXT} characters, "
+            f"got {shown(value)}"
+        )
     return value
+
+
+def _tiers(value: Any) -> tuple[str, ...]:
+    """The ``tiers`` option: URLs checked for a known scheme and installed extras."""
+    if isinstance(value, str):
+        value = [value]
+    if (
+        not isinstance(value, (list, tuple))
+        or len(value) > MAX_TIERS
+        or not all(isinstance(t, str) and t.strip() and len(t) <= MAX_TEXT for t in value)
+    ):
+        raise ConfigError(
+            f"tiers: expected a URL or a list of at most {MAX_TIERS} URLs, got {shown(value)}"
+        )
+    tiers = tuple(t.strip() for t in value)
+    if len(set(tiers)) != len(tiers):
+        raise ConfigError(f"tiers: a URL is listed twice in {list(tiers)}")
+    for url in tiers:
+        try:
+            # memory:// is refused: a tier in the scheduler's memory is what the host cache is
+            check_url(url, in_process=False)
+        except ChunkStoreError as exc:
+            raise naming_option(exc, "tiers", url) from None
+    return tiers
 
 
 def parse_config(
@@ -162,44 +195,41 @@ def parse_config(
     of ``load`` and ``save``.
     """
     extra = dict(extra or {})
-    unknown = sorted(set(extra) - set(OPTIONS))
+    unknown = sorted(map(str, set(extra) - set(OPTIONS)))
     if unknown:
         raise ConfigError(
-            f"unknown ChunkStoreConnector option(s) {', '.join(map(repr, unknown))}; "
+            f"unknown ChunkStoreConnector option(s) {', '.join(map(shown, unknown))}; "
             f"valid options: {', '.join(sorted(OPTIONS))}"
         )
 
     if "chunk_tokens" in extra and "blocks_per_chunk" in extra:
         raise ConfigError("chunk_tokens and blocks_per_chunk: give one of them, not both")
     if "blocks_per_chunk" in extra:
-        chunk_tokens = _positive_int(extra["blocks_per_chunk"], "blocks_per_chunk") * block_size
+        most = max(1, MAX_CHUNK_TOKENS // block_size)
+        chunk_tokens = _positive_int(extra["blocks_per_chunk"], "blocks_per_chunk", most)
+        chunk_tokens *= block_size
     else:
-        chunk_tokens = _positive_int(extra.get("chunk_tokens", 256), "chunk_tokens")
+        chunk_tokens = _positive_int(
+            extra.get("chunk_tokens", 256), "chunk_tokens", MAX_CHUNK_TOKENS
+        )
         if chunk_tokens % block_size:
             raise ConfigError(
                 f"chunk_tokens: {chunk_tokens} is not a multiple of the engine's block size "
                 f"{block_size}"
             )
 
-    tiers_value = extra.get("tiers", ())
-    if isinstance(tiers_value, str):
-        tiers_value = [tiers_value]
-    if not isinstance(tiers_value, (list, tuple)) or not all(
-        isinstance(t, str) and t.strip() for t in tiers_value
-    ):
-        raise ConfigError(f"tiers: expected a URL or a list of URLs, got {tiers_value!r}")
-    tiers = tuple(t.strip() for t in tiers_value)
-    if len(set(tiers)) != len(tiers):
-        raise ConfigError(f"tiers: a URL is listed twice in {list(tiers)}")
+    tiers = _tiers(extra.get("tiers", ()))
 
     store_options = extra.get("store_options", {})
     if not isinstance(store_options, Mapping) or not all(
-        isinstance(v, Mapping) for v in store_options.values()
+        isinstance(k, str) and isinstance(v, Mapping) for k, v in store_options.items()
     ):
         raise ConfigError("store_options: expected a mapping of tier URL -> mapping of options")
     stray = sorted(set(store_options) - set(tiers))
     if stray:
-        raise ConfigError(f"store_options: {stray} are not among the tiers {list(tiers)}")
+        raise ConfigError(
+            f"store_options: {shown(stray)} are not among the tiers {shown(list(tiers))}"
+        )
 
     role = kv_role or "kv_both"
     return ConnectorConfig(

@@ -23,8 +23,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from chunkstore.backends import Store, open_store
+from chunkstore.backends import Store
 from chunkstore.backends.base import Buffer, ChunkInfo
+from chunkstore.backends.registry import open_for_option
 from chunkstore.errors import StoreError
 from chunkstore.format import ChunkLayout, recompress
 from chunkstore.hashing import ChunkKey
@@ -106,7 +107,9 @@ class ConnectorStore:
         opened = (
             list(stores)
             if stores is not None
-            else [open_store(u, **_tier_options(u, options.get(u, {}))) for u in tiers]
+            else [
+                open_for_option("tiers", u, **_tier_options(u, options.get(u, {}))) for u in tiers
+            ]
         )
         self.tiers: list[Store] = opened
         """The secondary tiers, fastest first (as opened; the tiered store guards them)."""

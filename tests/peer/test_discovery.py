@@ -56,6 +56,29 @@ def test_peer_info_round_trip() -> None:
         PeerInfo.from_json("[1]")
 
 
+@pytest.mark.parametrize(
+    "record",
+    [
+        '{"name": "a", "endpoint": "tcp://h:1", "expires_at": "tomorrow"}',
+        '{"name": "a", "endpoint": "tcp://h:1", "expires_at": NaN}',
+        '{"name": "a", "endpoint": "tcp://h:1", "planes": "nixl"}',
+        '{"name": "a", "endpoint": "tcp://h:1", "planes": [1]}',
+        '{"name": "a", "endpoint": "tcp://h:1", "chunk_tokens": "256"}',
+        '{"name": "a", "endpoint": "tcp://h:1", "capacity_bytes": true}',
+        '{"name": "a", "endpoint": "tcp://h:1", "extra": []}',
+        '{"name": "a", "endpoint": 5}',
+        '{"name": "a", "endpoint": "tcp://h:1", "extra": {"pad": "' + "x" * (70 << 10) + '"}}',
+    ],
+)
+def test_hostile_registry_records_are_skipped(tmp_path: Path, record: str) -> None:
+    with pytest.raises(ValueError):
+        PeerInfo.from_json(record)
+    registry = FileRegistry(tmp_path)
+    registry.announce(PeerInfo("good", "tcp://127.0.0.1:1"), ttl_s=60)
+    (tmp_path / "bad.peer.json").write_text(record)
+    assert [p.name for p in registry.peers()] == ["good"]  # the bad record never crashes it
+
+
 def registries(tmp_path: Path, redis_url: str | None) -> Any:
     if redis_url is None:
         return FileRegistry(tmp_path / "registry")

@@ -22,6 +22,7 @@ from chunkstore.testing.factories import sample_chunks
 from tests.peer import procs
 from tests.peer.conftest import require_nixl
 from tests.peer.doubles import RegisteredHostCache, SlowStore
+from tests.peer.wire import raw_request, reply_of
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -39,27 +40,6 @@ def wait_for(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
     while not predicate():
         assert time.monotonic() < deadline, "condition not reached"
         time.sleep(0.02)
-
-
-def raw_request(endpoint: str, frames: list[bytes], timeout_ms: int = 5000) -> list[bytes] | None:
-    """Send frames from a bare DEALER and return the reply frames (None on timeout)."""
-    ctx = zmq.Context.instance()
-    sock = ctx.socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
-    sock.connect(endpoint)
-    try:
-        sock.send_multipart(frames)
-        if not sock.poll(timeout_ms):
-            return None
-        return sock.recv_multipart()
-    finally:
-        sock.close(0)
-
-
-def reply_of(frames: list[bytes] | None) -> dict[str, Any]:
-    assert frames is not None, "no reply"
-    body: dict[str, Any] = msgpack.unpackb(frames[0], raw=False)
-    return body
 
 
 # --- dead and stalled peers ---------------------------------------------------------------

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import msgpack
 import pytest
 
@@ -139,3 +142,41 @@ def test_secret_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
     assert P.secret_from("given") == b"given"
     with pytest.raises(ConfigError):
         P.secret_from("")
+
+
+def test_boolean_ids_and_out_of_grammar_fields_are_malformed() -> None:
+    stats = {"v": 1, "id": 1, "op": "stats", "s": b"s" * P.SESSION_BYTES}
+    assert P.validate_request(stats) is stats
+    for broken in ({"id": True}, {"id": False}, {"s": b"s" * 15}):
+        with pytest.raises(ProtocolViolation) as exc:
+            P.validate_request({**stats, **broken})
+        assert exc.value.code == P.MALFORMED
+    listing = {**stats, "op": "list", "namespace": KEYS[0].namespace, "after": None, "limit": 1}
+    assert P.validate_request(listing) is listing
+    for namespace in ("../" + KEYS[0].namespace, KEYS[0].namespace.upper(), "", "/"):
+        with pytest.raises(ProtocolViolation) as exc:
+            P.validate_request({**listing, "namespace": namespace})
+        assert exc.value.code == P.MALFORMED
+
+
+def test_keys_over_the_limit_are_refused_by_the_schema() -> None:
+    body = {"v": 1, "id": 1, "op": "lookup", "s": b"s" * 16, "keys": P.pack_keys(KEYS)}
+    assert P.validate_request(body, P.Limits(max_keys=3)) is body
+    with pytest.raises(ProtocolViolation) as exc:
+        P.validate_request(body, P.Limits(max_keys=2))
+    assert exc.value.code == P.TOO_LARGE
+
+
+def test_spec_and_code_agree_on_error_codes_and_field_grammar() -> None:
+    spec = (Path(__file__).resolve().parents[2] / "spec" / "PROTOCOL.md").read_text()
+    errors = spec[spec.index("## 7. Errors") : spec.index("## 8.")]
+    assert set(re.findall(r"^\| `(\w+)` \|", errors, re.MULTILINE)) == P.ERROR_CODES
+    grammar = spec[spec.index("**Field grammar.**") : spec.index("Rules:")]
+    assert set(re.findall(r"^\| `(\w+)` \|", grammar, re.MULTILINE)) == set(P.FIELD_GRAMMAR)
+    for bound in (
+        P.MAX_CLIENT_NAME_BYTES,
+        P.MAX_HELLO_LIST,
+        P.MAX_PLANE_NAME_CHARS,
+        P.MAX_NIXL_METADATA_BYTES >> 10,
+    ):
+        assert str(bound) in grammar

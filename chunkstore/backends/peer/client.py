@@ -28,7 +28,7 @@ from chunkstore.backends.peer.capabilities import address_of
 from chunkstore.backends.peer.errors import PeerRefused, PeerUnavailable, ProtocolViolation
 from chunkstore.backends.peer.nixlplane import NixlEndpoint, nixl_unavailable_reason
 from chunkstore.errors import ConfigError, MissingDependency
-from chunkstore.hashing import ChunkKey
+from chunkstore.hashing import ChunkKey, is_namespace
 
 log = logging.getLogger(__name__)
 
@@ -568,16 +568,30 @@ class PeerClient:
 
     def list(self, namespace: str | None = None) -> Iterator[ChunkInfo]:
         """Every chunk the peer holds (of one namespace), page by page."""
+        if namespace is not None and not is_namespace(namespace):
+            raise ConfigError(f"a namespace is 16 lower-case hex digits, got {namespace!r}")
         after: bytes | None = None
         while True:
             reply, _ = self.request("list", {"namespace": namespace, "after": after, "limit": 1024})
             entries = reply.get("entries") or []
-            for wire, size, mtime, atime in entries:
-                (key,) = P.unpack_keys(wire, self.config.limits)
-                yield ChunkInfo(key, int(size), float(mtime), float(atime))
+            if not isinstance(entries, list):
+                raise PeerUnavailable(f"{self.endpoint}: list reply is not a list of entries")
+            for entry in entries:
+                yield self._listed(entry)
             if not reply.get("more") or not entries:
                 return
             after = entries[-1][0]
+
+    def _listed(self, entry: Any) -> ChunkInfo:
+        """One ``list`` entry ``[wire key, size, mtime, atime]``, checked like a request field."""
+        try:
+            wire, size, mtime, atime = entry
+            (key,) = P.unpack_keys(wire, self.config.limits)
+            if not P.is_wire_int(size) or size < 0:
+                raise ValueError("size")
+            return ChunkInfo(key, size, float(mtime), float(atime))
+        except (ValueError, TypeError, ProtocolViolation):
+            raise PeerUnavailable(f"{self.endpoint}: malformed list entry") from None
 
     def stats(self) -> dict[str, Any]:
         """The server's counters and state."""

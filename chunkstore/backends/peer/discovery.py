@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import threading
 import time
@@ -27,6 +28,11 @@ from chunkstore.errors import ConfigError, MissingDependency, StoreError
 log = logging.getLogger(__name__)
 
 _SUFFIX = ".peer.json"
+MAX_RECORD_BYTES = 64 << 10
+"""Largest registry record read; anything bigger is not a record a server wrote."""
+_TEXT_FIELDS = ("name", "endpoint")
+_OPTIONAL_TEXT_FIELDS = ("fingerprint", "curve_public_key")
+_OPTIONAL_INT_FIELDS = ("chunk_tokens", "capacity_bytes", "used_bytes")
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,13 +68,15 @@ class PeerInfo:
 
     @classmethod
     def from_json(cls, text: str | bytes) -> PeerInfo:
-        """Parse a registry record; raises ValueError when it is not one."""
+        """Parse a registry record; raises ValueError when it is not one.
+
+        Anyone who can write the registry can write a record, so every field is
+        type-checked here: a bad record is skipped by readers, never a crash.
+        """
+        if len(text) > MAX_RECORD_BYTES:
+            raise ValueError("not a peer record (too large)")
         data = json.loads(text)
-        if (
-            not isinstance(data, dict)
-            or not isinstance(data.get("name"), str)
-            or not isinstance(data.get("endpoint"), str)
-        ):
+        if not isinstance(data, dict) or not _is_record(data):
             raise ValueError("not a peer record")
         known = {f for f in cls.__dataclass_fields__}
         data = {k: v for k, v in data.items() if k in known}
@@ -121,6 +129,25 @@ class StaticPeers:
 
     def __repr__(self) -> str:
         return f"StaticPeers({[i.endpoint for i in self._infos]})"
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_record(data: dict[str, Any]) -> bool:
+    """Whether ``data`` has the types of a :class:`PeerInfo` record (spec/PROTOCOL.md §8)."""
+    planes = data.get("planes") or []
+    expires = data.get("expires_at", 0.0)
+    return (
+        all(isinstance(data.get(f), str) for f in _TEXT_FIELDS)
+        and all(data.get(f) is None or isinstance(data.get(f), str) for f in _OPTIONAL_TEXT_FIELDS)
+        and all(data.get(f) is None or _is_int(data.get(f)) for f in _OPTIONAL_INT_FIELDS)
+        and isinstance(planes, list)
+        and all(isinstance(p, str) for p in planes)
+        and (_is_int(expires) or (isinstance(expires, float) and math.isfinite(expires)))
+        and isinstance(data.get("extra", {}), dict)
+    )
 
 
 class FileRegistry:
@@ -188,7 +215,8 @@ class FileRegistry:
         now = self._clock()
         for path in paths:
             try:
-                info = PeerInfo.from_json(path.read_text())
+                with path.open("rb") as record:  # at most one byte past the limit
+                    info = PeerInfo.from_json(record.read(MAX_RECORD_BYTES + 1))
             except (OSError, ValueError, TypeError):
                 continue
             if info.expires_at and info.expires_at < now:

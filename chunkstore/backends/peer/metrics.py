@@ -35,6 +35,17 @@ SERVER_LEASES = Gauge(
     "Leases a peer server holds open.",
     ["server"],
 )
+SERVER_SESSIONS = Gauge(
+    "chunkstore_peer_server_sessions",
+    "Sessions a peer server holds open (at most its max_sessions).",
+    ["server"],
+)
+SERVER_SESSIONS_EVICTED = Counter(
+    "chunkstore_peer_server_sessions_evicted_total",
+    "Sessions a peer server dropped to admit new ones, by cause (per_client: the client "
+    "identity was at its cap; full: the server was at max_sessions).",
+    ["server", "cause"],
+)
 CLIENT_SECONDS = Histogram(
     "chunkstore_peer_client_request_seconds",
     "Round trip of a peer request, by operation and plane.",

@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -19,7 +19,8 @@ import blake3
 
 from chunkstore.backends.peer.errors import ProtocolViolation
 from chunkstore.errors import ConfigError, MissingDependency
-from chunkstore.hashing import ChunkKey
+from chunkstore.hashing import DIGEST_SIZE, ChunkKey, is_namespace
+from chunkstore.units import shown
 
 PROTOCOL_VERSION = 1
 """The major version this implementation writes."""
@@ -31,6 +32,20 @@ KEY_WIRE_BYTES = 40
 TAG_BYTES = 32
 SESSION_BYTES = 16
 LEASE_BYTES = 16
+
+# Bounds of the fields a server keeps or acts on (spec/PROTOCOL.md §4, "Field grammar").
+MAX_CLIENT_NAME_BYTES = 256
+"""Longest ``client`` name in ``hello`` (UTF-8 bytes); the server keeps it per session."""
+MAX_HELLO_LIST = 16
+"""Most entries of the ``versions`` and ``planes`` lists of ``hello``."""
+MAX_PLANE_NAME_CHARS = 32
+"""Longest data plane name."""
+MAX_NIXL_METADATA_BYTES = 64 << 10
+"""Largest ``nixl_md`` (a client's NIXL agent metadata) a server loads."""
+MAX_CHUNK_TOKENS = (1 << 31) - 1
+"""Largest ``chunk_tokens``."""
+MAX_ADDRESS = (1 << 64) - 1
+"""Largest memory address in ``addrs``."""
 
 _CONTROL_CONTEXT = "chunkstore 2026-11 peer control mac v1"
 _DATA_CONTEXT = "chunkstore 2026-11 peer data mac v1"
@@ -52,6 +67,7 @@ UNKNOWN_OP = "unknown_op"
 READ_ONLY = "read_only"
 DATAPLANE_UNAVAILABLE = "dataplane_unavailable"
 UNKNOWN_LEASE = "unknown_lease"
+TOO_MANY_SESSIONS = "too_many_sessions"
 INTERNAL = "internal"
 ERROR_CODES = frozenset(
     {
@@ -66,6 +82,7 @@ ERROR_CODES = frozenset(
         READ_ONLY,
         DATAPLANE_UNAVAILABLE,
         UNKNOWN_LEASE,
+        TOO_MANY_SESSIONS,
         INTERNAL,
     }
 )
@@ -189,12 +206,18 @@ OPTIONAL_FIELDS: dict[str, dict[str, tuple[type, ...]]] = {
 }
 
 
-def validate_request(body: Any) -> dict[str, Any]:
-    """Check a decoded request against the schema; returns it or raises ProtocolViolation."""
+def validate_request(body: Any, limits: Limits | None = None) -> dict[str, Any]:
+    """Check a decoded request against the schema and the field grammar; returns it.
+
+    Raises :class:`ProtocolViolation` (``malformed``, ``too_large``,
+    ``unsupported_version``, ``unknown_op``). Every field that names something
+    (a session, a lease, a namespace, a key) or sizes something is checked here,
+    before a server acts on it.
+    """
     if not isinstance(body, dict):
         raise ProtocolViolation(MALFORMED, "the body is not a map")
     version = body.get("v")
-    if not isinstance(version, int) or isinstance(version, bool):
+    if not is_wire_int(version):
         raise ProtocolViolation(MALFORMED, "missing protocol version 'v'")
     if version not in ACCEPTED_VERSIONS:
         raise ProtocolViolation(
@@ -202,12 +225,12 @@ def validate_request(body: Any) -> dict[str, Any]:
             f"protocol version {version} is not supported "
             f"(this peer speaks {sorted(ACCEPTED_VERSIONS)})",
         )
-    if not isinstance(body.get("id"), int) or not isinstance(body.get("op"), str):
+    if not is_wire_int(body.get("id")) or not isinstance(body.get("op"), str):
         raise ProtocolViolation(MALFORMED, "a request needs an integer 'id' and a string 'op'")
     op = body["op"]
     fields = REQUEST_FIELDS.get(op)
     if fields is None:
-        raise ProtocolViolation(UNKNOWN_OP, f"unknown operation {op!r}")
+        raise ProtocolViolation(UNKNOWN_OP, f"unknown operation {shown(op)}")
     for name, types in fields.items():
         if name not in body:
             raise ProtocolViolation(MALFORMED, f"{op}: missing field {name!r}")
@@ -218,7 +241,142 @@ def validate_request(body: Any) -> dict[str, Any]:
     for name, types in optional.items():
         if name in body and not isinstance(body[name], types):
             raise ProtocolViolation(MALFORMED, f"{op}: field {name!r} has the wrong type")
+    limits = limits or Limits()
+    for name in fields:
+        check = FIELD_GRAMMAR.get(name)
+        if check is not None:
+            check(op, body[name], limits)
     return body
+
+
+def is_wire_int(value: Any) -> bool:
+    """An integer on the wire; booleans are not integers (spec §3.4)."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _fail(code: str, op: str, name: str, why: str) -> ProtocolViolation:
+    return ProtocolViolation(code, f"{op}: field {name!r} {why}")
+
+
+def _check_session(op: str, value: Any, limits: Limits) -> None:
+    if len(value) != SESSION_BYTES:
+        raise _fail(MALFORMED, op, "s", f"must be a {SESSION_BYTES}-byte session id")
+
+
+def _check_lease(op: str, value: Any, limits: Limits) -> None:
+    if len(value) != LEASE_BYTES:
+        raise _fail(MALFORMED, op, "lease", f"must be a {LEASE_BYTES}-byte lease id")
+
+
+def _check_keys(op: str, value: Any, limits: Limits) -> None:
+    if len(value) % KEY_WIRE_BYTES:
+        raise _fail(MALFORMED, op, "keys", f"must be a multiple of {KEY_WIRE_BYTES} bytes")
+    if len(value) // KEY_WIRE_BYTES > limits.max_keys:
+        raise _fail(TOO_LARGE, op, "keys", f"names more than {limits.max_keys} keys")
+
+
+def _check_namespace(op: str, value: Any, limits: Limits) -> None:
+    if value is not None and not is_namespace(value):
+        raise _fail(MALFORMED, op, "namespace", "must be 16 lower-case hex digits")
+
+
+def _check_after(op: str, value: Any, limits: Limits) -> None:
+    if value is not None and len(value) != KEY_WIRE_BYTES:
+        raise _fail(MALFORMED, op, "after", f"must be one {KEY_WIRE_BYTES}-byte wire key")
+
+
+def _check_limit(op: str, value: Any, limits: Limits) -> None:
+    if value < 1:
+        raise _fail(MALFORMED, op, "limit", "must be at least 1")
+
+
+def _check_lease_ms(op: str, value: Any, limits: Limits) -> None:
+    if value < 0:
+        raise _fail(MALFORMED, op, "lease_ms", "must not be negative")
+
+
+def _check_plane(op: str, value: Any, limits: Limits) -> None:
+    if len(value) > MAX_PLANE_NAME_CHARS:
+        raise _fail(TOO_LARGE, op, "plane", f"is longer than {MAX_PLANE_NAME_CHARS} characters")
+
+
+def _check_mode(op: str, value: Any, limits: Limits) -> None:
+    if value not in ("overwrite", "if_absent"):
+        raise _fail(MALFORMED, op, "mode", "must be 'overwrite' or 'if_absent'")
+
+
+def _check_sizes(op: str, value: Any, limits: Limits) -> None:
+    if len(value) > limits.max_keys:
+        raise _fail(TOO_LARGE, op, "sizes", f"has more than {limits.max_keys} entries")
+    if not all(is_wire_int(size) and size >= 0 for size in value):
+        raise _fail(MALFORMED, op, "sizes", "must hold non-negative integers")
+    if any(size > limits.max_frame_bytes for size in value):
+        raise _fail(TOO_LARGE, op, "sizes", "names a chunk larger than the frame limit")
+
+
+def _check_addrs(op: str, value: Any, limits: Limits) -> None:
+    if len(value) > limits.max_keys:
+        raise _fail(TOO_LARGE, op, "addrs", f"has more than {limits.max_keys} entries")
+    if not all(is_wire_int(a) and 0 < a <= MAX_ADDRESS for a in value):
+        raise _fail(MALFORMED, op, "addrs", "must hold memory addresses")
+
+
+def _check_versions(op: str, value: Any, limits: Limits) -> None:
+    if len(value) > MAX_HELLO_LIST:
+        raise _fail(TOO_LARGE, op, "versions", f"has more than {MAX_HELLO_LIST} entries")
+    if not all(is_wire_int(v) for v in value):
+        raise _fail(MALFORMED, op, "versions", "must hold integers")
+
+
+def _check_planes(op: str, value: Any, limits: Limits) -> None:
+    if len(value) > MAX_HELLO_LIST:
+        raise _fail(TOO_LARGE, op, "planes", f"has more than {MAX_HELLO_LIST} entries")
+    if not all(isinstance(p, str) and len(p) <= MAX_PLANE_NAME_CHARS for p in value):
+        raise _fail(
+            MALFORMED, op, "planes", f"must hold names of at most {MAX_PLANE_NAME_CHARS} characters"
+        )
+
+
+def _check_client(op: str, value: Any, limits: Limits) -> None:
+    if len(value.encode("utf-8", "surrogatepass")) > MAX_CLIENT_NAME_BYTES:
+        raise _fail(TOO_LARGE, op, "client", f"is longer than {MAX_CLIENT_NAME_BYTES} bytes")
+
+
+def _check_fingerprint(op: str, value: Any, limits: Limits) -> None:
+    if value is not None and len(value) != DIGEST_SIZE:
+        raise _fail(MALFORMED, op, "fingerprint", f"must be {DIGEST_SIZE} bytes")
+
+
+def _check_chunk_tokens(op: str, value: Any, limits: Limits) -> None:
+    if value is not None and not 1 <= value <= MAX_CHUNK_TOKENS:
+        raise _fail(MALFORMED, op, "chunk_tokens", f"must be 1..{MAX_CHUNK_TOKENS}")
+
+
+def _check_nixl_md(op: str, value: Any, limits: Limits) -> None:
+    if value is not None and len(value) > MAX_NIXL_METADATA_BYTES:
+        raise _fail(TOO_LARGE, op, "nixl_md", f"is larger than {MAX_NIXL_METADATA_BYTES} bytes")
+
+
+#: Per field name: the grammar check run after the type check (spec §4, "Field grammar").
+FIELD_GRAMMAR: dict[str, Callable[[str, Any, Limits], None]] = {
+    "s": _check_session,
+    "lease": _check_lease,
+    "keys": _check_keys,
+    "namespace": _check_namespace,
+    "after": _check_after,
+    "limit": _check_limit,
+    "lease_ms": _check_lease_ms,
+    "plane": _check_plane,
+    "mode": _check_mode,
+    "sizes": _check_sizes,
+    "addrs": _check_addrs,
+    "versions": _check_versions,
+    "planes": _check_planes,
+    "client": _check_client,
+    "fingerprint": _check_fingerprint,
+    "chunk_tokens": _check_chunk_tokens,
+    "nixl_md": _check_nixl_md,
+}
 
 
 # --- framing and MACs --------------------------------------------------------------

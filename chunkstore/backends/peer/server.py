@@ -85,6 +85,14 @@ class PeerServerConfig:
     """Longest lease granted; longer requests are clamped."""
     session_idle_s: float = 300.0
     """Sessions (and their leases) idle this long are dropped."""
+    max_sessions: int = 1024
+    """Most sessions held at once. At the cap a ``hello`` evicts the least recently used
+    session idle for ``session_evict_idle_s``, or is refused with ``too_many_sessions``."""
+    max_sessions_per_client: int = 64
+    """Most sessions of one client identity (source address and ``client`` name); a further
+    ``hello`` of that identity evicts its least recently used session."""
+    session_evict_idle_s: float = 1.0
+    """Under pressure, sessions idle at least this long may be evicted for a new one."""
     workers: int = 4
     """Threads running store calls."""
     read_only: bool = False
@@ -103,12 +111,24 @@ class PeerServerConfig:
 _Result = tuple[dict[str, Any], Sequence[Any], Callable[[], None] | None]
 
 
+def _source_address(frame: Any) -> str:
+    """The sender's address as ZeroMQ reports it ("" where the transport has none)."""
+    try:
+        return str(frame.get("Peer-Address"))
+    except Exception:  # noqa: BLE001 - not every transport or libzmq exposes it
+        return ""
+
+
 @dataclass
 class _Session:
     client: str
+    identity: tuple[str, str]
+    """Source address and ``client`` name: the unit of ``max_sessions_per_client``."""
     planes: tuple[str, ...]
     nixl_remote: str | None
     last_seen: float
+    retained: int
+    """Bytes the client made us keep (its name and NIXL metadata), for ``stats``."""
 
 
 @dataclass
@@ -132,6 +152,10 @@ class PeerServer:
             raise ConfigError(f"unknown data planes {sorted(unknown)}; use 'nixl' and/or 'inline'")
         if (config.curve_secret_key is None) != (config.curve_public_key is None):
             raise ConfigError("CURVE needs both curve_secret_key and curve_public_key")
+        if config.max_sessions < 1 or config.max_sessions_per_client < 1:
+            raise ConfigError("max_sessions and max_sessions_per_client must be at least 1")
+        if not config.session_evict_idle_s >= 0:
+            raise ConfigError("session_evict_idle_s must be >= 0")
         self.store = store
         self.config = config
         self._secret = P.secret_from(config.secret, use_env=config.use_env_secret)
@@ -237,6 +261,7 @@ class PeerServer:
             done()
         self._tracked.clear()
         metrics.SERVER_LEASES.labels(self.name).set(0)
+        metrics.SERVER_SESSIONS.labels(self.name).set(0)
         if self._nixl is not None:
             self._nixl.close()
             self._nixl = None
@@ -423,8 +448,7 @@ class PeerServer:
             idle = now - self.config.session_idle_s
             for sid in [k for k, v in self._sessions.items() if v.last_seen < idle]:
                 dropped.append(self._sessions.pop(sid))
-                for lease_id in [k for k, v in self._leases.items() if v.session == sid]:
-                    expired.append(self._leases.pop(lease_id))
+                expired.extend(self._pop_leases_of(sid))
             open_leases = len(self._leases)
         for lease in expired:
             self._count("leases_expired")
@@ -433,6 +457,19 @@ class PeerServer:
             self._drop_session(session)
         if expired:
             metrics.SERVER_LEASES.labels(self.name).set(open_leases)
+        if dropped:
+            self._sessions_changed()
+
+    def _pop_leases_of(self, session_id: bytes) -> list[_Lease]:
+        """Remove the leases of one session (caller holds ``_state_lock``)."""
+        return [
+            self._leases.pop(k) for k, v in list(self._leases.items()) if v.session == session_id
+        ]
+
+    def _sessions_changed(self) -> None:
+        with self._state_lock:
+            count = len(self._sessions)
+        metrics.SERVER_SESSIONS.labels(self.name).set(count)
 
     # --- request intake -----------------------------------------------------------------
 
@@ -450,20 +487,24 @@ class PeerServer:
             body, data, authentic = self.codec.decode(frames[1:], reply=False)
         except ProtocolViolation as exc:
             self._reject(exc.code)
-            self._refuse(ident, 0, exc.code, exc.reason)
+            self._refuse(ident, 0, exc.code, exc.reason, signed=False)
             return
-        request_id: int = body["id"] if isinstance(body.get("id"), int) else 0
+        request_id: int = body["id"] if P.is_wire_int(body.get("id")) else 0
         if not authentic:
             self._reject(P.AUTH_FAILED)
             self._refuse(
-                ident, request_id, P.AUTH_FAILED, "bad or missing message authentication code"
+                ident,
+                request_id,
+                P.AUTH_FAILED,
+                "bad or missing message authentication code",
+                signed=False,
             )
             return
         try:
-            P.validate_request(body)
+            P.validate_request(body, self.config.limits)
         except ProtocolViolation as exc:
             self._reject(exc.code)
-            extra = (
+            extra: dict[str, Any] = (
                 {"versions": sorted(P.ACCEPTED_VERSIONS)}
                 if exc.code == P.UNSUPPORTED_VERSION
                 else {}
@@ -484,29 +525,42 @@ class PeerServer:
                 return
         metrics.SERVER_REQUESTS.labels(self.name, op).inc()
         self._count(f"op_{op}")
+        source = _source_address(frames[1]) if op == "hello" else ""
         if op == "release" or (self._on_io_thread and op != "push"):
-            self._handle(ident, body, data)  # cheap and latency sensitive: no worker hop
+            self._handle(ident, body, data, source)  # cheap and latency sensitive: no worker hop
             return
         assert self._pool is not None
         try:
-            self._pool.submit(self._handle, ident, body, data)
+            self._pool.submit(self._handle, ident, body, data, source)
         except RuntimeError:  # shutting down
             pass
 
-    def _refuse(self, ident: Any, request_id: int, code: str, reason: str, **extra: Any) -> None:
-        # Error replies to unauthenticated requests carry no tag: the sender may not hold the key,
-        # and a client never treats an untagged reply as anything but a failure.
-        sign = code != P.AUTH_FAILED
+    def _refuse(
+        self,
+        ident: Any,
+        request_id: int,
+        code: str,
+        reason: str,
+        *,
+        signed: bool = True,
+        **extra: Any,
+    ) -> None:
+        # A reply is signed only when the request carried a valid tag. One that could not be
+        # decoded or authenticated gets an untagged reply: signing replies to anyone would
+        # hand out tagged messages to whoever asks, and the sender may not hold the key anyway
+        # (a client never treats an untagged reply as anything but a failure).
         frames = self.codec.encode(
-            P.error_body(request_id, code, reason, **extra), reply=True, sign=sign
+            P.error_body(request_id, code, reason, **extra), reply=True, sign=signed
         )
         self._queue_reply([ident, *frames])
 
-    def _handle(self, ident: Any, body: dict[str, Any], data: list[Any]) -> None:
+    def _handle(self, ident: Any, body: dict[str, Any], data: list[Any], source: str = "") -> None:
         request_id = body["id"]
         try:
-            handler = getattr(self, f"_op_{body['op']}")
-            result = handler(body, data)
+            if body["op"] == "hello":
+                result: _Result | None = self._op_hello(body, source)
+            else:
+                result = getattr(self, f"_op_{body['op']}")(body, data)
         except ProtocolViolation as exc:
             self._reject(exc.code)
             self._refuse(ident, request_id, exc.code, exc.reason)
@@ -523,7 +577,7 @@ class PeerServer:
 
     # --- operations ------------------------------------------------------------------
 
-    def _op_hello(self, body: dict[str, Any], data: list[Any]) -> _Result:
+    def _op_hello(self, body: dict[str, Any], source: str) -> _Result:
         cfg = self.config
         if P.PROTOCOL_VERSION not in body["versions"]:
             raise ProtocolViolation(
@@ -544,12 +598,29 @@ class PeerServer:
                 f"this peer serves {cfg.chunk_tokens}-token chunks, the client uses {tokens}",
             )
         planes = tuple(p for p in self.planes if p in body["planes"])
+        nixl_reason = self.nixl_reason
         remote = None
-        if P.PLANE_NIXL in planes and body["nixl_md"] and self._nixl is not None:
-            remote = self._nixl.add_remote(body["nixl_md"])
+        if P.PLANE_NIXL in planes and body["nixl_md"]:
+            remote = self._nixl.add_remote(body["nixl_md"]) if self._nixl is not None else None
+            if remote is None:
+                # Metadata NIXL cannot load would fail every transfer of this session.
+                planes = tuple(p for p in planes if p != P.PLANE_NIXL)
+                nixl_reason = "NIXL rejected the client's agent metadata"
+        client = body["client"]
+        session = _Session(
+            client=client,
+            identity=(source, client),
+            planes=planes,
+            nixl_remote=remote,
+            last_seen=time.monotonic(),
+            retained=len(client.encode("utf-8", "surrogatepass")) + len(body["nixl_md"] or b""),
+        )
         session_id = P.new_token(P.SESSION_BYTES)
-        with self._state_lock:
-            self._sessions[session_id] = _Session(body["client"], planes, remote, time.monotonic())
+        try:
+            self._admit(session_id, session)
+        except ProtocolViolation:
+            self._drop_session(session)
+            raise
         reply: dict[str, Any] = {
             "s": session_id,
             "server": self.name,
@@ -561,12 +632,61 @@ class PeerServer:
             "lease_ms_max": cfg.max_lease_ms,
             "read_only": cfg.read_only,
             "staging_bytes": self._staging.size if self._staging else 0,
-            "nixl_reason": self.nixl_reason,
+            "nixl_reason": nixl_reason,
         }
         if self._nixl is not None and P.PLANE_NIXL in planes:
             reply["nixl_md"] = self._nixl.metadata()
             reply["nixl_agent"] = self._nixl.name
         return reply, (), None
+
+    def _admit(self, session_id: bytes, session: _Session) -> None:
+        """Add a session within the caps, evicting a least recently used one where allowed.
+
+        A client identity at its cap loses its own oldest session (a client that says hello
+        again has most likely lost the old one). A full server evicts the least recently used
+        session idle at least ``session_evict_idle_s``, preferring sessions without leases;
+        when every session is busier than that, the hello is refused.
+        """
+        cfg = self.config
+        now = time.monotonic()
+        with self._state_lock:
+            mine = [k for k, v in self._sessions.items() if v.identity == session.identity]
+            if len(mine) >= cfg.max_sessions_per_client:
+                victim: bytes | None = self._least_recent(mine)
+                cause = "per_client"
+            elif len(self._sessions) >= cfg.max_sessions:
+                idle = now - cfg.session_evict_idle_s
+                victim = self._least_recent(
+                    [k for k, v in self._sessions.items() if v.last_seen <= idle]
+                )
+                cause = "full"
+            else:
+                victim, cause = None, ""
+            if cause and victim is None:
+                raise ProtocolViolation(
+                    P.TOO_MANY_SESSIONS,
+                    f"this peer holds {len(self._sessions)} active sessions; retry later",
+                )
+            evicted = self._sessions.pop(victim) if victim is not None else None
+            leases = self._pop_leases_of(victim) if victim is not None else []
+            self._sessions[session_id] = session
+            count, open_leases = len(self._sessions), len(self._leases)
+        for lease in leases:
+            self._release_lease(lease)
+        if leases:
+            metrics.SERVER_LEASES.labels(self.name).set(open_leases)
+        if evicted is not None:
+            self._drop_session(evicted)
+            self._count(f"sessions_evicted_{cause}")
+            metrics.SERVER_SESSIONS_EVICTED.labels(self.name, cause).inc()
+        metrics.SERVER_SESSIONS.labels(self.name).set(count)
+
+    def _least_recent(self, candidates: list[bytes]) -> bytes | None:
+        """The candidate to evict first: no leases before leases, then least recently seen."""
+        if not candidates:
+            return None
+        leased = {v.session for v in self._leases.values()}
+        return min(candidates, key=lambda k: (k in leased, self._sessions[k].last_seen))
 
     def _op_lookup(self, body: dict[str, Any], data: list[Any]) -> _Result:
         keys = P.unpack_keys(body["keys"], self.config.limits)
@@ -727,17 +847,13 @@ class PeerServer:
         if self.config.read_only:
             raise ProtocolViolation(P.READ_ONLY, "this peer does not accept pushed chunks")
         keys = P.unpack_keys(body["keys"], self.config.limits)
-        sizes = body["sizes"]
+        sizes = body["sizes"]  # non-negative and within the frame limit (validate_request)
         plane = body["plane"]
-        if len(sizes) != len(keys) or not all(isinstance(s, int) and 0 <= s for s in sizes):
+        if len(sizes) != len(keys):
             raise ProtocolViolation(P.MALFORMED, "push: one size per key is required")
-        if any(s > self.config.limits.max_frame_bytes for s in sizes):
-            raise ProtocolViolation(P.TOO_LARGE, "push: a chunk exceeds the frame limit")
         session = self._session(body["s"])
         if plane not in session.planes:
             raise ProtocolViolation(P.DATAPLANE_UNAVAILABLE, f"data plane {plane!r} is not offered")
-        if body["mode"] not in ("overwrite", "if_absent"):
-            raise ProtocolViolation(P.MALFORMED, "push: mode must be 'overwrite' or 'if_absent'")
         stored = [False] * len(keys)
         written = [False] * len(keys)
         todo = list(range(len(keys)))
@@ -756,7 +872,7 @@ class PeerServer:
             direct: list[int] = []
         else:
             addrs = body["addrs"]
-            if len(addrs) != len(keys) or not all(isinstance(a, int) and a > 0 for a in addrs):
+            if len(addrs) != len(keys):
                 raise ProtocolViolation(P.MALFORMED, "push: one source address per key is required")
             blobs = [None] * len(keys)
             direct = self._pull_nixl(session, keys, sizes, addrs, todo, blobs)
@@ -855,10 +971,10 @@ class PeerServer:
         return {"deleted": present}, (), None
 
     def _op_list(self, body: dict[str, Any], data: list[Any]) -> _Result:
-        limit = max(1, min(body["limit"], self.config.limits.max_keys))
+        # namespace, after and limit follow the field grammar (validate_request): nothing
+        # path-like reaches the store.
+        limit = min(body["limit"], self.config.limits.max_keys)
         after = body["after"]
-        if after is not None and len(after) != P.KEY_WIRE_BYTES:
-            raise ProtocolViolation(P.MALFORMED, "list: 'after' must be one wire key")
         entries = sorted(
             (P.pack_keys([info.key]), info.size, info.mtime, info.atime)
             for info in self.store.list(body["namespace"])
@@ -877,13 +993,12 @@ class PeerServer:
     def _op_bye(self, body: dict[str, Any], data: list[Any]) -> _Result:
         with self._state_lock:
             session = self._sessions.pop(body["s"], None)
-            leases = [
-                self._leases.pop(k) for k, v in list(self._leases.items()) if v.session == body["s"]
-            ]
+            leases = self._pop_leases_of(body["s"])
         for lease in leases:
             self._release_lease(lease)
         if session is not None:
             self._drop_session(session)
+            self._sessions_changed()
         return {}, (), None
 
     def _session(self, session_id: bytes) -> _Session:
@@ -921,6 +1036,7 @@ class PeerServer:
             counts = dict(self._counts)
         with self._state_lock:
             sessions, leases = len(self._sessions), len(self._leases)
+            session_bytes = sum(v.retained for v in self._sessions.values())
             pins = sum(len(v.releases) for v in self._leases.values())
         out: dict[str, Any] = {
             "name": self.name,
@@ -928,6 +1044,8 @@ class PeerServer:
             "planes": list(self.planes),
             "nixl_reason": self.nixl_reason,
             "sessions": sessions,
+            "max_sessions": self.config.max_sessions,
+            "session_bytes": session_bytes,
             "leases": leases,
             "pins": pins,
             "uptime_s": round(time.time() - self.started_at, 3) if self.started_at else 0.0,

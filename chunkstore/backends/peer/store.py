@@ -462,8 +462,13 @@ def open_peer_store(url: str, **options: Any) -> PeerStore:
     client_options = {k: v for k, v in options.items() if k in config_fields}
     for name in ("fingerprint", "curve_server_key", "curve_public_key", "curve_secret_key"):
         value = client_options.get(name)
-        if isinstance(value, str):
-            client_options[name] = bytes.fromhex(value) if name == "fingerprint" else value.encode()
+        if isinstance(value, str) and name != "fingerprint":
+            client_options[name] = value.encode()
+        elif isinstance(value, str):
+            try:
+                client_options[name] = bytes.fromhex(value)
+            except ValueError:
+                raise ConfigError(f"{url}: fingerprint must be hex digits, got {value!r}") from None
     config = PeerClientConfig(**client_options)
     if scheme == "peer":
         endpoints = [e for e in rest.strip("/").split(",") if e]

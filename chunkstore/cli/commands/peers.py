@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import argparse
-import math
 import time
 from typing import Any
 
+from chunkstore.cli.commands.serve import check_seconds
 from chunkstore.cli.output import emit_json, emit_text
 from chunkstore.cli.storeargs import add_output_options
 from chunkstore.cli.table import render_table
@@ -86,8 +86,7 @@ def _source(args: argparse.Namespace) -> Any:
 
     if bool(args.registry) == bool(args.peer):
         raise ConfigError("give either --registry or one or more --peer")
-    if not (args.timeout > 0 and math.isfinite(args.timeout)):
-        raise ConfigError(f"--timeout must be a positive number of seconds, got {args.timeout:g}")
+    check_seconds(args.timeout, "--timeout")
     return open_registry(args.registry) if args.registry else StaticPeers(args.peer)
 
 

@@ -30,10 +30,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from chunkstore.cache import DEFAULT_POLICY, POLICY_NAMES, HostCache, TieredStore
-from chunkstore.cli.storeargs import local_path, open_cli_store
+from chunkstore.cli.storeargs import local_path, open_cli_store, size_arg
 from chunkstore.errors import ConfigError, StoreError
 from chunkstore.metrics import ChunkstoreMetrics, default_metrics, start_metrics_server
-from chunkstore.units import format_size, parse_size
+from chunkstore.units import MAX_SECONDS, format_size, parse_size, shown
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,20 +72,29 @@ class Service:
     starts, so a mistake never leaves a service half started."""
 
 
+MAX_QUEUE_SIZE = 1 << 20
+"""Most chunks waiting for write-back (each holds a host slot: more could never be used)."""
+
+
 def check_port(value: int | None, flag: str) -> None:
     """A TCP port option: absent, or 0..65535 (0: any free port)."""
     if value is not None and not 0 <= value <= 65535:
-        raise ConfigError(f"{flag} must be a TCP port in 0..65535 (0: any free port), got {value}")
+        raise ConfigError(
+            f"{flag} must be a TCP port in 0..65535 (0: any free port), got {shown(value)}"
+        )
 
 
 def check_seconds(
     value: float, flag: str, *, minimum: float = 0.0, allow_minimum: bool = False
 ) -> None:
-    """A duration option: finite and above ``minimum`` (or equal to it with ``allow_minimum``)."""
+    """A duration option: above ``minimum`` (or equal to it with ``allow_minimum``) and at most
+    :data:`~chunkstore.units.MAX_SECONDS` (so it can be any wait's timeout)."""
     ok = math.isfinite(value) and (value >= minimum if allow_minimum else value > minimum)
-    if not ok:
+    if not ok or value > MAX_SECONDS:
         bound = f">= {minimum:g}" if allow_minimum else f"> {minimum:g}"
-        raise ConfigError(f"{flag} must be a number of seconds {bound}, got {value:g}")
+        raise ConfigError(
+            f"{flag} must be a number of seconds {bound} and <= {MAX_SECONDS:g}, got {value:g}"
+        )
 
 
 def _add_metrics_arguments(parser: argparse.ArgumentParser) -> None:
@@ -147,14 +156,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     cache.add_argument(
         "--host-cache",
         metavar="SIZE",
-        type=parse_size,
+        type=size_arg,
         default=parse_size("1G"),
         help="host memory for chunks (default: 1G)",
     )
     cache.add_argument(
         "--slot-size",
         metavar="SIZE",
-        type=parse_size,
+        type=size_arg,
         default=None,
         help="bytes per chunk slot: the model's chunk size (or use --spec)",
     )
@@ -243,8 +252,11 @@ def slot_size_from(args: argparse.Namespace) -> int:
 
 def check_options(args: argparse.Namespace) -> None:
     """Check the numeric options of the cache and every service; raises ConfigError."""
-    if args.queue_size < 1:
-        raise ConfigError(f"--queue-size must be at least 1, got {args.queue_size}")
+    if not 1 <= args.queue_size <= MAX_QUEUE_SIZE:
+        raise ConfigError(
+            f"--queue-size must be at least 1 and at most {MAX_QUEUE_SIZE}, "
+            f"got {shown(args.queue_size)}"
+        )
     check_seconds(args.tier_timeout, "--tier-timeout")
     check_seconds(args.retry_after, "--retry-after", allow_minimum=True)
     for service in SERVICES:
@@ -277,7 +289,7 @@ def build_store(args: argparse.Namespace, metrics: ChunkstoreMetrics) -> TieredS
     tiers = []
     try:
         for url in args.store:
-            tiers.append(open_cli_store(url, args, create=args.create))
+            tiers.append(open_cli_store(url, args, create=args.create, option="--store"))
         return TieredStore(
             host,
             tiers,
