@@ -88,7 +88,7 @@ def _tokens(x: torch.Tensor, n_blocks: int, block_size: int) -> torch.Tensor:
 
 
 class CpuVecLayout(DeviceLayout):
-    """vLLM CPU backend, ``vec`` ISA (AVX2/AVX-512): ``[B, H, N, 2*D]``.
+    """vLLM CPU backend, ``vec`` and ``vec16`` ISAs (AVX2/AVX-512): ``[B, H, N, 2*D]``.
 
     Each ``(block, head)`` page is K then V. K is stored transposed,
     ``[D, N]`` (the kernel reads it column-major); V is ``[N, D]``.
@@ -259,6 +259,11 @@ LAYOUTS: dict[str, type[DeviceLayout]] = {
 }
 
 
+_CPU_ISA_LAYOUTS = {"vec": "cpu_vec", "vec16": "cpu_vec", "amx": "cpu_amx"}
+"""CPU attention ISA -> layout. ``vec16`` (block sizes that are not a multiple of 32, e.g. 16)
+writes its pages exactly as ``vec`` does: checked against vLLM's own cache-write op."""
+
+
 def detect_layout(
     kv: torch.Tensor,
     *,
@@ -283,12 +288,13 @@ def detect_layout(
         candidates = ["mla"]
     elif backend == "CPU_ATTN" or (backend is None and kv.device.type == "cpu" and cpu_isa):
         isa = cpu_isa or "vec"
-        if isa not in ("vec", "amx"):
+        if isa not in _CPU_ISA_LAYOUTS:
             raise ConfigError(
                 f"CPU attention ISA {isa!r} packs KV pages in a way chunkstore does not "
-                "convert yet (supported: vec, amx)"
+                f"convert yet (supported: {', '.join(_CPU_ISA_LAYOUTS)}); vLLM picks the ISA "
+                "from the CPU, dtype and block size: try --block-size 32 or 64"
             )
-        candidates = ["cpu_amx" if isa == "amx" else "cpu_vec"]
+        candidates = [_CPU_ISA_LAYOUTS[isa]]
     elif backend is not None and backend.startswith("FLASHINFER"):
         candidates = ["flashinfer_hnd", "flashinfer_nhd"]
     elif backend is not None and backend.startswith(("FLASH_ATTN", "TRITON", "ROCM")):

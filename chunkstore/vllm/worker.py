@@ -117,6 +117,9 @@ class ChunkStoreWorker:
         self._finished_recving: set[str] = set()
         self._failed_recving: set[str] = set()
         self.stats = Counters()
+        self.suspended = False
+        """Between :meth:`suspend` and :meth:`resume` (vLLM sleep mode): device memory is not
+        touched; loads fail (recomputed) and saves are skipped (future misses)."""
 
     # --- registration -------------------------------------------------------------
 
@@ -197,6 +200,18 @@ class ChunkStoreWorker:
             pending.fence.wait()
             self._finish(pending)
 
+    def suspend(self) -> None:
+        """Before vLLM's sleep mode unmaps the KV cache: finish every copy in flight (saves are
+        sealed and handed to the store, loads release their pinned host slots), then leave
+        device memory alone until :meth:`resume`. Idempotent."""
+        self.drain()
+        self.suspended = True
+
+    def resume(self) -> None:
+        """After wake-up: the KV tensors are valid again (same virtual addresses, contents
+        discarded by vLLM, which also resets its prefix cache). Idempotent."""
+        self.suspended = False
+
     def _track(self, pending: _Pending) -> None:
         self._pending.append(pending)
         self.poll()
@@ -253,6 +268,10 @@ class ChunkStoreWorker:
 
     def start_load_kv(self, meta: ChunkStoreMetadata) -> None:
         self.poll()
+        if self.suspended:
+            for load in meta.loads:
+                self._fail(load)
+            return
         if not meta.loads or not self.kv_caches:
             self._finished_recving |= meta.async_load_reqs
             return
@@ -382,7 +401,7 @@ class ChunkStoreWorker:
 
     def wait_for_save(self, meta: ChunkStoreMetadata) -> None:
         self.poll()
-        if not meta.saves or not self.kv_caches:
+        if not meta.saves or not self.kv_caches or self.suspended:
             return
         t0 = time.perf_counter()
         layout = self.engine.layout

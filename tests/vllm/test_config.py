@@ -79,3 +79,25 @@ def test_engine_start_fails_on_unknown_option(tiny_model):
 
     with pytest.raises(ConfigError, match="ChunkStoreConnector: unknown .*'tierz'"):
         make_harness(tiny_model, {"tierz": ["/tmp/x"]})
+
+
+def test_vllm_connector_factory_builds_both_roles(tiny_model):
+    """What ``vllm serve --kv-transfer-config`` does: the factory imports and builds the connector
+    for the scheduler and for a worker (vLLM 0.32 and 0.33)."""
+    from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+
+    from chunkstore.vllm.connector import ChunkStoreConnector
+    from chunkstore.vllm.tiers import release_shared
+
+    from .harness import make_harness
+
+    h = make_harness(tiny_model)
+    try:
+        config, kv_cache_config = h.scheduler.vllm_config, h.scheduler.kv_cache_config
+        for role in (KVConnectorRole.SCHEDULER, KVConnectorRole.WORKER):
+            connector = KVConnectorFactory.create_connector(config, role, kv_cache_config)
+            assert isinstance(connector, ChunkStoreConnector)
+            assert (connector.scheduler is not None) == (role == KVConnectorRole.SCHEDULER)
+    finally:
+        release_shared(f"vllm-{h.scheduler.vllm_config.kv_transfer_config.engine_id}")

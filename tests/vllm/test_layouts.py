@@ -126,6 +126,7 @@ def test_detect_by_backend_and_strides():
     assert detect_layout(nhd, backend="FLASHINFER", **args).name == "flashinfer_nhd"
     assert detect_layout(nhd, backend="FLASH_ATTN", **args).name == "flash_attn"
     assert detect_layout(hnd, backend="CPU_ATTN", cpu_isa="vec", **args).name == "cpu_vec"
+    assert detect_layout(hnd, backend="CPU_ATTN", cpu_isa="vec16", **args).name == "cpu_vec"
     assert detect_layout(hnd, backend="CPU_ATTN", cpu_isa="amx", **args).name == "cpu_amx"
     mla = torch.zeros(B, 1, N, 64)
     assert detect_layout(mla, mla=True, num_heads=1, head_dim=64, block_size=N).name == "mla"
@@ -156,18 +157,25 @@ def test_unknown_layouts_fail_clearly(kwargs, message):
         detect_layout(kv, **args)
 
 
-def test_cpu_vec_matches_vllm_kernel():
-    """vLLM's own CPU cache-write op produces exactly what CpuVecLayout.scatter does."""
+@pytest.mark.vllm_kernels
+@pytest.mark.parametrize(("isa", "block_size"), [("vec", N), ("vec16", 16)])
+def test_cpu_vec_matches_vllm_kernel(isa, block_size):
+    """vLLM's own CPU cache-write op produces exactly what CpuVecLayout.scatter does, for the
+    ``vec`` ISA and for ``vec16`` (what vLLM picks at block size 16)."""
     pytest.importorskip("vllm")
     from vllm import _custom_ops as ops
     from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
 
-    if _get_attn_isa(torch.bfloat16, N, D) != "vec":
-        pytest.skip("this CPU does not use the vec attention ISA")
+    if _get_attn_isa(torch.bfloat16, block_size, D) != isa:
+        pytest.skip(f"this CPU does not use the {isa} attention ISA at block size {block_size}")
     k, v = canonical(2)
-    kv = torch.zeros(B, H, N, 2 * D, dtype=torch.bfloat16)
-    key_cache, value_cache = kv.view(B, H, 2 * N, D).chunk(2, dim=2)
-    slots = torch.tensor([b * N + t for b in BLOCKS for t in range(N)], dtype=torch.long)
+    tokens = len(BLOCKS) * block_size
+    k, v = k[:, :tokens].contiguous(), v[:, :tokens].contiguous()
+    kv = torch.zeros(B, H, block_size, 2 * D, dtype=torch.bfloat16)
+    key_cache, value_cache = kv.view(B, H, 2 * block_size, D).chunk(2, dim=2)
+    slots = torch.tensor(
+        [b * block_size + t for b in BLOCKS for t in range(block_size)], dtype=torch.long
+    )
     # the op takes [tokens, heads, dim]
     ops.cpu_attn_reshape_and_cache(
         k.permute(1, 0, 2).contiguous(),
@@ -175,8 +183,15 @@ def test_cpu_vec_matches_vllm_kernel():
         key_cache,
         value_cache,
         slots,
-        "vec",
+        isa,
     )
     mine = torch.zeros_like(kv)
-    CpuVecLayout(num_heads=H, head_dim=D, block_size=N).scatter(mine, torch.tensor(BLOCKS), k, v)
+    layout = CpuVecLayout(num_heads=H, head_dim=D, block_size=block_size)
+    layout.scatter(mine, torch.tensor(BLOCKS), k, v)
     assert torch.equal(mine, kv)
+    assert (
+        detect_layout(
+            kv, num_heads=H, head_dim=D, block_size=block_size, backend="CPU_ATTN", cpu_isa=isa
+        ).name
+        == "cpu_vec"
+    )
