@@ -38,6 +38,7 @@ __all__ = [
     "flush_shared",
     "release_shared",
     "shared_store",
+    "tier_open_options",
 ]
 
 
@@ -106,7 +107,7 @@ class ConnectorStore:
         opened = (
             list(stores)
             if stores is not None
-            else [open_store(u, **_tier_options(u, options.get(u, {}))) for u in tiers]
+            else [open_store(u, **tier_open_options(u, options.get(u, {}))) for u in tiers]
         )
         self.tiers: list[Store] = opened
         """The secondary tiers, fastest first (as opened; the tiered store guards them)."""
@@ -335,7 +336,7 @@ class RankStore:
                 self._assembler = None
 
 
-def _tier_options(url: str, options: dict[str, Any]) -> dict[str, Any]:
+def tier_open_options(url: str, options: dict[str, Any]) -> dict[str, Any]:
     """A directory tier is created on first use (a KV cache, not data to protect), unless the
     user's ``store_options`` say otherwise."""
     if "://" not in url or url.startswith("file://"):

@@ -128,10 +128,12 @@ class ChunkStoreWorker:
         kv_caches: dict[str, torch.Tensor],
         backends: dict[str, str] | None = None,
         copier: DeviceCopier | None = None,
+        cpu_isa: str | None = None,
     ) -> None:
         """Detect each layer's layout; unknown layouts raise :class:`ConfigError` at start-up.
 
-        ``copier`` overrides the one chosen from the tensors' device (tests).
+        ``copier`` overrides the one chosen from the tensors' device and ``cpu_isa`` the CPU
+        attention ISA vLLM would pick for this machine (tests that write pages themselves).
         """
         backends = backends if backends is not None else self._backend_names()
         for name, kv in kv_caches.items():
@@ -143,7 +145,7 @@ class ChunkStoreWorker:
             backend = backends.get(name)
             isa = None
             if backend == "CPU_ATTN" or (backend is None and kv.device.type == "cpu"):
-                isa = _cpu_isa(self.torch_dtype, self.engine.block_size, info.head_dim)
+                isa = cpu_isa or _cpu_isa(self.torch_dtype, self.engine.block_size, info.head_dim)
             self.layouts[name] = detect_layout(
                 kv,
                 num_heads=info.head_stop - info.head_start,

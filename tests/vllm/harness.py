@@ -258,7 +258,9 @@ def make_harness(
         name: torch.zeros(num_blocks, HEADS, BLOCK, 2 * DIM, dtype=torch.bfloat16)
         for name in LAYERS
     }
-    worker.register_kv_caches(kv)
+    # The stand-in model writes vec pages; on an AMX CPU vLLM would pick amx for this shape.
+    assert worker.worker is not None
+    worker.worker.register_kv_caches(kv, cpu_isa="vec")
     scheduler = Scheduler(
         vllm_config=config,
         kv_cache_config=kv_cache_config,

@@ -34,7 +34,7 @@ def harness(tiny_model):
         h = make_harness(tiny_model, **kwargs)
         made.append(h)
         rt = FakeRuntime(pinned=True, auto_complete=False)
-        h.worker.worker.register_kv_caches(h.kv, copier=CudaCopier("cpu", rt))
+        h.worker.worker.register_kv_caches(h.kv, copier=CudaCopier("cpu", rt), cpu_isa="vec")
         return h, rt
 
     yield make

@@ -27,3 +27,30 @@ else:
         if REQUIRED:
             raise RuntimeError(f"make test-vllm033 needs vllm 0.33, found {vllm.__version__}")
         collect_ignore_glob = ["test_*.py"]
+
+
+if "collect_ignore_glob" not in globals():
+    import pytest
+
+    @pytest.fixture(scope="session")
+    def tiny_model(tmp_path_factory):
+        from chunkstore.vllm.testing import make_tiny_llama
+
+        return make_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
+
+    @pytest.fixture
+    def harness(tiny_model):
+        """ChunkStoreConnector under vLLM's real scheduler (tests/vllm/harness.py)."""
+        from chunkstore.vllm.tiers import release_shared
+        from tests.vllm.harness import make_harness
+
+        made = []
+
+        def make(**kwargs):
+            h = make_harness(tiny_model, **kwargs)
+            made.append(h)
+            return h
+
+        yield make
+        for h in made:
+            release_shared(h.connector.pool_name)
