@@ -75,6 +75,26 @@ class DeviceLayout:
         """Write canonical ``k``/``v`` (shaped as :meth:`gather` returns) into ``blocks``."""
         raise NotImplementedError
 
+    def gather_range(
+        self, kv: torch.Tensor, first: int, count: int, k_out: torch.Tensor, v_out: Any
+    ) -> None:
+        """Copy the canonical K/V of blocks ``first .. first+count`` into ``k_out``/``v_out``
+        (shaped as :meth:`gather` returns). Layouts override it to skip the temporaries."""
+        import torch
+
+        k, v = self.gather(kv, torch.arange(first, first + count, device=kv.device))
+        k_out.copy_(k)
+        if v is not None:
+            v_out.copy_(v)
+
+    def scatter_range(
+        self, kv: torch.Tensor, first: int, count: int, k: torch.Tensor, v: Any
+    ) -> None:
+        """Write canonical ``k``/``v`` into blocks ``first .. first+count``."""
+        import torch
+
+        self.scatter(kv, torch.arange(first, first + count, device=kv.device), k, v)
+
     def __repr__(self) -> str:
         return (
             f"{type(self).__name__}(heads={self.num_heads}, head_dim={self.head_dim}, "
@@ -192,6 +212,22 @@ class PagedKVLayout(DeviceLayout):
         kp = k.reshape(h, n, bs, d).permute(1, 0, 2, 3)
         vp = v.reshape(h, n, bs, d).permute(1, 0, 2, 3)
         kv.index_copy_(0, blocks, torch_cat_last(kp, vp))
+
+    # A run of consecutive blocks is a view of the cache: one strided copy per tensor.
+
+    def gather_range(
+        self, kv: torch.Tensor, first: int, count: int, k_out: torch.Tensor, v_out: Any
+    ) -> None:
+        pages, h, bs, d = kv[first : first + count], self.num_heads, self.block_size, self.head_dim
+        k_out.view(h, count, bs, d).copy_(pages[..., :d].permute(1, 0, 2, 3))
+        v_out.view(h, count, bs, d).copy_(pages[..., d:].permute(1, 0, 2, 3))
+
+    def scatter_range(
+        self, kv: torch.Tensor, first: int, count: int, k: torch.Tensor, v: Any
+    ) -> None:
+        pages, h, bs, d = kv[first : first + count], self.num_heads, self.block_size, self.head_dim
+        pages[..., :d].copy_(k.view(h, count, bs, d).permute(1, 0, 2, 3))
+        pages[..., d:].copy_(v.view(h, count, bs, d).permute(1, 0, 2, 3))
 
 
 class FlashAttnLayout(PagedKVLayout):

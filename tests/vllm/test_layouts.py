@@ -106,6 +106,26 @@ def test_scatter_matches_reference_packing(cls, ref):
     assert not kv[untouched].any()
 
 
+@pytest.mark.parametrize(("cls", "ref"), CASES, ids=[c[0].name for c in CASES])
+def test_block_ranges_agree_with_gather_and_scatter(cls, ref):
+    """gather_range/scatter_range (a run of consecutive blocks, as the native tier reads vLLM's
+    primary slots) give what gather/scatter give for the same blocks."""
+    k, v = canonical(3)
+    kv = ref(k, v)
+    layout = cls(num_heads=H, head_dim=D, block_size=N)
+    first, count = 1, 3
+    blocks = torch.arange(first, first + count)
+    want_k, want_v = layout.gather(kv, blocks)
+    got_k, got_v = torch.empty_like(want_k), torch.empty_like(want_v)
+    layout.gather_range(kv, first, count, got_k, got_v)
+    assert torch.equal(got_k, want_k) and torch.equal(got_v, want_v)
+
+    expected, mine = torch.zeros_like(kv), torch.zeros_like(kv)
+    layout.scatter(expected, blocks, want_k, want_v)
+    layout.scatter_range(mine, first, count, want_k, want_v)
+    assert torch.equal(mine, expected)
+
+
 def test_mla_round_trip():
     latent = torch.randn(len(BLOCKS) * N, 48).to(torch.bfloat16)
     kv = torch.zeros(B, 1, N, 48, dtype=torch.bfloat16)

@@ -128,7 +128,6 @@ class PrimaryLayout:
                 f"layers x {tp_size} ranks of {blocks_per_chunk} blocks need {offset}: the "
                 "engine's KV cache is not laid out as the chunkstore tier expects"
             )
-        self._blocks = torch.arange(blocks_per_chunk, dtype=torch.long)
 
     def _pages(self, slot: torch.Tensor, region: _Region) -> torch.Tensor:
         """The region's pages as the layout class's logical ``[B, H, N, 2*D]`` view."""
@@ -152,11 +151,13 @@ class PrimaryLayout:
                 k_name, v_name = f"layers.{region.layer}.k", f"layers.{region.layer}.v"
                 if k_name not in views:
                     continue  # a replicated head another rank writes
-                k, v = self._page_layout(region.heads).gather(
-                    self._pages(pages, region), self._blocks
+                self._page_layout(region.heads).gather_range(
+                    self._pages(pages, region),
+                    0,
+                    self.blocks_per_chunk,
+                    views[k_name],
+                    views[v_name],
                 )
-                views[k_name].copy_(k)
-                views[v_name].copy_(v)
 
     def from_payload(self, payload: Any, slot: Any) -> None:
         """Write a verified chunk ``payload`` into a ``slot`` (every rank's heads)."""
@@ -168,7 +169,7 @@ class PrimaryLayout:
                 k = views[f"layers.{region.layer}.k"]
                 v = views[f"layers.{region.layer}.v"]
                 layout = self._page_layout(region.heads)
-                layout.scatter(self._pages(pages, region), self._blocks, k, v)
+                layout.scatter_range(self._pages(pages, region), 0, self.blocks_per_chunk, k, v)
 
 
 def _rank_heads(rank: int, tp: int, heads: int) -> tuple[int, int]:
