@@ -120,6 +120,25 @@ def _build(
     return SecondaryTierFactory.create_secondary_tier(entry, memoryview(mem.numpy()), spec)
 
 
+def _jobs(
+    keys: list[Any], ctx: Any, batch: int, first_slot: int, promotion: bool, first_id: int
+) -> list[Any]:
+    """Jobs of ``batch`` consecutive chunks, chunk i in primary slot ``first_slot + i``."""
+    import numpy as np
+    from vllm.v1.kv_offload.tiering.base import TransferJob
+
+    return [
+        TransferJob(
+            job_id=first_id + j,
+            keys=keys[j : j + batch],
+            chunk_ids=np.arange(first_slot + j, first_slot + min(j + batch, len(keys))),
+            is_promotion=promotion,
+            req_context=ctx,
+        )
+        for j in range(0, len(keys), batch)
+    ]
+
+
 def _run(tier: Any, jobs: list[Any]) -> tuple[float, list[Any]]:
     t0 = time.perf_counter()
     for job in jobs:
@@ -211,21 +230,9 @@ def main() -> int:
                 ctx.set_offload_key_position(key, (i + 1) * chunk_tokens)
                 keys.append(key)
 
-            def jobs(first_slot: int, promotion: bool, base: int) -> list[Any]:
-                return [
-                    TransferJob(
-                        job_id=base + j,
-                        keys=keys[j : j + args.batch],
-                        chunk_ids=np.arange(first_slot + j, first_slot + min(j + args.batch, n)),
-                        is_promotion=promotion,
-                        req_context=ctx,
-                    )
-                    for j in range(0, n, args.batch)
-                ]
-
-            store_s, stored = _run(tier, jobs(0, False, 0))
+            store_s, stored = _run(tier, _jobs(keys, ctx, args.batch, 0, False, 0))
             mem[n : 2 * n] = 0
-            load_s, loaded = _run(tier, jobs(n, True, 10_000))
+            load_s, loaded = _run(tier, _jobs(keys, ctx, args.batch, n, True, 10_000))
             exact = torch.equal(mem[n : 2 * n], mem[:n])
             figures[name] = {
                 "store": n * slot_bytes / store_s / 1e9,
