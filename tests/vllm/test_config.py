@@ -101,3 +101,14 @@ def test_vllm_connector_factory_builds_both_roles(tiny_model):
             assert (connector.scheduler is not None) == (role == KVConnectorRole.SCHEDULER)
     finally:
         release_shared(f"vllm-{h.scheduler.vllm_config.kv_transfer_config.engine_id}")
+
+
+def test_every_native_tier_option_is_documented():
+    from pathlib import Path
+
+    from chunkstore.vllm.native.options import TIER_OPTIONS
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    section = readme[readme.index("### Inside vLLM's own offloading") :]
+    missing = sorted(o for o in TIER_OPTIONS if f"`{o}`" not in section)
+    assert not missing, f"ChunkStoreTier options missing from README.md: {missing}"

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from vllm.v1.kv_offload.base import LookupResult
+from vllm.v1.kv_offload.base import Locality, LookupResult
+from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from chunkstore.backends import open_store
 from chunkstore.errors import ConfigError
@@ -70,7 +71,8 @@ def _store_prompt(tier, mem, request, slots):
 
 
 def test_store_lookup_load_round_trip_is_byte_identical(tier_env, tmp_path):
-    tier, mem, _ = tier_env()
+    tier, mem, _ = tier_env(locality="LOCAL")
+    assert tier.locality is Locality.LOCAL and tier.cache_hit_source is CacheHitSource.DISK
     request = make_request(PROMPT, "rt")
     ctx, keys, results = _store_prompt(tier, mem, request, [0, 1, 2, 3])
     assert [r.success for r in results] == [True]
@@ -306,7 +308,13 @@ def test_hnd_pages_give_the_same_chunk_files(harness, tmp_path):
 
 @pytest.mark.parametrize(
     ("options", "message"),
-    [({"tier": "x"}, "unknown option"), ({"tiers": 5}, "tiers"), ({"threads": 0}, "threads")],
+    [
+        ({"tier": "x"}, "unknown option"),
+        ({"tiers": 5}, "tiers"),
+        ({"threads": 0}, "threads"),
+        ({"locality": "local"}, "locality"),
+        ({"compression": "lz4"}, "compression"),
+    ],
 )
 def test_bad_options_name_themselves(harness, tmp_path, options, message):
     h = harness()

@@ -27,6 +27,7 @@ from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any, ClassVar
 
 from vllm.v1.kv_offload.base import (
+    Locality,
     LookupResult,
     Medium,
     OffloadKey,
@@ -45,6 +46,7 @@ from chunkstore.hashing import ChunkKey
 from chunkstore.metrics import default_metrics
 from chunkstore.vllm.config import parse_config
 from chunkstore.vllm.engine import describe_engine
+from chunkstore.vllm.native.options import TIER_OPTIONS
 from chunkstore.vllm.native.primary import PrimaryLayout
 from chunkstore.vllm.native.requests import (
     ChunkAddress,
@@ -56,21 +58,7 @@ from chunkstore.vllm.tiers import tier_open_options
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ChunkStoreTier", "TIER_OPTIONS"]
-
-TIER_OPTIONS: dict[str, str] = {
-    "tiers": "chunkstore store URLs, fastest first ('file:///mnt/kv', '/mnt/kv', "
-    "'s3://bucket/prefix', 'peer://host:port'); writes go to all, reads to the first holder.",
-    "store_options": "Mapping of URL -> keyword options passed to open_store for that store.",
-    "compression": "'none' (default) or 'zstd' for the chunks written.",
-    "model_id": "Model name in the namespace (default: the engine's); set it as the "
-    "connector's model_id when they differ.",
-    "namespace": "Extra namespace string (as the connector's option of that name).",
-    "threads": "Threads running stores and loads (default 4).",
-    "tier_timeout": "Seconds a store call may take before the store counts as down (default 30).",
-    "retry_after": "Seconds a down store is skipped before it is tried again (default 5).",
-    "locality": "vLLM's locality of this tier: 'LOCAL' or 'REMOTE' (default unset).",
-}
+__all__ = ["ChunkStoreTier"]
 
 
 class ChunkStoreTier(SecondaryTierManager):
@@ -95,6 +83,14 @@ class ChunkStoreTier(SecondaryTierManager):
             )
         if "tiers" not in options:
             raise ConfigError("chunkstore tier: 'tiers' is required (a store URL or a list)")
+        if "locality" in options:
+            try:
+                self.locality = Locality(options["locality"])
+            except ValueError:
+                raise ConfigError(
+                    f"chunkstore tier: locality must be 'LOCAL' or 'REMOTE', got "
+                    f"{options['locality']!r}"
+                ) from None
         found = caller_engine()
         if found is None:
             raise ConfigError(
