@@ -9,7 +9,9 @@ blocks can be compared exactly with what a forward pass would have written.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -269,3 +271,22 @@ def make_harness(
         log_stats=True,
     )
     return Harness(scheduler, worker, kv, group_of)
+
+
+@contextlib.contextmanager
+def harnesses(model_dir: Any) -> Iterator[Callable[..., Harness]]:
+    """``make(**kwargs)`` building harnesses; their shared stores are released on exit."""
+    from chunkstore.vllm.tiers import release_shared
+
+    made: list[Harness] = []
+
+    def make(**kwargs: Any) -> Harness:
+        h = make_harness(model_dir, **kwargs)
+        made.append(h)
+        return h
+
+    try:
+        yield make
+    finally:
+        for h in made:
+            release_shared(h.connector.pool_name)

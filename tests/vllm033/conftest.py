@@ -41,16 +41,7 @@ if "collect_ignore_glob" not in globals():
     @pytest.fixture
     def harness(tiny_model):
         """ChunkStoreConnector under vLLM's real scheduler (tests/vllm/harness.py)."""
-        from chunkstore.vllm.tiers import release_shared
-        from tests.vllm.harness import make_harness
+        from tests.vllm.harness import harnesses
 
-        made = []
-
-        def make(**kwargs):
-            h = make_harness(tiny_model, **kwargs)
-            made.append(h)
-            return h
-
-        yield make
-        for h in made:
-            release_shared(h.connector.pool_name)
+        with harnesses(tiny_model) as make:
+            yield make
