@@ -222,6 +222,18 @@ def test_a_store_that_is_down_or_hangs_never_blocks_the_caller(tier_env, monkeyp
     gate.set()
 
 
+def test_a_chunk_looked_up_as_missing_is_found_once_this_request_stored_it(tier_env):
+    tier, mem, _ = tier_env()
+    request = make_request(PROMPT, "miss-then-store")
+    ctx = announce(tier, request)
+    keys = offload_keys(request, ctx, 1)
+    assert lookup(tier, keys, ctx) == [LookupResult.MISS]
+    mem[0] = nhd_slot(PROMPT, 0)
+    tier.submit_store(job(keys, [0], ctx, promotion=False))
+    assert finish(tier)[0].success
+    assert tier.lookup(keys[0], ctx) == LookupResult.HIT
+
+
 def test_many_jobs_in_flight(tier_env):
     tier, mem, _ = tier_env(slots=32, threads=4)
     prompt = sample_prompt_ids(12 * CHUNK_TOKENS + 5, seed=32)

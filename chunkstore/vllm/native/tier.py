@@ -160,6 +160,7 @@ class ChunkStoreTier(SecondaryTierManager):
         self._lookup_pool = ThreadPoolExecutor(2, thread_name_prefix="chunkstore-tier-lookup")
         self._jobs: dict[int, Future[None]] = {}
         self._loads: dict[int, tuple[str, list[ChunkKey]]] = {}
+        self._stores: dict[int, tuple[str, list[ChunkKey]]] = {}
         self._finished: deque[JobResult] = deque()
         self._verdicts: dict[str, dict[ChunkKey, bool | Future[bool]]] = {}
         self.corrupt = 0
@@ -225,6 +226,7 @@ class ChunkStoreTier(SecondaryTierManager):
         addresses = [self._address(k, ctx) for k in job_metadata.keys]
         slots = [int(c) for c in job_metadata.chunk_ids]
         job_id = job_metadata.job_id
+        self._stores[job_id] = (ctx.req_id, [a.key for a in addresses if a is not None])
         self._jobs[job_id] = self._pool.submit(self._run_store, job_id, addresses, slots)
 
     def _slot(self, chunk_id: int) -> memoryview:
@@ -351,13 +353,20 @@ class ChunkStoreTier(SecondaryTierManager):
             load = self._loads.pop(result.job_id, None)
             if load is not None and not result.success:
                 req_id, keys = load
-                verdicts = self._verdicts.get(req_id)
                 kept = len(result.successful_keys or ())
-                if verdicts is not None:
-                    for key in keys[kept:]:
-                        verdicts[key] = False  # recomputed, not looked up again
+                # Recomputed by vLLM: not looked up again for this request.
+                self._remember(req_id, keys[kept:], False)
+            store = self._stores.pop(result.job_id, None)
+            if store is not None and result.success:
+                self._remember(*store, True)  # a later lookup of this request finds them
             results.append(result)
         return results
+
+    def _remember(self, req_id: str, keys: Sequence[ChunkKey], held: bool) -> None:
+        verdicts = self._verdicts.get(req_id)
+        if verdicts is not None:
+            for key in keys:
+                verdicts[key] = held
 
     def has_pending_work(self) -> bool:
         return bool(self._jobs) or any(
