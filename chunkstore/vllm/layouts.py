@@ -146,8 +146,8 @@ class CpuAmxLayout(DeviceLayout):
     K holds pairs of head dims (32-bit words) in groups of 16 tokens:
     ``K[t, d] = Kpage[t//16, d//2, t%16, d%2]``. V holds pairs of tokens per
     group of 16 head dims: ``V[t, d] = Vpage[d//16, t//2, d%16, t%2]``
-    (csrc/cpu/cpu_attn_amx.hpp). Written from the kernel source: no AMX CPU
-    was available to run it against the engine.
+    (csrc/cpu/cpu_attn_amx.hpp). Checked against vLLM's own cache-write op on an
+    AMX CPU (tests/vllm/test_layouts.py).
     """
 
     name = "cpu_amx"

@@ -178,10 +178,13 @@ def test_unknown_layouts_fail_clearly(kwargs, message):
 
 
 @pytest.mark.vllm_kernels
-@pytest.mark.parametrize(("isa", "block_size"), [("vec", N), ("vec16", 16)])
-def test_cpu_vec_matches_vllm_kernel(isa, block_size):
-    """vLLM's own CPU cache-write op produces exactly what CpuVecLayout.scatter does, for the
-    ``vec`` ISA and for ``vec16`` (what vLLM picks at block size 16)."""
+@pytest.mark.parametrize(
+    ("isa", "block_size", "cls"),
+    [("vec", N, CpuVecLayout), ("vec16", 16, CpuVecLayout), ("amx", N, CpuAmxLayout)],
+)
+def test_cpu_layouts_match_vllm_kernel(isa, block_size, cls):
+    """vLLM's own CPU cache-write op produces exactly what the layout's scatter does, for the
+    ``vec`` ISA, ``vec16`` (what vLLM picks at block size 16) and ``amx`` (AMX CPUs)."""
     pytest.importorskip("vllm")
     from vllm import _custom_ops as ops
     from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
@@ -206,12 +209,10 @@ def test_cpu_vec_matches_vllm_kernel(isa, block_size):
         isa,
     )
     mine = torch.zeros_like(kv)
-    layout = CpuVecLayout(num_heads=H, head_dim=D, block_size=block_size)
+    layout = cls(num_heads=H, head_dim=D, block_size=block_size)
     layout.scatter(mine, torch.tensor(BLOCKS), k, v)
     assert torch.equal(mine, kv)
-    assert (
-        detect_layout(
-            kv, num_heads=H, head_dim=D, block_size=block_size, backend="CPU_ATTN", cpu_isa=isa
-        ).name
-        == "cpu_vec"
+    detected = detect_layout(
+        kv, num_heads=H, head_dim=D, block_size=block_size, backend="CPU_ATTN", cpu_isa=isa
     )
+    assert detected.name == cls.name
