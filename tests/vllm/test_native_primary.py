@@ -12,8 +12,13 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from chunkstore.errors import ConfigError  # noqa: E402
-from chunkstore.format import ATTENTION, ChunkLayout, KVSpec, LayerGroup  # noqa: E402
-from chunkstore.format import rank_share  # noqa: E402
+from chunkstore.format import (  # noqa: E402
+    ATTENTION,
+    ChunkLayout,
+    KVSpec,
+    LayerGroup,
+    rank_share,  # noqa: E402
+)
 from chunkstore.vllm.engine import EngineKV, LayerInfo  # noqa: E402
 from chunkstore.vllm.native.primary import PrimaryLayout  # noqa: E402
 
