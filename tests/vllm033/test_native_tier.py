@@ -91,13 +91,26 @@ def test_store_lookup_load_round_trip_is_byte_identical(tier_env, tmp_path):
     by_key = {info.key: decode_chunk(store.get(info.key)) for info in infos}
     spans = sorted(tuple(c.header.tokens) for c in by_key.values())
     assert spans == sorted(tuple(PROMPT[i * 64 : (i + 1) * 64]) for i in range(4))
-    verify = subprocess.run(
-        [sys.executable, "-m", "chunkstore.cli.main", "verify", str(tmp_path / "kv")],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-    )
-    assert verify.returncode == 0, verify.stdout + verify.stderr
+    kv = str(tmp_path / "kv")
+    some_key = infos[0].key.hex
+    for args in (
+        ["verify", kv],
+        ["ls", "--json", kv],
+        ["show", "--json", kv, some_key],
+        ["prune", "--max-bytes", "1", kv],
+    ):
+        cli = subprocess.run(
+            [sys.executable, "-m", "chunkstore.cli.main", *args],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+        )
+        assert cli.returncode == 0, (args, cli.stdout + cli.stderr)
+        if args[0] == "ls":
+            assert len(json.loads(cli.stdout)["chunks"]) == 4
+        if args[0] == "show":
+            assert str(PROMPT[0]) in cli.stdout or some_key in cli.stdout
+    assert not list(store.list())  # pruned to under 1 byte
 
     registry = default_metrics().registry
     name = tier.stores[0].name
