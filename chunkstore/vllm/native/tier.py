@@ -44,7 +44,9 @@ from chunkstore.errors import ConfigError, FormatError
 from chunkstore.format import decode_chunk, recompress, seal_chunk
 from chunkstore.hashing import ChunkKey
 from chunkstore.metrics import default_metrics
-from chunkstore.vllm.config import parse_config
+
+# The connector's option parsers: the same words for the same mistakes.
+from chunkstore.vllm.config import _positive_int, _seconds, parse_config
 from chunkstore.vllm.engine import describe_engine
 from chunkstore.vllm.native.options import TIER_OPTIONS
 from chunkstore.vllm.native.primary import PrimaryLayout
@@ -106,13 +108,16 @@ class ChunkStoreTier(SecondaryTierManager):
                 "chunkstore tier: remove canonical_layout from kv_connector_extra_config "
                 "(the tier converts vLLM's direct layout itself)"
             )
+        threads = _positive_int(options.get("threads", 4), "threads")
+        timeout = _seconds(options, "tier_timeout", 30.0)
+        retry_after = _seconds(options, "retry_after", 5.0)
+        if timeout <= 0:
+            raise ConfigError(f"tier_timeout: must be positive, got {timeout}")
         block_size = int(config.groups[0].tokens_per_block) if config.groups else 0
+        shared = ("tiers", "store_options", "compression", "model_id", "namespace")
         cfg = parse_config(
             {
-                **{
-                    k: options[k] for k in ("tiers", "store_options", "compression") if k in options
-                },
-                **{k: options[k] for k in ("model_id", "namespace") if k in options},
+                **{k: options[k] for k in shared if k in options},
                 "blocks_per_chunk": int(offloading_spec.blocks_per_chunk),
             },
             block_size=max(block_size, 1),
@@ -134,8 +139,6 @@ class ChunkStoreTier(SecondaryTierManager):
         )
         self._flat = memoryview(primary_kv_view).cast("B")
         metrics = default_metrics()
-        timeout = float(options.get("tier_timeout", 30.0))
-        retry_after = float(options.get("retry_after", 5.0))
         self.stores: list[Store] = []
         self.guarded: list[GuardedTier] = []
         try:
@@ -153,9 +156,6 @@ class ChunkStoreTier(SecondaryTierManager):
         except BaseException:
             self._close_stores()
             raise
-        threads = int(options.get("threads", 4))
-        if threads <= 0:
-            raise ConfigError(f"chunkstore tier: threads must be positive, got {threads}")
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="chunkstore-tier")
         self._lookup_pool = ThreadPoolExecutor(2, thread_name_prefix="chunkstore-tier-lookup")
         self._jobs: dict[int, Future[None]] = {}
