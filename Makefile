@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 DEMO_STAMP := $(VENV)/.demo-stamp
 
-.PHONY: install demo test bench lint lint-only docs docs-only clean
+.PHONY: install demo test test-vllm033 bench lint lint-only docs docs-only clean
 
 install: $(STAMP)
 
@@ -13,6 +13,22 @@ install: $(STAMP)
 $(STAMP): pyproject.toml tools/install.sh
 	PYTHON=$(PYTHON) VENV=$(VENV) bash tools/install.sh
 	touch $(STAMP)
+
+# The second test environment: the regular vllm==0.33.0 wheel (no vllm._C CPU kernels), its own venv.
+PYTHON311 ?= python3.11
+VENV033 ?= .venv-vllm033
+STAMP033 := $(VENV033)/.installed-stamp
+VLLM033_ENV := VLLM_TARGET_DEVICE=cpu HF_HUB_OFFLINE=1 CHUNKSTORE_REQUIRE_VLLM033=1
+
+$(STAMP033): pyproject.toml tools/install_vllm033.sh
+	PYTHON=$(PYTHON311) VENV=$(VENV033) bash tools/install_vllm033.sh
+	touch $(STAMP033)
+
+# tests/vllm without the real-engine and kernel tests, plus the native tier tests. Exit code 5
+# (nothing collected) fails the target like any other non-zero code.
+test-vllm033: $(STAMP033)
+	$(VLLM033_ENV) $(VENV033)/bin/python -m pytest -p no:cacheprovider -m "not vllm_kernels" \
+		tests/vllm tests/vllm033
 
 # The demo needs only the core and the peer extra: no vLLM, torch or NIXL (a fresh machine runs it
 # in well under a minute). A full install satisfies it too.
@@ -45,4 +61,4 @@ docs-only:
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis
+	rm -rf $(VENV) $(VENV033) build *.egg-info .pytest_cache .hypothesis

@@ -1,7 +1,9 @@
 """Run every ``tools/bench_*.py`` in turn (what ``make bench`` does); each prints its own ratios.
 
 Benchmarks report numbers; they never fail on a threshold. A benchmark whose
-optional dependency is missing says so and is skipped.
+optional dependency is missing says so and is skipped. ``bench_native_tier.py`` needs vLLM 0.33:
+it re-runs itself in ``.venv-vllm033`` when that exists (``make test-vllm033`` builds it) and
+otherwise prints how to get it.
 """
 
 from __future__ import annotations

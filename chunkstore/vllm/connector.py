@@ -116,6 +116,13 @@ class ChunkStoreConnector(KVConnectorBase_V1, SupportsHMA):
             shm_name=self.pool_name if self.engine.tp_size > 1 else None,
         )
 
+    @classmethod
+    def supports_sleep_mode(cls, kv_transfer_config: Any) -> bool:
+        # vLLM 0.33+ asks before enabling sleep mode. chunkstore registers no device memory
+        # with anyone (NIXL moves host memory only) and drains its copies in
+        # unregister_kv_caches, so the KV cache may be unmapped and remapped under it.
+        return True
+
     @property
     def requires_kv_delivery(self) -> bool:
         # A best-effort cache: a dropped save is a future miss, never a correctness problem.
@@ -126,6 +133,15 @@ class ChunkStoreConnector(KVConnectorBase_V1, SupportsHMA):
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         assert self.worker is not None
         self.worker.register_kv_caches(kv_caches)
+
+    def unregister_kv_caches(self) -> None:
+        # vLLM 0.33 sleep mode, before the KV cache is unmapped: finish our copies in flight.
+        if self.worker is not None:
+            self.worker.suspend()
+
+    def restore_kv_caches(self) -> None:
+        if self.worker is not None:
+            self.worker.resume()
 
     def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
         if self.worker is not None and self.has_connector_metadata():

@@ -93,6 +93,20 @@ class EngineKV:
             },
         )
 
+    def root_of(self, request: Any) -> bytes:
+        """Namespace root of a vLLM ``Request``: its LoRA, ``cache_salt`` and multimodal hashes.
+
+        The one place both ways into vLLM (the connector and the native tier) derive it, so a
+        chunk saved through either is found through the other.
+        """
+        lora = getattr(request, "lora_request", None)
+        mm = [f.identifier for f in (getattr(request, "mm_features", None) or [])]
+        return self.root(
+            lora=getattr(lora, "lora_name", None) if lora is not None else None,
+            cache_salt=getattr(request, "cache_salt", None),
+            mm_hashes=mm,
+        )
+
     def keys(self, tokens: Any, root: bytes) -> list[ChunkKey]:
         """Keys of every full chunk of ``tokens``."""
         return chain_keys(tokens, root=root, chunk_tokens=self.spec.chunk_tokens)

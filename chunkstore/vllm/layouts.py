@@ -75,6 +75,26 @@ class DeviceLayout:
         """Write canonical ``k``/``v`` (shaped as :meth:`gather` returns) into ``blocks``."""
         raise NotImplementedError
 
+    def gather_range(
+        self, kv: torch.Tensor, first: int, count: int, k_out: torch.Tensor, v_out: Any
+    ) -> None:
+        """Copy the canonical K/V of blocks ``first .. first+count`` into ``k_out``/``v_out``
+        (shaped as :meth:`gather` returns). Layouts override it to skip the temporaries."""
+        import torch
+
+        k, v = self.gather(kv, torch.arange(first, first + count, device=kv.device))
+        k_out.copy_(k)
+        if v is not None:
+            v_out.copy_(v)
+
+    def scatter_range(
+        self, kv: torch.Tensor, first: int, count: int, k: torch.Tensor, v: Any
+    ) -> None:
+        """Write canonical ``k``/``v`` into blocks ``first .. first+count``."""
+        import torch
+
+        self.scatter(kv, torch.arange(first, first + count, device=kv.device), k, v)
+
     def __repr__(self) -> str:
         return (
             f"{type(self).__name__}(heads={self.num_heads}, head_dim={self.head_dim}, "
@@ -88,7 +108,7 @@ def _tokens(x: torch.Tensor, n_blocks: int, block_size: int) -> torch.Tensor:
 
 
 class CpuVecLayout(DeviceLayout):
-    """vLLM CPU backend, ``vec`` ISA (AVX2/AVX-512): ``[B, H, N, 2*D]``.
+    """vLLM CPU backend, ``vec`` and ``vec16`` ISAs (AVX2/AVX-512): ``[B, H, N, 2*D]``.
 
     Each ``(block, head)`` page is K then V. K is stored transposed,
     ``[D, N]`` (the kernel reads it column-major); V is ``[N, D]``.
@@ -126,8 +146,8 @@ class CpuAmxLayout(DeviceLayout):
     K holds pairs of head dims (32-bit words) in groups of 16 tokens:
     ``K[t, d] = Kpage[t//16, d//2, t%16, d%2]``. V holds pairs of tokens per
     group of 16 head dims: ``V[t, d] = Vpage[d//16, t//2, d%16, t%2]``
-    (csrc/cpu/cpu_attn_amx.hpp). Written from the kernel source: no AMX CPU
-    was available to run it against the engine.
+    (csrc/cpu/cpu_attn_amx.hpp). Checked against vLLM's own cache-write op on an
+    AMX CPU (tests/vllm/test_layouts.py).
     """
 
     name = "cpu_amx"
@@ -192,6 +212,22 @@ class PagedKVLayout(DeviceLayout):
         kp = k.reshape(h, n, bs, d).permute(1, 0, 2, 3)
         vp = v.reshape(h, n, bs, d).permute(1, 0, 2, 3)
         kv.index_copy_(0, blocks, torch_cat_last(kp, vp))
+
+    # A run of consecutive blocks is a view of the cache: one strided copy per tensor.
+
+    def gather_range(
+        self, kv: torch.Tensor, first: int, count: int, k_out: torch.Tensor, v_out: Any
+    ) -> None:
+        pages, h, bs, d = kv[first : first + count], self.num_heads, self.block_size, self.head_dim
+        k_out.view(h, count, bs, d).copy_(pages[..., :d].permute(1, 0, 2, 3))
+        v_out.view(h, count, bs, d).copy_(pages[..., d:].permute(1, 0, 2, 3))
+
+    def scatter_range(
+        self, kv: torch.Tensor, first: int, count: int, k: torch.Tensor, v: Any
+    ) -> None:
+        pages, h, bs, d = kv[first : first + count], self.num_heads, self.block_size, self.head_dim
+        pages[..., :d].copy_(k.view(h, count, bs, d).permute(1, 0, 2, 3))
+        pages[..., d:].copy_(v.view(h, count, bs, d).permute(1, 0, 2, 3))
 
 
 class FlashAttnLayout(PagedKVLayout):
@@ -259,6 +295,11 @@ LAYOUTS: dict[str, type[DeviceLayout]] = {
 }
 
 
+_CPU_ISA_LAYOUTS = {"vec": "cpu_vec", "vec16": "cpu_vec", "amx": "cpu_amx"}
+"""CPU attention ISA -> layout. ``vec16`` (block sizes that are not a multiple of 32, e.g. 16)
+writes its pages exactly as ``vec`` does: checked against vLLM's own cache-write op."""
+
+
 def detect_layout(
     kv: torch.Tensor,
     *,
@@ -283,12 +324,13 @@ def detect_layout(
         candidates = ["mla"]
     elif backend == "CPU_ATTN" or (backend is None and kv.device.type == "cpu" and cpu_isa):
         isa = cpu_isa or "vec"
-        if isa not in ("vec", "amx"):
+        if isa not in _CPU_ISA_LAYOUTS:
             raise ConfigError(
                 f"CPU attention ISA {isa!r} packs KV pages in a way chunkstore does not "
-                "convert yet (supported: vec, amx)"
+                f"convert yet (supported: {', '.join(_CPU_ISA_LAYOUTS)}); vLLM picks the ISA "
+                "from the CPU, dtype and block size: try --block-size 32 or 64"
             )
-        candidates = ["cpu_amx" if isa == "amx" else "cpu_vec"]
+        candidates = [_CPU_ISA_LAYOUTS[isa]]
     elif backend is not None and backend.startswith("FLASHINFER"):
         candidates = ["flashinfer_hnd", "flashinfer_nhd"]
     elif backend is not None and backend.startswith(("FLASH_ATTN", "TRITON", "ROCM")):

@@ -81,14 +81,7 @@ class ChunkStoreScheduler:
     def _state(self, request: Any) -> _Request:
         st = self._reqs.get(request.request_id)
         if st is None or st.request is not request:
-            lora = getattr(request, "lora_request", None)
-            mm = [f.identifier for f in (getattr(request, "mm_features", None) or [])]
-            root = self.engine.root(
-                lora=getattr(lora, "lora_name", None) if lora is not None else None,
-                cache_salt=getattr(request, "cache_salt", None),
-                mm_hashes=mm,
-            )
-            st = _Request(request, root)
+            st = _Request(request, self.engine.root_of(request))
             self._reqs[request.request_id] = st
         return st
 

@@ -39,6 +39,7 @@ __all__ = [
     "flush_shared",
     "release_shared",
     "shared_store",
+    "tier_open_options",
 ]
 
 
@@ -108,7 +109,8 @@ class ConnectorStore:
             list(stores)
             if stores is not None
             else [
-                open_for_option("tiers", u, **_tier_options(u, options.get(u, {}))) for u in tiers
+                open_for_option("tiers", u, **tier_open_options(u, options.get(u, {})))
+                for u in tiers
             ]
         )
         self.tiers: list[Store] = opened
@@ -338,7 +340,7 @@ class RankStore:
                 self._assembler = None
 
 
-def _tier_options(url: str, options: dict[str, Any]) -> dict[str, Any]:
+def tier_open_options(url: str, options: dict[str, Any]) -> dict[str, Any]:
     """A directory tier is created on first use (a KV cache, not data to protect), unless the
     user's ``store_options`` say otherwise."""
     if "://" not in url or url.startswith("file://"):

@@ -55,6 +55,7 @@ __all__ = [
     "ImageCopier",
     "ShardMap",
     "ShardTensor",
+    "byte_tensor",
     "select_copier",
 ]
 
@@ -231,7 +232,7 @@ class Batch:
 # --- copiers ------------------------------------------------------------------------------
 
 
-def _as_bytes(buffer: Any) -> torch.Tensor:
+def byte_tensor(buffer: Any) -> torch.Tensor:
     """A uint8 tensor over a host buffer (no copy; read-only buffers are fine for reads)."""
     with warnings.catch_warnings():
         # Host chunks are read-only bytes on loads; torch only warns about it.
@@ -294,7 +295,7 @@ class HostCopier(DeviceCopier):
     ) -> Iterator[Batch]:
         t0 = time.perf_counter()
         batch = Batch(
-            [shard.views(_as_bytes(p), dtype, image=False) for p in payloads],
+            [shard.views(byte_tensor(p), dtype, image=False) for p in payloads],
             shard.image_size * len(payloads),
         )
         yield batch
@@ -306,7 +307,7 @@ class HostCopier(DeviceCopier):
     ) -> Iterator[Batch]:
         t0 = time.perf_counter()
         batch = Batch(
-            [shard.views(_as_bytes(p), dtype, image=False) for p in payloads],
+            [shard.views(byte_tensor(p), dtype, image=False) for p in payloads],
             shard.image_size * len(payloads),
         )
         yield batch
@@ -363,7 +364,7 @@ class ImageCopier(DeviceCopier):
         self, payloads: Sequence[Any], shard: ShardMap, dtype: torch.dtype
     ) -> Iterator[Batch]:
         t0 = time.perf_counter()
-        hosts = [_as_bytes(p) for p in payloads]
+        hosts = [byte_tensor(p) for p in payloads]
         with self._on_side() as compute:
             image = self._empty_image(len(hosts), shard.image_size)
             batch = Batch(
@@ -379,7 +380,7 @@ class ImageCopier(DeviceCopier):
         self, payloads: Sequence[Any], shard: ShardMap, dtype: torch.dtype, *, block_compute: bool
     ) -> Iterator[Batch]:
         t0 = time.perf_counter()
-        hosts = [_as_bytes(p) for p in payloads]
+        hosts = [byte_tensor(p) for p in payloads]
         with self._on_side() as compute:
             image = self._empty_image(len(hosts), shard.image_size)
             batch = Batch(

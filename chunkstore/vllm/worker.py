@@ -117,6 +117,9 @@ class ChunkStoreWorker:
         self._finished_recving: set[str] = set()
         self._failed_recving: set[str] = set()
         self.stats = Counters()
+        self.suspended = False
+        """Between :meth:`suspend` and :meth:`resume` (vLLM sleep mode): device memory is not
+        touched; loads fail (recomputed) and saves are skipped (future misses)."""
 
     # --- registration -------------------------------------------------------------
 
@@ -125,10 +128,12 @@ class ChunkStoreWorker:
         kv_caches: dict[str, torch.Tensor],
         backends: dict[str, str] | None = None,
         copier: DeviceCopier | None = None,
+        cpu_isa: str | None = None,
     ) -> None:
         """Detect each layer's layout; unknown layouts raise :class:`ConfigError` at start-up.
 
-        ``copier`` overrides the one chosen from the tensors' device (tests).
+        ``copier`` overrides the one chosen from the tensors' device and ``cpu_isa`` the CPU
+        attention ISA vLLM would pick for this machine (tests that write pages themselves).
         """
         backends = backends if backends is not None else self._backend_names()
         for name, kv in kv_caches.items():
@@ -140,7 +145,7 @@ class ChunkStoreWorker:
             backend = backends.get(name)
             isa = None
             if backend == "CPU_ATTN" or (backend is None and kv.device.type == "cpu"):
-                isa = _cpu_isa(self.torch_dtype, self.engine.block_size, info.head_dim)
+                isa = cpu_isa or _cpu_isa(self.torch_dtype, self.engine.block_size, info.head_dim)
             self.layouts[name] = detect_layout(
                 kv,
                 num_heads=info.head_stop - info.head_start,
@@ -196,6 +201,18 @@ class ChunkStoreWorker:
             pending = self._pending.pop(0)
             pending.fence.wait()
             self._finish(pending)
+
+    def suspend(self) -> None:
+        """Before vLLM's sleep mode unmaps the KV cache: finish every copy in flight (saves are
+        sealed and handed to the store, loads release their pinned host slots), then leave
+        device memory alone until :meth:`resume`. Idempotent."""
+        self.drain()
+        self.suspended = True
+
+    def resume(self) -> None:
+        """After wake-up: the KV tensors are valid again (same virtual addresses, contents
+        discarded by vLLM, which also resets its prefix cache). Idempotent."""
+        self.suspended = False
 
     def _track(self, pending: _Pending) -> None:
         self._pending.append(pending)
@@ -253,6 +270,10 @@ class ChunkStoreWorker:
 
     def start_load_kv(self, meta: ChunkStoreMetadata) -> None:
         self.poll()
+        if self.suspended:
+            for load in meta.loads:
+                self._fail(load)
+            return
         if not meta.loads or not self.kv_caches:
             self._finished_recving |= meta.async_load_reqs
             return
@@ -382,7 +403,7 @@ class ChunkStoreWorker:
 
     def wait_for_save(self, meta: ChunkStoreMetadata) -> None:
         self.poll()
-        if not meta.saves or not self.kv_caches:
+        if not meta.saves or not self.kv_caches or self.suspended:
             return
         t0 = time.perf_counter()
         layout = self.engine.layout

@@ -9,7 +9,9 @@ blocks can be compared exactly with what a forward pass would have written.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -258,7 +260,9 @@ def make_harness(
         name: torch.zeros(num_blocks, HEADS, BLOCK, 2 * DIM, dtype=torch.bfloat16)
         for name in LAYERS
     }
-    worker.register_kv_caches(kv)
+    # The stand-in model writes vec pages; on an AMX CPU vLLM would pick amx for this shape.
+    assert worker.worker is not None
+    worker.worker.register_kv_caches(kv, cpu_isa="vec")
     scheduler = Scheduler(
         vllm_config=config,
         kv_cache_config=kv_cache_config,
@@ -267,3 +271,22 @@ def make_harness(
         log_stats=True,
     )
     return Harness(scheduler, worker, kv, group_of)
+
+
+@contextlib.contextmanager
+def harnesses(model_dir: Any) -> Iterator[Callable[..., Harness]]:
+    """``make(**kwargs)`` building harnesses; their shared stores are released on exit."""
+    from chunkstore.vllm.tiers import release_shared
+
+    made: list[Harness] = []
+
+    def make(**kwargs: Any) -> Harness:
+        h = make_harness(model_dir, **kwargs)
+        made.append(h)
+        return h
+
+    try:
+        yield make
+    finally:
+        for h in made:
+            release_shared(h.connector.pool_name)

@@ -34,7 +34,7 @@ def harness(tiny_model):
         h = make_harness(tiny_model, **kwargs)
         made.append(h)
         rt = FakeRuntime(pinned=True, auto_complete=False)
-        h.worker.worker.register_kv_caches(h.kv, copier=CudaCopier("cpu", rt))
+        h.worker.worker.register_kv_caches(h.kv, copier=CudaCopier("cpu", rt), cpu_isa="vec")
         return h, rt
 
     yield make
@@ -134,3 +134,44 @@ def test_failed_async_load_is_reported_only_after_the_batch_completes(harness):
 @contextlib.contextmanager
 def _gone():
     yield None
+
+
+def test_sleep_mode_drains_copies_in_flight_and_leaves_the_device_alone(harness):
+    """vLLM 0.33 sleep: unregister_kv_caches finishes our copies before the KV cache is
+    unmapped (saves sealed into host memory, pinned load slots released); until
+    restore_kv_caches, loads fail (recomputed) and saves are skipped."""
+    from chunkstore.vllm.connector import ChunkStoreConnector
+
+    assert ChunkStoreConnector.supports_sleep_mode(None)
+    h, rt = harness()
+    h.add(PROMPT)
+    h.run()
+    keys = h.connector.engine.keys(PROMPT, h.connector.engine.root())
+    store = h.connector.store
+    assert not any(store.host.contains(k) for k in keys)  # saves still "on the device"
+    worker = h.worker.worker
+    # The (fake) device completes the copies while the worker waits on them: that is what a
+    # drain does on a real device; here the wait itself completes them.
+    rt.auto_complete = True
+    h.worker.unregister_kv_caches()
+    h.worker.unregister_kv_caches()  # idempotent
+    assert worker.suspended and not worker._pending
+    assert all(store.host.contains(k) for k in keys)
+    assert store.host.cache.pool.pinned_slots() == 0
+
+    # Asleep: a hit is planned by the scheduler but the worker does not touch device memory.
+    h.scheduler.reset_prefix_cache()
+    copies_before = len(rt.events)
+    reported: list[set[int]] = []
+    take = worker.take_load_errors
+    worker.take_load_errors = lambda: reported.append(take()) or reported[-1]
+    req = h.add(PROMPT)
+    h.step()
+    assert len(rt.events) == copies_before
+    assert reported[0]  # the planned blocks are reported unloaded: vLLM recomputes them
+
+    h.worker.restore_kv_caches()
+    h.worker.restore_kv_caches()  # idempotent
+    assert not worker.suspended
+    h.run()
+    assert req.request_id in h.finished

@@ -79,3 +79,38 @@ def test_engine_start_fails_on_unknown_option(tiny_model):
 
     with pytest.raises(ConfigError, match="ChunkStoreConnector: unknown .*'tierz'"):
         make_harness(tiny_model, {"tierz": ["/tmp/x"]})
+
+
+def test_vllm_connector_factory_builds_both_roles(tiny_model):
+    """What ``vllm serve --kv-transfer-config`` does: the factory imports and builds the connector
+    for the scheduler and for a worker (vLLM 0.32 and 0.33)."""
+    from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+
+    from chunkstore.vllm.connector import ChunkStoreConnector
+    from chunkstore.vllm.tiers import release_shared
+
+    from .harness import make_harness
+
+    h = make_harness(tiny_model)
+    try:
+        config, kv_cache_config = h.scheduler.vllm_config, h.scheduler.kv_cache_config
+        for role in (KVConnectorRole.SCHEDULER, KVConnectorRole.WORKER):
+            connector = KVConnectorFactory.create_connector(config, role, kv_cache_config)
+            assert isinstance(connector, ChunkStoreConnector)
+            assert (connector.scheduler is not None) == (role == KVConnectorRole.SCHEDULER)
+    finally:
+        release_shared(f"vllm-{h.scheduler.vllm_config.kv_transfer_config.engine_id}")
+
+
+def test_every_native_tier_option_is_documented():
+    from pathlib import Path
+
+    from chunkstore.vllm.native.options import TIER_OPTIONS
+
+    root = Path(__file__).resolve().parents[2]
+    page = root / "docs" / "vllm.md"  # the manual's vLLM page; README.md before the docs site
+    text = (page if page.exists() else root / "README.md").read_text()
+    section = text[text.index("### Inside vLLM's own offloading") :]
+    missing = sorted(o for o in TIER_OPTIONS if f"`{o}`" not in section)
+    assert not missing, f"ChunkStoreTier options missing from README.md: {missing}"

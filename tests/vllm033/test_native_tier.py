@@ -1,0 +1,366 @@
+"""ChunkStoreTier driven as vLLM 0.33 drives a secondary tier (memoryview primary, CPU only).
+
+Store -> lookup -> load round trips; chunks written by ChunkStoreConnector load through the
+tier and the reverse; a new process finds what an earlier one stored; a corrupt chunk is a
+failed load that leaves the primary slot untouched; a store that is down or hangs never
+blocks the caller; many jobs in flight; shutdown drains.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+import torch
+from vllm.v1.kv_offload.base import Locality, LookupResult
+from vllm.v1.metrics.cache_hit_source import CacheHitSource
+
+from chunkstore.backends import open_store
+from chunkstore.errors import ConfigError
+from chunkstore.format import decode_chunk
+from chunkstore.metrics import default_metrics
+from chunkstore.vllm.testing import sample_prompt_ids
+from tests.vllm.harness import BLOCK
+
+from .tier_harness import (
+    CHUNK_TOKENS,
+    SLOT_BYTES,
+    announce,
+    finish,
+    job,
+    lookup,
+    make_request,
+    make_tier,
+    nhd_slot,
+    offload_keys,
+    primary,
+)
+
+PROMPT = sample_prompt_ids(300, seed=31)  # 4 full chunks of 64 tokens
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+def tier_env(harness, tmp_path):
+    made = []
+
+    def make(path=None, slots=16, **options):
+        h = harness()
+        mem = primary(slots)
+        tier = make_tier(h, mem, [str(path or tmp_path / "kv")], **options)
+        made.append(tier)
+        return tier, mem, h
+
+    yield make
+    for tier in made:
+        tier.shutdown()
+
+
+def _store_prompt(tier, mem, request, slots):
+    ctx = announce(tier, request)
+    keys = offload_keys(request, ctx, len(slots))
+    for i, slot in enumerate(slots):
+        mem[slot] = nhd_slot(list(request.all_token_ids), i * CHUNK_TOKENS)
+    tier.submit_store(job(keys, slots, ctx, promotion=False))
+    results = finish(tier)
+    return ctx, keys, results
+
+
+def test_store_lookup_load_round_trip_is_byte_identical(tier_env, tmp_path):
+    tier, mem, _ = tier_env(locality="LOCAL")
+    assert tier.locality is Locality.LOCAL and tier.cache_hit_source is CacheHitSource.DISK
+    request = make_request(PROMPT, "rt")
+    ctx, keys, results = _store_prompt(tier, mem, request, [0, 1, 2, 3])
+    assert [r.success for r in results] == [True]
+    assert results[0].transfer_bytes > 0
+    assert lookup(tier, keys, ctx) == [LookupResult.HIT] * 4
+
+    tier.submit_load(job(keys, [8, 9, 10, 11], ctx, promotion=True))
+    (loaded,) = finish(tier)
+    assert loaded.success
+    assert torch.equal(mem[8:12], mem[0:4])
+
+    # The files are chunk format v1 under the connector's keys, with their tokens.
+    store = open_store(str(tmp_path / "kv"))
+    infos = list(store.list())
+    assert len(infos) == 4
+    by_key = {info.key: decode_chunk(store.get(info.key)) for info in infos}
+    spans = sorted(tuple(c.header.tokens) for c in by_key.values())
+    assert spans == sorted(tuple(PROMPT[i * 64 : (i + 1) * 64]) for i in range(4))
+    kv = str(tmp_path / "kv")
+    some_key = infos[0].key.hex
+    for args in (
+        ["verify", kv],
+        ["ls", "--json", kv],
+        ["show", "--json", kv, some_key],
+        ["prune", "--max-bytes", "1", kv],
+    ):
+        cli = subprocess.run(
+            [sys.executable, "-m", "chunkstore.cli.main", *args],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+        )
+        assert cli.returncode == 0, (args, cli.stdout + cli.stderr)
+        if args[0] == "ls":
+            assert len(json.loads(cli.stdout)["chunks"]) == 4
+        if args[0] == "show":
+            assert str(PROMPT[0]) in cli.stdout or some_key in cli.stdout
+    assert not list(store.list())  # pruned to under 1 byte
+
+    registry = default_metrics().registry
+    name = tier.stores[0].name
+    written = registry.get_sample_value(
+        "chunkstore_transfer_bytes_total", {"tier": name, "direction": "write"}
+    )
+    assert written and written >= 4 * SLOT_BYTES
+
+
+def test_chunks_saved_by_the_connector_load_through_the_tier(tier_env, harness, tmp_path):
+    kv_dir = tmp_path / "kv"
+    h = harness(extra={"tiers": [str(kv_dir)]})
+    first = h.add(PROMPT)
+    h.run()
+    h.connector.store.flush()
+
+    tier, mem, _ = tier_env(kv_dir)
+    ctx = announce(tier, first)
+    keys = offload_keys(first, ctx, 4)
+    assert lookup(tier, keys, ctx) == [LookupResult.HIT] * 4
+    tier.submit_load(job(keys, [3, 4, 5, 6], ctx, promotion=True))
+    (result,) = finish(tier)
+    assert result.success
+    for i in range(4):
+        assert torch.equal(mem[3 + i], nhd_slot(PROMPT, i * CHUNK_TOKENS)), f"chunk {i}"
+
+
+def test_chunks_stored_by_the_tier_hit_in_the_connector(tier_env, harness, tmp_path):
+    kv_dir = tmp_path / "kv"
+    tier, mem, _ = tier_env(kv_dir)
+    _, _, results = _store_prompt(tier, mem, make_request(PROMPT, "tier-writer"), [0, 1, 2, 3])
+    assert results[0].success
+
+    h = harness(extra={"tiers": [str(kv_dir)]})
+    req = h.add(PROMPT)
+    for _ in range(500):
+        out = h.step()
+        if out.num_scheduled_tokens:
+            break
+    hits, by_source, _ = h.external_hits()
+    assert hits == 256
+    assert h.device_kv_matches(req, 256)  # loaded bytes, not recomputed ones
+    h.run()
+
+
+def test_a_new_process_finds_what_an_earlier_one_stored(tier_env, tiny_model, tmp_path):
+    tier, mem, _ = tier_env()
+    _store_prompt(tier, mem, make_request(PROMPT, "earlier"), [0, 1, 2, 3])
+    tier.shutdown()
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "tests.vllm033.new_process",
+            str(tiny_model),
+            str(tmp_path / "kv"),
+            json.dumps(PROMPT),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert report["lookups"] == ["HIT"] * 4
+    assert report["loaded"] is True
+    assert report["slots_match"] is True
+
+
+def test_a_corrupt_chunk_is_a_failed_load_and_its_slot_is_untouched(tier_env, tmp_path):
+    tier, mem, _ = tier_env()
+    request = make_request(PROMPT, "corrupt")
+    ctx, keys, _ = _store_prompt(tier, mem, request, [0, 1])
+    store = open_store(str(tmp_path / "kv"))
+    second = [
+        i.key for i in store.list() if decode_chunk(store.get(i.key)).header.tokens[0] == PROMPT[64]
+    ]
+    path = tmp_path / "kv" / second[0].path
+    data = bytearray(path.read_bytes())
+    data[-100] ^= 0x01  # one bit of the payload
+    path.write_bytes(bytes(data))
+
+    sentinel = torch.full((SLOT_BYTES,), 0xA5, dtype=torch.uint8)
+    mem[6] = sentinel
+    mem[7] = sentinel
+    assert lookup(tier, keys, ctx) == [LookupResult.HIT] * 2  # present until read
+    tier.submit_load(job(keys, [6, 7], ctx, promotion=True))
+    (result,) = finish(tier)
+    assert not result.success
+    assert list(result.successful_keys) == [keys[0]]
+    assert torch.equal(mem[6], mem[0])  # the good chunk loaded
+    assert torch.equal(mem[7], sentinel)  # the bad one never reached the slot
+    assert tier.lookup(keys[1], ctx) == LookupResult.MISS  # recomputed, not retried
+    assert not path.exists()  # quarantined by the store
+
+
+def test_a_store_that_is_down_or_hangs_never_blocks_the_caller(tier_env, monkeypatch):
+    tier, mem, _ = tier_env(tier_timeout=0.2, retry_after=60)
+    store = tier.stores[0]
+    gate = threading.Event()
+
+    def hang(*_args):
+        gate.wait(30)
+        raise OSError("mount went away")
+
+    monkeypatch.setattr(store, "exists_many", hang)
+    monkeypatch.setattr(store, "put_if_absent_many", hang)
+    monkeypatch.setattr(store, "_read_many", hang)
+    request = make_request(PROMPT, "down")
+    ctx = announce(tier, request)
+    keys = offload_keys(request, ctx, 2)
+    # Each call returns at once; the answers come from the tier's threads.
+    assert tier.lookup(keys[0], ctx) == LookupResult.RETRY
+    tier.submit_store(job(keys, [0, 1], ctx, promotion=False))
+    assert lookup(tier, keys, ctx) == [LookupResult.MISS] * 2  # timed out: down, a miss
+    (stored,) = finish(tier)
+    assert not stored.success
+    tier.submit_load(job(keys, [2, 3], ctx, promotion=True))
+    (loaded,) = finish(tier)
+    assert not loaded.success and loaded.successful_keys is None
+    gate.set()
+
+
+def test_a_chunk_looked_up_as_missing_is_found_once_this_request_stored_it(tier_env):
+    tier, mem, _ = tier_env()
+    request = make_request(PROMPT, "miss-then-store")
+    ctx = announce(tier, request)
+    keys = offload_keys(request, ctx, 1)
+    assert lookup(tier, keys, ctx) == [LookupResult.MISS]
+    mem[0] = nhd_slot(PROMPT, 0)
+    tier.submit_store(job(keys, [0], ctx, promotion=False))
+    assert finish(tier)[0].success
+    assert tier.lookup(keys[0], ctx) == LookupResult.HIT
+
+
+def test_many_jobs_in_flight(tier_env):
+    tier, mem, _ = tier_env(slots=32, threads=4)
+    prompt = sample_prompt_ids(12 * CHUNK_TOKENS + 5, seed=32)
+    request = make_request(prompt, "many")
+    ctx = announce(tier, request)
+    keys = offload_keys(request, ctx, 12)
+    for i in range(12):
+        mem[i] = nhd_slot(prompt, i * CHUNK_TOKENS)
+    for i in range(12):
+        tier.submit_store(job([keys[i]], [i], ctx, promotion=False))
+    stores = finish(tier)
+    assert len(stores) == 12 and all(r.success for r in stores)
+    for i in range(12):
+        tier.submit_load(job([keys[i]], [16 + i], ctx, promotion=True))
+    loads = finish(tier)
+    assert len(loads) == 12 and all(r.success for r in loads)
+    assert torch.equal(mem[16:28], mem[0:12])
+
+
+def test_shutdown_drains_jobs_in_flight(tier_env, monkeypatch, tmp_path):
+    tier, mem, _ = tier_env()
+    store = tier.stores[0]
+    release = threading.Event()
+    put = store.put_if_absent_many
+
+    def slow_put(items):
+        release.wait(30)
+        return put(items)
+
+    monkeypatch.setattr(store, "put_if_absent_many", slow_put)
+    request = make_request(PROMPT, "drain")
+    ctx = announce(tier, request)
+    keys = offload_keys(request, ctx, 4)
+    for i in range(4):
+        mem[i] = nhd_slot(PROMPT, i * CHUNK_TOKENS)
+        tier.submit_store(job([keys[i]], [i], ctx, promotion=False))
+    assert tier.has_pending_work()
+    threading.Timer(0.1, release.set).start()
+    tier.shutdown()
+    results = list(tier.get_finished_jobs())
+    assert len(results) == 4 and all(r.success for r in results)
+    assert len(list(open_store(str(tmp_path / "kv")).list())) == 4
+
+
+def test_hnd_pages_give_the_same_chunk_files(harness, tmp_path):
+    """Layout independence: the same KV in LBHNC slots writes byte-identical chunks."""
+    from vllm.v1.kv_offload.tiering.factory import SecondaryTierFactory
+
+    from . import tier_harness
+
+    h = harness()
+    files = []
+    for layout in ("LBNHC", "LBHNC"):
+        mem = primary(4)
+        vllm_config = h.scheduler.vllm_config  # noqa: F841 - read by the tier from this frame
+        kv_cache_config = h.scheduler.kv_cache_config  # noqa: F841
+        tier = SecondaryTierFactory.create_secondary_tier(
+            {
+                "type": "ChunkStoreTier",
+                "module_path": "chunkstore.vllm.native",
+                "tiers": [str(tmp_path / layout)],
+            },
+            memoryview(mem.numpy()),
+            tier_harness.offloading_spec(layout=layout),
+        )
+        try:
+            slot = nhd_slot(PROMPT, 0)
+            if layout == "LBHNC":
+                # per layer: [N-block pages of T, H, 2D] -> [H, T, 2D] per block
+                per_layer = slot.view(2, 2, BLOCK, 2, -1)  # layers, blocks, tokens, heads, 2D
+                slot = per_layer.permute(0, 1, 3, 2, 4).contiguous().view(-1)
+            mem[0] = slot
+            request = make_request(PROMPT, f"layout-{layout}")
+            ctx = announce(tier, request)
+            keys = offload_keys(request, ctx, 1)
+            tier.submit_store(job(keys, [0], ctx, promotion=False))
+            assert finish(tier)[0].success
+        finally:
+            tier.shutdown()
+        (path,) = (tmp_path / layout).rglob("*.kvc")
+        files.append(path.read_bytes())
+    assert files[0] == files[1]
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"tier": "x"}, "unknown option"),
+        ({"tiers": 5}, "tiers"),
+        ({"threads": 0}, "threads"),
+        ({"threads": "many"}, "threads"),
+        ({"tier_timeout": 0}, "tier_timeout"),
+        ({"retry_after": "soon"}, "retry_after"),
+        ({"locality": "local"}, "locality"),
+        ({"compression": "lz4"}, "compression"),
+    ],
+)
+def test_bad_options_name_themselves(harness, tmp_path, options, message):
+    h = harness()
+    entry = {"tiers": [str(tmp_path)], **options} if "tiers" not in options else dict(options)
+    with pytest.raises(ConfigError, match=message):
+        _make_with(h, entry)
+
+
+def _make_with(h, entry):
+    from vllm.v1.kv_offload.tiering.factory import SecondaryTierFactory
+
+    from .tier_harness import offloading_spec
+
+    vllm_config = h.scheduler.vllm_config  # noqa: F841 - read by the tier from this frame
+    kv_cache_config = h.scheduler.kv_cache_config  # noqa: F841
+    tier = SecondaryTierFactory.create_secondary_tier(
+        {"type": "ChunkStoreTier", "module_path": "chunkstore.vllm.native", **entry},
+        memoryview(primary(2).numpy()),
+        offloading_spec(),
+    )
+    tier.shutdown()
