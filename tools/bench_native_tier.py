@@ -288,7 +288,7 @@ def main() -> int:
         print(
             f"chunkstore / {name}: store {cs['store'] / fs['store']:.2f}x, "
             f"load {cs['load'] / fs['load']:.2f}x (O_DIRECT: "
-            f"{getattr(fs['tier'], '_use_o_direct', '?')}; chunkstore verifies every load)"
+            f"{getattr(fs['tier'], '_use_o_direct', '?')}; every chunkstore load is verified)"
         )
     return 0
 
