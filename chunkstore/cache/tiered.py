@@ -40,7 +40,13 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from chunkstore.backends.base import Buffer, ChunkInfo, Store, SupportsGetInto
+from chunkstore.backends.base import (
+    Buffer,
+    ChunkInfo,
+    Store,
+    SupportsGetInto,
+    SupportsGetManyInto,
+)
 from chunkstore.cache.guard import GuardedTier, TierUnavailable
 from chunkstore.cache.host import HostCache, HostCacheStats, Lease
 from chunkstore.cache.writeback import WriteBehindQueue
@@ -855,6 +861,8 @@ class TieredStore(Store):
         """Copy ``keys`` from ``tier`` into pinned host slots, in order; how many made it."""
         if tier.store.high_latency or not isinstance(tier.store, SupportsGetInto):
             return self._pull_batched(tier, keys, held)
+        if isinstance(tier.store, SupportsGetManyInto):
+            return self._pull_into_slots(tier, keys, held)
         loaded = 0
         for key in keys:
             self._check_open()
@@ -867,6 +875,67 @@ class TieredStore(Store):
             held.append(lease)
             loaded += 1
         return loaded
+
+    def _pull_into_slots(
+        self, tier: GuardedTier, keys: list[ChunkKey], held: list[Lease], batch: int = 16
+    ) -> int:
+        """Tiers with batched zero-copy reads: reserve host slots for up to ``batch`` chunks,
+        then let the tier fill them all with several reads in flight (``get_many_into``).
+
+        The prefix ends at the first chunk that did not arrive; its slot and the later
+        ones of the batch are given back. A call that timed out keeps the whole batch
+        reserved until it has ended (it may still write into the slots), as
+        :meth:`_promote_into` does for one slot.
+        """
+        store: Any = tier.store
+        loaded = 0
+        for start in range(0, len(keys), batch):
+            self._check_open()
+            slots: list[Lease] = []
+            for key in keys[start : start + batch]:
+                slot = self.host.reserve(key)
+                if slot is None:
+                    break
+                slots.append(slot)
+            if not slots:
+                return loaded
+            started = time.perf_counter()
+            try:
+                sizes = tier.call(
+                    "get", store.get_many_into, [s.key for s in slots], [s.view for s in slots]
+                )
+            except TierUnavailable as exc:
+                exc.when_settled(lambda slots=slots: self._abort_all(slots))
+                self._count_tier(tier, 0, len(slots))
+                return loaded
+            except BaseException:
+                self._abort_all(slots)
+                raise
+            arrived = 0
+            nbytes = 0
+            for slot, size in zip(slots, sizes):
+                size = _decompress_in_place(slot.view, size) if size else 0
+                if not size:
+                    break
+                self.host.commit(slot, size, keep_pinned=True)
+                held.append(slot)
+                arrived += 1
+                nbytes += size
+            self._abort_all(slots[arrived:])
+            if nbytes:
+                tier.instruments.record_read(nbytes, time.perf_counter() - started)
+            self._count_tier(tier, arrived, 1 if arrived < len(slots) else 0)
+            with self._lock:
+                tier.promotions += arrived
+            tier.instruments.promotions.inc(arrived)
+            loaded += arrived
+            if arrived < min(batch, len(keys) - start):
+                return loaded
+        return loaded
+
+    def _abort_all(self, slots: list[Lease]) -> None:
+        for slot in slots:
+            self.host.abort(slot)
 
     def _pull_batched(
         self, tier: GuardedTier, keys: list[ChunkKey], held: list[Lease], batch: int = 16
