@@ -4,7 +4,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: install demo test bench lint lint-only clean
+.PHONY: install demo test bench bench-rivals lint lint-only clean
 
 install: $(STAMP)
 
@@ -22,6 +22,16 @@ test: install lint-only
 bench: install
 	$(BIN)/python tools/run_benchmarks.py
 
+# chunkstore against vLLM's and LMCache's filesystem tiers; the rivals live in .venv-bench.
+BENCH_STAMP := .venv-bench/.installed-stamp
+
+bench-rivals: install $(BENCH_STAMP)
+	$(BIN)/python tools/bench_rivals.py
+
+$(BENCH_STAMP): tools/install_rivals.sh pyproject.toml
+	PYTHON=$(PYTHON) bash tools/install_rivals.sh
+	touch $(BENCH_STAMP)
+
 lint: install lint-only
 
 # ruff over everything, mypy strict on the format and key modules (run before the tests).
@@ -31,4 +41,4 @@ lint-only:
 	$(BIN)/mypy chunkstore/format chunkstore/hashing
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis
+	rm -rf $(VENV) .venv-bench build *.egg-info .pytest_cache .hypothesis

@@ -29,6 +29,7 @@ from chunkstore.backends.capacity import CapacityLimiter, Usage
 from chunkstore.backends.fastread import (
     AUTO,
     BUFFERED,
+    DIRECT,
     READ_MODES,
     ChunkFileReader,
     read_verified_into,
@@ -61,6 +62,8 @@ class FsIoStats:
     mode: str
     """``read_mode`` in effect: ``buffered`` where the filesystem refused O_DIRECT
     (or for non-local fsspec filesystems)."""
+    write_mode: str
+    """``write_mode`` in effect (``direct`` or ``buffered``)."""
     workers: int
     """Threads a batched call keeps busy (1: the caller's thread only)."""
     direct_reads: int
@@ -105,6 +108,10 @@ class FsStore(Store):
             block it does not), ``"direct"`` (always O_DIRECT) or ``"buffered"``. Where the
             filesystem refuses O_DIRECT the store reads ``buffered`` (logged once, and
             shown by :meth:`io_stats` and ``repr``). Other buffers are always read buffered.
+        write_mode: ``"direct"`` writes the whole pages of a page-aligned chunk (a host-cache
+            slot) around the page cache, straight from that memory (its last partial page,
+            any other buffer, and filesystems refusing O_DIRECT go through the page cache);
+            ``"buffered"`` writes everything through the page cache.
     """
 
     kind = "fs"
@@ -122,12 +129,15 @@ class FsStore(Store):
         access_resolution: float = 60.0,
         verify: bool = True,
         name: str | None = None,
-        io_workers: int = 4,
+        io_workers: int = 8,
         read_mode: str = AUTO,
+        write_mode: str = DIRECT,
     ) -> None:
         super().__init__(name=name, verify=verify)
         if read_mode not in READ_MODES:
             raise ConfigError(f"read_mode must be one of {READ_MODES}, got {read_mode!r}")
+        if write_mode not in (BUFFERED, DIRECT):
+            raise ConfigError(f"write_mode must be 'buffered' or 'direct', got {write_mode!r}")
         if quarantine not in QUARANTINE_MODES:
             raise ConfigError(f"quarantine must be one of {QUARANTINE_MODES}, got {quarantine!r}")
         if access_resolution < 0:
@@ -152,6 +162,7 @@ class FsStore(Store):
         self._marker_lock = threading.Lock()
         self.requested_read_mode = read_mode
         self.read_mode = read_mode if isinstance(self.io, LocalIO) else BUFFERED
+        self.write_mode = write_mode if isinstance(self.io, LocalIO) else BUFFERED
         self._direct_reads = 0
         self._cached_reads = 0
         self._pool = IoPool(io_workers, self.name)
@@ -388,6 +399,7 @@ class FsStore(Store):
         return FsIoStats(
             requested=self.requested_read_mode,
             mode=self.read_mode,
+            write_mode=self.write_mode,
             workers=self._pool.workers,
             direct_reads=self._direct_reads,
             cached_reads=self._cached_reads,
@@ -526,7 +538,7 @@ class FsStore(Store):
         published = False
         try:
             self._ensure_marker()
-            tmp = self.io.write_temp(self._dir_of(key), L.temp_name(key.hex), view, self.fsync)
+            tmp = self._write_temp(key, view)
 
             def publish() -> bool:
                 nonlocal published
@@ -553,6 +565,13 @@ class FsStore(Store):
             if tmp is not None and not published:
                 with contextlib.suppress(OSError):
                     self.io.remove(tmp)
+
+    def _write_temp(self, key: ChunkKey, view: memoryview) -> str:
+        name = L.temp_name(key.hex)
+        if isinstance(self.io, LocalIO):
+            direct = self.write_mode == DIRECT
+            return self.io.write_temp(self._dir_of(key), name, view, self.fsync, direct)
+        return self.io.write_temp(self._dir_of(key), name, view, self.fsync)
 
     def delete_many(self, keys: Sequence[ChunkKey]) -> int:
         paths = [self.path_of(k) for k in keys]
@@ -777,6 +796,7 @@ _FS_OPTIONS = {
     "name",
     "io_workers",
     "read_mode",
+    "write_mode",
 }
 
 

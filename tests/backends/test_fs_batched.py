@@ -130,3 +130,31 @@ def test_options_are_checked(tmp_path: Path) -> None:
     store = open_fs_store(str(tmp_path / "c"), create=True, read_mode=BUFFERED, io_workers=2)
     assert store.io_stats().mode == BUFFERED and store.io_stats().workers == 2
     store.close()
+
+
+@pytest.mark.parametrize("mode", [DIRECT, BUFFERED])
+@pytest.mark.parametrize("tail", [0, 100], ids=["whole-pages", "partial-last-page"])
+def test_write_modes_store_exact_bytes(tmp_path: Path, mode: str, tail: int) -> None:
+    store = FsStore(str(tmp_path / "s"), create=True, write_mode=mode)
+    chunk = CHUNKS[0]
+    data = chunk.data if not tail else _rekeyed(chunk)
+    slot = slots(1, len(data))[0]
+    slot[: len(data)] = data
+    assert store.put(chunk.key, slot[: len(data)])  # page-aligned, like a host slot
+    assert Path(store.path_of(chunk.key)).read_bytes() == data
+    assert store.io_stats().write_mode == mode
+    store.close()
+
+
+def test_direct_writes_fall_back_where_o_direct_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    refuse_o_direct(monkeypatch)
+    store = FsStore(str(tmp_path / "s"), create=True, write_mode=DIRECT)
+    buffers = slots(len(CHUNKS), max(len(c.data) for c in CHUNKS))
+    for chunk, buffer in zip(CHUNKS, buffers):
+        buffer[: len(chunk.data)] = chunk.data
+    assert store.put_many([(c.key, b[: len(c.data)]) for c, b in zip(CHUNKS, buffers)])
+    for chunk in CHUNKS:
+        assert Path(store.path_of(chunk.key)).read_bytes() == chunk.data
+    store.close()
