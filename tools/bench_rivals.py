@@ -59,7 +59,7 @@ ALIGN = 4096
 LOOKUP_REPEATS = 21
 REPO = Path(__file__).resolve().parent.parent
 BENCH_VENV = REPO / ".venv-bench"
-RIVAL_ENV = {"VLLM_TARGET_DEVICE": "cpu", "HF_HUB_OFFLINE": "1"}
+RIVAL_ENV = {"VLLM_TARGET_DEVICE": "cpu", "HF_HUB_OFFLINE": "1", "PYTHONWARNINGS": "ignore"}
 
 # --- page cache control -------------------------------------------------------------------
 
@@ -604,7 +604,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds (median)")
     parser.add_argument("--mib", type=int, default=128, help="MiB of 2 MiB chunks")
     parser.add_argument("--mib-large", type=int, default=256, help="MiB of 32 MiB chunks")
-    parser.add_argument("--io-workers", type=int, default=8, help="chunkstore io_workers")
+    parser.add_argument("--io-workers", type=int, default=4, help="chunkstore io_workers")
     parser.add_argument("--lmcache-workers", type=int, default=4, help="fs_native workers")
     parser.add_argument("--dir", default=os.environ.get("BENCH_DIR"), help="parent directory")
     parser.add_argument("--json", help="also write the medians here")

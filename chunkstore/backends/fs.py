@@ -108,10 +108,11 @@ class FsStore(Store):
             block it does not), ``"direct"`` (always O_DIRECT) or ``"buffered"``. Where the
             filesystem refuses O_DIRECT the store reads ``buffered`` (logged once, and
             shown by :meth:`io_stats` and ``repr``). Other buffers are always read buffered.
-        write_mode: ``"direct"`` writes the whole pages of a page-aligned chunk (a host-cache
-            slot) around the page cache, straight from that memory (its last partial page,
-            any other buffer, and filesystems refusing O_DIRECT go through the page cache);
-            ``"buffered"`` writes everything through the page cache.
+        write_mode: ``"buffered"`` writes through the page cache (fastest in bursts while
+            dirty pages may accumulate); ``"direct"`` writes the whole pages of a page-aligned
+            chunk (a host-cache slot) around it, straight from that memory, at a quarter of
+            the CPU per chunk but at the device's pace (the last partial page, any other
+            buffer, and filesystems refusing O_DIRECT still go through the page cache).
     """
 
     kind = "fs"
@@ -129,9 +130,9 @@ class FsStore(Store):
         access_resolution: float = 60.0,
         verify: bool = True,
         name: str | None = None,
-        io_workers: int = 8,
+        io_workers: int = 4,
         read_mode: str = AUTO,
-        write_mode: str = DIRECT,
+        write_mode: str = BUFFERED,
     ) -> None:
         super().__init__(name=name, verify=verify)
         if read_mode not in READ_MODES:
@@ -768,7 +769,8 @@ class FsStore(Store):
 
     def __repr__(self) -> str:
         return (
-            f"FsStore({self.root!r}, read_mode={self.read_mode!r}, io_workers={self._pool.workers})"
+            f"FsStore({self.root!r}, read_mode={self.read_mode!r}, "
+            f"write_mode={self.write_mode!r}, io_workers={self._pool.workers})"
         )
 
 
