@@ -32,6 +32,7 @@ from typing import Any
 
 from chunkstore.backends import layout as L
 from chunkstore.backends.base import Buffer, ChunkInfo, Store
+from chunkstore.backends.batching import write_once_per_key
 from chunkstore.backends.fs import StoredFile
 from chunkstore.errors import (
     ConfigError,
@@ -721,6 +722,12 @@ class S3Store(Store):
             raise
 
     def _put_batch(self, items: Sequence[tuple[ChunkKey, Buffer]], if_absent: bool) -> list[bool]:
+        # concurrent requests must not race two copies of one key (nor HEAD-then-PUT twice)
+        return write_once_per_key(
+            items, lambda unique: self._put_unique(unique, if_absent), replace=not if_absent
+        )
+
+    def _put_unique(self, items: Sequence[tuple[ChunkKey, Buffer]], if_absent: bool) -> list[bool]:
         async def run() -> list[bool]:
             return await self._gather([self._put_one(k, d, if_absent) for k, d in items])
 
