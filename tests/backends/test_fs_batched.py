@@ -158,3 +158,22 @@ def test_direct_writes_fall_back_where_o_direct_is_refused(
     for chunk in CHUNKS:
         assert Path(store.path_of(chunk.key)).read_bytes() == chunk.data
     store.close()
+
+
+def test_read_mode_and_read_paths_are_metrics(tmp_path: Path) -> None:
+    from prometheus_client import CollectorRegistry
+
+    from chunkstore.metrics import ChunkstoreMetrics
+
+    registry = CollectorRegistry()
+    store = stocked(tmp_path, read_mode=DIRECT, name="disk")
+    ChunkstoreMetrics(registry).watch_store(store)
+    read_all(store, CHUNKS[:3])
+
+    def sample(name: str, **labels: str) -> float | None:
+        return registry.get_sample_value(name, {"tier": "disk", **labels})
+
+    assert sample("chunkstore_tier_read_mode", mode="direct") == 1.0
+    assert sample("chunkstore_tier_reads_total", path="direct") == 3.0
+    assert sample("chunkstore_tier_reads_total", path="cached") == 0.0
+    store.close()
