@@ -29,14 +29,16 @@ class IoPool:
     """Up to ``workers`` threads running one store's batched chunk I/O.
 
     ``workers=1`` runs everything on the caller's thread (no pool at all).
-    Single-item batches always run inline: a hand-off costs more than it saves.
+    Single-item batches always run inline: a hand-off costs more than it saves,
+    and so do batches started on one of the pool's own threads (a nested batch
+    waiting for free workers that are all waiting for it would never end).
     """
 
     def __init__(self, workers: int, name: str) -> None:
         if workers < 1:
             raise ConfigError(f"io_workers must be at least 1, got {workers}")
         self.workers = int(workers)
-        self._name = name
+        self._prefix = f"chunkstore-io-{name}"
         self._executor: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
         self._closed = False
@@ -60,12 +62,14 @@ class IoPool:
     def _executor_for(self, count: int) -> ThreadPoolExecutor | None:
         if count < 2 or self.workers == 1:
             return None
+        if threading.current_thread().name.startswith(self._prefix):
+            return None
         with self._lock:
             if self._closed:
                 return None
             if self._executor is None:
                 self._executor = ThreadPoolExecutor(
-                    max_workers=self.workers, thread_name_prefix=f"chunkstore-io-{self._name}"
+                    max_workers=self.workers, thread_name_prefix=self._prefix
                 )
             return self._executor
 
