@@ -29,7 +29,7 @@ bench-rivals: install $(BENCH_STAMP)
 	$(BIN)/python tools/bench_rivals.py
 
 $(BENCH_STAMP): tools/install_rivals.sh pyproject.toml
-	PYTHON=$(PYTHON) bash tools/install_rivals.sh
+	bash tools/install_rivals.sh
 	touch $(BENCH_STAMP)
 
 lint: install lint-only

@@ -4,7 +4,7 @@
 # the CPU with VLLM_TARGET_DEVICE=cpu) and LMCache 0.5.6 (its fs and fs_native L2 adapters),
 # plus chunkstore itself (editable, with its core dependencies). Several GB; minutes.
 set -euo pipefail
-PYTHON=${PYTHON:-python3.11}
+PYTHON=${RIVALS_PYTHON:-python3.11}  # LMCache 0.5.6 and vLLM 0.33.0 publish cp311 wheels
 VENV=${BENCH_VENV:-.venv-bench}
 cd "$(dirname "$0")/.."
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
