@@ -283,6 +283,8 @@ class TieredStore(Store):
         if outcome.present:
             return False
         if outcome.lease is None:
+            if not if_absent:
+                self._supersede(key)
             return self._write_through(key, data, if_absent=if_absent)
         self._host_metrics.record_write(len(outcome.lease.view), time.perf_counter() - started)
         self._queue_write_back(outcome.lease)
@@ -416,6 +418,19 @@ class TieredStore(Store):
             for tier in self._targets
         ]
         return any(results)
+
+    def _supersede(self, key: ChunkKey) -> None:
+        """Before writing ``key`` around host memory: drop the older copy host memory may
+        still hold (its slot pinned for write-back, so it could not be replaced), take back
+        its queued write-back and let one under way end first; otherwise reads, and later
+        the tiers, would go back to the older bytes."""
+        self.host.delete_many([key])
+        if self._queue is None:
+            return
+        known = [t.timeout for t in self._targets if t.timeout is not None]
+        bound = max(known) if known and len(known) == len(self._targets) else None
+        for lease in self._queue.supersede(lambda lease: lease.key == key, bound):
+            self.host.release(lease)
 
     def _report_drop(self, key: ChunkKey, why: str) -> None:
         now = time.monotonic()
