@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 DEMO_STAMP := $(VENV)/.demo-stamp
 
-.PHONY: install demo test test-vllm033 bench lint lint-only docs docs-only clean
+.PHONY: install demo test test-vllm033 bench bench-rivals lint lint-only docs docs-only clean
 
 install: $(STAMP)
 
@@ -45,6 +45,16 @@ test: install lint-only docs-only
 bench: install
 	$(BIN)/python tools/run_benchmarks.py
 
+# chunkstore against vLLM's and LMCache's filesystem tiers; the rivals live in .venv-bench.
+BENCH_STAMP := .venv-bench/.installed-stamp
+
+bench-rivals: install $(BENCH_STAMP)
+	$(BIN)/python tools/bench_rivals.py
+
+$(BENCH_STAMP): tools/install_rivals.sh pyproject.toml
+	bash tools/install_rivals.sh
+	touch $(BENCH_STAMP)
+
 lint: install lint-only
 
 # ruff over everything, mypy strict on the format and key modules (run before the tests).
@@ -61,4 +71,4 @@ docs-only:
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 
 clean:
-	rm -rf $(VENV) $(VENV033) build *.egg-info .pytest_cache .hypothesis
+	rm -rf $(VENV) $(VENV033) .venv-bench build *.egg-info .pytest_cache .hypothesis

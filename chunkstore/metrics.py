@@ -337,6 +337,7 @@ class _WatchCollector(Collector):
         for name, total in sorted(totals.items()):
             corrupt.add_metric([name], total)
         yield corrupt
+        yield from _io_mode_metrics(list(self.stores))
 
         depth = GaugeMetricFamily(
             "chunkstore_write_queue_depth",
@@ -360,6 +361,30 @@ class _WatchCollector(Collector):
             for tier_name, is_up in health.tiers_up:
                 up.add_metric([tier_name], 1.0 if is_up else 0.0)
         yield from (depth, queue_capacity, up)
+
+
+def _io_mode_metrics(stores: list[Any]) -> Iterator[Metric]:
+    """How filesystem tiers read: the mode in effect and reads around / through the page cache
+    (stores with an ``io_stats()``, i.e. :class:`~chunkstore.backends.fs.FsStore`)."""
+    mode = GaugeMetricFamily(
+        "chunkstore_tier_read_mode",
+        "1 for the read mode a filesystem tier uses (auto, direct or buffered after a fallback).",
+        labels=["tier", "mode"],
+    )
+    reads = CounterMetricFamily(
+        "chunkstore_tier_reads",
+        "Chunk reads of a filesystem tier, by path: direct (O_DIRECT) or cached (page cache).",
+        labels=["tier", "path"],
+    )
+    for store in stores:
+        io_stats = getattr(store, "io_stats", None)
+        if not callable(io_stats):
+            continue
+        stats = io_stats()
+        mode.add_metric([store.name, stats.mode], 1.0)
+        reads.add_metric([store.name, "direct"], stats.direct_reads)
+        reads.add_metric([store.name, "cached"], stats.cached_reads)
+    yield from (mode, reads)
 
 
 _DEFAULT: ChunkstoreMetrics | None = None

@@ -7,7 +7,9 @@ Filesystem, warm page cache (nothing hides the checksum), 256-token chunks of
   preallocated buffer; both ``get`` (new bytes per call) and ``get_into`` (a
   reused buffer, the host-pool path) are reported;
 * get without verification (``verify=False``, host-trusted path);
-* put vs a raw write + rename of the same bytes.
+* ``get_many_into`` into page-aligned slots (the prefetch path: several reads in flight on
+  the store's ``io_workers`` threads), verified and not, against the same serial raw reads;
+* put vs a raw write + rename of the same bytes, one at a time and as one ``put_many``.
 
 S3 on a local moto server: ``get_many``/``put_many`` vs raw s3fs ``cat``/``pipe``,
 for the s3fs data path and, where NIXL is installed, ``data_path="nixl"`` (NIXL's
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import mmap
 import os
 import shutil
 import socket
@@ -91,6 +94,14 @@ def bench_fs(label: str, chunks: list[MadeChunk], passes: int, workdir: str) -> 
         for key in keys:
             assert raw_store.get(key) is not None
 
+    slots = host_slots(len(keys), size)
+
+    def get_many_into_verified() -> None:
+        assert all(store.get_many_into(keys, slots))
+
+    def get_many_into_unverified() -> None:
+        assert all(raw_store.get_many_into(keys, slots))
+
     raw_read()  # warm the page cache
     t_raw = best_of(passes, raw_read)
     rows = [
@@ -119,6 +130,22 @@ def bench_fs(label: str, chunks: list[MadeChunk], passes: int, workdir: str) -> 
             t_raw,
             mib,
         ),
+        (
+            "fs",
+            label,
+            "get_many_into (verify) vs raw readinto",
+            best_of(passes, get_many_into_verified),
+            t_raw,
+            mib,
+        ),
+        (
+            "fs",
+            label,
+            "get_many_into (no verify) vs raw",
+            best_of(passes, get_many_into_unverified),
+            t_raw,
+            mib,
+        ),
     ]
 
     counter = iter(range(10**9))
@@ -133,16 +160,40 @@ def bench_fs(label: str, chunks: list[MadeChunk], passes: int, workdir: str) -> 
             os.replace(tmp, os.path.join(directory, f"{i}.kvc"))
         shutil.rmtree(directory)
 
-    def store_put() -> None:
-        target = FsStore(os.path.join(workdir, f"put-{label}-{next(counter)}"), create=True)
-        target.put_many([(c.key, c.data) for c in chunks])
-        shutil.rmtree(target.root)
+    def store_put(workers: int) -> Callable[[], None]:
+        def put() -> None:
+            root = os.path.join(workdir, f"put-{label}-{next(counter)}")
+            target = FsStore(root, create=True, io_workers=workers)
+            target.put_many([(c.key, c.data) for c in chunks])
+            target.close()
+            shutil.rmtree(target.root)
+
+        return put
 
     t_raw_write = best_of(passes, raw_write)
     rows.append(
-        ("fs", label, "put vs raw write+rename", best_of(passes, store_put), t_raw_write, mib)
+        ("fs", label, "put vs raw write+rename", best_of(passes, store_put(1)), t_raw_write, mib)
     )
+    rows.append(
+        (
+            "fs",
+            label,
+            "put_many (4 workers) vs raw",
+            best_of(passes, store_put(4)),
+            t_raw_write,
+            mib,
+        )
+    )
+    store.close()
+    raw_store.close()
     return rows
+
+
+def host_slots(count: int, size: int) -> list[memoryview]:
+    """Page-aligned buffers, like the host cache's slots (what O_DIRECT reads need)."""
+    slot = -(-size // 4096) * 4096
+    pool = mmap.mmap(-1, slot * count)
+    return [memoryview(pool)[i * slot : (i + 1) * slot] for i in range(count)]
 
 
 def _free_port() -> int:

@@ -4,6 +4,7 @@ from chunkstore.backends.base import (
     ChunkInfo,
     Store,
     SupportsGetInto,
+    SupportsGetManyInto,
     SupportsRangedRead,
     binary_search_prefix,
 )
@@ -15,6 +16,7 @@ __all__ = [
     "MemoryStore",
     "Store",
     "SupportsGetInto",
+    "SupportsGetManyInto",
     "SupportsRangedRead",
     "binary_search_prefix",
     "open_store",

@@ -249,3 +249,15 @@ class SupportsRangedRead(Protocol):
         """The bytes of each range, or ``None`` if the chunk is missing. Not checksummed:
         the caller verifies against the full chunk when it needs to."""
         ...
+
+
+@runtime_checkable
+class SupportsGetManyInto(Protocol):
+    """Fast path: read a batch of chunks into caller buffers with several reads in flight."""
+
+    def get_many_into(
+        self, keys: Sequence[ChunkKey], buffers: Sequence[Buffer]
+    ) -> list[int | None]:
+        """Fill ``buffers[i]`` with ``keys[i]``'s chunk; per key its size, or ``None`` if
+        missing/corrupt. Every read has ended (no buffer is written any more) on return."""
+        ...

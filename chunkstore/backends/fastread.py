@@ -7,17 +7,62 @@ reads. The verdict is exactly :func:`chunkstore.format.decode_chunk`'s with
 ``expected_key`` (checksum as spec/FORMAT.md defines it: xxh3-128 over the
 header with the checksum field zeroed, then the stored payload); compressed
 chunks go through ``decode_chunk`` itself.
+
+Bytes reach the buffer one of three ways (:class:`ChunkFileReader`):
+
+* ``buffered``: through the page cache (``preadv``);
+* ``direct``: around it (``O_DIRECT``), straight into the buffer, when the
+  buffer is page-aligned (host-cache slots are); the file's last, partial
+  block comes through the page cache unless the buffer has room for the whole
+  aligned block;
+* ``auto``: one ``RWF_NOWAIT`` read of the file's first page (it never waits
+  for the disk) tells whether the page cache holds the file: if it does, the
+  file is read through the page cache, otherwise around it. Chunk files are
+  written and read whole, so the first page stands for the rest; a file only
+  partly cached is still read correctly either way. A warm chunk costs a
+  memory copy; a cold one skips the page-cache copy and does not push hot
+  files out of it. (Readahead is switched off for the probe: a missed
+  ``RWF_NOWAIT`` read would otherwise start reading the file into the page
+  cache in the background, competing with the direct read.)
 """
 
 from __future__ import annotations
 
+import ctypes
+import errno
+import fcntl
 import os
+from typing import Any
 
 from chunkstore.errors import LayoutError, TruncatedChunk
 from chunkstore.format import PayloadVerifier, decode_chunk, header_bytes_needed, read_header
 
 BLOCK = 256 * 1024
-"""Bytes read and hashed per step: small enough to stay in L2 between the two."""
+"""Bytes read and hashed per step through the page cache: small enough to stay in L2."""
+
+DIRECT_BLOCK = 8 * 1024 * 1024
+"""Bytes per read around the page cache: the disk sees few, large requests (DMA lands in RAM,
+not in the CPU cache, so hashing in small steps would gain nothing)."""
+
+ALIGN = 4096
+"""Alignment O_DIRECT needs for memory, file offsets and lengths (a page; covers 512 and 4K
+logical blocks)."""
+
+BUFFERED = "buffered"
+DIRECT = "direct"
+AUTO = "auto"
+READ_MODES = (BUFFERED, DIRECT, AUTO)
+"""How a :class:`ChunkFileReader` may bring bytes in (see the module docstring)."""
+
+O_DIRECT: int = getattr(os, "O_DIRECT", 0)
+_RWF_NOWAIT: int = getattr(os, "RWF_NOWAIT", 0)
+
+
+def is_aligned(view: memoryview) -> bool:
+    """Whether ``view`` starts on an :data:`ALIGN` boundary (needs a writable view)."""
+    if len(view) == 0 or view.readonly:
+        return False
+    return ctypes.addressof(ctypes.c_char.from_buffer(view)) % ALIGN == 0
 
 
 def _read_exact(fd: int, view: memoryview, offset: int) -> int:
@@ -31,30 +76,146 @@ def _read_exact(fd: int, view: memoryview, offset: int) -> int:
 
 
 def read_into(fd: int, target: memoryview) -> int:
-    """Fill ``target`` from the start of ``fd``; bytes read."""
+    """Fill ``target`` from the start of ``fd`` through the page cache; bytes read."""
     return _read_exact(fd, target, 0)
 
 
-def read_verified_into(fd: int, target: memoryview, expected_key: bytes | None) -> None:
+class ChunkFileReader:
+    """Brings spans of one open file into ``buffer`` at the same offsets.
+
+    ``buffer`` may be longer than the file: in ``direct`` mode the room past
+    the file's end lets its last block be read whole and aligned. ``mode`` is
+    one of :data:`READ_MODES`; a buffer that is not page-aligned is always
+    read ``buffered``. In ``auto`` mode the constructor asks the page cache
+    (one non-blocking read of the first page) and picks the mode for the
+    file. After the reads, :attr:`went_direct` says whether any bytes
+    bypassed the page cache and :attr:`refused` whether the filesystem
+    rejected O_DIRECT (the reader then finished buffered).
+    """
+
+    __slots__ = ("buffer", "direct", "fd", "refused", "went_direct")
+
+    PROBE = ALIGN
+    """Bytes the ``auto`` mode reads without waiting to learn whether the file is cached."""
+
+    def __init__(self, fd: int, buffer: memoryview, mode: str = BUFFERED) -> None:
+        self.fd = fd
+        self.buffer = buffer
+        self.direct = False
+        self.went_direct = False
+        self.refused = False
+        capable = mode != BUFFERED and bool(O_DIRECT) and is_aligned(buffer)
+        if capable and mode == AUTO:
+            capable = bool(_RWF_NOWAIT) and not self._cached()
+        if capable:
+            self._set_direct(True)
+
+    @property
+    def block(self) -> int:
+        """Bytes worth reading (and hashing) per step in the current mode."""
+        return DIRECT_BLOCK if self.direct else BLOCK
+
+    def read(self, start: int, end: int) -> int:
+        """Fill ``buffer[start:end]`` from file offset ``start``; bytes read (fewer only when
+        the file ends first)."""
+        return self._read(start, end)
+
+    def _cached(self) -> bool:
+        """Whether the page cache holds the file's first page (read into the buffer, never
+        waiting for the disk); True where the filesystem cannot tell."""
+        view = self.buffer[: self.PROBE]
+        os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_RANDOM)
+        try:
+            return os.preadv(self.fd, [view], 0, _RWF_NOWAIT) > 0
+        except BlockingIOError:
+            return False
+        except OSError as exc:
+            if exc.errno not in (errno.EOPNOTSUPP, errno.ENOTSUP, errno.EINVAL):
+                raise
+            return True
+        finally:
+            os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_NORMAL)
+
+    def _read(self, start: int, end: int) -> int:
+        if not self.direct or start % ALIGN:
+            return _read_exact(self.fd, self.buffer[start:end], start)
+        room = len(self.buffer)
+        padded = end if end % ALIGN == 0 else end + ALIGN - end % ALIGN
+        body_end = padded if padded <= room else end - end % ALIGN
+        got = 0
+        if body_end > start:
+            got = self._read_direct(start, body_end)
+            if got < 0:  # refused: the rest through the page cache
+                return _read_exact(self.fd, self.buffer[start:end], start)
+            if got < body_end - start:
+                return min(got, end - start)  # end of file
+        if body_end < end:
+            # The unaligned tail of the file, with no room for a whole aligned block after it.
+            self._set_direct(False)
+            got += _read_exact(self.fd, self.buffer[body_end:end], body_end)
+        return min(got, end - start)
+
+    def _read_direct(self, start: int, end: int) -> int:
+        """Aligned read around the page cache; bytes read, or -1 if the filesystem refused."""
+        got = 0
+        while start + got < end:
+            try:
+                n = os.preadv(self.fd, [self.buffer[start + got : end]], start + got)
+            except OSError as exc:
+                if exc.errno != errno.EINVAL:
+                    raise
+                self.refused = True
+                self._set_direct(False)
+                return -1
+            if n <= 0:
+                break
+            self.went_direct = True
+            got += n
+            if n % ALIGN:
+                break  # a partial block: the file ends here
+        return got
+
+    def _set_direct(self, on: bool) -> bool:
+        """Switch the fd to or from O_DIRECT; False if the filesystem refuses."""
+        if self.direct == on:
+            return True
+        flags = fcntl.fcntl(self.fd, fcntl.F_GETFL)
+        try:
+            fcntl.fcntl(self.fd, fcntl.F_SETFL, flags | O_DIRECT if on else flags & ~O_DIRECT)
+        except OSError:
+            self.refused = on
+            return False
+        self.direct = on
+        return True
+
+
+def read_verified_into(
+    fd: int, target: memoryview, expected_key: bytes | None, *, reader: Any = None
+) -> None:
     """Fill ``target`` (exactly the file's size) from ``fd`` and validate it as a chunk.
 
-    Raises a :class:`~chunkstore.errors.FormatError` subclass if the bytes are not a
-    valid chunk (or not the one asked for); ``target`` then holds garbage.
+    ``reader`` (a :class:`ChunkFileReader` over ``fd`` and a buffer starting
+    with ``target``) chooses how bytes come in; by default through the page
+    cache. Raises a :class:`~chunkstore.errors.FormatError` subclass if the
+    bytes are not a valid chunk (or not the one asked for); ``target`` then
+    holds garbage.
     """
+    src: ChunkFileReader = reader if reader is not None else ChunkFileReader(fd, target)
     size = len(target)
-    first = min(size, BLOCK)
-    if _read_exact(fd, target[:first], 0) < first:
-        raise TruncatedChunk("chunk file shrank while being read")
+
+    def fill(start: int, end: int) -> None:
+        if src.read(start, end) < end - start:
+            raise TruncatedChunk("chunk file shrank while being read")
+
+    first = min(size, src.block)
+    fill(0, first)
     header_len = header_bytes_needed(bytes(target[:8])) if size >= 8 else size
     if first < header_len <= size:
-        if _read_exact(fd, target[first:header_len], first) < header_len - first:
-            raise TruncatedChunk("chunk file shrank while being read")
+        fill(first, header_len)
         first = header_len
     header = read_header(target[:first])  # raises BadMagic/TruncatedChunk/... like decode_chunk
     if header.compression != "none":
-        rest = _read_exact(fd, target[first:], first)
-        if first + rest < size:
-            raise TruncatedChunk("chunk file shrank while being read")
+        fill(first, size)
         decode_chunk(target, expected_key=expected_key)
         return
     stored = size - header.data_offset
@@ -66,10 +227,8 @@ def read_verified_into(fd: int, target: memoryview, expected_key: bytes | None) 
         verifier.update(target[header.data_offset : first])
     pos = max(first, header.data_offset)
     while pos < size:
-        end = min(pos + BLOCK, size)
-        block = target[pos:end]
-        if _read_exact(fd, block, pos) < end - pos:
-            raise TruncatedChunk("chunk file shrank while being read")
-        verifier.update(block)
+        end = min(pos + src.block, size)
+        fill(pos, end)
+        verifier.update(target[pos:end])
         pos = end
     verifier.finish()

@@ -32,6 +32,7 @@ from typing import Any
 
 from chunkstore.backends import layout as L
 from chunkstore.backends.base import Buffer, ChunkInfo, Store
+from chunkstore.backends.batching import write_once_per_key
 from chunkstore.backends.fs import StoredFile
 from chunkstore.errors import (
     ConfigError,
@@ -470,11 +471,66 @@ class S3Store(Store):
         return self._read_many(keys)
 
     def get_many(self, keys: Sequence[ChunkKey]) -> list[bytes | None]:
-        """Chunk bytes per key; ``None`` for missing, corrupt or unreachable chunks."""
-        raw = self._read_many(keys)
-        out = [self._checked(k, d) for k, d in zip(keys, raw)]  # verified off the event loop
+        """Chunk bytes per key; ``None`` for missing, corrupt or unreachable chunks.
+
+        Up to ``concurrency`` GETs are in flight; each body is verified (on the calling
+        thread, off the event loop) as soon as it has arrived, while the others download.
+        """
+        if self._plane is not None or not self.verify or len(keys) < 2:
+            raw = self._read_many(keys)
+            out = [self._checked(k, d) for k, d in zip(keys, raw)]  # off the event loop
+        else:
+            out = self._get_verified_as_they_arrive(keys)
         self._touch([k for k, d in zip(keys, out) if d is not None])
         return out
+
+    def _get_verified_as_they_arrive(self, keys: Sequence[ChunkKey]) -> list[bytes | None]:
+        semaphore = asyncio.Semaphore(self.concurrency)
+
+        async def limited(key: ChunkKey) -> bytes | None:
+            async with semaphore:
+                return await self._get_one(key)
+
+        pending = {
+            asyncio.run_coroutine_threadsafe(limited(key), self.fs.loop): i
+            for i, key in enumerate(keys)
+        }
+        out: list[bytes | None] = [None] * len(keys)
+        try:
+            for done in concurrent.futures.as_completed(pending):
+                i = pending[done]
+                out[i] = self._checked(keys[i], done.result())
+        except BaseException:
+            for future in pending:
+                future.cancel()
+            raise
+        return out
+
+    def get_many_into(
+        self, keys: Sequence[ChunkKey], buffers: Sequence[Buffer]
+    ) -> list[int | None]:
+        """Batched :meth:`get_into` (concurrent GETs, each verified as it arrives); size or
+        ``None`` per key."""
+        if len(keys) != len(buffers):
+            raise ConfigError("get_many_into needs one buffer per key")
+        if self._plane is not None:
+            return [self.get_into(k, b) for k, b in zip(keys, buffers)]
+        views = [memoryview(b).cast("B") for b in buffers]
+        for view in views:
+            if view.readonly:
+                raise ConfigError("get_into needs a writable buffer")
+        sizes: list[int | None] = []
+        for data, view in zip(self.get_many(keys), views):
+            if data is None:
+                sizes.append(None)
+                continue
+            if len(data) > len(view):
+                raise ConfigError(
+                    f"buffer of {len(view)} bytes is smaller than the chunk ({len(data)})"
+                )
+            view[: len(data)] = data
+            sizes.append(len(data))
+        return sizes
 
     def get_into(self, key: ChunkKey, buffer: Buffer) -> int | None:
         """Read the chunk into ``buffer``; its size, or None."""
@@ -666,6 +722,12 @@ class S3Store(Store):
             raise
 
     def _put_batch(self, items: Sequence[tuple[ChunkKey, Buffer]], if_absent: bool) -> list[bool]:
+        # concurrent requests must not race two copies of one key (nor HEAD-then-PUT twice)
+        return write_once_per_key(
+            items, lambda unique: self._put_unique(unique, if_absent), replace=not if_absent
+        )
+
+    def _put_unique(self, items: Sequence[tuple[ChunkKey, Buffer]], if_absent: bool) -> list[bool]:
         async def run() -> list[bool]:
             return await self._gather([self._put_one(k, d, if_absent) for k, d in items])
 

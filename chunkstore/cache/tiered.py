@@ -40,7 +40,13 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from chunkstore.backends.base import Buffer, ChunkInfo, Store, SupportsGetInto
+from chunkstore.backends.base import (
+    Buffer,
+    ChunkInfo,
+    Store,
+    SupportsGetInto,
+    SupportsGetManyInto,
+)
 from chunkstore.cache.guard import GuardedTier, TierUnavailable
 from chunkstore.cache.host import HostCache, HostCacheStats, Lease
 from chunkstore.cache.writeback import WriteBehindQueue
@@ -277,6 +283,8 @@ class TieredStore(Store):
         if outcome.present:
             return False
         if outcome.lease is None:
+            if not if_absent:
+                self._supersede(key)
             return self._write_through(key, data, if_absent=if_absent)
         self._host_metrics.record_write(len(outcome.lease.view), time.perf_counter() - started)
         self._queue_write_back(outcome.lease)
@@ -410,6 +418,19 @@ class TieredStore(Store):
             for tier in self._targets
         ]
         return any(results)
+
+    def _supersede(self, key: ChunkKey) -> None:
+        """Before writing ``key`` around host memory: drop the older copy host memory may
+        still hold (its slot pinned for write-back, so it could not be replaced), take back
+        its queued write-back and let one under way end first; otherwise reads, and later
+        the tiers, would go back to the older bytes."""
+        self.host.delete_many([key])
+        if self._queue is None:
+            return
+        known = [t.timeout for t in self._targets if t.timeout is not None]
+        bound = max(known) if known and len(known) == len(self._targets) else None
+        for lease in self._queue.supersede(lambda lease: lease.key == key, bound):
+            self.host.release(lease)
 
     def _report_drop(self, key: ChunkKey, why: str) -> None:
         now = time.monotonic()
@@ -855,6 +876,8 @@ class TieredStore(Store):
         """Copy ``keys`` from ``tier`` into pinned host slots, in order; how many made it."""
         if tier.store.high_latency or not isinstance(tier.store, SupportsGetInto):
             return self._pull_batched(tier, keys, held)
+        if isinstance(tier.store, SupportsGetManyInto):
+            return self._pull_into_slots(tier, keys, held)
         loaded = 0
         for key in keys:
             self._check_open()
@@ -867,6 +890,67 @@ class TieredStore(Store):
             held.append(lease)
             loaded += 1
         return loaded
+
+    def _pull_into_slots(
+        self, tier: GuardedTier, keys: list[ChunkKey], held: list[Lease], batch: int = 16
+    ) -> int:
+        """Tiers with batched zero-copy reads: reserve host slots for up to ``batch`` chunks,
+        then let the tier fill them all with several reads in flight (``get_many_into``).
+
+        The prefix ends at the first chunk that did not arrive; its slot and the later
+        ones of the batch are given back. A call that timed out keeps the whole batch
+        reserved until it has ended (it may still write into the slots), as
+        :meth:`_promote_into` does for one slot.
+        """
+        store: Any = tier.store
+        loaded = 0
+        for start in range(0, len(keys), batch):
+            self._check_open()
+            slots: list[Lease] = []
+            for key in keys[start : start + batch]:
+                slot = self.host.reserve(key)
+                if slot is None:
+                    break
+                slots.append(slot)
+            if not slots:
+                return loaded
+            started = time.perf_counter()
+            try:
+                sizes = tier.call(
+                    "get", store.get_many_into, [s.key for s in slots], [s.view for s in slots]
+                )
+            except TierUnavailable as exc:
+                exc.when_settled(lambda slots=slots: self._abort_all(slots))
+                self._count_tier(tier, 0, len(slots))
+                return loaded
+            except BaseException:
+                self._abort_all(slots)
+                raise
+            arrived = 0
+            nbytes = 0
+            for slot, size in zip(slots, sizes):
+                size = _decompress_in_place(slot.view, size) if size else 0
+                if not size:
+                    break
+                self.host.commit(slot, size, keep_pinned=True)
+                held.append(slot)
+                arrived += 1
+                nbytes += size
+            self._abort_all(slots[arrived:])
+            if nbytes:
+                tier.instruments.record_read(nbytes, time.perf_counter() - started)
+            self._count_tier(tier, arrived, 1 if arrived < len(slots) else 0)
+            with self._lock:
+                tier.promotions += arrived
+            tier.instruments.promotions.inc(arrived)
+            loaded += arrived
+            if arrived < min(batch, len(keys) - start):
+                return loaded
+        return loaded
+
+    def _abort_all(self, slots: list[Lease]) -> None:
+        for slot in slots:
+            self.host.abort(slot)
 
     def _pull_batched(
         self, tier: GuardedTier, keys: list[ChunkKey], held: list[Lease], batch: int = 16

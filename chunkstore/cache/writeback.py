@@ -97,6 +97,27 @@ class WriteBehindQueue(Generic[T]):
             self._cond.notify_all()
         return taken
 
+    def supersede(self, match: Callable[[T], bool], timeout: float | None = None) -> list[T]:
+        """Take back the waiting items ``match`` selects, then wait (up to ``timeout``) until
+        no batch being written holds one; the caller owns the returned items again.
+
+        For a newer write that goes around the queue: the older items must neither land
+        after it (so waiting ones are withdrawn, and one being written is waited for) nor
+        be undone after it (unlike :meth:`withdraw`, nothing goes to ``undo``).
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._cond:
+            taken = [item for item in self._items if match(item)]
+            if taken:
+                self._items = deque(item for item in self._items if not match(item))
+                self._cond.notify_all()
+            while any(match(item) for item in self._batch):
+                remaining = None if deadline is None else deadline - time.monotonic()
+                if remaining is not None and remaining <= 0:
+                    break
+                self._cond.wait(remaining)
+        return taken
+
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until everything queued so far is written; False if ``timeout`` passed first."""
         deadline = None if timeout is None else time.monotonic() + timeout

@@ -23,7 +23,13 @@ from typing import Any
 import numpy as np
 import pytest
 
-from chunkstore.backends.base import Store, SupportsGetInto, SupportsRangedRead
+from chunkstore.backends.base import (
+    Store,
+    SupportsGetInto,
+    SupportsGetManyInto,
+    SupportsRangedRead,
+)
+from chunkstore.errors import ChunkStoreError
 from chunkstore.format import ChunkLayout, decode_chunk, encode_chunk
 from chunkstore.testing.factories import MadeChunk, kv_tensors, sample_chunks, small_spec
 
@@ -241,6 +247,72 @@ class StoreSuite:
         store.put(b.key, corrupt_copies(b)["bitflip"])
         assert store.get_into(b.key, bytearray(len(b.data))) is None
         assert store.corrupt_detected == 1
+
+    # --- batches: order and per-chunk results as a loop of single calls would give --------
+
+    def stock_mixed(self, store: Store, chunks: list[MadeChunk]) -> list[Any]:
+        """Store chunks 0, 2, 4 whole and 3 bit-flipped (1 and 5 stay missing); the bytes
+        each key should read as, in chunk order."""
+        store.put_many([(chunks[i].key, chunks[i].data) for i in (0, 2, 4)])
+        store.put(chunks[3].key, corrupt_copies(chunks[3])["bitflip"])
+        return [chunks[0].data, None, chunks[2].data, None, chunks[4].data, None]
+
+    def test_batched_get_keeps_order_and_per_chunk_results(
+        self, store: Store, chunks: list[MadeChunk]
+    ) -> None:
+        expected = self.stock_mixed(store, chunks)
+        order = [4, 3, 0, 1, 2, 5, 0]
+        got = store.get_many([chunks[i].key for i in order])
+        assert [None if g is None else bytes(g) for g in got] == [expected[i] for i in order]
+        assert store.corrupt_detected == 1
+
+    def test_batched_get_into_keeps_order_and_per_chunk_results(
+        self, store: Store, chunks: list[MadeChunk]
+    ) -> None:
+        if not isinstance(store, SupportsGetManyInto):
+            pytest.skip("store has no batched get_into")
+        expected = self.stock_mixed(store, chunks)
+        order = [5, 2, 3, 0, 4, 1]
+        room = max(len(c.data) for c in chunks) + 4096
+        buffers = [bytearray(room) for _ in order]
+        sizes = store.get_many_into([chunks[i].key for i in order], buffers)
+        assert sizes == [None if expected[i] is None else len(expected[i]) for i in order]
+        for i, size, buffer in zip(order, sizes, buffers):
+            if size is not None:
+                assert bytes(buffer[:size]) == expected[i]
+        assert store.corrupt_detected == 1
+        with pytest.raises(ChunkStoreError):
+            store.get_many_into([chunks[0].key], [])
+        assert store.get_many_into([], []) == []
+
+    def test_batched_puts_keep_per_item_results(
+        self, store: Store, chunks: list[MadeChunk]
+    ) -> None:
+        a, b, c = chunks[:3]
+        assert store.put_if_absent_many([(a.key, a.data), (a.key, a.data), (b.key, b.data)]) == [
+            True,
+            False,
+            True,
+        ]
+        assert store.put_if_absent_many([(b.key, b.data), (c.key, c.data)]) == [False, True]
+        replaced = _rekeyed(a)
+        assert store.put_many([(a.key, a.data), (a.key, replaced)]) == [True, True]
+        assert bytes(store.get(a.key) or b"") == replaced  # the last copy wins, as in a loop
+        assert store.put_many([]) == [] and store.put_if_absent_many([]) == []
+
+    def test_batched_put_with_a_failing_item(self, store: Store, chunks: list[MadeChunk]) -> None:
+        """One item that cannot be written fails the call; every other item of the batch is
+        then stored whole or not at all, and the store keeps working."""
+        a, b, c = chunks[:3]
+        with pytest.raises((TypeError, ValueError, ChunkStoreError)):
+            store.put_many([(a.key, a.data), (b.key, object()), (c.key, c.data)])
+        for chunk in (a, c):
+            data = store.get(chunk.key)
+            assert data is None or bytes(data) == chunk.data
+        assert store.get(b.key) is None
+        assert store.corrupt_detected == 0
+        assert store.put_many([(b.key, b.data)]) == [True]
+        assert bytes(store.get(b.key) or b"") == b.data
 
     def test_read_ranges(self, store: Store, chunks: list[MadeChunk]) -> None:
         if not isinstance(store, SupportsRangedRead):

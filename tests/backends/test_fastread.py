@@ -2,13 +2,25 @@
 
 from __future__ import annotations
 
+import errno
+import mmap
+import os
 import tempfile
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from chunkstore.backends.fastread import BLOCK, read_verified_into
+from chunkstore.backends import fastread
+from chunkstore.backends.fastread import (
+    ALIGN,
+    AUTO,
+    BLOCK,
+    BUFFERED,
+    DIRECT,
+    ChunkFileReader,
+    read_verified_into,
+)
 from chunkstore.errors import FormatError
 from chunkstore.format import ChunkLayout, decode_chunk, recompress
 from chunkstore.testing.factories import sample_chunks, small_spec
@@ -24,7 +36,14 @@ BIG = sample_chunks(
 assert len(BIG.data) > 2 * BLOCK
 
 
-def verdicts(data: bytes, expected_key: bytes) -> tuple[str, str]:
+def aligned_buffer(size: int) -> memoryview:
+    """A page-aligned buffer like a host-cache slot (anonymous mmap)."""
+    return memoryview(mmap.mmap(-1, max(size, 1)))[:size]
+
+
+def verdicts(
+    data: bytes, expected_key: bytes, mode: str = BUFFERED, room: int = 0
+) -> tuple[str, str]:
     try:
         decode_chunk(data, expected_key=expected_key)
         reference = "ok"
@@ -33,9 +52,11 @@ def verdicts(data: bytes, expected_key: bytes) -> tuple[str, str]:
     with tempfile.TemporaryFile() as f:
         f.write(data)
         f.flush()
-        target = memoryview(bytearray(len(data)))
+        buffer = aligned_buffer(len(data) + room) if mode != BUFFERED else None
+        target = memoryview(bytearray(len(data))) if buffer is None else buffer[: len(data)]
+        reader = None if buffer is None else ChunkFileReader(f.fileno(), buffer, mode)
         try:
-            read_verified_into(f.fileno(), target, expected_key)
+            read_verified_into(f.fileno(), target, expected_key, reader=reader)
             fused = "ok"
         except FormatError:
             fused = "bad"
@@ -74,3 +95,135 @@ def test_any_bit_flip_or_truncation(position: int, bit: int, cut: int | None) ->
         data = data[:cut]
     reference, fused = verdicts(bytes(data), BIG.key.digest)
     assert fused == reference
+
+
+# --- how bytes come in: page cache, O_DIRECT, or the page cache's own answer ---------------
+
+# a payload that does not fill its last page: the file ends off an O_DIRECT boundary
+UNALIGNED = sample_chunks(
+    1,
+    seed=11,
+    layout=ChunkLayout(small_spec(chunk_tokens=64, num_layers=3, num_kv_heads=5, head_dim=100)),
+)
+assert len(UNALIGNED[0].data) % ALIGN and len(UNALIGNED[0].data) > BLOCK
+
+
+@pytest.mark.parametrize("mode", [DIRECT, AUTO])
+@pytest.mark.parametrize("room", [0, ALIGN], ids=["exact-buffer", "room-for-the-tail"])
+def test_every_mode_gives_the_same_verdicts(mode: str, room: int) -> None:
+    for chunk in (UNALIGNED[0], BIG):
+        assert verdicts(chunk.data, chunk.key.digest, mode, room) == ("ok", "ok")
+        for damaged in corrupt_copies(chunk).values():
+            assert verdicts(damaged, chunk.key.digest, mode, room) == ("bad", "bad")
+
+
+def write_cold(directory: str, data: bytes) -> int:
+    """A file of ``data``, flushed and dropped from the page cache where the OS allows."""
+    path = os.path.join(directory, "chunk")
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    fd = os.open(path, os.O_RDONLY)
+    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    return fd
+
+
+@pytest.mark.parametrize("room", [0, ALIGN])
+def test_direct_read_of_an_unaligned_tail(tmp_path: object, room: int) -> None:
+    chunk = UNALIGNED[0]
+    fd = write_cold(str(tmp_path), chunk.data)
+    try:
+        buffer = aligned_buffer(len(chunk.data) + room)
+        reader = ChunkFileReader(fd, buffer, DIRECT)
+        assert reader.direct
+        read_verified_into(fd, buffer[: len(chunk.data)], chunk.key.digest, reader=reader)
+        assert bytes(buffer[: len(chunk.data)]) == chunk.data
+        assert reader.went_direct
+        # without room past the end the tail came through the page cache
+        assert reader.direct == (room > 0)
+    finally:
+        os.close(fd)
+
+
+def test_auto_follows_the_page_cache(tmp_path: object, monkeypatch: pytest.MonkeyPatch) -> None:
+    fd = write_cold(str(tmp_path), BIG.data)
+    try:
+        buffer = aligned_buffer(len(BIG.data))
+        for cached in (True, False):
+            monkeypatch.setattr(ChunkFileReader, "_cached", lambda self, c=cached: c)
+            reader = ChunkFileReader(fd, buffer, AUTO)
+            assert reader.direct is not cached
+            read_verified_into(fd, buffer, BIG.key.digest, reader=reader)
+            assert bytes(buffer) == BIG.data
+            assert reader.went_direct is not cached
+    finally:
+        os.close(fd)
+
+
+def test_auto_probe_of_a_cached_file_reads_through_the_page_cache() -> None:
+    with tempfile.TemporaryFile() as f:
+        f.write(BIG.data)
+        f.flush()
+        buffer = aligned_buffer(len(BIG.data))
+        reader = ChunkFileReader(f.fileno(), buffer, AUTO)  # just written: cached
+        assert not reader.direct
+        read_verified_into(f.fileno(), buffer, BIG.key.digest, reader=reader)
+        assert not reader.went_direct
+
+
+def test_unaligned_buffers_are_read_buffered() -> None:
+    with tempfile.TemporaryFile() as f:
+        f.write(BIG.data)
+        f.flush()
+        raw = bytearray(len(BIG.data) + 1)
+        view = memoryview(raw)[1:]  # bytearray storage is not page-aligned at +1
+        reader = ChunkFileReader(f.fileno(), view, DIRECT)
+        assert not reader.direct
+        read_verified_into(f.fileno(), view, BIG.key.digest, reader=reader)
+        assert not reader.went_direct
+
+
+def refuse_o_direct(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Act like a filesystem without O_DIRECT (some FUSE/network mounts): setting it fails."""
+    real = fastread.fcntl.fcntl
+
+    def fcntl(fd: int, cmd: int, arg: int = 0) -> int:
+        if cmd == fastread.fcntl.F_SETFL and arg & fastread.O_DIRECT:
+            raise OSError(errno.EINVAL, "O_DIRECT not supported")
+        return real(fd, cmd, arg)
+
+    monkeypatch.setattr(fastread.fcntl, "fcntl", fcntl)
+
+
+def test_refused_o_direct_falls_back_to_the_page_cache(monkeypatch: pytest.MonkeyPatch) -> None:
+    refuse_o_direct(monkeypatch)
+    with tempfile.TemporaryFile() as f:
+        f.write(BIG.data)
+        f.flush()
+        buffer = aligned_buffer(len(BIG.data))
+        reader = ChunkFileReader(f.fileno(), buffer, DIRECT)
+        assert reader.refused and not reader.direct
+        read_verified_into(f.fileno(), buffer, BIG.key.digest, reader=reader)
+        assert bytes(buffer) == BIG.data
+
+
+def test_o_direct_refused_at_read_time_finishes_buffered(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    real = os.preadv
+
+    def preadv(fd: int, buffers: list, offset: int, *flags: int) -> int:
+        if fastread.fcntl.fcntl(fd, fastread.fcntl.F_GETFL) & fastread.O_DIRECT:
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real(fd, buffers, offset, *flags)
+
+    monkeypatch.setattr(fastread.os, "preadv", preadv)
+    with tempfile.TemporaryFile() as f:
+        f.write(BIG.data)
+        f.flush()
+        buffer = aligned_buffer(len(BIG.data))
+        reader = ChunkFileReader(f.fileno(), buffer, DIRECT)
+        read_verified_into(f.fileno(), buffer, BIG.key.digest, reader=reader)
+        assert bytes(buffer) == BIG.data
+        assert reader.refused and not reader.went_direct

@@ -1,0 +1,179 @@
+"""FsStore batches: several chunk I/Os in flight, O_DIRECT where it helps, a clean fallback."""
+
+from __future__ import annotations
+
+import logging
+import mmap
+import threading
+from pathlib import Path
+
+import pytest
+
+from chunkstore.backends.fastread import ALIGN, AUTO, BUFFERED, DIRECT
+from chunkstore.backends.fs import FsStore, open_fs_store
+from chunkstore.errors import ConfigError
+from chunkstore.testing.factories import MadeChunk, sample_chunks
+from chunkstore.testing.store_suite import _rekeyed
+from tests.backends.test_fastread import refuse_o_direct
+
+CHUNKS = sample_chunks(8, seed=21)
+
+
+def slots(count: int, size: int) -> list[memoryview]:
+    """Page-aligned buffers like a host pool's slots."""
+    slot = -(-size // ALIGN) * ALIGN
+    pool = memoryview(mmap.mmap(-1, slot * count))
+    return [pool[i * slot : (i + 1) * slot] for i in range(count)]
+
+
+def stocked(tmp_path: Path, **options: object) -> FsStore:
+    store = FsStore(str(tmp_path / "s"), create=True, **options)  # type: ignore[arg-type]
+    store.put_many([(c.key, c.data) for c in CHUNKS])
+    return store
+
+
+def read_all(store: FsStore, chunks: list[MadeChunk]) -> list[memoryview]:
+    buffers = slots(len(chunks), max(len(c.data) for c in chunks))
+    sizes = store.get_many_into([c.key for c in chunks], buffers)
+    assert sizes == [len(c.data) for c in chunks]
+    for chunk, buffer in zip(chunks, buffers):
+        assert bytes(buffer[: len(chunk.data)]) == chunk.data
+    return buffers
+
+
+def test_batches_run_on_the_store_s_threads_and_close_stops_them(tmp_path: Path) -> None:
+    store = stocked(tmp_path, io_workers=3)
+    seen: set[str] = set()
+    real = store._get_one
+
+    def spy(key: object) -> object:
+        seen.add(threading.current_thread().name)
+        return real(key)  # type: ignore[arg-type]
+
+    store._get_one = spy  # type: ignore[method-assign]
+    got = store.get_many([c.key for c in reversed(CHUNKS)])
+    assert [bytes(g) for g in got if g is not None] == [c.data for c in reversed(CHUNKS)]
+    assert seen and all(name.startswith("chunkstore-io-") for name in seen)
+    store.close()
+    assert not store._pool.started
+    seen.clear()
+    assert store.get_many([c.key for c in CHUNKS])[0] is not None  # inline after close
+    assert seen == {threading.current_thread().name}
+
+
+def test_one_worker_stays_on_the_caller_s_thread(tmp_path: Path) -> None:
+    store = stocked(tmp_path, io_workers=1)
+    read_all(store, CHUNKS)
+    assert not store._pool.started
+    store.close()
+
+
+def test_put_many_duplicates_end_with_the_last_copy(tmp_path: Path) -> None:
+    store = FsStore(str(tmp_path / "s"), create=True)
+    a = CHUNKS[0]
+    replaced = _rekeyed(a)
+    assert store.put_many([(a.key, replaced), (a.key, a.data), (a.key, replaced)]) == [True] * 3
+    assert bytes(store.get(a.key) or b"") == replaced
+    store.close()
+
+
+@pytest.mark.parametrize("mode", [DIRECT, AUTO, BUFFERED])
+def test_every_read_mode_reads_exact_bytes(tmp_path: Path, mode: str) -> None:
+    store = stocked(tmp_path, read_mode=mode)
+    read_all(store, CHUNKS)
+    stats = store.io_stats()
+    assert stats.requested == stats.mode == mode
+    assert stats.direct_reads + stats.cached_reads == len(CHUNKS)
+    if mode == DIRECT:
+        assert stats.direct_reads == len(CHUNKS)
+    if mode == BUFFERED:
+        assert stats.direct_reads == 0
+    assert f"read_mode={mode!r}" in repr(store)
+    store.close()
+
+
+def test_refused_o_direct_switches_the_store_to_buffered(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = stocked(tmp_path, read_mode=DIRECT, io_workers=1)
+    refuse_o_direct(monkeypatch)
+    with caplog.at_level(logging.WARNING):
+        read_all(store, CHUNKS)
+    stats = store.io_stats()
+    assert (stats.requested, stats.mode, stats.direct_reads) == (DIRECT, BUFFERED, 0)
+    assert sum("refuses O_DIRECT" in r.getMessage() for r in caplog.records) == 1
+    assert "read_mode='buffered'" in repr(store)
+    store.close()
+
+
+def test_verified_direct_reads_still_catch_a_flipped_bit(tmp_path: Path) -> None:
+    store = stocked(tmp_path, read_mode=DIRECT)
+    victim = CHUNKS[2]
+    path = store.path_of(victim.key)
+    with open(path, "r+b") as f:
+        f.seek(len(victim.data) - 1)
+        last = f.read(1)
+        f.seek(len(victim.data) - 1)
+        f.write(bytes([last[0] ^ 0x01]))
+    buffers = slots(len(CHUNKS), max(len(c.data) for c in CHUNKS))
+    sizes = store.get_many_into([c.key for c in CHUNKS], buffers)
+    assert sizes == [None if c is victim else len(c.data) for c in CHUNKS]
+    assert store.corrupt_detected == 1
+    store.close()
+
+
+def test_options_are_checked(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="read_mode"):
+        FsStore(str(tmp_path / "a"), create=True, read_mode="fast")
+    with pytest.raises(ConfigError, match="io_workers"):
+        FsStore(str(tmp_path / "b"), create=True, io_workers=0)
+    store = open_fs_store(str(tmp_path / "c"), create=True, read_mode=BUFFERED, io_workers=2)
+    assert store.io_stats().mode == BUFFERED and store.io_stats().workers == 2
+    store.close()
+
+
+@pytest.mark.parametrize("mode", [DIRECT, BUFFERED])
+@pytest.mark.parametrize("tail", [0, 100], ids=["whole-pages", "partial-last-page"])
+def test_write_modes_store_exact_bytes(tmp_path: Path, mode: str, tail: int) -> None:
+    store = FsStore(str(tmp_path / "s"), create=True, write_mode=mode)
+    chunk = CHUNKS[0]
+    data = chunk.data if not tail else _rekeyed(chunk)
+    slot = slots(1, len(data))[0]
+    slot[: len(data)] = data
+    assert store.put(chunk.key, slot[: len(data)])  # page-aligned, like a host slot
+    assert Path(store.path_of(chunk.key)).read_bytes() == data
+    assert store.io_stats().write_mode == mode
+    store.close()
+
+
+def test_direct_writes_fall_back_where_o_direct_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    refuse_o_direct(monkeypatch)
+    store = FsStore(str(tmp_path / "s"), create=True, write_mode=DIRECT)
+    buffers = slots(len(CHUNKS), max(len(c.data) for c in CHUNKS))
+    for chunk, buffer in zip(CHUNKS, buffers):
+        buffer[: len(chunk.data)] = chunk.data
+    assert store.put_many([(c.key, b[: len(c.data)]) for c, b in zip(CHUNKS, buffers)])
+    for chunk in CHUNKS:
+        assert Path(store.path_of(chunk.key)).read_bytes() == chunk.data
+    store.close()
+
+
+def test_read_mode_and_read_paths_are_metrics(tmp_path: Path) -> None:
+    from prometheus_client import CollectorRegistry
+
+    from chunkstore.metrics import ChunkstoreMetrics
+
+    registry = CollectorRegistry()
+    store = stocked(tmp_path, read_mode=DIRECT, name="disk")
+    ChunkstoreMetrics(registry).watch_store(store)
+    read_all(store, CHUNKS[:3])
+
+    def sample(name: str, **labels: str) -> float | None:
+        return registry.get_sample_value(name, {"tier": "disk", **labels})
+
+    assert sample("chunkstore_tier_read_mode", mode="direct") == 1.0
+    assert sample("chunkstore_tier_reads_total", path="direct") == 3.0
+    assert sample("chunkstore_tier_reads_total", path="cached") == 0.0
+    store.close()

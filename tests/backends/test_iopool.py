@@ -1,0 +1,78 @@
+"""IoPool: order, bounded threads, failures after the whole batch, nesting, close."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from chunkstore.backends.iopool import IoPool
+from chunkstore.errors import ConfigError
+
+
+def test_results_keep_input_order_with_at_most_workers_threads() -> None:
+    pool = IoPool(3, "t")
+    running = 0
+    most = 0
+    lock = threading.Lock()
+
+    def work(i: int) -> int:
+        nonlocal running, most
+        with lock:
+            running += 1
+            most = max(most, running)
+        time.sleep(0.001 * (i % 3))  # finish out of order
+        with lock:
+            running -= 1
+        return i * i
+
+    assert pool.map(work, list(range(20))) == [i * i for i in range(20)]
+    assert 1 <= most <= 3
+    pool.close()
+
+
+def test_a_failure_is_raised_after_every_item_ended() -> None:
+    pool = IoPool(4, "t")
+    done: list[int] = []
+
+    def work(i: int) -> int:
+        if i in (2, 5):
+            raise ValueError(f"item {i}")
+        time.sleep(0.002)
+        done.append(i)
+        return i
+
+    with pytest.raises(ValueError, match="item 2"):  # the first failure in input order
+        pool.map(work, list(range(8)))
+    assert sorted(done) == [0, 1, 3, 4, 6, 7]
+    pool.close()
+
+
+def test_nested_batches_run_inline_instead_of_deadlocking() -> None:
+    pool = IoPool(2, "t")
+
+    def outer(i: int) -> list[int]:
+        return pool.map(lambda j: i * 10 + j, [0, 1, 2])
+
+    assert pool.map(outer, [1, 2, 3, 4]) == [[10, 11, 12], [20, 21, 22], [30, 31, 32], [40, 41, 42]]
+    pool.close()
+
+
+def test_close_stops_threads_and_later_batches_run_inline() -> None:
+    pool = IoPool(2, "t")
+    assert pool.map(lambda i: threading.current_thread().name, [0, 1])[0].startswith(
+        "chunkstore-io-t"
+    )
+    assert pool.started
+    pool.close()
+    assert not pool.started
+    assert (
+        pool.map(lambda i: threading.current_thread().name, [0, 1])
+        == [threading.current_thread().name] * 2
+    )
+
+
+def test_workers_must_be_positive() -> None:
+    with pytest.raises(ConfigError, match="io_workers"):
+        IoPool(0, "t")
