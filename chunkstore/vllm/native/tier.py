@@ -38,7 +38,8 @@ from vllm.v1.kv_offload.base import (
 )
 from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager, TransferJob
 
-from chunkstore.backends import Store, open_store
+from chunkstore.backends import Store
+from chunkstore.backends.registry import open_for_option
 from chunkstore.cache.guard import GuardedTier, TierUnavailable
 from chunkstore.errors import ConfigError, FormatError
 from chunkstore.format import decode_chunk, recompress, seal_chunk
@@ -57,6 +58,9 @@ from chunkstore.vllm.native.requests import (
     caller_request,
 )
 from chunkstore.vllm.tiers import tier_open_options
+
+MAX_TIER_THREADS = 256
+"""Most threads one tier may run (the ``threads`` option)."""
 
 log = logging.getLogger(__name__)
 
@@ -108,7 +112,7 @@ class ChunkStoreTier(SecondaryTierManager):
                 "chunkstore tier: remove canonical_layout from kv_connector_extra_config "
                 "(the tier converts vLLM's direct layout itself)"
             )
-        threads = _positive_int(options.get("threads", 4), "threads")
+        threads = _positive_int(options.get("threads", 4), "threads", MAX_TIER_THREADS)
         timeout = _seconds(options, "tier_timeout", 30.0)
         retry_after = _seconds(options, "retry_after", 5.0)
         if timeout <= 0:
@@ -143,8 +147,8 @@ class ChunkStoreTier(SecondaryTierManager):
         self.guarded: list[GuardedTier] = []
         try:
             for url in cfg.tiers:
-                store = open_store(
-                    url, **tier_open_options(url, dict(cfg.store_options.get(url, {})))
+                store = open_for_option(
+                    "tiers", url, **tier_open_options(url, dict(cfg.store_options.get(url, {})))
                 )
                 self.stores.append(store)
                 metrics.watch_store(store)
