@@ -76,7 +76,7 @@ class ConnectorConfig:
     host_cache_bytes: int
     """Host cache capacity in bytes."""
     host_policy: str
-    """'arc' or 'lru'."""
+    """Host eviction policy: one of :data:`~chunkstore.cache.policy.POLICY_NAMES`."""
     tiers: tuple[str, ...]
     """Secondary tier URLs, fastest first."""
     chunk_tokens: int
