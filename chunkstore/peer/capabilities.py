@@ -1,6 +1,6 @@
 """What a served object may offer beyond the Store interface, as runtime-checkable protocols.
 
-:class:`~chunkstore.backends.peer.server.PeerServer` serves any
+:class:`~chunkstore.peer.server.PeerServer` serves any
 :class:`~chunkstore.backends.base.Store`. When the object also pins chunks in
 place (a host cache over a fixed-slot pool), the server hands out those slots
 directly: NIXL reads them without a copy. Everything here is optional; a plain

@@ -21,7 +21,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from chunkstore.backends.peer.capabilities import address_of
+from chunkstore.peer.capabilities import address_of
 
 log = logging.getLogger(__name__)
 

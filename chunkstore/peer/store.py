@@ -19,12 +19,6 @@ from dataclasses import replace
 from typing import Any, TypeVar
 
 from chunkstore.backends.base import Buffer, ChunkInfo, Store
-from chunkstore.backends.peer import metrics
-from chunkstore.backends.peer.client import NixlClientPlane, PeerClient, PeerClientConfig
-from chunkstore.backends.peer.discovery import PeerInfo, PeerSource, StaticPeers
-from chunkstore.backends.peer.errors import PeerError, PeerRefused
-from chunkstore.backends.peer.nixlplane import nixl_unavailable_reason
-from chunkstore.backends.peer.protocol import PLANE_INLINE, PLANE_NIXL
 from chunkstore.errors import (
     AuthenticationError,
     ConfigError,
@@ -34,6 +28,12 @@ from chunkstore.errors import (
 )
 from chunkstore.format import decode_chunk
 from chunkstore.hashing import ChunkKey
+from chunkstore.peer import metrics
+from chunkstore.peer.client import NixlClientPlane, PeerClient, PeerClientConfig
+from chunkstore.peer.discovery import PeerInfo, PeerSource, StaticPeers
+from chunkstore.peer.errors import PeerError, PeerRefused
+from chunkstore.peer.nixlplane import nixl_unavailable_reason
+from chunkstore.peer.protocol import PLANE_INLINE, PLANE_NIXL
 
 log = logging.getLogger(__name__)
 
@@ -454,7 +454,7 @@ class PeerStore(Store):
 def open_peer_store(url: str, **options: Any) -> PeerStore:
     """``peer://host:port[,host:port...]`` for a static list, ``peer+redis://host:port/db`` or
     ``peer+file:///dir`` for a registry (the factory ``open_store`` uses for these schemes)."""
-    from chunkstore.backends.peer.discovery import open_registry
+    from chunkstore.peer.discovery import open_registry
 
     scheme, rest = url.split("://", 1)
     config_fields = set(PeerClientConfig.__dataclass_fields__)

@@ -5,13 +5,13 @@ store; :class:`PeerStore` is a store over one or more peers; the discovery
 module finds them (static list, registry directory, Redis).
 """
 
-from chunkstore.backends.peer.capabilities import (
+from chunkstore.peer.capabilities import (
     SupportsMemoryRegions,
     SupportsPinning,
     SupportsReserve,
 )
-from chunkstore.backends.peer.client import NixlClientPlane, PeerClient, PeerClientConfig
-from chunkstore.backends.peer.discovery import (
+from chunkstore.peer.client import NixlClientPlane, PeerClient, PeerClientConfig
+from chunkstore.peer.discovery import (
     Announcer,
     FileRegistry,
     PeerInfo,
@@ -21,9 +21,9 @@ from chunkstore.backends.peer.discovery import (
     StaticPeers,
     open_registry,
 )
-from chunkstore.backends.peer.errors import PeerError, PeerRefused, PeerUnavailable
-from chunkstore.backends.peer.server import PeerServer, PeerServerConfig
-from chunkstore.backends.peer.store import PeerStore, open_peer_store
+from chunkstore.peer.errors import PeerError, PeerRefused, PeerUnavailable
+from chunkstore.peer.server import PeerServer, PeerServerConfig
+from chunkstore.peer.store import PeerStore, open_peer_store
 
 __all__ = [
     "Announcer",

@@ -21,14 +21,14 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from chunkstore.backends.base import Buffer, ChunkInfo
-from chunkstore.backends.peer import metrics
-from chunkstore.backends.peer import protocol as P
-from chunkstore.backends.peer.arena import Arena
-from chunkstore.backends.peer.capabilities import address_of
-from chunkstore.backends.peer.errors import PeerRefused, PeerUnavailable, ProtocolViolation
-from chunkstore.backends.peer.nixlplane import NixlEndpoint, nixl_unavailable_reason
 from chunkstore.errors import ConfigError, MissingDependency
 from chunkstore.hashing import ChunkKey, is_namespace
+from chunkstore.peer import metrics
+from chunkstore.peer import protocol as P
+from chunkstore.peer.arena import Arena
+from chunkstore.peer.capabilities import address_of
+from chunkstore.peer.errors import PeerRefused, PeerUnavailable, ProtocolViolation
+from chunkstore.peer.nixlplane import NixlEndpoint, nixl_unavailable_reason
 
 log = logging.getLogger(__name__)
 

@@ -23,22 +23,22 @@ from functools import partial
 from typing import Any
 
 from chunkstore.backends.base import Store
-from chunkstore.backends.peer import metrics
-from chunkstore.backends.peer import protocol as P
-from chunkstore.backends.peer.arena import Allocation, Arena
-from chunkstore.backends.peer.capabilities import (
+from chunkstore.errors import ConfigError, FormatError, MissingDependency
+from chunkstore.format import decode_chunk
+from chunkstore.hashing import ChunkKey
+from chunkstore.peer import metrics
+from chunkstore.peer import protocol as P
+from chunkstore.peer.arena import Allocation, Arena
+from chunkstore.peer.capabilities import (
     SupportsMemoryRegions,
     SupportsPinning,
     SupportsReserve,
     address_of,
     capacity_of,
 )
-from chunkstore.backends.peer.discovery import PeerInfo
-from chunkstore.backends.peer.errors import ProtocolViolation
-from chunkstore.backends.peer.nixlplane import NixlEndpoint, nixl_unavailable_reason
-from chunkstore.errors import ConfigError, FormatError, MissingDependency
-from chunkstore.format import decode_chunk
-from chunkstore.hashing import ChunkKey
+from chunkstore.peer.discovery import PeerInfo
+from chunkstore.peer.errors import ProtocolViolation
+from chunkstore.peer.nixlplane import NixlEndpoint, nixl_unavailable_reason
 
 log = logging.getLogger(__name__)
 
@@ -1015,7 +1015,7 @@ class PeerServer:
     # --- introspection ------------------------------------------------------------------
 
     def info(self, **extra: Any) -> PeerInfo:
-        """This server's registry record (for a :class:`~chunkstore.backends.peer.Announcer`)."""
+        """This server's registry record (for a :class:`~chunkstore.peer.Announcer`)."""
         capacity, used = capacity_of(self.store) or (None, None)
         curve = self.config.curve_public_key
         return PeerInfo(
