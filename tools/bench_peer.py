@@ -110,7 +110,7 @@ def _row(name: str, size: int, samples: list[float]) -> dict[str, Any]:
 
 def bench_nixl(endpoint: str, chunks: list[Any], rounds: int) -> list[tuple[dict, dict]] | None:
     from chunkstore.peer import PeerStore
-    from chunkstore.peer.capabilities import address_of
+    from chunkstore.peer.nixlplane import address_of
     from chunkstore.peer.protocol import pack_keys
 
     size = len(chunks[0].data)

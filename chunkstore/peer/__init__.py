@@ -5,11 +5,6 @@ store; :class:`PeerStore` is a store over one or more peers; the discovery
 module finds them (static list, registry directory, Redis).
 """
 
-from chunkstore.peer.capabilities import (
-    SupportsMemoryRegions,
-    SupportsPinning,
-    SupportsReserve,
-)
 from chunkstore.peer.client import NixlClientPlane, PeerClient, PeerClientConfig
 from chunkstore.peer.discovery import (
     Announcer,
@@ -42,9 +37,6 @@ __all__ = [
     "RedisRegistry",
     "Registry",
     "StaticPeers",
-    "SupportsMemoryRegions",
-    "SupportsPinning",
-    "SupportsReserve",
     "open_peer_store",
     "open_registry",
 ]

@@ -26,9 +26,8 @@ from chunkstore.hashing import ChunkKey, is_namespace
 from chunkstore.peer import metrics
 from chunkstore.peer import protocol as P
 from chunkstore.peer.arena import Arena
-from chunkstore.peer.capabilities import address_of
 from chunkstore.peer.errors import PeerRefused, PeerUnavailable, ProtocolViolation
-from chunkstore.peer.nixlplane import NixlEndpoint, nixl_unavailable_reason
+from chunkstore.peer.nixlplane import NixlEndpoint, address_of, nixl_unavailable_reason
 
 log = logging.getLogger(__name__)
 

@@ -22,23 +22,21 @@ from dataclasses import dataclass, field, replace
 from functools import partial
 from typing import Any
 
-from chunkstore.backends.base import Store
+from chunkstore.backends.base import (
+    Store,
+    SupportsMemoryRegions,
+    SupportsPinning,
+    SupportsReserve,
+)
 from chunkstore.errors import ConfigError, FormatError, MissingDependency
 from chunkstore.format import decode_chunk
 from chunkstore.hashing import ChunkKey
 from chunkstore.peer import metrics
 from chunkstore.peer import protocol as P
 from chunkstore.peer.arena import Allocation, Arena
-from chunkstore.peer.capabilities import (
-    SupportsMemoryRegions,
-    SupportsPinning,
-    SupportsReserve,
-    address_of,
-    capacity_of,
-)
 from chunkstore.peer.discovery import PeerInfo
 from chunkstore.peer.errors import ProtocolViolation
-from chunkstore.peer.nixlplane import NixlEndpoint, nixl_unavailable_reason
+from chunkstore.peer.nixlplane import NixlEndpoint, address_of, nixl_unavailable_reason
 
 log = logging.getLogger(__name__)
 
@@ -51,6 +49,25 @@ def _zmq() -> Any:
             "the peer server needs pyzmq and msgpack: pip install 'chunkstore[peer]'"
         ) from None
     return zmq
+
+
+def capacity_of(store: Any) -> tuple[int, int] | None:
+    """(capacity, used) bytes when the object reports them (HostCache, TieredStore), else None."""
+    capacity = getattr(store, "capacity_bytes", None)
+    if capacity is None and hasattr(store, "host"):
+        capacity = getattr(store.host, "capacity_bytes", None)
+    if not isinstance(capacity, int):
+        return None
+    used = getattr(store, "used_bytes", None)
+    if not isinstance(used, int):
+        stats = getattr(store, "stats", None)
+        snapshot = stats() if callable(stats) else None
+        used = getattr(snapshot, "bytes_used", None)
+        if used is None:
+            used = getattr(getattr(snapshot, "host", None), "bytes_used", None)
+    if not isinstance(used, int):
+        return None
+    return capacity, used
 
 
 @dataclass(frozen=True, slots=True)
