@@ -1,8 +1,12 @@
-"""Peer store: instances share host-cached chunks (ZeroMQ control, NIXL or inline data).
+"""The peer service: instances share host-cached chunks (ZeroMQ control, NIXL or inline data).
 
-See spec/PROTOCOL.md for the wire protocol. :class:`PeerServer` exposes any
-store; :class:`PeerStore` is a store over one or more peers; the discovery
-module finds them (static list, registry directory, Redis).
+It sits above ``cache`` (a server serves a host cache in place) and below
+``vllm``. See spec/PROTOCOL.md for the wire protocol. :class:`PeerServer`
+exposes any store (its session/lease table in ``sessions``, its request
+handlers in ``handlers``, its NIXL side in ``staging``); :class:`PeerClient`
+speaks to one server; :class:`PeerStore` is the Store over one or more peers;
+the ``discovery`` module finds them (static list, registry directory, Redis).
+Metrics go to an injectable :class:`PeerMetrics`.
 """
 
 from chunkstore.peer.client import NixlClientPlane, PeerClient, PeerClientConfig
@@ -17,7 +21,9 @@ from chunkstore.peer.discovery import (
     open_registry,
 )
 from chunkstore.peer.errors import PeerError, PeerRefused, PeerUnavailable
-from chunkstore.peer.server import PeerServer, PeerServerConfig
+from chunkstore.peer.metrics import PeerMetrics, default_peer_metrics
+from chunkstore.peer.server import PeerServer
+from chunkstore.peer.serverconfig import PeerServerConfig
 from chunkstore.peer.store import PeerStore, open_peer_store
 
 __all__ = [
@@ -28,6 +34,7 @@ __all__ = [
     "PeerClientConfig",
     "PeerError",
     "PeerInfo",
+    "PeerMetrics",
     "PeerRefused",
     "PeerServer",
     "PeerServerConfig",
@@ -37,6 +44,7 @@ __all__ = [
     "RedisRegistry",
     "Registry",
     "StaticPeers",
+    "default_peer_metrics",
     "open_peer_store",
     "open_registry",
 ]

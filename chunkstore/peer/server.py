@@ -15,28 +15,22 @@ import os
 import queue
 import threading
 import time
-from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
-from functools import partial
+from dataclasses import replace
 from typing import Any
 
-from chunkstore.backends.base import (
-    Store,
-    SupportsMemoryRegions,
-    SupportsPinning,
-    SupportsReserve,
-)
-from chunkstore.errors import ConfigError, FormatError, MissingDependency
-from chunkstore.format import decode_chunk
-from chunkstore.hashing import ChunkKey
-from chunkstore.peer import metrics
+from chunkstore.backends.base import Store
+from chunkstore.errors import ConfigError, MissingDependency
 from chunkstore.peer import protocol as P
-from chunkstore.peer.arena import Allocation, Arena
+from chunkstore.peer.accounting import ServerAccounting
 from chunkstore.peer.discovery import PeerInfo
 from chunkstore.peer.errors import ProtocolViolation
-from chunkstore.peer.nixlplane import NixlEndpoint, address_of, nixl_unavailable_reason
+from chunkstore.peer.handlers import RequestHandlers
+from chunkstore.peer.metrics import PeerMetrics, default_peer_metrics
+from chunkstore.peer.serverconfig import PeerServerConfig, check_server_config
+from chunkstore.peer.sessions import Session, SessionTable
+from chunkstore.peer.staging import NixlStaging
 
 log = logging.getLogger(__name__)
 
@@ -70,64 +64,6 @@ def capacity_of(store: Any) -> tuple[int, int] | None:
     return capacity, used
 
 
-@dataclass(frozen=True, slots=True)
-class PeerServerConfig:
-    """How a peer server listens, whom it accepts and what it offers."""
-
-    bind: str = "tcp://127.0.0.1:0"
-    """ZeroMQ endpoint to listen on; port 0 picks a free port. Loopback by default."""
-    name: str | None = None
-    """Name in registries and ``stats`` (default: host:port)."""
-    fingerprint: bytes | None = None
-    """Model fingerprint served; clients with another one are refused. ``None``: any."""
-    chunk_tokens: int | None = None
-    """Tokens per chunk served; clients with another size are refused. ``None``: any."""
-    secret: bytes | str | None = None
-    """Shared secret for HMAC authentication of every message (default: $CHUNKSTORE_PEER_SECRET)."""
-    use_env_secret: bool = True
-    """Whether an unset ``secret`` falls back to $CHUNKSTORE_PEER_SECRET."""
-    curve_secret_key: bytes | None = None
-    """Z85 CURVE secret key: encrypts the control and inline data traffic when set."""
-    curve_public_key: bytes | None = None
-    """Z85 CURVE public key matching ``curve_secret_key`` (published to clients)."""
-    curve_client_keys: tuple[bytes, ...] | None = None
-    """Z85 public keys of clients allowed to connect under CURVE; ``None``: any client key."""
-    planes: tuple[str, ...] = (P.PLANE_NIXL, P.PLANE_INLINE)
-    """Data planes offered; NIXL is dropped automatically when it cannot start."""
-    staging_bytes: int = 64 << 20
-    """NIXL staging arena for chunks of stores that cannot pin in place."""
-    default_lease_ms: int = 5_000
-    """Lease length when a client asks for 0."""
-    max_lease_ms: int = 30_000
-    """Longest lease granted; longer requests are clamped."""
-    session_idle_s: float = 300.0
-    """Sessions (and their leases) idle this long are dropped."""
-    max_sessions: int = 1024
-    """Most sessions held at once. At the cap a ``hello`` evicts the least recently used
-    session idle for ``session_evict_idle_s``, or is refused with ``too_many_sessions``."""
-    max_sessions_per_client: int = 64
-    """Most sessions of one client identity (source address and ``client`` name); a further
-    ``hello`` of that identity evicts its least recently used session."""
-    session_evict_idle_s: float = 1.0
-    """Under pressure, sessions idle at least this long may be evicted for a new one."""
-    workers: int = 4
-    """Threads running store calls."""
-    read_only: bool = False
-    """Refuse ``push`` and ``delete``."""
-    verify_push: bool = True
-    """Check every pushed chunk (checksum, key, fingerprint) before storing it. Turn off only
-    when every reader verifies anyway and the pushers are trusted."""
-    limits: P.Limits = field(default_factory=P.Limits)
-    """Message size limits."""
-    handle_on_io_thread: bool | None = None
-    """Answer requests on the I/O thread (saves a thread hop per request, ~0.1 ms) instead
-    of the worker pool. Only for stores that never block; ``None``: yes for in-memory
-    stores (kind ``memory`` or ``host``), no otherwise (a tiered store may read a disk)."""
-
-
-_Result = tuple[dict[str, Any], Sequence[Any], Callable[[], None] | None]
-
-
 def _source_address(frame: Any) -> str:
     """The sender's address as ZeroMQ reports it ("" where the transport has none)."""
     try:
@@ -136,52 +72,28 @@ def _source_address(frame: Any) -> str:
         return ""
 
 
-@dataclass
-class _Session:
-    client: str
-    identity: tuple[str, str]
-    """Source address and ``client`` name: the unit of ``max_sessions_per_client``."""
-    planes: tuple[str, ...]
-    nixl_remote: str | None
-    last_seen: float
-    retained: int
-    """Bytes the client made us keep (its name and NIXL metadata), for ``stats``."""
-
-
-@dataclass
-class _Lease:
-    session: bytes
-    expires: float
-    releases: list[Callable[[], None]]
-
-
 class PeerServer:
     """Serves ``store`` over the peer protocol (spec/PROTOCOL.md) until :meth:`stop`."""
 
     def __init__(
-        self, store: Store, config: PeerServerConfig | None = None, **overrides: Any
+        self,
+        store: Store,
+        config: PeerServerConfig | None = None,
+        *,
+        metrics: PeerMetrics | None = None,
+        **overrides: Any,
     ) -> None:
         config = replace(config or PeerServerConfig(), **overrides)
-        if config.default_lease_ms <= 0 or config.max_lease_ms < config.default_lease_ms:
-            raise ConfigError("need 0 < default_lease_ms <= max_lease_ms")
-        unknown = set(config.planes) - {P.PLANE_NIXL, P.PLANE_INLINE}
-        if unknown or not config.planes:
-            raise ConfigError(f"unknown data planes {sorted(unknown)}; use 'nixl' and/or 'inline'")
-        if (config.curve_secret_key is None) != (config.curve_public_key is None):
-            raise ConfigError("CURVE needs both curve_secret_key and curve_public_key")
-        if config.max_sessions < 1 or config.max_sessions_per_client < 1:
-            raise ConfigError("max_sessions and max_sessions_per_client must be at least 1")
-        if not config.session_evict_idle_s >= 0:
-            raise ConfigError("session_evict_idle_s must be >= 0")
+        check_server_config(config)
         self.store = store
         self.config = config
         self._secret = P.secret_from(config.secret, use_env=config.use_env_secret)
         self.codec = P.Codec(self._secret, config.limits)
-        self._sessions: dict[bytes, _Session] = {}
-        self._leases: dict[bytes, _Lease] = {}
-        self._state_lock = threading.Lock()
-        self._counts: Counter[str] = Counter()
-        self._count_lock = threading.Lock()
+        self.metrics = metrics or default_peer_metrics()
+        """Where the ``chunkstore_peer_server_*`` metrics go (labelled by :attr:`name`)."""
+        self._accounting = ServerAccounting(self.metrics, lambda: self.name)
+        self._sessions = SessionTable(config, self._accounting, self._forget)
+        self._handlers: RequestHandlers | None = None
         self._outbox: queue.SimpleQueue[tuple[list[Any], Callable[[], None] | None]] = (
             queue.SimpleQueue()
         )
@@ -191,19 +103,19 @@ class PeerServer:
         self._ready = threading.Event()
         self._start_error: BaseException | None = None
         self._pool: ThreadPoolExecutor | None = None
-        self._nixl: NixlEndpoint | None = None
-        self._staging: Arena | None = None
+        self._staging: NixlStaging | None = None
+        self._auth: Any = None
+        self._ctx: Any = None
+        self._wake_r = self._wake_w = -1
         self.nixl_reason: str | None = None
         self.planes: tuple[str, ...] = ()
         self.endpoint = ""
         self.started_at = 0.0
-        self._pinning = isinstance(store, SupportsPinning)
         self._on_io_thread = (
             config.handle_on_io_thread
             if config.handle_on_io_thread is not None
             else getattr(store, "kind", "") in ("memory", "host")
         )
-        self._reserving = isinstance(store, SupportsReserve)
 
     # --- lifecycle ------------------------------------------------------------------
 
@@ -216,6 +128,17 @@ class PeerServer:
         """Bind, start NIXL (when offered and available) and the I/O thread; returns self."""
         zmq = _zmq()
         self._setup_nixl()
+        self._handlers = RequestHandlers(
+            self.store,
+            self.config,
+            sessions=self._sessions,
+            accounting=self._accounting,
+            staging=self._staging,
+            planes=self.planes,
+            nixl_reason=self.nixl_reason,
+            name=lambda: self.name,
+            stats=self.stats,
+        )
         self._pool = ThreadPoolExecutor(self.config.workers, thread_name_prefix="peer-worker")
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
@@ -240,24 +163,12 @@ class PeerServer:
         if P.PLANE_NIXL not in self.config.planes:
             self.planes = tuple(self.config.planes)
             return
-        reason = nixl_unavailable_reason()
-        if reason is None:
-            try:
-                endpoint = NixlEndpoint("server")
-                self._staging = Arena(self.config.staging_bytes)
-                endpoint.register(self._staging.array)
-                if isinstance(self.store, SupportsMemoryRegions):
-                    for region in self.store.memory_regions():
-                        endpoint.register(region)
-                self._nixl = endpoint
-            except Exception as exc:  # noqa: BLE001 - fall back to the inline plane, reported
-                reason = f"NIXL could not start: {exc}"
-        self.nixl_reason = reason
+        self._staging, self.nixl_reason = NixlStaging.open(self.store, self.config.staging_bytes)
         self.planes = tuple(
-            p for p in self.config.planes if p != P.PLANE_NIXL or self._nixl is not None
+            p for p in self.config.planes if p != P.PLANE_NIXL or self._staging is not None
         )
         if not self.planes:
-            raise ConfigError(f"no data plane left to offer: {reason}")
+            raise ConfigError(f"no data plane left to offer: {self.nixl_reason}")
 
     def stop(self) -> None:
         """Stop serving; releases every lease and pin. Idempotent."""
@@ -269,29 +180,23 @@ class PeerServer:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
-        with self._state_lock:
-            leases, self._leases = list(self._leases.values()), {}
-            self._sessions.clear()
-        for lease in leases:
-            self._release_lease(lease)
+        self._sessions.clear()
         for _, done in self._tracked:
             done()
         self._tracked.clear()
-        metrics.SERVER_LEASES.labels(self.name).set(0)
-        metrics.SERVER_SESSIONS.labels(self.name).set(0)
-        if self._nixl is not None:
-            self._nixl.close()
-            self._nixl = None
-        for fd in ("_wake_r", "_wake_w"):
-            if hasattr(self, fd):
+        if self._staging is not None:
+            self._staging.close()
+            self._staging = None
+        for fd in (self._wake_r, self._wake_w):
+            if fd >= 0:
                 try:
-                    os.close(getattr(self, fd))
+                    os.close(fd)
                 except OSError:
                     pass
-                delattr(self, fd)
-        if hasattr(self, "_ctx"):
+        self._wake_r = self._wake_w = -1
+        if self._ctx is not None:
             self._ctx.term()
-            del self._ctx
+            self._ctx = None
 
     def __enter__(self) -> PeerServer:
         return self.start()
@@ -379,7 +284,7 @@ class PeerServer:
             router.disable_monitor()
             monitor.close(0)
             router.close(0)
-            if hasattr(self, "_auth"):
+            if self._auth is not None:
                 self._auth.stop()
 
     def _turn(self, poller: Any, router: Any, monitor: Any) -> None:
@@ -456,47 +361,12 @@ class PeerServer:
                 else:
                     still.append((tracker, done))
             self._tracked = still
-        now = time.monotonic()
-        expired: list[_Lease] = []
-        dropped: list[_Session] = []
-        with self._state_lock:
-            for lease_id in [k for k, v in self._leases.items() if v.expires <= now]:
-                expired.append(self._leases.pop(lease_id))
-            idle = now - self.config.session_idle_s
-            for sid in [k for k, v in self._sessions.items() if v.last_seen < idle]:
-                dropped.append(self._sessions.pop(sid))
-                expired.extend(self._pop_leases_of(sid))
-            open_leases = len(self._leases)
-        for lease in expired:
-            self._count("leases_expired")
-            self._release_lease(lease)
-        for session in dropped:
-            self._drop_session(session)
-        if expired:
-            metrics.SERVER_LEASES.labels(self.name).set(open_leases)
-        if dropped:
-            self._sessions_changed()
-
-    def _pop_leases_of(self, session_id: bytes) -> list[_Lease]:
-        """Remove the leases of one session (caller holds ``_state_lock``)."""
-        return [
-            self._leases.pop(k) for k, v in list(self._leases.items()) if v.session == session_id
-        ]
-
-    def _sessions_changed(self) -> None:
-        with self._state_lock:
-            count = len(self._sessions)
-        metrics.SERVER_SESSIONS.labels(self.name).set(count)
+        self._sessions.sweep()
 
     # --- request intake -----------------------------------------------------------------
 
-    def _count(self, what: str, n: int = 1) -> None:
-        with self._count_lock:
-            self._counts[what] += n
-
     def _reject(self, reason: str) -> None:
-        self._count(f"rejected_{reason}")
-        metrics.SERVER_REJECTED.labels(self.name, reason).inc()
+        self._accounting.reject(reason)
 
     def _incoming(self, frames: list[Any]) -> None:
         ident = frames[0].bytes  # bytes, so that replies can be sent tracked
@@ -530,18 +400,13 @@ class PeerServer:
             return
         op = body["op"]
         if op != "hello":
-            with self._state_lock:
-                session = self._sessions.get(body["s"])
-                if session is not None:
-                    session.last_seen = time.monotonic()
-            if session is None:
+            if self._sessions.touch(body["s"]) is None:
                 self._reject(P.NO_SESSION)
                 self._refuse(
                     ident, request_id, P.NO_SESSION, "unknown or expired session; say hello"
                 )
                 return
-        metrics.SERVER_REQUESTS.labels(self.name, op).inc()
-        self._count(f"op_{op}")
+        self._accounting.request(op)
         source = _source_address(frames[1]) if op == "hello" else ""
         if op == "release" or (self._on_io_thread and op != "push"):
             self._handle(ident, body, data, source)  # cheap and latency sensitive: no worker hop
@@ -573,11 +438,9 @@ class PeerServer:
 
     def _handle(self, ident: Any, body: dict[str, Any], data: list[Any], source: str = "") -> None:
         request_id = body["id"]
+        assert self._handlers is not None  # requests arrive only after start()
         try:
-            if body["op"] == "hello":
-                result: _Result | None = self._op_hello(body, source)
-            else:
-                result = getattr(self, f"_op_{body['op']}")(body, data)
+            result = self._handlers.handle(body, data, source)
         except ProtocolViolation as exc:
             self._reject(exc.code)
             self._refuse(ident, request_id, exc.code, exc.reason)
@@ -592,442 +455,10 @@ class PeerServer:
         frames = self.codec.encode(P.ok_body(request_id, **fields), out_data, reply=True)
         self._queue_reply([ident, *frames], on_sent)
 
-    # --- operations ------------------------------------------------------------------
-
-    def _op_hello(self, body: dict[str, Any], source: str) -> _Result:
-        cfg = self.config
-        if P.PROTOCOL_VERSION not in body["versions"]:
-            raise ProtocolViolation(
-                P.UNSUPPORTED_VERSION,
-                f"no common protocol version (this peer speaks {sorted(P.ACCEPTED_VERSIONS)})",
-            )
-        fp = body["fingerprint"]
-        if cfg.fingerprint is not None and fp is not None and fp != cfg.fingerprint:
-            raise ProtocolViolation(
-                P.FINGERPRINT_MISMATCH,
-                f"this peer serves model fingerprint {cfg.fingerprint.hex()[:16]}…, "
-                f"the client has {fp.hex()[:16]}…",
-            )
-        tokens = body["chunk_tokens"]
-        if cfg.chunk_tokens is not None and tokens is not None and tokens != cfg.chunk_tokens:
-            raise ProtocolViolation(
-                P.CHUNK_TOKENS_MISMATCH,
-                f"this peer serves {cfg.chunk_tokens}-token chunks, the client uses {tokens}",
-            )
-        planes = tuple(p for p in self.planes if p in body["planes"])
-        nixl_reason = self.nixl_reason
-        remote = None
-        if P.PLANE_NIXL in planes and body["nixl_md"]:
-            remote = self._nixl.add_remote(body["nixl_md"]) if self._nixl is not None else None
-            if remote is None:
-                # Metadata NIXL cannot load would fail every transfer of this session.
-                planes = tuple(p for p in planes if p != P.PLANE_NIXL)
-                nixl_reason = "NIXL rejected the client's agent metadata"
-        client = body["client"]
-        session = _Session(
-            client=client,
-            identity=(source, client),
-            planes=planes,
-            nixl_remote=remote,
-            last_seen=time.monotonic(),
-            retained=len(client.encode("utf-8", "surrogatepass")) + len(body["nixl_md"] or b""),
-        )
-        session_id = P.new_token(P.SESSION_BYTES)
-        try:
-            self._admit(session_id, session)
-        except ProtocolViolation:
-            self._drop_session(session)
-            raise
-        reply: dict[str, Any] = {
-            "s": session_id,
-            "server": self.name,
-            "version": P.PROTOCOL_VERSION,
-            "fingerprint": cfg.fingerprint,
-            "chunk_tokens": cfg.chunk_tokens,
-            "planes": list(planes),
-            "limits": cfg.limits.as_dict(),
-            "lease_ms_max": cfg.max_lease_ms,
-            "read_only": cfg.read_only,
-            "staging_bytes": self._staging.size if self._staging else 0,
-            "nixl_reason": nixl_reason,
-        }
-        if self._nixl is not None and P.PLANE_NIXL in planes:
-            reply["nixl_md"] = self._nixl.metadata()
-            reply["nixl_agent"] = self._nixl.name
-        return reply, (), None
-
-    def _admit(self, session_id: bytes, session: _Session) -> None:
-        """Add a session within the caps, evicting a least recently used one where allowed.
-
-        A client identity at its cap loses its own oldest session (a client that says hello
-        again has most likely lost the old one). A full server evicts the least recently used
-        session idle at least ``session_evict_idle_s``, preferring sessions without leases;
-        when every session is busier than that, the hello is refused.
-        """
-        cfg = self.config
-        now = time.monotonic()
-        with self._state_lock:
-            mine = [k for k, v in self._sessions.items() if v.identity == session.identity]
-            if len(mine) >= cfg.max_sessions_per_client:
-                victim: bytes | None = self._least_recent(mine)
-                cause = "per_client"
-            elif len(self._sessions) >= cfg.max_sessions:
-                idle = now - cfg.session_evict_idle_s
-                victim = self._least_recent(
-                    [k for k, v in self._sessions.items() if v.last_seen <= idle]
-                )
-                cause = "full"
-            else:
-                victim, cause = None, ""
-            if cause and victim is None:
-                raise ProtocolViolation(
-                    P.TOO_MANY_SESSIONS,
-                    f"this peer holds {len(self._sessions)} active sessions; retry later",
-                )
-            evicted = self._sessions.pop(victim) if victim is not None else None
-            leases = self._pop_leases_of(victim) if victim is not None else []
-            self._sessions[session_id] = session
-            count, open_leases = len(self._sessions), len(self._leases)
-        for lease in leases:
-            self._release_lease(lease)
-        if leases:
-            metrics.SERVER_LEASES.labels(self.name).set(open_leases)
-        if evicted is not None:
-            self._drop_session(evicted)
-            self._count(f"sessions_evicted_{cause}")
-            metrics.SERVER_SESSIONS_EVICTED.labels(self.name, cause).inc()
-        metrics.SERVER_SESSIONS.labels(self.name).set(count)
-
-    def _least_recent(self, candidates: list[bytes]) -> bytes | None:
-        """The candidate to evict first: no leases before leases, then least recently seen."""
-        if not candidates:
-            return None
-        leased = {v.session for v in self._leases.values()}
-        return min(candidates, key=lambda k: (k in leased, self._sessions[k].last_seen))
-
-    def _op_lookup(self, body: dict[str, Any], data: list[Any]) -> _Result:
-        keys = P.unpack_keys(body["keys"], self.config.limits)
-        return {"prefix": self.store.lookup_prefix(keys) if keys else 0}, (), None
-
-    def _op_exists(self, body: dict[str, Any], data: list[Any]) -> _Result:
-        keys = P.unpack_keys(body["keys"], self.config.limits)
-        return {"present": self.store.exists_many(keys) if keys else []}, (), None
-
-    def _op_fetch(self, body: dict[str, Any], data: list[Any]) -> _Result:
-        keys = P.unpack_keys(body["keys"], self.config.limits)
-        plane = body["plane"]
-        session = self._session(body["s"])
-        if plane not in session.planes:
-            raise ProtocolViolation(P.DATAPLANE_UNAVAILABLE, f"data plane {plane!r} is not offered")
-        # `use: false` marks a maintenance read (verify, cp): it must not count as a use of
-        # the chunks, so no pins (acquire counts a hit) and no access-time update.
-        use = body.get("use", True)
-        if plane == P.PLANE_NIXL:
-            return self._fetch_nixl(body, keys, use=use)
-        return self._fetch_inline(keys, use=use)
-
-    def _read(self, keys: list[ChunkKey], use: bool) -> list[Any]:
-        return self.store.get_many(keys) if use else self.store.read_unchecked_many(keys)
-
-    def _fetch_inline(self, keys: list[ChunkKey], *, use: bool = True) -> _Result:
-        sizes: list[int | None] = []
-        frames: list[Any] = []
-        releases: list[Callable[[], None]] = []
-        budget = self.config.limits.max_message_bytes
-        if self._pinning and use:
-            for key in keys:
-                pin = self.store.acquire(key)  # type: ignore[attr-defined]
-                if pin is None or len(pin.view) > budget:
-                    if pin is not None:
-                        self.store.release(pin)  # type: ignore[attr-defined]
-                    sizes.append(None)
-                    continue
-                budget -= len(pin.view)
-                sizes.append(len(pin.view))
-                frames.append(pin.view)
-                releases.append(partial(self.store.release, pin))  # type: ignore[attr-defined]
-        else:
-            for blob in self._read(keys, use):
-                if blob is None or len(blob) > budget:
-                    sizes.append(None)
-                    continue
-                budget -= len(blob)
-                sizes.append(len(blob))
-                frames.append(blob)
-        hits = len(frames)
-        self._account(hits, len(keys) - hits, P.PLANE_INLINE, sum(s or 0 for s in sizes))
-
-        def on_sent() -> None:
-            for release in releases:
-                release()
-
-        return {"sizes": sizes}, frames, on_sent if releases else None
-
-    def _fetch_nixl(
-        self, body: dict[str, Any], keys: list[ChunkKey], *, use: bool = True
-    ) -> _Result:
-        assert self._nixl is not None
-        lease_ms = min(body["lease_ms"] or self.config.default_lease_ms, self.config.max_lease_ms)
-        items: list[list[int] | None] = []
-        releases: list[Callable[[], None]] = []
-        pending: list[int] = []  # indices that go through the staging arena
-        if self._pinning and use:
-            for i, key in enumerate(keys):
-                pin = self.store.acquire(key)  # type: ignore[attr-defined]
-                if pin is None:
-                    items.append(None)
-                    continue
-                address, size = address_of(pin.view)
-                if self._nixl.registered(address, size):
-                    self._count("served_in_place")
-                    items.append([address, size])
-                    releases.append(partial(self.store.release, pin))  # type: ignore[attr-defined]
-                    continue
-                items.append(None)  # not in a registered pool: stage a copy, unpin at once
-                try:
-                    allocation = self._stage(pin.view)
-                finally:
-                    self.store.release(pin)  # type: ignore[attr-defined]
-                if allocation is None:
-                    self._count("staging_full")
-                    continue
-                assert self._staging is not None
-                items[i] = [self._staging.address_of(allocation), size]
-                releases.append(partial(self._staging.free, allocation))
-        else:
-            items = [None] * len(keys)
-            pending = list(range(len(keys)))
-        if pending:
-            blobs = self._read([keys[i] for i in pending], use)
-            for i, blob in zip(pending, blobs):
-                if blob is None:
-                    continue
-                allocation = self._stage(blob)
-                if allocation is None:
-                    self._count("staging_full")
-                    continue
-                assert self._staging is not None
-                items[i] = [self._staging.address_of(allocation), len(blob)]
-                releases.append(partial(self._staging.free, allocation))
-        hits = sum(item is not None for item in items)
-        self._account(hits, len(keys) - hits, P.PLANE_NIXL, sum(it[1] for it in items if it))
-        lease_id = P.new_token(P.LEASE_BYTES)
-        if releases:
-            with self._state_lock:
-                self._leases[lease_id] = _Lease(
-                    body["s"], time.monotonic() + lease_ms / 1000, releases
-                )
-                open_leases = len(self._leases)
-            metrics.SERVER_LEASES.labels(self.name).set(open_leases)
-        return {"lease": lease_id, "lease_ms": lease_ms, "items": items}, (), None
-
-    def _stage(self, blob: Any) -> Allocation | None:
-        assert self._staging is not None
-        allocation = self._staging.allocate(len(blob))
-        if allocation is not None:
-            self._staging.view(allocation)[:] = memoryview(blob).cast("B")
-        return allocation
-
-    def _account(self, hits: int, misses: int, plane: str, nbytes: int) -> None:
-        self._count("chunks_hit", hits)
-        self._count("chunks_missed", misses)
-        self._count(f"bytes_out_{plane}", nbytes)
-        metrics.SERVER_CHUNKS.labels(self.name, "hit").inc(hits)
-        metrics.SERVER_CHUNKS.labels(self.name, "miss").inc(misses)
-        metrics.SERVER_BYTES.labels(self.name, plane, "out").inc(nbytes)
-
-    def _op_release(self, body: dict[str, Any], data: list[Any]) -> _Result | None:
-        with self._state_lock:
-            lease = self._leases.get(body["lease"])
-            if lease is not None and lease.session == body["s"]:
-                del self._leases[body["lease"]]
-            else:
-                lease = None
-            open_leases = len(self._leases)
-        if lease is not None:
-            self._release_lease(lease)
-            metrics.SERVER_LEASES.labels(self.name).set(open_leases)
-        if not body["ack"]:
-            return None
-        if lease is None:
-            raise ProtocolViolation(P.UNKNOWN_LEASE, "no such lease (expired or released)")
-        return {"released": True}, (), None
-
-    def _release_lease(self, lease: _Lease) -> None:
-        for release in lease.releases:
-            try:
-                release()
-            except Exception:  # noqa: BLE001 - one failing unpin must not keep the others pinned
-                log.exception("peer server: releasing a pin failed")
-
-    def _op_push(self, body: dict[str, Any], data: list[Any]) -> _Result:
-        if self.config.read_only:
-            raise ProtocolViolation(P.READ_ONLY, "this peer does not accept pushed chunks")
-        keys = P.unpack_keys(body["keys"], self.config.limits)
-        sizes = body["sizes"]  # non-negative and within the frame limit (validate_request)
-        plane = body["plane"]
-        if len(sizes) != len(keys):
-            raise ProtocolViolation(P.MALFORMED, "push: one size per key is required")
-        session = self._session(body["s"])
-        if plane not in session.planes:
-            raise ProtocolViolation(P.DATAPLANE_UNAVAILABLE, f"data plane {plane!r} is not offered")
-        stored = [False] * len(keys)
-        written = [False] * len(keys)
-        todo = list(range(len(keys)))
-        if body["mode"] == "if_absent":
-            present = self.store.exists_many(keys)
-            stored = list(present)
-            todo = [i for i, here in enumerate(present) if not here]
-        if plane == P.PLANE_INLINE:
-            if len(data) != len(keys):
-                raise ProtocolViolation(P.MALFORMED, "push: one data frame per key is required")
-            blobs: list[Any] = [
-                frame.buffer if hasattr(frame, "buffer") else frame for frame in data
-            ]
-            if any(len(b) != s for b, s in zip(blobs, sizes)):
-                raise ProtocolViolation(P.MALFORMED, "push: frame sizes disagree with 'sizes'")
-            direct: list[int] = []
-        else:
-            addrs = body["addrs"]
-            if len(addrs) != len(keys):
-                raise ProtocolViolation(P.MALFORMED, "push: one source address per key is required")
-            blobs = [None] * len(keys)
-            direct = self._pull_nixl(session, keys, sizes, addrs, todo, blobs)
-        for i in direct:
-            stored[i] = written[i] = True
-        skip = set(direct)
-        accepted = [
-            (i, keys[i], blobs[i])
-            for i in todo
-            if i not in skip and blobs[i] is not None and self._valid(keys[i], blobs[i])
-        ]
-        if accepted:
-            items = [(k, b) for _, k, b in accepted]
-            results = (
-                self.store.put_many(items)
-                if body["mode"] == "overwrite"
-                else self.store.put_if_absent_many(items)
-            )
-            here = self.store.exists_many([k for _, k, _ in accepted])
-            for (i, _, _), wrote, ok in zip(accepted, results, here):
-                written[i], stored[i] = bool(wrote), bool(ok)
-        nbytes = sum(sizes[i] for i in range(len(keys)) if written[i])
-        self._count(f"bytes_in_{plane}", nbytes)
-        metrics.SERVER_BYTES.labels(self.name, plane, "in").inc(nbytes)
-        self._count("chunks_pushed", sum(written))
-        return {"stored": stored, "written": written}, (), None
-
-    def _pull_nixl(
-        self,
-        session: _Session,
-        keys: list[ChunkKey],
-        sizes: list[int],
-        addrs: list[int],
-        todo: list[int],
-        blobs: list[Any],
-    ) -> list[int]:
-        """READ pushed chunks from the client: straight into reserved slots where the store
-        offers them (verified, then committed; returns those indices), else via staging
-        into ``blobs``."""
-        nixl, staging = self._nixl, self._staging
-        if session.nixl_remote is None or nixl is None or staging is None:
-            raise ProtocolViolation(
-                P.DATAPLANE_UNAVAILABLE, "push over NIXL needs NIXL metadata in hello"
-            )
-        deadline = time.monotonic() + self.config.default_lease_ms / 1000
-        committed: list[int] = []
-        for i in todo:
-            key, address, size = keys[i], addrs[i], sizes[i]
-            lease = self.store.reserve(key) if self._reserving else None  # type: ignore[attr-defined]
-            if lease is not None:
-                slot = lease.view
-                local, room = address_of(slot)
-                if room >= size and nixl.registered(local, size):
-                    ok = nixl.read(session.nixl_remote, [(local, address, size)], deadline)
-                    if ok and self._valid(key, slot[:size]):
-                        self.store.commit(lease, size)  # type: ignore[attr-defined]
-                        committed.append(i)
-                    else:
-                        self.store.abort(lease)  # type: ignore[attr-defined]
-                    continue
-                self.store.abort(lease)  # type: ignore[attr-defined]
-            allocation = staging.allocate(size)
-            if allocation is None:
-                self._count("staging_full")
-                continue
-            try:
-                if nixl.read(
-                    session.nixl_remote, [(staging.address_of(allocation), address, size)], deadline
-                ):
-                    blobs[i] = bytes(staging.view(allocation))
-            finally:
-                staging.free(allocation)
-        return committed
-
-    def _valid(self, key: ChunkKey, blob: Any) -> bool:
-        if not self.config.verify_push:
-            return True
-        try:
-            decode_chunk(
-                blob, expected_key=key.digest, expected_fingerprint=self.config.fingerprint
-            )
-        except FormatError as exc:
-            log.warning("peer server %s: pushed chunk %s refused: %s", self.name, key.hex, exc)
-            self._count("pushed_corrupt")
-            return False
-        return True
-
-    def _op_delete(self, body: dict[str, Any], data: list[Any]) -> _Result:
-        if self.config.read_only:
-            raise ProtocolViolation(P.READ_ONLY, "this peer does not accept deletes")
-        keys = P.unpack_keys(body["keys"], self.config.limits)
-        present = self.store.exists_many(keys) if keys else []
-        gone = [k for k, here in zip(keys, present) if here]
-        if gone:
-            self.store.delete_many(gone)
-        return {"deleted": present}, (), None
-
-    def _op_list(self, body: dict[str, Any], data: list[Any]) -> _Result:
-        # namespace, after and limit follow the field grammar (validate_request): nothing
-        # path-like reaches the store.
-        limit = min(body["limit"], self.config.limits.max_keys)
-        after = body["after"]
-        entries = sorted(
-            (P.pack_keys([info.key]), info.size, info.mtime, info.atime)
-            for info in self.store.list(body["namespace"])
-        )
-        start = 0
-        if after is not None:
-            import bisect
-
-            start = bisect.bisect_right(entries, (after, float("inf")))
-        page = entries[start : start + limit]
-        return {"entries": [list(e) for e in page], "more": start + limit < len(entries)}, (), None
-
-    def _op_stats(self, body: dict[str, Any], data: list[Any]) -> _Result:
-        return {"stats": self.stats()}, (), None
-
-    def _op_bye(self, body: dict[str, Any], data: list[Any]) -> _Result:
-        with self._state_lock:
-            session = self._sessions.pop(body["s"], None)
-            leases = self._pop_leases_of(body["s"])
-        for lease in leases:
-            self._release_lease(lease)
-        if session is not None:
-            self._drop_session(session)
-            self._sessions_changed()
-        return {}, (), None
-
-    def _session(self, session_id: bytes) -> _Session:
-        with self._state_lock:
-            session = self._sessions.get(session_id)
-        if session is None:
-            raise ProtocolViolation(P.NO_SESSION, "unknown or expired session; say hello")
-        return session
-
-    def _drop_session(self, session: _Session) -> None:
-        if session.nixl_remote is not None and self._nixl is not None:
-            self._nixl.remove_remote(session.nixl_remote)
+    def _forget(self, session: Session) -> None:
+        """Drop what was loaded for an ended session (its NIXL agent)."""
+        if session.nixl_remote is not None and self._staging is not None:
+            self._staging.endpoint.remove_remote(session.nixl_remote)
 
     # --- introspection ------------------------------------------------------------------
 
@@ -1049,22 +480,18 @@ class PeerServer:
 
     def stats(self) -> dict[str, Any]:
         """Counters and state: what ``stats`` returns on the wire and ``chunkstore peers`` shows."""
-        with self._count_lock:
-            counts = dict(self._counts)
-        with self._state_lock:
-            sessions, leases = len(self._sessions), len(self._leases)
-            session_bytes = sum(v.retained for v in self._sessions.values())
-            pins = sum(len(v.releases) for v in self._leases.values())
+        counts = self._accounting.snapshot()
+        held = self._sessions.sizes()
         out: dict[str, Any] = {
             "name": self.name,
             "endpoint": self.endpoint,
             "planes": list(self.planes),
             "nixl_reason": self.nixl_reason,
-            "sessions": sessions,
+            "sessions": held["sessions"],
             "max_sessions": self.config.max_sessions,
-            "session_bytes": session_bytes,
-            "leases": leases,
-            "pins": pins,
+            "session_bytes": held["session_bytes"],
+            "leases": held["leases"],
+            "pins": held["pins"],
             "uptime_s": round(time.time() - self.started_at, 3) if self.started_at else 0.0,
             "read_only": self.config.read_only,
             "authenticated": self.codec.authenticated,
@@ -1074,7 +501,7 @@ class PeerServer:
             "used_bytes": None,
         }
         if self._staging is not None:
-            out["staging_used_bytes"] = self._staging.used
+            out["staging_used_bytes"] = self._staging.arena.used
         capacity = capacity_of(self.store)
         if capacity is not None:
             out["capacity_bytes"], out["used_bytes"] = capacity
