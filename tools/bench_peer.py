@@ -77,7 +77,7 @@ def _host_cache(slot: int, slots: int) -> Any:
 def server(conn: Connection, small: bool, count: int) -> None:
     import zmq
 
-    from chunkstore.backends.peer import PeerServer
+    from chunkstore.peer import PeerServer
 
     chunks = _chunks(small, count)
     cache = _host_cache(len(chunks[0].data), count)
@@ -109,9 +109,9 @@ def _row(name: str, size: int, samples: list[float]) -> dict[str, Any]:
 
 
 def bench_nixl(endpoint: str, chunks: list[Any], rounds: int) -> list[tuple[dict, dict]] | None:
-    from chunkstore.backends.peer import PeerStore
-    from chunkstore.backends.peer.capabilities import address_of
-    from chunkstore.backends.peer.protocol import pack_keys
+    from chunkstore.peer import PeerStore
+    from chunkstore.peer.nixlplane import address_of
+    from chunkstore.peer.protocol import pack_keys
 
     size = len(chunks[0].data)
     store = PeerStore(
@@ -178,7 +178,7 @@ def bench_inline(
 ) -> tuple[dict, dict]:
     import zmq
 
-    from chunkstore.backends.peer import PeerStore
+    from chunkstore.peer import PeerStore
 
     size = len(chunks[0].data)
     store = PeerStore([endpoint], plane="inline", timeout_s=30, use_env_secret=False)
@@ -223,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:
         print("skipped: the peer benchmark needs pyzmq: pip install 'chunkstore[peer]'")
         return 0
-    from chunkstore.backends.peer.nixlplane import nixl_unavailable_reason
+    from chunkstore.peer.nixlplane import nixl_unavailable_reason
 
     chunks = _chunks(args.small, args.chunks)
     size = len(chunks[0].data)

@@ -261,3 +261,58 @@ class SupportsGetManyInto(Protocol):
         """Fill ``buffers[i]`` with ``keys[i]``'s chunk; per key its size, or ``None`` if
         missing/corrupt. Every read has ended (no buffer is written any more) on return."""
         ...
+
+
+class PinnedChunk(Protocol):
+    """A pin on one slot (a host cache's lease): ``view`` stays valid and unchanged until the
+    pin is given back."""
+
+    @property
+    def view(self) -> memoryview:
+        """The pinned bytes."""
+        ...
+
+
+@runtime_checkable
+class SupportsPinning(Protocol):
+    """Fast path: chunks can be pinned in place and read as stable buffers (a host cache over
+    a fixed-slot pool); a peer server hands such buffers to NIXL without a copy."""
+
+    def acquire(self, key: ChunkKey) -> PinnedChunk | None:
+        """Pin ``key``: an object whose ``view`` holds exactly the chunk's bytes and stays
+        valid and unchanged until :meth:`release`; ``None`` if absent."""
+        ...
+
+    def release(self, lease: Any) -> None:
+        """Undo one :meth:`acquire`; idempotent."""
+        ...
+
+
+@runtime_checkable
+class SupportsMemoryRegions(Protocol):
+    """The memory every pinned buffer lies in, for registration with a transfer engine
+    (NIXL) once at start."""
+
+    def memory_regions(self) -> Sequence[Any]:
+        """Buffers (numpy arrays, memoryviews, mmaps) that contain every view
+        :meth:`SupportsPinning.acquire` and :meth:`SupportsReserve.reserve` return;
+        they never move or shrink."""
+        ...
+
+
+@runtime_checkable
+class SupportsReserve(Protocol):
+    """Fast path: incoming chunks can be written straight into a slot (no staging copy)."""
+
+    def reserve(self, key: ChunkKey) -> PinnedChunk | None:
+        """A pinned writable slot for ``key`` (its ``view`` spans the whole slot), invisible
+        to readers until :meth:`commit`; ``None`` when there is no room."""
+        ...
+
+    def commit(self, lease: Any, length: int | None = None) -> None:
+        """Publish ``length`` bytes of a reserved slot."""
+        ...
+
+    def abort(self, lease: Any) -> None:
+        """Give a reserved slot back without publishing it."""
+        ...

@@ -220,6 +220,8 @@ set_fallback("chunkstore.backends.fs", "open_fs_store")
 register_scheme(
     "s3", "chunkstore.backends.s3", "open_s3_store", "pip install 'chunkstore[s3]'", ("s3fs",)
 )
+# The peer package sits above backends and cache (a peer server serves a host cache), so its
+# store is named here by module path and imported only when a peer URL is opened.
 for _scheme, _requires in (
     ("peer", ("zmq", "msgpack")),
     ("peer+redis", ("zmq", "msgpack", "redis")),
@@ -227,7 +229,7 @@ for _scheme, _requires in (
 ):
     register_scheme(
         _scheme,
-        "chunkstore.backends.peer.store",
+        "chunkstore.peer.store",
         "open_peer_store",
         "pip install 'chunkstore[peer]'",
         _requires,

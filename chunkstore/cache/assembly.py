@@ -64,11 +64,11 @@ import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from types import TracebackType
 from typing import Any
 
 import numpy as np
 
+from chunkstore.cache.lease import Lease
 from chunkstore.cache.pool import (
     ABORTED,
     CLAIMED,
@@ -135,90 +135,17 @@ def ranks_in(mask: int) -> list[int]:
     return [r for r in range(MAX_RANKS) if mask >> r & 1]
 
 
-class ShardClaim:
-    """One rank's part in one chunk: write the shard into :attr:`view`, then mark it written.
+ShardClaim = Lease
+"""One rank's part in one chunk: a write :class:`~chunkstore.cache.lease.Lease` on a lent slot.
 
-    ``with claim:`` marks it written on a clean exit and abandons it if the block
-    raised. :attr:`sealed` says whether this rank's mark completed the chunk.
-    """
+Write the shard into its ``view`` (:meth:`ShardAssembler.write_shard`), then
+commit it (:meth:`ShardAssembler.mark_written`); ``with claim:`` does that on a
+clean exit and abandons it if the block raised. ``sealed`` says whether this
+rank's mark completed the chunk."""
 
-    __slots__ = ("_assembler", "finished", "generation", "key", "sealed", "slot", "view")
-
-    def __init__(
-        self,
-        assembler: ShardAssembler,
-        key: ChunkKey,
-        slot: int,
-        generation: int,
-        view: memoryview,
-    ) -> None:
-        self._assembler = assembler
-        self.key = key
-        """The chunk's key."""
-        self.slot = slot
-        """Slot number in the shared pool."""
-        self.generation = generation
-        """The slot's generation when claimed (guards against reuse)."""
-        self.view = view
-        """The whole chunk buffer (``layout.total_size`` bytes); write only your ranges."""
-        self.finished = False
-        """Whether :meth:`ShardAssembler.mark_written` or ``abandon`` ran for it."""
-        self.sealed = False
-        """Whether this rank's mark completed and sealed the chunk."""
-
-    def write_shard(self, shard: Mapping[str, Any]) -> None:
-        """Copy this rank's heads of every tensor into place (``ChunkLayout.write_shard``)."""
-        a = self._assembler
-        a.layout.write_shard(self.view, a.rank, a.tp, shard)
-
-    def __enter__(self) -> ShardClaim:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        if self.finished:
-            return
-        if exc_type is None:
-            self._assembler.mark_written(self)
-        else:
-            self._assembler.abandon(self)
-
-    def __repr__(self) -> str:
-        return f"ShardClaim(key={self.key.hex[:12]}, slot={self.slot}, finished={self.finished})"
-
-
-class SlotRead:
-    """A READY slot pinned for reading by a rank process; release it (``with``) when done."""
-
-    __slots__ = ("_pool", "key", "released", "slot", "view")
-
-    def __init__(self, pool: SlotPool, key: ChunkKey, slot: int, view: memoryview) -> None:
-        self._pool = pool
-        self.key = key
-        """The chunk's key."""
-        self.slot = slot
-        """Slot number."""
-        self.view = view
-        """The chunk's bytes (valid until released)."""
-        self.released = False
-        """Whether the pin has been given back."""
-
-    def release(self) -> None:
-        """Drop the pin; idempotent."""
-        if not self.released:
-            self.released = True
-            if not self._pool.closed:
-                self._pool.release(self.slot)
-
-    def __enter__(self) -> SlotRead:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.release()
+SlotRead = Lease
+"""A READY slot pinned for reading by a rank process: a read
+:class:`~chunkstore.cache.lease.Lease`; release it (``with``) when done."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -399,7 +326,7 @@ class ShardAssembler:
                 return "present"
             entry["joined"] = int(entry["joined"]) | self._bit
             self._count("joined")
-            return ShardClaim(self, key, slot, int(entry["generation"]), self._view(slot))
+            return Lease(self, key, slot, int(entry["generation"]), self._view(slot), writing=True)
         lent = np.flatnonzero(state == LENT)
         if lent.size == 0:
             return "no_slot"
@@ -423,7 +350,7 @@ class ShardAssembler:
         view[len(record) : len(record) + tokens.nbytes] = tokens.tobytes()
         state[slot] = CLAIMED
         self._count("claimed")
-        return ShardClaim(self, key, slot, int(entry["generation"]), view)
+        return Lease(self, key, slot, int(entry["generation"]), view, writing=True)
 
     def mark_written(self, claim: ShardClaim) -> bool:
         """This rank's shard is in place; True when this call completed and sealed the chunk.
@@ -432,25 +359,25 @@ class ShardAssembler:
         it (host index, then write-back) exactly once. False when other writers
         are still missing, or when the claim was aborted meanwhile (timeout).
         """
-        if claim.finished:
+        if claim.released:
             return claim.sealed
         pool = self.pool
         with pool:
             entry = pool.table[claim.slot]
             if int(entry["generation"]) != claim.generation:
-                claim.finished = True
+                claim.released = True
                 self._count("aborted")
                 return False
             done = int(entry["done"]) | self._bit
             if int(entry["state"]) != CLAIMED:
                 entry["done"] = done
-                claim.finished = True
+                claim.released = True
                 self._count("aborted")
                 return False
             writers = int(entry["writers"])
             if done & writers != writers:
                 entry["done"] = done
-                claim.finished = True
+                claim.released = True
                 return False
             # Exactly one rank gets here per claim; its own done bit waits for the seal, so
             # the owner cannot take the slot back while the header is being written.
@@ -464,7 +391,7 @@ class ShardAssembler:
                     entry["done"] = int(entry["done"]) | self._bit
                     if int(entry["state"]) == SEALING:
                         entry["state"] = ABORTED
-            claim.finished = True
+            claim.released = True
             self._count("aborted")
             self._kick()
             raise
@@ -476,7 +403,7 @@ class ShardAssembler:
                 if int(entry["state"]) == SEALING:
                     entry["state"] = SEALED
                     sealed = True
-        claim.finished = True
+        claim.released = True
         claim.sealed = sealed
         self._count("sealed" if sealed else "aborted")
         self._kick()
@@ -500,9 +427,21 @@ class ShardAssembler:
             verify_key=False,  # checked when the claim was made
         )
 
+    def commit(self, claim: ShardClaim) -> bool:
+        """:meth:`mark_written` under the name every lease holder has (``with claim:``)."""
+        return self.mark_written(claim)
+
+    def abort(self, claim: ShardClaim) -> None:
+        """:meth:`abandon` under the name every lease holder has."""
+        self.abandon(claim)
+
+    def write_shard(self, claim: ShardClaim, shard: Mapping[str, Any]) -> None:
+        """Copy this rank's heads of every tensor into the claim (``ChunkLayout.write_shard``)."""
+        self.layout.write_shard(claim.view, self.rank, self.tp, shard)
+
     def abandon(self, claim: ShardClaim) -> None:
         """Give up: the chunk will not be published (other ranks' work is discarded too)."""
-        if claim.finished:
+        if claim.released:
             return
         with self.pool:
             entry = self.pool.table[claim.slot]
@@ -510,7 +449,7 @@ class ShardAssembler:
                 entry["done"] = int(entry["done"]) | self._bit
                 if int(entry["state"]) == CLAIMED:
                     entry["state"] = ABORTED
-        claim.finished = True
+        claim.released = True
         self._count("aborted")
         self._kick()
 
@@ -523,7 +462,17 @@ class ShardAssembler:
         if got is None:
             return None
         slot, view = got
-        return SlotRead(self.pool, key, slot, view)
+        return Lease(self, key, slot, self.pool.generation(slot), view, writing=False)
+
+    def release(self, lease: SlotRead) -> None:
+        """Drop a read pin taken by :meth:`acquire`; idempotent."""
+        if lease.writing:
+            self.abandon(lease)
+            return
+        if not lease.released:
+            lease.released = True
+            if not self.pool.closed:
+                self.pool.release(lease.slot)
 
     def read_shard(self, key: ChunkKey) -> dict[str, np.ndarray] | None:
         """A copy of this rank's heads of every tensor of ``key``; ``None`` on a miss.

@@ -95,7 +95,7 @@ class AssemblyOwner:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._sock: socket.socket | None = None
-        self.host.lend_slots(self.lend_target)
+        self.host.loans.lend(self.lend_target)
 
     def start(self) -> AssemblyOwner:
         """Run :meth:`collect` on a daemon thread, woken by ranks (and every ``sweep_interval``)."""
@@ -168,10 +168,10 @@ class AssemblyOwner:
                     return []
                 now = self._clock()
                 table = pool.table
-                for slot in host.lent():
+                for slot in host.loans.lent():
                     state = int(table["state"][slot])
                     if state == SEALED:
-                        adoption = host.adopt(slot, keep_pinned=self._write_back is not None)
+                        adoption = host.loans.adopt(slot, keep_pinned=self._write_back is not None)
                         if adoption.published:
                             published.append(adoption.key)
                             if adoption.lease is not None:
@@ -195,9 +195,9 @@ class AssemblyOwner:
                             ranks_in(int(table["done"][slot])),
                         )
                     if state == ABORTED and self._writers_gone(slot):
-                        host.take_back(slot)
+                        host.loans.take_back(slot)
                         self._counts["reclaimed"] += 1
-                host.lend_slots(self.lend_target)
+                host.loans.lend(self.lend_target)
         for lease in leases:
             assert self._write_back is not None
             self._write_back(lease)
@@ -220,7 +220,7 @@ class AssemblyOwner:
         """A snapshot of the counters."""
         with self._lock:
             counts = dict(self._counts)
-        return AssemblyStats(**counts, lent=len(self.host.lent()))
+        return AssemblyStats(**counts, lent=len(self.host.loans.lent()))
 
     def close(self) -> None:
         """Stop the thread after one last pass (so sealed chunks are published). Idempotent.
@@ -242,7 +242,7 @@ class AssemblyOwner:
             self._sock = None
         try:
             self.collect()
-            self.host.recall_loans()
+            self.host.loans.recall()
         except Exception:  # noqa: BLE001 - closing must not fail on a closed store
             log.debug("final assembly pass skipped", exc_info=True)
 

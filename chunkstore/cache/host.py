@@ -15,7 +15,8 @@ copies and peer transfers need:
 * :meth:`HostCache.get_into`: copy a hit into a caller buffer.
 
 A slot that is reserved or acquired is **pinned**: the policy never evicts it.
-Every pin belongs to a :class:`Lease`; leases are context managers so pins are
+Every pin belongs to a :class:`~chunkstore.cache.lease.Lease` (the one slot
+handle, also what TP ranks get); leases are context managers so pins are
 released on every exit path, and releasing twice is harmless.
 """
 
@@ -25,13 +26,14 @@ import logging
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from types import TracebackType
 from typing import Any
 
 from chunkstore.backends.base import Buffer, ChunkInfo, Store
 from chunkstore.cache.chains import chunk_parent
+from chunkstore.cache.lease import Lease
+from chunkstore.cache.lending import SlotLoans
 from chunkstore.cache.policy import DEFAULT_POLICY, CachePolicy, NoEvictableEntry, make_policy
-from chunkstore.cache.pool import ABORTED, DOOMED, LENT, READY, SEALED, SlotPool, StaleSlot
+from chunkstore.cache.pool import DOOMED, READY, SlotPool, StaleSlot
 from chunkstore.errors import ConfigError
 from chunkstore.format import ChunkLayout
 from chunkstore.hashing import ChunkKey
@@ -53,7 +55,7 @@ class Insertion:
 
 @dataclass(frozen=True, slots=True)
 class Adoption:
-    """What :meth:`HostCache.adopt` did with a sealed, lent slot."""
+    """What :meth:`~chunkstore.cache.lending.SlotLoans.adopt` did with a sealed, lent slot."""
 
     key: ChunkKey
     """The chunk's key."""
@@ -85,70 +87,6 @@ class HostCacheStats:
     """Slots currently pinned by any process."""
     lent_slots: int = 0
     """Slots lent to TP rank processes for shard assembly (free, claimed or sealed)."""
-
-
-class Lease:
-    """A pinned slot: ``view`` stays valid and the slot unevictable until released.
-
-    Read leases come from :meth:`HostCache.acquire` (``view`` is read-only,
-    exactly the chunk's bytes); write leases from :meth:`HostCache.reserve`
-    (``view`` is the whole writable slot). ``with lease:`` releases a read
-    lease, and commits a write lease (or aborts it if the block raised).
-    """
-
-    __slots__ = ("_cache", "_done", "generation", "key", "slot", "view", "writing")
-
-    def __init__(
-        self,
-        cache: HostCache,
-        key: ChunkKey,
-        slot: int,
-        generation: int,
-        view: memoryview,
-        writing: bool,
-    ) -> None:
-        self._cache = cache
-        self._done = False
-        self.key = key
-        """The chunk's key."""
-        self.slot = slot
-        """Slot number in the pool (hand it, with ``generation``, to another process)."""
-        self.generation = generation
-        """The slot's generation when leased (detects reuse across processes)."""
-        self.view = view
-        """The slot's bytes."""
-        self.writing = writing
-        """True for a reservation (write lease)."""
-
-    @property
-    def released(self) -> bool:
-        """Whether the pin has been given back (commit, abort or release)."""
-        return self._done
-
-    def release(self) -> None:
-        """Give the pin back; idempotent. For a write lease this aborts it."""
-        if self.writing:
-            self._cache.abort(self)
-        else:
-            self._cache.release(self)
-
-    def __enter__(self) -> Lease:
-        return self
-
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        if self.writing and exc_type is None and not self._done:
-            self._cache.commit(self)
-        else:
-            self.release()
-
-    def __repr__(self) -> str:
-        kind = "write" if self.writing else "read"
-        return f"Lease({kind}, key={self.key.hex[:12]}, slot={self.slot}, released={self._done})"
 
 
 class HostCache(Store):
@@ -215,9 +153,6 @@ class HostCache(Store):
         self._index: dict[ChunkKey, int] = {}
         self._free: list[int] = list(range(num_slots - 1, -1, -1))
         self._doomed: set[int] = set()
-        # Slots on loan to TP rank processes (chunkstore.cache.assembly): out of _free and
-        # of the index until adopted (sealed chunk) or taken back (aborted claim).
-        self._lent: set[int] = set()
         self._mtime = [0.0] * num_slots
         self._atime = [0.0] * num_slots
         self._bytes_used = 0
@@ -226,6 +161,9 @@ class HostCache(Store):
         self._evictions = 0
         self._rejected = 0
         self._closed = False
+        self.loans = SlotLoans(self)
+        """Slots on loan to TP rank processes (:mod:`chunkstore.cache.assembly`): out of the
+        free list and of the index until adopted (sealed chunk) or recalled."""
 
     # --- capabilities / stats -------------------------------------------------------------
 
@@ -246,7 +184,7 @@ class HostCache(Store):
                 bytes_used=self._bytes_used,
                 capacity_bytes=self.capacity_bytes,
                 pinned_slots=self.pool.pinned_slots() if not self.pool.closed else 0,
-                lent_slots=len(self._lent),
+                lent_slots=len(self.loans),
             )
 
     def memory_regions(self) -> list[memoryview]:
@@ -304,7 +242,7 @@ class HostCache(Store):
         ``keep_pinned`` turns the write lease into a read lease that the caller
         releases later (the tiered store holds it until write-back is done).
         """
-        if lease._done or not lease.writing:
+        if lease.released or not lease.writing:
             raise StaleSlot(f"{lease!r} is not an open reservation")
         size = self.slot_size if length is None else int(length)
         if not 0 <= size <= self.slot_size:
@@ -317,7 +255,7 @@ class HostCache(Store):
             if pool.state(slot) == DOOMED:
                 # A concurrent reservation of the same key published first; chunks are
                 # content-addressed, so that copy is as good as ours.
-                lease._done = True
+                lease.released = True
                 self._unpin(slot)
                 return
             pool.publish(slot, size)
@@ -334,18 +272,18 @@ class HostCache(Store):
             lease.writing = False
             lease.view = lease.view[:size]
             if not keep_pinned:
-                lease._done = True
+                lease.released = True
                 self._unpin(slot)
 
     def abort(self, lease: Lease) -> None:
         """Give up a reservation (or release a read lease); idempotent."""
-        if lease._done:
+        if lease.released:
             return
         if not lease.writing:
             self.release(lease)
             return
         with self._lock:
-            lease._done = True
+            lease.released = True
             slot = lease.slot
             pool = self.pool
             if pool.closed or pool.generation(slot) != lease.generation:
@@ -379,13 +317,13 @@ class HostCache(Store):
 
     def release(self, lease: Lease) -> None:
         """Drop a read pin; idempotent, never raises for an already-released lease."""
-        if lease._done:
+        if lease.released:
             return
         if lease.writing:
             self.abort(lease)
             return
         with self._lock:
-            lease._done = True
+            lease.released = True
             if not self.pool.closed:
                 self._unpin(lease.slot)
 
@@ -520,93 +458,35 @@ class HostCache(Store):
             self._index.clear()
             self.pool.close()
 
-    # --- TP shard assembly: slots lent to rank processes (owner side) -------------------------
+    # --- TP shard assembly: what SlotLoans (chunkstore.cache.lending) asks of the cache -----
 
-    def lend_slots(self, available: int) -> int:
-        """Keep ``available`` free slots lent to rank processes; returns how many are lent now.
+    def _spare_slot(self) -> int | None:
+        """A free slot taken out of the cache, evicting by policy when none is free; ``None``
+        when every slot is pinned (caller holds the lock)."""
+        if not self._free and not self._steal_slot(exclude=None):
+            return None
+        return self._free.pop()
 
-        Lends free slots first and evicts (by policy, never a pinned or
-        unpersisted chunk) when there are none. Used by
-        :class:`~chunkstore.cache.assembly.AssemblyOwner`; the lent slots are held
-        out of the cache until adopted (:meth:`adopt`) or taken back (:meth:`take_back`).
-        """
-        with self._lock:
-            self._check_open()
-            self._reclaim_doomed()
-            pool = self.pool
-            ready = sum(1 for s in self._lent if pool.state(s) == LENT)
-            while ready < available:
-                if not self._free and not self._steal_slot(exclude=None):
-                    break
-                slot = self._free.pop()
-                pool.lend(slot)
-                self._lent.add(slot)
-                ready += 1
-            return ready
-
-    def lent(self) -> tuple[int, ...]:
-        """Slot numbers on loan to rank processes (any assembly state), ascending."""
-        with self._lock:
-            return tuple(sorted(self._lent))
-
-    def adopt(self, slot: int, *, keep_pinned: bool = False) -> Adoption:
-        """Take a SEALED lent slot into the cache as a READY chunk.
-
-        The chunk becomes visible to every reader and enters the policy (the
-        lent room was already counted, so nothing is evicted). ``keep_pinned``
-        returns a read lease the caller releases (the tiered store's
-        write-back). When the key is already cached the assembled copy is a
-        duplicate: the slot goes back on loan and nothing is published.
-        """
-        with self._lock:
-            self._check_open()
-            pool = self.pool
-            if slot not in self._lent or pool.state(slot) != SEALED:
-                raise StaleSlot(f"slot {slot} is not a sealed, lent slot")
-            key = pool.key_of(slot)
-            assert key is not None
-            if key in self._index:
-                pool.lend(slot)
-                return Adoption(key, False, None)
-            self._lent.discard(slot)
-            size = pool.length(slot)
-            pool.publish(slot, size)
-            self._bytes_used += size
-            self._mtime[slot] = self._atime[slot] = time.time()
-            self._index[key] = slot
-            self._readmit(key)
-            self._link_parent(key, slot)
-            if not keep_pinned:
-                return Adoption(key, True, None)
-            pool.pin(slot)
-            generation = pool.generation(slot)
-        lease = Lease(self, key, slot, generation, pool.view(slot)[:size], writing=False)
+    def _publish_sealed(self, slot: int, *, keep_pinned: bool) -> Adoption:
+        """Publish the chunk sealed in a lent slot (caller holds the lock and checked the
+        slot); a key already cached is not published again (the caller keeps the slot)."""
+        pool = self.pool
+        key = pool.key_of(slot)
+        assert key is not None
+        if key in self._index:
+            return Adoption(key, False, None)
+        size = pool.length(slot)
+        pool.publish(slot, size)
+        self._bytes_used += size
+        self._mtime[slot] = self._atime[slot] = time.time()
+        self._index[key] = slot
+        self._readmit(key)
+        self._link_parent(key, slot)
+        if not keep_pinned:
+            return Adoption(key, True, None)
+        pool.pin(slot)
+        lease = Lease(self, key, slot, pool.generation(slot), pool.view(slot)[:size], writing=False)
         return Adoption(key, True, lease)
-
-    def recall_loans(self) -> int:
-        """Return lent slots that no rank has claimed to the cache; how many came back.
-
-        Claimed or sealed loans stay out (a rank may still be writing them);
-        a later owner's pass adopts or reclaims them.
-        """
-        with self._lock:
-            if self._closed:
-                return 0
-            pool = self.pool
-            idle = [s for s in self._lent if pool.state(s) == LENT]
-            for slot in idle:
-                self._lent.discard(slot)
-                pool.free(slot)
-                self._free.append(slot)
-            return len(idle)
-
-    def take_back(self, slot: int) -> None:
-        """Return an ABORTED (or unclaimed) lent slot to the loan pool, ready for a new claim."""
-        with self._lock:
-            pool = self.pool
-            if slot not in self._lent or pool.state(slot) not in (ABORTED, LENT):
-                raise StaleSlot(f"slot {slot} is not an aborted, lent slot")
-            pool.lend(slot)
 
     # --- internals (caller holds self._lock) --------------------------------------------------
 

@@ -312,7 +312,7 @@ class TieredStore(Store):
         """Queue a chunk already in host memory for write-back; takes over ``lease``.
 
         ``lease`` is a read lease on the host slot (e.g. from
-        :meth:`HostCache.adopt` with ``keep_pinned``); the store releases it
+        :meth:`SlotLoans.adopt` with ``keep_pinned``); the store releases it
         once the chunk is written (or the write is dropped).
         """
         if self._closed:

@@ -178,7 +178,7 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
     if not planes or unknown:
         raise ConfigError(f"--peer-planes takes nixl and/or inline, got {args.peer_planes!r}")
     if args.peer_registry:
-        from chunkstore.backends.peer import open_registry
+        from chunkstore.peer import open_registry
 
         registry = open_registry(args.peer_registry)  # rejects unknown schemes; no I/O yet
         close = getattr(registry, "close", None)
@@ -232,7 +232,7 @@ def start_peer(context: ServeContext) -> Stop | None:
     args = context.args
     if args.peer_port is None:
         return None
-    from chunkstore.backends.peer import Announcer, PeerServer, open_registry
+    from chunkstore.peer import Announcer, PeerServer, open_registry
 
     options = _options(args)
     auth = _auth_label(options["secret"], "curve_secret_key" in options)

@@ -26,6 +26,7 @@ from typing import Any
 from chunkstore.backends import Store
 from chunkstore.backends.base import Buffer, ChunkInfo
 from chunkstore.backends.registry import open_for_option
+from chunkstore.cache.lease import Lease
 from chunkstore.errors import StoreError
 from chunkstore.format import ChunkLayout, recompress
 from chunkstore.hashing import ChunkKey
@@ -170,15 +171,15 @@ class ConnectorStore:
         with lease:
             yield lease.view
 
-    def reserve(self, key: ChunkKey) -> Any | None:
+    def reserve(self, key: ChunkKey) -> Lease | None:
         """A pinned host slot to write ``key`` into (``lease.view``), or None when every slot is
         pinned; finish with :meth:`commit` (queues the write-back) or :meth:`abort`."""
         return self.tiered.reserve(key)
 
-    def commit(self, lease: Any) -> None:
+    def commit(self, lease: Lease) -> None:
         self.tiered.commit(lease)
 
-    def abort(self, lease: Any) -> None:
+    def abort(self, lease: Lease) -> None:
         self.tiered.abort(lease)
 
     def put(self, key: ChunkKey, data: Any) -> None:
@@ -311,19 +312,21 @@ class RankStore:
         with lease:
             yield lease.view
 
-    def claim(self, key: ChunkKey, parent: bytes, tokens: Sequence[int]) -> Any | None:
-        """This rank's :class:`~chunkstore.cache.ShardClaim` on ``key``, or None (nothing to
-        write: cached already, written by this rank, a replica rank, or no slot free)."""
+    def claim(self, key: ChunkKey, parent: bytes, tokens: Sequence[int]) -> Lease | None:
+        """This rank's claim (a write :class:`~chunkstore.cache.lease.Lease`) on ``key``, or
+        None (nothing to write: cached already, written by this rank, a replica rank, or no slot
+        free)."""
         assembler = self.assembler()
         if assembler is None:
             return None
-        return assembler.slot_for_write(key, parent=parent, tokens=list(tokens))
+        claim: Lease | None = assembler.slot_for_write(key, parent=parent, tokens=list(tokens))
+        return claim
 
-    def mark_written(self, claim: Any) -> bool:
+    def mark_written(self, claim: Lease) -> bool:
         """This rank's part of ``claim`` is in place (the last rank seals the chunk)."""
         return bool(self._assembler.mark_written(claim))
 
-    def abandon(self, claim: Any) -> None:
+    def abandon(self, claim: Lease) -> None:
         """Give up a claim (the chunk is not published)."""
         self._assembler.abandon(claim)
 

@@ -163,7 +163,7 @@ def test_rank_dying_mid_write_publishes_nothing_and_frees_the_slot(
         claim = rank0.slot_for_write(chunk.key, parent=chunk.parent, tokens=chunk.tokens)
         assert claim is not None
         with claim:
-            claim.write_shard(layout.shard_of(full, 0, 2))
+            rank0.write_shard(claim, layout.shard_of(full, 0, 2))
         context = multiprocessing.get_context("spawn")
         dying = context.Process(target=die_mid_write, args=(shm_name, "gqa", 3, 1, 2))
         dying.start()
@@ -193,7 +193,7 @@ def test_rank_dying_mid_write_publishes_nothing_and_frees_the_slot(
                 again = asm.slot_for_write(chunk.key, parent=chunk.parent, tokens=chunk.tokens)
                 assert again is not None
                 with again:
-                    again.write_shard(layout.shard_of(full, rank, 2))
+                    asm.write_shard(again, layout.shard_of(full, rank, 2))
         assert owner.collect() == [chunk.key]
         assert tiered.flush(timeout=30)
         assert tier.writes == Counter({chunk.key: 1})
@@ -226,7 +226,9 @@ def write(asm: ShardAssembler, chunk: MadeChunk) -> bool | None:
     claim = asm.slot_for_write(chunk.key, parent=chunk.parent, tokens=chunk.tokens)
     if claim is None:
         return None
-    claim.write_shard(asm.layout.shard_of(kv_tensors(asm.layout, chunk.tokens), asm.rank, asm.tp))
+    asm.write_shard(
+        claim, asm.layout.shard_of(kv_tensors(asm.layout, chunk.tokens), asm.rank, asm.tp)
+    )
     return asm.mark_written(claim)
 
 
@@ -332,10 +334,10 @@ def test_abandoned_claim_is_never_published_and_its_slot_returns(
         with pytest.raises(RuntimeError):
             with r1.slot_for_write(chunk.key, parent=chunk.parent, tokens=chunk.tokens):
                 raise RuntimeError("device copy failed")
-        assert host.pool.state(host.lent()[0]) == ABORTED
+        assert host.pool.state(host.loans.lent()[0]) == ABORTED
         assert owner.collect() == []
         assert owner.stats().reclaimed == 1 and not host.exists(chunk.key)
-        assert host.pool.state(host.lent()[0]) == LENT
+        assert host.pool.state(host.loans.lent()[0]) == LENT
         assert r1.stats().aborted == 1
 
 
@@ -404,7 +406,7 @@ def test_chunk_cached_meanwhile_is_a_duplicate(gqa: ChunkLayout, made: list[Made
         claim = solo.slot_for_write(made[0].key, parent=made[0].parent, tokens=made[0].tokens)
         assert claim is not None
         host.put(made[0].key, made[0].data)
-        claim.write_shard(kv_tensors(gqa, made[0].tokens))
+        solo.write_shard(claim, kv_tensors(gqa, made[0].tokens))
         assert solo.mark_written(claim) is True
         assert owner.collect() == []
         assert owner.stats().duplicates == 1 and host.stats().lent_slots == 1
@@ -520,7 +522,7 @@ def test_random_interleaving_keeps_every_slot_accounted_for(gqa: ChunkLayout) ->
                 claim = asm.slot_for_write(chunk.key, parent=chunk.parent, tokens=chunk.tokens)
                 if claim is not None:
                     full = kv_tensors(gqa, chunk.tokens)
-                    claim.write_shard(gqa.shard_of(full, asm.rank, 2))
+                    asm.write_shard(claim, gqa.shard_of(full, asm.rank, 2))
                     open_claims.append((asm, claim))
             elif op == 4 and open_claims:
                 asm, claim = open_claims.pop(rng.randrange(len(open_claims)))
@@ -533,7 +535,12 @@ def test_random_interleaving_keeps_every_slot_accounted_for(gqa: ChunkLayout) ->
             elif op == 6:
                 host.delete(chunk.key)
             # Every slot is in exactly one place (white-box: the cache's own books).
-            places = [set(host._free), set(host._index.values()), host._lent, host._doomed]
+            places = [
+                set(host._free),
+                set(host._index.values()),
+                set(host.loans.lent()),
+                host._doomed,
+            ]
             assert sum(len(p) for p in places) == host.num_slots
             assert set().union(*places) == set(range(host.num_slots))
             for info in host.list():

@@ -56,7 +56,9 @@ def write_all(assembler: ShardAssembler, chunks: list[MadeChunk], order_seed: in
         if claim is None:
             continue
         with claim:
-            claim.write_shard(layout.shard_of(kv_tensors(layout, chunk.tokens), rank, tp))
+            assembler.write_shard(
+                claim, layout.shard_of(kv_tensors(layout, chunk.tokens), rank, tp)
+            )
 
 
 def read_all(assembler: ShardAssembler, chunks: list[MadeChunk]) -> bool:

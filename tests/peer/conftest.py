@@ -48,8 +48,8 @@ for _module in ("zmq", "msgpack"):
             allow_module_level=True,
         )
 
-from chunkstore.backends.peer import PeerServer  # noqa: E402
-from chunkstore.backends.peer.nixlplane import nixl_unavailable_reason  # noqa: E402
+from chunkstore.peer import PeerServer  # noqa: E402
+from chunkstore.peer.nixlplane import nixl_unavailable_reason  # noqa: E402
 
 NIXL_INSTALL = "pip install 'chunkstore[nixl]' (tools/install.sh pins nixl and nixl-cu12)"
 PLANES = ["inline", "nixl"]

@@ -38,7 +38,7 @@ def prefill_server(
     capacity_chunks: int = 64,
 ) -> None:
     """Compute (here: generate) chunks, publish them in a store, serve it until told to stop."""
-    from chunkstore.backends.peer import PeerServer
+    from chunkstore.peer import PeerServer
 
     store = make_store(store_kind, capacity_chunks)
     if count:
@@ -69,7 +69,7 @@ def decode_pull(
     config: dict[str, Any],
 ) -> None:
     """Pull a conversation's chunks from peers, verify them byte for byte, report."""
-    from chunkstore.backends.peer import PeerStore
+    from chunkstore.peer import PeerStore
 
     expected = chunks_for(seed, count)
     keys = [c.key for c in expected]
@@ -99,7 +99,7 @@ def offload_push(
     config: dict[str, Any],
 ) -> None:
     """A busy instance pushes its chunks to the peer with the most free capacity."""
-    from chunkstore.backends.peer import PeerStore
+    from chunkstore.peer import PeerStore
 
     made = chunks_for(seed, count)
     config.setdefault("use_env_secret", False)

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from chunkstore.backends.memory import MemoryStore
-from chunkstore.backends.peer import FileRegistry, PeerInfo, PeerServer
 from chunkstore.cli import peerservice
 from chunkstore.cli.commands import serve
 from chunkstore.cli.main import build_parser, main
+from chunkstore.peer import FileRegistry, PeerInfo, PeerServer
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -225,7 +225,7 @@ def test_serve_with_curve_and_an_exposed_address_needs_no_secret(
 def test_serve_runs_a_peer_server_over_its_tiered_store(
     plane: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from chunkstore.backends.peer import PeerStore
+    from chunkstore.peer import PeerStore
     from chunkstore.testing.factories import sample_chunks
 
     monkeypatch.setenv("TEST_PEER_SECRET", "shh")

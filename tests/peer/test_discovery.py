@@ -10,7 +10,9 @@ from typing import Any
 import pytest
 
 from chunkstore.backends.memory import MemoryStore
-from chunkstore.backends.peer import (
+from chunkstore.errors import ConfigError
+from chunkstore.format import ChunkLayout
+from chunkstore.peer import (
     Announcer,
     FileRegistry,
     PeerInfo,
@@ -20,8 +22,6 @@ from chunkstore.backends.peer import (
     StaticPeers,
     open_registry,
 )
-from chunkstore.errors import ConfigError
-from chunkstore.format import ChunkLayout
 from chunkstore.testing.factories import sample_chunks, small_spec
 
 pytestmark = pytest.mark.timeout(60)

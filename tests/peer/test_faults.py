@@ -16,8 +16,8 @@ import pytest
 import zmq
 
 from chunkstore.backends.memory import MemoryStore
-from chunkstore.backends.peer import PeerClient, PeerRefused, PeerServer, PeerStore, PeerUnavailable
-from chunkstore.backends.peer import protocol as P
+from chunkstore.peer import PeerClient, PeerRefused, PeerServer, PeerStore, PeerUnavailable
+from chunkstore.peer import protocol as P
 from chunkstore.testing.factories import sample_chunks
 from tests.peer import procs
 from tests.peer.conftest import require_nixl

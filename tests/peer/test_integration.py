@@ -7,8 +7,8 @@ from collections.abc import Callable
 import pytest
 
 from chunkstore.backends.memory import MemoryStore
-from chunkstore.backends.peer import PeerServer, PeerStore, open_peer_store
 from chunkstore.cache import HostCache, TieredStore
+from chunkstore.peer import PeerServer, PeerStore, open_peer_store
 from chunkstore.testing.factories import sample_chunks
 
 pytestmark = pytest.mark.timeout(60)

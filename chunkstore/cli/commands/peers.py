@@ -82,7 +82,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def _source(args: argparse.Namespace) -> Any:
-    from chunkstore.backends.peer.discovery import StaticPeers, open_registry
+    from chunkstore.peer.discovery import StaticPeers, open_registry
 
     if bool(args.registry) == bool(args.peer):
         raise ConfigError("give either --registry or one or more --peer")
@@ -110,8 +110,8 @@ def _list(source: Any) -> list[Any]:
 def _probe(info: Any, args: argparse.Namespace) -> dict[str, Any]:
     import os
 
-    from chunkstore.backends.peer import PeerClient
-    from chunkstore.backends.peer.errors import PeerError
+    from chunkstore.peer import PeerClient
+    from chunkstore.peer.errors import PeerError
 
     curve = info.curve_public_key.encode() if info.curve_public_key else None
     client = PeerClient(

@@ -2,7 +2,7 @@
 
 This process plays the prefill instance: it computes (synthesises) the KV
 chunks of a conversation into a store and serves it with a
-:class:`~chunkstore.backends.peer.PeerServer`. A spawned decode process
+:class:`~chunkstore.peer.PeerServer`. A spawned decode process
 connects, looks up the conversation's prefix, pulls the chunks over the best
 data plane both sides have (NIXL when installed, else inline ZeroMQ),
 verifies every byte against what it expects, and reports back.
@@ -58,7 +58,7 @@ def _conversation() -> list[Any]:
 
 def _decode(conn: Connection, endpoint: str, secret: bytes | None) -> None:
     """The decode process: pull the conversation and check it."""
-    from chunkstore.backends.peer import PeerStore
+    from chunkstore.peer import PeerStore
 
     expected = _conversation()
     keys = [c.key for c in expected]
@@ -94,7 +94,7 @@ def run_peer_demo(
     """Serve a conversation's chunks from ``store`` (default: a new MemoryStore) and let a
     second process pull and verify them; prints a short account through ``out``."""
     from chunkstore.backends.memory import MemoryStore
-    from chunkstore.backends.peer import PeerServer
+    from chunkstore.peer import PeerServer
 
     served = store if store is not None else MemoryStore()
     made = _conversation()

@@ -21,14 +21,13 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from chunkstore.backends.base import Buffer, ChunkInfo
-from chunkstore.backends.peer import metrics
-from chunkstore.backends.peer import protocol as P
-from chunkstore.backends.peer.arena import Arena
-from chunkstore.backends.peer.capabilities import address_of
-from chunkstore.backends.peer.errors import PeerRefused, PeerUnavailable, ProtocolViolation
-from chunkstore.backends.peer.nixlplane import NixlEndpoint, nixl_unavailable_reason
 from chunkstore.errors import ConfigError, MissingDependency
 from chunkstore.hashing import ChunkKey, is_namespace
+from chunkstore.peer import protocol as P
+from chunkstore.peer.arena import Arena
+from chunkstore.peer.errors import PeerRefused, PeerUnavailable, ProtocolViolation
+from chunkstore.peer.metrics import PeerMetrics, default_peer_metrics
+from chunkstore.peer.nixlplane import NixlEndpoint, address_of, nixl_unavailable_reason
 
 log = logging.getLogger(__name__)
 
@@ -100,9 +99,13 @@ class PeerClient:
         endpoint: str,
         config: PeerClientConfig | None = None,
         nixl: NixlClientPlane | None = None,
+        *,
+        metrics: PeerMetrics | None = None,
         **overrides: Any,
     ) -> None:
         self.config = replace(config or PeerClientConfig(), **overrides)
+        self.metrics = metrics or default_peer_metrics()
+        """Where this client's ``chunkstore_peer_client_*`` metrics go."""
         if self.config.plane not in (AUTO, P.PLANE_NIXL, P.PLANE_INLINE):
             raise ConfigError(f"unknown data plane {self.config.plane!r}; use auto, nixl or inline")
         if not endpoint.startswith("tcp://"):
@@ -160,7 +163,7 @@ class PeerClient:
 
     def _mark_down(self, reason: str) -> None:
         self._down_until = time.monotonic() + self.config.retry_after_s
-        metrics.CLIENT_FAILURES.labels(reason).inc()
+        self.metrics.client_failures.labels(reason).inc()
         self._reset()
         if self._remote_agent is not None and self._nixl is not None:
             # The peer may have restarted; NIXL must forget its old memory keys.
@@ -236,13 +239,15 @@ class PeerClient:
                     pass
                 else:
                     continue  # a late reply to an earlier, timed-out request
-            metrics.CLIENT_SECONDS.labels(op, self.plane or "-").observe(time.monotonic() - started)
+            self.metrics.client_seconds.labels(op, self.plane or "-").observe(
+                time.monotonic() - started
+            )
             if reply.get("ok") is not True or not authentic:
                 code = str(reply.get("error", P.AUTH_FAILED))
                 reason = str(reply.get("reason", "reply failed authentication"))
                 if reply.get("ok") is True:  # a success without a valid tag is never believed
                     code, reason = P.AUTH_FAILED, "the reply failed authentication (wrong secret?)"
-                metrics.CLIENT_FAILURES.labels("refused").inc()
+                self.metrics.client_failures.labels("refused").inc()
                 raise PeerRefused(code, reason)
             return reply, reply_data
 
@@ -407,7 +412,7 @@ class PeerClient:
                 raise PeerUnavailable(f"{self.endpoint}: a data frame has the wrong size")
             total += size
             out.append(blob)
-        metrics.CLIENT_BYTES.labels(P.PLANE_INLINE, "in").inc(total)
+        self.metrics.client_bytes.labels(P.PLANE_INLINE, "in").inc(total)
         return out
 
     def _fetch_nixl(
@@ -461,7 +466,7 @@ class PeerClient:
                         continue
                 allocation = arena.allocate(size)
                 if allocation is None:
-                    metrics.CLIENT_FAILURES.labels("arena_full").inc()
+                    self.metrics.client_failures.labels("arena_full").inc()
                     continue
                 allocations.append(allocation)
                 pairs.append((arena.address_of(allocation), remote_address, size))
@@ -478,7 +483,7 @@ class PeerClient:
                         out[i] = size
                     else:
                         out[i] = bytes(arena.view(target))
-                metrics.CLIENT_BYTES.labels(P.PLANE_NIXL, "in").inc(total)
+                self.metrics.client_bytes.labels(P.PLANE_NIXL, "in").inc(total)
         finally:
             for allocation in allocations:
                 arena.free(allocation)
@@ -521,7 +526,7 @@ class PeerClient:
                 out.extend(self._push_nixl(fields, views))
                 continue
             reply, _ = self.request("push", {**fields, "plane": P.PLANE_INLINE, "addrs": []}, views)
-            metrics.CLIENT_BYTES.labels(P.PLANE_INLINE, "out").inc(sum(len(v) for v in views))
+            self.metrics.client_bytes.labels(P.PLANE_INLINE, "out").inc(sum(len(v) for v in views))
             out.extend(self._stored(reply, len(batch)))
         return out
 
@@ -541,7 +546,7 @@ class PeerClient:
                 arena.view(allocation)[:] = view
                 addrs.append(arena.address_of(allocation))
             reply, _ = self.request("push", {**fields, "plane": P.PLANE_NIXL, "addrs": addrs})
-            metrics.CLIENT_BYTES.labels(P.PLANE_NIXL, "out").inc(sum(len(v) for v in views))
+            self.metrics.client_bytes.labels(P.PLANE_NIXL, "out").inc(sum(len(v) for v in views))
             return self._stored(reply, len(views))
         finally:
             for allocation in allocations:

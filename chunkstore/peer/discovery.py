@@ -86,7 +86,7 @@ class PeerInfo:
     @property
     def expired(self) -> bool:
         """Whether the heartbeat is overdue."""
-        return self.expires_at and self.expires_at < time.time()  # type: ignore[return-value]
+        return bool(self.expires_at) and self.expires_at < time.time()
 
 
 @runtime_checkable

@@ -17,9 +17,9 @@ from typing import Any
 
 import blake3
 
-from chunkstore.backends.peer.errors import ProtocolViolation
 from chunkstore.errors import ConfigError, MissingDependency
 from chunkstore.hashing import DIGEST_SIZE, ChunkKey, is_namespace
+from chunkstore.peer.errors import ProtocolViolation
 from chunkstore.units import shown
 
 PROTOCOL_VERSION = 1

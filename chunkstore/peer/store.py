@@ -19,12 +19,6 @@ from dataclasses import replace
 from typing import Any, TypeVar
 
 from chunkstore.backends.base import Buffer, ChunkInfo, Store
-from chunkstore.backends.peer import metrics
-from chunkstore.backends.peer.client import NixlClientPlane, PeerClient, PeerClientConfig
-from chunkstore.backends.peer.discovery import PeerInfo, PeerSource, StaticPeers
-from chunkstore.backends.peer.errors import PeerError, PeerRefused
-from chunkstore.backends.peer.nixlplane import nixl_unavailable_reason
-from chunkstore.backends.peer.protocol import PLANE_INLINE, PLANE_NIXL
 from chunkstore.errors import (
     AuthenticationError,
     ConfigError,
@@ -34,6 +28,12 @@ from chunkstore.errors import (
 )
 from chunkstore.format import decode_chunk
 from chunkstore.hashing import ChunkKey
+from chunkstore.peer.client import NixlClientPlane, PeerClient, PeerClientConfig
+from chunkstore.peer.discovery import PeerInfo, PeerSource, StaticPeers
+from chunkstore.peer.errors import PeerError, PeerRefused
+from chunkstore.peer.metrics import PeerMetrics, default_peer_metrics
+from chunkstore.peer.nixlplane import nixl_unavailable_reason
+from chunkstore.peer.protocol import PLANE_INLINE, PLANE_NIXL
 
 log = logging.getLogger(__name__)
 
@@ -56,10 +56,13 @@ class PeerStore(Store):
         mac_key: bytes | None = None,
         refresh_s: float = 2.0,
         stats_ttl_s: float = 1.0,
+        metrics: PeerMetrics | None = None,
         **overrides: Any,
     ) -> None:
         super().__init__(name=name, verify=verify)
         self.config = replace(config or PeerClientConfig(), **overrides)
+        self.metrics = metrics or default_peer_metrics()
+        """Where this store's clients report (``chunkstore_peer_client_*``)."""
         if isinstance(peers, (list, tuple)):
             peers = StaticPeers(list(peers))
         if not isinstance(peers, PeerSource):
@@ -132,7 +135,9 @@ class PeerStore(Store):
                             config = replace(
                                 config, curve_server_key=info.curve_public_key.encode()
                             )
-                        self._clients[endpoint] = PeerClient(endpoint, config, nixl=nixl)
+                        self._clients[endpoint] = PeerClient(
+                            endpoint, config, nixl=nixl, metrics=self.metrics
+                        )
                     self._infos[endpoint] = info
         with self._lock:
             return list(self._clients.values())
@@ -280,11 +285,11 @@ class PeerStore(Store):
             # Intact, but not for us (another model, or no valid MAC for our key): a miss,
             # and no reason to delete the peer's copy.
             log.warning("%s: chunk %s refused: %s", self.name, key.hex, exc)
-            metrics.CLIENT_FAILURES.labels("refused_chunk").inc()
+            self.metrics.client_failures.labels("refused_chunk").inc()
             return None
         except FormatError as exc:
             self.report_corrupt(key, exc)
-            metrics.CLIENT_FAILURES.labels("corrupt").inc()
+            self.metrics.client_failures.labels("corrupt").inc()
             return None
         return data
 
@@ -454,7 +459,7 @@ class PeerStore(Store):
 def open_peer_store(url: str, **options: Any) -> PeerStore:
     """``peer://host:port[,host:port...]`` for a static list, ``peer+redis://host:port/db`` or
     ``peer+file:///dir`` for a registry (the factory ``open_store`` uses for these schemes)."""
-    from chunkstore.backends.peer.discovery import open_registry
+    from chunkstore.peer.discovery import open_registry
 
     scheme, rest = url.split("://", 1)
     config_fields = set(PeerClientConfig.__dataclass_fields__)
