@@ -37,6 +37,7 @@ from chunkstore.backends.fastread import (
 )
 from chunkstore.backends.fsio import FileStat, FsspecIO, LocalIO
 from chunkstore.backends.iopool import IoPool
+from chunkstore.backends.maintenance import QUARANTINE_MODES, StoredFile, reason_record
 from chunkstore.errors import (
     ConfigError,
     FormatError,
@@ -50,7 +51,6 @@ from chunkstore.units import parse_size
 
 log = logging.getLogger(__name__)
 
-QUARANTINE_MODES = ("move", "delete")
 _TOUCH_MEMO_LIMIT = 65536
 
 
@@ -71,20 +71,6 @@ class FsIoStats:
     """Chunk reads that bypassed the page cache (O_DIRECT) for some or all of their bytes."""
     cached_reads: int
     """Chunk reads served through the page cache only."""
-
-
-@dataclass(frozen=True, slots=True)
-class StoredFile:
-    """A file in the store that is not a chunk: an orphan temp file or a foreign file."""
-
-    path: str
-    """Full path (fsspec path for non-local stores)."""
-    namespace: str
-    """Namespace directory it sits in ("" at the root)."""
-    size: int
-    """Bytes."""
-    mtime: float
-    """Last modification, seconds since the epoch."""
 
 
 class FsStore(Store):
@@ -601,6 +587,11 @@ class FsStore(Store):
 
     # --- quarantine --------------------------------------------------------------
 
+    def quarantine(self, key: ChunkKey, reason: str) -> None:
+        """Move ``key``'s chunk to ``<root>/quarantine/`` (or delete it, with
+        ``quarantine="delete"``); a maintenance tool's verdict, as a corrupt read's."""
+        self._quarantine(key, reason)
+
     def _quarantine(self, key: ChunkKey, reason: str) -> None:
         # the ident of the file a read found bad, so a concurrent good rewrite is left alone
         ident = self._suspects.pop(key, None)
@@ -659,9 +650,7 @@ class FsStore(Store):
                 if delete:
                     self.io.remove(dest)
                 else:
-                    self.io.write_small(
-                        dest + L.REASON_SUFFIX, f"{time.time():.3f} {reason}\n".encode()
-                    )
+                    self.io.write_small(dest + L.REASON_SUFFIX, reason_record(reason))
             return [taken.size]
 
         self._touched.pop(key, None)
@@ -727,6 +716,12 @@ class FsStore(Store):
     def foreign_files(self) -> builtins.list[StoredFile]:
         """Files in chunk directories that are neither chunks, access records nor temp files."""
         return list(self._other_files((L.FOREIGN,)))
+
+    def relative_path(self, path: str) -> str:
+        """A :class:`StoredFile` path relative to the store's root."""
+        if self.root and path.startswith(self.root):
+            return path[len(self.root) :].lstrip("/\\")
+        return path
 
     def quarantined(self) -> builtins.list[StoredFile]:
         """Chunks moved aside as corrupt."""

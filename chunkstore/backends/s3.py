@@ -33,7 +33,7 @@ from typing import Any
 from chunkstore.backends import layout as L
 from chunkstore.backends.base import Buffer, ChunkInfo, Store
 from chunkstore.backends.batching import write_once_per_key
-from chunkstore.backends.fs import StoredFile
+from chunkstore.backends.maintenance import QUARANTINE_MODES, StoredFile, reason_record
 from chunkstore.errors import (
     ConfigError,
     FormatError,
@@ -185,7 +185,7 @@ class S3Store(Store):
             raise ConfigError("nixl_params only apply with data_path='nixl'")
         if data_path == "nixl" and anon:
             raise ConfigError("data_path='nixl' signs every request; anon=True needs 's3fs'")
-        if quarantine not in ("move", "delete"):
+        if quarantine not in QUARANTINE_MODES:
             raise ConfigError(f"quarantine must be 'move' or 'delete', got {quarantine!r}")
         if max_attempts < 1 or concurrency < 1:
             raise ConfigError("max_attempts and concurrency must be at least 1")
@@ -804,6 +804,11 @@ class S3Store(Store):
             self._touched.pop(k, None)
         return sum(self._run(run))
 
+    def quarantine(self, key: ChunkKey, reason: str) -> None:
+        """Copy ``key``'s chunk to ``<prefix>/quarantine/`` and delete it (or only delete
+        it, with ``quarantine="delete"``); a maintenance tool's verdict, as a corrupt read's."""
+        self._quarantine(key, reason)
+
     def _quarantine(self, key: ChunkKey, reason: str) -> None:
         name = self.object_key(key)
         dest = self._full(f"{L.QUARANTINE_DIR}/{key.namespace}/{key.hex}{L.CHUNK_SUFFIX}")
@@ -817,7 +822,7 @@ class S3Store(Store):
                     await self._request(
                         "put_object",
                         Key=dest + L.REASON_SUFFIX,
-                        Body=f"{time.time():.3f} {reason}\n".encode(),
+                        Body=reason_record(reason),
                     )
                 await self._request("delete_object", Key=name)
                 await self._request("delete_object", Key=name + ".atime")
@@ -894,6 +899,10 @@ class S3Store(Store):
                 )
             )
         return out
+
+    def relative_path(self, path: str) -> str:
+        """A :class:`StoredFile` path as shown to a user: the whole object key."""
+        return path
 
     def quarantined(self) -> builtins.list[StoredFile]:
         """Chunks moved aside as corrupt."""

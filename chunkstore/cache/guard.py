@@ -25,13 +25,14 @@ import errno
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, TypeVar
 
 from chunkstore.backends.base import Store
 from chunkstore.errors import ConfigError, FormatError, KeyParseError
+from chunkstore.hashing import ChunkKey
 from chunkstore.metrics import TierInstruments
 
 log = logging.getLogger(__name__)
@@ -87,7 +88,12 @@ class TierUnavailable(Exception):
 
 
 class GuardedTier:
-    """One secondary store plus its health, counters and metric instruments."""
+    """One secondary store plus its health, counters and metric instruments.
+
+    The counters (``hits``, ``misses``, ``promotions``, ``writes``, ``errors``,
+    ``dropped``) are changed only through the ``count_*`` methods and the
+    guarded calls themselves, under the tier's own lock.
+    """
 
     def __init__(
         self,
@@ -195,6 +201,37 @@ class GuardedTier:
     def _settled(self, _future: Future[Any]) -> None:
         with self._lock:
             self.abandoned -= 1
+
+    def lookup_prefix(self, keys: Sequence[ChunkKey]) -> int:
+        """How many leading ``keys`` the tier holds; 0 when it fails or times out."""
+        started = time.perf_counter()
+        try:
+            found: int = self.call("lookup", self.store.lookup_prefix, keys)
+        except TierUnavailable:
+            return 0
+        self.instruments.lookup_latency.observe(time.perf_counter() - started)
+        return found
+
+    def count_reads(self, hits: int, misses: int) -> None:
+        """Account chunks this tier served (``hits``) and did not have or could not serve."""
+        with self._lock:
+            self.hits += hits
+            self.misses += misses
+        if hits:
+            self.instruments.hits.inc(hits)
+        if misses:
+            self.instruments.misses.inc(misses)
+
+    def count_promotions(self, count: int = 1) -> None:
+        """Account ``count`` chunks copied from this tier into host memory."""
+        with self._lock:
+            self.promotions += count
+        self.instruments.promotions.inc(count)
+
+    def count_writes(self, count: int) -> None:
+        """Account ``count`` chunks written into this tier."""
+        with self._lock:
+            self.writes += count
 
     def count_drop(self, reason: str, count: int = 1) -> None:
         """Account ``count`` writes to this tier that were not performed."""

@@ -3,8 +3,11 @@
 ``verify``, ``cp`` and ``inspect`` must read bytes without validating them
 (they report damage themselves), without quarantining, and without counting
 as a use (or ``prune --max-bytes`` would see every chunk as just used). Stores
-offer these as optional methods; this module calls them when present and falls
-back to the :class:`~chunkstore.backends.base.Store` primitives otherwise.
+with state to maintain implement
+:class:`~chunkstore.backends.maintenance.SupportsMaintenance`; this module
+uses it where a store has it and falls back to the
+:class:`~chunkstore.backends.base.Store` primitives otherwise (a store
+without it has no access records, quarantine area or stray files).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from chunkstore.backends.base import Store, SupportsRangedRead
+from chunkstore.backends.maintenance import StoredFile, SupportsMaintenance
 from chunkstore.errors import FormatError
 from chunkstore.format import ByteRange, ChunkHeader, header_bytes_needed, read_header
 from chunkstore.hashing import ChunkKey
@@ -65,51 +69,55 @@ def read_header_of(store: Store, key: ChunkKey) -> ChunkHeader | None:
     return None if data is None else read_header(data)
 
 
-def _stray(store: Store, item: Any, kind: str) -> Stray:
-    path = str(item.path)
-    root = str(getattr(store, "root", ""))
-    if root and path.startswith(root):
-        path = path[len(root) :].lstrip("/\\")
-    return Stray(path=path, size=int(item.size), mtime=float(item.mtime), kind=kind)
+def _stray(store: SupportsMaintenance, item: StoredFile, kind: str) -> Stray:
+    return Stray(
+        path=store.relative_path(str(item.path)),
+        size=int(item.size),
+        mtime=float(item.mtime),
+        kind=kind,
+    )
 
 
 def temp_files(store: Store, older_than: float = 0.0) -> list[Stray]:
     """Writers' temp files last modified at least ``older_than`` seconds ago."""
-    lister = getattr(store, "orphans", None)
-    return [] if lister is None else [_stray(store, f, "temp") for f in lister(older_than)]
+    if not isinstance(store, SupportsMaintenance):
+        return []
+    return [_stray(store, f, "temp") for f in store.orphans(older_than)]
 
 
 def remove_orphans(store: Store, grace: float) -> int:
     """Delete temp files older than ``grace`` seconds; returns how many went."""
-    remover = getattr(store, "remove_orphans", None)
-    return 0 if remover is None else int(remover(grace))
+    return int(store.remove_orphans(grace)) if isinstance(store, SupportsMaintenance) else 0
 
 
 def foreign_files(store: Store) -> list[Stray]:
     """Files in the store's chunk directories that chunkstore did not write."""
-    lister = getattr(store, "foreign_files", None)
-    return [] if lister is None else [_stray(store, f, "foreign") for f in lister()]
+    if not isinstance(store, SupportsMaintenance):
+        return []
+    return [_stray(store, f, "foreign") for f in store.foreign_files()]
 
 
 def quarantined(store: Store) -> list[Stray]:
     """Chunks the store moved aside as corrupt."""
-    lister = getattr(store, "quarantined", None)
-    return [] if lister is None else [_stray(store, f, "quarantine") for f in lister()]
+    if not isinstance(store, SupportsMaintenance):
+        return []
+    return [_stray(store, f, "quarantine") for f in store.quarantined()]
 
 
 def stop_access_tracking(store: Store) -> None:
     """Make reads through ``store`` not count as uses (maintenance reads are not cache hits)."""
-    if hasattr(store, "track_access"):
+    if isinstance(store, SupportsMaintenance):
         store.track_access = False
 
 
 def has_quarantine(store: Store) -> bool:
-    """Whether the store moves corrupt chunks aside (otherwise ``_quarantine`` deletes)."""
-    if getattr(store, "quarantine_mode", "move") == "delete":
-        return False
-    return type(store)._quarantine is not Store._quarantine
+    """Whether the store moves corrupt chunks aside (otherwise :func:`quarantine` deletes)."""
+    return isinstance(store, SupportsMaintenance) and store.quarantine_mode == "move"
 
 
 def quarantine(store: Store, key: ChunkKey, reason: str) -> None:
     """Move a corrupt chunk aside (or delete it where the store has no quarantine area)."""
-    store._quarantine(key, reason)
+    if isinstance(store, SupportsMaintenance):
+        store.quarantine(key, reason)
+    else:
+        store.delete_many([key])

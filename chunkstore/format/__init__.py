@@ -21,6 +21,7 @@ from chunkstore.format.header import (
     ChunkHeader,
     TensorEntry,
 )
+from chunkstore.format.hot import hot_bytes
 from chunkstore.format.layout import (
     ALIGNMENT,
     ByteRange,
@@ -67,6 +68,7 @@ __all__ = [
     "dtype_named",
     "encode_chunk",
     "header_bytes_needed",
+    "hot_bytes",
     "key_digest",
     "mac_key_from_secret",
     "rank_share",

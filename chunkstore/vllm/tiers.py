@@ -28,7 +28,7 @@ from chunkstore.backends.base import Buffer, ChunkInfo
 from chunkstore.backends.registry import open_for_option
 from chunkstore.cache.lease import Lease
 from chunkstore.errors import StoreError
-from chunkstore.format import ChunkLayout, recompress
+from chunkstore.format import ChunkLayout, hot_bytes, recompress
 from chunkstore.hashing import ChunkKey
 
 log = logging.getLogger(__name__)
@@ -236,8 +236,6 @@ class _Zstd(Store):
         return self.inner.corrupt_detected
 
     def _read_many(self, keys: Sequence[ChunkKey]) -> list[bytes | None]:
-        from chunkstore.cache.tiered import hot_bytes
-
         return [None if d is None else hot_bytes(d) for d in self.inner.get_many(keys)]
 
     def exists_many(self, keys: Sequence[ChunkKey]) -> list[bool]:

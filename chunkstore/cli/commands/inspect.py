@@ -8,10 +8,11 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from chunkstore.backends.base import ChunkInfo
+from chunkstore.backends.base import ChunkInfo, Store
 from chunkstore.cli.output import emit_json, emit_text
 from chunkstore.cli.progress import Progress
 from chunkstore.cli.storeaccess import (
+    Stray,
     foreign_files,
     quarantined,
     read_header_of,
@@ -110,90 +111,144 @@ def _bucket(age: float) -> str:
     return AGE_BUCKETS[-1][0]
 
 
+@dataclass(slots=True)
+class Summary:
+    """Everything ``inspect`` found in a store."""
+
+    total: Tally = field(default_factory=Tally)
+    """All chunks listed."""
+    namespaces: dict[str, Tally] = field(default_factory=lambda: defaultdict(Tally))
+    """Per namespace."""
+    models: dict[str, Tally] = field(default_factory=lambda: defaultdict(Tally))
+    """Per model fingerprint (from the headers)."""
+    written: Counter[str] = field(default_factory=Counter)
+    """Chunks per age bucket of their write time."""
+    used: Counter[str] = field(default_factory=Counter)
+    """Chunks per age bucket of their last use."""
+    corrupt: list[Problem] = field(default_factory=list)
+    """Unreadable headers, or headers that do not match their name."""
+    unsupported: list[Problem] = field(default_factory=list)
+    """Headers of a format version this reader lacks."""
+    orphans: list[Stray] = field(default_factory=list)
+    """Writers' temp files."""
+    foreign: list[Stray] = field(default_factory=list)
+    """Files chunkstore did not write."""
+    quarantined: list[Stray] = field(default_factory=list)
+    """Chunks moved aside as corrupt."""
+
+
 def run(args: argparse.Namespace) -> int:
     """Scan listing (and headers), then print the summary."""
-    namespaces: dict[str, Tally] = defaultdict(Tally)
-    models: dict[str, Tally] = defaultdict(Tally)
-    written: Counter[str] = Counter()
-    used: Counter[str] = Counter()
-    corrupt: list[Problem] = []
-    unsupported: list[Problem] = []
-    total = Tally()
     with open_cli_store(args.url, args) as store:
-        stop_access_tracking(store)
-        infos = list(store.list(args.namespace))
-        now = time.time()
-        with Progress("inspect", len(infos), quiet=args.quiet or args.no_headers) as progress:
-            for info in infos:
-                total.add(info.size)
-                namespaces[info.key.namespace].add(info.size)
-                written[_bucket(now - info.mtime)] += 1
-                used[_bucket(now - (info.atime or info.mtime))] += 1
-                if not args.no_headers:
-                    _read_header(store, info, namespaces, models, corrupt, unsupported)
-                    progress.advance()
-        orphans = temp_files(store)
-        foreign = foreign_files(store)
-        held = quarantined(store)
+        summary = _collect(store, args)
+    if args.json:
+        emit_json(_document(args, summary))
+    else:
+        emit_text(_render(args, summary))
+    return 0
+
+
+# --- collect -------------------------------------------------------------------------------
+
+
+def _collect(store: Store, args: argparse.Namespace) -> Summary:
+    """List the store (reading each chunk's header unless ``--no-headers``) and its strays."""
+    summary = Summary()
+    namespaces, models = summary.namespaces, summary.models
+    written, used = summary.written, summary.used
+    corrupt, unsupported = summary.corrupt, summary.unsupported
+    total = summary.total
+    stop_access_tracking(store)
+    infos = list(store.list(args.namespace))
+    now = time.time()
+    with Progress("inspect", len(infos), quiet=args.quiet or args.no_headers) as progress:
+        for info in infos:
+            total.add(info.size)
+            namespaces[info.key.namespace].add(info.size)
+            written[_bucket(now - info.mtime)] += 1
+            used[_bucket(now - (info.atime or info.mtime))] += 1
+            if not args.no_headers:
+                _read_header(store, info, namespaces, models, corrupt, unsupported)
+                progress.advance()
+    orphans = temp_files(store)
+    foreign = foreign_files(store)
+    summary.quarantined = quarantined(store)
     if args.namespace is not None:
         foreign = [f for f in foreign if f"{args.namespace}/" in f.path]
         orphans = [f for f in orphans if f"{args.namespace}/" in f.path]
-    ns_rows = sorted(namespaces.items())
-    model_rows = sorted(models.items(), key=lambda kv: (-kv[1].bytes, kv[0]))
-    if args.json:
-        emit_json(
+    summary.orphans, summary.foreign = orphans, foreign
+    return summary
+
+
+# --- render --------------------------------------------------------------------------------
+
+
+def _document(args: argparse.Namespace, summary: Summary) -> dict[str, Any]:
+    """The ``--json`` document."""
+    total, orphans, foreign = summary.total, summary.orphans, summary.foreign
+    written, used = summary.written, summary.used
+    corrupt, unsupported = summary.corrupt, summary.unsupported
+    ns_rows = sorted(summary.namespaces.items())
+    model_rows = sorted(summary.models.items(), key=lambda kv: (-kv[1].bytes, kv[0]))
+    return {
+        "url": args.url,
+        "chunks": total.chunks,
+        "bytes": total.bytes,
+        "namespaces": [
             {
-                "url": args.url,
-                "chunks": total.chunks,
-                "bytes": total.bytes,
-                "namespaces": [
-                    {
-                        "namespace": ns,
-                        "chunks": t.chunks,
-                        "bytes": t.bytes,
-                        "models": sorted(t.models),
-                    }
-                    for ns, t in ns_rows
-                ],
-                "models": None
-                if args.no_headers
-                else [
-                    {
-                        "fingerprint": fp,
-                        "chunks": t.chunks,
-                        "bytes": t.bytes,
-                        "namespaces": sorted(t.models),
-                        "tokens_per_chunk": sorted(t.tokens),
-                        "versions": sorted(t.versions),
-                    }
-                    for fp, t in model_rows
-                ],
-                "age_histogram": [
-                    {"bucket": label, "written": written[label], "used": used[label]}
-                    for label, _ in AGE_BUCKETS
-                ],
-                "orphans": {
-                    "count": len(orphans),
-                    "bytes": sum(o.size for o in orphans),
-                    "paths": [o.path for o in orphans],
-                },
-                "foreign": {"count": len(foreign), "paths": [f.path for f in foreign]},
-                "quarantined": len(held),
-                "corrupt": None
-                if args.no_headers
-                else [
-                    {"key": p.info.key.hex, "namespace": p.info.key.namespace, "problem": p.problem}
-                    for p in corrupt
-                ],
-                "unsupported": None
-                if args.no_headers
-                else [
-                    {"key": p.info.key.hex, "namespace": p.info.key.namespace, "problem": p.problem}
-                    for p in unsupported
-                ],
+                "namespace": ns,
+                "chunks": t.chunks,
+                "bytes": t.bytes,
+                "models": sorted(t.models),
             }
-        )
-        return 0
+            for ns, t in ns_rows
+        ],
+        "models": None
+        if args.no_headers
+        else [
+            {
+                "fingerprint": fp,
+                "chunks": t.chunks,
+                "bytes": t.bytes,
+                "namespaces": sorted(t.models),
+                "tokens_per_chunk": sorted(t.tokens),
+                "versions": sorted(t.versions),
+            }
+            for fp, t in model_rows
+        ],
+        "age_histogram": [
+            {"bucket": label, "written": written[label], "used": used[label]}
+            for label, _ in AGE_BUCKETS
+        ],
+        "orphans": {
+            "count": len(orphans),
+            "bytes": sum(o.size for o in orphans),
+            "paths": [o.path for o in orphans],
+        },
+        "foreign": {"count": len(foreign), "paths": [f.path for f in foreign]},
+        "quarantined": len(summary.quarantined),
+        "corrupt": None
+        if args.no_headers
+        else [
+            {"key": p.info.key.hex, "namespace": p.info.key.namespace, "problem": p.problem}
+            for p in corrupt
+        ],
+        "unsupported": None
+        if args.no_headers
+        else [
+            {"key": p.info.key.hex, "namespace": p.info.key.namespace, "problem": p.problem}
+            for p in unsupported
+        ],
+    }
+
+
+def _render(args: argparse.Namespace, summary: Summary) -> str:
+    """The human report: tables per namespace, model and age, then the problem counts."""
+    total, orphans, foreign = summary.total, summary.orphans, summary.foreign
+    written, used = summary.written, summary.used
+    corrupt, unsupported = summary.corrupt, summary.unsupported
+    ns_rows = sorted(summary.namespaces.items())
+    model_rows = sorted(summary.models.items(), key=lambda kv: (-kv[1].bytes, kv[0]))
     lines = [f"{args.url}: {total.chunks} chunks, {format_size(total.bytes)}", ""]
     if ns_rows:
         lines.append(
@@ -240,7 +295,7 @@ def run(args: argparse.Namespace) -> int:
     lines.append("")
     lines.append(f"orphan temp files: {len(orphans)} ({format_size(sum(o.size for o in orphans))})")
     lines.append(f"foreign files:     {len(foreign)}")
-    lines.append(f"quarantined:       {len(held)}")
+    lines.append(f"quarantined:       {len(summary.quarantined)}")
     if args.no_headers:
         lines.append("corrupt:           not checked (--no-headers)")
     else:
@@ -250,8 +305,7 @@ def run(args: argparse.Namespace) -> int:
         )
         for p in (corrupt + unsupported)[:10]:
             lines.append(f"  {p.info.key.namespace}/{p.info.key.hex[:16]}  {p.problem}")
-    emit_text("\n".join(lines))
-    return 0
+    return "\n".join(lines)
 
 
 def _read_header(

@@ -226,32 +226,41 @@ def run(args: argparse.Namespace) -> int:
         raise type(exc)(f"{source}: {exc}") from None
     checks = check_chunk(data, header, expected)
     if args.json:
-        emit_json(
+        emit_json(_document(source, data, header, checks))
+    else:
+        emit_text(_render(source, data, header, checks))
+    return OK if checks.ok else FAILURE
+
+
+def _document(source: str, data: bytes, header: ChunkHeader, checks: Checks) -> dict[str, Any]:
+    """The ``--json`` document."""
+    return {
+        "source": source,
+        "header": header_record(header, len(data)),
+        "tensors": [
             {
-                "source": source,
-                "header": header_record(header, len(data)),
-                "tensors": [
-                    {
-                        "name": t.name,
-                        "dtype": t.dtype,
-                        "shape": list(t.shape),
-                        "offset": t.offset,
-                        "nbytes": t.nbytes,
-                    }
-                    for t in header.tensors
-                ],
-                "tokens": list(header.tokens),
-                "checks": {
-                    "payload": checks.payload,
-                    "checksum": checks.checksum,
-                    "key_derivation": checks.key_derivation,
-                    "key_expected": checks.key_expected,
-                    "namespace_expected": checks.namespace_expected,
-                },
-                "ok": checks.ok,
+                "name": t.name,
+                "dtype": t.dtype,
+                "shape": list(t.shape),
+                "offset": t.offset,
+                "nbytes": t.nbytes,
             }
-        )
-        return OK if checks.ok else FAILURE
+            for t in header.tensors
+        ],
+        "tokens": list(header.tokens),
+        "checks": {
+            "payload": checks.payload,
+            "checksum": checks.checksum,
+            "key_derivation": checks.key_derivation,
+            "key_expected": checks.key_expected,
+            "namespace_expected": checks.namespace_expected,
+        },
+        "ok": checks.ok,
+    }
+
+
+def _render(source: str, data: bytes, header: ChunkHeader, checks: Checks) -> str:
+    """The human report: header fields and checks, the tensor table, the tokens."""
     record = header_record(header, len(data))
     fields = [
         ("source", source),
@@ -304,17 +313,14 @@ def run(args: argparse.Namespace) -> int:
         " ".join(f"{tok:>6}" for tok in header.tokens[i : i + _TOKENS_PER_LINE])
         for i in range(0, len(header.tokens), _TOKENS_PER_LINE)
     ]
-    emit_text(
-        "\n".join(
-            [
-                render_fields(fields),
-                "",
-                f"tensors ({len(header.tensors)}):",
-                render_table(["name", "dtype", "shape", "offset", "bytes"], tensor_rows),
-                "",
-                f"tokens ({len(header.tokens)}):",
-                *token_lines,
-            ]
-        )
+    return "\n".join(
+        [
+            render_fields(fields),
+            "",
+            f"tensors ({len(header.tensors)}):",
+            render_table(["name", "dtype", "shape", "offset", "bytes"], tensor_rows),
+            "",
+            f"tokens ({len(header.tokens)}):",
+            *token_lines,
+        ]
     )
-    return OK if checks.ok else FAILURE

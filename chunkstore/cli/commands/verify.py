@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import argparse
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from chunkstore.backends.base import ChunkInfo, Store
-from chunkstore.backends.fs import FsStore
+from chunkstore.backends.maintenance import SupportsCheckedRemoval
 from chunkstore.cli import integrity
 from chunkstore.cli.exitcodes import FAILURE, OK
-from chunkstore.cli.orphans import describe, sweep
+from chunkstore.cli.orphans import StraySweep, describe, sweep
 from chunkstore.cli.output import emit_json, emit_text
 from chunkstore.cli.progress import Progress
 from chunkstore.cli.storeaccess import (
@@ -114,16 +114,36 @@ class Finding:
         }
 
 
-def _read_batch(store: Store, keys: list[ChunkKey]) -> tuple[list[Any], list[Any]]:
-    """Raw bytes per key (None if gone) and, from a filesystem store, an ident of each file
-    read (so only that very file is set aside if it is bad)."""
-    if not isinstance(store, FsStore):
-        return read_raw_many(store, keys), [None] * len(keys)
-    pairs = store.read_unchecked_with_idents(keys)
-    return (
-        [None if p is None else p[0] for p in pairs],
-        [None if p is None else p[1] for p in pairs],
-    )
+@dataclass(slots=True)
+class Tally:
+    """What a verify run found, filled batch by batch."""
+
+    findings: list[Finding] = field(default_factory=list)
+    """Chunks that did not verify, with what was done about them."""
+    checked: int = 0
+    """Chunks read and judged."""
+    good: int = 0
+    """Chunks that verified."""
+    good_bytes: int = 0
+    """Bytes of those."""
+    vanished: int = 0
+    """Chunks listed but gone when read (a concurrent prune or eviction)."""
+
+    def with_status(self, status: str) -> list[Finding]:
+        """The findings with verdict ``status``."""
+        return [f for f in self.findings if f.verdict.status == status]
+
+
+@dataclass(frozen=True, slots=True)
+class Judged:
+    """One chunk judged bad, and which file was read (for a checked removal)."""
+
+    info: ChunkInfo
+    """The chunk as listed."""
+    verdict: integrity.Verdict
+    """Not ok."""
+    ident: Any
+    """The file read, where the store can tell (``None`` otherwise)."""
 
 
 def run(args: argparse.Namespace) -> int:
@@ -132,74 +152,119 @@ def run(args: argparse.Namespace) -> int:
     if args.batch <= 0:
         raise ConfigError(f"--batch must be positive, got {args.batch}")
     started = time.monotonic()
-    findings: list[Finding] = []
-    checked = good = vanished = 0
-    good_bytes = 0
+    tally = Tally()
     with open_cli_store(args.url, args) as store:
         stop_access_tracking(store)
         infos = sorted(store.list(args.namespace), key=lambda i: (i.key.namespace, i.key.hex))
-        bad_action = {
-            "quarantine": "quarantined" if has_quarantine(store) else "deleted (no quarantine)",
-            "delete": "deleted",
-            "report": "left (dry run)",
-        }[args.action]
         with Progress("verify", len(infos), quiet=args.quiet) as progress:
             for start in range(0, len(infos), args.batch):
                 batch = infos[start : start + args.batch]
-                raws, idents = _read_batch(store, [i.key for i in batch])
-                to_delete = []
-                for info, raw, ident in zip(batch, raws, idents):
-                    if raw is None:  # deleted since listing (a concurrent prune or eviction)
-                        vanished += 1
-                        continue
-                    checked += 1
-                    verdict = integrity.judge(raw, info.key)
-                    if verdict.status == integrity.OK:
-                        good += 1
-                        good_bytes += info.size
-                        continue
-                    if verdict.status == integrity.UNSUPPORTED:
-                        findings.append(Finding(info, verdict, "left (unsupported version)"))
-                        continue
-                    action = bad_action
-                    if isinstance(store, FsStore) and args.action != "report":
-                        # only the very file judged here: a writer may have replaced it since
-                        if args.action == "quarantine":
-                            done = store.quarantine_if_unchanged(info.key, ident, verdict.problem)
-                        else:
-                            done = store.delete_if_unchanged(info.key, ident)
-                        action = bad_action if done else "left (changed while checking)"
-                    elif args.action == "quarantine":
-                        quarantine(store, info.key, verdict.problem)
-                    elif args.action == "delete":
-                        to_delete.append(info.key)
-                    findings.append(Finding(info, verdict, action))
-                if to_delete:
-                    store.delete_many(to_delete)
+                bad = _judge_batch(store, batch, tally)
+                tally.findings.extend(_act(store, bad, args.action))
                 progress.advance(len(batch))
         strays = sweep(store, grace=grace, dry_run=args.action == "report")
     elapsed = time.monotonic() - started
-    corrupt = [f for f in findings if f.verdict.status == integrity.CORRUPT]
-    unsupported = [f for f in findings if f.verdict.status == integrity.UNSUPPORTED]
     if args.json:
-        emit_json(
-            {
-                "url": args.url,
-                "checked": checked,
-                "ok": good,
-                "ok_bytes": good_bytes,
-                "corrupt": [f.as_json() for f in corrupt],
-                "unsupported": [f.as_json() for f in unsupported],
-                "vanished": vanished,
-                "action": args.action,
-                **strays.as_json(),
-                "seconds": round(elapsed, 3),
-                "chunks_per_s": round(checked / elapsed, 1) if elapsed > 0 else None,
-            }
-        )
-        return FAILURE if corrupt else OK
+        emit_json(_document(args, tally, strays, elapsed))
+    else:
+        emit_text(_render(tally, strays, elapsed, dry_run=args.action == "report"))
+    return FAILURE if tally.with_status(integrity.CORRUPT) else OK
+
+
+# --- collect: read a batch and judge it ----------------------------------------------------
+
+
+def _read_batch(store: Store, keys: list[ChunkKey]) -> tuple[list[Any], list[Any]]:
+    """Raw bytes per key (None if gone) and, where the store can tell, an ident of each file
+    read (so only that very file is set aside if it is bad)."""
+    if not isinstance(store, SupportsCheckedRemoval):
+        return read_raw_many(store, keys), [None] * len(keys)
+    pairs = store.read_unchecked_with_idents(keys)
+    return (
+        [None if p is None else p[0] for p in pairs],
+        [None if p is None else p[1] for p in pairs],
+    )
+
+
+def _judge_batch(store: Store, batch: list[ChunkInfo], tally: Tally) -> list[Judged]:
+    """Read and judge ``batch``; counts go to ``tally``, the chunks that failed come back."""
+    raws, idents = _read_batch(store, [i.key for i in batch])
+    bad = []
+    for info, raw, ident in zip(batch, raws, idents):
+        if raw is None:  # deleted since listing (a concurrent prune or eviction)
+            tally.vanished += 1
+            continue
+        tally.checked += 1
+        verdict = integrity.judge(raw, info.key)
+        if verdict.status == integrity.OK:
+            tally.good += 1
+            tally.good_bytes += info.size
+        else:
+            bad.append(Judged(info, verdict, ident))
+    return bad
+
+
+# --- act: set aside, delete or leave what failed -------------------------------------------
+
+
+def _act(store: Store, bad: list[Judged], action: str) -> list[Finding]:
+    """Apply ``action`` (quarantine, delete or report) to the chunks judged bad."""
+    done_label = {
+        "quarantine": "quarantined" if has_quarantine(store) else "deleted (no quarantine)",
+        "delete": "deleted",
+        "report": "left (dry run)",
+    }[action]
+    findings = []
+    to_delete = []
+    for judged in bad:
+        info, verdict = judged.info, judged.verdict
+        if verdict.status == integrity.UNSUPPORTED:
+            findings.append(Finding(info, verdict, "left (unsupported version)"))
+            continue
+        label = done_label
+        if isinstance(store, SupportsCheckedRemoval) and action != "report":
+            # only the very file judged here: a writer may have replaced it since
+            if action == "quarantine":
+                done = store.quarantine_if_unchanged(info.key, judged.ident, verdict.problem)
+            else:
+                done = store.delete_if_unchanged(info.key, judged.ident)
+            label = done_label if done else "left (changed while checking)"
+        elif action == "quarantine":
+            quarantine(store, info.key, verdict.problem)
+        elif action == "delete":
+            to_delete.append(info.key)
+        findings.append(Finding(info, verdict, label))
+    if to_delete:
+        store.delete_many(to_delete)
+    return findings
+
+
+# --- render --------------------------------------------------------------------------------
+
+
+def _document(
+    args: argparse.Namespace, tally: Tally, strays: StraySweep, elapsed: float
+) -> dict[str, Any]:
+    """The ``--json`` document."""
+    return {
+        "url": args.url,
+        "checked": tally.checked,
+        "ok": tally.good,
+        "ok_bytes": tally.good_bytes,
+        "corrupt": [f.as_json() for f in tally.with_status(integrity.CORRUPT)],
+        "unsupported": [f.as_json() for f in tally.with_status(integrity.UNSUPPORTED)],
+        "vanished": tally.vanished,
+        "action": args.action,
+        **strays.as_json(),
+        "seconds": round(elapsed, 3),
+        "chunks_per_s": round(tally.checked / elapsed, 1) if elapsed > 0 else None,
+    }
+
+
+def _render(tally: Tally, strays: StraySweep, elapsed: float, *, dry_run: bool) -> str:
+    """The human report: a table of findings, a summary line, the stray files."""
     lines = []
-    if findings:
+    if tally.findings:
         rows = [
             [
                 f.info.key.namespace,
@@ -208,18 +273,20 @@ def run(args: argparse.Namespace) -> int:
                 f.verdict.problem.split(":", 1)[0],
                 f.action,
             ]
-            for f in findings
+            for f in tally.findings
         ]
         lines.append(
             render_table(["namespace", "key", "size", "problem", "action"], rows, right=[2])
         )
         lines.append("")
+    checked = tally.checked
+    corrupt = len(tally.with_status(integrity.CORRUPT))
+    unsupported = len(tally.with_status(integrity.UNSUPPORTED))
     rate = f", {checked / elapsed:,.0f} chunks/s" if elapsed > 0 and checked else ""
     lines.append(
-        f"verified {checked} chunks in {elapsed:.1f}s{rate}: {good} ok "
-        f"({format_size(good_bytes)}), {len(corrupt)} corrupt, {len(unsupported)} unsupported"
-        + (f", {vanished} vanished while checking" if vanished else "")
+        f"verified {checked} chunks in {elapsed:.1f}s{rate}: {tally.good} ok "
+        f"({format_size(tally.good_bytes)}), {corrupt} corrupt, {unsupported} unsupported"
+        + (f", {tally.vanished} vanished while checking" if tally.vanished else "")
     )
-    lines.extend(describe(strays, dry_run=args.action == "report"))
-    emit_text("\n".join(lines))
-    return FAILURE if corrupt else OK
+    lines.extend(describe(strays, dry_run=dry_run))
+    return "\n".join(lines)

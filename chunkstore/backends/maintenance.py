@@ -1,0 +1,90 @@
+"""What maintenance tools need from a store beyond the serving interface.
+
+``verify``, ``prune``, ``inspect`` and ``cp`` read without counting a use (or
+``prune --max-bytes`` would see every chunk as just used), move corrupt chunks
+aside, and report or sweep files that are not chunks. Stores that keep such
+state (access records, a quarantine area, temp files or unfinished uploads)
+implement :class:`SupportsMaintenance`; the filesystem store also implements
+:class:`SupportsCheckedRemoval`, so that a tool removes exactly the file it
+judged. Like the other ``Supports*`` capabilities (:mod:`chunkstore.backends.base`)
+these are ``runtime_checkable`` protocols, not abstract methods: a store
+without them (memory, peers) simply has nothing to maintain.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from chunkstore.hashing import ChunkKey
+
+QUARANTINE_MODES = ("move", "delete")
+"""What a store does with a corrupt chunk: move it to its quarantine area, or delete it."""
+
+FileIdent = tuple[int, int]
+"""Which file a read came from (device, inode), for :class:`SupportsCheckedRemoval`."""
+
+
+@dataclass(frozen=True, slots=True)
+class StoredFile:
+    """A file in the store that is not a chunk: an orphan temp file or a foreign file."""
+
+    path: str
+    """Full path (fsspec path for non-local stores; the object key on S3)."""
+    namespace: str
+    """Namespace directory it sits in ("" at the root)."""
+    size: int
+    """Bytes."""
+    mtime: float
+    """Last modification, seconds since the epoch."""
+
+
+def reason_record(reason: str) -> bytes:
+    """The note stored beside a quarantined chunk: when and why it was set aside."""
+    return f"{time.time():.3f} {reason}\n".encode()
+
+
+@runtime_checkable
+class SupportsMaintenance(Protocol):
+    """Access records, a quarantine area and stray files (the filesystem and S3 stores)."""
+
+    track_access: bool
+    """Whether reads count as uses (access records); maintenance tools turn it off."""
+    quarantine_mode: str
+    """One of :data:`QUARANTINE_MODES`."""
+
+    def quarantine(self, key: ChunkKey, reason: str) -> None:
+        """Take a corrupt chunk out of the serving path (moved aside, or deleted)."""
+
+    def quarantined(self) -> list[StoredFile]:
+        """Chunks moved aside as corrupt."""
+
+    def orphans(self, older_than: float = 0.0) -> list[StoredFile]:
+        """Unfinished writes last touched at least ``older_than`` seconds ago."""
+
+    def remove_orphans(self, grace: float = 3600.0) -> int:
+        """Remove unfinished writes older than ``grace`` seconds; how many went."""
+
+    def foreign_files(self) -> list[StoredFile]:
+        """Files among the chunks that chunkstore did not write (reported, never touched)."""
+
+    def relative_path(self, path: str) -> str:
+        """A :class:`StoredFile` path as shown to a user (relative to the store's root)."""
+
+
+@runtime_checkable
+class SupportsCheckedRemoval(Protocol):
+    """Set aside only the very file a tool read and judged, not one written since."""
+
+    def read_unchecked_with_idents(
+        self, keys: Sequence[ChunkKey]
+    ) -> list[tuple[bytes, FileIdent | None] | None]:
+        """Stored bytes per key (``None`` if gone), each with the ident of its file."""
+
+    def quarantine_if_unchanged(self, key: ChunkKey, ident: FileIdent | None, reason: str) -> bool:
+        """Quarantine ``key``'s chunk only if it is still the file ``ident`` names."""
+
+    def delete_if_unchanged(self, key: ChunkKey, ident: FileIdent | None) -> bool:
+        """Delete ``key``'s chunk only if it is still the file ``ident`` names."""
