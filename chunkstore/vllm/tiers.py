@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -26,6 +26,7 @@ from typing import Any
 from chunkstore.backends import Store
 from chunkstore.backends.base import Buffer, ChunkInfo
 from chunkstore.backends.registry import open_for_option
+from chunkstore.cache.policy import DEFAULT_POLICY
 from chunkstore.errors import StoreError
 from chunkstore.format import ChunkLayout, recompress
 from chunkstore.hashing import ChunkKey
@@ -37,8 +38,9 @@ __all__ = [
     "PrefetchResult",
     "RankStore",
     "flush_shared",
+    "acquire_shared",
     "release_shared",
-    "shared_store",
+    "shared_names",
     "tier_open_options",
 ]
 
@@ -98,7 +100,7 @@ class ConnectorStore:
         store_options: dict[str, dict[str, Any]] | None = None,
         compression: str = "none",
         stores: Sequence[Store] | None = None,
-        policy: str = "arc",
+        policy: str = DEFAULT_POLICY,
         shm_name: str | None = None,
         metrics: Any = None,
     ) -> None:
@@ -348,36 +350,60 @@ def tier_open_options(url: str, options: dict[str, Any]) -> dict[str, Any]:
     return dict(options)
 
 
-_SHARED: dict[str, ConnectorStore] = {}
+@dataclass
+class _SharedEntry:
+    """One shared store and how many connectors use it."""
+
+    store: ConnectorStore
+    users: int = 0
+
+
+# The registry the rule "every resource has one owner" allows: keyed by name, reference-counted,
+# the store (host pool, tier threads, assembly owner, /dev/shm file) closed by its last user.
+_SHARED: dict[str, _SharedEntry] = {}
 _SHARED_LOCK = threading.Lock()
 
 
-def shared_store(name: str, factory: Any) -> ConnectorStore:
-    """The process's store for ``name`` (the engine id), made by ``factory()`` on first use.
+def acquire_shared(name: str, factory: Callable[[], ConnectorStore]) -> ConnectorStore:
+    """The process's store for ``name`` (the engine id), made by ``factory()`` on first use;
+    each call is one more user, who calls :func:`release_shared` when done.
 
     The scheduler and worker connectors of one engine live in the same process
     whenever TP is 1 (always, with ``VLLM_ENABLE_V1_MULTIPROCESSING=0``, and in
     the engine-core process of ``vllm serve``); they share host memory this way.
     """
     with _SHARED_LOCK:
-        store = _SHARED.get(name)
-        if store is None or store.closed:
-            store = factory()
-            _SHARED[name] = store
-        return store
+        entry = _SHARED.get(name)
+        if entry is None or entry.store.closed:
+            entry = _SharedEntry(factory())
+            _SHARED[name] = entry
+        entry.users += 1
+        return entry.store
+
+
+def release_shared(name: str) -> None:
+    """One user of the shared store ``name`` is done with it; the last one closes it (which
+    removes its shared host pool from ``/dev/shm``). Unknown names are ignored."""
+    with _SHARED_LOCK:
+        entry = _SHARED.get(name)
+        if entry is None:
+            return
+        entry.users -= 1
+        if entry.users > 0:
+            return
+        del _SHARED[name]
+    entry.store.close()
+
+
+def shared_names() -> list[str]:
+    """The names of the shared stores open in this process (none once every engine shut down)."""
+    with _SHARED_LOCK:
+        return sorted(_SHARED)
 
 
 def flush_shared(timeout: float | None = None) -> None:
     """Wait for the write-behind of every shared store of this process (tests, benchmarks)."""
     with _SHARED_LOCK:
-        stores = list(_SHARED.values())
+        stores = [entry.store for entry in _SHARED.values()]
     for store in stores:
         store.flush(timeout=timeout)
-
-
-def release_shared(name: str) -> None:
-    """Close and forget the shared store ``name``."""
-    with _SHARED_LOCK:
-        store = _SHARED.pop(name, None)
-    if store is not None:
-        store.close()
