@@ -17,7 +17,7 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
@@ -231,7 +231,8 @@ class ChunkStoreConnector(KVConnectorBase_V1, SupportsHMA):
 
     def build_connector_meta(self, scheduler_output: Any) -> KVConnectorMetadata:
         assert self.scheduler is not None
-        return self.scheduler.build_connector_meta(scheduler_output)
+        # A registered virtual subclass (see above), which mypy cannot see.
+        return cast(KVConnectorMetadata, self.scheduler.build_connector_meta(scheduler_output))
 
     def request_finished(
         self, request: Any, block_ids: list[int]

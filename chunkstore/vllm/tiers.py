@@ -19,24 +19,36 @@ import logging
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from chunkstore.backends import Store
 from chunkstore.backends.base import Buffer, ChunkInfo
 from chunkstore.backends.registry import open_for_option
-from chunkstore.cache.policy import DEFAULT_POLICY
+from chunkstore.cache import (
+    DEFAULT_POLICY,
+    AssemblyOwner,
+    HostCache,
+    Lease,
+    ShardAssembler,
+    ShardClaim,
+    TieredStore,
+)
 from chunkstore.errors import StoreError
-from chunkstore.format import ChunkLayout, recompress
+from chunkstore.format import ChunkLayout, recompress, seal_chunk
 from chunkstore.hashing import ChunkKey
+from chunkstore.vllm.metadata import ChunkSave
 
 log = logging.getLogger(__name__)
 
 __all__ = [
     "ConnectorStore",
+    "PlainBuffer",
     "PrefetchResult",
     "RankStore",
+    "SaveSlot",
+    "WorkerStore",
     "flush_shared",
     "acquire_shared",
     "release_shared",
@@ -48,7 +60,7 @@ __all__ = [
 class _HostView:
     """The host cache as the scheduler and tests ask it: by key, host memory only."""
 
-    def __init__(self, cache: Any) -> None:
+    def __init__(self, cache: HostCache) -> None:
         self.cache = cache
         """The :class:`~chunkstore.cache.HostCache`."""
 
@@ -104,8 +116,8 @@ class ConnectorStore:
         shm_name: str | None = None,
         metrics: Any = None,
     ) -> None:
-        from chunkstore.cache import AssemblyOwner, HostCache, TieredStore
-
+        self.layout = layout
+        """The chunk layout of every chunk saved through :meth:`save_slot`."""
         options = store_options or {}
         opened = (
             list(stores)
@@ -124,7 +136,7 @@ class ConnectorStore:
         self.tiered = TieredStore(cache, written, metrics=metrics)
         """Host memory in front of the tiers: write-behind, promotion, metrics."""
         self.host = _HostView(cache)
-        self.owner: Any = None
+        self.owner: AssemblyOwner | None = None
         """The TP shard-assembly owner (``shm_name`` given): lends slots to rank processes,
         publishes what they seal once and queues it for write-back."""
         if shm_name is not None:
@@ -172,16 +184,44 @@ class ConnectorStore:
         with lease:
             yield lease.view
 
-    def reserve(self, key: ChunkKey) -> Any | None:
+    def reserve(self, key: ChunkKey) -> Lease | None:
         """A pinned host slot to write ``key`` into (``lease.view``), or None when every slot is
         pinned; finish with :meth:`commit` (queues the write-back) or :meth:`abort`."""
         return self.tiered.reserve(key)
 
-    def commit(self, lease: Any) -> None:
+    def commit(self, lease: Lease) -> None:
+        """Publish a reserved slot in host memory and queue its write-back."""
         self.tiered.commit(lease)
 
-    def abort(self, lease: Any) -> None:
+    def abort(self, lease: Lease) -> None:
+        """Give up a reservation; idempotent."""
         self.tiered.abort(lease)
+
+    def save_slot(self, save: ChunkSave) -> Lease | PlainBuffer:
+        """Where to write the whole chunk: a pinned host slot when the cache has room, else a
+        plain buffer (stored with a copy)."""
+        return self.reserve(save.key) or PlainBuffer(bytearray(self.layout.total_size))
+
+    def save_done(self, save: ChunkSave, slot: SaveSlot) -> None:
+        """Seal the chunk written into ``slot`` and keep it (host memory, then the tiers)."""
+        seal_chunk(
+            self.layout,
+            slot.view,
+            key=save.key.digest,
+            parent=save.parent,
+            namespace=save.key.namespace,
+            tokens=list(save.tokens),
+            verify_key=False,
+        )
+        if isinstance(slot, Lease):
+            self.commit(slot)  # in host memory now; written behind to the tiers
+        else:
+            self.put(save.key, slot.view)
+
+    def save_abandoned(self, slot: SaveSlot) -> None:
+        """Give up a slot from :meth:`save_slot` (nothing is stored)."""
+        if isinstance(slot, Lease):
+            self.abort(slot)
 
     def put(self, key: ChunkKey, data: Any) -> None:
         """Keep a sealed chunk in host memory and write it behind to every tier."""
@@ -263,6 +303,53 @@ class _Zstd(Store):
         self.inner.close()
 
 
+@dataclass(frozen=True, slots=True)
+class PlainBuffer:
+    """A chunk buffer outside the host pool (every slot was pinned): stored by copy."""
+
+    view: bytearray
+    """The whole chunk's bytes."""
+
+
+SaveSlot = Lease | ShardClaim | PlainBuffer
+"""Where a worker writes a chunk it saves: a host-pool slot, a rank's claim on a shared slot,
+or a plain buffer."""
+
+
+class WorkerStore(Protocol):
+    """What a worker connector needs of its store; :class:`ConnectorStore` (whole chunks, the
+    process's own host cache) and :class:`RankStore` (a TP rank's heads in a shared slot) are
+    both one, so the worker never asks which it has."""
+
+    def read_host(self, key: ChunkKey) -> AbstractContextManager[Any | None]:
+        """The chunk's bytes in host memory, pinned meanwhile; None if absent."""
+        ...
+
+    def save_slot(self, save: ChunkSave) -> SaveSlot | None:
+        """Where to write the chunk ``save`` names, or None: nothing for this process to write."""
+        ...
+
+    def save_done(self, save: ChunkSave, slot: SaveSlot) -> None:
+        """The bytes are in ``slot``: seal and keep the chunk (or this rank's part of it)."""
+        ...
+
+    def save_abandoned(self, slot: SaveSlot) -> None:
+        """The copy into ``slot`` failed: give the slot up, nothing is stored."""
+        ...
+
+    def drop(self, key: ChunkKey) -> None:
+        """Forget a chunk that failed to load, where this process may."""
+        ...
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Wait until what was saved so far is written behind."""
+        ...
+
+    def close(self) -> None:
+        """Release what this store holds."""
+        ...
+
+
 class RankStore:
     """A TP rank's view of its engine's shared host pool, which the scheduler process owns.
 
@@ -279,17 +366,15 @@ class RankStore:
         self.layout = layout
         self.rank = rank
         self.tp = tp
-        self._assembler: Any = None
+        self._assembler: ShardAssembler | None = None
         self._lock = threading.Lock()
         self._warned = False
 
-    def assembler(self) -> Any | None:
+    def assembler(self) -> ShardAssembler | None:
         """The attached :class:`~chunkstore.cache.ShardAssembler`, or None while the pool is
         not there yet."""
         with self._lock:
             if self._assembler is None:
-                from chunkstore.cache import ShardAssembler
-
                 try:
                     # pin_memory=None: page-locked in this process when torch sees CUDA.
                     self._assembler = ShardAssembler.attach(
@@ -313,21 +398,25 @@ class RankStore:
         with lease:
             yield lease.view
 
-    def claim(self, key: ChunkKey, parent: bytes, tokens: Sequence[int]) -> Any | None:
-        """This rank's :class:`~chunkstore.cache.ShardClaim` on ``key``, or None (nothing to
-        write: cached already, written by this rank, a replica rank, or no slot free)."""
+    def save_slot(self, save: ChunkSave) -> ShardClaim | None:
+        """This rank's claim on the chunk's shared slot (write only this rank's heads), or None:
+        nothing to write (cached already, written by this rank, a replica rank, or no slot
+        free)."""
         assembler = self.assembler()
         if assembler is None:
             return None
-        return assembler.slot_for_write(key, parent=parent, tokens=list(tokens))
+        return assembler.slot_for_write(save.key, parent=save.parent, tokens=list(save.tokens))
 
-    def mark_written(self, claim: Any) -> bool:
-        """This rank's part of ``claim`` is in place (the last rank seals the chunk)."""
-        return bool(self._assembler.mark_written(claim))
+    def save_done(self, save: ChunkSave, slot: SaveSlot) -> None:
+        """This rank's part is in place; the last rank's mark seals the chunk and the owner
+        publishes it."""
+        assert isinstance(slot, ShardClaim) and self._assembler is not None
+        self._assembler.mark_written(slot)
 
-    def abandon(self, claim: Any) -> None:
+    def save_abandoned(self, slot: SaveSlot) -> None:
         """Give up a claim (the chunk is not published)."""
-        self._assembler.abandon(claim)
+        assert isinstance(slot, ShardClaim) and self._assembler is not None
+        self._assembler.abandon(slot)
 
     def drop(self, key: ChunkKey) -> None:
         """Nothing: only the owner may evict; a chunk that fails to load stays a load error."""

@@ -12,7 +12,7 @@ from chunkstore.demo import default_store_path, run_store_demo
 from chunkstore.errors import MissingDependency
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "demo",
         help="write two multi-turn conversations into a store, reload and verify them",
