@@ -249,3 +249,17 @@ class SupportsRangedRead(Protocol):
         """The bytes of each range, or ``None`` if the chunk is missing. Not checksummed:
         the caller verifies against the full chunk when it needs to."""
         ...
+
+
+@runtime_checkable
+class SupportsModelRecords(Protocol):
+    """Small per-model records beside the chunks (``.chunkstore/models/<fingerprint>.json``):
+    which model a fingerprint names (see :mod:`chunkstore.backends.models`)."""
+
+    def read_model_record(self, fingerprint: bytes) -> bytes | None:
+        """The record stored for ``fingerprint``, or ``None``."""
+        ...
+
+    def write_model_record(self, fingerprint: bytes, record: bytes) -> None:
+        """Store (replace) the record for ``fingerprint``; raises ``StoreError`` on failure."""
+        ...

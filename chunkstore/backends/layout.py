@@ -8,6 +8,7 @@
     <root>/<namespace>/ab/cd/.<hex>.<pid>.<rand>.tmp   a write in progress (or an orphan)
     <root>/quarantine/<namespace>/<hex>.kvc   corrupt chunks moved aside (+ ``.reason``)
     <root>/.chunkstore/                       lock file and usage ledger (capacity)
+    <root>/.chunkstore/models/<fp>.json       model record: which model a fingerprint names
 """
 
 from __future__ import annotations
@@ -41,6 +42,11 @@ CHUNK = "chunk"
 ACCESS = "access"
 TEMP = "temp"
 FOREIGN = "foreign"
+
+
+def model_record_name(fingerprint: bytes) -> str:
+    """Where, relative to the root, the record of the model with ``fingerprint`` lives."""
+    return f"{STATE_DIR}/models/{fingerprint.hex()}.json"
 
 
 def classify(name: str) -> str:

@@ -25,6 +25,7 @@ from typing import Any, Protocol
 
 from chunkstore.backends import Store
 from chunkstore.backends.base import Buffer, ChunkInfo
+from chunkstore.backends.models import record_model
 from chunkstore.backends.registry import open_for_option
 from chunkstore.cache import (
     DEFAULT_POLICY,
@@ -129,6 +130,8 @@ class ConnectorStore:
         )
         self.tiers: list[Store] = opened
         """The secondary tiers, fastest first (as opened; the tiered store guards them)."""
+        for tier in opened:
+            record_model(tier, layout.spec)  # so `chunkstore inspect` names the model
         cache = HostCache(
             layout, capacity_bytes=host_bytes, policy=policy, name="host", shm_name=shm_name
         )

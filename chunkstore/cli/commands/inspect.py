@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from chunkstore.backends.base import ChunkInfo
+from chunkstore.backends.models import read_model
 from chunkstore.cli.output import emit_json, emit_text
 from chunkstore.cli.progress import Progress
 from chunkstore.cli.storeaccess import (
@@ -42,8 +43,10 @@ EPILOG = """examples:
   chunkstore inspect s3://bucket/kv --no-headers --json
 
 Reads each chunk's header (not its payload) to find the model fingerprint and
-format version; "corrupt" here means an unreadable header or a header whose key
-does not match the file name. `chunkstore verify` checks payload checksums.
+format version; the model id comes from the store's model records, which writers
+leave beside the chunks ("unknown" for stores without one). "Corrupt" here means
+an unreadable header or a header whose key does not match the file name;
+`chunkstore verify` checks payload checksums.
 """
 
 
@@ -54,8 +57,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="summarise a store: counts, bytes, namespaces, models, ages, orphans, corrupt",
         description=(
             "Summarise a store: chunk count and bytes, breakdown per namespace and per model "
-            "fingerprint, histogram of ages, orphan temp files, foreign files, corrupt and "
-            "quarantined chunks."
+            "(fingerprint and model id), histogram of ages, orphan temp files, foreign files, "
+            "corrupt and quarantined chunks."
         ),
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -132,6 +135,7 @@ def run(args: argparse.Namespace) -> int:
                 if not args.no_headers:
                     _read_header(store, info, namespaces, models, corrupt, unsupported)
                     progress.advance()
+        model_ids = {fp: _model_id(store, fp) for fp in models}
         orphans = temp_files(store)
         foreign = foreign_files(store)
         held = quarantined(store)
@@ -160,6 +164,7 @@ def run(args: argparse.Namespace) -> int:
                 else [
                     {
                         "fingerprint": fp,
+                        "model_id": model_ids[fp],
                         "chunks": t.chunks,
                         "bytes": t.bytes,
                         "namespaces": sorted(t.models),
@@ -215,7 +220,15 @@ def run(args: argparse.Namespace) -> int:
     if model_rows:
         lines.append(
             render_table(
-                ["model fingerprint", "chunks", "bytes", "namespaces", "tokens/chunk", "format"],
+                [
+                    "model fingerprint",
+                    "chunks",
+                    "bytes",
+                    "namespaces",
+                    "tokens/chunk",
+                    "format",
+                    "model",
+                ],
                 [
                     [
                         fp[:16],
@@ -224,6 +237,7 @@ def run(args: argparse.Namespace) -> int:
                         len(t.models),
                         ",".join(map(str, sorted(t.tokens))),
                         ",".join(sorted(t.versions)),
+                        model_ids[fp] or "unknown",
                     ]
                     for fp, t in model_rows
                 ],
@@ -252,6 +266,12 @@ def run(args: argparse.Namespace) -> int:
             lines.append(f"  {p.info.key.namespace}/{p.info.key.hex[:16]}  {p.problem}")
     emit_text("\n".join(lines))
     return 0
+
+
+def _model_id(store: Any, fingerprint: str) -> str | None:
+    """The model id the store's record gives for a fingerprint (None: no valid record)."""
+    spec = read_model(store, bytes.fromhex(fingerprint))
+    return None if spec is None else spec.model_id
 
 
 def _read_header(
