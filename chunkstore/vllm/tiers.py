@@ -15,6 +15,7 @@ and only then does the scheduler let vLLM allocate device blocks for it.
 
 from __future__ import annotations
 
+import builtins
 import logging
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -24,9 +25,10 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from chunkstore.backends import Store
-from chunkstore.backends.base import Buffer, ChunkInfo
+from chunkstore.backends.base import Buffer
 from chunkstore.backends.models import record_model
 from chunkstore.backends.registry import open_for_option
+from chunkstore.backends.wrapper import WrapperStore
 from chunkstore.cache import (
     DEFAULT_POLICY,
     AssemblyOwner,
@@ -50,6 +52,7 @@ __all__ = [
     "RankStore",
     "SaveSlot",
     "WorkerStore",
+    "ZstdTier",
     "flush_shared",
     "acquire_shared",
     "release_shared",
@@ -135,7 +138,7 @@ class ConnectorStore:
         cache = HostCache(
             layout, capacity_bytes=host_bytes, policy=policy, name="host", shm_name=shm_name
         )
-        written = [_Zstd(t) for t in opened] if compression == "zstd" else opened
+        written = [ZstdTier(t) for t in opened] if compression == "zstd" else opened
         self.tiered = TieredStore(cache, written, metrics=metrics)
         """Host memory in front of the tiers: write-behind, promotion, metrics."""
         self.host = _HostView(cache)
@@ -255,40 +258,18 @@ class ConnectorStore:
             self.tiered.close()
 
 
-class _Zstd(Store):
+class ZstdTier(WrapperStore):
     """A tier that stores chunks zstd-compressed and serves them uncompressed.
 
     Compression happens on the write-behind thread, decompression on the
     prefetch threads: host memory only ever holds chunks ready to copy.
     """
 
-    def __init__(self, inner: Store) -> None:
-        super().__init__(name=inner.name, verify=False)  # the inner store verifies
-        self.inner = inner
-        self.kind = inner.kind
-
-    @property
-    def supports_listing(self) -> bool:
-        return self.inner.supports_listing
-
-    @property
-    def high_latency(self) -> bool:
-        return self.inner.high_latency
-
-    @property
-    def corrupt_detected(self) -> int:
-        return self.inner.corrupt_detected
-
     def _read_many(self, keys: Sequence[ChunkKey]) -> list[bytes | None]:
-        from chunkstore.cache.tiered import hot_bytes
+        return _uncompressed(self.inner.get_many(keys))
 
-        return [None if d is None else hot_bytes(d) for d in self.inner.get_many(keys)]
-
-    def exists_many(self, keys: Sequence[ChunkKey]) -> list[bool]:
-        return self.inner.exists_many(keys)
-
-    def lookup_prefix(self, keys: Sequence[ChunkKey]) -> int:
-        return self.inner.lookup_prefix(keys)
+    def read_unchecked_many(self, keys: Sequence[ChunkKey]) -> builtins.list[bytes | None]:
+        return _uncompressed(self.inner.read_unchecked_many(keys))
 
     def put_many(self, items: Sequence[tuple[ChunkKey, Buffer]]) -> list[bool]:
         return self.inner.put_many([(k, recompress(d, "zstd")) for k, d in items])
@@ -296,14 +277,11 @@ class _Zstd(Store):
     def put_if_absent_many(self, items: Sequence[tuple[ChunkKey, Buffer]]) -> list[bool]:
         return self.inner.put_if_absent_many([(k, recompress(d, "zstd")) for k, d in items])
 
-    def delete_many(self, keys: Sequence[ChunkKey]) -> int:
-        return self.inner.delete_many(keys)
 
-    def list(self, namespace: str | None = None) -> Iterator[ChunkInfo]:
-        return self.inner.list(namespace)
+def _uncompressed(found: Sequence[bytes | None]) -> list[bytes | None]:
+    from chunkstore.cache.tiered import hot_bytes
 
-    def close(self) -> None:
-        self.inner.close()
+    return [None if d is None else hot_bytes(d) for d in found]
 
 
 @dataclass(frozen=True, slots=True)
