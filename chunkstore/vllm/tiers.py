@@ -38,6 +38,7 @@ from chunkstore.cache import (
     ShardClaim,
     TieredStore,
 )
+from chunkstore.cache.tiered import hot_bytes
 from chunkstore.errors import StoreError
 from chunkstore.format import ChunkLayout, recompress, seal_chunk
 from chunkstore.hashing import ChunkKey
@@ -279,8 +280,6 @@ class ZstdTier(WrapperStore):
 
 
 def _uncompressed(found: Sequence[bytes | None]) -> list[bytes | None]:
-    from chunkstore.cache.tiered import hot_bytes
-
     return [None if d is None else hot_bytes(d) for d in found]
 
 
