@@ -87,3 +87,13 @@ def test_s3_keeps_records_beside_the_chunks(s3_endpoint: str, s3_admin, tmp_path
         assert len(list(store.list())) == 2 and store.foreign_files() == []
     names = {o["Key"] for o in s3_admin.list_objects_v2(Bucket="models-test")["Contents"]}
     assert f"kv/.chunkstore/models/{SPEC.fingerprint().hex()}.json" in names
+
+
+def test_cp_carries_the_model_records_along(cli, good: GoodStore, tmp_path: Path) -> None:
+    with FsStore(str(good.root)) as store:
+        record_model(store, SPEC)
+    copy = tmp_path / "copy"
+    assert cli("cp", good.root, copy).rc == 0
+    with FsStore(str(copy)) as store:
+        assert read_model(store, SPEC.fingerprint()) == SPEC
+    assert cli("inspect", copy, "--json").json()["models"][0]["model_id"] == "test/tiny"
