@@ -1,14 +1,25 @@
 """chunkstore: versioned, layout-independent LLM KV-cache chunks in tiers.
 
-The core API is re-exported here; optional parts (S3, peers, vLLM) load lazily
-so ``import chunkstore`` stays cheap and never needs their dependencies.
+The curated API, in the manner of zarr and safetensors: describe a model's KV
+(:class:`KVSpec`, :class:`LayerGroup`, :class:`LayerKind`), lay it out
+(:class:`ChunkLayout`), key it (:func:`namespace_root`, :func:`chain_keys`,
+:class:`ChunkKey`), encode and decode chunks (:func:`encode_chunk`,
+:func:`decode_chunk`), store them (:func:`open_store`, :class:`Store`) and cache
+them in host memory in front of the stores (:class:`HostCache`,
+:class:`TieredStore`). Errors derive from :class:`ChunkStoreError`; bad chunk
+bytes raise a :class:`FormatError`.
+
+Everything else lives in the subpackages (``chunkstore.format``,
+``chunkstore.hashing``, ``chunkstore.backends``, ``chunkstore.cache``,
+``chunkstore.vllm``). Stores and caches load on first use, so
+``import chunkstore`` stays cheap and never needs fsspec, S3, peers or vLLM.
 """
 
 from __future__ import annotations
 
 from chunkstore._version import __version__
 from chunkstore.errors import ChunkStoreError, FormatError
-from chunkstore.format import ChunkLayout, KVSpec, LayerGroup, decode_chunk, encode_chunk
+from chunkstore.format import ChunkLayout, KVSpec, LayerGroup, LayerKind, decode_chunk, encode_chunk
 from chunkstore.hashing import ChunkKey, chain_keys, namespace_root
 
 __all__ = [
@@ -16,8 +27,12 @@ __all__ = [
     "ChunkLayout",
     "ChunkStoreError",
     "FormatError",
+    "HostCache",
     "KVSpec",
     "LayerGroup",
+    "LayerKind",
+    "Store",
+    "TieredStore",
     "__version__",
     "chain_keys",
     "decode_chunk",
@@ -26,12 +41,24 @@ __all__ = [
     "open_store",
 ]
 
+# Note: these pull in the backends (fsspec) and the host cache (numpy pools); keep them off
+# the import path of `import chunkstore` so format-only users pay nothing for them.
+_LAZY = {
+    "open_store": "chunkstore.backends",
+    "Store": "chunkstore.backends",
+    "HostCache": "chunkstore.cache",
+    "TieredStore": "chunkstore.cache",
+}
+
 
 def __getattr__(name: str) -> object:
-    # Note: open_store pulls in the backends package; keep it off the import path of
-    # `import chunkstore` so format-only users pay nothing for fsspec.
-    if name == "open_store":
-        from chunkstore.backends.registry import open_store
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'chunkstore' has no attribute {name!r}")
+    import importlib
 
-        return open_store
-    raise AttributeError(f"module 'chunkstore' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

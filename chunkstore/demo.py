@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from chunkstore.backends.base import Store
+from chunkstore.backends.models import record_model
 from chunkstore.format import ChunkLayout, KVSpec, decode_into, encode_chunk
 from chunkstore.hashing import chain_keys, namespace_of, namespace_root, parent_of
 from chunkstore.testing.factories import conversation_tokens, growing_conversation, kv_tensors
@@ -67,6 +68,7 @@ def run_store_demo(store: Store, out: Printer = print) -> DemoReport:
     root = namespace_root(layout.fingerprint)
     step = DEMO_SPEC.chunk_tokens
     report = DemoReport()
+    record_model(store, DEMO_SPEC)  # so `chunkstore inspect` names the model
     out(
         f"model {DEMO_SPEC.model_id}: {DEMO_SPEC.num_layers} layers, chunk = {step} tokens "
         f"= {layout.total_size / 2**10:.0f} KiB; namespace {namespace_of(root)}"

@@ -1,15 +1,26 @@
-"""Chunk stores: the interface (``base``) and its implementations, one module each."""
+"""Chunk stores: the interface (``base``) and its implementations, one module each.
+
+``__all__`` is what users of stores need: open one by URL, the interface, its
+optional capabilities, the in-process store and the wrapper base. The filesystem
+and S3 stores are reached through :func:`open_store` (or their modules,
+``chunkstore.backends.fs`` / ``.s3``, for their options).
+"""
 
 from chunkstore.backends.base import (
     ChunkInfo,
     Store,
     SupportsGetInto,
     SupportsGetManyInto,
+    SupportsModelRecords,
     SupportsRangedRead,
-    binary_search_prefix,
 )
 from chunkstore.backends.memory import MemoryStore
 from chunkstore.backends.registry import open_store, register_scheme
+from chunkstore.backends.wrapper import WrapperStore
+
+# isort: split
+# Importable here, not curated: the prefix search stores share.
+from chunkstore.backends.base import binary_search_prefix as binary_search_prefix
 
 __all__ = [
     "ChunkInfo",
@@ -17,8 +28,9 @@ __all__ = [
     "Store",
     "SupportsGetInto",
     "SupportsGetManyInto",
+    "SupportsModelRecords",
     "SupportsRangedRead",
-    "binary_search_prefix",
+    "WrapperStore",
     "open_store",
     "register_scheme",
 ]

@@ -316,3 +316,17 @@ class SupportsReserve(Protocol):
     def abort(self, lease: Any) -> None:
         """Give a reserved slot back without publishing it."""
         ...
+
+
+@runtime_checkable
+class SupportsModelRecords(Protocol):
+    """Small per-model records beside the chunks (``.chunkstore/models/<fingerprint>.json``):
+    which model a fingerprint names (see :mod:`chunkstore.backends.models`)."""
+
+    def read_model_record(self, fingerprint: bytes) -> bytes | None:
+        """The record stored for ``fingerprint``, or ``None``."""
+        ...
+
+    def write_model_record(self, fingerprint: bytes, record: bytes) -> None:
+        """Store (replace) the record for ``fingerprint``; raises ``StoreError`` on failure."""
+        ...

@@ -647,7 +647,7 @@ class FsStore(Store):
             with contextlib.suppress(OSError):
                 self.io.remove(path + ".atime")
             with contextlib.suppress(OSError):
-                if delete:
+                if delete or reason is None:  # (delete already covers reason None; for mypy)
                     self.io.remove(dest)
                 else:
                     self.io.write_small(dest + L.REASON_SUFFIX, reason_record(reason))
@@ -712,6 +712,20 @@ class FsStore(Store):
     def remove_orphans(self, grace: float = 3600.0) -> int:
         """Delete temp files older than ``grace`` seconds (live writers finish far sooner)."""
         return sum(self.io.remove(f.path) for f in self.orphans(grace))
+
+    # --- model records (SupportsModelRecords) -------------------------------------
+
+    def read_model_record(self, fingerprint: bytes) -> bytes | None:
+        """The record of the model with ``fingerprint`` (``chunkstore.backends.models``)."""
+        return self.io.read_small(self.io.join(self.root, L.model_record_name(fingerprint)))
+
+    def write_model_record(self, fingerprint: bytes, record: bytes) -> None:
+        """Store the record of the model with ``fingerprint`` (atomically replaced)."""
+        self._ensure_marker()
+        try:
+            self.io.write_small(self.io.join(self.root, L.model_record_name(fingerprint)), record)
+        except OSError as exc:
+            raise StoreError(f"{self.root}: cannot write a model record: {exc}") from None
 
     def foreign_files(self) -> builtins.list[StoredFile]:
         """Files in chunk directories that are neither chunks, access records nor temp files."""

@@ -8,6 +8,7 @@
     <root>/<namespace>/ab/cd/.<hex>.<pid>.<rand>.tmp   a write in progress (or an orphan)
     <root>/quarantine/<namespace>/<hex>.kvc   corrupt chunks moved aside (+ ``.reason``)
     <root>/.chunkstore/                       lock file and usage ledger (capacity)
+    <root>/.chunkstore/models/<fp>.json       model record: which model a fingerprint names
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import os
 import re
 import secrets
 import time
+from enum import Enum
 
 from chunkstore.errors import StoreError
 
@@ -37,13 +39,34 @@ _CHUNK_RE = re.compile(r"[0-9a-f]{64}\.kvc")
 _ACCESS_RE = re.compile(r"[0-9a-f]{64}\.kvc\.atime")
 _TEMP_RE = re.compile(r"\..+\.tmp")
 
-CHUNK = "chunk"
-ACCESS = "access"
-TEMP = "temp"
-FOREIGN = "foreign"
+
+class FileKind(str, Enum):
+    """What a file in a fan-out directory is (spec/FORMAT.md 6.1)."""
+
+    CHUNK = "chunk"
+    """``<hex>.kvc``: a chunk."""
+    ACCESS = "access"
+    """``<hex>.kvc.atime``: a chunk's access record."""
+    TEMP = "temp"
+    """``.<hex>.<pid>.<rand>.tmp``: a write in progress, or its orphan."""
+    FOREIGN = "foreign"
+    """Anything else: not chunkstore's (reported, never touched)."""
+
+    __str__ = str.__str__  # the plain value in messages, on every Python version
 
 
-def classify(name: str) -> str:
+CHUNK = FileKind.CHUNK
+ACCESS = FileKind.ACCESS
+TEMP = FileKind.TEMP
+FOREIGN = FileKind.FOREIGN
+
+
+def model_record_name(fingerprint: bytes) -> str:
+    """Where, relative to the root, the record of the model with ``fingerprint`` lives."""
+    return f"{STATE_DIR}/models/{fingerprint.hex()}.json"
+
+
+def classify(name: str) -> FileKind:
     """What a file name inside a fan-out directory is: chunk, access record, temp or foreign."""
     if _CHUNK_RE.fullmatch(name):
         return CHUNK

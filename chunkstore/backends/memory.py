@@ -22,6 +22,7 @@ class MemoryStore(Store):
         # starts empty.
         super().__init__(name=name, verify=verify)
         self._data: dict[ChunkKey, tuple[bytes, float, float]] = {}
+        self._records: dict[bytes, bytes] = {}
         self._lock = threading.Lock()
 
     def _read_many(self, keys: Sequence[ChunkKey]) -> list[bytes | None]:
@@ -76,6 +77,17 @@ class MemoryStore(Store):
             if namespace is None or key.namespace == namespace:
                 yield ChunkInfo(key, len(data), mtime, atime)
 
+    def read_model_record(self, fingerprint: bytes) -> bytes | None:
+        """The record of the model with ``fingerprint`` (``chunkstore.backends.models``)."""
+        with self._lock:
+            return self._records.get(fingerprint)
+
+    def write_model_record(self, fingerprint: bytes, record: bytes) -> None:
+        """Store the record of the model with ``fingerprint``."""
+        with self._lock:
+            self._records[fingerprint] = bytes(record)
+
     def close(self) -> None:
         with self._lock:
             self._data.clear()
+            self._records.clear()

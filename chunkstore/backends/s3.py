@@ -882,6 +882,27 @@ class S3Store(Store):
             key, size, mtime, _ = pending
             yield ChunkInfo(key, size, mtime, mtime)
 
+    # --- model records (SupportsModelRecords) -------------------------------------
+
+    def read_model_record(self, fingerprint: bytes) -> bytes | None:
+        """The record of the model with ``fingerprint`` (``chunkstore.backends.models``)."""
+        name = self._full(L.model_record_name(fingerprint))
+        data: bytes | None = self._run(self._get_small, name)
+        return data
+
+    def write_model_record(self, fingerprint: bytes, record: bytes) -> None:
+        """Store the record of the model with ``fingerprint`` (one PUT)."""
+        self._ensure_marker()
+
+        async def write() -> None:
+            name = self._full(L.model_record_name(fingerprint))
+            try:
+                await self._request("put_object", Key=name, Body=record)
+            except (_Failed, _NotFound, _Exists) as exc:
+                raise StoreError(f"{self.name}: cannot write a model record: {exc}") from None
+
+        self._run(write)
+
     def foreign_files(self) -> builtins.list[StoredFile]:
         """Objects under namespace prefixes that are neither chunks nor access records."""
         out = []

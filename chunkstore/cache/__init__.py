@@ -9,46 +9,44 @@
 * :class:`AssemblyOwner` / :class:`ShardAssembler` - TP rank processes write
   their head shards into one shared slot per chunk, published once.
 
+``__all__`` is the cache as users drive it; the pool and assembly classes are
+importable from here too (not curated), for the vLLM adapter and advanced use.
+
 The policies are pure bookkeeping (no I/O), so the trace simulator
 (:mod:`chunkstore.simulator`) replays traces through the very same classes.
 """
 
 from chunkstore.cache.arc import ARCPolicy
-from chunkstore.cache.assembly import AssemblerStats, ShardAssembler, ShardClaim, SlotRead
-from chunkstore.cache.assembly_owner import AssemblyOwner, AssemblyStats
-from chunkstore.cache.host import Adoption, HostCache, HostCacheStats, Lease
+from chunkstore.cache.host import HostCache, HostCacheStats
+from chunkstore.cache.lease import Lease
 from chunkstore.cache.lru import LRUPolicy
-from chunkstore.cache.policy import (
-    DEFAULT_POLICY,
-    POLICY_NAMES,
-    CachePolicy,
-    NoEvictableEntry,
-    make_policy,
-)
-from chunkstore.cache.pool import SlotPool, StaleSlot
+from chunkstore.cache.policy import DEFAULT_POLICY, POLICY_NAMES, CachePolicy, make_policy
 from chunkstore.cache.prefix_arc import PrefixARCPolicy
 from chunkstore.cache.tiered import TieredStats, TieredStore, TierStats
+
+# isort: split
+# Importable here, not curated: the shared pool and TP assembly the vLLM adapter builds on.
+from chunkstore.cache.assembly import AssemblerStats as AssemblerStats
+from chunkstore.cache.assembly import ShardAssembler as ShardAssembler
+from chunkstore.cache.assembly import ShardClaim as ShardClaim
+from chunkstore.cache.assembly import SlotRead as SlotRead
+from chunkstore.cache.assembly_owner import AssemblyOwner as AssemblyOwner
+from chunkstore.cache.assembly_owner import AssemblyStats as AssemblyStats
+from chunkstore.cache.host import Adoption as Adoption
+from chunkstore.cache.policy import NoEvictableEntry as NoEvictableEntry
+from chunkstore.cache.pool import SlotPool as SlotPool
+from chunkstore.cache.pool import StaleSlot as StaleSlot
 
 __all__ = [
     "DEFAULT_POLICY",
     "POLICY_NAMES",
     "ARCPolicy",
-    "Adoption",
-    "AssemblerStats",
-    "AssemblyOwner",
-    "AssemblyStats",
     "CachePolicy",
     "HostCache",
     "HostCacheStats",
     "LRUPolicy",
     "Lease",
-    "NoEvictableEntry",
     "PrefixARCPolicy",
-    "ShardAssembler",
-    "ShardClaim",
-    "SlotPool",
-    "SlotRead",
-    "StaleSlot",
     "TierStats",
     "TieredStats",
     "TieredStore",

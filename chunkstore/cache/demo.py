@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 from prometheus_client import CollectorRegistry
 
+from chunkstore.backends.models import record_model
 from chunkstore.backends.registry import open_store
 from chunkstore.cache.host import HostCache
 from chunkstore.cache.tiered import TieredStore
@@ -88,6 +89,7 @@ def run_tiered_demo(
     root = namespace_root(layout.fingerprint, extra={"demo": "tiered"})
     options: dict[str, Any] = {} if store_url.startswith("memory://") else {"create": True}
     backing = open_store(store_url, **options)
+    record_model(backing, TIERED_DEMO_SPEC)  # so `chunkstore inspect` names the model
     host = HostCache(layout, num_slots=host_chunks, policy=policy)
     store = TieredStore(
         host, [backing], metrics=ChunkstoreMetrics(CollectorRegistry()), tier_timeout=None

@@ -515,7 +515,7 @@ def _page_lock(mapping: mmap.mmap, *, required: bool) -> Callable[[], None] | No
         return None
     address = np.frombuffer(mapping, np.uint8).ctypes.data
     size = len(mapping)
-    cudart = torch.cuda.cudart()
+    cudart = torch.cuda.cudart()  # type: ignore[no-untyped-call]  # untyped in torch's stubs
     status = cudart.cudaHostRegister(address, size, 0)
     if int(status) != 0:
         if required:

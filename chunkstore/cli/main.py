@@ -29,7 +29,7 @@ class _CurrentStderrHandler(logging.StreamHandler):  # type: ignore[type-arg]
     later log into a closed stream.
     """
 
-    @property  # type: ignore[override]
+    @property
     def stream(self) -> object:
         return sys.stderr
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any
 
 import blake3
@@ -11,12 +12,31 @@ import blake3
 from chunkstore.errors import ConfigError
 from chunkstore.format.dtypes import dtype_named
 
-ATTENTION = "attention"
-SLIDING_WINDOW = "sliding_window"
-MLA = "mla"
-STATE = "state"
-KINDS = (ATTENTION, SLIDING_WINDOW, MLA, STATE)
-"""Layer-group kinds: K/V attention (full or sliding window), MLA latent, per-chunk state."""
+
+class LayerKind(str, Enum):
+    """What a layer group stores per layer (spec/FORMAT.md 3.2). A ``str`` whose value is the
+    name the canonical JSON and the spec use, so ``LayerKind.MLA == "mla"``."""
+
+    ATTENTION = "attention"
+    """K and V per head (full attention)."""
+    SLIDING_WINDOW = "sliding_window"
+    """K and V per head, of a sliding-window layer."""
+    MLA = "mla"
+    """One latent vector per token (multi-head latent attention)."""
+    STATE = "state"
+    """One state tensor per chunk (linear attention, SSM)."""
+
+    # The plain value in messages and f-strings on every Python version (3.12's format()
+    # of a mixed-in enum goes through __str__, which Enum makes the member name).
+    __str__ = str.__str__
+
+
+ATTENTION = LayerKind.ATTENTION
+SLIDING_WINDOW = LayerKind.SLIDING_WINDOW
+MLA = LayerKind.MLA
+STATE = LayerKind.STATE
+KINDS: tuple[LayerKind, ...] = tuple(LayerKind)
+"""Every layer-group kind, in spec order."""
 
 
 def _require_int(name: str, value: Any) -> None:
@@ -38,8 +58,8 @@ def _require_text(name: str, value: Any) -> None:
 class LayerGroup:
     """Layers that share one KV shape and kind."""
 
-    kind: str
-    """One of :data:`KINDS`."""
+    kind: LayerKind
+    """What the group stores (its name as a string is accepted and converted)."""
     layers: tuple[int, ...]
     """Global layer indices, in model order."""
     num_kv_heads: int = 1
@@ -62,8 +82,14 @@ class LayerGroup:
             _require_int("layers and state_shape entries", value)
         if self.sliding_window is not None and self.sliding_window <= 0:
             raise ConfigError(f"sliding_window must be positive or None, got {self.sliding_window}")
-        if self.kind not in KINDS:
-            raise ConfigError(f"layer group kind must be one of {KINDS}, got {self.kind!r}")
+        try:
+            # frozen: the one place the field is set after __init__ (normalising str to enum)
+            object.__setattr__(self, "kind", LayerKind(self.kind))
+        except ValueError:
+            names = tuple(k.value for k in LayerKind)
+            raise ConfigError(
+                f"layer group kind must be one of {names}, got {self.kind!r}"
+            ) from None
         if not self.layers or len(set(self.layers)) != len(self.layers) or min(self.layers) < 0:
             raise ConfigError(f"layer group needs distinct non-negative layers, got {self.layers}")
         if self.kind == STATE:
@@ -77,7 +103,7 @@ class LayerGroup:
     def to_dict(self) -> dict[str, Any]:
         """Canonical dict (fixed keys) used for the fingerprint."""
         return {
-            "kind": self.kind,
+            "kind": self.kind.value,
             "layers": list(self.layers),
             "num_kv_heads": self.num_kv_heads,
             "head_dim": self.head_dim,

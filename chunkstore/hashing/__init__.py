@@ -1,27 +1,19 @@
-"""Prefix-chained BLAKE3 chunk keys and namespace roots."""
+"""Prefix-chained BLAKE3 chunk keys and namespace roots (spec/FORMAT.md section 5).
 
-from chunkstore.hashing.keys import (
-    DIGEST_SIZE,
-    ChunkKey,
-    chain_digest,
-    chain_keys,
-    encode_extra,
-    is_namespace,
-    namespace_of,
-    namespace_root,
-    parent_of,
-    tokens_as_le_u32,
-)
+``__all__`` is what users need to name chunks; the names imported below it with
+``as`` (the chain's building blocks) are importable from here too, for chunkstore's
+own modules and advanced use, but are not part of the curated API.
+"""
 
-__all__ = [
-    "DIGEST_SIZE",
-    "ChunkKey",
-    "chain_digest",
-    "chain_keys",
-    "encode_extra",
-    "is_namespace",
-    "namespace_of",
-    "namespace_root",
-    "parent_of",
-    "tokens_as_le_u32",
-]
+from chunkstore.hashing.keys import ChunkKey, chain_keys, namespace_of, namespace_root
+
+# isort: split
+# Importable here, not curated (see the module docstring).
+from chunkstore.hashing.keys import DIGEST_SIZE as DIGEST_SIZE
+from chunkstore.hashing.keys import chain_digest as chain_digest
+from chunkstore.hashing.keys import encode_extra as encode_extra
+from chunkstore.hashing.keys import is_namespace as is_namespace
+from chunkstore.hashing.keys import parent_of as parent_of
+from chunkstore.hashing.keys import tokens_as_le_u32 as tokens_as_le_u32
+
+__all__ = ["ChunkKey", "chain_keys", "namespace_of", "namespace_root"]

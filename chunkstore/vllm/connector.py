@@ -14,8 +14,10 @@ loads, saves), each worker one moves bytes. This class only dispatches to
 
 from __future__ import annotations
 
+import functools
 import logging
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, cast
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
@@ -33,7 +35,7 @@ from chunkstore.vllm.engine import EngineKV, describe_engine
 from chunkstore.vllm.metadata import ChunkStoreMetadata
 from chunkstore.vllm.scheduler import ChunkStoreScheduler
 from chunkstore.vllm.stats import ChunkStorePromMetrics, ChunkStoreStats
-from chunkstore.vllm.tiers import ConnectorStore, RankStore, shared_store
+from chunkstore.vllm.tiers import ConnectorStore, RankStore, acquire_shared, release_shared
 from chunkstore.vllm.worker import ChunkStoreWorker
 
 if TYPE_CHECKING:
@@ -83,10 +85,17 @@ class ChunkStoreConnector(KVConnectorBase_V1, SupportsHMA):
                 rank=self.engine.tp_rank,
                 tp=self.engine.tp_size,
             )
+            # A rank detaches from the pool; the scheduler's store owns it and its /dev/shm name.
+            self._release_store: Callable[[], None] = self.store.close
         else:
             # TP=1: scheduler and worker share one process (vLLM runs the single worker
             # inside the engine core), so they share this process's store by name.
-            self.store = shared_store(self.pool_name, self._make_store)
+            self.store = acquire_shared(self.pool_name, self._make_store)
+            # The last connector of the engine in this process closes the store: its host pool,
+            # tier threads and, at TP > 1, the pool's /dev/shm name.
+            self._release_store = functools.partial(release_shared, self.pool_name)
+        self.shut_down = False
+        """Whether :meth:`shutdown` ran (it releases this connector's hold on the store once)."""
         self.metrics_server: MetricsServer | None = None
         if role == KVConnectorRole.SCHEDULER:
             assert isinstance(self.store, ConnectorStore)
@@ -183,12 +192,19 @@ class ChunkStoreConnector(KVConnectorBase_V1, SupportsHMA):
         return ChunkStoreStats(data=data) if data is not None else None
 
     def shutdown(self) -> None:
-        if self.worker is not None:
-            self.worker.drain()
-        self.store.flush(timeout=30)
-        if self.metrics_server is not None:
-            self.metrics_server.close()
-            self.metrics_server = None
+        # Idempotent: vLLM may call it from the engine core and again from a finalizer.
+        if self.shut_down:
+            return
+        self.shut_down = True
+        try:
+            if self.worker is not None:
+                self.worker.drain()
+            self.store.flush(timeout=30)
+        finally:
+            self._release_store()
+            if self.metrics_server is not None:
+                self.metrics_server.close()
+                self.metrics_server = None
 
     # --- scheduler side -------------------------------------------------------------
 
@@ -215,7 +231,8 @@ class ChunkStoreConnector(KVConnectorBase_V1, SupportsHMA):
 
     def build_connector_meta(self, scheduler_output: Any) -> KVConnectorMetadata:
         assert self.scheduler is not None
-        return self.scheduler.build_connector_meta(scheduler_output)
+        # A registered virtual subclass (see above), which mypy cannot see.
+        return cast(KVConnectorMetadata, self.scheduler.build_connector_meta(scheduler_output))
 
     def request_finished(
         self, request: Any, block_ids: list[int]

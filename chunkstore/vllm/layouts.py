@@ -272,7 +272,8 @@ def physical_order(t: torch.Tensor) -> tuple[int, ...]:
     """Logical dims of size > 1 sorted from the largest stride to the smallest (ties keep their
     order)."""
     dims = [i for i in range(t.dim()) if t.shape[i] > 1]
-    return tuple(sorted(dims, key=lambda i: (-t.stride(i), i)))
+    strides = t.stride()
+    return tuple(sorted(dims, key=lambda i: (-strides[i], i)))
 
 
 def torch_cat_last(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

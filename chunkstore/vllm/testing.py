@@ -88,7 +88,8 @@ def make_tiny_llama(path: str | os.PathLike[str], spec: TinyModelSpec | None = N
         special_tokens=["<s>", "</s>", "<unk>"],
         show_progress=False,
     )
-    tok = PreTrainedTokenizerFast(
+    # transformers' tokenizer and model constructors are untyped.
+    tok = PreTrainedTokenizerFast(  # type: ignore[no-untyped-call]
         tokenizer_object=bpe._tokenizer,  # the Rust tokenizer behind the wrapper
         bos_token="<s>",
         eos_token="</s>",
@@ -111,10 +112,10 @@ def make_tiny_llama(path: str | os.PathLike[str], spec: TinyModelSpec | None = N
         # for a fixed number of tokens and compare them.
         eos_token_id=tok.eos_token_id,
         tie_word_embeddings=False,
-        torch_dtype=spec.dtype,
+        dtype=spec.dtype,
     )
     torch.manual_seed(spec.seed)
-    model = LlamaForCausalLM(config)
+    model = LlamaForCausalLM(config)  # type: ignore[no-untyped-call]
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):

@@ -15,31 +15,47 @@ and only then does the scheduler let vLLM allocate device blocks for it.
 
 from __future__ import annotations
 
+import builtins
 import logging
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from chunkstore.backends import Store
-from chunkstore.backends.base import Buffer, ChunkInfo
+from chunkstore.backends.base import Buffer
+from chunkstore.backends.models import record_model
 from chunkstore.backends.registry import open_for_option
+from chunkstore.backends.wrapper import WrapperStore
+from chunkstore.cache import (
+    DEFAULT_POLICY,
+    AssemblyOwner,
+    HostCache,
+    ShardAssembler,
+    TieredStore,
+)
 from chunkstore.cache.lease import Lease
 from chunkstore.errors import StoreError
-from chunkstore.format import ChunkLayout, hot_bytes, recompress
+from chunkstore.format import ChunkLayout, hot_bytes, recompress, seal_chunk
 from chunkstore.hashing import ChunkKey
+from chunkstore.vllm.metadata import ChunkSave
 
 log = logging.getLogger(__name__)
 
 __all__ = [
     "ConnectorStore",
+    "PlainBuffer",
     "PrefetchResult",
     "RankStore",
+    "SaveSlot",
+    "WorkerStore",
+    "ZstdTier",
     "flush_shared",
+    "acquire_shared",
     "release_shared",
-    "shared_store",
+    "shared_names",
     "tier_open_options",
 ]
 
@@ -47,7 +63,7 @@ __all__ = [
 class _HostView:
     """The host cache as the scheduler and tests ask it: by key, host memory only."""
 
-    def __init__(self, cache: Any) -> None:
+    def __init__(self, cache: HostCache) -> None:
         self.cache = cache
         """The :class:`~chunkstore.cache.HostCache`."""
 
@@ -99,12 +115,12 @@ class ConnectorStore:
         store_options: dict[str, dict[str, Any]] | None = None,
         compression: str = "none",
         stores: Sequence[Store] | None = None,
-        policy: str = "arc",
+        policy: str = DEFAULT_POLICY,
         shm_name: str | None = None,
         metrics: Any = None,
     ) -> None:
-        from chunkstore.cache import AssemblyOwner, HostCache, TieredStore
-
+        self.layout = layout
+        """The chunk layout of every chunk saved through :meth:`save_slot`."""
         options = store_options or {}
         opened = (
             list(stores)
@@ -116,14 +132,16 @@ class ConnectorStore:
         )
         self.tiers: list[Store] = opened
         """The secondary tiers, fastest first (as opened; the tiered store guards them)."""
+        for tier in opened:
+            record_model(tier, layout.spec)  # so `chunkstore inspect` names the model
         cache = HostCache(
             layout, capacity_bytes=host_bytes, policy=policy, name="host", shm_name=shm_name
         )
-        written = [_Zstd(t) for t in opened] if compression == "zstd" else opened
+        written = [ZstdTier(t) for t in opened] if compression == "zstd" else opened
         self.tiered = TieredStore(cache, written, metrics=metrics)
         """Host memory in front of the tiers: write-behind, promotion, metrics."""
         self.host = _HostView(cache)
-        self.owner: Any = None
+        self.owner: AssemblyOwner | None = None
         """The TP shard-assembly owner (``shm_name`` given): lends slots to rank processes,
         publishes what they seal once and queues it for write-back."""
         if shm_name is not None:
@@ -177,10 +195,38 @@ class ConnectorStore:
         return self.tiered.reserve(key)
 
     def commit(self, lease: Lease) -> None:
+        """Publish a reserved slot in host memory and queue its write-back."""
         self.tiered.commit(lease)
 
     def abort(self, lease: Lease) -> None:
+        """Give up a reservation; idempotent."""
         self.tiered.abort(lease)
+
+    def save_slot(self, save: ChunkSave) -> Lease | PlainBuffer:
+        """Where to write the whole chunk: a pinned host slot when the cache has room, else a
+        plain buffer (stored with a copy)."""
+        return self.reserve(save.key) or PlainBuffer(bytearray(self.layout.total_size))
+
+    def save_done(self, save: ChunkSave, slot: SaveSlot) -> None:
+        """Seal the chunk written into ``slot`` and keep it (host memory, then the tiers)."""
+        seal_chunk(
+            self.layout,
+            slot.view,
+            key=save.key.digest,
+            parent=save.parent,
+            namespace=save.key.namespace,
+            tokens=list(save.tokens),
+            verify_key=False,
+        )
+        if isinstance(slot, Lease):
+            self.commit(slot)  # in host memory now; written behind to the tiers
+        else:
+            self.put(save.key, slot.view)
+
+    def save_abandoned(self, slot: SaveSlot) -> None:
+        """Give up a slot from :meth:`save_slot` (nothing is stored)."""
+        if isinstance(slot, Lease):
+            self.abort(slot)
 
     def put(self, key: ChunkKey, data: Any) -> None:
         """Keep a sealed chunk in host memory and write it behind to every tier."""
@@ -211,38 +257,18 @@ class ConnectorStore:
             self.tiered.close()
 
 
-class _Zstd(Store):
+class ZstdTier(WrapperStore):
     """A tier that stores chunks zstd-compressed and serves them uncompressed.
 
     Compression happens on the write-behind thread, decompression on the
     prefetch threads: host memory only ever holds chunks ready to copy.
     """
 
-    def __init__(self, inner: Store) -> None:
-        super().__init__(name=inner.name, verify=False)  # the inner store verifies
-        self.inner = inner
-        self.kind = inner.kind
-
-    @property
-    def supports_listing(self) -> bool:
-        return self.inner.supports_listing
-
-    @property
-    def high_latency(self) -> bool:
-        return self.inner.high_latency
-
-    @property
-    def corrupt_detected(self) -> int:
-        return self.inner.corrupt_detected
-
     def _read_many(self, keys: Sequence[ChunkKey]) -> list[bytes | None]:
-        return [None if d is None else hot_bytes(d) for d in self.inner.get_many(keys)]
+        return _uncompressed(self.inner.get_many(keys))
 
-    def exists_many(self, keys: Sequence[ChunkKey]) -> list[bool]:
-        return self.inner.exists_many(keys)
-
-    def lookup_prefix(self, keys: Sequence[ChunkKey]) -> int:
-        return self.inner.lookup_prefix(keys)
+    def read_unchecked_many(self, keys: Sequence[ChunkKey]) -> builtins.list[bytes | None]:
+        return _uncompressed(self.inner.read_unchecked_many(keys))
 
     def put_many(self, items: Sequence[tuple[ChunkKey, Buffer]]) -> list[bool]:
         return self.inner.put_many([(k, recompress(d, "zstd")) for k, d in items])
@@ -250,14 +276,56 @@ class _Zstd(Store):
     def put_if_absent_many(self, items: Sequence[tuple[ChunkKey, Buffer]]) -> list[bool]:
         return self.inner.put_if_absent_many([(k, recompress(d, "zstd")) for k, d in items])
 
-    def delete_many(self, keys: Sequence[ChunkKey]) -> int:
-        return self.inner.delete_many(keys)
 
-    def list(self, namespace: str | None = None) -> Iterator[ChunkInfo]:
-        return self.inner.list(namespace)
+def _uncompressed(found: Sequence[bytes | None]) -> list[bytes | None]:
+    return [None if d is None else hot_bytes(d) for d in found]
+
+
+@dataclass(frozen=True, slots=True)
+class PlainBuffer:
+    """A chunk buffer outside the host pool (every slot was pinned): stored by copy."""
+
+    view: bytearray
+    """The whole chunk's bytes."""
+
+
+SaveSlot = Lease | PlainBuffer
+"""Where a worker writes a chunk it saves: a host-pool slot, a rank's claim on a shared slot,
+or a plain buffer."""
+
+
+class WorkerStore(Protocol):
+    """What a worker connector needs of its store; :class:`ConnectorStore` (whole chunks, the
+    process's own host cache) and :class:`RankStore` (a TP rank's heads in a shared slot) are
+    both one, so the worker never asks which it has."""
+
+    def read_host(self, key: ChunkKey) -> AbstractContextManager[Any | None]:
+        """The chunk's bytes in host memory, pinned meanwhile; None if absent."""
+        ...
+
+    def save_slot(self, save: ChunkSave) -> SaveSlot | None:
+        """Where to write the chunk ``save`` names, or None: nothing for this process to write."""
+        ...
+
+    def save_done(self, save: ChunkSave, slot: SaveSlot) -> None:
+        """The bytes are in ``slot``: seal and keep the chunk (or this rank's part of it)."""
+        ...
+
+    def save_abandoned(self, slot: SaveSlot) -> None:
+        """The copy into ``slot`` failed: give the slot up, nothing is stored."""
+        ...
+
+    def drop(self, key: ChunkKey) -> None:
+        """Forget a chunk that failed to load, where this process may."""
+        ...
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Wait until what was saved so far is written behind."""
+        ...
 
     def close(self) -> None:
-        self.inner.close()
+        """Release what this store holds."""
+        ...
 
 
 class RankStore:
@@ -276,17 +344,15 @@ class RankStore:
         self.layout = layout
         self.rank = rank
         self.tp = tp
-        self._assembler: Any = None
+        self._assembler: ShardAssembler | None = None
         self._lock = threading.Lock()
         self._warned = False
 
-    def assembler(self) -> Any | None:
+    def assembler(self) -> ShardAssembler | None:
         """The attached :class:`~chunkstore.cache.ShardAssembler`, or None while the pool is
         not there yet."""
         with self._lock:
             if self._assembler is None:
-                from chunkstore.cache import ShardAssembler
-
                 try:
                     # pin_memory=None: page-locked in this process when torch sees CUDA.
                     self._assembler = ShardAssembler.attach(
@@ -310,23 +376,25 @@ class RankStore:
         with lease:
             yield lease.view
 
-    def claim(self, key: ChunkKey, parent: bytes, tokens: Sequence[int]) -> Lease | None:
-        """This rank's claim (a write :class:`~chunkstore.cache.lease.Lease`) on ``key``, or
-        None (nothing to write: cached already, written by this rank, a replica rank, or no slot
+    def save_slot(self, save: ChunkSave) -> Lease | None:
+        """This rank's claim on the chunk's shared slot (write only this rank's heads), or None:
+        nothing to write (cached already, written by this rank, a replica rank, or no slot
         free)."""
         assembler = self.assembler()
         if assembler is None:
             return None
-        claim: Lease | None = assembler.slot_for_write(key, parent=parent, tokens=list(tokens))
-        return claim
+        return assembler.slot_for_write(save.key, parent=save.parent, tokens=list(save.tokens))
 
-    def mark_written(self, claim: Lease) -> bool:
-        """This rank's part of ``claim`` is in place (the last rank seals the chunk)."""
-        return bool(self._assembler.mark_written(claim))
+    def save_done(self, save: ChunkSave, slot: SaveSlot) -> None:
+        """This rank's part is in place; the last rank's mark seals the chunk and the owner
+        publishes it."""
+        assert isinstance(slot, Lease) and self._assembler is not None
+        self._assembler.mark_written(slot)
 
-    def abandon(self, claim: Lease) -> None:
+    def save_abandoned(self, slot: SaveSlot) -> None:
         """Give up a claim (the chunk is not published)."""
-        self._assembler.abandon(claim)
+        assert isinstance(slot, Lease) and self._assembler is not None
+        self._assembler.abandon(slot)
 
     def drop(self, key: ChunkKey) -> None:
         """Nothing: only the owner may evict; a chunk that fails to load stays a load error."""
@@ -349,36 +417,60 @@ def tier_open_options(url: str, options: dict[str, Any]) -> dict[str, Any]:
     return dict(options)
 
 
-_SHARED: dict[str, ConnectorStore] = {}
+@dataclass
+class _SharedEntry:
+    """One shared store and how many connectors use it."""
+
+    store: ConnectorStore
+    users: int = 0
+
+
+# The registry the rule "every resource has one owner" allows: keyed by name, reference-counted,
+# the store (host pool, tier threads, assembly owner, /dev/shm file) closed by its last user.
+_SHARED: dict[str, _SharedEntry] = {}
 _SHARED_LOCK = threading.Lock()
 
 
-def shared_store(name: str, factory: Any) -> ConnectorStore:
-    """The process's store for ``name`` (the engine id), made by ``factory()`` on first use.
+def acquire_shared(name: str, factory: Callable[[], ConnectorStore]) -> ConnectorStore:
+    """The process's store for ``name`` (the engine id), made by ``factory()`` on first use;
+    each call is one more user, who calls :func:`release_shared` when done.
 
     The scheduler and worker connectors of one engine live in the same process
     whenever TP is 1 (always, with ``VLLM_ENABLE_V1_MULTIPROCESSING=0``, and in
     the engine-core process of ``vllm serve``); they share host memory this way.
     """
     with _SHARED_LOCK:
-        store = _SHARED.get(name)
-        if store is None or store.closed:
-            store = factory()
-            _SHARED[name] = store
-        return store
+        entry = _SHARED.get(name)
+        if entry is None or entry.store.closed:
+            entry = _SharedEntry(factory())
+            _SHARED[name] = entry
+        entry.users += 1
+        return entry.store
+
+
+def release_shared(name: str) -> None:
+    """One user of the shared store ``name`` is done with it; the last one closes it (which
+    removes its shared host pool from ``/dev/shm``). Unknown names are ignored."""
+    with _SHARED_LOCK:
+        entry = _SHARED.get(name)
+        if entry is None:
+            return
+        entry.users -= 1
+        if entry.users > 0:
+            return
+        del _SHARED[name]
+    entry.store.close()
+
+
+def shared_names() -> list[str]:
+    """The names of the shared stores open in this process (none once every engine shut down)."""
+    with _SHARED_LOCK:
+        return sorted(_SHARED)
 
 
 def flush_shared(timeout: float | None = None) -> None:
     """Wait for the write-behind of every shared store of this process (tests, benchmarks)."""
     with _SHARED_LOCK:
-        stores = list(_SHARED.values())
+        stores = [entry.store for entry in _SHARED.values()]
     for store in stores:
         store.flush(timeout=timeout)
-
-
-def release_shared(name: str) -> None:
-    """Close and forget the shared store ``name``."""
-    with _SHARED_LOCK:
-        store = _SHARED.pop(name, None)
-    if store is not None:
-        store.close()

@@ -400,7 +400,8 @@ class CudaRuntime:
         self.device = device
 
     def new_stream(self) -> Any:
-        return torch.cuda.Stream(device=self.device)
+        # torch.cuda.Stream/Event have untyped constructors in torch's stubs.
+        return torch.cuda.Stream(device=self.device)  # type: ignore[no-untyped-call]
 
     def current_stream(self) -> Any:
         return torch.cuda.current_stream(self.device)
@@ -409,7 +410,7 @@ class CudaRuntime:
         return torch.cuda.stream(stream)
 
     def new_event(self, timing: bool = False) -> Any:
-        return torch.cuda.Event(enable_timing=timing)
+        return torch.cuda.Event(enable_timing=timing)  # type: ignore[no-untyped-call]
 
     def is_pinned(self, host: torch.Tensor) -> bool:
         # True for cudaHostRegister'ed memory too (CUDA reports it as host-pinned).

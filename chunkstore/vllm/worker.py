@@ -23,13 +23,13 @@ from typing import Any
 import torch
 
 from chunkstore.errors import ChunkStoreError, ConfigError
-from chunkstore.format import MLA, decode_chunk, seal_chunk
+from chunkstore.format import MLA, decode_chunk
 from chunkstore.vllm.config import ConnectorConfig
 from chunkstore.vllm.counters import Counters
 from chunkstore.vllm.engine import EngineKV
 from chunkstore.vllm.layouts import DeviceLayout, detect_layout
 from chunkstore.vllm.metadata import ChunkLoad, ChunkSave, ChunkStoreMetadata
-from chunkstore.vllm.tiers import ConnectorStore, RankStore
+from chunkstore.vllm.tiers import SaveSlot, WorkerStore
 from chunkstore.vllm.transfer import Batch, DeviceCopier, Fence, ShardMap, select_copier
 
 log = logging.getLogger(__name__)
@@ -72,8 +72,8 @@ class _PendingLoad(_Pending):
 @dataclass
 class _PendingSave(_Pending):
     saves: list[ChunkSave]
-    buffers: list[Any]
-    """Host chunk buffers being written; sealed and stored when complete."""
+    slots: list[SaveSlot]
+    """Where each save's bytes are being written; sealed and stored when complete."""
 
 
 class ChunkStoreWorker:
@@ -88,7 +88,7 @@ class ChunkStoreWorker:
         self,
         engine: EngineKV,
         cfg: ConnectorConfig,
-        store: ConnectorStore | RankStore,
+        store: WorkerStore,
         vllm_config: Any = None,
         *,
         metrics: Any = None,
@@ -112,7 +112,7 @@ class ChunkStoreWorker:
 
             metrics = default_metrics()
         self.metrics = metrics
-        self._pending: list[_Pending] = []
+        self._pending: list[_PendingLoad | _PendingSave] = []
         self._load_errors: set[int] = set()
         self._finished_recving: set[str] = set()
         self._failed_recving: set[str] = set()
@@ -182,7 +182,11 @@ class ChunkStoreWorker:
             from vllm.config import get_layers_from_vllm_config
             from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
 
-            layers = get_layers_from_vllm_config(self.vllm_config, AttentionLayerBase)
+            # vLLM's own callers pass this abstract base: it selects every attention layer.
+            layers = get_layers_from_vllm_config(
+                self.vllm_config,
+                AttentionLayerBase,  # type: ignore[type-abstract]
+            )
             return {name: layer.get_attn_backend().get_name() for name, layer in layers.items()}
         except Exception as exc:  # noqa: BLE001 - fall back to shape-based detection
             log.debug("chunkstore: cannot read attention backends: %s", exc)
@@ -214,7 +218,7 @@ class ChunkStoreWorker:
         discarded by vLLM, which also resets its prefix cache). Idempotent."""
         self.suspended = False
 
-    def _track(self, pending: _Pending) -> None:
+    def _track(self, pending: _PendingLoad | _PendingSave) -> None:
         self._pending.append(pending)
         self.poll()
         # Bound host buffers held by unfinished copies: wait for the oldest beyond the limit.
@@ -223,7 +227,7 @@ class ChunkStoreWorker:
             oldest.fence.wait()
             self._finish(oldest)
 
-    def _finish(self, pending: _Pending) -> None:
+    def _finish(self, pending: _PendingLoad | _PendingSave) -> None:
         seconds = pending.fence.seconds
         if seconds is None:
             seconds = time.perf_counter() - pending.started
@@ -237,34 +241,17 @@ class ChunkStoreWorker:
             self.metrics.record_device_transfer("host_to_device", pending.nbytes, seconds)
             return
         t0 = time.perf_counter()
-        self._store_saves(pending.saves, pending.buffers)
+        self._store_saves(pending)
         self.stats.add("saved_chunks", len(pending.saves))
         self.stats.add("saved_bytes", pending.nbytes)
         self.stats.add("save_seconds", seconds + time.perf_counter() - t0)
         self.metrics.record_device_transfer("device_to_host", pending.nbytes, seconds)
 
-    def _store_saves(self, saves: list[ChunkSave], buffers: list[Any]) -> None:
+    def _store_saves(self, pending: _PendingSave) -> None:
         """Chunks whose bytes are in host memory: seal and store them (or mark this rank's
         part written: the last rank's mark seals, the owner publishes)."""
-        store = self.store
-        if isinstance(store, RankStore):
-            for claim in buffers:
-                store.mark_written(claim)
-            return
-        for save, buf in zip(saves, buffers):
-            seal_chunk(
-                self.engine.layout,
-                buf if isinstance(buf, bytearray) else buf.view,
-                key=save.key.digest,
-                parent=save.parent,
-                namespace=save.key.namespace,
-                tokens=list(save.tokens),
-                verify_key=False,
-            )
-            if isinstance(buf, bytearray):
-                store.put(save.key, buf)
-            else:
-                store.commit(buf)  # in host memory now; written behind to the tiers
+        for save, slot in zip(pending.saves, pending.slots):
+            self.store.save_done(save, slot)
 
     # --- loads ---------------------------------------------------------------------
 
@@ -408,35 +395,22 @@ class ChunkStoreWorker:
         t0 = time.perf_counter()
         layout = self.engine.layout
         saves = list(meta.saves)
-        buffers: list[Any]
-        if isinstance(self.store, RankStore):
-            # TP > 1: this rank's heads go straight into its ranges of the chunk's shared slot.
-            claims = [self.store.claim(s.key, s.parent, s.tokens) for s in saves]
-            saves = [s for s, claim in zip(saves, claims) if claim is not None]
-            buffers = [claim for claim in claims if claim is not None]
-            if not buffers:
-                return  # cached already, a replica rank, or no slot lent out
-            views = [claim.view for claim in buffers]
-        else:
-            # Straight into pinned host slots when the cache has room; else a plain buffer.
-            buffers = [self.store.reserve(s.key) or bytearray(layout.total_size) for s in saves]
-            views = [b if isinstance(b, bytearray) else b.view for b in buffers]
-        payloads = [memoryview(v)[layout.data_offset :] for v in views]
+        # Straight into host memory: a pinned slot of this process's cache (or a plain buffer
+        # when every slot is pinned), or at TP > 1 this rank's ranges of the shared slot.
+        wanted = [(s, self.store.save_slot(s)) for s in saves]
+        saves = [s for s, slot in wanted if slot is not None]
+        slots = [slot for _, slot in wanted if slot is not None]
+        if not slots:
+            return  # cached already, a replica rank, or no slot lent out
+        payloads = [memoryview(slot.view)[layout.data_offset :] for slot in slots]
         try:
             batch = self.copy_out(saves, payloads)
         except BaseException:
-            self._abandon(buffers)
+            for slot in slots:
+                self.store.save_abandoned(slot)
             raise
         assert batch.fence is not None
-        self._track(_PendingSave(batch.fence, t0, batch.nbytes, saves, buffers))
-
-    def _abandon(self, buffers: list[Any]) -> None:
-        store = self.store
-        for buf in buffers:
-            if isinstance(store, RankStore):
-                store.abandon(buf)
-            elif not isinstance(buf, bytearray):
-                store.abort(buf)
+        self._track(_PendingSave(batch.fence, t0, batch.nbytes, saves, slots))
 
     def _gather_chunks(self, saves: list[ChunkSave], views: list[dict[str, torch.Tensor]]) -> None:
         """Copy the saves' blocks, converted to canonical tensors, into each chunk's ``views``."""

@@ -1,12 +1,15 @@
 """Run the tiny vLLM engine on CPU with ChunkStoreConnector; the tests run it in a subprocess.
 
-``python -m tests.vllm.engine_run MODEL_DIR STORE_DIR PROMPTS_JSON OUT_JSON [--twice]``
+``python -m tests.vllm.engine_run MODEL_DIR STORE_DIR PROMPTS_JSON OUT_JSON [--twice] [--shutdown]``
 
 For each prompt (a list of token ids) it generates 12 greedy tokens and
 records them with the external prefix-cache hits (``vllm:external_prefix_cache_hits``)
 and the connector's counters that this prompt added. ``--twice`` runs the
 prompts again after ``reset_prefix_cache()`` (run 2 reloads what run 1 saved)
 and writes ``{"run1": [...], "run2": [...]}``; otherwise the list of one run.
+``--shutdown`` (with ``--twice``) then shuts the engine down as ``LLM`` does at exit and
+records under ``"lifecycle"`` which chunkstore stores were open before and after, and
+which of the engine's names are left in ``/dev/shm``.
 
 Every engine runs in its own process: vLLM's start-up walks the attributes of
 every imported module, which breaks on whatever else a test process imported
@@ -102,6 +105,20 @@ def library_metrics() -> dict[str, float]:
     return out
 
 
+def lifecycle(llm) -> dict[str, object]:
+    """Shut the engine down; what of chunkstore's stays behind."""
+    from pathlib import Path
+
+    from chunkstore.vllm.tiers import shared_names
+
+    pool = f"vllm-{llm.llm_engine.vllm_config.kv_transfer_config.engine_id}"
+    before = shared_names()
+    llm.llm_engine.engine_core.shutdown()
+    shm = Path("/dev/shm")
+    left = sorted(p.name for p in shm.glob(f"{pool}*")) if shm.is_dir() else []
+    return {"pool": pool, "open_before": before, "open_after": shared_names(), "shm_left": left}
+
+
 def main(argv: list[str]) -> int:
     model_dir, store_dir, prompts_path, out_path = argv[:4]
     prompts = json.loads(open(prompts_path).read())
@@ -113,6 +130,8 @@ def main(argv: list[str]) -> int:
         results = {"run1": results, "run2": generate(llm, prompts)}
         flush(llm)
         results["library_metrics"] = library_metrics()
+        if "--shutdown" in argv:
+            results["lifecycle"] = lifecycle(llm)
     with open(out_path, "w") as f:
         json.dump(results, f)
     return 0

@@ -275,9 +275,8 @@ def make_harness(
 
 @contextlib.contextmanager
 def harnesses(model_dir: Any) -> Iterator[Callable[..., Harness]]:
-    """``make(**kwargs)`` building harnesses; their shared stores are released on exit."""
-    from chunkstore.vllm.tiers import release_shared
-
+    """``make(**kwargs)`` building harnesses; their connectors are shut down on exit (the last
+    one closes their shared store)."""
     made: list[Harness] = []
 
     def make(**kwargs: Any) -> Harness:
@@ -289,4 +288,10 @@ def harnesses(model_dir: Any) -> Iterator[Callable[..., Harness]]:
         yield make
     finally:
         for h in made:
-            release_shared(h.connector.pool_name)
+            shut_down(h)
+
+
+def shut_down(h: Harness) -> None:
+    """What vLLM does when the engine stops: the worker's connector, then the scheduler's."""
+    h.worker.shutdown()
+    h.connector.shutdown()

@@ -17,11 +17,10 @@ pytest.importorskip("vllm")
 from vllm.v1.request import RequestStatus  # noqa: E402
 
 from chunkstore.vllm.testing import sample_prompt_ids  # noqa: E402
-from chunkstore.vllm.tiers import release_shared  # noqa: E402
 from chunkstore.vllm.transfer import CudaCopier  # noqa: E402
 
 from .fake_cuda import FakeRuntime  # noqa: E402
-from .harness import make_harness  # noqa: E402
+from .harness import make_harness, shut_down  # noqa: E402
 
 PROMPT = sample_prompt_ids(300, seed=21)
 
@@ -32,14 +31,15 @@ def harness(tiny_model):
 
     def make(**kwargs):
         h = make_harness(tiny_model, **kwargs)
-        made.append(h)
         rt = FakeRuntime(pinned=True, auto_complete=False)
+        made.append((h, rt))
         h.worker.worker.register_kv_caches(h.kv, copier=CudaCopier("cpu", rt), cpu_isa="vec")
         return h, rt
 
     yield make
-    for h in made:
-        release_shared(f"vllm-{h.scheduler.vllm_config.kv_transfer_config.engine_id}")
+    for h, rt in made:
+        rt.complete_all()  # copies a test left in flight finish, so shutdown's drain returns
+        shut_down(h)
 
 
 def test_saves_are_stored_when_their_copy_completes(harness):

@@ -88,19 +88,22 @@ def test_vllm_connector_factory_builds_both_roles(tiny_model):
     from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 
     from chunkstore.vllm.connector import ChunkStoreConnector
-    from chunkstore.vllm.tiers import release_shared
 
-    from .harness import make_harness
+    from .harness import make_harness, shut_down
 
     h = make_harness(tiny_model)
+    made = []
     try:
         config, kv_cache_config = h.scheduler.vllm_config, h.scheduler.kv_cache_config
         for role in (KVConnectorRole.SCHEDULER, KVConnectorRole.WORKER):
             connector = KVConnectorFactory.create_connector(config, role, kv_cache_config)
+            made.append(connector)
             assert isinstance(connector, ChunkStoreConnector)
             assert (connector.scheduler is not None) == (role == KVConnectorRole.SCHEDULER)
     finally:
-        release_shared(f"vllm-{h.scheduler.vllm_config.kv_transfer_config.engine_id}")
+        for connector in made:
+            connector.shutdown()
+        shut_down(h)
 
 
 def test_every_native_tier_option_is_documented():

@@ -42,14 +42,17 @@ PROMPTS = [sample_prompt_ids(300, seed=s) for s in (11, 12, 13)]  # 4 chunks of 
 
 @pytest.fixture(scope="module")
 def first_engine(tiny_model, tmp_path_factory):
-    """One engine (own process) with the connector: run 1 (saves), reset, run 2 (loads)."""
+    """One engine (own process) with the connector: run 1 saves, reset, run 2 loads, shutdown."""
     store = tmp_path_factory.mktemp("kvstore")
-    runs = _run_engine(tiny_model, store, PROMPTS, tmp_path_factory.mktemp("run"), "--twice")
+    runs = _run_engine(
+        tiny_model, store, PROMPTS, tmp_path_factory.mktemp("run"), "--twice", "--shutdown"
+    )
     return {
         "store": store,
         "run1": runs["run1"],
         "run2": runs["run2"],
         "library_metrics": runs["library_metrics"],
+        "lifecycle": runs["lifecycle"],
     }
 
 
@@ -64,6 +67,13 @@ def test_reload_gives_identical_tokens_and_external_hits(first_engine):
         assert second["metrics"]["vllm:external_prefix_cache_hits"] == 256
         assert second["metrics"]["vllm:chunkstore_loaded_chunks"] == 4
         assert second["metrics"].get("cached_by_source:host") == 256
+
+
+def test_engine_shutdown_closes_the_store_and_leaves_nothing_in_dev_shm(first_engine):
+    life = first_engine["lifecycle"]
+    assert life["open_before"] == [life["pool"]]  # scheduler and worker share one store
+    assert life["open_after"] == []  # their shutdowns released it: closed
+    assert life["shm_left"] == []
 
 
 def _chunk_files(store: Path) -> list[Path]:

@@ -15,7 +15,7 @@ from vllm.v1.request import FinishReason, RequestStatus  # noqa: E402
 
 from chunkstore.backends import MemoryStore  # noqa: E402
 from chunkstore.vllm.testing import sample_prompt_ids  # noqa: E402
-from chunkstore.vllm.tiers import ConnectorStore, release_shared, shared_store  # noqa: E402
+from chunkstore.vllm.tiers import ConnectorStore, acquire_shared, release_shared  # noqa: E402
 
 from .harness import harnesses  # noqa: E402
 
@@ -108,15 +108,18 @@ def _tier_harness(harness, tier, **extra):
     h = harness(extra=extra)
     old = h.connector.store
     name = h.connector.pool_name
-    release_shared(name)
-    store = shared_store(
-        name,
-        lambda: ConnectorStore(
-            host_bytes=old.host.cache.capacity_bytes,
-            layout=h.connector.engine.layout,
-            stores=[tier],
-        ),
-    )
+    connectors = (h.connector, h.worker)
+    for _ in connectors:  # both connectors let go of the old store: it closes
+        release_shared(name)
+    for _ in connectors:  # and hold the new one (their shutdown releases it)
+        store = acquire_shared(
+            name,
+            lambda: ConnectorStore(
+                host_bytes=old.host.cache.capacity_bytes,
+                layout=h.connector.engine.layout,
+                stores=[tier],
+            ),
+        )
     for holder in (h.connector, h.connector.scheduler, h.worker, h.worker.worker):
         holder.store = store
     return h

@@ -20,7 +20,12 @@ import pytest
 pytest.importorskip("torch")  # the ranks run worker code only: no vLLM needed
 
 from chunkstore.cache.pool import SHM_DIR  # noqa: E402
-from chunkstore.vllm.tiers import ConnectorStore  # noqa: E402
+from chunkstore.vllm.tiers import (  # noqa: E402
+    ConnectorStore,
+    acquire_shared,
+    release_shared,
+    shared_names,
+)
 
 from .tp_rank import TOKENS, engine_for, save_in_process, serve  # noqa: E402
 
@@ -107,3 +112,20 @@ def test_tp_1_2_4_write_byte_identical_chunks_once_and_ranks_load_their_heads(ra
         finally:
             owner.close()
             Path(SHM_DIR, shm).unlink(missing_ok=True)
+
+
+def test_engine_shutdown_leaves_nothing_in_dev_shm(ranks, tmp_path):
+    """TP = 2 as an engine runs it: the scheduler's connector acquires the store that owns the
+    pool, rank processes attach, save and detach; its shutdown (the last release) removes the
+    pool's name."""
+    shm = f"chunkstore-vllm-life-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    owner = acquire_shared(shm, lambda: _owner(tmp_path, "life", shm))
+    try:
+        assert (SHM_DIR / shm).exists()
+        assert sum(ranks.run("save", shm, 2)) == 3
+        owner.flush(timeout=30)
+    finally:
+        release_shared(shm)
+    assert owner.closed
+    assert shm not in shared_names()
+    assert not (SHM_DIR / shm).exists()

@@ -7,7 +7,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from chunkstore.backends.base import ChunkInfo
+from chunkstore.backends.base import ChunkInfo, Store
+from chunkstore.backends.models import read_model, record_model
 from chunkstore.cli import integrity
 from chunkstore.cli.exitcodes import FAILURE, OK
 from chunkstore.cli.output import emit_json, emit_text
@@ -22,6 +23,7 @@ from chunkstore.cli.storeargs import (
 )
 from chunkstore.cli.table import render_table
 from chunkstore.errors import ConfigError
+from chunkstore.format import read_header
 from chunkstore.units import format_size
 
 EPILOG = """examples:
@@ -104,6 +106,15 @@ def _same_store(src: str, dst: str) -> bool:
     return src.rstrip("/") == dst.rstrip("/")
 
 
+def _copy_model_records(src: Store, dst: Store, fingerprints: set[bytes]) -> None:
+    """The source's model records of the copied chunks' models, so that ``inspect`` names them
+    in DST too (best effort, like every record write)."""
+    for fingerprint in sorted(fingerprints):
+        spec = read_model(src, fingerprint)
+        if spec is not None:
+            record_model(dst, spec)
+
+
 def run(args: argparse.Namespace) -> int:
     """Copy in batches: ask DST which keys it lacks, read and verify those, put_if_absent."""
     if args.batch <= 0:
@@ -119,6 +130,7 @@ def run(args: argparse.Namespace) -> int:
         stop_access_tracking(src)
         infos = sorted(src.list(args.namespace), key=lambda i: (i.key.namespace, i.key.hex))
         report.listed = len(infos)
+        fingerprints: set[bytes] = set()
         with Progress("cp", len(infos), quiet=args.quiet) as progress:
             for start in range(0, len(infos), args.batch):
                 batch = infos[start : start + args.batch]
@@ -136,6 +148,7 @@ def run(args: argparse.Namespace) -> int:
                         report.bad.append((info, verdict))
                         continue
                     items.append((info.key, raw))
+                    fingerprints.add(read_header(raw).fingerprint)
                 if items:
                     written = dst.put_if_absent_many(items)
                     for (_, raw), wrote in zip(items, written):
@@ -145,6 +158,7 @@ def run(args: argparse.Namespace) -> int:
                         else:  # another writer got there between exists and put
                             report.skipped += 1
                 progress.advance(len(batch))
+        _copy_model_records(src, dst, fingerprints)
     elapsed = time.monotonic() - started
     corrupt = any(v.status == integrity.CORRUPT for _, v in report.bad)
     if args.json:

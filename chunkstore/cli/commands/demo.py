@@ -12,7 +12,7 @@ from chunkstore.errors import MissingDependency
 from chunkstore.peer.demo import run_peer_demo
 
 
-def register(subparsers: argparse._SubParsersAction) -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(
         "demo",
         help="write two multi-turn conversations into a store, reload and verify them",

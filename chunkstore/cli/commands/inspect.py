@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from chunkstore.backends.base import ChunkInfo, Store
+from chunkstore.backends.models import read_model
 from chunkstore.cli.output import emit_json, emit_text
 from chunkstore.cli.progress import Progress
 from chunkstore.cli.storeaccess import (
@@ -43,8 +44,10 @@ EPILOG = """examples:
   chunkstore inspect s3://bucket/kv --no-headers --json
 
 Reads each chunk's header (not its payload) to find the model fingerprint and
-format version; "corrupt" here means an unreadable header or a header whose key
-does not match the file name. `chunkstore verify` checks payload checksums.
+format version; the model id comes from the store's model records, which writers
+leave beside the chunks ("unknown" for stores without one). "Corrupt" here means
+an unreadable header or a header whose key does not match the file name;
+`chunkstore verify` checks payload checksums.
 """
 
 
@@ -55,8 +58,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="summarise a store: counts, bytes, namespaces, models, ages, orphans, corrupt",
         description=(
             "Summarise a store: chunk count and bytes, breakdown per namespace and per model "
-            "fingerprint, histogram of ages, orphan temp files, foreign files, corrupt and "
-            "quarantined chunks."
+            "(fingerprint and model id), histogram of ages, orphan temp files, foreign files, "
+            "corrupt and quarantined chunks."
         ),
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -135,6 +138,8 @@ class Summary:
     """Files chunkstore did not write."""
     quarantined: list[Stray] = field(default_factory=list)
     """Chunks moved aside as corrupt."""
+    model_ids: dict[str, str | None] = field(default_factory=dict)
+    """Per model fingerprint, the model id the store's record gives (None: no valid record)."""
 
 
 def run(args: argparse.Namespace) -> int:
@@ -173,6 +178,7 @@ def _collect(store: Store, args: argparse.Namespace) -> Summary:
     orphans = temp_files(store)
     foreign = foreign_files(store)
     summary.quarantined = quarantined(store)
+    summary.model_ids = {fp: _model_id(store, fp) for fp in models}
     if args.namespace is not None:
         foreign = [f for f in foreign if f"{args.namespace}/" in f.path]
         orphans = [f for f in orphans if f"{args.namespace}/" in f.path]
@@ -208,6 +214,7 @@ def _document(args: argparse.Namespace, summary: Summary) -> dict[str, Any]:
         else [
             {
                 "fingerprint": fp,
+                "model_id": summary.model_ids[fp],
                 "chunks": t.chunks,
                 "bytes": t.bytes,
                 "namespaces": sorted(t.models),
@@ -270,7 +277,15 @@ def _render(args: argparse.Namespace, summary: Summary) -> str:
     if model_rows:
         lines.append(
             render_table(
-                ["model fingerprint", "chunks", "bytes", "namespaces", "tokens/chunk", "format"],
+                [
+                    "model fingerprint",
+                    "chunks",
+                    "bytes",
+                    "namespaces",
+                    "tokens/chunk",
+                    "format",
+                    "model",
+                ],
                 [
                     [
                         fp[:16],
@@ -279,6 +294,7 @@ def _render(args: argparse.Namespace, summary: Summary) -> str:
                         len(t.models),
                         ",".join(map(str, sorted(t.tokens))),
                         ",".join(sorted(t.versions)),
+                        summary.model_ids[fp] or "unknown",
                     ]
                     for fp, t in model_rows
                 ],
@@ -306,6 +322,12 @@ def _render(args: argparse.Namespace, summary: Summary) -> str:
         for p in (corrupt + unsupported)[:10]:
             lines.append(f"  {p.info.key.namespace}/{p.info.key.hex[:16]}  {p.problem}")
     return "\n".join(lines)
+
+
+def _model_id(store: Store, fingerprint: str) -> str | None:
+    """The model id the store's record gives for a fingerprint (None: no valid record)."""
+    spec = read_model(store, bytes.fromhex(fingerprint))
+    return None if spec is None else spec.model_id
 
 
 def _read_header(

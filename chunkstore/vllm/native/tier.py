@@ -39,6 +39,7 @@ from vllm.v1.kv_offload.base import (
 from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager, TransferJob
 
 from chunkstore.backends import Store
+from chunkstore.backends.models import record_model
 from chunkstore.backends.registry import open_for_option
 from chunkstore.cache.guard import GuardedTier, TierUnavailable
 from chunkstore.errors import ConfigError, FormatError
@@ -160,6 +161,8 @@ class ChunkStoreTier(SecondaryTierManager):
         except BaseException:
             self._close_stores()
             raise
+        for store in self.stores:
+            record_model(store, self.engine.spec)  # so `chunkstore inspect` names the model
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="chunkstore-tier")
         self._lookup_pool = ThreadPoolExecutor(2, thread_name_prefix="chunkstore-tier-lookup")
         self._jobs: dict[int, Future[None]] = {}

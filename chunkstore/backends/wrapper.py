@@ -1,0 +1,78 @@
+"""A store in front of another: the base for cross-cutting behaviour as a wrapper.
+
+:class:`WrapperStore` forwards every operation and capability to the store it
+wraps; a subclass overrides only what it changes (compression on the way in
+and out, for example) and stays a complete :class:`Store`. Model: zarr's
+``WrapperStore``.
+"""
+
+from __future__ import annotations
+
+import builtins
+from collections.abc import Iterator, Sequence
+
+from chunkstore.backends.base import Buffer, ChunkInfo, Store
+from chunkstore.hashing import ChunkKey
+
+__all__ = ["WrapperStore"]
+
+
+class WrapperStore(Store):
+    """Forwards everything to ``inner``, under the inner store's name and kind.
+
+    Reads go through the inner store's validated :meth:`~Store.get_many` (the
+    inner store verifies and quarantines; the wrapper does not decode chunks a
+    second time). Closing the wrapper closes the inner store.
+    """
+
+    def __init__(self, inner: Store, *, name: str | None = None) -> None:
+        super().__init__(name=name or inner.name, verify=False)  # the inner store verifies
+        self.inner = inner
+        """The wrapped store."""
+        self.kind = inner.kind
+
+    @property
+    def supports_listing(self) -> bool:
+        return self.inner.supports_listing
+
+    @property
+    def atomic_put(self) -> bool:
+        return self.inner.atomic_put
+
+    @property
+    def high_latency(self) -> bool:
+        return self.inner.high_latency
+
+    @property
+    def corrupt_detected(self) -> int:
+        return self.inner.corrupt_detected
+
+    def _read_many(self, keys: Sequence[ChunkKey]) -> list[bytes | None]:
+        return self.inner.get_many(keys)
+
+    def read_unchecked_many(self, keys: Sequence[ChunkKey]) -> builtins.list[bytes | None]:
+        return self.inner.read_unchecked_many(keys)
+
+    def exists_many(self, keys: Sequence[ChunkKey]) -> list[bool]:
+        return self.inner.exists_many(keys)
+
+    def lookup_prefix(self, keys: Sequence[ChunkKey]) -> int:
+        return self.inner.lookup_prefix(keys)
+
+    def put_many(self, items: Sequence[tuple[ChunkKey, Buffer]]) -> list[bool]:
+        return self.inner.put_many(items)
+
+    def put_if_absent_many(self, items: Sequence[tuple[ChunkKey, Buffer]]) -> list[bool]:
+        return self.inner.put_if_absent_many(items)
+
+    def delete_many(self, keys: Sequence[ChunkKey]) -> int:
+        return self.inner.delete_many(keys)
+
+    def list(self, namespace: str | None = None) -> Iterator[ChunkInfo]:
+        return self.inner.list(namespace)
+
+    def close(self) -> None:
+        self.inner.close()
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.inner!r})"

@@ -1,0 +1,38 @@
+"""The connector's zstd tier: chunks stored compressed, served uncompressed, byte for byte.
+
+(Not the store suite: it stores chunks, not arbitrary bytes, and lists compressed sizes.)
+"""
+
+from __future__ import annotations
+
+from chunkstore.backends.memory import MemoryStore
+from chunkstore.format import read_header
+from chunkstore.testing.factories import sample_chunks
+from chunkstore.vllm.tiers import ZstdTier
+
+
+def test_the_inner_store_holds_compressed_chunks_the_tier_serves_uncompressed() -> None:
+    inner = MemoryStore(name="cold")
+    tier = ZstdTier(inner)
+    assert (tier.name, tier.kind) == ("cold", "memory")
+    chunks = sample_chunks(3)
+    assert tier.put_many([(c.key, c.data) for c in chunks[:2]]) == [True] * 2
+    assert tier.put_if_absent_many([(c.key, c.data) for c in chunks]) == [False, False, True]
+    for chunk in chunks:
+        assert read_header(inner.get(chunk.key)).compression == "zstd"
+    assert tier.get_many([c.key for c in chunks]) == [c.data for c in chunks]
+    assert tier.read_unchecked_many([chunks[0].key]) == [chunks[0].data]
+    assert tier.lookup_prefix([c.key for c in chunks]) == 3
+    assert sorted(i.key for i in tier.list()) == sorted(c.key for c in chunks)
+
+
+def test_a_corrupt_chunk_is_a_miss_the_inner_store_counts() -> None:
+    inner = MemoryStore()
+    tier = ZstdTier(inner)
+    chunk = sample_chunks(1)[0]
+    tier.put(chunk.key, chunk.data)
+    damaged = bytearray(inner.get(chunk.key))
+    damaged[-1] ^= 0x01
+    inner.put(chunk.key, damaged)
+    assert tier.get(chunk.key) is None
+    assert tier.corrupt_detected == inner.corrupt_detected == 1
