@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from chunkstore.errors import AuthenticationError, FormatError, SpecMismatch, UnsupportedVersion
-from chunkstore.format import ByteRange, decode_chunk
+from chunkstore.format import ByteRange, ChunkHeader, decode_chunk
 from chunkstore.hashing import ChunkKey
 
 log = logging.getLogger(__name__)
@@ -89,6 +89,8 @@ class Judgement:
     """What the read does with the bytes."""
     error: FormatError | None = None
     """Why the bytes are not served (for logs and quarantine records); ``None`` when OK."""
+    header: ChunkHeader | None = None
+    """The validated header, when :func:`judge` found the chunk OK."""
 
     def __post_init__(self) -> None:
         if (self.error is None) != (self.verdict is ReadVerdict.OK):
@@ -106,9 +108,6 @@ class Judgement:
         return self.verdict is ReadVerdict.OK
 
 
-_OK = Judgement(ReadVerdict.OK)
-
-
 def judge(
     key: ChunkKey,
     data: Any,
@@ -118,9 +117,9 @@ def judge(
 ) -> Judgement:
     """Check ``data`` as the chunk stored under ``key``: structure, checksum and key, plus
     the MAC and the model fingerprint where given. Never raises a format error: every
-    defect is a verdict."""
+    defect is a verdict; an OK judgement carries the validated header."""
     try:
-        decode_chunk(
+        chunk = decode_chunk(
             data,
             expected_key=key.digest,
             mac_key=mac_key,
@@ -128,7 +127,7 @@ def judge(
         )
     except FormatError as exc:
         return Judgement.of(exc)
-    return _OK
+    return Judgement(ReadVerdict.OK, header=chunk.header)
 
 
 class Store(ABC):

@@ -56,7 +56,9 @@ def test_verdict_of_each_error_class(error: type[FormatError], verdict: ReadVerd
 
 def test_judge_a_valid_chunk_is_ok() -> None:
     chunk = CHUNKS[0]
-    assert judge(chunk.key, chunk.data) == Judgement(ReadVerdict.OK)
+    judgement = judge(chunk.key, chunk.data)
+    assert judgement.ok and judgement.error is None
+    assert judgement.header is not None and judgement.header.key == chunk.key.digest
     assert judge(chunk.key, memoryview(chunk.data)).ok
 
 
