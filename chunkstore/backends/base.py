@@ -9,9 +9,11 @@ Contracts every implementation keeps (the conformance suite in
 ``chunkstore.testing.store_suite`` checks them):
 
 * A missing key is ``None`` / ``False``, never an exception.
-* A corrupt chunk (any :class:`~chunkstore.errors.FormatError`) read through
-  :meth:`Store.get_many` is a miss: it is counted in ``corrupt_detected``,
-  handed to :meth:`Store._quarantine` and never returned.
+* What a read does with the bytes it got is one rule, :func:`judge` (see
+  :class:`ReadVerdict`): a corrupt chunk read through :meth:`Store.get_many` is
+  a miss, counted in ``corrupt_detected``, handed to :meth:`Store._quarantine`
+  and never returned; a chunk a newer chunkstore wrote is a plain miss, left
+  where it is.
 * ``put`` is atomic: a reader sees the old state or the whole new chunk.
   Two writers of the same key never produce a torn chunk.
 * ``put_if_absent`` writes only when the key is absent and says whether this
@@ -21,6 +23,7 @@ Contracts every implementation keeps (the conformance suite in
 from __future__ import annotations
 
 import builtins
+import enum
 import logging
 import threading
 from abc import ABC, abstractmethod
@@ -28,8 +31,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-from chunkstore.errors import FormatError, UnsupportedVersion
-from chunkstore.format import ByteRange, decode_chunk
+from chunkstore.errors import AuthenticationError, FormatError, SpecMismatch, UnsupportedVersion
+from chunkstore.format import ByteRange, ChunkHeader, decode_chunk
 from chunkstore.hashing import ChunkKey
 
 log = logging.getLogger(__name__)
@@ -50,6 +53,81 @@ class ChunkInfo:
     """Last write, seconds since the epoch."""
     atime: float
     """Last read as tracked by the store (not the filesystem's atime), seconds since the epoch."""
+
+
+class ReadVerdict(enum.Enum):
+    """What a read does with the bytes it got (spec/FORMAT.md section 2)."""
+
+    OK = "ok"
+    """A valid chunk, the one asked for: serve it."""
+    NEWER = "newer"
+    """Written by a newer chunkstore (:class:`~chunkstore.errors.UnsupportedVersion` and its
+    subclasses): a plain miss, not counted, never quarantined: intact for newer readers."""
+    REFUSED = "refused"
+    """Intact but not for this reader (:class:`~chunkstore.errors.SpecMismatch`: another
+    model; :class:`~chunkstore.errors.AuthenticationError`: no valid MAC for its key): a miss
+    that leaves the stored copy alone. Only readers that ask for a fingerprint or a MAC meet it."""
+    CORRUPT = "corrupt"
+    """Damaged bytes (every other :class:`~chunkstore.errors.FormatError`): a miss, counted,
+    and quarantined or deleted as the store's policy says."""
+
+
+def verdict_of(error: FormatError) -> ReadVerdict:
+    """The verdict on a chunk whose check raised ``error``."""
+    if isinstance(error, UnsupportedVersion):
+        return ReadVerdict.NEWER
+    if isinstance(error, (SpecMismatch, AuthenticationError)):
+        return ReadVerdict.REFUSED
+    return ReadVerdict.CORRUPT
+
+
+@dataclass(frozen=True, slots=True)
+class Judgement:
+    """The verdict on one read, with the error behind it."""
+
+    verdict: ReadVerdict
+    """What the read does with the bytes."""
+    error: FormatError | None = None
+    """Why the bytes are not served (for logs and quarantine records); ``None`` when OK."""
+    header: ChunkHeader | None = None
+    """The validated header, when :func:`judge` found the chunk OK."""
+
+    def __post_init__(self) -> None:
+        if (self.error is None) != (self.verdict is ReadVerdict.OK):
+            raise ValueError("a judgement carries an error exactly when its verdict is not OK")
+
+    @classmethod
+    def of(cls, error: FormatError) -> Judgement:
+        """The judgement on a chunk whose check raised ``error`` (a reader that validates
+        as it reads, rather than through :func:`judge`)."""
+        return cls(verdict_of(error), error)
+
+    @property
+    def ok(self) -> bool:
+        """Whether the bytes may be served."""
+        return self.verdict is ReadVerdict.OK
+
+
+def judge(
+    key: ChunkKey,
+    data: Any,
+    *,
+    mac_key: bytes | None = None,
+    expected_fingerprint: bytes | None = None,
+) -> Judgement:
+    """Check ``data`` as the chunk stored under ``key``: structure, checksum and key, plus
+    the MAC and the model fingerprint where given. Never raises a format error: every
+    defect is a verdict; an OK judgement carries the validated header."""
+    try:
+        chunk = decode_chunk(
+            data,
+            expected_key=key.digest,
+            mac_key=mac_key,
+            expected_fingerprint=expected_fingerprint,
+        )
+    except FormatError as exc:
+        return Judgement.of(exc)
+    return Judgement(ReadVerdict.OK, header=chunk.header)
 
 
 class Store(ABC):
@@ -137,18 +215,27 @@ class Store(ABC):
         return self._read_many(keys)
 
     def _checked(self, key: ChunkKey, data: Any) -> Any:
+        """``data`` if it may be served as ``key``'s chunk, else ``None`` (verdict acted on)."""
         if data is None or not self.verify:
             return data
-        try:
-            decode_chunk(data, expected_key=key.digest)
-        except UnsupportedVersion:
-            # Written by a newer chunkstore sharing this store (a rolling upgrade): a miss for
-            # us, not damage; quarantining it would destroy the newer readers' cache.
-            return None
-        except FormatError as exc:
-            self.report_corrupt(key, exc)
-            return None
-        return data
+        return data if self._admit(key, self._judge(key, data)) else None
+
+    def _judge(self, key: ChunkKey, data: Any) -> Judgement:
+        """How this store checks bytes it read. Hook: a store that knows its model or MAC
+        key asks :func:`judge` for them too."""
+        return judge(key, data)
+
+    def _admit(self, key: ChunkKey, judgement: Judgement) -> bool:
+        """Act on a read's verdict; True only when the bytes may be served.
+
+        Corrupt chunks are counted and quarantined (:meth:`report_corrupt`). A newer
+        chunkstore's chunk (a rolling upgrade sharing this store) and one refused as not
+        ours are misses that touch nothing: quarantining them would destroy a cache that
+        is good for its own readers. Stores extend this to count or log verdicts their way.
+        """
+        if judgement.error is not None and judgement.verdict is ReadVerdict.CORRUPT:
+            self.report_corrupt(key, judgement.error)
+        return judgement.ok
 
     def report_corrupt(self, key: ChunkKey, exc: Exception) -> None:
         """Count a corrupt chunk and quarantine it; never raises."""

@@ -31,17 +31,15 @@ from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any
 
 from chunkstore.backends import layout as L
-from chunkstore.backends.base import Buffer, ChunkInfo, Store
+from chunkstore.backends.base import Buffer, ChunkInfo, ReadVerdict, Store
 from chunkstore.backends.batching import write_once_per_key
 from chunkstore.backends.maintenance import QUARANTINE_MODES, StoredFile, reason_record
 from chunkstore.errors import (
     ConfigError,
-    FormatError,
     MissingDependency,
     StoreError,
-    UnsupportedVersion,
 )
-from chunkstore.format import ByteRange, decode_chunk
+from chunkstore.format import ByteRange
 from chunkstore.hashing import ChunkKey
 from chunkstore.units import parse_size
 
@@ -455,16 +453,13 @@ class S3Store(Store):
     def _checked(self, key: ChunkKey, data: Any) -> Any:
         if self._plane is None or data is None or not self.verify:
             return super()._checked(key, data)
-        try:
-            decode_chunk(data, expected_key=key.digest)
-            return data
-        except UnsupportedVersion:
-            return None
-        except FormatError:
+        judgement = self._judge(key, data)
+        if judgement.verdict is ReadVerdict.CORRUPT:
             # A NIXL read is a HEAD and then a GET of that many bytes: a chunk rewritten
             # in between (recompressed, another layout) reads as garbage. One whole s3fs GET
             # decides before anything is counted or quarantined.
             return super()._checked(key, self._run(self._get_one, key))
+        return data if self._admit(key, judgement) else None
 
     def read_unchecked_many(self, keys: Sequence[ChunkKey]) -> list[bytes | None]:
         """Stored bytes per key, unvalidated, not recorded as an access (for verify/cp)."""

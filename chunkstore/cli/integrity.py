@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from chunkstore.errors import FormatError, UnsupportedVersion
-from chunkstore.format import decode_chunk
+from chunkstore.backends.base import ReadVerdict
+from chunkstore.backends.base import judge as judge_read
 from chunkstore.hashing import ChunkKey
 
 OK = "ok"
@@ -32,16 +32,17 @@ class Verdict:
 
 def judge(data: Any, key: ChunkKey) -> Verdict:
     """Decode with checksum verification and check the key and namespace it was stored under."""
-    try:
-        chunk = decode_chunk(data, verify=True, expected_key=key.digest)
-    except UnsupportedVersion as exc:  # also what a newer minor added (UnknownDType, ...)
-        return Verdict(UNSUPPORTED, f"{type(exc).__name__}: {exc}")
-    except FormatError as exc:
-        return Verdict(CORRUPT, f"{type(exc).__name__}: {exc}")
-    if chunk.header.namespace != key.namespace:
+    # The serving path's rule decides: a newer writer's chunk is reported, never damage.
+    judged = judge_read(key, data)
+    if judged.error is not None:
+        newer = judged.verdict is ReadVerdict.NEWER
+        problem = f"{type(judged.error).__name__}: {judged.error}"
+        return Verdict(UNSUPPORTED if newer else CORRUPT, problem)
+    header = judged.header  # judge_read hands the header of every chunk it passes
+    if header is not None and header.namespace != key.namespace:
         return Verdict(
             CORRUPT,
-            f"NamespaceMismatch: chunk of namespace {chunk.header.namespace} "
+            f"NamespaceMismatch: chunk of namespace {header.namespace} "
             f"stored under {key.namespace}",
         )
     return Verdict(OK)

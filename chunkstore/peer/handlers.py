@@ -16,9 +16,7 @@ from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 
-from chunkstore.backends.base import Store, SupportsPinning, SupportsReserve
-from chunkstore.errors import FormatError
-from chunkstore.format import decode_chunk
+from chunkstore.backends.base import Store, SupportsPinning, SupportsReserve, judge
 from chunkstore.hashing import ChunkKey
 from chunkstore.peer import protocol as P
 from chunkstore.peer.accounting import ServerAccounting
@@ -344,15 +342,18 @@ class RequestHandlers:
     def _valid(self, key: ChunkKey, blob: Any) -> bool:
         if not self.config.verify_push:
             return True
-        try:
-            decode_chunk(
-                blob, expected_key=key.digest, expected_fingerprint=self.config.fingerprint
+        # Every verdict but OK turns a push away: the server stores only chunks it can check
+        # as the one named (not a newer chunkstore's, not another model's, not damaged).
+        judgement = judge(key, blob, expected_fingerprint=self.config.fingerprint)
+        if not judgement.ok:
+            log.warning(
+                "peer server %s: pushed chunk %s refused: %s",
+                self._name(),
+                key.hex,
+                judgement.error,
             )
-        except FormatError as exc:
-            log.warning("peer server %s: pushed chunk %s refused: %s", self._name(), key.hex, exc)
             self._accounting.count("pushed_corrupt")
-            return False
-        return True
+        return judgement.ok
 
     def _op_delete(self, body: dict[str, Any], data: list[Any]) -> Result:
         if self.config.read_only:

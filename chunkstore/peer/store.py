@@ -18,15 +18,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any, TypeVar
 
-from chunkstore.backends.base import Buffer, ChunkInfo, Store
-from chunkstore.errors import (
-    AuthenticationError,
-    ConfigError,
-    FormatError,
-    SpecMismatch,
-    UnsupportedVersion,
-)
-from chunkstore.format import decode_chunk
+from chunkstore.backends.base import Buffer, ChunkInfo, Judgement, ReadVerdict, Store, judge
+from chunkstore.errors import ConfigError
 from chunkstore.hashing import ChunkKey
 from chunkstore.peer.client import NixlClientPlane, PeerClient, PeerClientConfig
 from chunkstore.peer.discovery import PeerInfo, PeerSource, StaticPeers
@@ -269,29 +262,19 @@ class PeerStore(Store):
             for i, blob in zip(plan[client.endpoint], blobs):
                 out[i] = blob
 
-    def _checked(self, key: ChunkKey, data: Any) -> Any:
-        if data is None or not self.verify:
-            return data
-        try:
-            decode_chunk(
-                data,
-                expected_key=key.digest,
-                mac_key=self.mac_key,
-                expected_fingerprint=self.config.fingerprint,
-            )
-        except UnsupportedVersion:
-            return None  # a newer chunkstore's chunk: a miss here, intact for newer readers
-        except (SpecMismatch, AuthenticationError) as exc:
+    def _judge(self, key: ChunkKey, data: Any) -> Judgement:
+        return judge(key, data, mac_key=self.mac_key, expected_fingerprint=self.config.fingerprint)
+
+    def _admit(self, key: ChunkKey, judgement: Judgement) -> bool:
+        if judgement.verdict is ReadVerdict.REFUSED:
             # Intact, but not for us (another model, or no valid MAC for our key): a miss,
             # and no reason to delete the peer's copy.
-            log.warning("%s: chunk %s refused: %s", self.name, key.hex, exc)
+            log.warning("%s: chunk %s refused: %s", self.name, key.hex, judgement.error)
             self.metrics.client_failures.labels("refused_chunk").inc()
-            return None
-        except FormatError as exc:
-            self.report_corrupt(key, exc)
+        admitted = super()._admit(key, judgement)
+        if judgement.verdict is ReadVerdict.CORRUPT:
             self.metrics.client_failures.labels("corrupt").inc()
-            return None
-        return data
+        return admitted
 
     def _quarantine(self, key: ChunkKey, reason: str) -> None:
         # A damaged copy at rest must stop being served; if the damage happened in transit

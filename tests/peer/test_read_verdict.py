@@ -1,0 +1,73 @@
+"""What a PeerStore does with each read verdict: only damage is counted and removed from peers."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from chunkstore.backends.memory import MemoryStore
+from chunkstore.peer import PeerMetrics, PeerServer, PeerStore
+from chunkstore.testing.factories import sample_chunks
+from chunkstore.testing.store_suite import corrupt_copies, newer_major_copy
+
+pytestmark = pytest.mark.timeout(60)
+
+CHUNK = sample_chunks(1, seed=9)[0]
+
+
+def _failures(registry: CollectorRegistry, reason: str) -> float:
+    return (
+        registry.get_sample_value("chunkstore_peer_client_failures_total", {"reason": reason}) or 0
+    )
+
+
+def _read_once(
+    serve: Callable[..., PeerServer], stored: bytes, **options: Any
+) -> tuple[MemoryStore, PeerStore, CollectorRegistry]:
+    backing = MemoryStore(verify=False)  # serves what it holds: the client's verdict decides
+    backing.put(CHUNK.key, stored)
+    server = serve(backing, planes=("inline",))
+    registry = CollectorRegistry()
+    store = PeerStore(
+        [server.endpoint],
+        plane="inline",
+        use_env_secret=False,
+        metrics=PeerMetrics(registry),
+        **options,
+    )
+    try:
+        assert store.get(CHUNK.key) is None
+    finally:
+        store.close()
+    return backing, store, registry
+
+
+@pytest.mark.parametrize(
+    "options", [{"fingerprint": b"\x07" * 32}, {"mac_key": b"k" * 32}], ids=["model", "mac"]
+)
+def test_a_chunk_not_for_us_is_refused_and_left_on_the_peer(
+    serve: Callable[..., PeerServer], options: dict[str, Any]
+) -> None:
+    backing, store, registry = _read_once(serve, CHUNK.data, **options)
+    assert store.corrupt_detected == 0
+    assert _failures(registry, "refused_chunk") == 1 and _failures(registry, "corrupt") == 0
+    assert backing.exists(CHUNK.key)
+
+
+def test_a_newer_chunkstores_chunk_is_a_plain_miss(serve: Callable[..., PeerServer]) -> None:
+    backing, store, registry = _read_once(serve, newer_major_copy(CHUNK))
+    assert store.corrupt_detected == 0
+    assert _failures(registry, "refused_chunk") == 0 and _failures(registry, "corrupt") == 0
+    assert backing.exists(CHUNK.key)
+
+
+def test_a_damaged_chunk_is_counted_and_removed_from_the_peer(
+    serve: Callable[..., PeerServer],
+) -> None:
+    backing, store, registry = _read_once(serve, corrupt_copies(CHUNK)["bitflip"])
+    assert store.corrupt_detected == 1
+    assert _failures(registry, "corrupt") == 1 and _failures(registry, "refused_chunk") == 0
+    assert not backing.exists(CHUNK.key)
