@@ -8,7 +8,7 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
-from chunkstore.backends.base import ChunkInfo, Store
+from chunkstore.backends.base import ChunkInfo, ReadVerdict, Store, verdict_of
 from chunkstore.backends.models import read_model
 from chunkstore.cli.output import emit_json, emit_text
 from chunkstore.cli.progress import Progress
@@ -27,7 +27,7 @@ from chunkstore.cli.storeargs import (
     open_cli_store,
 )
 from chunkstore.cli.table import render_table
-from chunkstore.errors import FormatError, UnsupportedVersion
+from chunkstore.errors import FormatError
 from chunkstore.units import format_size
 
 AGE_BUCKETS: tuple[tuple[str, float], ...] = (
@@ -340,11 +340,9 @@ def _read_header(
 ) -> None:
     try:
         header = read_header_of(store, info.key)
-    except UnsupportedVersion as exc:
-        unsupported.append(Problem(info, f"{type(exc).__name__}: {exc}"))
-        return
     except FormatError as exc:
-        corrupt.append(Problem(info, f"{type(exc).__name__}: {exc}"))
+        newer = verdict_of(exc) is ReadVerdict.NEWER  # written by a newer chunkstore
+        (unsupported if newer else corrupt).append(Problem(info, f"{type(exc).__name__}: {exc}"))
         return
     if header is None:  # removed since listing
         return
