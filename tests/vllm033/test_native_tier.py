@@ -367,3 +367,46 @@ def _make_with(h, entry):
         offloading_spec(),
     )
     tier.shutdown()
+
+
+@pytest.mark.parametrize("layout", ["LBNHC", "LBHNC"])
+def test_whole_slot_conversion_matches_layer_by_layer(harness, layout, tmp_path):
+    """The one-copy conversion of a slot (one rank, layers in order) gives the bytes the
+    per-layer layout classes give, both ways."""
+    from vllm.v1.kv_offload.tiering.factory import SecondaryTierFactory
+
+    from . import tier_harness
+
+    h = harness()
+    mem = primary(4)
+    vllm_config = h.scheduler.vllm_config  # noqa: F841 - read by the tier from this frame
+    kv_cache_config = h.scheduler.kv_cache_config  # noqa: F841
+    tier = SecondaryTierFactory.create_secondary_tier(
+        {
+            "type": "ChunkStoreTier",
+            "module_path": "chunkstore.vllm.native",
+            "tiers": [str(tmp_path)],
+        },
+        memoryview(mem.numpy()),
+        tier_harness.offloading_spec(layout=layout),
+    )
+    try:
+        fused = tier.primary
+        assert fused._whole is not None
+        gen = torch.Generator().manual_seed(3)
+        mem[0] = torch.randint(0, 256, (SLOT_BYTES,), dtype=torch.uint8, generator=gen)
+        size = fused.layout.payload_size
+        by_copy, by_layer = bytearray(size), bytearray(size)
+        fused.to_payload(mem[0].numpy(), by_copy)
+        whole, fused._whole = fused._whole, None
+        try:
+            fused.to_payload(mem[0].numpy(), by_layer)
+            assert by_copy == by_layer
+            fused.from_payload(by_layer, mem[1].numpy())
+        finally:
+            fused._whole = whole
+        fused.from_payload(by_copy, mem[2].numpy())
+        kv = fused.kv_bytes
+        assert torch.equal(mem[1][:kv], mem[0][:kv]) and torch.equal(mem[2][:kv], mem[0][:kv])
+    finally:
+        tier.shutdown()

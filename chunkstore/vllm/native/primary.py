@@ -122,6 +122,7 @@ class PrimaryLayout:
             self._regions.append(regions)
         self.kv_bytes = offset
         """Bytes of KV in a slot (the rest is padding)."""
+        self._whole = self._whole_slot_shape(tp_size, total_heads)
         if offset > slot_bytes:
             raise ConfigError(
                 f"vLLM's primary tier slots hold {slot_bytes} bytes, but {len(layer_order)} "
@@ -141,10 +142,53 @@ class PrimaryLayout:
     def _page_layout(self, heads: int) -> PagedKVLayout:
         return self._page_cls(num_heads=heads, head_dim=self._head_dim, block_size=self._block_size)
 
+    def _whole_slot_shape(self, tp_size: int, heads: int) -> tuple[int, ...] | None:
+        """The payload as ``[L, 2, H, n, N, D]`` when one strided copy converts a whole slot.
+
+        True for one rank whose slot holds layers 0..L-1 in order, with the canonical
+        payload ``layers.0.k, layers.0.v, layers.1.k, ...`` back to back: then the slot's
+        pages and the payload are two views of the same 6-d array in different dimension
+        orders, and one copy (which torch spreads over its threads) replaces two per layer.
+        Anything else (TP > 1, reordered layers) goes layer by layer.
+        """
+        if tp_size != 1:
+            return None
+        regions = self._regions[0]
+        tensors = {t.name: t for t in self.layout.tensors}
+        per_tensor = self.blocks_per_chunk * heads * self._block_size * self._head_dim
+        nbytes = per_tensor * self.layout.dtype.itemsize
+        for index, region in enumerate(regions):
+            k, v = tensors.get(f"layers.{index}.k"), tensors.get(f"layers.{index}.v")
+            if region.layer != index or k is None or v is None:
+                return None
+            if (k.offset, k.nbytes, v.offset, v.nbytes) != (
+                2 * index * nbytes,
+                nbytes,
+                (2 * index + 1) * nbytes,
+                nbytes,
+            ):
+                return None
+        if len(regions) * 2 * nbytes != self.layout.payload_size:
+            return None
+        n, bs, d = self.blocks_per_chunk, self._block_size, self._head_dim
+        return (len(regions), 2, heads, n, bs, d)
+
+    def _slot_as_payload(self, pages: torch.Tensor) -> torch.Tensor:
+        """The slot's KV as a ``[L, 2, H, n, N, D]`` view (see :meth:`_whole_slot_shape`)."""
+        assert self._whole is not None
+        layers, _, h, n, bs, d = self._whole
+        flat = pages[: self.kv_bytes].view(self.dtype)
+        if self._page_cls is FlashAttnLayout:  # pages [n, N, H, 2, D]
+            return flat.view(layers, n, bs, h, 2, d).permute(0, 4, 3, 1, 2, 5)
+        return flat.view(layers, n, h, bs, 2, d).permute(0, 4, 2, 1, 3, 5)  # [n, H, N, 2, D]
+
     def to_payload(self, slot: Any, payload: Any) -> None:
         """Fill a chunk ``payload`` (writable, ``layout.payload_size`` bytes) from a ``slot``."""
         pages = byte_tensor(slot)
         out = byte_tensor(payload)
+        if self._whole is not None:
+            out.view(self.dtype).view(self._whole).copy_(self._slot_as_payload(pages))
+            return
         for rank, regions in enumerate(self._regions):
             views = self._write_maps[rank].views(out, self.dtype, image=False)
             for region in regions:
@@ -163,6 +207,9 @@ class PrimaryLayout:
         """Write a verified chunk ``payload`` into a ``slot`` (every rank's heads)."""
         pages = byte_tensor(slot)
         data = byte_tensor(payload)
+        if self._whole is not None:
+            self._slot_as_payload(pages).copy_(data.view(self.dtype).view(self._whole))
+            return
         for rank, regions in enumerate(self._regions):
             views = self._read_maps[rank].views(data, self.dtype, image=False)
             for region in regions:
