@@ -160,8 +160,11 @@ class HeaderTemplate:
         payload_size: int,
         authenticated: bool,
         alignment: int,
+        remember: bool = True,
     ) -> HeaderTemplate:
-        """Render the header of an uncompressed chunk with zeroed digests and tokens."""
+        """Render the header of an uncompressed chunk with zeroed digests and tokens.
+
+        ``remember``: let :func:`parse_header` read headers of this shape by position."""
         widths = {
             "fingerprint": 64,
             "namespace": 16,
@@ -198,7 +201,8 @@ class HeaderTemplate:
             positions[name] = (start, start + width)
         entries = tuple(TensorEntry(n, dtype, tuple(s), o, b) for n, s, o, b in tensors)
         template = cls(raw, positions, entries, payload_size)
-        _remember(template)
+        if remember:
+            _remember(template)
         return template
 
 
@@ -217,6 +221,11 @@ def _remember(template: HeaderTemplate) -> None:
         del bucket[_MAX_TEMPLATES_PER_LENGTH:]
 
 
+_UNLEARNABLE: set[tuple[int, tuple[TensorEntry, ...], bool, int]] = set()
+"""Header shapes :func:`_learn` found this library renders differently (bounded)."""
+_MAX_UNLEARNABLE = 64
+
+
 def _fixed_spans(template: HeaderTemplate) -> tuple[tuple[int, int], ...]:
     spans = []
     cursor = 0
@@ -225,6 +234,44 @@ def _fixed_spans(template: HeaderTemplate) -> tuple[tuple[int, int], ...]:
         cursor = stop
     spans.append((cursor, len(template.raw)))
     return tuple((start, stop) for start, stop in spans if stop > start)
+
+
+def _learn(raw: bytes, header: ChunkHeader) -> None:
+    """Remember the template of a header the JSON parser accepted, if this library renders
+    headers of its shape byte for byte the same (a reader process that never built the
+    layout still parses each later chunk of it by position).
+
+    Safe for every later input: one that matches the template's fixed bytes differs from
+    ``raw`` only inside the fixed-width hex fields, which both parsers check alike, so the
+    JSON parser would accept it and return the same fields.
+    """
+    from chunkstore.format.layout import ALIGNMENT  # layout builds on this module
+
+    dtypes = {entry.dtype for entry in header.tensors}
+    if header.compression != "none" or header.version != FORMAT_VERSION or len(dtypes) != 1:
+        return
+    shape = (len(raw), header.tensors, header.mac is not None, len(header.token_bytes))
+    if shape in _UNLEARNABLE:
+        return  # a foreign writer's header: not rendered again for every chunk
+    template = HeaderTemplate.build(
+        dtype=dtypes.pop(),
+        chunk_tokens=len(header.token_bytes) // 4,
+        tensors=[(e.name, e.shape, e.offset, e.nbytes) for e in header.tensors],
+        payload_size=header.payload_size,
+        authenticated=header.mac is not None,
+        alignment=ALIGNMENT,
+        remember=False,
+    )
+    skeleton = bytearray(raw)
+    if len(template.raw) == len(raw):
+        for start, stop in template.positions.values():
+            skeleton[start:stop] = b"0" * (stop - start)
+    if skeleton == template.raw:
+        _remember(template)
+        return
+    if len(_UNLEARNABLE) >= _MAX_UNLEARNABLE:
+        _UNLEARNABLE.clear()
+    _UNLEARNABLE.add(shape)
 
 
 def is_lower_hex(text: bytes) -> bool:
@@ -630,7 +677,7 @@ def parse_header(data: memoryview) -> ChunkHeader:
     cursor = entries[-1].offset + entries[-1].nbytes
     if cursor != payload_size:
         raise LayoutError(f"tensors cover {cursor} bytes, payload_size says {payload_size}")
-    return ChunkHeader(
+    header = ChunkHeader(
         version=version,
         fingerprint=fingerprint,
         namespace=namespace_bytes.hex(),
@@ -647,3 +694,5 @@ def parse_header(data: memoryview) -> ChunkHeader:
         checksum_span=checksum_span,
         mac_span=mac_span,
     )
+    _learn(raw, header)
+    return header
