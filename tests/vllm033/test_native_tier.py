@@ -410,3 +410,11 @@ def test_whole_slot_conversion_matches_layer_by_layer(harness, layout, tmp_path)
         assert torch.equal(mem[1][:kv], mem[0][:kv]) and torch.equal(mem[2][:kv], mem[0][:kv])
     finally:
         tier.shutdown()
+
+
+def test_a_directory_tier_writes_around_the_page_cache_unless_told_otherwise(tier_env, tmp_path):
+    tier, _, _ = tier_env(path=tmp_path / "a")
+    assert tier.stores[0].io_stats().write_mode == "direct"
+    url = str(tmp_path / "b")
+    tier, _, _ = tier_env(path=url, store_options={url: {"write_mode": "buffered"}})
+    assert tier.stores[0].io_stats().write_mode == "buffered"
