@@ -291,27 +291,28 @@ def test_shutdown_drains_jobs_in_flight(tier_env, monkeypatch, tmp_path):
     assert len(list(open_store(str(tmp_path / "kv")).list())) == 4
 
 
-def test_hnd_pages_give_the_same_chunk_files(harness, tmp_path):
-    """Layout independence: the same KV in LBHNC slots writes byte-identical chunks."""
+def _tier_with_page_layout(h, mem, path, layout):
+    """A ChunkStoreTier over ``mem`` built by vLLM's factory for primary pages in ``layout``."""
     from vllm.v1.kv_offload.tiering.factory import SecondaryTierFactory
 
     from . import tier_harness
 
+    vllm_config = h.scheduler.vllm_config  # noqa: F841 - read by the tier from this frame
+    kv_cache_config = h.scheduler.kv_cache_config  # noqa: F841
+    return SecondaryTierFactory.create_secondary_tier(
+        {"type": "ChunkStoreTier", "module_path": "chunkstore.vllm.native", "tiers": [str(path)]},
+        memoryview(mem.numpy()),
+        tier_harness.offloading_spec(layout=layout),
+    )
+
+
+def test_hnd_pages_give_the_same_chunk_files(harness, tmp_path):
+    """Layout independence: the same KV in LBHNC slots writes byte-identical chunks."""
     h = harness()
     files = []
     for layout in ("LBNHC", "LBHNC"):
         mem = primary(4)
-        vllm_config = h.scheduler.vllm_config  # noqa: F841 - read by the tier from this frame
-        kv_cache_config = h.scheduler.kv_cache_config  # noqa: F841
-        tier = SecondaryTierFactory.create_secondary_tier(
-            {
-                "type": "ChunkStoreTier",
-                "module_path": "chunkstore.vllm.native",
-                "tiers": [str(tmp_path / layout)],
-            },
-            memoryview(mem.numpy()),
-            tier_harness.offloading_spec(layout=layout),
-        )
+        tier = _tier_with_page_layout(h, mem, tmp_path / layout, layout)
         try:
             slot = nhd_slot(PROMPT, 0)
             if layout == "LBHNC":
@@ -373,23 +374,8 @@ def _make_with(h, entry):
 def test_whole_slot_conversion_matches_layer_by_layer(harness, layout, tmp_path):
     """The one-copy conversion of a slot (one rank, layers in order) gives the bytes the
     per-layer layout classes give, both ways."""
-    from vllm.v1.kv_offload.tiering.factory import SecondaryTierFactory
-
-    from . import tier_harness
-
-    h = harness()
     mem = primary(4)
-    vllm_config = h.scheduler.vllm_config  # noqa: F841 - read by the tier from this frame
-    kv_cache_config = h.scheduler.kv_cache_config  # noqa: F841
-    tier = SecondaryTierFactory.create_secondary_tier(
-        {
-            "type": "ChunkStoreTier",
-            "module_path": "chunkstore.vllm.native",
-            "tiers": [str(tmp_path)],
-        },
-        memoryview(mem.numpy()),
-        tier_harness.offloading_spec(layout=layout),
-    )
+    tier = _tier_with_page_layout(harness(), mem, tmp_path, layout)
     try:
         fused = tier.primary
         assert fused._whole is not None
