@@ -229,8 +229,8 @@ def main() -> int:
 
     probe_o_direct = fs_manager.probe_o_direct
     for name, entry in entries.items():
-        # "buffered": vLLM's tier as it runs where O_DIRECT is refused (its own fallback, as
-        # chunkstore always writes): through the page cache.
+        # "buffered": vLLM's tier as it runs where O_DIRECT is refused (its own fallback):
+        # through the page cache.
         fs_manager.probe_o_direct = (lambda _dir: False) if "buffered" in name else probe_o_direct
         tier = _build(entry, mem, spec, vllm_config, kv_cache_config)
         try:

@@ -202,8 +202,14 @@ def read_verified_into(
     """
     src: ChunkFileReader = reader if reader is not None else ChunkFileReader(fd, target)
     size = len(target)
+    preadv = os.preadv
 
     def fill(start: int, end: int) -> None:
+        # Through the page cache, one preadv nearly always fills the block: call it here
+        # (this runs ~9 times per 2 MiB chunk with the GIL held); anything else (a short
+        # read, O_DIRECT) goes through the reader.
+        if not src.direct and preadv(fd, [target[start:end]], start) == end - start:
+            return
         if src.read(start, end) < end - start:
             raise TruncatedChunk("chunk file shrank while being read")
 
@@ -226,9 +232,10 @@ def read_verified_into(
     if first > header.data_offset:
         verifier.update(target[header.data_offset : first])
     pos = max(first, header.data_offset)
+    update = verifier.update
     while pos < size:
         end = min(pos + src.block, size)
         fill(pos, end)
-        verifier.update(target[pos:end])
+        update(target[pos:end])
         pos = end
     verifier.finish()

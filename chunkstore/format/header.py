@@ -47,7 +47,7 @@ KNOWN_MINOR = 0
 MAX_DECIMAL_DIGITS = 18
 """Integers (decimal strings and JSON numbers) have at most 18 digits: below 2**63."""
 
-_HEX = re.compile(rb"[0-9a-f]*")
+_HEX_DIGITS = b"0123456789abcdef"
 _VERSION = re.compile(rb"(0|[1-9][0-9]{0,8})\.(0|[1-9][0-9]{0,8})")
 _MAX_VERSION_CHARS = 19
 _DECIMAL = re.compile(rf"0|[1-9][0-9]{{0,{MAX_DECIMAL_DIGITS - 1}}}", re.ASCII)
@@ -160,8 +160,11 @@ class HeaderTemplate:
         payload_size: int,
         authenticated: bool,
         alignment: int,
+        remember: bool = True,
     ) -> HeaderTemplate:
-        """Render the header of an uncompressed chunk with zeroed digests and tokens."""
+        """Render the header of an uncompressed chunk with zeroed digests and tokens.
+
+        ``remember``: let :func:`parse_header` read headers of this shape by position."""
         widths = {
             "fingerprint": 64,
             "namespace": 16,
@@ -198,36 +201,98 @@ class HeaderTemplate:
             positions[name] = (start, start + width)
         entries = tuple(TensorEntry(n, dtype, tuple(s), o, b) for n, s, o, b in tensors)
         template = cls(raw, positions, entries, payload_size)
-        _remember(template)
+        if remember:
+            _remember(template)
         return template
 
 
-# Templates of the layouts this process has built, by header length. Decoding a chunk whose
-# fixed bytes equal a known template skips JSON parsing: the fields are read at known
-# positions. Anything else takes the general JSON path, so foreign writers still work.
-_KNOWN_TEMPLATES: dict[int, list[HeaderTemplate]] = {}
+# Templates of the layouts this process has built, by header length, each with its fixed byte
+# ranges (everything between its variable fields). Decoding a chunk whose fixed bytes equal a
+# known template skips JSON parsing: the fields are read at known positions. Anything else
+# takes the general JSON path, so foreign writers still work.
+_KNOWN_TEMPLATES: dict[int, list[tuple[HeaderTemplate, tuple[tuple[int, int], ...]]]] = {}
 _MAX_TEMPLATES_PER_LENGTH = 8
 
 
 def _remember(template: HeaderTemplate) -> None:
     bucket = _KNOWN_TEMPLATES.setdefault(len(template.raw), [])
-    if template not in bucket:
-        bucket.insert(0, template)
+    if all(known != template for known, _ in bucket):
+        bucket.insert(0, (template, _fixed_spans(template)))
         del bucket[_MAX_TEMPLATES_PER_LENGTH:]
 
 
-def _parse_known(raw: bytes) -> ChunkHeader | None:
-    """Parse ``raw`` by position if its fixed bytes match a known template, else None."""
-    for template in _KNOWN_TEMPLATES.get(len(raw), ()):
-        skeleton = bytearray(raw)
+_UNLEARNABLE: set[tuple[int, tuple[TensorEntry, ...], bool, int]] = set()
+"""Header shapes :func:`_learn` found this library renders differently (bounded)."""
+_MAX_UNLEARNABLE = 64
+
+
+def _fixed_spans(template: HeaderTemplate) -> tuple[tuple[int, int], ...]:
+    spans = []
+    cursor = 0
+    for start, stop in sorted(template.positions.values()):
+        spans.append((cursor, start))
+        cursor = stop
+    spans.append((cursor, len(template.raw)))
+    return tuple((start, stop) for start, stop in spans if stop > start)
+
+
+def _learn(raw: bytes, header: ChunkHeader) -> None:
+    """Remember the template of a header the JSON parser accepted, if this library renders
+    headers of its shape byte for byte the same (a reader process that never built the
+    layout still parses each later chunk of it by position).
+
+    Safe for every later input: one that matches the template's fixed bytes differs from
+    ``raw`` only inside the fixed-width hex fields, which both parsers check alike, so the
+    JSON parser would accept it and return the same fields.
+    """
+    from chunkstore.format.layout import ALIGNMENT  # layout builds on this module
+
+    dtypes = {entry.dtype for entry in header.tensors}
+    if header.compression != "none" or header.version != FORMAT_VERSION or len(dtypes) != 1:
+        return
+    shape = (len(raw), header.tensors, header.mac is not None, len(header.token_bytes))
+    if shape in _UNLEARNABLE:
+        return  # a foreign writer's header: not rendered again for every chunk
+    template = HeaderTemplate.build(
+        dtype=dtypes.pop(),
+        chunk_tokens=len(header.token_bytes) // 4,
+        tensors=[(e.name, e.shape, e.offset, e.nbytes) for e in header.tensors],
+        payload_size=header.payload_size,
+        authenticated=header.mac is not None,
+        alignment=ALIGNMENT,
+        remember=False,
+    )
+    skeleton = bytearray(raw)
+    if len(template.raw) == len(raw):
         for start, stop in template.positions.values():
             skeleton[start:stop] = b"0" * (stop - start)
-        if skeleton != template.raw:
+    if skeleton == template.raw:
+        _remember(template)
+        return
+    if len(_UNLEARNABLE) >= _MAX_UNLEARNABLE:
+        _UNLEARNABLE.clear()
+    _UNLEARNABLE.add(shape)
+
+
+def is_lower_hex(text: bytes) -> bool:
+    """Whether ``text`` holds lower-case hex digits only (the empty string does)."""
+    return not text.translate(None, _HEX_DIGITS)
+
+
+def _parse_known(raw: bytes) -> ChunkHeader | None:
+    """Parse ``raw`` by position if its fixed bytes match a known template, else None.
+
+    Only the fixed ranges are compared (no copy of the header), and the variable fields
+    are checked with one C-level pass each: this runs once per chunk read.
+    """
+    for template, spans in _KNOWN_TEMPLATES.get(len(raw), ()):
+        fixed = template.raw
+        if any(raw[a:b] != fixed[a:b] for a, b in spans):
             continue
         values: dict[str, bytes] = {}
         for name, (start, stop) in template.positions.items():
             text = raw[start:stop]
-            if not _HEX.fullmatch(text):
+            if not is_lower_hex(text):
                 raise MalformedHeader(f"header field {name!r} must be lower-case hex digits")
             values[name] = bytes.fromhex(text.decode())
         tokens = values["tokens"]
@@ -313,7 +378,7 @@ def _hex_field(meta: dict[str, Any], name: str, width: int, prefix: str = "") ->
     if not isinstance(value, str) or not value.startswith(prefix):
         raise MalformedHeader(f"header field {name!r} missing or not a {prefix or 'hex'} string")
     text = value[len(prefix) :]
-    if len(text) != width or not _HEX.fullmatch(text.encode()):
+    if len(text) != width or not is_lower_hex(text.encode()):
         raise MalformedHeader(f"header field {name!r} must be {width} lower-case hex digits")
     return bytes.fromhex(text)
 
@@ -589,7 +654,7 @@ def parse_header(data: memoryview) -> ChunkHeader:
         not isinstance(tokens_text, str)
         or not tokens_text
         or len(tokens_text) % 8
-        or not _HEX.fullmatch(tokens_text.encode())
+        or not is_lower_hex(tokens_text.encode())
     ):
         raise MalformedHeader("header field 'tokens' must be 8 lower-case hex digits per token")
     if chunk_tokens is not None and len(tokens_text) != 8 * chunk_tokens:
@@ -612,7 +677,7 @@ def parse_header(data: memoryview) -> ChunkHeader:
     cursor = entries[-1].offset + entries[-1].nbytes
     if cursor != payload_size:
         raise LayoutError(f"tensors cover {cursor} bytes, payload_size says {payload_size}")
-    return ChunkHeader(
+    header = ChunkHeader(
         version=version,
         fingerprint=fingerprint,
         namespace=namespace_bytes.hex(),
@@ -629,3 +694,5 @@ def parse_header(data: memoryview) -> ChunkHeader:
         checksum_span=checksum_span,
         mac_span=mac_span,
     )
+    _learn(raw, header)
+    return header

@@ -97,6 +97,27 @@ def test_any_bit_flip_or_truncation(position: int, bit: int, cut: int | None) ->
     assert fused == reference
 
 
+@settings(max_examples=30, deadline=None)
+@given(
+    position=st.integers(min_value=0, max_value=len(BIG.data) - 1),
+    most=st.integers(min_value=1, max_value=BLOCK + 1),
+)
+def test_short_reads_give_the_same_verdicts(position: int, most: int) -> None:
+    """The block loop's one-preadv fast path falls back to the reader on a short read."""
+    real = os.preadv
+
+    def short(fd: int, buffers: list, offset: int, *flags: int) -> int:
+        return real(fd, [memoryview(buffers[0])[:most]], offset, *flags)
+
+    data = bytearray(BIG.data)
+    data[position] ^= 0x40
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(fastread.os, "preadv", short)
+        assert verdicts(BIG.data, BIG.key.digest) == ("ok", "ok")
+        reference, fused = verdicts(bytes(data), BIG.key.digest)
+    assert fused == reference == "bad"
+
+
 # --- how bytes come in: page cache, O_DIRECT, or the page cache's own answer ---------------
 
 # a payload that does not fill its last page: the file ends off an O_DIRECT boundary

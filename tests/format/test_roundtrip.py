@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from safetensors import safe_open
 
@@ -12,6 +12,7 @@ from chunkstore.errors import (
     AuthenticationError,
     ChecksumMismatch,
     ConfigError,
+    FormatError,
     KeyMismatch,
     SpecMismatch,
 )
@@ -226,3 +227,59 @@ def test_known_template_fast_path_agrees_with_json_parser(monkeypatch) -> None:
     slow = read_header(data)
     assert fast == slow
     assert fast.tokens == slow.tokens and len(fast.tokens) == 8
+
+
+def _header_verdict(data: bytes) -> object:
+    try:
+        return read_header(data)
+    except FormatError as exc:
+        return type(exc)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data())
+def test_known_template_fast_path_same_verdict_on_damaged_headers(data: st.DataObject) -> None:
+    """Any byte of a header changed: the template path and the JSON parser agree (same header,
+    or the same error class)."""
+    spec = KVSpec.simple("m", num_layers=2, num_kv_heads=2, head_dim=4, chunk_tokens=8)
+    chunk, *_ = _encode(ChunkLayout(spec), 3)
+    offset = read_header(chunk).data_offset
+    damaged = bytearray(chunk)
+    position = data.draw(st.integers(0, offset - 1), label="position")
+    damaged[position] = data.draw(st.integers(0, 255).filter(lambda b: b != chunk[position]))
+    fast = _header_verdict(bytes(damaged))
+    saved = dict(header_module._KNOWN_TEMPLATES)
+    header_module._KNOWN_TEMPLATES.clear()
+    try:
+        slow = _header_verdict(bytes(damaged))
+    finally:
+        header_module._KNOWN_TEMPLATES.update(saved)
+    assert fast == slow
+
+
+def test_a_reader_learns_the_template_of_a_header_it_parsed(monkeypatch) -> None:
+    """A process that never built the layout parses a chunk once as JSON, then by position;
+    a header this library would render differently is never learned."""
+    spec = KVSpec.simple("m", num_layers=2, num_kv_heads=2, head_dim=4, chunk_tokens=8)
+    chunk, *_ = _encode(ChunkLayout(spec), 9)
+    monkeypatch.setattr(header_module, "_KNOWN_TEMPLATES", {})
+    monkeypatch.setattr(header_module, "_UNLEARNABLE", set())
+    slow = read_header(chunk)
+    assert len(header_module._KNOWN_TEMPLATES) == 1
+    assert read_header(chunk) == slow
+    (bucket,) = header_module._KNOWN_TEMPLATES.values()
+    assert bucket[0][0].raw[:40] == chunk[:40]
+
+    # The same header with its metadata fields in another order: valid, but not ours.
+    header = read_header(chunk)
+    raw = bytearray(chunk[: header.data_offset])
+    body = bytes(raw[8:]).rstrip(b" ")
+    sizes = f'"payload_size":"{header.payload_size}","stored_size":"{header.stored_size}"'
+    swapped = f'"stored_size":"{header.stored_size}","payload_size":"{header.payload_size}"'
+    reordered = body.replace(sizes.encode(), swapped.encode())
+    assert reordered != body and len(reordered) == len(body)
+    monkeypatch.setattr(header_module, "_KNOWN_TEMPLATES", {})
+    foreign = bytes(raw[:8]) + reordered + b" " * (len(raw) - 8 - len(reordered))
+    assert read_header(foreign + bytes(chunk[header.data_offset :])).key == header.key
+    assert not header_module._KNOWN_TEMPLATES
+    assert len(header_module._UNLEARNABLE) == 1

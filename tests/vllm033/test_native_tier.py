@@ -291,27 +291,28 @@ def test_shutdown_drains_jobs_in_flight(tier_env, monkeypatch, tmp_path):
     assert len(list(open_store(str(tmp_path / "kv")).list())) == 4
 
 
-def test_hnd_pages_give_the_same_chunk_files(harness, tmp_path):
-    """Layout independence: the same KV in LBHNC slots writes byte-identical chunks."""
+def _tier_with_page_layout(h, mem, path, layout):
+    """A ChunkStoreTier over ``mem`` built by vLLM's factory for primary pages in ``layout``."""
     from vllm.v1.kv_offload.tiering.factory import SecondaryTierFactory
 
     from . import tier_harness
 
+    vllm_config = h.scheduler.vllm_config  # noqa: F841 - read by the tier from this frame
+    kv_cache_config = h.scheduler.kv_cache_config  # noqa: F841
+    return SecondaryTierFactory.create_secondary_tier(
+        {"type": "ChunkStoreTier", "module_path": "chunkstore.vllm.native", "tiers": [str(path)]},
+        memoryview(mem.numpy()),
+        tier_harness.offloading_spec(layout=layout),
+    )
+
+
+def test_hnd_pages_give_the_same_chunk_files(harness, tmp_path):
+    """Layout independence: the same KV in LBHNC slots writes byte-identical chunks."""
     h = harness()
     files = []
     for layout in ("LBNHC", "LBHNC"):
         mem = primary(4)
-        vllm_config = h.scheduler.vllm_config  # noqa: F841 - read by the tier from this frame
-        kv_cache_config = h.scheduler.kv_cache_config  # noqa: F841
-        tier = SecondaryTierFactory.create_secondary_tier(
-            {
-                "type": "ChunkStoreTier",
-                "module_path": "chunkstore.vllm.native",
-                "tiers": [str(tmp_path / layout)],
-            },
-            memoryview(mem.numpy()),
-            tier_harness.offloading_spec(layout=layout),
-        )
+        tier = _tier_with_page_layout(h, mem, tmp_path / layout, layout)
         try:
             slot = nhd_slot(PROMPT, 0)
             if layout == "LBHNC":
@@ -367,3 +368,39 @@ def _make_with(h, entry):
         offloading_spec(),
     )
     tier.shutdown()
+
+
+@pytest.mark.parametrize("layout", ["LBNHC", "LBHNC"])
+def test_whole_slot_conversion_matches_layer_by_layer(harness, layout, tmp_path):
+    """The one-copy conversion of a slot (one rank, layers in order) gives the bytes the
+    per-layer layout classes give, both ways."""
+    mem = primary(4)
+    tier = _tier_with_page_layout(harness(), mem, tmp_path, layout)
+    try:
+        fused = tier.primary
+        assert fused._whole is not None
+        gen = torch.Generator().manual_seed(3)
+        mem[0] = torch.randint(0, 256, (SLOT_BYTES,), dtype=torch.uint8, generator=gen)
+        size = fused.layout.payload_size
+        by_copy, by_layer = bytearray(size), bytearray(size)
+        fused.to_payload(mem[0].numpy(), by_copy)
+        whole, fused._whole = fused._whole, None
+        try:
+            fused.to_payload(mem[0].numpy(), by_layer)
+            assert by_copy == by_layer
+            fused.from_payload(by_layer, mem[1].numpy())
+        finally:
+            fused._whole = whole
+        fused.from_payload(by_copy, mem[2].numpy())
+        kv = fused.kv_bytes
+        assert torch.equal(mem[1][:kv], mem[0][:kv]) and torch.equal(mem[2][:kv], mem[0][:kv])
+    finally:
+        tier.shutdown()
+
+
+def test_a_directory_tier_writes_around_the_page_cache_unless_told_otherwise(tier_env, tmp_path):
+    tier, _, _ = tier_env(path=tmp_path / "a")
+    assert tier.stores[0].io_stats().write_mode == "direct"
+    url = str(tmp_path / "b")
+    tier, _, _ = tier_env(path=url, store_options={url: {"write_mode": "buffered"}})
+    assert tier.stores[0].io_stats().write_mode == "buffered"

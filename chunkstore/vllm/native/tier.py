@@ -39,6 +39,7 @@ from vllm.v1.kv_offload.base import (
 from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager, TransferJob
 
 from chunkstore.backends import Store
+from chunkstore.backends.base import SupportsGetManyInto
 from chunkstore.backends.models import record_model
 from chunkstore.backends.registry import open_for_option
 from chunkstore.cache.guard import GuardedTier, TierUnavailable
@@ -50,6 +51,7 @@ from chunkstore.metrics import default_metrics
 # The connector's option parsers: the same words for the same mistakes.
 from chunkstore.vllm.config import _positive_int, _seconds, parse_config
 from chunkstore.vllm.engine import describe_engine
+from chunkstore.vllm.native.buffers import ChunkBuffers
 from chunkstore.vllm.native.options import TIER_OPTIONS
 from chunkstore.vllm.native.primary import PrimaryLayout
 from chunkstore.vllm.native.requests import (
@@ -62,10 +64,27 @@ from chunkstore.vllm.tiers import tier_open_options
 
 MAX_TIER_THREADS = 256
 """Most threads one tier may run (the ``threads`` option)."""
+IDLE_BUFFER_BYTES = 256 << 20
+"""Chunk buffers the tier keeps mapped between jobs (at least two per thread)."""
 
 log = logging.getLogger(__name__)
 
 __all__ = ["ChunkStoreTier"]
+
+
+def _store_options(url: str, store_options: Any) -> dict[str, Any]:
+    """Options to open the tier at ``url`` with: the user's ``store_options``, and for a
+    local directory ``write_mode="direct"`` unless they say otherwise.
+
+    What vLLM demotes here leaves its host memory because host memory is full, so
+    writing it through the page cache would only push other pages out (and is measured
+    two times slower here than writing around it: tools/bench_native_tier.py); vLLM's
+    own fs tier writes with O_DIRECT too. Reads still pick cached or direct per file.
+    """
+    options = tier_open_options(url, dict(store_options.get(url, {})))
+    if "://" not in url or url.startswith("file://"):
+        options.setdefault("write_mode", "direct")
+    return options
 
 
 class ChunkStoreTier(SecondaryTierManager):
@@ -148,9 +167,7 @@ class ChunkStoreTier(SecondaryTierManager):
         self.guarded: list[GuardedTier] = []
         try:
             for url in cfg.tiers:
-                store = open_for_option(
-                    "tiers", url, **tier_open_options(url, dict(cfg.store_options.get(url, {})))
-                )
+                store = open_for_option("tiers", url, **_store_options(url, cfg.store_options))
                 self.stores.append(store)
                 metrics.watch_store(store)
                 self.guarded.append(
@@ -163,6 +180,11 @@ class ChunkStoreTier(SecondaryTierManager):
             raise
         for store in self.stores:
             record_model(store, self.engine.spec)  # so `chunkstore inspect` names the model
+        layout = self.primary.layout
+        # Room for a zstd chunk a little larger than the raw one (incompressible KV). Idle
+        # buffers kept: every thread's job of a few chunks, within IDLE_BUFFER_BYTES.
+        size = layout.total_size + layout.total_size // 64 + 65536
+        self._buffers = ChunkBuffers(size, keep=max(2 * threads, IDLE_BUFFER_BYTES // size))
         self._pool = ThreadPoolExecutor(threads, thread_name_prefix="chunkstore-tier")
         self._lookup_pool = ThreadPoolExecutor(2, thread_name_prefix="chunkstore-tier-lookup")
         self._jobs: dict[int, Future[None]] = {}
@@ -245,34 +267,42 @@ class ChunkStoreTier(SecondaryTierManager):
     ) -> None:
         t0 = time.perf_counter()
         layout = self.primary.layout
+        size = layout.total_size
         items: list[tuple[ChunkKey, Any]] = []
         ok = all(a is not None for a in addresses)
+        buffers = self._buffers.take(sum(a is not None for a in addresses))
+        pending: list[Future[Any]] = []
+        nbytes = 0
         try:
             for address, slot in zip(addresses, slots):
                 if address is None:
                     continue  # no tokens for this key: not stored (a future miss)
-                buf = bytearray(layout.total_size)
-                self.primary.to_payload(self._slot(slot), memoryview(buf)[layout.data_offset :])
+                view = memoryview(buffers[len(items)])[:size]
+                self.primary.to_payload(self._slot(slot), view[layout.data_offset :])
                 seal_chunk(
                     layout,
-                    buf,
+                    view,
                     key=address.key.digest,
                     parent=address.parent,
                     namespace=address.key.namespace,
                     tokens=list(address.tokens),
                     verify_key=False,
                 )
-                data = recompress(buf, "zstd") if self.compression == "zstd" else buf
+                data = recompress(view, "zstd") if self.compression == "zstd" else view
                 items.append((address.key, data))
-            ok = self._write(items) and ok
+            nbytes = sum(len(d) for _, d in items)
+            ok = self._write(items, pending) and ok
         except Exception:  # noqa: BLE001 - a failed store is a future miss
             log.exception("chunkstore tier: store job %d failed", job_id)
             ok = False
-        nbytes = sum(len(d) for _, d in items)
+        finally:
+            items.clear()
+            self._buffers.release_after(pending, buffers)
         self._finished.append(JobResult(job_id, ok, None, time.perf_counter() - t0, nbytes))
 
-    def _write(self, items: Sequence[tuple[ChunkKey, Any]]) -> bool:
-        """Write ``items`` to every store; False if any store did not take them."""
+    def _write(self, items: Sequence[tuple[ChunkKey, Any]], pending: list[Future[Any]]) -> bool:
+        """Write ``items`` to every store; False if any store did not take them. Calls that
+        timed out but still run (and still read the items) are added to ``pending``."""
         if not items:
             return True
         ok = True
@@ -281,7 +311,9 @@ class ChunkStoreTier(SecondaryTierManager):
             t0 = time.perf_counter()
             try:
                 tier.call("put", tier.store.put_if_absent_many, items)
-            except TierUnavailable:
+            except TierUnavailable as exc:
+                if exc.pending is not None:
+                    pending.append(exc.pending)
                 tier.count_drop("unavailable", len(items))
                 ok = False
                 continue
@@ -309,46 +341,81 @@ class ChunkStoreTier(SecondaryTierManager):
         t0 = time.perf_counter()
         loaded = 0
         nbytes = 0
+        wanted: list[ChunkKey] = []
+        for address in addresses:
+            if address is None:
+                break  # a load fills a prefix of its keys
+            wanted.append(address.key)
+        buffers = self._buffers.take(len(wanted))
+        pending: list[Future[Any]] = []
         try:
-            for address, slot in zip(addresses, slots):
-                if address is None:
-                    break
-                payload = self._read(address.key)
+            payloads = self._read_many(wanted, buffers, pending)
+            for payload, slot in zip(payloads, slots):
                 if payload is None:
                     break
                 self.primary.from_payload(payload, self._slot(slot))
                 loaded += 1
                 nbytes += self.block_size_bytes
+            payloads.clear()
         except Exception:  # noqa: BLE001 - a failed load is recomputed by vLLM
             log.exception("chunkstore tier: load job %d failed", job_id)
+        finally:
+            self._buffers.release_after(pending, buffers)
         ok = loaded == len(keys)
         kept = tuple(keys[:loaded]) if not ok and loaded else None
         self._finished.append(JobResult(job_id, ok, kept, time.perf_counter() - t0, nbytes))
 
-    def _read(self, key: ChunkKey) -> Any | None:
-        """The verified payload of ``key`` from the first store that has a good copy."""
+    def _read_many(
+        self, keys: list[ChunkKey], buffers: list[Any], pending: list[Future[Any]]
+    ) -> list[Any | None]:
+        """The verified payload of each key from the first store that has a good copy
+        (``None`` where none has). Each store is asked once, for all the keys still missing,
+        in one batch (read into ``buffers``, several at a time); calls that timed out but
+        still run (and may still write into ``buffers``) are added to ``pending``."""
+        payloads: list[Any | None] = [None] * len(keys)
         for tier in self.guarded:
+            missing = [i for i, p in enumerate(payloads) if p is None]
+            if not missing:
+                break
             t0 = time.perf_counter()
+            asked = [keys[i] for i in missing]
+            store = tier.store
             try:
-                data = tier.call("get", tier.store.get_many, [key])[0]
-            except TierUnavailable:
+                if isinstance(store, SupportsGetManyInto):
+                    views = [memoryview(buffers[i]) for i in missing]
+                    sizes = tier.call("get", store.get_many_into, asked, views)
+                    got: list[Any] = [None if n is None else v[:n] for n, v in zip(sizes, views)]
+                else:
+                    got = tier.call("get", store.get_many, asked)
+            except TierUnavailable as exc:
+                if exc.pending is not None:
+                    pending.append(exc.pending)
                 continue
-            if data is None:
-                continue  # missing, or corrupt (the store verified it and quarantined it)
-            try:
-                chunk = decode_chunk(
-                    data,
-                    verify=not tier.store.verify,
-                    expected_key=key.digest,
-                    expected_fingerprint=self.primary.layout.fingerprint,
-                )
-            except FormatError as exc:
-                self.corrupt += 1
-                tier.store.report_corrupt(key, exc)
-                continue
-            tier.instruments.record_read(len(data), time.perf_counter() - t0)
-            return chunk.payload
-        return None
+            nbytes = 0
+            for i, key, data in zip(missing, asked, got):
+                if data is None:
+                    continue  # missing, or corrupt (the store verified it and quarantined it)
+                payloads[i] = self._payload(tier, key, data)
+                nbytes += len(data) if payloads[i] is not None else 0
+            if nbytes:
+                tier.instruments.record_read(nbytes, time.perf_counter() - t0)
+        return payloads
+
+    def _payload(self, tier: GuardedTier, key: ChunkKey, data: Any) -> Any | None:
+        """``data``'s payload if it is ``key``'s chunk for this model; the store's own check
+        already covered the checksum when it verifies (structure and identity again here)."""
+        try:
+            chunk = decode_chunk(
+                data,
+                verify=not tier.store.verify,
+                expected_key=key.digest,
+                expected_fingerprint=self.primary.layout.fingerprint,
+            )
+        except FormatError as exc:
+            self.corrupt += 1
+            tier.store.report_corrupt(key, exc)
+            return None
+        return chunk.payload
 
     # --- completion -----------------------------------------------------------------
 
@@ -388,6 +455,7 @@ class ChunkStoreTier(SecondaryTierManager):
         self._pool.shutdown(wait=True)
         self._lookup_pool.shutdown(wait=True, cancel_futures=True)
         self._close_stores()
+        self._buffers.close()
 
     def _close_stores(self) -> None:
         for tier in self.guarded:
