@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from chunkstore.backends import layout as L
-from chunkstore.backends.base import Buffer, ChunkInfo, Store
+from chunkstore.backends.base import Buffer, ChunkInfo, Judgement, ReadVerdict, Store
 from chunkstore.backends.batching import write_once_per_key
 from chunkstore.backends.capacity import CapacityLimiter, Usage
 from chunkstore.backends.fastread import (
@@ -43,9 +43,8 @@ from chunkstore.errors import (
     FormatError,
     MissingDependency,
     StoreError,
-    UnsupportedVersion,
 )
-from chunkstore.format import ByteRange, decode_chunk
+from chunkstore.format import ByteRange
 from chunkstore.hashing import ChunkKey
 from chunkstore.units import parse_size
 
@@ -354,11 +353,8 @@ class FsStore(Store):
             if self.verify:
                 try:
                     read_verified_into(fd, view, key.digest, reader=reader)
-                except UnsupportedVersion:
-                    return None  # a newer chunkstore's chunk (rolling upgrade): a miss, not damage
                 except FormatError as exc:
-                    self._suspects[key] = st.ident
-                    self.report_corrupt(key, exc)
+                    self._admit_read(key, Judgement.of(exc), st)  # never OK: a miss
                     return None
             elif reader.read(0, size) < size:
                 return None  # published files never shrink; treat as gone
@@ -450,16 +446,14 @@ class FsStore(Store):
         return got
 
     def _valid(self, key: ChunkKey, data: Any, st: FileStat) -> bool:
-        try:
-            decode_chunk(data, expected_key=key.digest)
-        except UnsupportedVersion:
-            return False  # a newer chunkstore's chunk (rolling upgrade): a miss, not damage
-        except FormatError as exc:
+        return self._admit_read(key, self._judge(key, data), st)
+
+    def _admit_read(self, key: ChunkKey, judgement: Judgement, st: FileStat) -> bool:
+        """:meth:`_admit` for a read of the file ``st`` describes."""
+        if judgement.verdict is ReadVerdict.CORRUPT:
             # remember which file was bad so a concurrent good rewrite is not quarantined
             self._suspects[key] = st.ident
-            self.report_corrupt(key, exc)
-            return False
-        return True
+        return self._admit(key, judgement)
 
     def exists_many(self, keys: Sequence[ChunkKey]) -> list[bool]:
         # a regular file only: a directory (or anything else) at a chunk's path reads as a miss
