@@ -9,6 +9,7 @@ blocks the caller; many jobs in flight; shutdown drains.
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import threading
@@ -206,6 +207,30 @@ def test_a_corrupt_chunk_is_a_failed_load_and_its_slot_is_untouched(tier_env, tm
     assert torch.equal(mem[7], sentinel)  # the bad one never reached the slot
     assert tier.lookup(keys[1], ctx) == LookupResult.MISS  # recomputed, not retried
     assert not path.exists()  # quarantined by the store
+
+
+def test_a_newer_writers_chunk_is_a_plain_miss_left_in_place(tier_env, tmp_path):
+    # A store that does not verify hands the tier the raw bytes: the tier's own check must
+    # treat a newer minor's chunk (an unknown dtype) as unsupported, not damage.
+    from tests.format.strategies import reseal, split_chunk
+
+    kv = tmp_path / "kv"
+    tier, mem, _ = tier_env(store_options={str(kv): {"verify": False}})
+    request = make_request(PROMPT, "newer")
+    ctx, keys, _ = _store_prompt(tier, mem, request, [0])
+    store = open_store(str(kv))
+    (info,) = list(store.list())
+    path = kv / info.key.path
+    text, stored = split_chunk(path.read_bytes())
+    text = text.replace(b'"chunkstore":"1.0"', b'"chunkstore":"1.1"')
+    text = re.sub(rb'"dtype":"[A-Z0-9_]+"', b'"dtype":"F8_E8M0"', text)
+    path.write_bytes(reseal(text, stored))
+
+    tier.submit_load(job(keys, [6], ctx, promotion=True))
+    (result,) = finish(tier)
+    assert not result.success
+    assert tier.corrupt == 0
+    assert path.exists()  # left for the newer readers that share the store
 
 
 def test_a_store_that_is_down_or_hangs_never_blocks_the_caller(tier_env, monkeypatch):

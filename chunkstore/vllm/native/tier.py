@@ -39,7 +39,7 @@ from vllm.v1.kv_offload.base import (
 from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager, TransferJob
 
 from chunkstore.backends import Store
-from chunkstore.backends.base import SupportsGetManyInto
+from chunkstore.backends.base import ReadVerdict, SupportsGetManyInto, verdict_of
 from chunkstore.backends.models import record_model
 from chunkstore.backends.registry import open_for_option
 from chunkstore.cache.guard import GuardedTier, TierUnavailable
@@ -412,8 +412,10 @@ class ChunkStoreTier(SecondaryTierManager):
                 expected_fingerprint=self.primary.layout.fingerprint,
             )
         except FormatError as exc:
-            self.corrupt += 1
-            tier.store.report_corrupt(key, exc)
+            # A newer writer's chunk or another model's is a plain miss; only damage is reported.
+            if verdict_of(exc) is ReadVerdict.CORRUPT:
+                self.corrupt += 1
+                tier.store.report_corrupt(key, exc)
             return None
         return chunk.payload
 
