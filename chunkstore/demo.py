@@ -16,8 +16,8 @@ from pathlib import Path
 
 import numpy as np
 
+from chunkstore.backends._models import record_model
 from chunkstore.backends.base import Store
-from chunkstore.backends.models import record_model
 from chunkstore.format import ChunkLayout, KVSpec, decode_into, encode_chunk
 from chunkstore.hashing import chain_keys, namespace_of, namespace_root, parent_of
 from chunkstore.testing.factories import conversation_tokens, growing_conversation, kv_tensors

@@ -365,7 +365,7 @@ class _WatchCollector(Collector):
 
 def _io_mode_metrics(stores: list[Any]) -> Iterator[Metric]:
     """How filesystem tiers read: the mode in effect and reads around / through the page cache
-    (stores with an ``io_stats()``, i.e. :class:`~chunkstore.backends.fs.FsStore`)."""
+    (stores with an ``io_stats()``, i.e. :class:`~chunkstore.backends._fs.FsStore`)."""
     mode = GaugeMetricFamily(
         "chunkstore_tier_read_mode",
         "1 for the read mode a filesystem tier uses (auto, direct or buffered after a fallback).",

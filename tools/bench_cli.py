@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterator
 
 import xxhash
 
-from chunkstore.backends.fs import FsStore
+from chunkstore.backends._fs import FsStore
 from chunkstore.cli.main import main as cli_main
 from chunkstore.format import ChunkLayout
 from chunkstore.testing.factories import conversation_tokens, make_chunks, small_spec

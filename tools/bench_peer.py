@@ -110,8 +110,8 @@ def _row(name: str, size: int, samples: list[float]) -> dict[str, Any]:
 
 def bench_nixl(endpoint: str, chunks: list[Any], rounds: int) -> list[tuple[dict, dict]] | None:
     from chunkstore.peer import PeerStore
-    from chunkstore.peer.nixlplane import address_of
-    from chunkstore.peer.protocol import pack_keys
+    from chunkstore.peer._nixlplane import address_of
+    from chunkstore.peer._protocol import pack_keys
 
     size = len(chunks[0].data)
     store = PeerStore(
@@ -223,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     except ImportError:
         print("skipped: the peer benchmark needs pyzmq: pip install 'chunkstore[peer]'")
         return 0
-    from chunkstore.peer.nixlplane import nixl_unavailable_reason
+    from chunkstore.peer._nixlplane import nixl_unavailable_reason
 
     chunks = _chunks(args.small, args.chunks)
     size = len(chunks[0].data)

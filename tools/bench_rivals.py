@@ -53,7 +53,7 @@ from typing import Any
 import numpy as np
 from bench_store import make
 
-from chunkstore.backends.fs import FsStore
+from chunkstore.backends._fs import FsStore
 from chunkstore.hashing import ChunkKey
 
 ALIGN = 4096

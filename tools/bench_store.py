@@ -34,7 +34,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from chunkstore.backends.fs import FsStore
+from chunkstore.backends._fs import FsStore
 from chunkstore.errors import ChunkStoreError
 from chunkstore.format import ChunkLayout, KVSpec
 from chunkstore.testing.factories import MadeChunk, sample_chunks
@@ -208,7 +208,7 @@ def bench_s3(chunks: list[MadeChunk], passes: int) -> list[tuple]:
         import s3fs
         from moto.server import ThreadedMotoServer
 
-        from chunkstore.backends.s3 import S3Store
+        from chunkstore.backends._s3 import S3Store
     except ImportError as exc:
         print(f"S3 benchmark skipped: {exc} (pip install 'chunkstore[test]')")
         return []

@@ -3,9 +3,12 @@
 ``__all__`` is what users of stores need: open one by URL, the interface, its
 optional capabilities, the in-process store and the wrapper base. The filesystem
 and S3 stores are reached through :func:`open_store` (or their modules,
-``chunkstore.backends.fs`` / ``.s3``, for their options).
+``chunkstore.backends._fs`` / ``.s3``, for their options).
 """
 
+from chunkstore.backends._memory import MemoryStore
+from chunkstore.backends._registry import open_store, register_scheme
+from chunkstore.backends._wrapper import WrapperStore
 from chunkstore.backends.base import (
     ChunkInfo,
     Store,
@@ -14,9 +17,6 @@ from chunkstore.backends.base import (
     SupportsModelRecords,
     SupportsRangedRead,
 )
-from chunkstore.backends.memory import MemoryStore
-from chunkstore.backends.registry import open_store, register_scheme
-from chunkstore.backends.wrapper import WrapperStore
 
 # isort: split
 # Importable here, not curated: the prefix search stores share.

@@ -408,7 +408,7 @@ class SupportsReserve(Protocol):
 @runtime_checkable
 class SupportsModelRecords(Protocol):
     """Small per-model records beside the chunks (``.chunkstore/models/<fingerprint>.json``):
-    which model a fingerprint names (see :mod:`chunkstore.backends.models`)."""
+    which model a fingerprint names (see :mod:`chunkstore.backends._models`)."""
 
     def read_model_record(self, fingerprint: bytes) -> bytes | None:
         """The record stored for ``fingerprint``, or ``None``."""

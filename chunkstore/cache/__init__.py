@@ -16,26 +16,26 @@ The policies are pure bookkeeping (no I/O), so the trace simulator
 (:mod:`chunkstore.simulator`) replays traces through the very same classes.
 """
 
-from chunkstore.cache.arc import ARCPolicy
-from chunkstore.cache.host import HostCache, HostCacheStats
-from chunkstore.cache.lease import Lease
-from chunkstore.cache.lru import LRUPolicy
+from chunkstore.cache._arc import ARCPolicy
+from chunkstore.cache._host import HostCache, HostCacheStats
+from chunkstore.cache._lease import Lease
+from chunkstore.cache._lru import LRUPolicy
+from chunkstore.cache._prefix_arc import PrefixARCPolicy
+from chunkstore.cache._tiered import TieredStats, TieredStore, TierStats
 from chunkstore.cache.policy import DEFAULT_POLICY, POLICY_NAMES, CachePolicy, make_policy
-from chunkstore.cache.prefix_arc import PrefixARCPolicy
-from chunkstore.cache.tiered import TieredStats, TieredStore, TierStats
 
 # isort: split
 # Importable here, not curated: the shared pool and TP assembly the vLLM adapter builds on.
-from chunkstore.cache.assembly import AssemblerStats as AssemblerStats
-from chunkstore.cache.assembly import ShardAssembler as ShardAssembler
-from chunkstore.cache.assembly import ShardClaim as ShardClaim
-from chunkstore.cache.assembly import SlotRead as SlotRead
-from chunkstore.cache.assembly_owner import AssemblyOwner as AssemblyOwner
-from chunkstore.cache.assembly_owner import AssemblyStats as AssemblyStats
-from chunkstore.cache.host import Adoption as Adoption
+from chunkstore.cache._assembly import AssemblerStats as AssemblerStats
+from chunkstore.cache._assembly import ShardAssembler as ShardAssembler
+from chunkstore.cache._assembly import ShardClaim as ShardClaim
+from chunkstore.cache._assembly import SlotRead as SlotRead
+from chunkstore.cache._assembly_owner import AssemblyOwner as AssemblyOwner
+from chunkstore.cache._assembly_owner import AssemblyStats as AssemblyStats
+from chunkstore.cache._host import Adoption as Adoption
+from chunkstore.cache._pool import SlotPool as SlotPool
+from chunkstore.cache._pool import StaleSlot as StaleSlot
 from chunkstore.cache.policy import NoEvictableEntry as NoEvictableEntry
-from chunkstore.cache.pool import SlotPool as SlotPool
-from chunkstore.cache.pool import StaleSlot as StaleSlot
 
 __all__ = [
     "DEFAULT_POLICY",

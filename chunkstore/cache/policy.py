@@ -130,9 +130,9 @@ class CachePolicy(ABC):
 
 def make_policy(name: str, capacity: int) -> CachePolicy:
     """The policy called ``name`` (one of :data:`POLICY_NAMES`) for ``capacity`` entries."""
-    from chunkstore.cache.arc import ARCPolicy
-    from chunkstore.cache.lru import LRUPolicy
-    from chunkstore.cache.prefix_arc import PrefixARCPolicy
+    from chunkstore.cache._arc import ARCPolicy
+    from chunkstore.cache._lru import LRUPolicy
+    from chunkstore.cache._prefix_arc import PrefixARCPolicy
 
     policies: dict[str, type[CachePolicy]] = {
         "parc": PrefixARCPolicy,

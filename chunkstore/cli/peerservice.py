@@ -209,7 +209,7 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
             "or pass --peer-insecure if that is intended"
         )
     if getattr(args, "spec", None):
-        from chunkstore.backends.registry import load_options
+        from chunkstore.backends._registry import load_options
         from chunkstore.format import KVSpec
 
         spec = KVSpec.from_dict(load_options(args.spec))

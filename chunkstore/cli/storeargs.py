@@ -14,8 +14,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from chunkstore.backends._registry import check_url, load_options, open_for_option, open_store
 from chunkstore.backends.base import Store
-from chunkstore.backends.registry import check_url, load_options, open_for_option, open_store
 from chunkstore.errors import ConfigError, StoreError
 from chunkstore.hashing import is_namespace
 from chunkstore.units import parse_size

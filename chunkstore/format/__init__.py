@@ -5,7 +5,7 @@
 use (TP byte ranges, header parsing details), but are not part of the curated API.
 """
 
-from chunkstore.format.chunk import (
+from chunkstore.format._chunk import (
     Chunk,
     decode_chunk,
     decode_into,
@@ -15,31 +15,31 @@ from chunkstore.format.chunk import (
     recompress,
     seal_chunk,
 )
-from chunkstore.format.header import FORMAT_VERSION, ChunkHeader
-from chunkstore.format.layout import ByteRange, ChunkLayout
-from chunkstore.format.spec import KVSpec, LayerGroup, LayerKind
+from chunkstore.format._header import FORMAT_VERSION, ChunkHeader
+from chunkstore.format._layout import ByteRange, ChunkLayout
+from chunkstore.format._spec import KVSpec, LayerGroup, LayerKind
 
 # isort: split
 # Importable here, not curated (see the module docstring).
-from chunkstore.format.chunk import PayloadVerifier as PayloadVerifier
-from chunkstore.format.chunk import header_bytes_needed as header_bytes_needed
-from chunkstore.format.chunk import key_digest as key_digest
-from chunkstore.format.dtypes import DType as DType
-from chunkstore.format.dtypes import dtype_named as dtype_named
-from chunkstore.format.header import MAX_HEADER_BYTES as MAX_HEADER_BYTES
-from chunkstore.format.header import READABLE_MAJORS as READABLE_MAJORS
-from chunkstore.format.header import TensorEntry as TensorEntry
-from chunkstore.format.hot import hot_bytes as hot_bytes
-from chunkstore.format.layout import ALIGNMENT as ALIGNMENT
-from chunkstore.format.layout import RankShare as RankShare
-from chunkstore.format.layout import RankSlice as RankSlice
-from chunkstore.format.layout import TensorSlot as TensorSlot
-from chunkstore.format.layout import rank_share as rank_share
-from chunkstore.format.spec import ATTENTION as ATTENTION
-from chunkstore.format.spec import KINDS as KINDS
-from chunkstore.format.spec import MLA as MLA
-from chunkstore.format.spec import SLIDING_WINDOW as SLIDING_WINDOW
-from chunkstore.format.spec import STATE as STATE
+from chunkstore.format._chunk import PayloadVerifier as PayloadVerifier
+from chunkstore.format._chunk import header_bytes_needed as header_bytes_needed
+from chunkstore.format._chunk import key_digest as key_digest
+from chunkstore.format._dtypes import DType as DType
+from chunkstore.format._dtypes import dtype_named as dtype_named
+from chunkstore.format._header import MAX_HEADER_BYTES as MAX_HEADER_BYTES
+from chunkstore.format._header import READABLE_MAJORS as READABLE_MAJORS
+from chunkstore.format._header import TensorEntry as TensorEntry
+from chunkstore.format._hot import hot_bytes as hot_bytes
+from chunkstore.format._layout import ALIGNMENT as ALIGNMENT
+from chunkstore.format._layout import RankShare as RankShare
+from chunkstore.format._layout import RankSlice as RankSlice
+from chunkstore.format._layout import TensorSlot as TensorSlot
+from chunkstore.format._layout import rank_share as rank_share
+from chunkstore.format._spec import ATTENTION as ATTENTION
+from chunkstore.format._spec import KINDS as KINDS
+from chunkstore.format._spec import MLA as MLA
+from chunkstore.format._spec import SLIDING_WINDOW as SLIDING_WINDOW
+from chunkstore.format._spec import STATE as STATE
 
 __all__ = [
     "FORMAT_VERSION",

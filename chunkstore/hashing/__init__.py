@@ -5,15 +5,15 @@
 own modules and advanced use, but are not part of the curated API.
 """
 
-from chunkstore.hashing.keys import ChunkKey, chain_keys, namespace_of, namespace_root
+from chunkstore.hashing._keys import ChunkKey, chain_keys, namespace_of, namespace_root
 
 # isort: split
 # Importable here, not curated (see the module docstring).
-from chunkstore.hashing.keys import DIGEST_SIZE as DIGEST_SIZE
-from chunkstore.hashing.keys import chain_digest as chain_digest
-from chunkstore.hashing.keys import encode_extra as encode_extra
-from chunkstore.hashing.keys import is_namespace as is_namespace
-from chunkstore.hashing.keys import parent_of as parent_of
-from chunkstore.hashing.keys import tokens_as_le_u32 as tokens_as_le_u32
+from chunkstore.hashing._keys import DIGEST_SIZE as DIGEST_SIZE
+from chunkstore.hashing._keys import chain_digest as chain_digest
+from chunkstore.hashing._keys import encode_extra as encode_extra
+from chunkstore.hashing._keys import is_namespace as is_namespace
+from chunkstore.hashing._keys import parent_of as parent_of
+from chunkstore.hashing._keys import tokens_as_le_u32 as tokens_as_le_u32
 
 __all__ = ["ChunkKey", "chain_keys", "namespace_of", "namespace_root"]

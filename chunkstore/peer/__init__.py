@@ -9,8 +9,8 @@ the ``discovery`` module finds them (static list, registry directory, Redis).
 Metrics go to an injectable :class:`PeerMetrics`.
 """
 
-from chunkstore.peer.client import NixlClientPlane, PeerClient, PeerClientConfig
-from chunkstore.peer.discovery import (
+from chunkstore.peer._client import NixlClientPlane, PeerClient, PeerClientConfig
+from chunkstore.peer._discovery import (
     Announcer,
     FileRegistry,
     PeerInfo,
@@ -20,11 +20,11 @@ from chunkstore.peer.discovery import (
     StaticPeers,
     open_registry,
 )
-from chunkstore.peer.errors import PeerError, PeerRefused, PeerUnavailable
-from chunkstore.peer.metrics import PeerMetrics, default_peer_metrics
-from chunkstore.peer.server import PeerServer
-from chunkstore.peer.serverconfig import PeerServerConfig
-from chunkstore.peer.store import PeerStore, open_peer_store
+from chunkstore.peer._errors import PeerError, PeerRefused, PeerUnavailable
+from chunkstore.peer._metrics import PeerMetrics, default_peer_metrics
+from chunkstore.peer._server import PeerServer
+from chunkstore.peer._serverconfig import PeerServerConfig
+from chunkstore.peer._store import PeerStore, open_peer_store
 
 __all__ = [
     "Announcer",

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from chunkstore import units
-from chunkstore.backends.registry import check_url, naming_option
+from chunkstore.backends._registry import check_url, naming_option
 from chunkstore.cache.policy import DEFAULT_POLICY, POLICY_NAMES
 from chunkstore.errors import ChunkStoreError, ConfigError
 from chunkstore.units import shown

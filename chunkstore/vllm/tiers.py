@@ -25,10 +25,10 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from chunkstore.backends import Store
+from chunkstore.backends._models import record_model
+from chunkstore.backends._registry import open_for_option
+from chunkstore.backends._wrapper import WrapperStore
 from chunkstore.backends.base import Buffer
-from chunkstore.backends.models import record_model
-from chunkstore.backends.registry import open_for_option
-from chunkstore.backends.wrapper import WrapperStore
 from chunkstore.cache import (
     DEFAULT_POLICY,
     AssemblyOwner,
@@ -36,7 +36,7 @@ from chunkstore.cache import (
     ShardAssembler,
     TieredStore,
 )
-from chunkstore.cache.lease import Lease
+from chunkstore.cache._lease import Lease
 from chunkstore.errors import StoreError
 from chunkstore.format import ChunkLayout, hot_bytes, recompress, seal_chunk
 from chunkstore.hashing import ChunkKey

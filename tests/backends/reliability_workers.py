@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from chunkstore.backends.fs import FsStore
+from chunkstore.backends._fs import FsStore
 from chunkstore.format import ChunkLayout, decode_chunk, encode_chunk
 from chunkstore.testing.factories import MadeChunk, kv_tensors, sample_chunks, small_spec
 

@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from chunkstore.backends import fastread
-from chunkstore.backends.fastread import (
+from chunkstore.backends import _fastread as fastread
+from chunkstore.backends._fastread import (
     ALIGN,
     AUTO,
     BLOCK,

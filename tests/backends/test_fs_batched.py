@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from chunkstore.backends.fastread import ALIGN, AUTO, BUFFERED, DIRECT
-from chunkstore.backends.fs import FsStore, open_fs_store
+from chunkstore.backends._fastread import ALIGN, AUTO, BUFFERED, DIRECT
+from chunkstore.backends._fs import FsStore, open_fs_store
 from chunkstore.errors import ConfigError
 from chunkstore.testing.factories import MadeChunk, sample_chunks
 from chunkstore.testing.store_suite import _rekeyed

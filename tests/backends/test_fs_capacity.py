@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from chunkstore.backends.fs import FsStore
+from chunkstore.backends._fs import FsStore
 from chunkstore.errors import ConfigError
 from chunkstore.testing.factories import sample_chunks
 from chunkstore.units import parse_size

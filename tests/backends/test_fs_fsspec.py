@@ -8,8 +8,8 @@ from collections.abc import Callable, Iterator
 import fsspec
 import pytest
 
-from chunkstore.backends.fs import FsStore
-from chunkstore.backends.fsio import FsspecIO
+from chunkstore.backends._fs import FsStore
+from chunkstore.backends._fsio import FsspecIO
 from chunkstore.testing.stateful import store_state_machine
 from chunkstore.testing.store_suite import StoreSuite
 

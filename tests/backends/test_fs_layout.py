@@ -11,8 +11,8 @@ from pathlib import Path
 import fsspec
 import pytest
 
-from chunkstore.backends.fs import FsStore, open_fs_store
-from chunkstore.backends.fsio import FsspecIO, LocalIO
+from chunkstore.backends._fs import FsStore, open_fs_store
+from chunkstore.backends._fsio import FsspecIO, LocalIO
 from chunkstore.errors import ConfigError, StoreError
 from chunkstore.testing.factories import sample_chunks
 from chunkstore.testing.store_suite import corrupt_copies

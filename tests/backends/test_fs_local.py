@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from chunkstore.backends.fs import FsStore
-from chunkstore.backends.fsio import LocalIO
+from chunkstore.backends._fs import FsStore
+from chunkstore.backends._fsio import LocalIO
 from chunkstore.testing.stateful import store_state_machine
 from chunkstore.testing.store_suite import StoreSuite
 

@@ -12,7 +12,7 @@ from typing import Any
 import fsspec
 import pytest
 
-from chunkstore.backends.fs import FsStore
+from chunkstore.backends._fs import FsStore
 from chunkstore.format import ChunkLayout
 from chunkstore.testing.factories import MadeChunk, sample_chunks, small_spec
 

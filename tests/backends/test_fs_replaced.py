@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from chunkstore.backends.fs import FsStore
+from chunkstore.backends._fs import FsStore
 from chunkstore.testing.factories import MadeChunk, sample_chunks
 from chunkstore.testing.store_suite import corrupt_copies
 

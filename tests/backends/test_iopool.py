@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from chunkstore.backends.iopool import IoPool
+from chunkstore.backends._iopool import IoPool
 from chunkstore.errors import ConfigError
 
 

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from chunkstore.backends.fs import FsStore
+from chunkstore.backends._fs import FsStore
+from chunkstore.backends._memory import MemoryStore
 from chunkstore.backends.maintenance import SupportsCheckedRemoval, SupportsMaintenance
-from chunkstore.backends.memory import MemoryStore
 from chunkstore.testing.factories import sample_chunks
 
 CHUNKS = sample_chunks(2)
@@ -45,7 +45,7 @@ def test_fs_quarantine_in_delete_mode_deletes(tmp_path: Path) -> None:
 
 def test_s3_store_has_maintenance_but_no_checked_removal(s3_endpoint: str, s3_bucket: str) -> None:
     pytest.importorskip("s3fs")
-    from chunkstore.backends.s3 import S3Store
+    from chunkstore.backends._s3 import S3Store
 
     store = S3Store(s3_bucket, "p", endpoint_url=s3_endpoint, backoff=0.001)
     try:

@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 import pytest
 
-from chunkstore.backends.memory import MemoryStore
+from chunkstore.backends._memory import MemoryStore
 from chunkstore.testing.stateful import store_state_machine
 from chunkstore.testing.store_suite import StoreSuite
 

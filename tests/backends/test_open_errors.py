@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from chunkstore.backends.registry import check_url, naming_option, open_for_option, open_store
+from chunkstore.backends._registry import check_url, naming_option, open_for_option, open_store
 from chunkstore.errors import ConfigError, MissingDependency, StoreError
 
 

@@ -7,8 +7,8 @@ import inspect
 import pytest
 
 from chunkstore import errors
+from chunkstore.backends._memory import MemoryStore
 from chunkstore.backends.base import Judgement, ReadVerdict, judge, verdict_of
-from chunkstore.backends.memory import MemoryStore
 from chunkstore.errors import FormatError
 from chunkstore.hashing import ChunkKey
 from chunkstore.testing.factories import sample_chunks

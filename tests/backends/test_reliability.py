@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from chunkstore.backends.fs import FsStore
+from chunkstore.backends._fs import FsStore
 from chunkstore.format import decode_chunk
 from chunkstore.testing.factories import sample_chunks
 from tests.backends import reliability_workers as workers

@@ -14,8 +14,8 @@ pytest.importorskip("s3fs")
 
 from botocore.exceptions import ClientError, ReadTimeoutError  # noqa: E402
 
-from chunkstore.backends.registry import open_store  # noqa: E402
-from chunkstore.backends.s3 import S3Store, open_s3_store  # noqa: E402
+from chunkstore.backends._registry import open_store  # noqa: E402
+from chunkstore.backends._s3 import S3Store, open_s3_store  # noqa: E402
 from chunkstore.errors import ConfigError, StoreError  # noqa: E402
 from chunkstore.format import ChunkLayout, decode_chunk  # noqa: E402
 from chunkstore.testing.factories import sample_chunks, small_spec  # noqa: E402

@@ -25,7 +25,7 @@ from chunkstore.testing.store_suite import StoreSuite
 pytest.importorskip("s3fs")
 pytest.importorskip("nixl._api", reason="data_path='nixl' needs NIXL")
 
-from chunkstore.backends.s3 import S3Store  # noqa: E402
+from chunkstore.backends._s3 import S3Store  # noqa: E402
 
 
 def _nixl_store(endpoint: str, bucket: str, **options: Any) -> S3Store:

@@ -10,7 +10,7 @@ from chunkstore.testing.store_suite import StoreSuite
 
 pytest.importorskip("s3fs")
 
-from chunkstore.backends.s3 import S3Store  # noqa: E402
+from chunkstore.backends._s3 import S3Store  # noqa: E402
 
 
 class TestS3Store(StoreSuite):

@@ -6,9 +6,9 @@ from collections.abc import Callable
 
 import pytest
 
+from chunkstore.backends._memory import MemoryStore
+from chunkstore.backends._wrapper import WrapperStore
 from chunkstore.backends.base import Store
-from chunkstore.backends.memory import MemoryStore
-from chunkstore.backends.wrapper import WrapperStore
 from chunkstore.testing.factories import sample_chunks
 from chunkstore.testing.store_suite import StoreSuite
 

@@ -6,8 +6,8 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
+from chunkstore.backends._memory import MemoryStore
 from chunkstore.backends.base import Buffer
-from chunkstore.backends.memory import MemoryStore
 from chunkstore.cache import HostCache
 from chunkstore.hashing import ChunkKey
 from chunkstore.testing.factories import MadeChunk

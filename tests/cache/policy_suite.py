@@ -14,7 +14,7 @@ import pytest
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from chunkstore.cache.arc import ARCPolicy
+from chunkstore.cache._arc import ARCPolicy
 from chunkstore.cache.policy import CachePolicy, NoEvictableEntry
 from chunkstore.errors import ConfigError
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from chunkstore.backends.memory import MemoryStore
+from chunkstore.backends._memory import MemoryStore
 from chunkstore.cache import HostCache, TieredStore
 from chunkstore.metrics import ChunkstoreMetrics
 from chunkstore.testing.factories import MadeChunk

@@ -260,7 +260,7 @@ def test_closed_cache_refuses_use(layout: ChunkLayout, chain: list[MadeChunk]) -
 def test_memory_regions_hold_every_slot_view(layout: ChunkLayout, chain: list[MadeChunk]) -> None:
     """What the peer server registers with NIXL: every leased view lies inside, and it is the
     same memory (a write through the region is what the lease reads)."""
-    from chunkstore.backends.memory import MemoryStore
+    from chunkstore.backends._memory import MemoryStore
     from chunkstore.cache import TieredStore
 
     def address(view: memoryview) -> int:

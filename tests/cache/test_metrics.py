@@ -7,7 +7,7 @@ import urllib.request
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from chunkstore.backends.memory import MemoryStore
+from chunkstore.backends._memory import MemoryStore
 from chunkstore.cache import HostCache, TieredStore
 from chunkstore.errors import ConfigError
 from chunkstore.metrics import ChunkstoreMetrics, start_metrics_server

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from chunkstore.cache import DEFAULT_POLICY, POLICY_NAMES, HostCache, PrefixARCPolicy
-from chunkstore.cache.chains import chunk_parent
+from chunkstore.cache._chains import chunk_parent
 from chunkstore.cli.main import build_parser
 from chunkstore.format import ChunkLayout
 from chunkstore.hashing import ChunkKey

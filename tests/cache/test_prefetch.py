@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from chunkstore.backends.fs import FsStore
-from chunkstore.backends.memory import MemoryStore
+from chunkstore.backends._fs import FsStore
+from chunkstore.backends._memory import MemoryStore
 from chunkstore.cache import HostCache, TieredStore
 from chunkstore.metrics import ChunkstoreMetrics
 from chunkstore.testing.factories import MadeChunk

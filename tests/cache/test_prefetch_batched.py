@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from chunkstore.backends._fs import FsStore
 from chunkstore.backends.base import Buffer
-from chunkstore.backends.fs import FsStore
 from chunkstore.cache import HostCache, TieredStore
 from chunkstore.hashing import ChunkKey
 from chunkstore.metrics import ChunkstoreMetrics

@@ -1,6 +1,6 @@
 """Prefix-aware ARC (parc): eviction sequences traced by hand, and its invariants under Hypothesis.
 
-Lists are written LRU first. The rules (chunkstore/cache/prefix_arc.py): REPLACE
+Lists are written LRU first. The rules (chunkstore/cache/_prefix_arc.py): REPLACE
 picks T1 or T2 as ARC does; the victim is the leaf reached from that list's LRU
 (among siblings the walk prefers one in T1); orphans (parent gone) go before
 anything; the parent of the key being admitted goes only when nothing else can.

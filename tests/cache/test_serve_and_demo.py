@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from chunkstore.cache.demo import run_tiered_demo
+from chunkstore.cache._demo import run_tiered_demo
 from chunkstore.cli.commands import serve
 from chunkstore.cli.main import build_parser, main
 

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from chunkstore.cache import HostCache, SlotPool
-from chunkstore.cache.pool import SHM_DIR
+from chunkstore.cache._pool import SHM_DIR
 from chunkstore.errors import StoreError
 from chunkstore.format import ChunkLayout
 from chunkstore.testing.factories import MadeChunk

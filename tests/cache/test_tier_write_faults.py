@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
+from chunkstore.backends._fs import FsStore
+from chunkstore.backends._memory import MemoryStore
 from chunkstore.backends.base import Buffer, ChunkInfo, Store
-from chunkstore.backends.fs import FsStore
-from chunkstore.backends.memory import MemoryStore
 from chunkstore.cache import HostCache, TieredStore
 from chunkstore.errors import KeyParseError
 from chunkstore.hashing import ChunkKey

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from prometheus_client import CollectorRegistry
 
-from chunkstore.backends.memory import MemoryStore
+from chunkstore.backends._memory import MemoryStore
 from chunkstore.cache import HostCache, TieredStore
 from chunkstore.errors import ConfigError
 from chunkstore.metrics import ChunkstoreMetrics

@@ -15,16 +15,16 @@ from typing import Any
 import numpy as np
 import pytest
 
+from chunkstore.backends._fs import FsStore
 from chunkstore.backends.base import Buffer
-from chunkstore.backends.fs import FsStore
 from chunkstore.cache import (
     AssemblyOwner,
     HostCache,
     ShardAssembler,
     TieredStore,
 )
-from chunkstore.cache.assembly import process_alive, writer_mask
-from chunkstore.cache.pool import ABORTED, CLAIMED, LENT, SHM_DIR
+from chunkstore.cache._assembly import process_alive, writer_mask
+from chunkstore.cache._pool import ABORTED, CLAIMED, LENT, SHM_DIR
 from chunkstore.errors import ConfigError, KeyMismatch
 from chunkstore.format import ChunkLayout, encode_chunk, mac_key_from_secret
 from chunkstore.hashing import ChunkKey

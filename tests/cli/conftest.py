@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from chunkstore.backends.fs import FsStore
+from chunkstore.backends._fs import FsStore
 from chunkstore.cli.main import main
 from chunkstore.testing.factories import MadeChunk, sample_chunks
 

@@ -7,8 +7,8 @@ from typing import Any
 
 import fsspec
 
-from chunkstore.backends import registry
-from chunkstore.backends.fs import FsStore
+from chunkstore.backends import _registry as registry
+from chunkstore.backends._fs import FsStore
 from chunkstore.cli.exitcodes import FAILURE, OK, USAGE
 from chunkstore.testing.factories import sample_chunks
 from tests.cli.conftest import DamagedStore, GoodStore

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from chunkstore.backends.fs import FsStore
+from chunkstore.backends._fs import FsStore
 from tests.cli.conftest import DamagedStore, GoodStore
 
 

@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from chunkstore.backends.fs import FsStore
-from chunkstore.backends.memory import MemoryStore
-from chunkstore.backends.models import model_of_record, read_model, record_model
-from chunkstore.backends.s3 import S3Store
+from chunkstore.backends._fs import FsStore
+from chunkstore.backends._memory import MemoryStore
+from chunkstore.backends._models import model_of_record, read_model, record_model
+from chunkstore.backends._s3 import S3Store
 from chunkstore.format import ChunkLayout
 from chunkstore.testing.factories import sample_chunks, small_spec
 from tests.cli.conftest import DamagedStore, GoodStore

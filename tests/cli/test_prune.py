@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from chunkstore.backends.fs import FsStore
+from chunkstore.backends._fs import FsStore
 from chunkstore.cli.exitcodes import USAGE
 from chunkstore.testing.factories import sample_chunks
 from tests.cli.conftest import DAY, DamagedStore, GoodStore

@@ -6,7 +6,7 @@ import uuid
 
 import pytest
 
-from chunkstore.backends.fs import FsStore
+from chunkstore.backends._fs import FsStore
 from chunkstore.cli.exitcodes import FAILURE, OK, STORE_UNAVAILABLE
 from tests.cli.conftest import GoodStore
 

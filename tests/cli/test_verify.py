@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import time
 
-from chunkstore.backends.fs import FsStore
+from chunkstore.backends._fs import FsStore
 from chunkstore.cli.exitcodes import FAILURE, OK
 from tests.cli.conftest import DamagedStore, GoodStore
 

@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from chunkstore.backends.fs import FsStore
-from chunkstore.backends.fsio import LocalIO
+from chunkstore.backends._fs import FsStore
+from chunkstore.backends._fsio import LocalIO
 from chunkstore.cli.exitcodes import FAILURE
 from chunkstore.testing.factories import sample_chunks
 from chunkstore.testing.store_suite import corrupt_copies

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 
-from chunkstore.backends.fs import FsStore
+from chunkstore.backends._fs import FsStore
 from chunkstore.cli.exitcodes import FAILURE
 from tests.cli.conftest import GoodStore
 from tests.format.strategies import reseal, split_chunk

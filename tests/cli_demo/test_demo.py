@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from chunkstore.backends.registry import open_store
+from chunkstore.backends._registry import open_store
 from chunkstore.cli.main import main
 from chunkstore.demo import DEMO_SPEC, conversations, run_store_demo
 from chunkstore.format import ChunkLayout, decode_chunk

@@ -22,7 +22,7 @@ from chunkstore.errors import (
     UnsupportedVersion,
 )
 from chunkstore.format import ChunkLayout, decode_chunk, key_digest, recompress, seal_chunk
-from chunkstore.format.header import render_header
+from chunkstore.format._header import render_header
 from chunkstore.hashing import namespace_of, namespace_root
 from chunkstore.testing.factories import make_chunks, small_spec
 

@@ -31,7 +31,7 @@ from chunkstore.format import (
     read_header,
     recompress,
 )
-from chunkstore.format import header as header_module
+from chunkstore.format import _header as header_module
 from chunkstore.hashing import namespace_of, namespace_root
 from tests.format.strategies import kv_specs, random_tensors
 

@@ -49,7 +49,7 @@ for _module in ("zmq", "msgpack"):
         )
 
 from chunkstore.peer import PeerServer  # noqa: E402
-from chunkstore.peer.nixlplane import nixl_unavailable_reason  # noqa: E402
+from chunkstore.peer._nixlplane import nixl_unavailable_reason  # noqa: E402
 
 NIXL_INSTALL = "pip install 'chunkstore[nixl]' (tools/install.sh pins nixl and nixl-cu12)"
 PLANES = ["inline", "nixl"]

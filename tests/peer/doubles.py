@@ -6,7 +6,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from chunkstore.backends.memory import MemoryStore
+from chunkstore.backends._memory import MemoryStore
 from chunkstore.cache import HostCache
 from chunkstore.hashing import ChunkKey
 

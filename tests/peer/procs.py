@@ -10,7 +10,7 @@ import os
 from multiprocessing.connection import Connection
 from typing import Any
 
-from chunkstore.backends.memory import MemoryStore
+from chunkstore.backends._memory import MemoryStore
 from chunkstore.testing.factories import MadeChunk, sample_chunks
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from chunkstore.backends.memory import MemoryStore
+from chunkstore.backends._memory import MemoryStore
 from chunkstore.cli import peerservice
 from chunkstore.cli.commands import serve
 from chunkstore.cli.main import build_parser, main

@@ -6,7 +6,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from chunkstore.backends.memory import MemoryStore
+from chunkstore.backends._memory import MemoryStore
 from chunkstore.peer import PeerServer, PeerStore
 from chunkstore.testing.store_suite import StoreSuite
 from tests.peer.conftest import PLANES

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from chunkstore.backends.memory import MemoryStore
+from chunkstore.backends._memory import MemoryStore
 from chunkstore.errors import ConfigError
 from chunkstore.format import ChunkLayout
 from chunkstore.peer import (

@@ -15,9 +15,9 @@ import msgpack
 import pytest
 import zmq
 
-from chunkstore.backends.memory import MemoryStore
+from chunkstore.backends._memory import MemoryStore
 from chunkstore.peer import PeerClient, PeerRefused, PeerServer, PeerStore, PeerUnavailable
-from chunkstore.peer import protocol as P
+from chunkstore.peer import _protocol as P
 from chunkstore.testing.factories import sample_chunks
 from tests.peer import procs
 from tests.peer.conftest import require_nixl

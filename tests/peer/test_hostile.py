@@ -14,15 +14,15 @@ import msgpack
 import pytest
 from prometheus_client import REGISTRY, CollectorRegistry
 
+from chunkstore.backends._fs import FsStore
+from chunkstore.backends._memory import MemoryStore
 from chunkstore.backends.base import ChunkInfo
-from chunkstore.backends.fs import FsStore
-from chunkstore.backends.memory import MemoryStore
 from chunkstore.cache import HostCache, TieredStore
 from chunkstore.format import ChunkLayout
 from chunkstore.hashing import ChunkKey
 from chunkstore.metrics import ChunkstoreMetrics
 from chunkstore.peer import PeerClient, PeerRefused, PeerServer
-from chunkstore.peer import protocol as P
+from chunkstore.peer import _protocol as P
 from chunkstore.testing.factories import sample_chunks, small_spec
 from tests.peer.wire import Dealer, hello_body, raw_request, reply_of
 
@@ -334,7 +334,7 @@ def test_garbage_nixl_metadata_is_not_offered_nixl(serve: Callable[..., PeerServ
     from tests.peer.conftest import require_nixl
 
     require_nixl()
-    from chunkstore.peer.nixlplane import NixlEndpoint
+    from chunkstore.peer._nixlplane import NixlEndpoint
 
     server = serve(MemoryStore())
     assert P.PLANE_NIXL in server.planes

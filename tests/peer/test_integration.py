@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 import pytest
 
-from chunkstore.backends.memory import MemoryStore
+from chunkstore.backends._memory import MemoryStore
 from chunkstore.cache import HostCache, TieredStore
 from chunkstore.peer import PeerServer, PeerStore, open_peer_store
 from chunkstore.testing.factories import sample_chunks

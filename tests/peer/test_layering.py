@@ -45,6 +45,8 @@ def test_backends_and_cache_do_not_import_peer() -> None:
 
 
 def test_the_store_registry_names_the_peer_store_lazily() -> None:
-    text = (PACKAGE / "backends" / "registry.py").read_text()
-    assert '"chunkstore.peer.store"' in text
-    assert "chunkstore.peer" not in " ".join(imported_modules(PACKAGE / "backends" / "registry.py"))
+    text = (PACKAGE / "backends" / "_registry.py").read_text()
+    assert '"chunkstore.peer._store"' in text
+    assert "chunkstore.peer" not in " ".join(
+        imported_modules(PACKAGE / "backends" / "_registry.py")
+    )

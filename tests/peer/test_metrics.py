@@ -7,7 +7,7 @@ import uuid
 import pytest
 from prometheus_client import REGISTRY, CollectorRegistry
 
-from chunkstore.backends.memory import MemoryStore
+from chunkstore.backends._memory import MemoryStore
 from chunkstore.peer import PeerMetrics, PeerServer, PeerStore, default_peer_metrics
 from chunkstore.testing.factories import sample_chunks
 

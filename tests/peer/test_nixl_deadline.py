@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from chunkstore.peer.nixlplane import NixlEndpoint
+from chunkstore.peer._nixlplane import NixlEndpoint
 
 
 class _Handle:

@@ -9,8 +9,8 @@ import msgpack
 import pytest
 
 from chunkstore.errors import ConfigError
-from chunkstore.peer import protocol as P
-from chunkstore.peer.errors import ProtocolViolation
+from chunkstore.peer import _protocol as P
+from chunkstore.peer._errors import ProtocolViolation
 from chunkstore.testing.factories import sample_chunks
 
 KEYS = [c.key for c in sample_chunks(3, seed=5)]

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from chunkstore.backends.memory import MemoryStore
+from chunkstore.backends._memory import MemoryStore
 from chunkstore.peer import PeerMetrics, PeerServer, PeerStore
 from chunkstore.testing.factories import sample_chunks
 from chunkstore.testing.store_suite import corrupt_copies, newer_major_copy

@@ -8,12 +8,12 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from chunkstore.peer import protocol as P
-from chunkstore.peer.accounting import ServerAccounting
-from chunkstore.peer.errors import ProtocolViolation
-from chunkstore.peer.metrics import PeerMetrics
-from chunkstore.peer.serverconfig import PeerServerConfig
-from chunkstore.peer.sessions import Session, SessionTable
+from chunkstore.peer import _protocol as P
+from chunkstore.peer._accounting import ServerAccounting
+from chunkstore.peer._errors import ProtocolViolation
+from chunkstore.peer._metrics import PeerMetrics
+from chunkstore.peer._serverconfig import PeerServerConfig
+from chunkstore.peer._sessions import Session, SessionTable
 
 
 def session(client: str = "c", source: str = "a", seen: float | None = None) -> Session:

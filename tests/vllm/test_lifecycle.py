@@ -21,7 +21,7 @@ from vllm.v1.kv_cache_interface import (  # noqa: E402
     KVCacheGroupSpec,
 )
 
-from chunkstore.cache.pool import SHM_DIR  # noqa: E402
+from chunkstore.cache._pool import SHM_DIR  # noqa: E402
 from chunkstore.vllm.connector import ChunkStoreConnector  # noqa: E402
 from chunkstore.vllm.tiers import RankStore, shared_names  # noqa: E402
 

@@ -19,7 +19,7 @@ import pytest
 
 pytest.importorskip("torch")  # the ranks run worker code only: no vLLM needed
 
-from chunkstore.cache.pool import SHM_DIR  # noqa: E402
+from chunkstore.cache._pool import SHM_DIR  # noqa: E402
 from chunkstore.vllm.tiers import (  # noqa: E402
     ConnectorStore,
     acquire_shared,

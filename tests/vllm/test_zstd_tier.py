@@ -5,7 +5,7 @@
 
 from __future__ import annotations
 
-from chunkstore.backends.memory import MemoryStore
+from chunkstore.backends._memory import MemoryStore
 from chunkstore.format import read_header
 from chunkstore.testing.factories import sample_chunks
 from chunkstore.vllm.tiers import ZstdTier

@@ -7,8 +7,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from chunkstore.backends._models import read_model, record_model
 from chunkstore.backends.base import ChunkInfo, Store
-from chunkstore.backends.models import read_model, record_model
 from chunkstore.cli import integrity
 from chunkstore.cli.exitcodes import FAILURE, OK
 from chunkstore.cli.output import emit_json, emit_text

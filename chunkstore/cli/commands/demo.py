@@ -5,11 +5,11 @@ from __future__ import annotations
 import argparse
 import importlib.util
 
-from chunkstore.backends.registry import open_store
-from chunkstore.cache.demo import run_tiered_demo
+from chunkstore.backends._registry import open_store
+from chunkstore.cache._demo import run_tiered_demo
 from chunkstore.demo import default_store_path, run_store_demo
 from chunkstore.errors import MissingDependency
-from chunkstore.peer.demo import run_peer_demo
+from chunkstore.peer._demo import run_peer_demo
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

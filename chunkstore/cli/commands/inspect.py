@@ -8,8 +8,8 @@ from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Any
 
+from chunkstore.backends._models import read_model
 from chunkstore.backends.base import ChunkInfo, ReadVerdict, Store, verdict_of
-from chunkstore.backends.models import read_model
 from chunkstore.cli.output import emit_json, emit_text
 from chunkstore.cli.progress import Progress
 from chunkstore.cli.storeaccess import (

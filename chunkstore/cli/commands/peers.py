@@ -82,7 +82,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def _source(args: argparse.Namespace) -> Any:
-    from chunkstore.peer.discovery import StaticPeers, open_registry
+    from chunkstore.peer._discovery import StaticPeers, open_registry
 
     if bool(args.registry) == bool(args.peer):
         raise ConfigError("give either --registry or one or more --peer")
@@ -111,7 +111,7 @@ def _probe(info: Any, args: argparse.Namespace) -> dict[str, Any]:
     import os
 
     from chunkstore.peer import PeerClient
-    from chunkstore.peer.errors import PeerError
+    from chunkstore.peer._errors import PeerError
 
     curve = info.curve_public_key.encode() if info.curve_public_key else None
     client = PeerClient(

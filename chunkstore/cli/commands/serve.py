@@ -244,7 +244,7 @@ def slot_size_from(args: argparse.Namespace) -> int:
         raise ConfigError("give exactly one of --slot-size or --spec (the chunk size)")
     if args.slot_size is not None:
         return int(args.slot_size)
-    from chunkstore.backends.registry import load_options
+    from chunkstore.backends._registry import load_options
     from chunkstore.format import ChunkLayout, KVSpec
 
     return ChunkLayout(KVSpec.from_dict(load_options(args.spec))).total_size

@@ -11,7 +11,7 @@ tier hit each other's chunks, and the CLI works on them), and loads them back
 into primary slots. Everything runs off the scheduler thread: lookups are
 answered ``RETRY`` until a background existence check returns, stores and
 loads run on the tier's threads, and every store call goes through a
-:class:`~chunkstore.cache.guard.GuardedTier` (timeout, back-off), so a tier
+:class:`~chunkstore.cache._guard.GuardedTier` (timeout, back-off), so a tier
 that is down turns into misses and failed jobs, never a stalled engine.
 A chunk that fails its checksum or names other tokens is a failed load (vLLM
 recomputes it); its bytes never reach the primary slot.
@@ -39,10 +39,10 @@ from vllm.v1.kv_offload.base import (
 from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager, TransferJob
 
 from chunkstore.backends import Store
+from chunkstore.backends._models import record_model
+from chunkstore.backends._registry import open_for_option
 from chunkstore.backends.base import ReadVerdict, SupportsGetManyInto, verdict_of
-from chunkstore.backends.models import record_model
-from chunkstore.backends.registry import open_for_option
-from chunkstore.cache.guard import GuardedTier, TierUnavailable
+from chunkstore.cache._guard import GuardedTier, TierUnavailable
 from chunkstore.errors import ConfigError, FormatError
 from chunkstore.format import decode_chunk, recompress, seal_chunk
 from chunkstore.hashing import ChunkKey

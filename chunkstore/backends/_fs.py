@@ -1,0 +1,828 @@
+"""The filesystem store: a directory tree (local, NFS/Lustre mount, or any fsspec URL).
+
+Layout (spec/FORMAT.md, "Store layout"; names in :mod:`chunkstore.backends._layout`)::
+
+    <root>/chunkstore-layout.json
+    <root>/<namespace>/ab/cd/<hex>.kvc
+
+Nothing is kept only in memory: a fresh process sees every chunk on disk.
+Writes go to a unique temp file in the chunk's directory and are renamed (or,
+for ``put_if_absent``, hard-linked) into place, so readers see whole chunks
+only and a killed writer leaves at most an orphan temp file.
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import logging
+import os
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from chunkstore.backends import _layout as L
+from chunkstore.backends._batching import write_once_per_key
+from chunkstore.backends._capacity import CapacityLimiter, Usage
+from chunkstore.backends._fastread import (
+    AUTO,
+    BUFFERED,
+    DIRECT,
+    READ_MODES,
+    ChunkFileReader,
+    read_verified_into,
+)
+from chunkstore.backends._fsio import FileStat, FsspecIO, LocalIO
+from chunkstore.backends._iopool import IoPool
+from chunkstore.backends.base import Buffer, ChunkInfo, Judgement, ReadVerdict, Store
+from chunkstore.backends.maintenance import QUARANTINE_MODES, StoredFile, reason_record
+from chunkstore.errors import (
+    ConfigError,
+    FormatError,
+    MissingDependency,
+    StoreError,
+)
+from chunkstore.format import ByteRange
+from chunkstore.hashing import ChunkKey
+from chunkstore.units import parse_size
+
+log = logging.getLogger(__name__)
+
+_TOUCH_MEMO_LIMIT = 65536
+
+
+@dataclass(frozen=True, slots=True)
+class FsIoStats:
+    """How a filesystem store moves bytes, and what its reads did so far."""
+
+    requested: str
+    """``read_mode`` as configured (``auto``, ``direct`` or ``buffered``)."""
+    mode: str
+    """``read_mode`` in effect: ``buffered`` where the filesystem refused O_DIRECT
+    (or for non-local fsspec filesystems)."""
+    write_mode: str
+    """``write_mode`` in effect (``direct`` or ``buffered``)."""
+    workers: int
+    """Threads a batched call keeps busy (1: the caller's thread only)."""
+    direct_reads: int
+    """Chunk reads that bypassed the page cache (O_DIRECT) for some or all of their bytes."""
+    cached_reads: int
+    """Chunk reads served through the page cache only."""
+
+
+class FsStore(Store):
+    """Chunks as files under ``root``: local paths through ``os``, anything else through fsspec.
+
+    Options:
+        create: make the root (and its layout marker) if missing; otherwise a
+            missing root is a :class:`StoreError`. A non-empty directory that is
+            not a chunkstore store is always refused.
+        fsync: fsync each chunk and its directory before it becomes visible.
+        quarantine: ``"move"`` corrupt chunks to ``<root>/quarantine/`` or ``"delete"`` them.
+        max_bytes: cap on chunk bytes; least recently used chunks are evicted. Held across
+            writer processes on local and kernel-mounted paths (flock); through fsspec only
+            within one process (a warning is logged at open).
+        track_access: record reads as access times (off for tools like ``verify``).
+        access_resolution: seconds; an access is recorded at most this often per chunk.
+        io_workers: threads per store that keep several chunk reads/writes of one batched
+            call (``get_many``, ``get_many_into``, ``put_many``) in flight; 1 runs them on
+            the caller's thread. Started on first use, stopped by :meth:`close`.
+        read_mode: how reads into page-aligned buffers (host-cache slots) bring bytes in:
+            ``"auto"`` (the page cache while it holds the chunk, O_DIRECT from the first
+            block it does not), ``"direct"`` (always O_DIRECT) or ``"buffered"``. Where the
+            filesystem refuses O_DIRECT the store reads ``buffered`` (logged once, and
+            shown by :meth:`io_stats` and ``repr``). Other buffers are always read buffered.
+        write_mode: ``"buffered"`` writes through the page cache (fastest in bursts while
+            dirty pages may accumulate); ``"direct"`` writes the whole pages of a page-aligned
+            chunk (a host-cache slot) around it, straight from that memory, at a quarter of
+            the CPU per chunk but at the device's pace (the last partial page, any other
+            buffer, and filesystems refusing O_DIRECT still go through the page cache).
+    """
+
+    kind = "fs"
+
+    def __init__(
+        self,
+        root: str,
+        *,
+        fs: Any = None,
+        create: bool = False,
+        fsync: bool = False,
+        quarantine: str = "move",
+        max_bytes: int | str | None = None,
+        track_access: bool = True,
+        access_resolution: float = 60.0,
+        verify: bool = True,
+        name: str | None = None,
+        io_workers: int = 4,
+        read_mode: str = AUTO,
+        write_mode: str = BUFFERED,
+    ) -> None:
+        super().__init__(name=name, verify=verify)
+        if read_mode not in READ_MODES:
+            raise ConfigError(f"read_mode must be one of {READ_MODES}, got {read_mode!r}")
+        if write_mode not in (BUFFERED, DIRECT):
+            raise ConfigError(f"write_mode must be 'buffered' or 'direct', got {write_mode!r}")
+        if quarantine not in QUARANTINE_MODES:
+            raise ConfigError(f"quarantine must be one of {QUARANTINE_MODES}, got {quarantine!r}")
+        if access_resolution < 0:
+            raise ConfigError("access_resolution must not be negative")
+        self.io: LocalIO | FsspecIO
+        if fs is None or _is_local_fs(fs):
+            self.io = LocalIO()
+            self.root = os.path.abspath(os.path.expanduser(root))
+        else:
+            self.io = FsspecIO(fs)
+            self.root = root.rstrip("/") or "/"
+        self.fsync = fsync
+        self.quarantine_mode = quarantine
+        self.track_access = track_access
+        self.access_resolution = float(access_resolution)
+        self._touched: dict[ChunkKey, float] = {}
+        self._suspects: dict[ChunkKey, tuple[int, int] | None] = {}
+        self.read_errors = 0
+        """Reads that failed with an OS error other than absence (EIO, ESTALE, EACCES, a
+        directory at a chunk's path): each was logged and served as a miss."""
+        self._marker_ok = False
+        self._marker_lock = threading.Lock()
+        self._prefix = self.io.join(self.root, "x")[:-1]  # the root with one separator after it
+        self.requested_read_mode = read_mode
+        self.read_mode = read_mode if isinstance(self.io, LocalIO) else BUFFERED
+        self.write_mode = write_mode if isinstance(self.io, LocalIO) else BUFFERED
+        self._direct_reads = 0
+        self._cached_reads = 0
+        self._pool = IoPool(io_workers, self.name)
+        self._open_root(create)
+        self.capacity: CapacityLimiter | None = None
+        if max_bytes is not None:
+            self.capacity = CapacityLimiter(
+                self.io,
+                self.io.join(self.root, L.STATE_DIR),
+                parse_size(max_bytes),
+                scan=self._scan_for_capacity,
+                probe=self._probe,
+                evict=self._evict_path,
+            )
+            if isinstance(self.io, FsspecIO):
+                # fsspec has no cross-process lock: the ledger update is atomic per process only
+                log.warning(
+                    "%s: max_bytes on a non-local filesystem (%s) holds per writer process: "
+                    "several processes writing to %s together can exceed it; use one writer "
+                    "process, or a local/kernel-mounted path (flock)",
+                    self.name,
+                    type(self.io.fs).__name__,
+                    self.root,
+                )
+
+    # --- opening -----------------------------------------------------------------
+
+    def _open_root(self, create: bool) -> None:
+        where = self.root
+        try:
+            kind = self.io.kind(self.root)
+            if kind == "missing":
+                if not create:
+                    raise StoreError(
+                        f"{where}: no such directory (pass create=True to make a store)"
+                    )
+                self.io.makedirs(self.root)
+                self._ensure_marker()
+                return
+            if kind == "file":
+                raise StoreError(f"{where}: is a file, not a chunkstore directory")
+            marker = self.io.read_small(self.io.join(self.root, L.MARKER_NAME))
+            if marker is not None:
+                L.check_marker(marker, where)
+                self._marker_ok = True
+                return
+            entries = self.io.listdir(self.root)
+            if entries is None:
+                raise StoreError(f"{where}: cannot list the directory")
+            if any(n == L.MARKER_NAME for n, _ in entries):
+                # A concurrent creator renamed its marker into place after our first look.
+                marker = self.io.read_small(self.io.join(self.root, L.MARKER_NAME))
+                if marker is not None:
+                    L.check_marker(marker, where)
+                    self._marker_ok = True
+                    return
+            # a concurrent creator's marker temp file is ours too (seen between write and rename)
+            names = {n for n, _ in entries if L.classify(n) != L.TEMP}
+            ours = {
+                n
+                for n, is_dir in entries
+                if is_dir and (L.NAMESPACE_RE.fullmatch(n) or n in (L.QUARANTINE_DIR, L.STATE_DIR))
+            }
+            if names and not ours:
+                raise StoreError(
+                    f"{where}: not a chunkstore directory (no {L.MARKER_NAME} and no chunk "
+                    "directories, but other files); use an empty or new directory"
+                )
+            if create:
+                self._ensure_marker()
+        except PermissionError as exc:
+            raise StoreError(f"{where}: permission denied ({exc.strerror})") from None
+        except OSError as exc:
+            if isinstance(exc, StoreError):
+                raise
+            raise StoreError(f"{where}: cannot open store: {exc}") from None
+
+    def _ensure_marker(self) -> None:
+        """Write the layout marker before the first chunk (an empty root may lack it)."""
+        if self._marker_ok:
+            return
+        with self._marker_lock:
+            path = self.io.join(self.root, L.MARKER_NAME)
+            existing = self.io.read_small(path)
+            if existing is not None:
+                L.check_marker(existing, self.root)
+            else:
+                self.io.write_small(path, L.marker_bytes())
+            self._marker_ok = True
+
+    # --- paths -------------------------------------------------------------------
+
+    def path_of(self, key: ChunkKey) -> str:
+        """Where ``key``'s chunk file lives."""
+        # Note: an f-string, not io.join: this runs once per key of every lookup (a third of
+        # an exists check's time went to os.path.join); namespace and hex hold no separators.
+        h = key.hex
+        sep = self.io.sep
+        return f"{self._prefix}{key.namespace}{sep}{h[0:2]}{sep}{h[2:4]}{sep}{h}{L.CHUNK_SUFFIX}"
+
+    def _dir_of(self, key: ChunkKey) -> str:
+        h = key.hex
+        return self.io.join(self.root, key.namespace, h[0:2], h[2:4])
+
+    # --- reads -------------------------------------------------------------------
+
+    def _read_whole(self, path: str) -> tuple[bytes, FileStat] | None:
+        """The file and its stat; None if missing or unreadable (logged, counted)."""
+        try:
+            return self.io.read(path)
+        except OSError as exc:
+            self._read_failed(path, exc)
+            return None
+
+    def _read_failed(self, path: str, exc: OSError) -> None:
+        # Note: EIO/ESTALE on a shared mount, or another user's unreadable file, must not
+        # reach the serving path as an exception (the contract is: a miss).
+        with self._corrupt_lock:
+            self.read_errors += 1
+        log.warning("%s: cannot read %s, treated as a miss: %s", self.name, path, exc)
+
+    def _read_many(self, keys: Sequence[ChunkKey]) -> list[bytes | None]:
+        return [None if got is None else got[0] for got in self._read_versions(keys)]
+
+    def _read_versions(self, keys: Sequence[ChunkKey]) -> list[tuple[bytes, FileStat] | None]:
+        return [self._read_whole(self.path_of(key)) for key in keys]
+
+    def read_unchecked_many(self, keys: Sequence[ChunkKey]) -> list[bytes | None]:
+        """Stored bytes per key, unvalidated, not recorded as an access (for verify/cp)."""
+        return self._read_many(keys)
+
+    def read_unchecked_with_idents(
+        self, keys: Sequence[ChunkKey]
+    ) -> list[tuple[bytes, tuple[int, int] | None] | None]:
+        """Like :meth:`read_unchecked_many`, with an ident of the file each read came from.
+
+        Hand the ident to :meth:`quarantine_if_unchanged` / :meth:`delete_if_unchanged`
+        so that a maintenance tool removes the file it judged, never one another writer
+        put in its place since. Idents are ``None`` on non-local filesystems (no guard).
+        """
+        return [
+            None if got is None else (got[0], got[1].ident) for got in self._read_versions(keys)
+        ]
+
+    def get_many(self, keys: Sequence[ChunkKey]) -> list[bytes | None]:
+        """Chunk bytes per key; ``None`` for missing and corrupt (quarantined) chunks.
+
+        On local paths with verification the result is a ``bytearray`` (read and
+        checksummed in one pass, no extra copy); otherwise ``bytes``. Several chunks
+        are read at a time (``io_workers``).
+        """
+        return self._pool.map(self._get_one, keys)
+
+    def _get_one(self, key: ChunkKey) -> Any:
+        path = self.path_of(key)
+        if isinstance(self.io, LocalIO) and self.verify:
+            got = self._read_local(key, path, None)
+            return None if got is None else got[0]
+        whole = self._read_whole(path)
+        if whole is None:
+            return None
+        data, st = whole
+        if self.verify and not self._valid(key, data, st):
+            return None
+        self._touch(key, path, st)
+        return data
+
+    def _read_local(
+        self, key: ChunkKey, path: str, buffer: memoryview | None
+    ) -> tuple[Any, int] | None:
+        """Read (and, if verifying, check in the same pass) a local chunk into ``buffer``
+        or a new bytearray; (buffer, size), or None if missing or corrupt.
+
+        Into a caller's buffer, bytes come in as ``read_mode`` says (the whole buffer is
+        handed to the reader: room past the chunk's end lets an O_DIRECT read take its
+        last block whole)."""
+        assert isinstance(self.io, LocalIO)
+        try:
+            opened = self.io.open_read(path)
+        except OSError as exc:
+            self._read_failed(path, exc)
+            return None
+        if opened is None:
+            return None
+        fd, st = opened
+        reader: ChunkFileReader | None = None
+        try:
+            size = st.size
+            if buffer is None:
+                out: Any = bytearray(size)
+                view = memoryview(out)
+                reader = ChunkFileReader(fd, view)
+            else:
+                if size > len(buffer):
+                    raise ConfigError(
+                        f"buffer of {len(buffer)} bytes is smaller than the chunk ({size})"
+                    )
+                out, view = buffer, buffer[:size]
+                reader = ChunkFileReader(fd, buffer, self.read_mode)
+            if self.verify:
+                try:
+                    read_verified_into(fd, view, key.digest, reader=reader)
+                except FormatError as exc:
+                    self._admit_read(key, Judgement.of(exc), st)  # never OK: a miss
+                    return None
+            elif reader.read(0, size) < size:
+                return None  # published files never shrink; treat as gone
+        except OSError as exc:
+            self._read_failed(path, exc)
+            return None
+        finally:
+            os.close(fd)
+            if reader is not None:
+                self._count_read(reader)
+        self._touch(key, path, st)
+        return out, size
+
+    def _count_read(self, reader: ChunkFileReader) -> None:
+        if reader.refused and self.read_mode != BUFFERED:
+            self.read_mode = BUFFERED
+            log.warning(
+                "%s: the filesystem under %s refuses O_DIRECT; reading through the page cache",
+                self.name,
+                self.root,
+            )
+        with self._corrupt_lock:
+            if reader.went_direct:
+                self._direct_reads += 1
+            else:
+                self._cached_reads += 1
+
+    def io_stats(self) -> FsIoStats:
+        """The read mode in effect and how reads went so far."""
+        return FsIoStats(
+            requested=self.requested_read_mode,
+            mode=self.read_mode,
+            write_mode=self.write_mode,
+            workers=self._pool.workers,
+            direct_reads=self._direct_reads,
+            cached_reads=self._cached_reads,
+        )
+
+    def get_into(self, key: ChunkKey, buffer: Buffer) -> int | None:
+        """Read the chunk into ``buffer`` (at least the chunk's size); its size, or None."""
+        view = memoryview(buffer)
+        if view.readonly:
+            raise ConfigError("get_into needs a writable buffer")
+        view = view.cast("B") if view.format != "B" or view.ndim != 1 else view
+        path = self.path_of(key)
+        if isinstance(self.io, LocalIO):
+            got = self._read_local(key, path, view)
+            return None if got is None else got[1]
+        return self._get_into_fsspec(key, path, view)
+
+    def get_many_into(
+        self, keys: Sequence[ChunkKey], buffers: Sequence[Buffer]
+    ) -> list[int | None]:
+        """Batched :meth:`get_into`: each chunk into its buffer, several at a time; size or
+        ``None`` per key (missing or corrupt). Every read has ended when this returns."""
+        if len(keys) != len(buffers):
+            raise ConfigError("get_many_into needs one buffer per key")
+        return self._pool.map(lambda pair: self.get_into(*pair), list(zip(keys, buffers)))
+
+    def _get_into_fsspec(self, key: ChunkKey, path: str, view: memoryview) -> int | None:
+        whole = self._read_whole(path)
+        if whole is None:
+            return None
+        data, st = whole
+        size = len(data)
+        if size > len(view):
+            raise ConfigError(f"buffer of {len(view)} bytes is smaller than the chunk ({size})")
+        view[:size] = data
+        if self.verify and not self._valid(key, view[:size], st):
+            return None
+        self._touch(key, path, st)
+        return size
+
+    def read_ranges(self, key: ChunkKey, ranges: Sequence[ByteRange]) -> list[bytes] | None:
+        """The bytes of each range (one TP rank's share), or None if missing. Not checksummed."""
+        path = self.path_of(key)
+        try:
+            got = self.io.read_ranges(path, ranges)
+        except OSError as exc:
+            self._read_failed(path, exc)
+            return None
+        if got is None:
+            return None
+        if self.track_access:
+            with contextlib.suppress(OSError):  # access times are advisory
+                st = self.io.stat(path)
+                if st is not None:
+                    self._touch(key, path, st)
+        return got
+
+    def _valid(self, key: ChunkKey, data: Any, st: FileStat) -> bool:
+        return self._admit_read(key, self._judge(key, data), st)
+
+    def _admit_read(self, key: ChunkKey, judgement: Judgement, st: FileStat) -> bool:
+        """:meth:`_admit` for a read of the file ``st`` describes."""
+        if judgement.verdict is ReadVerdict.CORRUPT:
+            # remember which file was bad so a concurrent good rewrite is not quarantined
+            self._suspects[key] = st.ident
+        return self._admit(key, judgement)
+
+    def exists_many(self, keys: Sequence[ChunkKey]) -> list[bool]:
+        # a regular file only: a directory (or anything else) at a chunk's path reads as a miss
+        return [self.io.is_file(self.path_of(k)) for k in keys]
+
+    # --- access times ------------------------------------------------------------
+
+    def _touch(self, key: ChunkKey, path: str, st: FileStat) -> None:
+        if not self.track_access:
+            return
+        now = time.time()
+        last = max(st.atime, self._touched.get(key, 0.0))
+        if now - last < self.access_resolution and last > 0:
+            return
+        if len(self._touched) >= _TOUCH_MEMO_LIMIT:
+            self._touched.clear()
+        self._touched[key] = now
+        try:
+            if not self.io.set_access(path, now, st):
+                self.io.write_small(path + ".atime", L.access_bytes(now))
+        except OSError as exc:  # access times are advisory; a read never fails over them
+            log.debug("%s: cannot record access to %s: %s", self.name, path, exc)
+
+    def _access_time(self, path: str, st: FileStat, has_record: bool) -> float:
+        atime = max(st.mtime, st.atime if self.io.local else 0.0)
+        if has_record:
+            atime = max(atime, L.parse_access(self.io.read_small(path + ".atime")))
+        return atime
+
+    # --- writes ------------------------------------------------------------------
+
+    def put_many(self, items: Sequence[tuple[ChunkKey, Buffer]]) -> list[bool]:
+        """Store each chunk (several at a time); if any write fails, the others still end
+        before the first failure is raised."""
+        return self._put_batch(items, replace=True)
+
+    def put_if_absent_many(self, items: Sequence[tuple[ChunkKey, Buffer]]) -> list[bool]:
+        return self._put_batch(items, replace=False)
+
+    def _put_batch(self, items: Sequence[tuple[ChunkKey, Buffer]], *, replace: bool) -> list[bool]:
+        """Write ``items`` several at a time, with the results a loop over them would give."""
+        return write_once_per_key(
+            items,
+            lambda unique: self._pool.map(lambda item: self._put(*item, replace=replace), unique),
+            replace=replace,
+        )
+
+    def close(self) -> None:
+        """Stop the I/O threads (after the batches under way)."""
+        self._pool.close()
+
+    def _put(self, key: ChunkKey, data: Buffer, *, replace: bool) -> bool:
+        final = self.path_of(key)
+        if not replace and self.io.exists(final):
+            return False
+        view = memoryview(data).cast("B")
+        tmp = None
+        published = False
+        try:
+            self._ensure_marker()
+            tmp = self._write_temp(key, view)
+
+            def publish() -> bool:
+                nonlocal published
+                if replace:
+                    self.io.replace(tmp, final, self.fsync)
+                    published = True
+                    return True
+                written = self.io.link_if_absent(tmp, final, self.fsync)
+                published = True  # link_if_absent removed tmp either way
+                return written
+
+            if self.capacity is not None:
+                written = self.capacity.admit(final, len(view), publish, replace=replace)
+            else:
+                written = publish()
+            if written:
+                # Note: an access record left from an earlier version needs no cleanup:
+                # access time is max(mtime, record), and the record predates this write.
+                self._touched.pop(key, None)
+            return written
+        except OSError as exc:
+            raise StoreError(f"{self.name}: cannot write {final}: {exc}") from None
+        finally:
+            if tmp is not None and not published:
+                with contextlib.suppress(OSError):
+                    self.io.remove(tmp)
+
+    def _write_temp(self, key: ChunkKey, view: memoryview) -> str:
+        name = L.temp_name(key.hex)
+        if isinstance(self.io, LocalIO):
+            direct = self.write_mode == DIRECT
+            return self.io.write_temp(self._dir_of(key), name, view, self.fsync, direct)
+        return self.io.write_temp(self._dir_of(key), name, view, self.fsync)
+
+    def delete_many(self, keys: Sequence[ChunkKey]) -> int:
+        paths = [self.path_of(k) for k in keys]
+        for k in keys:
+            self._touched.pop(k, None)
+        if self.capacity is None:
+            return sum(self._remove_sized(p) >= 0 for p in paths)
+        count = 0
+
+        def remove() -> list[int]:
+            nonlocal count
+            sizes = [s for s in map(self._remove_sized, paths) if s >= 0]
+            count = len(sizes)
+            return sizes
+
+        self.capacity.removed(remove)
+        return count
+
+    def _remove_sized(self, path: str) -> int:
+        """Delete one chunk (and its access record); its size, or -1 if it was not there."""
+        st = self.io.stat(path)
+        if st is None or not self.io.remove(path):
+            return -1
+        with contextlib.suppress(OSError):
+            self.io.remove(path + ".atime")
+        return st.size
+
+    def _evict_path(self, path: str) -> int:
+        size = self._remove_sized(path)
+        return max(size, 0)
+
+    # --- quarantine --------------------------------------------------------------
+
+    def quarantine(self, key: ChunkKey, reason: str) -> None:
+        """Move ``key``'s chunk to ``<root>/quarantine/`` (or delete it, with
+        ``quarantine="delete"``); a maintenance tool's verdict, as a corrupt read's."""
+        self._quarantine(key, reason)
+
+    def _quarantine(self, key: ChunkKey, reason: str) -> None:
+        # the ident of the file a read found bad, so a concurrent good rewrite is left alone
+        ident = self._suspects.pop(key, None)
+        self._set_aside(key, ident, reason)
+
+    def quarantine_if_unchanged(
+        self, key: ChunkKey, ident: tuple[int, int] | None, reason: str
+    ) -> bool:
+        """Move ``key``'s chunk to quarantine (or delete it, with ``quarantine="delete"``)
+        only if it is still the file ``ident`` names (from :meth:`read_unchecked_with_idents`);
+        True if it was set aside. ``ident=None`` sets aside whatever is there."""
+        return self._set_aside(key, ident, reason)
+
+    def delete_if_unchanged(self, key: ChunkKey, ident: tuple[int, int] | None) -> bool:
+        """Delete ``key``'s chunk only if it is still the file ``ident`` names; True if deleted."""
+        return self._set_aside(key, ident, None)
+
+    def _set_aside(self, key: ChunkKey, ident: tuple[int, int] | None, reason: str | None) -> bool:
+        """Quarantine (``reason`` given) or delete the chunk file ``ident`` names.
+
+        The file is first renamed away (to quarantine, or to a temp name when deleting), and
+        only then compared with ``ident``: a rename moves one inode, so what is checked is
+        exactly what left the serving path. A file another writer published in between is
+        put back (unless a yet newer one arrived): nothing good is lost to the race.
+        """
+        path = self.path_of(key)
+        delete = reason is None or self.quarantine_mode == "delete"
+        done = False
+
+        def remove() -> list[int]:
+            nonlocal done
+            current = self.io.stat(path)
+            if current is None or not _same_file(current, ident):
+                return []
+            guarded = ident is not None and current.ident is not None
+            if delete and not guarded:
+                size = self._remove_sized(path)
+                done = size >= 0
+                return [size] if done else []
+            if delete:
+                dest = self.io.join(self._dir_of(key), L.temp_name(key.hex))
+            else:
+                dest = self.io.join(
+                    self.root, L.QUARANTINE_DIR, key.namespace, key.hex + L.CHUNK_SUFFIX
+                )
+            if not self.io.move(path, dest):
+                return []
+            taken = (self.io.stat(dest) if guarded else None) or current
+            if not _same_file(taken, ident):
+                restored = self.io.link_if_absent(dest, path, self.fsync)  # removes dest
+                return [] if restored else [taken.size]
+            done = True
+            with contextlib.suppress(OSError):
+                self.io.remove(path + ".atime")
+            with contextlib.suppress(OSError):
+                if delete or reason is None:  # (delete already covers reason None; for mypy)
+                    self.io.remove(dest)
+                else:
+                    self.io.write_small(dest + L.REASON_SUFFIX, reason_record(reason))
+            return [taken.size]
+
+        self._touched.pop(key, None)
+        if self.capacity is not None:
+            self.capacity.removed(remove)
+        else:
+            remove()
+        return done
+
+    # --- listing -----------------------------------------------------------------
+
+    def namespaces(self) -> list[str]:
+        """Namespace directories present under the root."""
+        entries = self.io.listdir(self.root) or []
+        return sorted(n for n, is_dir in entries if is_dir and L.NAMESPACE_RE.fullmatch(n))
+
+    def _walk(self, namespace: str | None) -> Iterator[tuple[str, str, list[tuple[str, FileStat]]]]:
+        """(namespace, directory, files) for every fan-out leaf directory."""
+        spaces = [namespace] if namespace is not None else self.namespaces()
+        for ns in spaces:
+            ns_dir = self.io.join(self.root, ns)
+            for ab, ab_is_dir in sorted(self.io.listdir(ns_dir) or []):
+                if not ab_is_dir or not L.FANOUT_RE.fullmatch(ab):
+                    continue
+                ab_dir = self.io.join(ns_dir, ab)
+                for cd, cd_is_dir in sorted(self.io.listdir(ab_dir) or []):
+                    if not cd_is_dir or not L.FANOUT_RE.fullmatch(cd):
+                        continue
+                    leaf = self.io.join(ab_dir, cd)
+                    yield ns, leaf, self.io.scan_files(leaf)
+
+    def list(self, namespace: str | None = None) -> Iterator[ChunkInfo]:
+        for ns, leaf, files in self._walk(namespace):
+            records = {n[: -len(".atime")] for n, _ in files if L.classify(n) == L.ACCESS}
+            for fname, st in files:
+                if L.classify(fname) != L.CHUNK:
+                    continue
+                h = fname[: -len(L.CHUNK_SUFFIX)]
+                if h[0:2] != leaf[-5:-3] or h[2:4] != leaf[-2:]:
+                    continue  # a chunk in the wrong fan-out directory is foreign
+                path = self.io.join(leaf, fname)
+                atime = self._access_time(path, st, fname in records)
+                yield ChunkInfo(ChunkKey(bytes.fromhex(h), ns), st.size, st.mtime, atime)
+
+    def _other_files(self, kinds: tuple[str, ...]) -> Iterator[StoredFile]:
+        for ns, leaf, files in self._walk(None):
+            for fname, st in files:
+                kind = L.classify(fname)
+                if kind == L.CHUNK and (fname[0:2] != leaf[-5:-3] or fname[2:4] != leaf[-2:]):
+                    kind = L.FOREIGN
+                if kind in kinds:
+                    yield StoredFile(self.io.join(leaf, fname), ns, st.size, st.mtime)
+
+    def orphans(self, older_than: float = 0.0) -> builtins.list[StoredFile]:
+        """Temp files (interrupted writes) last modified more than ``older_than`` seconds ago."""
+        cutoff = time.time() - older_than
+        return [f for f in self._other_files((L.TEMP,)) if f.mtime <= cutoff]
+
+    def remove_orphans(self, grace: float = 3600.0) -> int:
+        """Delete temp files older than ``grace`` seconds (live writers finish far sooner)."""
+        return sum(self.io.remove(f.path) for f in self.orphans(grace))
+
+    # --- model records (SupportsModelRecords) -------------------------------------
+
+    def read_model_record(self, fingerprint: bytes) -> bytes | None:
+        """The record of the model with ``fingerprint`` (``chunkstore.backends._models``)."""
+        return self.io.read_small(self.io.join(self.root, L.model_record_name(fingerprint)))
+
+    def write_model_record(self, fingerprint: bytes, record: bytes) -> None:
+        """Store the record of the model with ``fingerprint`` (atomically replaced)."""
+        self._ensure_marker()
+        try:
+            self.io.write_small(self.io.join(self.root, L.model_record_name(fingerprint)), record)
+        except OSError as exc:
+            raise StoreError(f"{self.root}: cannot write a model record: {exc}") from None
+
+    def foreign_files(self) -> builtins.list[StoredFile]:
+        """Files in chunk directories that are neither chunks, access records nor temp files."""
+        return list(self._other_files((L.FOREIGN,)))
+
+    def relative_path(self, path: str) -> str:
+        """A :class:`StoredFile` path relative to the store's root."""
+        if self.root and path.startswith(self.root):
+            return path[len(self.root) :].lstrip("/\\")
+        return path
+
+    def quarantined(self) -> builtins.list[StoredFile]:
+        """Chunks moved aside as corrupt."""
+        qdir = self.io.join(self.root, L.QUARANTINE_DIR)
+        out = []
+        for ns, is_dir in self.io.listdir(qdir) or []:
+            if is_dir:
+                for fname, st in self.io.scan_files(self.io.join(qdir, ns)):
+                    if fname.endswith(L.CHUNK_SUFFIX):
+                        out.append(StoredFile(self.io.join(qdir, ns, fname), ns, st.size, st.mtime))
+        return out
+
+    def usage(self) -> Usage:
+        """Chunk bytes and count (the ledger when capped, else a scan)."""
+        if self.capacity is not None:
+            return self.capacity.usage()
+        total = count = 0
+        for info in self.list():
+            total += info.size
+            count += 1
+        return Usage(total, count)
+
+    # --- capacity hooks ------------------------------------------------------------
+
+    def _scan_for_capacity(self) -> Iterator[tuple[str, int, float]]:
+        for info in self.list():
+            yield self.path_of(info.key), info.size, info.atime
+
+    def _probe(self, path: str) -> tuple[int, float] | None:
+        st = self.io.stat(path)
+        if st is None:
+            return None
+        has_record = not self.io.local or self.io.exists(path + ".atime")
+        return st.size, self._access_time(path, st, has_record)
+
+    def __repr__(self) -> str:
+        return (
+            f"FsStore({self.root!r}, read_mode={self.read_mode!r}, "
+            f"write_mode={self.write_mode!r}, io_workers={self._pool.workers})"
+        )
+
+
+def _same_file(st: FileStat, ident: tuple[int, int] | None) -> bool:
+    """Whether ``st`` is the file ``ident`` names (always, when either side has no ident)."""
+    return ident is None or st.ident is None or st.ident == ident
+
+
+def _is_local_fs(fs: Any) -> bool:
+    try:
+        from fsspec.implementations.local import LocalFileSystem
+    except ImportError:  # pragma: no cover - fsspec is a core dependency
+        return False
+    return isinstance(fs, LocalFileSystem)
+
+
+_FS_OPTIONS = {
+    "create",
+    "fsync",
+    "quarantine",
+    "max_bytes",
+    "track_access",
+    "access_resolution",
+    "verify",
+    "name",
+    "io_workers",
+    "read_mode",
+    "write_mode",
+}
+
+
+def open_fs_store(url: str, **options: Any) -> FsStore:
+    """Open a filesystem store from a bare path, ``file://`` URL or any fsspec URL.
+
+    ``storage_options`` (a dict) is handed to fsspec; every other option to :class:`FsStore`.
+    """
+    storage_options = dict(options.pop("storage_options", None) or {})
+    unknown = set(options) - _FS_OPTIONS
+    if unknown:
+        raise ConfigError(
+            f"unknown option(s) for a filesystem store: {', '.join(sorted(unknown))} "
+            f"(known: {', '.join(sorted(_FS_OPTIONS | {'storage_options'}))})"
+        )
+    if "://" not in url:
+        return FsStore(url, **options)
+    if url.startswith("file://"):
+        return FsStore(url[len("file://") :] or "/", **options)
+    try:
+        import fsspec
+
+        fs, path = fsspec.core.url_to_fs(url, **storage_options)
+    except ImportError as exc:
+        scheme = url.split("://")[0]
+        raise MissingDependency(f"{scheme}:// needs a missing package: {exc}") from None
+    except ValueError as exc:
+        raise ConfigError(f"unsupported store URL {url!r}: {exc}") from None
+    return FsStore(path, fs=fs, **options)

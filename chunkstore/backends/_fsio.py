@@ -1,0 +1,502 @@
+"""File primitives under :class:`~chunkstore.backends._fs.FsStore`: plain ``os`` calls for local
+paths (the fast path) and fsspec calls for everything else, behind one small surface.
+
+Both give the store the same guarantees: a chunk appears under its final name
+only complete (temp file in the same directory, then rename or link), and a
+reader holds either the old or the new file, never a mix.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as _dt
+import errno
+import fcntl
+import os
+import stat as _stat
+import threading
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from chunkstore.backends._fastread import ALIGN, O_DIRECT, is_aligned
+from chunkstore.format import ByteRange
+
+_O_NOATIME = getattr(os, "O_NOATIME", 0)
+_O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+# Regular files ignore O_NONBLOCK; a FIFO left at a chunk path would block open() forever.
+_O_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
+
+
+@dataclass(frozen=True, slots=True)
+class FileStat:
+    """What the store needs to know about one file."""
+
+    size: int
+    """Bytes."""
+    mtime: float
+    """Last write, seconds since the epoch."""
+    atime: float
+    """Access time as the filesystem reports it (set explicitly by the store), 0 if unknown."""
+    ident: tuple[int, int] | None = None
+    """(inode, mtime_ns) on local filesystems: tells a replaced file from the one read."""
+
+
+class LocalIO:
+    """Local (or kernel-mounted: NFS, Lustre, GPFS) paths through plain ``os`` calls."""
+
+    local = True
+    sep = os.sep
+
+    def __init__(self) -> None:
+        # O_NOATIME needs file ownership; after the first EPERM stop trying (shared mounts).
+        self._noatime = _O_NOATIME
+        self._thread_lock = threading.Lock()
+
+    # --- paths ---------------------------------------------------------------
+
+    @staticmethod
+    def join(*parts: str) -> str:
+        return os.path.join(*parts)
+
+    def kind(self, path: str) -> str:
+        """``dir``, ``file`` or ``missing``."""
+        if os.path.isdir(path):
+            return "dir"
+        return "file" if os.path.lexists(path) else "missing"
+
+    def makedirs(self, path: str) -> None:
+        os.makedirs(path, exist_ok=True)
+
+    def listdir(self, path: str) -> list[tuple[str, bool]] | None:
+        """(name, is_dir) per entry, or None when ``path`` is not a directory."""
+        try:
+            with os.scandir(path) as it:
+                return [(e.name, e.is_dir(follow_symlinks=False)) for e in it]
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+
+    def scan_files(self, path: str) -> list[tuple[str, FileStat]]:
+        """Regular files directly in ``path`` with their stat (vanishing files skipped)."""
+        out: list[tuple[str, FileStat]] = []
+        try:
+            it = os.scandir(path)
+        except (FileNotFoundError, NotADirectoryError):
+            return out
+        with it:
+            for entry in it:
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                except FileNotFoundError:
+                    continue
+                if entry.is_file(follow_symlinks=False):
+                    out.append((entry.name, _filestat(st)))
+        return out
+
+    # --- reads ---------------------------------------------------------------
+
+    def _open_read(self, path: str) -> tuple[int, os.stat_result] | None:
+        """An fd of the regular file at ``path`` and its fstat; None if there is none.
+
+        Raises ``OSError`` for anything but absence (EIO, ESTALE, EACCES, or a directory
+        or other non-regular file at the path): the store turns those into logged misses.
+        """
+        flags = os.O_RDONLY | _O_CLOEXEC | _O_NONBLOCK
+        try:
+            try:
+                fd = os.open(path, flags | self._noatime)
+            except PermissionError as exc:
+                if not self._noatime or exc.errno != errno.EPERM:
+                    raise
+                self._noatime = 0  # not the owner: O_NOATIME is refused, plain reads still work
+                fd = os.open(path, flags)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        try:
+            st = os.fstat(fd)
+            if not _stat.S_ISREG(st.st_mode):
+                raise OSError(
+                    errno.EISDIR if _stat.S_ISDIR(st.st_mode) else errno.EINVAL,
+                    "not a regular file",
+                    path,
+                )
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd, st
+
+    def open_read(self, path: str) -> tuple[int, FileStat] | None:
+        """An fd open for reading (the caller closes it) and its stat, or None if missing."""
+        opened = self._open_read(path)
+        if opened is None:
+            return None
+        return opened[0], _filestat(opened[1])
+
+    def read(self, path: str) -> tuple[bytes, FileStat] | None:
+        """Whole file and its stat, from one open file (so both describe the same inode)."""
+        opened = self._open_read(path)
+        if opened is None:
+            return None
+        fd, st = opened
+        try:
+            data = os.read(fd, st.st_size)
+            if len(data) < st.st_size:  # rare short read (signals, network mounts)
+                parts = [data]
+                got = len(data)
+                while got < st.st_size:
+                    more = os.read(fd, st.st_size - got)
+                    if not more:
+                        break
+                    parts.append(more)
+                    got += len(more)
+                data = b"".join(parts)
+            return data, _filestat(st)
+        finally:
+            os.close(fd)
+
+    def read_ranges(self, path: str, ranges: Sequence[ByteRange]) -> list[bytes] | None:
+        opened = self._open_read(path)
+        if opened is None:
+            return None
+        fd = opened[0]
+        try:
+            return [os.pread(fd, r.length, r.offset) for r in ranges]
+        finally:
+            os.close(fd)
+
+    def stat(self, path: str) -> FileStat | None:
+        try:
+            return _filestat(os.stat(path))
+        except FileNotFoundError:
+            return None
+
+    def exists(self, path: str) -> bool:
+        return os.path.exists(path)
+
+    def is_file(self, path: str) -> bool:
+        """Whether a regular file is at ``path`` (False on any error: a miss)."""
+        return os.path.isfile(path)
+
+    def read_small(self, path: str) -> bytes | None:
+        try:
+            with open(path, "rb") as f:
+                return f.read()
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+
+    # --- writes --------------------------------------------------------------
+
+    def write_temp(
+        self, directory: str, name: str, data: Any, fsync: bool, direct: bool = False
+    ) -> str:
+        """Write ``data`` to ``directory/name`` (created exclusively); returns the path.
+
+        ``direct``: write around the page cache (O_DIRECT) when ``data`` is page-aligned
+        (a host-cache slot); see :func:`write_all`."""
+        path = os.path.join(directory, name)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _O_CLOEXEC
+        for attempt in range(3):
+            try:
+                fd = os.open(path, flags, 0o644)
+                break
+            except FileNotFoundError:
+                # the fan-out directory does not exist yet (or a prune removed it)
+                if attempt == 2:
+                    raise
+                os.makedirs(directory, exist_ok=True)
+        try:
+            write_all(fd, memoryview(data).cast("B"), direct)
+            if fsync:
+                os.fsync(fd)
+        except BaseException:
+            os.close(fd)
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+            raise
+        os.close(fd)
+        return path
+
+    def _sync_dir(self, directory: str) -> None:
+        with contextlib.suppress(OSError):  # some filesystems cannot fsync a directory
+            fd = os.open(directory, os.O_RDONLY | _O_CLOEXEC)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+    def replace(self, tmp: str, final: str, fsync: bool) -> None:
+        os.replace(tmp, final)
+        if fsync:
+            self._sync_dir(os.path.dirname(final))
+
+    def link_if_absent(self, tmp: str, final: str, fsync: bool) -> bool:
+        """Publish ``tmp`` as ``final`` unless it exists; ``tmp`` is gone afterwards."""
+        try:
+            os.link(tmp, final)
+            written = True
+        except FileExistsError:
+            written = False
+        except OSError as exc:
+            if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV):
+                raise
+            # No hard links here (some FUSE/SMB mounts): check then rename. Two racing
+            # writers may both "win", but each rename is atomic, so no reader sees a mix.
+            written = not os.path.exists(final)
+            if written:
+                os.replace(tmp, final)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        if written and fsync:
+            self._sync_dir(os.path.dirname(final))
+        return written
+
+    def remove(self, path: str) -> bool:
+        try:
+            os.unlink(path)
+            return True
+        except (FileNotFoundError, NotADirectoryError):
+            return False
+
+    def move(self, src: str, dst: str) -> bool:
+        os.makedirs(os.path.dirname(dst), exist_ok=True)
+        try:
+            os.replace(src, dst)
+            return True
+        except FileNotFoundError:
+            return False
+
+    def write_small(self, path: str, data: bytes) -> None:
+        """Replace a small file atomically (temp + rename)."""
+        directory, name = os.path.split(path)
+        os.makedirs(directory, exist_ok=True)
+        tmp = self.write_temp(
+            directory, f".{name}.{os.getpid()}.{threading.get_ident()}.tmp", data, False
+        )
+        os.replace(tmp, path)
+
+    def set_access(self, path: str, now: float, st: FileStat) -> bool:
+        """Record an access in the file's own atime (explicit, so noatime mounts keep it).
+
+        Only the file that was read (``st.ident``) is touched, through an fd of it, with its
+        mtime kept to the nanosecond: a file another writer put in its place since keeps its
+        own times (and ``ident``, which the quarantine guard compares). False when not
+        allowed (another user's file): the caller writes an access record.
+        """
+        try:
+            opened = self._open_read(path)
+        except PermissionError:
+            return False
+        if opened is None:
+            return True  # deleted meanwhile: nothing to record
+        fd, current = opened
+        try:
+            if st.ident is not None and (current.st_ino, current.st_mtime_ns) != st.ident:
+                return True  # replaced since the read: the new file is as fresh as its mtime
+            os.utime(fd, ns=(int(now * 1e9), current.st_mtime_ns))
+            return True
+        except PermissionError:
+            return False
+        except OSError as exc:
+            if exc.errno in (errno.ENOTSUP, errno.EOPNOTSUPP, errno.EROFS):
+                return False
+            raise
+        finally:
+            os.close(fd)
+
+    @contextlib.contextmanager
+    def lock(self, path: str) -> Iterator[None]:
+        """Exclusive lock between threads and processes (flock; NFSv4 maps it to POSIX locks)."""
+        with self._thread_lock:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            # opened per acquisition: an fd shared across fork would share the lock too
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | _O_CLOEXEC, 0o666)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                yield
+            finally:
+                os.close(fd)  # closing releases the flock
+
+
+def write_all(fd: int, view: memoryview, direct: bool = False) -> None:
+    """Write all of ``view`` at the fd's position.
+
+    With ``direct`` and a page-aligned ``view``, the whole pages go out with O_DIRECT
+    (from the caller's memory to the device, no page-cache copy) and the last, partial
+    page through the page cache; a filesystem that refuses O_DIRECT gets a plain write.
+    """
+    done = 0
+    body = len(view) - len(view) % ALIGN if direct and O_DIRECT and is_aligned(view) else 0
+    if body:
+        flags = fcntl.fcntl(fd, fcntl.F_GETFL)
+        try:
+            fcntl.fcntl(fd, fcntl.F_SETFL, flags | O_DIRECT)
+        except OSError:
+            body = 0
+        try:
+            while done < body:
+                done += os.write(fd, view[done:body])
+        except OSError as exc:
+            if exc.errno != errno.EINVAL or done % ALIGN:
+                raise
+        finally:
+            if body:
+                fcntl.fcntl(fd, fcntl.F_SETFL, flags)
+    while done < len(view):
+        done += os.write(fd, view[done:])
+
+
+def _filestat(st: os.stat_result) -> FileStat:
+    return FileStat(st.st_size, st.st_mtime, st.st_atime, (st.st_ino, st.st_mtime_ns))
+
+
+def _info_time(info: dict[str, Any], *names: str) -> float:
+    for name in names:
+        value = info.get(name)
+        if value is None:
+            continue
+        if isinstance(value, _dt.datetime):
+            if value.tzinfo is None:
+                value = value.replace(tzinfo=_dt.timezone.utc)
+            return value.timestamp()
+        try:
+            return float(value)
+        except (TypeError, ValueError):
+            continue
+    return 0.0
+
+
+class FsspecIO:
+    """Any fsspec filesystem. Atomicity is the filesystem's ``mv``: atomic on real filesystems,
+    copy-then-delete on some object stores (use :class:`~chunkstore.backends._s3.S3Store` for S3).
+    Locks are per process only: capacity accounting assumes one writer process."""
+
+    local = False
+    sep = "/"
+
+    def __init__(self, fs: Any) -> None:
+        self.fs = fs
+        self._thread_lock = threading.RLock()
+
+    @staticmethod
+    def join(*parts: str) -> str:
+        return "/".join(p.rstrip("/") if i == 0 else p.strip("/") for i, p in enumerate(parts))
+
+    def kind(self, path: str) -> str:
+        try:
+            if self.fs.isdir(path):
+                return "dir"
+            return "file" if self.fs.exists(path) else "missing"
+        except FileNotFoundError:
+            return "missing"
+
+    def makedirs(self, path: str) -> None:
+        self.fs.makedirs(path, exist_ok=True)
+
+    def _ls(self, path: str) -> list[dict[str, Any]] | None:
+        try:
+            return list(self.fs.ls(path, detail=True))
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+
+    def listdir(self, path: str) -> list[tuple[str, bool]] | None:
+        entries = self._ls(path)
+        if entries is None:
+            return None
+        return [
+            (e["name"].rstrip("/").rsplit("/", 1)[-1], e.get("type") == "directory")
+            for e in entries
+        ]
+
+    def scan_files(self, path: str) -> list[tuple[str, FileStat]]:
+        out = []
+        for e in self._ls(path) or []:
+            if e.get("type") == "directory":
+                continue
+            mtime = _info_time(e, "mtime", "LastModified", "last_modified", "created")
+            name = e["name"].rsplit("/", 1)[-1]
+            out.append((name, FileStat(int(e.get("size") or 0), mtime, 0.0)))
+        return out
+
+    def read(self, path: str) -> tuple[bytes, FileStat] | None:
+        try:
+            data = self.fs.cat_file(path)
+        except (FileNotFoundError, IsADirectoryError):
+            return None
+        return data, FileStat(len(data), 0.0, 0.0)
+
+    def read_ranges(self, path: str, ranges: Sequence[ByteRange]) -> list[bytes] | None:
+        try:
+            return [self.fs.cat_file(path, start=r.offset, end=r.offset + r.length) for r in ranges]
+        except FileNotFoundError:
+            return None
+
+    def stat(self, path: str) -> FileStat | None:
+        try:
+            info = self.fs.info(path)
+        except FileNotFoundError:
+            return None
+        mtime = _info_time(info, "mtime", "LastModified", "last_modified", "created")
+        return FileStat(int(info.get("size") or 0), mtime, 0.0)
+
+    def exists(self, path: str) -> bool:
+        return bool(self.fs.exists(path))
+
+    def is_file(self, path: str) -> bool:
+        """Whether a file (not a directory) is at ``path`` (False on any error: a miss)."""
+        try:
+            return bool(self.fs.isfile(path))
+        except OSError:
+            return False
+
+    def read_small(self, path: str) -> bytes | None:
+        try:
+            return bytes(self.fs.cat_file(path))
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            return None
+
+    def write_temp(self, directory: str, name: str, data: Any, fsync: bool) -> str:
+        path = self.join(directory, name)
+        self.fs.makedirs(directory, exist_ok=True)
+        self.fs.pipe_file(path, bytes(memoryview(data).cast("B")))
+        return path
+
+    def replace(self, tmp: str, final: str, fsync: bool) -> None:
+        self.fs.mv(tmp, final)
+
+    def link_if_absent(self, tmp: str, final: str, fsync: bool) -> bool:
+        # Note: check-then-move; atomic against threads of this process (the lock),
+        # a race between processes can make both "win" (each move is still whole).
+        with self._thread_lock:
+            written = not self.fs.exists(final)
+            if written:
+                self.fs.mv(tmp, final)
+        if not written:
+            self.remove(tmp)
+        return written
+
+    def remove(self, path: str) -> bool:
+        try:
+            self.fs.rm_file(path)
+            return True
+        except FileNotFoundError:
+            return False
+
+    def move(self, src: str, dst: str) -> bool:
+        self.fs.makedirs(dst.rsplit("/", 1)[0], exist_ok=True)
+        try:
+            self.fs.mv(src, dst)
+            return True
+        except FileNotFoundError:
+            return False
+
+    def write_small(self, path: str, data: bytes) -> None:
+        self.fs.makedirs(path.rsplit("/", 1)[0], exist_ok=True)
+        self.fs.pipe_file(path, data)
+
+    def set_access(self, path: str, now: float, st: FileStat) -> bool:
+        return False  # fsspec cannot set times: the store writes an access record
+
+    @contextlib.contextmanager
+    def lock(self, path: str) -> Iterator[None]:
+        with self._thread_lock:
+            yield

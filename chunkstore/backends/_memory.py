@@ -1,0 +1,93 @@
+"""An in-process dict store: the reference implementation and a test double."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator, Sequence
+
+from chunkstore.backends.base import Buffer, ChunkInfo, Store
+from chunkstore.hashing import ChunkKey
+
+
+class MemoryStore(Store):
+    """Chunks in a dict, guarded by one lock. Lost when the process ends."""
+
+    kind = "memory"
+
+    def __init__(
+        self, *, name: str | None = None, verify: bool = True, create: bool = True
+    ) -> None:
+        # `create` is accepted for symmetry with directory stores: a memory store always
+        # starts empty.
+        super().__init__(name=name, verify=verify)
+        self._data: dict[ChunkKey, tuple[bytes, float, float]] = {}
+        self._records: dict[bytes, bytes] = {}
+        self._lock = threading.Lock()
+
+    def _read_many(self, keys: Sequence[ChunkKey]) -> list[bytes | None]:
+        now = time.time()
+        out: list[bytes | None] = []
+        with self._lock:
+            for key in keys:
+                entry = self._data.get(key)
+                if entry is None:
+                    out.append(None)
+                else:
+                    self._data[key] = (entry[0], entry[1], now)
+                    out.append(entry[0])
+        return out
+
+    def read_unchecked_many(self, keys: Sequence[ChunkKey]) -> list[bytes | None]:
+        """Stored bytes per key; not a use, so access times (LRU order for prune) stay put."""
+        with self._lock:
+            return [None if (entry := self._data.get(k)) is None else entry[0] for k in keys]
+
+    def exists_many(self, keys: Sequence[ChunkKey]) -> list[bool]:
+        with self._lock:
+            return [k in self._data for k in keys]
+
+    def put_many(self, items: Sequence[tuple[ChunkKey, Buffer]]) -> list[bool]:
+        now = time.time()
+        with self._lock:
+            for key, data in items:
+                self._data[key] = (bytes(memoryview(data).cast("B")), now, now)
+        return [True] * len(items)
+
+    def put_if_absent_many(self, items: Sequence[tuple[ChunkKey, Buffer]]) -> list[bool]:
+        now = time.time()
+        written = []
+        with self._lock:
+            for key, data in items:
+                if key in self._data:
+                    written.append(False)
+                else:
+                    self._data[key] = (bytes(memoryview(data).cast("B")), now, now)
+                    written.append(True)
+        return written
+
+    def delete_many(self, keys: Sequence[ChunkKey]) -> int:
+        with self._lock:
+            return sum(self._data.pop(k, None) is not None for k in keys)
+
+    def list(self, namespace: str | None = None) -> Iterator[ChunkInfo]:
+        with self._lock:
+            snapshot = list(self._data.items())
+        for key, (data, mtime, atime) in snapshot:
+            if namespace is None or key.namespace == namespace:
+                yield ChunkInfo(key, len(data), mtime, atime)
+
+    def read_model_record(self, fingerprint: bytes) -> bytes | None:
+        """The record of the model with ``fingerprint`` (``chunkstore.backends._models``)."""
+        with self._lock:
+            return self._records.get(fingerprint)
+
+    def write_model_record(self, fingerprint: bytes, record: bytes) -> None:
+        """Store the record of the model with ``fingerprint``."""
+        with self._lock:
+            self._records[fingerprint] = bytes(record)
+
+    def close(self) -> None:
+        with self._lock:
+            self._data.clear()
+            self._records.clear()

@@ -1,0 +1,257 @@
+"""Promotion: copying chunks from a secondary tier into host memory.
+
+One chunk at a time for a read that missed host memory
+(:meth:`Promoter.promote_from`, :meth:`Promoter.promote_bytes`), or a run of
+a chain at a time for a prefetch (:meth:`Promoter.pull`). Every chunk lands
+decompressed (:func:`~chunkstore.format.hot_bytes`) in a host slot that stays
+pinned for the caller.
+
+A tier call that timed out may still write into the slot it was given, so
+such a slot is given back only when that call has ended
+(:meth:`~chunkstore.cache._guard.TierUnavailable.when_settled`); until then it
+stays pinned and cannot be handed to another chunk.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
+from chunkstore.backends.base import SupportsGetInto, SupportsGetManyInto
+from chunkstore.cache._guard import GuardedTier, TierUnavailable
+from chunkstore.cache._host import HostCache
+from chunkstore.cache._lease import Lease
+from chunkstore.format._hot import decompress_in_place, hot_bytes
+from chunkstore.hashing import ChunkKey
+
+NO_ROOM = object()
+"""Promotion outcome: the tier may have the chunk, but every host slot is pinned."""
+
+PULL_BATCH = 16
+"""Chunks a prefetch asks of a tier per call (batched tiers overlap them)."""
+
+
+class Promoter:
+    """Copies chunks from :class:`GuardedTier` tiers into pinned slots of ``host``.
+
+    ``check_open`` raises when the owning store has closed; a long pull calls
+    it between chunks so that closing the store ends it early.
+    """
+
+    def __init__(self, host: HostCache, check_open: Callable[[], None]) -> None:
+        self.host = host
+        """Where promoted chunks go."""
+        self._check_open = check_open
+
+    # --- one chunk, for a read ---------------------------------------------------------------
+
+    def promote_from(self, tier: GuardedTier, key: ChunkKey) -> Lease | object | None:
+        """``key`` from ``tier`` into a pinned host slot: a read lease, ``None`` (the tier
+        does not have it) or :data:`NO_ROOM` (it may, but every host slot is pinned).
+
+        Host memory is not made room in before the tier has shown it holds the
+        chunk: a miss (the common case for a new prompt) must not evict a
+        resident chunk, which may exist nowhere else (its write-back dropped).
+        A free slot is read into directly; when there is none, a low-latency
+        tier is asked ``exists`` first (a stat, then the zero-copy read into
+        the evicted slot), a round-trip-bound one is read into a private
+        buffer that is then copied in (a copy costs less than a second trip).
+        """
+        slot = self.host.reserve(key, evict=False)
+        if slot is not None:
+            return self._promote_into(tier, key, slot)
+        if tier.store.high_latency or not isinstance(tier.store, SupportsGetInto):
+            return self._promote_copy(tier, key)
+        try:
+            found = tier.call("exists", tier.store.exists_many, [key])[0]
+        except TierUnavailable:
+            found = False
+        if not found:
+            tier.count_reads(0, 1)
+            return None
+        slot = self.host.reserve(key)
+        if slot is None:
+            return NO_ROOM
+        return self._promote_into(tier, key, slot)
+
+    def promote_bytes(self, tier: GuardedTier, key: ChunkKey, data: bytes) -> None:
+        """Copy ``data``, just read from ``tier``, into host memory (unpinned) if it fits."""
+        if self.host.put(key, hot_bytes(data)):
+            tier.count_promotions()
+
+    def _promote_copy(self, tier: GuardedTier, key: ChunkKey) -> Lease | object | None:
+        """Read ``key`` from ``tier`` into private memory, then into host memory (evicting)."""
+        started = time.perf_counter()
+        try:
+            data = tier.call("get", tier.store.get, key)
+        except TierUnavailable:
+            data = None
+        if data is None:
+            tier.count_reads(0, 1)
+            return None
+        outcome = self.host.insert(key, hot_bytes(data), keep_pinned=True)
+        if outcome.lease is None:
+            return NO_ROOM  # the caller reads around host memory
+        tier.instruments.record_read(len(data), time.perf_counter() - started)
+        tier.count_reads(1, 0)
+        tier.count_promotions()
+        return outcome.lease
+
+    def _promote_into(self, tier: GuardedTier, key: ChunkKey, slot: Lease) -> Lease | None:
+        """Load ``key`` from ``tier`` straight into reserved ``slot``; a read lease or ``None``.
+
+        The tier writes into the slot in place (zero-copy, also with a
+        timeout); a read that timed out keeps the reservation until it ends.
+
+        Why pin rather than read through a private buffer: ``tier_timeout``
+        is on by default, so a bounce buffer would cost a copy on every
+        promotion (and write-back), while pinning costs only when a call
+        actually times out, and then at most one slot per stuck worker (calls
+        queued behind it are cancelled and the tier backs off).
+        """
+        started = time.perf_counter()
+        size: int | None = None
+        try:
+            if isinstance(tier.store, SupportsGetInto):
+                size = tier.call("get", tier.store.get_into, key, slot.view)
+            else:
+                data = tier.call("get", tier.store.get, key)
+                if data is not None and len(data) <= len(slot.view):
+                    slot.view[: len(data)] = data
+                    size = len(data)
+            if size:
+                size = decompress_in_place(slot.view, size)
+        except TierUnavailable as exc:
+            exc.when_settled(lambda: self.host.abort(slot))
+            tier.count_reads(0, 1)
+            return None
+        except BaseException:
+            self.host.abort(slot)
+            raise
+        if not size:
+            self.host.abort(slot)
+            tier.count_reads(0, 1)
+            return None
+        tier.instruments.record_read(size, time.perf_counter() - started)
+        self.host.commit(slot, size, keep_pinned=True)
+        tier.count_reads(1, 0)
+        tier.count_promotions()
+        return slot
+
+    # --- a run of chunks, for a prefetch -------------------------------------------------------
+
+    def pull(self, tier: GuardedTier, keys: list[ChunkKey], held: list[Lease]) -> int:
+        """Copy ``keys`` from ``tier`` into pinned host slots, in order; how many made it.
+
+        The read leases of the chunks that made it are appended to ``held``
+        (the caller releases them).
+        """
+        if tier.store.high_latency or not isinstance(tier.store, SupportsGetInto):
+            return self._pull_batched(tier, keys, held)
+        if isinstance(tier.store, SupportsGetManyInto):
+            return self._pull_into_slots(tier, keys, held)
+        loaded = 0
+        for key in keys:
+            self._check_open()
+            slot = self.host.reserve(key)
+            if slot is None:
+                return loaded
+            lease = self._promote_into(tier, key, slot)
+            if lease is None:
+                return loaded
+            held.append(lease)
+            loaded += 1
+        return loaded
+
+    def _pull_into_slots(
+        self, tier: GuardedTier, keys: list[ChunkKey], held: list[Lease], batch: int = PULL_BATCH
+    ) -> int:
+        """Tiers with batched zero-copy reads: reserve host slots for up to ``batch`` chunks,
+        then let the tier fill them all with several reads in flight (``get_many_into``).
+
+        The prefix ends at the first chunk that did not arrive; its slot and the later
+        ones of the batch are given back. A call that timed out keeps the whole batch
+        reserved until it has ended (it may still write into the slots), as
+        :meth:`_promote_into` does for one slot.
+        """
+        store: Any = tier.store
+        loaded = 0
+        for start in range(0, len(keys), batch):
+            self._check_open()
+            slots: list[Lease] = []
+            for key in keys[start : start + batch]:
+                slot = self.host.reserve(key)
+                if slot is None:
+                    break
+                slots.append(slot)
+            if not slots:
+                return loaded
+            started = time.perf_counter()
+            try:
+                sizes = tier.call(
+                    "get", store.get_many_into, [s.key for s in slots], [s.view for s in slots]
+                )
+            except TierUnavailable as exc:
+                exc.when_settled(partial(self._abort_all, slots))
+                tier.count_reads(0, len(slots))
+                return loaded
+            except BaseException:
+                self._abort_all(slots)
+                raise
+            arrived = 0
+            nbytes = 0
+            for slot, size in zip(slots, sizes):
+                size = decompress_in_place(slot.view, size) if size else 0
+                if not size:
+                    break
+                self.host.commit(slot, size, keep_pinned=True)
+                held.append(slot)
+                arrived += 1
+                nbytes += size
+            self._abort_all(slots[arrived:])
+            if nbytes:
+                tier.instruments.record_read(nbytes, time.perf_counter() - started)
+            tier.count_reads(arrived, 1 if arrived < len(slots) else 0)
+            tier.count_promotions(arrived)
+            loaded += arrived
+            if arrived < min(batch, len(keys) - start):
+                return loaded
+        return loaded
+
+    def _pull_batched(
+        self, tier: GuardedTier, keys: list[ChunkKey], held: list[Lease], batch: int = PULL_BATCH
+    ) -> int:
+        """Round-trip-bound tiers: ask for ``batch`` chunks per call (the store overlaps them)."""
+        loaded = 0
+        for start in range(0, len(keys), batch):
+            self._check_open()
+            wanted = keys[start : start + batch]
+            started = time.perf_counter()
+            try:
+                found: list[Any] = tier.call("get", tier.store.get_many, wanted)
+            except TierUnavailable:
+                tier.count_reads(0, 1)
+                return loaded
+            nbytes = sum(len(d) for d in found if d is not None)
+            if nbytes:
+                tier.instruments.record_read(nbytes, time.perf_counter() - started)
+            for key, data in zip(wanted, found):
+                outcome = (
+                    None
+                    if data is None
+                    else self.host.insert(key, hot_bytes(data), keep_pinned=True)
+                )
+                if outcome is None or outcome.lease is None:
+                    tier.count_reads(0, 1)
+                    return loaded
+                held.append(outcome.lease)
+                tier.count_reads(1, 0)
+                tier.count_promotions()
+                loaded += 1
+        return loaded
+
+    def _abort_all(self, slots: list[Lease]) -> None:
+        for slot in slots:
+            self.host.abort(slot)

@@ -1,0 +1,625 @@
+"""TieredStore: the host cache in front of secondary tiers, as one store.
+
+* ``put``: the chunk goes into host memory first (the caller's copy is then
+  done) and is queued, still pinned in its host slot, for a background write to
+  the secondary tiers: every tier (``write_tiers="all"``) or the first only
+  (``"first"``). A full queue drops the write (counted per tier as
+  ``queue_full``, logged with the key) rather than block the caller or grow
+  memory. If host memory cannot take the chunk (every slot pinned, or the chunk
+  is larger than a slot) it is written to the tiers synchronously instead.
+* ``get`` / ``get_into`` / ``acquire``: the first tier that has the chunk, host
+  first; a hit in a lower tier is copied into host memory (promotion).
+* ``lookup_prefix``: host index first, then each tier (batched) from where the
+  previous one stopped, until a full pass over the tiers adds nothing.
+* ``prefetch`` / ``lookup_prefix_async``: the same walk on a background thread,
+  returning a future (never failing: a tier error only shortens the result);
+  ``prefetch`` also copies the chunks it finds into host memory and reports
+  where each came from.
+* A tier that raises or times out is a miss (reads) or a dropped write, and is
+  retried after ``retry_after`` seconds; the caller never sees its exception.
+  A timed-out call keeps running in the background, so host memory handed to
+  it (a slot being promoted into, a slot being written back) stays pinned
+  until it ends; a caller's own buffer is never handed to a call that may
+  outlive it (a private copy is used instead).
+* ``delete`` never waits for the write-behind queue: queued write-backs of the
+  deleted keys are withdrawn, and a write already under way is undone (the
+  keys deleted again from the tiers) when it ends.
+* Eviction never loses a chunk waiting for write-back (its slot is pinned
+  until written); :meth:`TieredStore.close` flushes the queue. A crash loses at
+  most the queued chunks, and only the host copy of them.
+
+``TieredStore`` is the public face; its parts each live in their own module:
+:mod:`~chunkstore.cache._guard` (a tier's timeout, back-off and counters),
+:mod:`~chunkstore.cache._promotion` (copying chunks up into host memory),
+:mod:`~chunkstore.cache._prefetch` (the background walks) and
+:mod:`~chunkstore.cache._tierwrites` (write-behind and write-through).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future
+from dataclasses import dataclass
+
+from chunkstore.backends.base import Buffer, ChunkInfo, Store, SupportsGetInto
+from chunkstore.cache._guard import GuardedTier, TierUnavailable
+from chunkstore.cache._host import HostCache, HostCacheStats
+from chunkstore.cache._lease import Lease
+from chunkstore.cache._prefetch import Prefetcher
+from chunkstore.cache._promotion import NO_ROOM, Promoter
+from chunkstore.cache._tierwrites import TierWriter
+from chunkstore.errors import ConfigError
+from chunkstore.hashing import ChunkKey
+from chunkstore.metrics import ChunkstoreMetrics, default_metrics
+
+log = logging.getLogger(__name__)
+
+WRITE_TIERS = ("all", "first")
+"""``write_tiers`` values: write-through to every secondary tier, or only the first."""
+
+
+@dataclass(frozen=True, slots=True)
+class TierStats:
+    """Counters of one secondary tier."""
+
+    name: str
+    """The tier's store name (its metric label)."""
+    hits: int
+    """Chunks this tier served (after every tier above it missed)."""
+    misses: int
+    """Chunks asked of this tier that it did not have (or could not serve)."""
+    promotions: int
+    """Chunks copied from this tier into host memory."""
+    writes: int
+    """Chunks written into this tier."""
+    dropped: dict[str, int]
+    """Writes to this tier not performed, by reason (queue_full, tier_down, tier_error)."""
+    errors: int
+    """Calls that failed or timed out."""
+    up: bool
+    """False while the tier is in back-off."""
+    abandoned: int = 0
+    """Timed-out calls still running; each may keep a host slot pinned until it ends."""
+
+
+@dataclass(frozen=True, slots=True)
+class TieredStats:
+    """A snapshot of a tiered store's counters."""
+
+    host: HostCacheStats
+    """The host cache's own counters."""
+    tiers: tuple[TierStats, ...]
+    """One entry per secondary tier, in lookup order."""
+    queue_depth: int
+    """Chunks waiting for write-back."""
+    writes_dropped: int
+    """All dropped writes over all tiers and reasons."""
+
+
+@dataclass(frozen=True, slots=True)
+class TieredHealth:
+    """What the metrics collector reads at scrape time."""
+
+    queue_depth: int
+    """Chunks waiting for write-back."""
+    queue_capacity: int
+    """Most chunks that may wait."""
+    tiers_up: tuple[tuple[str, bool], ...]
+    """(tier name, answering?) per secondary tier."""
+
+
+class TieredStore(Store):
+    """A :class:`HostCache` in front of secondary stores; see the module docstring.
+
+    The tiered store owns ``host`` and (with ``close_tiers``) the tiers, and
+    closes them in :meth:`close`. ``tier_timeout=None`` calls tiers inline
+    (no timeout thread); ``clock`` exists for tests of the back-off.
+    ``prefetch_workers``: threads serving :meth:`prefetch` and
+    :meth:`lookup_prefix_async` (started on first use).
+
+    ``verify`` checks chunks served from host memory (a corrupt one is counted
+    and deleted from every tier). Off by default: host memory is trusted, and
+    every secondary tier checks what it returns with its own ``verify``.
+    """
+
+    kind = "tiered"
+
+    def __init__(
+        self,
+        host: HostCache,
+        tiers: Sequence[Store] = (),
+        *,
+        write_tiers: str = "all",
+        queue_size: int = 256,
+        write_batch: int = 16,
+        tier_timeout: float | None = 30.0,
+        retry_after: float = 5.0,
+        promote: bool = True,
+        close_tiers: bool = True,
+        metrics: ChunkstoreMetrics | None = None,
+        name: str | None = None,
+        verify: bool = False,
+        clock: Callable[[], float] = time.monotonic,
+        prefetch_workers: int = 2,
+    ) -> None:
+        super().__init__(name=name, verify=verify)
+        if prefetch_workers < 1:
+            raise ConfigError(f"prefetch_workers must be >= 1, got {prefetch_workers}")
+        if write_tiers not in WRITE_TIERS:
+            raise ConfigError(f"write_tiers must be one of {WRITE_TIERS}, got {write_tiers!r}")
+        if tier_timeout is not None and tier_timeout <= 0:
+            raise ConfigError(f"tier_timeout must be positive (or None), got {tier_timeout}")
+        if retry_after < 0:
+            raise ConfigError(f"retry_after must be >= 0, got {retry_after}")
+        names = [host.name, *(t.name for t in tiers)]
+        if len(set(names)) != len(names):
+            raise ConfigError(f"tier names must be unique (they label metrics): {names}")
+        self.host = host
+        """Tier 0."""
+        self.metrics = metrics or default_metrics()
+        """Where this store's metrics go."""
+        self.write_tiers = write_tiers
+        """``"all"`` or ``"first"``."""
+        self.promote = promote
+        """Whether hits in lower tiers are copied into host memory."""
+        self.close_tiers = close_tiers
+        self._host_metrics = self.metrics.tier(host.name)
+        self.tiers: tuple[GuardedTier, ...] = tuple(
+            GuardedTier(
+                t,
+                self.metrics.tier(t.name),
+                timeout=tier_timeout,
+                retry_after=retry_after,
+                clock=clock,
+            )
+            for t in tiers
+        )
+        """Secondary tiers in lookup order."""
+        self._closed = False
+        self._writer = TierWriter(
+            host,
+            self.tiers[:1] if write_tiers == "first" else self.tiers,
+            queue_size=queue_size,
+            write_batch=write_batch,
+            name=self.name,
+        )
+        self._promoter = Promoter(host, self._check_open)
+        self._prefetcher = Prefetcher(
+            host,
+            self.tiers,
+            self._promoter,
+            self.lookup_prefix,
+            check_open=self._check_open,
+            closed=lambda: self._closed,
+            name=self.name,
+            workers=prefetch_workers,
+        )
+        self.metrics.watch_host(host)
+        self.metrics.watch_store(host)
+        for tier in tiers:
+            self.metrics.watch_store(tier)
+        self.metrics.watch_tiered(self)
+
+    # --- reporting ------------------------------------------------------------------------
+
+    def stats(self) -> TieredStats:
+        """Counters of the host cache and every tier."""
+        tiers = tuple(
+            TierStats(
+                t.name,
+                t.hits,
+                t.misses,
+                t.promotions,
+                t.writes,
+                dict(t.dropped),
+                t.errors,
+                t.up,
+                t.abandoned,
+            )
+            for t in self.tiers
+        )
+        return TieredStats(
+            host=self.host.stats(),
+            tiers=tiers,
+            queue_depth=self._writer.pending,
+            writes_dropped=sum(sum(t.dropped.values()) for t in tiers),
+        )
+
+    def health(self) -> TieredHealth:
+        """Queue depth and tier liveness (for the metrics collector)."""
+        return TieredHealth(
+            queue_depth=self._writer.depth,
+            queue_capacity=self._writer.capacity,
+            tiers_up=tuple((t.name, t.up) for t in self.tiers),
+        )
+
+    def dropped_keys(self) -> list[ChunkKey]:
+        """The most recent (up to 100) chunks whose write-back was dropped, oldest first."""
+        return self._writer.dropped_keys()
+
+    @property
+    def corrupt_detected(self) -> int:
+        """Corrupt chunks found in host memory (with ``verify``) and by every tier."""
+        return (
+            self._corrupt
+            + self.host.corrupt_detected
+            + sum(t.store.corrupt_detected for t in self.tiers)
+        )
+
+    def _quarantine(self, key: ChunkKey, reason: str) -> None:
+        # A chunk found corrupt in host memory went to the tiers from the same bytes.
+        self.delete_many([key])
+
+    # --- writes ---------------------------------------------------------------------------
+
+    def put_many(self, items: Sequence[tuple[ChunkKey, Buffer]]) -> list[bool]:
+        self._check_open()
+        return [self._put_one(key, data, if_absent=False) for key, data in items]
+
+    def put_if_absent_many(self, items: Sequence[tuple[ChunkKey, Buffer]]) -> list[bool]:
+        self._check_open()
+        if not items:
+            return []
+        present = self.exists_many([k for k, _ in items])
+        # The host cache settles races between concurrent callers: its insert is atomic.
+        return [
+            False if found else self._put_one(key, data, if_absent=True)
+            for (key, data), found in zip(items, present)
+        ]
+
+    def _put_one(self, key: ChunkKey, data: Buffer, *, if_absent: bool) -> bool:
+        started = time.perf_counter()
+        outcome = self.host.insert(key, data, if_absent=if_absent, keep_pinned=True)
+        if outcome.present:
+            return False
+        if outcome.lease is None:
+            if not if_absent:
+                self._writer.supersede(key)
+            return self._writer.write_through(key, data, if_absent=if_absent)
+        self._host_metrics.record_write(len(outcome.lease.view), time.perf_counter() - started)
+        self._writer.enqueue(outcome.lease)
+        return True
+
+    def reserve(self, key: ChunkKey) -> Lease | None:
+        """A pinned writable host slot for ``key`` (see :meth:`HostCache.reserve`).
+
+        ``None`` when every slot is pinned: fall back to :meth:`put` with a
+        buffer of your own. Finish with :meth:`commit` or :meth:`abort`.
+        """
+        self._check_open()
+        return self.host.reserve(key)
+
+    def commit(self, lease: Lease, length: int | None = None) -> None:
+        """Publish a reserved slot in host memory and queue its write-back."""
+        self.host.commit(lease, length, keep_pinned=True)
+        self._writer.enqueue(lease)
+
+    def abort(self, lease: Lease) -> None:
+        """Give up a reservation; idempotent."""
+        self.host.abort(lease)
+
+    def write_back(self, lease: Lease) -> None:
+        """Queue a chunk already in host memory for write-back; takes over ``lease``.
+
+        ``lease`` is a read lease on the host slot (e.g. from
+        :meth:`SlotLoans.adopt` with ``keep_pinned``); the store releases it
+        once the chunk is written (or the write is dropped).
+        """
+        if self._closed:
+            self.host.release(lease)
+            raise ConfigError(f"tiered store {self.name!r} is closed")
+        self._writer.enqueue(lease)
+
+    def memory_regions(self) -> list[memoryview]:
+        """The host cache's :meth:`HostCache.memory_regions` (every slot view lies inside)."""
+        self._check_open()
+        return self.host.memory_regions()
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until every queued write-back is done; False if ``timeout`` passed first."""
+        return self._writer.flush(timeout)
+
+    # --- reads ----------------------------------------------------------------------------
+
+    def _read_many(self, keys: Sequence[ChunkKey]) -> list[bytes | None]:
+        self._check_open()
+        started = time.perf_counter()
+        out: list[bytes | None] = self.host._read_many(keys)
+        if self.verify:
+            out = [self._checked(k, d) for k, d in zip(keys, out)]
+        hits = sum(1 for d in out if d is not None)
+        self._count_host(hits, len(keys) - hits, started, sum(len(d) for d in out if d is not None))
+        missing = [i for i, d in enumerate(out) if d is None]
+        for tier in self.tiers:
+            if not missing:
+                break
+            wanted = [keys[i] for i in missing]
+            started = time.perf_counter()
+            try:
+                found = tier.call("get", tier.store.get_many, wanted)
+            except TierUnavailable:
+                tier.count_reads(0, len(wanted))
+                continue
+            nbytes = sum(len(d) for d in found if d is not None)
+            if nbytes:
+                tier.instruments.record_read(nbytes, time.perf_counter() - started)
+            still_missing = []
+            for i, data in zip(missing, found):
+                if data is None:
+                    still_missing.append(i)
+                    continue
+                out[i] = data
+                if self.promote:
+                    self._promoter.promote_bytes(tier, keys[i], data)
+            tier.count_reads(len(missing) - len(still_missing), len(still_missing))
+            missing = still_missing
+        return out
+
+    def read_unchecked_many(self, keys: Sequence[ChunkKey]) -> list[bytes | None]:
+        """Stored bytes per key from the first tier holding each, host first.
+
+        For maintenance tools: no verification, no promotion, no hit or
+        access-time update in any tier.
+        """
+        self._check_open()
+        out = self.host.read_unchecked_many(keys)
+        missing = [i for i, d in enumerate(out) if d is None]
+        for tier in self.tiers:
+            if not missing:
+                break
+            try:
+                found = tier.call("get", tier.store.read_unchecked_many, [keys[i] for i in missing])
+            except TierUnavailable:
+                continue
+            for i, data in zip(missing, found):
+                out[i] = data
+            missing = [i for i in missing if out[i] is None]
+        return out
+
+    def get_into(self, key: ChunkKey, buffer: Buffer) -> int | None:
+        """Fill ``buffer`` from the first tier holding ``key``; its size, or ``None``."""
+        lease, settled = self._acquire(key)
+        if lease is not None:
+            try:
+                return _copy(buffer, lease.view)
+            finally:
+                self.host.release(lease)
+        if settled:
+            return None
+        # No promotion (disabled, or host memory full of pinned chunks): read around it.
+        return self._load_from_tiers(key, buffer)
+
+    def acquire(self, key: ChunkKey) -> Lease | None:
+        """Pin ``key`` in host memory for reading in place, promoting it from a lower tier.
+
+        ``None`` if no tier has it, or if it is not in host memory and cannot be
+        promoted (promotion off, or every slot pinned). Release the lease
+        (``with lease:``) when done.
+        """
+        return self._acquire(key)[0]
+
+    def _acquire(self, key: ChunkKey) -> tuple[Lease | None, bool]:
+        """(lease, settled): ``settled`` is False when the tiers were not (all) asked."""
+        self._check_open()
+        started = time.perf_counter()
+        lease = self.host.acquire(key)
+        if lease is not None and self.verify and self._checked(key, lease.view) is None:
+            self.host.release(lease)
+            lease = None
+        if lease is not None:
+            self._count_host(1, 0, started, len(lease.view))
+            return lease, True
+        self._count_host(0, 1, started, 0)
+        if not self.promote:
+            return None, False
+        for tier in self.tiers:
+            if not tier.up:
+                tier.count_reads(0, 1)
+                continue
+            promoted = self._promoter.promote_from(tier, key)
+            if promoted is NO_ROOM:
+                return None, False
+            if isinstance(promoted, Lease):
+                return promoted, True
+        return None, True
+
+    def _load_from_tiers(self, key: ChunkKey, buffer: Buffer) -> int | None:
+        """Without promotion: the first tier's copy straight into ``buffer``.
+
+        ``buffer`` is the caller's and is reused as soon as we return, so a
+        tier with a timeout (whose call may outlive the wait) reads into
+        private memory that is copied over; only an inline call (no timeout)
+        gets ``buffer`` itself.
+        """
+        for tier in self.tiers:
+            if not tier.up:
+                tier.count_reads(0, 1)
+                continue
+            started = time.perf_counter()
+            try:
+                if tier.timeout is None and isinstance(tier.store, SupportsGetInto):
+                    size = tier.call("get", tier.store.get_into, key, buffer)
+                else:
+                    data = tier.call("get", tier.store.get, key)
+                    size = None if data is None else _copy(buffer, data)
+            except TierUnavailable:
+                size = None
+            if size is None:
+                tier.count_reads(0, 1)
+                continue
+            tier.instruments.record_read(size, time.perf_counter() - started)
+            tier.count_reads(1, 0)
+            return size
+        return None
+
+    def release(self, lease: Lease) -> None:
+        """Unpin a lease from :meth:`acquire`; idempotent."""
+        self.host.release(lease)
+
+    def _count_host(self, hits: int, misses: int, started: float, nbytes: int) -> None:
+        instruments = self._host_metrics
+        if hits:
+            instruments.hits.inc(hits)
+            instruments.record_read(nbytes, time.perf_counter() - started)
+        if misses:
+            instruments.misses.inc(misses)
+
+    # --- presence -------------------------------------------------------------------------
+
+    def exists_many(self, keys: Sequence[ChunkKey]) -> list[bool]:
+        self._check_open()
+        started = time.perf_counter()
+        present = self.host.exists_many(keys)
+        self._host_metrics.lookup_latency.observe(time.perf_counter() - started)
+        missing = [i for i, hit in enumerate(present) if not hit]
+        for tier in self.tiers:
+            if not missing or not tier.up:
+                continue
+            started = time.perf_counter()
+            try:
+                found = tier.call("exists", tier.store.exists_many, [keys[i] for i in missing])
+            except TierUnavailable:
+                continue
+            tier.instruments.lookup_latency.observe(time.perf_counter() - started)
+            for i, hit in zip(missing, found):
+                present[i] = hit
+            missing = [i for i in missing if not present[i]]
+        return present
+
+    def lookup_prefix(self, keys: Sequence[ChunkKey]) -> int:
+        """Leading keys present in any tier: host first, then each tier from where it stopped.
+
+        The host is asked again after every tier that made progress: a chunk can be in
+        host memory only (its write-back still queued) while older ones were already
+        evicted to the tiers, so the prefix may alternate between host and tiers.
+        """
+        self._check_open()
+        position = self._host_prefix(keys, 0)
+        progress = True
+        while position < len(keys) and progress:
+            progress = False
+            for tier in self.tiers:
+                if position == len(keys) or not tier.up:
+                    continue
+                found = tier.lookup_prefix(keys[position:])
+                if found:
+                    position += found
+                    position = self._host_prefix(keys, position)
+                    progress = True
+        return position
+
+    def _host_prefix(self, keys: Sequence[ChunkKey], position: int) -> int:
+        """``position`` extended by the keys that follow it in host memory."""
+        if position >= len(keys):
+            return position
+        started = time.perf_counter()
+        found = self.host.lookup_prefix(keys[position:])
+        self._host_metrics.lookup_latency.observe(time.perf_counter() - started)
+        return position + found
+
+    # --- background lookups and prefetch -------------------------------------------------
+
+    def lookup_prefix_async(self, keys: Sequence[ChunkKey]) -> Future[int]:
+        """:meth:`lookup_prefix` on a background thread; the future never fails (0 at worst).
+
+        For a scheduler that must not wait for a slow tier: poll ``done()``
+        and ask again at its next step.
+        """
+        return self._prefetcher.lookup_prefix_async(keys)
+
+    def prefetch(self, keys: Sequence[ChunkKey]) -> Future[list[str]]:
+        """Bring the leading present ``keys`` into host memory, on a background thread.
+
+        The future resolves to one entry per key from the first on, saying
+        where it is now in host memory from: ``"host"`` (was there already) or
+        the ``kind`` of the tier it was read from (``"fs"``, ``"s3"``, ``"peer"``,
+        ...). It stops at the first key that no tier has or that could not be
+        brought in (tier error or timeout, corrupt chunk, host memory full of
+        pinned chunks), so ``len(result)`` is the usable prefix. It never
+        raises. The prefix is pinned while it is gathered (a later chunk never
+        evicts an earlier one) and unpinned when the future resolves: acquire
+        the chunks before relying on them.
+        """
+        return self._prefetcher.prefetch(keys)
+
+    # --- admin ----------------------------------------------------------------------------
+
+    def delete_many(self, keys: Sequence[ChunkKey]) -> int:
+        self._check_open()
+        # A queued write-back would resurrect the chunk after we delete it. Withdraw those
+        # instead of waiting for the queue (a stalled tier would stall the caller, and the
+        # quarantine of a corrupt host chunk runs on the read path); one being written now is
+        # undone by the drain thread when it ends.
+        self._writer.withdraw(keys)
+        present = self.exists_many(keys)
+        self.host.delete_many(keys)
+        for tier in self.tiers:
+            try:
+                tier.call("delete", tier.store.delete_many, keys)
+            except TierUnavailable:
+                continue
+        return sum(present)
+
+    def list(self, namespace: str | None = None) -> Iterator[ChunkInfo]:
+        seen: set[ChunkKey] = set()
+        for info in self.host.list(namespace):
+            seen.add(info.key)
+            yield info
+        for tier in self.tiers:
+            if not tier.store.supports_listing:
+                continue
+            try:
+                listed = tier.call("list", lambda s=tier.store: list(s.list(namespace)))
+            except TierUnavailable:
+                continue
+            for info in listed:
+                if info.key not in seen:
+                    seen.add(info.key)
+                    yield info
+
+    @property
+    def supports_listing(self) -> bool:
+        """Listing covers host memory and every tier that can list."""
+        return all(t.store.supports_listing for t in self.tiers)
+
+    @property
+    def high_latency(self) -> bool:
+        """Never: the host index answers first and each tier picks its own strategy."""
+        return False
+
+    def close(self) -> None:
+        """Flush pending write-backs, stop the drain thread, close host memory (and tiers)."""
+        if self._closed:
+            return
+        self._closed = True
+        # Background jobs see the store closed at their next step and resolve with what they have.
+        self._prefetcher.close()
+        self._writer.close()
+        for tier in self.tiers:
+            tier.close()
+            if self.close_tiers:
+                try:
+                    tier.store.close()
+                except Exception:  # noqa: BLE001 - closing must not stop closing the rest
+                    log.exception("closing tier %s failed", tier.name)
+        self.host.close()
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise ConfigError(f"tiered store {self.name!r} is closed")
+
+    def __repr__(self) -> str:
+        names = ", ".join([self.host.name, *(t.name for t in self.tiers)])
+        return f"TieredStore({names}; write_tiers={self.write_tiers!r})"
+
+
+def _copy(buffer: Buffer, data: bytes | memoryview) -> int:
+    target = memoryview(buffer).cast("B")
+    if len(target) < len(data):
+        raise ConfigError(
+            f"buffer of {len(target)} bytes is too small for a {len(data)}-byte chunk"
+        )
+    target[: len(data)] = data
+    return len(data)

@@ -1,0 +1,267 @@
+"""Writes from host memory to a tiered store's secondary tiers.
+
+Write-behind: a chunk committed to host memory is queued, still pinned in its
+slot, and the drain thread of a :class:`~chunkstore.cache._writeback.WriteBehindQueue`
+writes it to the target tiers in batches, reading the slots in place. A full
+queue drops the write (counted per tier as ``queue_full`` and logged with
+the key) rather than block the caller or grow memory.
+
+Write-through: a chunk host memory cannot take is written to the target tiers
+at once (:meth:`TierWriter.write_through`).
+
+A write that times out may still be reading its memory: a write-back batch
+stays pinned until every such call has ended, and a write-through hands the
+tiers a private copy.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+
+from chunkstore.backends.base import Buffer
+from chunkstore.cache._guard import GuardedTier, TierUnavailable
+from chunkstore.cache._host import HostCache
+from chunkstore.cache._lease import Lease
+from chunkstore.cache._writeback import WriteBehindQueue
+from chunkstore.hashing import ChunkKey
+
+log = logging.getLogger(__name__)
+
+RECENT_DROPS = 100
+"""How many dropped keys :meth:`TierWriter.dropped_keys` remembers."""
+DROP_LOG_INTERVAL = 10.0
+"""Seconds between two warnings about dropped writes (the ones between are counted)."""
+
+
+class TierWriter:
+    """Writes chunks of ``host`` to ``targets``: queued behind the caller, or at once.
+
+    With no targets nothing is queued (a queued lease is released at once).
+    ``name`` is the owning store's, for thread names and log lines.
+    """
+
+    def __init__(
+        self,
+        host: HostCache,
+        targets: Sequence[GuardedTier],
+        *,
+        queue_size: int,
+        write_batch: int,
+        name: str,
+    ) -> None:
+        self._host = host
+        self._targets = tuple(targets)
+        self._name = name
+        self.capacity = queue_size if self._targets else 0
+        """Most chunks that may wait (0 without targets)."""
+        self._queue: WriteBehindQueue[Lease] | None = (
+            WriteBehindQueue(
+                self._write_back,
+                capacity=queue_size,
+                batch_size=write_batch,
+                name=f"chunkstore-writeback-{name}",
+                undo=self._undo_writes,
+            )
+            if self._targets
+            else None
+        )
+        self._lock = threading.Lock()
+        self._recent_drops: deque[ChunkKey] = deque(maxlen=RECENT_DROPS)
+        self._drops_unreported = 0
+        self._last_drop_log = float("-inf")
+
+    # --- reporting ------------------------------------------------------------------------
+
+    @property
+    def depth(self) -> int:
+        """Chunks waiting (not counting the batch being written)."""
+        return self._queue.depth if self._queue else 0
+
+    @property
+    def pending(self) -> int:
+        """Chunks waiting or being written."""
+        return self._queue.pending if self._queue else 0
+
+    def dropped_keys(self) -> list[ChunkKey]:
+        """The most recent chunks whose write-back was dropped, oldest first."""
+        with self._lock:
+            return list(self._recent_drops)
+
+    # --- write-behind ---------------------------------------------------------------------
+
+    def enqueue(self, lease: Lease) -> None:
+        """Queue the chunk under ``lease`` (a pinned read lease) for write-back; takes it over."""
+        if self._queue is None:
+            self._host.release(lease)
+            return
+        if self._queue.offer(lease):
+            return
+        self._host.release(lease)
+        for tier in self._targets:
+            tier.count_drop("queue_full")
+        self._report_drop(lease.key, "write-behind queue full")
+
+    def withdraw(self, keys: Sequence[ChunkKey]) -> None:
+        """Take back the queued write-backs of ``keys`` without waiting for the queue.
+
+        A write-back of one of them already under way is undone (the keys
+        deleted again from the targets) when it ends.
+        """
+        if self._queue is None:
+            return
+        wanted = set(keys)
+        for lease in self._queue.withdraw(lambda lease: lease.key in wanted):
+            self._host.release(lease)
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until every queued write-back is done; False if ``timeout`` passed first."""
+        return self._queue.flush(timeout) if self._queue else True
+
+    def close(self) -> None:
+        """Write what is queued and stop the drain thread."""
+        if self._queue is not None:
+            for lease in self._queue.close():
+                self._host.release(lease)
+
+    def _write_back(self, batch: list[Lease]) -> None:
+        """Drain-thread side: write a batch to the target tiers, then unpin it.
+
+        The tiers read the slots in place (no copy on the common path). A write
+        that times out may still be reading them, so the batch stays pinned
+        until every such call has ended: the slots cannot be reused and their
+        bytes stored under these keys.
+        """
+
+        def release_batch() -> None:
+            for lease in batch:
+                self._host.release(lease)
+
+        holds = _Holds(release_batch)
+        try:
+            items = [(lease.key, lease.view) for lease in batch]
+            nbytes = sum(len(lease.view) for lease in batch)
+            for tier in self._targets:
+                self._write_to(tier, items, nbytes, holds=holds)
+        finally:
+            holds.done()
+
+    def _undo_writes(self, batch: list[Lease]) -> None:
+        """Drain-thread side: keys deleted while their write-back was under way."""
+        keys = list(dict.fromkeys(lease.key for lease in batch))
+        for tier in self._targets:
+            try:
+                tier.call("delete", tier.store.delete_many, keys)
+            except TierUnavailable:
+                continue
+
+    # --- write-through --------------------------------------------------------------------
+
+    def write_through(self, key: ChunkKey, data: Buffer, *, if_absent: bool) -> bool:
+        """Host memory could not take the chunk: write it to the target tiers now."""
+        view: Buffer = memoryview(data).cast("B")
+        if any(tier.timeout is not None for tier in self._targets):
+            # A call that times out goes on reading its input after we return, while the
+            # caller may reuse its buffer: hand the tiers a private copy (slow path only).
+            view = bytes(view)
+        results = [
+            self._write_to(tier, [(key, view)], len(view), if_absent=if_absent)
+            for tier in self._targets
+        ]
+        return any(results)
+
+    def supersede(self, key: ChunkKey) -> None:
+        """Before writing ``key`` around host memory: drop the older copy host memory may
+        still hold (its slot pinned for write-back, so it could not be replaced), take back
+        its queued write-back and let one under way end first; otherwise reads, and later
+        the tiers, would go back to the older bytes."""
+        self._host.delete_many([key])
+        if self._queue is None:
+            return
+        known = [t.timeout for t in self._targets if t.timeout is not None]
+        bound = max(known) if known and len(known) == len(self._targets) else None
+        for lease in self._queue.supersede(lambda lease: lease.key == key, bound):
+            self._host.release(lease)
+
+    # --- both -----------------------------------------------------------------------------
+
+    def _write_to(
+        self,
+        tier: GuardedTier,
+        items: list[tuple[ChunkKey, Buffer]],
+        nbytes: int,
+        *,
+        if_absent: bool = False,
+        holds: _Holds | None = None,
+    ) -> bool:
+        """Write ``items`` to ``tier``; ``holds`` keeps their memory alive past a timeout.
+
+        Without ``holds`` the buffers must be private to this write (a timed-out
+        call may read them later).
+        """
+        if not tier.writable:  # a full or read-only tier still serves reads
+            tier.count_drop("tier_down", len(items))
+            for key, _ in items:
+                self._report_drop(key, f"tier {tier.name} is down")
+            return False
+        started = time.perf_counter()
+        try:
+            write = tier.store.put_if_absent_many if if_absent else tier.store.put_many
+            written = tier.call("put", write, items)
+        except TierUnavailable as exc:
+            if holds is not None:
+                holds.until_settled(exc)
+            tier.count_drop("tier_error", len(items))
+            for key, _ in items:
+                self._report_drop(key, f"write to {tier.name} failed")
+            return False
+        tier.instruments.record_write(nbytes, time.perf_counter() - started)
+        tier.count_writes(sum(1 for ok in written if ok))
+        return any(written)
+
+    def _report_drop(self, key: ChunkKey, why: str) -> None:
+        now = time.monotonic()
+        with self._lock:
+            self._recent_drops.append(key)
+            self._drops_unreported += 1
+            if now - self._last_drop_log < DROP_LOG_INTERVAL:
+                return
+            count, self._drops_unreported = self._drops_unreported, 0
+            self._last_drop_log = now
+        log.warning(
+            "%s: dropped write-back of %s (%s); %d dropped since the last report",
+            self._name,
+            key.hex,
+            why,
+            count,
+        )
+
+
+class _Holds:
+    """Releases a write-back batch once the drain thread and every abandoned write are done."""
+
+    __slots__ = ("_count", "_lock", "_release")
+
+    def __init__(self, release: Callable[[], None]) -> None:
+        self._count = 1
+        self._lock = threading.Lock()
+        self._release = release
+
+    def until_settled(self, failure: TierUnavailable) -> None:
+        """Keep the batch until the call behind ``failure`` has ended (if it still runs)."""
+        if failure.pending is None:
+            return
+        with self._lock:
+            self._count += 1
+        failure.when_settled(self.done)
+
+    def done(self) -> None:
+        """One holder fewer; the last one releases."""
+        with self._lock:
+            self._count -= 1
+            last = self._count == 0
+        if last:
+            self._release()

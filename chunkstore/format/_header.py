@@ -1,0 +1,698 @@
+"""The chunk header: a safetensors JSON header whose ``__metadata__`` carries chunkstore fields.
+
+Writing goes through a :class:`HeaderTemplate`: every field of an uncompressed
+chunk has a fixed width (hex digests, 8 hex digits per token), so one template
+per spec is rendered by overwriting byte ranges, without JSON encoding per chunk.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import struct
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from chunkstore.errors import (
+    BadMagic,
+    FormatError,
+    HeaderTooLarge,
+    LayoutError,
+    MalformedHeader,
+    TruncatedChunk,
+    UnknownCompression,
+    UnknownDType,
+    UnsupportedFeature,
+    UnsupportedVersion,
+)
+from chunkstore.format._dtypes import dtype_named, is_known_dtype
+
+FORMAT_VERSION = "1.0"
+"""The version this library writes."""
+READABLE_MAJORS = frozenset({1})
+"""Major versions this library reads (any minor: minors only add optional fields)."""
+_METADATA_OPEN = b'{"__metadata__":{'
+MAGIC = _METADATA_OPEN + b'"chunkstore":"'
+"""Bytes 8.. of every chunk: the header must open with the chunkstore version field."""
+MAX_HEADER_BYTES = 16 * 1024 * 1024
+"""Readers refuse headers announced larger than this (a damaged length prefix)."""
+CHECKSUM_ALGORITHM = "xxh3-128"
+MAC_ALGORITHM = "blake3-keyed"
+COMPRESSIONS = ("none", "zstd")
+
+KNOWN_MINOR = 0
+"""Highest minor version of a readable major this reader knows all additions of."""
+MAX_DECIMAL_DIGITS = 18
+"""Integers (decimal strings and JSON numbers) have at most 18 digits: below 2**63."""
+
+_HEX_DIGITS = b"0123456789abcdef"
+_VERSION = re.compile(rb"(0|[1-9][0-9]{0,8})\.(0|[1-9][0-9]{0,8})")
+_MAX_VERSION_CHARS = 19
+_DECIMAL = re.compile(rf"0|[1-9][0-9]{{0,{MAX_DECIMAL_DIGITS - 1}}}", re.ASCII)
+_MAX_INT = 10**MAX_DECIMAL_DIGITS
+_LEN = struct.Struct("<Q")
+_STRUCTURE_BYTES = b"{}[],:0123456789"
+_STRING_BYTES = bytes(b for b in range(0x20, 0x7F) if b not in b'"\\')
+_TENSOR_MEMBERS = {"dtype", "shape", "data_offsets"}
+_TENSOR_NAME = re.compile(r"layers\.(0|[1-9][0-9]{0,8})\.([a-z_]+)", re.ASCII)
+_ROLE_RANKS = {"k": 3, "v": 3, "latent": 2, "state": 0}
+"""Tensor roles of this version and the rank of their shape (0: any rank >= 1)."""
+_TOKENS_AXIS = {"k": 1, "v": 1, "latent": 0}
+"""Which axis of a role's shape is the chunk's tokens (C)."""
+_META_FIELDS = frozenset(
+    {
+        "chunkstore",
+        "fingerprint",
+        "namespace",
+        "key",
+        "parent",
+        "tokens",
+        "compression",
+        "payload_size",
+        "stored_size",
+        "mac",
+        "checksum",
+    }
+)
+
+
+def _meta_fields(
+    *,
+    version: str,
+    fingerprint: str,
+    namespace: str,
+    key: str,
+    parent: str,
+    tokens: str,
+    compression: str,
+    payload_size: int,
+    stored_size: int,
+    mac: str | None,
+    checksum: str,
+) -> list[tuple[str, str]]:
+    fields = [
+        ("chunkstore", version),
+        ("fingerprint", fingerprint),
+        ("namespace", namespace),
+        ("key", key),
+        ("parent", parent),
+        ("tokens", tokens),
+        ("compression", compression),
+        ("payload_size", str(payload_size)),
+        ("stored_size", str(stored_size)),
+    ]
+    if mac is not None:
+        fields.append(("mac", f"{MAC_ALGORITHM}:{mac}"))
+    fields.append(("checksum", f"{CHECKSUM_ALGORITHM}:{checksum}"))
+    return fields
+
+
+def render_header(
+    meta: Sequence[tuple[str, str]],
+    tensors: Sequence[tuple[str, str, tuple[int, ...], int, int]],
+    alignment: int,
+) -> bytes:
+    """Length prefix + compact JSON header, space-padded so the payload starts aligned."""
+    parts = ['{"__metadata__":{']
+    parts.append(",".join(f"{json.dumps(k)}:{json.dumps(v)}" for k, v in meta))
+    parts.append("}")
+    for name, dtype, shape, offset, nbytes in tensors:
+        shape_text = ",".join(str(d) for d in shape)
+        parts.append(
+            f',{json.dumps(name)}:{{"dtype":"{dtype}","shape":[{shape_text}],'
+            f'"data_offsets":[{offset},{offset + nbytes}]}}'
+        )
+    parts.append("}")
+    body = "".join(parts).encode()
+    total = 8 + len(body)
+    padded = -(-total // alignment) * alignment
+    body += b" " * (padded - total)
+    return _LEN.pack(len(body)) + body
+
+
+@dataclass(frozen=True, slots=True)
+class HeaderTemplate:
+    """A rendered header with placeholder values and the byte position of each variable field."""
+
+    raw: bytes
+    """Length prefix and header, placeholders zeroed."""
+    positions: dict[str, tuple[int, int]]
+    """Field name -> (start, stop) of its variable value inside :attr:`raw`."""
+    entries: tuple[TensorEntry, ...]
+    """The tensor table this header declares, in payload order."""
+    payload_size: int
+    """Payload bytes."""
+
+    @property
+    def data_offset(self) -> int:
+        """Where the payload starts (a multiple of the alignment)."""
+        return len(self.raw)
+
+    @classmethod
+    def build(
+        cls,
+        *,
+        dtype: str,
+        chunk_tokens: int,
+        tensors: Sequence[tuple[str, tuple[int, ...], int, int]],
+        payload_size: int,
+        authenticated: bool,
+        alignment: int,
+        remember: bool = True,
+    ) -> HeaderTemplate:
+        """Render the header of an uncompressed chunk with zeroed digests and tokens.
+
+        ``remember``: let :func:`parse_header` read headers of this shape by position."""
+        widths = {
+            "fingerprint": 64,
+            "namespace": 16,
+            "key": 64,
+            "parent": 64,
+            "tokens": 8 * chunk_tokens,
+            "mac": 64,
+            "checksum": 32,
+        }
+        meta = _meta_fields(
+            version=FORMAT_VERSION,
+            fingerprint="0" * 64,
+            namespace="0" * 16,
+            key="0" * 64,
+            parent="0" * 64,
+            tokens="0" * widths["tokens"],
+            compression="none",
+            payload_size=payload_size,
+            stored_size=payload_size,
+            mac="0" * 64 if authenticated else None,
+            checksum="0" * 32,
+        )
+        raw = render_header(meta, [(n, dtype, s, o, b) for n, s, o, b in tensors], alignment)
+        positions: dict[str, tuple[int, int]] = {}
+        for name, width in widths.items():
+            if name == "mac" and not authenticated:
+                continue
+            marker = f'"{name}":"'.encode()
+            if name == "mac":
+                marker += f"{MAC_ALGORITHM}:".encode()
+            elif name == "checksum":
+                marker += f"{CHECKSUM_ALGORITHM}:".encode()
+            start = raw.index(marker) + len(marker)
+            positions[name] = (start, start + width)
+        entries = tuple(TensorEntry(n, dtype, tuple(s), o, b) for n, s, o, b in tensors)
+        template = cls(raw, positions, entries, payload_size)
+        if remember:
+            _remember(template)
+        return template
+
+
+# Templates of the layouts this process has built, by header length, each with its fixed byte
+# ranges (everything between its variable fields). Decoding a chunk whose fixed bytes equal a
+# known template skips JSON parsing: the fields are read at known positions. Anything else
+# takes the general JSON path, so foreign writers still work.
+_KNOWN_TEMPLATES: dict[int, list[tuple[HeaderTemplate, tuple[tuple[int, int], ...]]]] = {}
+_MAX_TEMPLATES_PER_LENGTH = 8
+
+
+def _remember(template: HeaderTemplate) -> None:
+    bucket = _KNOWN_TEMPLATES.setdefault(len(template.raw), [])
+    if all(known != template for known, _ in bucket):
+        bucket.insert(0, (template, _fixed_spans(template)))
+        del bucket[_MAX_TEMPLATES_PER_LENGTH:]
+
+
+_UNLEARNABLE: set[tuple[int, tuple[TensorEntry, ...], bool, int]] = set()
+"""Header shapes :func:`_learn` found this library renders differently (bounded)."""
+_MAX_UNLEARNABLE = 64
+
+
+def _fixed_spans(template: HeaderTemplate) -> tuple[tuple[int, int], ...]:
+    spans = []
+    cursor = 0
+    for start, stop in sorted(template.positions.values()):
+        spans.append((cursor, start))
+        cursor = stop
+    spans.append((cursor, len(template.raw)))
+    return tuple((start, stop) for start, stop in spans if stop > start)
+
+
+def _learn(raw: bytes, header: ChunkHeader) -> None:
+    """Remember the template of a header the JSON parser accepted, if this library renders
+    headers of its shape byte for byte the same (a reader process that never built the
+    layout still parses each later chunk of it by position).
+
+    Safe for every later input: one that matches the template's fixed bytes differs from
+    ``raw`` only inside the fixed-width hex fields, which both parsers check alike, so the
+    JSON parser would accept it and return the same fields.
+    """
+    from chunkstore.format._layout import ALIGNMENT  # layout builds on this module
+
+    dtypes = {entry.dtype for entry in header.tensors}
+    if header.compression != "none" or header.version != FORMAT_VERSION or len(dtypes) != 1:
+        return
+    shape = (len(raw), header.tensors, header.mac is not None, len(header.token_bytes))
+    if shape in _UNLEARNABLE:
+        return  # a foreign writer's header: not rendered again for every chunk
+    template = HeaderTemplate.build(
+        dtype=dtypes.pop(),
+        chunk_tokens=len(header.token_bytes) // 4,
+        tensors=[(e.name, e.shape, e.offset, e.nbytes) for e in header.tensors],
+        payload_size=header.payload_size,
+        authenticated=header.mac is not None,
+        alignment=ALIGNMENT,
+        remember=False,
+    )
+    skeleton = bytearray(raw)
+    if len(template.raw) == len(raw):
+        for start, stop in template.positions.values():
+            skeleton[start:stop] = b"0" * (stop - start)
+    if skeleton == template.raw:
+        _remember(template)
+        return
+    if len(_UNLEARNABLE) >= _MAX_UNLEARNABLE:
+        _UNLEARNABLE.clear()
+    _UNLEARNABLE.add(shape)
+
+
+def is_lower_hex(text: bytes) -> bool:
+    """Whether ``text`` holds lower-case hex digits only (the empty string does)."""
+    return not text.translate(None, _HEX_DIGITS)
+
+
+def _parse_known(raw: bytes) -> ChunkHeader | None:
+    """Parse ``raw`` by position if its fixed bytes match a known template, else None.
+
+    Only the fixed ranges are compared (no copy of the header), and the variable fields
+    are checked with one C-level pass each: this runs once per chunk read.
+    """
+    for template, spans in _KNOWN_TEMPLATES.get(len(raw), ()):
+        fixed = template.raw
+        if any(raw[a:b] != fixed[a:b] for a, b in spans):
+            continue
+        values: dict[str, bytes] = {}
+        for name, (start, stop) in template.positions.items():
+            text = raw[start:stop]
+            if not is_lower_hex(text):
+                raise MalformedHeader(f"header field {name!r} must be lower-case hex digits")
+            values[name] = bytes.fromhex(text.decode())
+        tokens = values["tokens"]
+        return ChunkHeader(
+            version=FORMAT_VERSION,
+            fingerprint=values["fingerprint"],
+            namespace=values["namespace"].hex(),
+            key=values["key"],
+            parent=values["parent"],
+            token_bytes=tokens,
+            compression="none",
+            payload_size=template.payload_size,
+            stored_size=template.payload_size,
+            checksum=values["checksum"],
+            mac=values.get("mac"),
+            tensors=template.entries,
+            data_offset=len(raw),
+            checksum_span=template.positions["checksum"],
+            mac_span=template.positions.get("mac"),
+        )
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class TensorEntry:
+    """One tensor as the header describes it."""
+
+    name: str
+    """Tensor name."""
+    dtype: str
+    """safetensors dtype string."""
+    shape: tuple[int, ...]
+    """Shape."""
+    offset: int
+    """Start inside the (uncompressed) payload."""
+    nbytes: int
+    """Size in bytes."""
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkHeader:
+    """Everything a chunk header says, validated."""
+
+    version: str
+    """Format version the writer emitted (``"1.0"``)."""
+    fingerprint: bytes
+    """32-byte model/KV fingerprint."""
+    namespace: str
+    """16 hex digits: storage namespace."""
+    key: bytes
+    """32-byte chunk key digest."""
+    parent: bytes
+    """32-byte parent digest (the namespace root for a conversation's first chunk)."""
+    token_bytes: bytes
+    """Token ids the chunk covers, as little-endian uint32 bytes (what the key hashes)."""
+    compression: str
+    """``none`` or ``zstd``."""
+    payload_size: int
+    """Uncompressed payload bytes."""
+    stored_size: int
+    """Payload bytes as stored (equal to payload_size when uncompressed)."""
+    checksum: bytes
+    """16-byte xxh3-128 over header (checksum zeroed) and stored payload."""
+    mac: bytes | None
+    """32-byte keyed BLAKE3 MAC, if the writer authenticated the chunk."""
+    tensors: tuple[TensorEntry, ...]
+    """Tensor table in payload order."""
+    data_offset: int
+    """Byte offset of the payload in the file."""
+    checksum_span: tuple[int, int]
+    """Where the checksum hex lies in the file (zeroed when hashing)."""
+    mac_span: tuple[int, int] | None
+    """Where the MAC hex lies in the file (zeroed when computing the MAC)."""
+
+    @property
+    def tokens(self) -> tuple[int, ...]:
+        """Token ids the chunk covers."""
+        return struct.unpack(f"<{len(self.token_bytes) // 4}I", self.token_bytes)
+
+
+def _hex_field(meta: dict[str, Any], name: str, width: int, prefix: str = "") -> bytes:
+    value = meta.get(name)
+    if not isinstance(value, str) or not value.startswith(prefix):
+        raise MalformedHeader(f"header field {name!r} missing or not a {prefix or 'hex'} string")
+    text = value[len(prefix) :]
+    if len(text) != width or not is_lower_hex(text.encode()):
+        raise MalformedHeader(f"header field {name!r} must be {width} lower-case hex digits")
+    return bytes.fromhex(text)
+
+
+def _int_field(meta: dict[str, Any], name: str) -> int:
+    value = meta.get(name)
+    if not isinstance(value, str) or not _DECIMAL.fullmatch(value):
+        raise MalformedHeader(
+            f"header field {name!r} must be a decimal string without leading zeros "
+            f"(at most {MAX_DECIMAL_DIGITS} digits)"
+        )
+    return int(value)
+
+
+def _span(raw: bytes, marker: bytes, width: int) -> tuple[int, int]:
+    first = raw.find(marker)
+    if first < 0 or raw.rfind(marker) != first:
+        raise MalformedHeader(f"header must hold {marker.decode()!r} exactly once")
+    start = first + len(marker)
+    return start, start + width
+
+
+def _version_of(data: memoryview) -> tuple[str, int, int]:
+    """The version string right after the magic, and its major and minor numbers.
+
+    Read from fixed bytes before anything else is checked: every major version keeps the
+    length prefix, the magic and the version there, so a chunk of an unknown major is
+    recognised as such (unsupported, not damaged) whatever else a later major changes.
+    """
+    start = 8 + len(MAGIC)
+    window = bytes(data[start : start + _MAX_VERSION_CHARS + 1])
+    end = window.find(b'"')
+    if end < 0:
+        if len(window) <= _MAX_VERSION_CHARS:
+            raise TruncatedChunk(f"chunk is {len(data)} bytes, shorter than its header")
+        raise MalformedHeader("format version is not a short quoted string")
+    text = window[:end]
+    match = _VERSION.fullmatch(text)
+    if match is None:
+        raise MalformedHeader(f"bad format version {text.decode('ascii', 'replace')!r}")
+    major, minor = int(match.group(1)), int(match.group(2))
+    if major not in READABLE_MAJORS:
+        raise UnsupportedVersion(
+            f"chunk format version {text.decode()} is not supported (this reader knows major "
+            f"{', '.join(str(m) for m in sorted(READABLE_MAJORS))}); upgrade chunkstore"
+        )
+    return text.decode(), major, minor
+
+
+def _unique_members(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``json.loads`` object hook: a member name twice in one object is a defect (section 3.1)."""
+    document: dict[str, Any] = {}
+    for name, value in pairs:
+        if name in document:
+            raise MalformedHeader(f"header JSON has the member {name!r} twice in one object")
+        document[name] = value
+    return document
+
+
+def _json_object(text: bytes) -> dict[str, Any]:
+    try:
+        document = json.loads(text, object_pairs_hook=_unique_members)
+    except ValueError as exc:  # json.JSONDecodeError is a ValueError
+        raise MalformedHeader(f"header is not valid JSON: {exc}") from None
+    if not isinstance(document, dict):
+        raise MalformedHeader("header is not a JSON object")
+    return document
+
+
+def _split_document(body: bytes) -> tuple[dict[str, Any], bytes]:
+    """Check header bytes (JSON text, then padding) against the lexical rules of section 3.1
+    and split them: the parsed ``__metadata__`` object, and the tensor members' text.
+
+    Strings hold printable ASCII other than ``"`` and ``\\`` (so no escapes), everything
+    between strings is one of ``{}[],:`` or a digit (compact JSON, integers only), and the
+    padding after the closing brace is spaces only. With these rules a string's bytes are
+    its value, which is what lets every reader find the checksum digits by byte search,
+    and ``__metadata__`` (strings only) ends at the first ``}`` outside a string.
+    """
+    text = body.rstrip(b" ")
+    if not text.startswith(MAGIC):
+        raise MalformedHeader("header_len ends the header inside its first field")
+    if not text.endswith(b"}"):
+        raise MalformedHeader("header must be one JSON object followed by 0x20 padding only")
+    parts = text.split(b'"')
+    if len(parts) % 2 == 0:
+        raise MalformedHeader("header JSON has an unterminated string")
+    if b"".join(parts[0::2]).translate(None, _STRUCTURE_BYTES):
+        raise MalformedHeader(
+            "header JSON must be compact: no whitespace (padding is 0x20 after the object), "
+            "no literals other than strings and non-negative integers"
+        )
+    if b"".join(parts[1::2]).translate(None, _STRING_BYTES):
+        raise MalformedHeader("header strings must be printable ASCII with no escapes")
+    offset = 0
+    for index in range(2, len(parts), 2):
+        offset += len(parts[index - 2]) + len(parts[index - 1]) + 2
+        close = parts[index].find(b"}")
+        if close >= 0:
+            meta_end = offset + close + 1
+            break
+    else:
+        raise MalformedHeader("header JSON has no complete __metadata__ object")
+    meta = _json_object(text[len(_METADATA_OPEN) - 1 : meta_end])
+    rest = text[meta_end:]
+    if not rest.startswith(b","):
+        raise MalformedHeader("header declares no tensors after __metadata__")
+    return meta, rest[1:]
+
+
+# Validated tensor tables by their exact header text: every chunk of one KV description
+# shares its table, so a reader that sees many chunks of a few models (verify, a cold
+# tier of zstd chunks) parses each table once. Only tables that passed are kept.
+_KNOWN_TABLES: dict[bytes, tuple[tuple[TensorEntry, ...], int | None]] = {}
+_MAX_KNOWN_TABLES = 64
+_MAX_KNOWN_TABLE_BYTES = 256 * 1024
+
+
+def _tensor_table(text: bytes, newer: bool) -> tuple[tuple[TensorEntry, ...], int | None]:
+    """The tensor members' text (``"name":{...},...}``) validated; see :func:`_tensor_entries`."""
+    known = _KNOWN_TABLES.get(text)
+    if known is not None:
+        return known
+    entries, chunk_tokens = _tensor_entries(_json_object(b"{" + text), newer)
+    table = (tuple(entries), chunk_tokens)
+    if len(text) > _MAX_KNOWN_TABLE_BYTES:
+        return table  # bounds the cache's memory whatever a store holds
+    if len(_KNOWN_TABLES) >= _MAX_KNOWN_TABLES:
+        del _KNOWN_TABLES[next(iter(_KNOWN_TABLES))]
+    _KNOWN_TABLES[text] = table
+    return table
+
+
+def _unknown(newer: bool, error: type[UnsupportedVersion], what: str) -> FormatError:
+    """Something the reader does not know: unsupported in a newer minor, else malformed."""
+    if newer:
+        return error(f"{what} (added by a newer minor version; upgrade chunkstore)")
+    return MalformedHeader(f"{what} (not defined in this format version)")
+
+
+def _tensor_entries(tensors: dict[str, Any], newer: bool) -> tuple[list[TensorEntry], int | None]:
+    """Validate the tensor table (section 3.2); also return C as the shapes imply it."""
+    entries: list[TensorEntry] = []
+    chunk_tokens: int | None = None
+    dtype_seen: str | None = None
+    layers_seen: set[str] = set()
+    pending_k: TensorEntry | None = None
+    cursor = 0
+    # Unknown dtypes and roles first (spec section 3.4, group 6), so that a chunk of a newer
+    # minor is classified unsupported whatever else its table holds.
+    for name, entry in tensors.items():
+        dtype = entry.get("dtype") if isinstance(entry, dict) else None
+        if isinstance(dtype, str) and not is_known_dtype(dtype):
+            raise _unknown(newer, UnknownDType, f"tensor {name!r} has unknown dtype {dtype!r}")
+        match = _TENSOR_NAME.fullmatch(name)
+        if match is not None and match.group(2) not in _ROLE_RANKS:
+            raise _unknown(newer, UnsupportedFeature, f"tensor {name!r} has unknown role")
+    for name, entry in tensors.items():
+        if not isinstance(entry, dict) or entry.keys() != _TENSOR_MEMBERS:
+            raise MalformedHeader(
+                f"tensor {name!r} must be an object of exactly dtype, shape and data_offsets"
+            )
+        dtype, shape, offsets = entry["dtype"], entry["shape"], entry["data_offsets"]
+        if not isinstance(dtype, str):
+            raise MalformedHeader(f"tensor {name!r} has a dtype that is not a string")
+        if dtype_seen is not None and dtype != dtype_seen:
+            raise MalformedHeader(f"tensor {name!r} is {dtype}, earlier tensors {dtype_seen}")
+        dtype_seen = dtype
+        match = _TENSOR_NAME.fullmatch(name)
+        if match is None:
+            raise MalformedHeader(f"tensor name {name!r} is not layers.<L>.<k|v|latent|state>")
+        layer, role = match.group(1), match.group(2)
+        if (
+            not isinstance(shape, list)
+            or not shape
+            or not all(isinstance(d, int) and 0 < d < _MAX_INT for d in shape)
+        ):
+            raise MalformedHeader(f"tensor {name!r} has a bad shape {shape!r}")
+        if _ROLE_RANKS[role] and len(shape) != _ROLE_RANKS[role]:
+            raise MalformedHeader(f"tensor {name!r} must have {_ROLE_RANKS[role]} dimensions")
+        if (
+            not isinstance(offsets, list)
+            or len(offsets) != 2
+            or not all(isinstance(o, int) and o < _MAX_INT for o in offsets)
+        ):
+            raise MalformedHeader(f"tensor {name!r} has bad data_offsets")
+        begin, end = offsets
+        nbytes = dtype_named(dtype).itemsize * math.prod(shape)
+        if end - begin != nbytes:
+            raise LayoutError(f"tensor {name!r}: offsets {offsets} do not fit shape and dtype")
+        if begin != cursor:
+            kind = "overlap" if begin < cursor else "hole"
+            raise LayoutError(f"tensor {name!r} at {begin}: {kind} before it (at {cursor})")
+        cursor = end
+        current = TensorEntry(name, dtype, tuple(shape), begin, nbytes)
+        # A layer is k then v (same shape), or one latent, or one state tensor.
+        if pending_k is not None:
+            if role != "v" or layer != pending_k.name.split(".")[1]:
+                raise MalformedHeader(f"tensor {pending_k.name!r} must be followed by its v")
+            if current.shape != pending_k.shape:
+                raise MalformedHeader(f"tensor {name!r} differs in shape from its k")
+            pending_k = None
+        else:
+            if role == "v":
+                raise MalformedHeader(f"tensor {name!r} does not follow its k")
+            if layer in layers_seen:
+                raise MalformedHeader(f"layer {layer} appears twice in the tensor table")
+            layers_seen.add(layer)
+            if role == "k":
+                pending_k = current
+        tokens_axis = _TOKENS_AXIS.get(role)
+        if tokens_axis is not None:
+            if chunk_tokens is not None and shape[tokens_axis] != chunk_tokens:
+                raise MalformedHeader(
+                    f"tensor {name!r} covers {shape[tokens_axis]} tokens, "
+                    f"earlier tensors {chunk_tokens}"
+                )
+            chunk_tokens = shape[tokens_axis]
+        entries.append(current)
+    if pending_k is not None:
+        raise MalformedHeader(f"tensor {pending_k.name!r} must be followed by its v")
+    if not entries:
+        raise MalformedHeader("header declares no tensors")
+    return entries, chunk_tokens
+
+
+def parse_header(data: memoryview) -> ChunkHeader:
+    """Validate and parse the header at the start of ``data`` (the whole chunk file or more).
+
+    Raises a :class:`~chunkstore.errors.FormatError` subclass for every defect
+    (spec/FORMAT.md section 3): short input, foreign bytes, oversized or malformed
+    header, tensor tables with holes or overlaps. A chunk of an unknown major
+    version, or one of a newer minor using what this reader lacks, raises an
+    :class:`~chunkstore.errors.UnsupportedVersion` (a miss, not damage).
+    """
+    size = len(data)
+    probe = bytes(data[8 : 8 + len(MAGIC)])
+    if probe != MAGIC[: len(probe)]:
+        raise BadMagic("not a chunkstore chunk (header does not open with the chunkstore field)")
+    if size < 8 + len(MAGIC):
+        raise TruncatedChunk(f"chunk is {size} bytes, shorter than its header")
+    (header_len,) = _LEN.unpack_from(data, 0)
+    data_offset = 8 + header_len
+    if header_len <= MAX_HEADER_BYTES and size >= data_offset:
+        known = _parse_known(bytes(data[:data_offset]))
+        if known is not None:
+            return known
+    version, _, minor = _version_of(data)
+    if header_len > MAX_HEADER_BYTES:
+        raise HeaderTooLarge(f"header announces {header_len} bytes (limit {MAX_HEADER_BYTES})")
+    if size < data_offset:
+        raise TruncatedChunk(f"chunk is {size} bytes, header needs {data_offset}")
+    raw = bytes(data[:data_offset])
+    newer = minor > KNOWN_MINOR
+    meta, tensors_text = _split_document(raw[8:])
+    for name, value in meta.items():
+        if not isinstance(value, str):
+            raise MalformedHeader(f"header field {name!r} must be a string")
+        if name not in _META_FIELDS and not newer:
+            raise MalformedHeader(f"unknown header field {name!r} in a {version} chunk")
+    compression = meta.get("compression")
+    if compression not in COMPRESSIONS:
+        if not isinstance(compression, str):
+            raise MalformedHeader("header field 'compression' is missing")
+        raise _unknown(newer, UnknownCompression, f"unknown compression {compression!r}")
+    entries, chunk_tokens = _tensor_table(tensors_text, newer)
+    fingerprint = _hex_field(meta, "fingerprint", 64)
+    namespace_bytes = _hex_field(meta, "namespace", 16)
+    key = _hex_field(meta, "key", 64)
+    parent = _hex_field(meta, "parent", 64)
+    tokens_text = meta.get("tokens")
+    if (
+        not isinstance(tokens_text, str)
+        or not tokens_text
+        or len(tokens_text) % 8
+        or not is_lower_hex(tokens_text.encode())
+    ):
+        raise MalformedHeader("header field 'tokens' must be 8 lower-case hex digits per token")
+    if chunk_tokens is not None and len(tokens_text) != 8 * chunk_tokens:
+        raise MalformedHeader(
+            f"header field 'tokens' holds {len(tokens_text) // 8} tokens, "
+            f"the tensors {chunk_tokens}"
+        )
+    token_bytes = bytes.fromhex(tokens_text)
+    payload_size = _int_field(meta, "payload_size")
+    stored_size = _int_field(meta, "stored_size")
+    if compression == "none" and stored_size != payload_size:
+        raise MalformedHeader("uncompressed chunk with stored_size != payload_size")
+    checksum = _hex_field(meta, "checksum", 32, f"{CHECKSUM_ALGORITHM}:")
+    checksum_span = _span(raw, f'"checksum":"{CHECKSUM_ALGORITHM}:'.encode(), 32)
+    mac = None
+    mac_span = None
+    if "mac" in meta:
+        mac = _hex_field(meta, "mac", 64, f"{MAC_ALGORITHM}:")
+        mac_span = _span(raw, f'"mac":"{MAC_ALGORITHM}:'.encode(), 64)
+    cursor = entries[-1].offset + entries[-1].nbytes
+    if cursor != payload_size:
+        raise LayoutError(f"tensors cover {cursor} bytes, payload_size says {payload_size}")
+    header = ChunkHeader(
+        version=version,
+        fingerprint=fingerprint,
+        namespace=namespace_bytes.hex(),
+        key=key,
+        parent=parent,
+        token_bytes=token_bytes,
+        compression=compression,
+        payload_size=payload_size,
+        stored_size=stored_size,
+        checksum=checksum,
+        mac=mac,
+        tensors=entries,
+        data_offset=data_offset,
+        checksum_span=checksum_span,
+        mac_span=mac_span,
+    )
+    _learn(raw, header)
+    return header

@@ -1,0 +1,42 @@
+"""Chunks as host memory holds them: uncompressed, ready to copy to a device.
+
+Cold tiers may keep chunks zstd-compressed (spec/FORMAT.md §4.4); whatever
+brings one into host memory turns it back into the plain form first, so every
+host slot can be read through the layout's views.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from chunkstore.errors import FormatError
+from chunkstore.format._chunk import read_header, recompress
+
+
+def hot_bytes(data: Any) -> Any:
+    """``data`` as host memory should hold it: uncompressed, ready to copy to a device.
+
+    Bytes that do not parse are returned as they are: the tier that served them
+    already verified them, and the host cache never interprets them otherwise.
+    """
+    try:
+        if read_header(data).compression == "none":
+            return data
+        return recompress(data, "none")
+    except FormatError:
+        return data
+
+
+def decompress_in_place(view: memoryview, size: int) -> int:
+    """Decompress a chunk read into ``view[:size]`` in place if it is compressed; its new size.
+
+    0 when the uncompressed chunk does not fit in ``view`` (it cannot be held there).
+    """
+    stored = view[:size]
+    plain = hot_bytes(stored)
+    if plain is stored:
+        return size
+    if len(plain) > len(view):
+        return 0
+    view[: len(plain)] = plain
+    return len(plain)

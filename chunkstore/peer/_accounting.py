@@ -1,0 +1,74 @@
+"""What a peer server counts: its ``stats`` counters and its ``chunkstore_peer_server_*`` metrics.
+
+Both are bumped together, so the numbers ``chunkstore peers`` shows and the
+ones Prometheus scrapes never disagree.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from collections.abc import Callable
+
+from chunkstore.peer._metrics import PeerMetrics
+
+
+class ServerAccounting:
+    """Counters of one peer server; thread-safe. ``name`` gives the server's current name
+    (it is known only once the socket is bound)."""
+
+    def __init__(self, metrics: PeerMetrics, name: Callable[[], str]) -> None:
+        self.metrics = metrics
+        """Where the ``chunkstore_peer_server_*`` metrics go."""
+        self._name = name
+        self._counts: Counter[str] = Counter()
+        self._lock = threading.Lock()
+
+    def count(self, what: str, n: int = 1) -> None:
+        """Add ``n`` to the ``stats`` counter ``what``."""
+        with self._lock:
+            self._counts[what] += n
+
+    def snapshot(self) -> dict[str, int]:
+        """The ``stats`` counters now."""
+        with self._lock:
+            return dict(self._counts)
+
+    def request(self, op: str) -> None:
+        """One valid request of operation ``op`` within a session."""
+        self.metrics.server_requests.labels(self._name(), op).inc()
+        self.count(f"op_{op}")
+
+    def reject(self, reason: str) -> None:
+        """One message refused for ``reason`` (a protocol error code)."""
+        self.count(f"rejected_{reason}")
+        self.metrics.server_rejected.labels(self._name(), reason).inc()
+
+    def served(self, hits: int, misses: int, plane: str, nbytes: int) -> None:
+        """One fetch: ``hits`` chunks (``nbytes`` in all) sent over ``plane``, ``misses`` not."""
+        self.count("chunks_hit", hits)
+        self.count("chunks_missed", misses)
+        self.count(f"bytes_out_{plane}", nbytes)
+        name = self._name()
+        self.metrics.server_chunks.labels(name, "hit").inc(hits)
+        self.metrics.server_chunks.labels(name, "miss").inc(misses)
+        self.metrics.server_bytes.labels(name, plane, "out").inc(nbytes)
+
+    def taken_in(self, plane: str, nbytes: int, chunks: int) -> None:
+        """One push: ``chunks`` chunks (``nbytes`` in all) written from ``plane``."""
+        self.count(f"bytes_in_{plane}", nbytes)
+        self.metrics.server_bytes.labels(self._name(), plane, "in").inc(nbytes)
+        self.count("chunks_pushed", chunks)
+
+    def leases_open(self, count: int) -> None:
+        """The number of leases held open changed to ``count``."""
+        self.metrics.server_leases.labels(self._name()).set(count)
+
+    def sessions_open(self, count: int) -> None:
+        """The number of sessions held open changed to ``count``."""
+        self.metrics.server_sessions.labels(self._name()).set(count)
+
+    def session_evicted(self, cause: str) -> None:
+        """A session was dropped to admit a new one (``per_client`` or ``full``)."""
+        self.count(f"sessions_evicted_{cause}")
+        self.metrics.server_sessions_evicted.labels(self._name(), cause).inc()

@@ -1,0 +1,622 @@
+"""PeerClient: one connection to one peer server, every request bounded by a timeout.
+
+The socket is a ZeroMQ DEALER: requests carry ids and replies are matched by
+id, so a late reply to a timed-out request is recognised and dropped instead of
+being taken for the answer to the next one (the REQ/REP lock-step would wedge
+instead). After a timeout the socket is replaced and the peer is marked down
+for ``retry_after_s``: further requests fail at once, so a dead or stalled peer
+costs one timeout, not one per request.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import socket as _socket
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from chunkstore.backends.base import Buffer, ChunkInfo
+from chunkstore.errors import ConfigError, MissingDependency
+from chunkstore.hashing import ChunkKey, is_namespace
+from chunkstore.peer import _protocol as P
+from chunkstore.peer._arena import Arena
+from chunkstore.peer._errors import PeerRefused, PeerUnavailable, ProtocolViolation
+from chunkstore.peer._metrics import PeerMetrics, default_peer_metrics
+from chunkstore.peer._nixlplane import NixlEndpoint, address_of, nixl_unavailable_reason
+
+log = logging.getLogger(__name__)
+
+AUTO = "auto"
+
+
+def _zmq() -> Any:
+    try:
+        import zmq
+    except ImportError:
+        raise MissingDependency(
+            "the peer store needs pyzmq and msgpack: pip install 'chunkstore[peer]'"
+        ) from None
+    return zmq
+
+
+@dataclass(frozen=True, slots=True)
+class PeerClientConfig:
+    """How a client talks to peers."""
+
+    fingerprint: bytes | None = None
+    """Our model fingerprint; a peer serving another one refuses us. ``None``: don't check."""
+    chunk_tokens: int | None = None
+    """Our tokens per chunk; checked like the fingerprint."""
+    secret: bytes | str | None = None
+    """Shared secret for message authentication (default: $CHUNKSTORE_PEER_SECRET)."""
+    use_env_secret: bool = True
+    """Whether an unset ``secret`` falls back to $CHUNKSTORE_PEER_SECRET."""
+    curve_server_key: bytes | None = None
+    """Z85 CURVE public key of the server; enables encryption (the server must use CURVE)."""
+    curve_public_key: bytes | None = None
+    """Our Z85 CURVE public key (a fresh key pair is made when unset)."""
+    curve_secret_key: bytes | None = None
+    """Our Z85 CURVE secret key."""
+    plane: str = AUTO
+    """Data plane: ``auto`` (NIXL when both sides have it, else inline), ``nixl`` or ``inline``."""
+    timeout_s: float = 2.0
+    """Bound on every request, NIXL transfer included: past it the request is a miss."""
+    retry_after_s: float = 2.0
+    """After a timeout the peer counts as down this long (requests fail immediately)."""
+    lease_ms: int = 5_000
+    """Lease asked for on NIXL fetches."""
+    recv_arena_bytes: int = 64 << 20
+    """NIXL receive/send arena; larger batches are split to fit it."""
+    client_name: str | None = None
+    """How we introduce ourselves (default host:pid)."""
+    limits: P.Limits = field(default_factory=P.Limits)
+    """Limits on replies we accept."""
+
+
+class NixlClientPlane:
+    """A client's NIXL agent plus its registered receive/send arena, shared by its connections."""
+
+    def __init__(self, arena_bytes: int) -> None:
+        self.endpoint = NixlEndpoint("client")
+        self.arena = Arena(arena_bytes)
+        self.endpoint.register(self.arena.array)
+
+    def close(self) -> None:
+        """Deregister and drop the agent."""
+        self.endpoint.close()
+
+
+class PeerClient:
+    """Requests to one peer server (``tcp://host:port``). Thread-safe; one request at a time."""
+
+    def __init__(
+        self,
+        endpoint: str,
+        config: PeerClientConfig | None = None,
+        nixl: NixlClientPlane | None = None,
+        *,
+        metrics: PeerMetrics | None = None,
+        **overrides: Any,
+    ) -> None:
+        self.config = replace(config or PeerClientConfig(), **overrides)
+        self.metrics = metrics or default_peer_metrics()
+        """Where this client's ``chunkstore_peer_client_*`` metrics go."""
+        if self.config.plane not in (AUTO, P.PLANE_NIXL, P.PLANE_INLINE):
+            raise ConfigError(f"unknown data plane {self.config.plane!r}; use auto, nixl or inline")
+        if not endpoint.startswith("tcp://"):
+            endpoint = f"tcp://{endpoint}"
+        self.endpoint = endpoint
+        self.codec = P.Codec(
+            P.secret_from(self.config.secret, use_env=self.config.use_env_secret),
+            self.config.limits,
+        )
+        self._nixl = nixl
+        self._own_nixl = False
+        self._lock = threading.RLock()
+        self._ids = itertools.count(1)
+        self._ctx = _zmq().Context.instance()
+        self._socket: Any = None
+        self._session: bytes | None = None
+        self._down_until = 0.0
+        self.server_info: dict[str, Any] = {}
+        self.plane: str | None = None
+        """The data plane in use after ``hello`` (``nixl`` or ``inline``)."""
+        self.plane_reason = ""
+        """Why the plane was chosen (e.g. why NIXL is not used)."""
+        self._remote_agent: str | None = None
+        self._curve: tuple[bytes, bytes] | None = None
+        if self.config.curve_server_key is not None:
+            if self.config.curve_public_key and self.config.curve_secret_key:
+                self._curve = (self.config.curve_public_key, self.config.curve_secret_key)
+            else:
+                self._curve = _zmq().curve_keypair()
+
+    # --- plumbing ----------------------------------------------------------------------
+
+    def _connect(self) -> Any:
+        zmq = _zmq()
+        sock = self._ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.MAXMSGSIZE, self.config.limits.max_frame_bytes)
+        sock.setsockopt(zmq.RCVHWM, 1000)
+        sock.setsockopt(zmq.SNDHWM, 1000)
+        if self._curve is not None:
+            sock.curve_serverkey = self.config.curve_server_key
+            sock.curve_publickey, sock.curve_secretkey = self._curve
+        sock.connect(self.endpoint)
+        return sock
+
+    def _reset(self) -> None:
+        if self._socket is not None:
+            self._socket.close(0)
+            self._socket = None
+
+    @property
+    def available(self) -> bool:
+        """False while the peer is marked down after a failure."""
+        return time.monotonic() >= self._down_until
+
+    def _mark_down(self, reason: str) -> None:
+        self._down_until = time.monotonic() + self.config.retry_after_s
+        self.metrics.client_failures.labels(reason).inc()
+        self._reset()
+        if self._remote_agent is not None and self._nixl is not None:
+            # The peer may have restarted; NIXL must forget its old memory keys.
+            self._nixl.endpoint.forget_remote(self._remote_agent)
+            self._remote_agent = None
+        self._session = None
+
+    def request(
+        self,
+        op: str,
+        fields: dict[str, Any],
+        data: Sequence[Any] = (),
+        *,
+        expect_reply: bool = True,
+    ) -> tuple[dict[str, Any], list[Any]]:
+        """Send one request and wait for its reply (bounded by ``timeout_s``).
+
+        Raises :class:`PeerUnavailable` on timeout or while the peer is marked
+        down, :class:`PeerRefused` on an error reply.
+        """
+        with self._lock:
+            if not self.available:
+                raise PeerUnavailable(f"{self.endpoint} is marked down after a failure")
+            if op != "hello" and self._session is None:
+                self._hello()
+            try:
+                return self._exchange(op, fields, data, expect_reply)
+            except PeerRefused as exc:
+                if exc.code != P.NO_SESSION or op == "hello":
+                    raise
+            self._session = None  # the server restarted or expired us: one fresh hello, one retry
+            self._hello()
+            return self._exchange(op, fields, data, expect_reply)
+
+    def _exchange(
+        self, op: str, fields: dict[str, Any], data: Sequence[Any], expect_reply: bool
+    ) -> tuple[dict[str, Any], list[Any]]:
+        zmq = _zmq()
+        if self._socket is None:
+            self._socket = self._connect()
+        request_id = next(self._ids)
+        body = {"v": P.PROTOCOL_VERSION, "op": op, "id": request_id, **fields}
+        if op != "hello":
+            body["s"] = self._session
+        frames = self.codec.encode(body, data, reply=False)
+        started = time.monotonic()
+        deadline = started + self.config.timeout_s
+        try:
+            self._socket.send_multipart(frames, zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            self._mark_down("timeout")
+            raise PeerUnavailable(f"{self.endpoint}: send queue full") from None
+        if not expect_reply:
+            return {}, []
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not self._socket.poll(int(remaining * 1000) + 1):
+                if time.monotonic() < deadline:
+                    continue
+                self._mark_down("timeout")
+                raise PeerUnavailable(
+                    f"{self.endpoint} did not answer {op} within {self.config.timeout_s:g} s"
+                )
+            reply_frames = self._socket.recv_multipart(copy=False)
+            try:
+                reply, reply_data, authentic = self.codec.decode(reply_frames, reply=True)
+            except ProtocolViolation as exc:
+                self._mark_down("malformed_reply")
+                raise PeerUnavailable(f"{self.endpoint} sent an invalid reply: {exc}") from None
+            if reply.get("id") != request_id:
+                if reply.get("id") == 0 and reply.get("ok") is False:
+                    # Errors about messages the server could not parse carry no id: ours.
+                    pass
+                else:
+                    continue  # a late reply to an earlier, timed-out request
+            self.metrics.client_seconds.labels(op, self.plane or "-").observe(
+                time.monotonic() - started
+            )
+            if reply.get("ok") is not True or not authentic:
+                code = str(reply.get("error", P.AUTH_FAILED))
+                reason = str(reply.get("reason", "reply failed authentication"))
+                if reply.get("ok") is True:  # a success without a valid tag is never believed
+                    code, reason = P.AUTH_FAILED, "the reply failed authentication (wrong secret?)"
+                self.metrics.client_failures.labels("refused").inc()
+                raise PeerRefused(code, reason)
+            return reply, reply_data
+
+    # --- hello ----------------------------------------------------------------------------
+
+    def _planes_wanted(self) -> tuple[list[str], str]:
+        plane = self.config.plane
+        if plane == P.PLANE_INLINE:
+            return [P.PLANE_INLINE], "inline plane configured"
+        reason = nixl_unavailable_reason()
+        if reason is not None:
+            if plane == P.PLANE_NIXL:
+                raise ConfigError(f"the NIXL data plane was requested but {reason}")
+            return [P.PLANE_INLINE], reason
+        if self._nixl is None:
+            try:
+                self._nixl = NixlClientPlane(self.config.recv_arena_bytes)
+                self._own_nixl = True
+            except Exception as exc:  # noqa: BLE001 - fall back, reported
+                if plane == P.PLANE_NIXL:
+                    raise ConfigError(f"the NIXL data plane could not start: {exc}") from None
+                return [P.PLANE_INLINE], f"NIXL could not start: {exc}"
+        if plane == P.PLANE_NIXL:
+            return [P.PLANE_NIXL], "nixl plane configured"
+        return [P.PLANE_NIXL, P.PLANE_INLINE], ""
+
+    def _hello(self) -> None:
+        planes, why = self._planes_wanted()
+        fields = {
+            "versions": sorted(P.ACCEPTED_VERSIONS),
+            "client": self.config.client_name or f"{_socket.gethostname()}:{os.getpid()}",
+            "fingerprint": self.config.fingerprint,
+            "chunk_tokens": self.config.chunk_tokens,
+            "planes": planes,
+            "nixl_md": self._nixl.endpoint.metadata()
+            if (self._nixl is not None and P.PLANE_NIXL in planes)
+            else None,
+        }
+        reply, _ = self._exchange("hello", fields, (), True)
+        self.server_info = reply
+        self._session = reply["s"]
+        offered = reply.get("planes") or []
+        if P.PLANE_NIXL in offered and P.PLANE_NIXL in planes and reply.get("nixl_md"):
+            assert self._nixl is not None
+            remote = self._nixl.endpoint.add_remote(reply["nixl_md"])
+            if remote is not None:
+                self._remote_agent = remote
+                self.plane, self.plane_reason = P.PLANE_NIXL, "both sides offer NIXL"
+                return
+            why = "NIXL rejected the peer's agent metadata"
+        elif P.PLANE_NIXL in planes:
+            why = (
+                why
+                or f"the peer does not offer NIXL ({reply.get('nixl_reason') or 'not configured'})"
+            )
+        if P.PLANE_INLINE not in offered:
+            raise PeerRefused(P.DATAPLANE_UNAVAILABLE, f"no common data plane ({why})")
+        self.plane, self.plane_reason = P.PLANE_INLINE, why
+        log.info("peer %s: inline data plane (%s)", self.endpoint, why)
+
+    def hello(self) -> dict[str, Any]:
+        """Open a session now (it is opened lazily otherwise); returns the server's hello reply."""
+        with self._lock:
+            if not self.available:
+                raise PeerUnavailable(f"{self.endpoint} is marked down after a failure")
+            if self._session is None:
+                self._hello()
+            return self.server_info
+
+    # --- operations ---------------------------------------------------------------------
+
+    def _batches(self, keys: Sequence[ChunkKey]) -> Iterator[Sequence[ChunkKey]]:
+        step = min(
+            self.config.limits.max_keys,
+            int(self.server_info.get("limits", {}).get("max_keys", self.config.limits.max_keys)),
+        )
+        for i in range(0, len(keys), step):
+            yield keys[i : i + step]
+
+    def lookup(self, keys: Sequence[ChunkKey]) -> int:
+        """How many leading keys of a chain the peer holds (one round trip per 4096 keys)."""
+        total = 0
+        self.hello()
+        for batch in self._batches(keys):
+            reply, _ = self.request("lookup", {"keys": P.pack_keys(batch)})
+            prefix = int(reply["prefix"])
+            total += prefix
+            if prefix < len(batch):
+                break
+        return total
+
+    def exists(self, keys: Sequence[ChunkKey]) -> list[bool]:
+        """Presence of each key on the peer."""
+        out: list[bool] = []
+        self.hello()
+        for batch in self._batches(keys):
+            reply, _ = self.request("exists", {"keys": P.pack_keys(batch)})
+            present = reply["present"]
+            if not isinstance(present, list) or len(present) != len(batch):
+                raise PeerUnavailable(f"{self.endpoint}: exists reply has the wrong length")
+            out.extend(bool(p) for p in present)
+        return out
+
+    def fetch(self, keys: Sequence[ChunkKey], *, use: bool = True) -> list[bytes | None]:
+        """Raw chunk bytes per key (``None`` where the peer has none). Not verified: the
+        caller checks each chunk (:meth:`PeerStore.get_many` does). ``use=False`` is a
+        maintenance read: the server neither pins the chunks nor records an access."""
+        self.hello()
+        out: list[bytes | None] = []
+        for batch in self._batches(keys):
+            if self.plane == P.PLANE_NIXL:
+                out.extend(self._fetch_nixl(batch, None, use=use))
+            else:
+                out.extend(self._fetch_inline(batch, use=use))
+        return out
+
+    def fetch_into(self, keys: Sequence[ChunkKey], buffers: Sequence[Buffer]) -> list[int | None]:
+        """Fetch chunks straight into caller buffers; size per key or ``None``. Over NIXL a
+        buffer inside memory registered with :meth:`register_memory` is written without a copy."""
+        self.hello()
+        if self.plane == P.PLANE_NIXL:
+            results = self._fetch_nixl(keys, buffers)
+            return list(results)
+        sizes: list[int | None] = []
+        for blob, buffer in zip(self._fetch_inline(keys, views=True), buffers):
+            target = memoryview(buffer).cast("B")
+            if blob is None or len(blob) > len(target):
+                sizes.append(None)
+                continue
+            target[: len(blob)] = blob
+            sizes.append(len(blob))
+        return sizes
+
+    def _fetch_inline(
+        self, keys: Sequence[ChunkKey], *, views: bool = False, use: bool = True
+    ) -> list[Any]:
+        """``views``: return the received frames' memory (no copy) instead of ``bytes``."""
+        body: dict[str, Any] = {"keys": P.pack_keys(keys), "plane": P.PLANE_INLINE, "lease_ms": 0}
+        if not use:
+            body["use"] = False
+        reply, data = self.request("fetch", body)
+        sizes = reply.get("sizes")
+        if (
+            not isinstance(sizes, list)
+            or len(sizes) != len(keys)
+            or sum(1 for s in sizes if s is not None) != len(data)
+        ):
+            raise PeerUnavailable(f"{self.endpoint}: fetch reply does not match the request")
+        out: list[bytes | None] = []
+        frames = iter(data)
+        total = 0
+        for size in sizes:
+            if size is None:
+                out.append(None)
+                continue
+            frame = next(frames)
+            if hasattr(frame, "buffer"):
+                blob = frame.buffer if views else frame.bytes
+            else:
+                blob = frame if views else bytes(frame)
+            if len(blob) != size:
+                raise PeerUnavailable(f"{self.endpoint}: a data frame has the wrong size")
+            total += size
+            out.append(blob)
+        self.metrics.client_bytes.labels(P.PLANE_INLINE, "in").inc(total)
+        return out
+
+    def _fetch_nixl(
+        self, keys: Sequence[ChunkKey], buffers: Sequence[Buffer] | None, *, use: bool = True
+    ) -> list[Any]:
+        assert self._nixl is not None and self._remote_agent is not None
+        arena, endpoint = self._nixl.arena, self._nixl.endpoint
+        started = time.monotonic()
+        body: dict[str, Any] = {
+            "keys": P.pack_keys(keys),
+            "plane": P.PLANE_NIXL,
+            "lease_ms": self.config.lease_ms,
+        }
+        if not use:
+            body["use"] = False
+        reply, _ = self.request("fetch", body)
+        items = reply.get("items")
+        lease = reply.get("lease")
+        if not isinstance(items, list) or len(items) != len(keys) or not isinstance(lease, bytes):
+            raise PeerUnavailable(f"{self.endpoint}: fetch reply does not match the request")
+        lease_s = int(reply.get("lease_ms") or self.config.lease_ms) / 1000
+        # Never READ after the lease ends: the server may have reused the memory by then.
+        deadline = min(started + self.config.timeout_s, started + lease_s * 0.9)
+        out: list[Any] = [None] * len(keys)
+        pairs: list[tuple[int, int, int]] = []
+        targets: list[tuple[int, Any, int]] = []  # (index, allocation or buffer view, size)
+        allocations = []
+        ok = False
+        try:
+            for i, item in enumerate(items):
+                if not (
+                    isinstance(item, list)
+                    and len(item) == 2
+                    and all(isinstance(x, int) and x >= 0 for x in item)
+                ):
+                    continue
+                remote_address, size = item
+                if size > self.config.limits.max_frame_bytes:
+                    continue
+                if size == 0:  # nothing to move; the caller's verification rejects it
+                    out[i] = 0 if buffers is not None else b""
+                    continue
+                if buffers is not None:
+                    view = memoryview(buffers[i]).cast("B")
+                    if size > len(view):
+                        continue
+                    local, _ = address_of(view)
+                    if endpoint.registered(local, size):
+                        pairs.append((local, remote_address, size))
+                        targets.append((i, view, size))
+                        continue
+                allocation = arena.allocate(size)
+                if allocation is None:
+                    self.metrics.client_failures.labels("arena_full").inc()
+                    continue
+                allocations.append(allocation)
+                pairs.append((arena.address_of(allocation), remote_address, size))
+                targets.append((i, allocation, size))
+            ok = endpoint.read(self._remote_agent, pairs, deadline) if pairs else True
+            if ok:
+                total = 0
+                for i, target, size in targets:
+                    total += size
+                    if isinstance(target, memoryview):
+                        out[i] = size
+                    elif buffers is not None:
+                        memoryview(buffers[i]).cast("B")[:size] = arena.view(target)
+                        out[i] = size
+                    else:
+                        out[i] = bytes(arena.view(target))
+                self.metrics.client_bytes.labels(P.PLANE_NIXL, "in").inc(total)
+        finally:
+            for allocation in allocations:
+                arena.free(allocation)
+            if items and any(items):
+                try:
+                    self.request("release", {"lease": lease, "ack": False}, expect_reply=False)
+                except (PeerUnavailable, PeerRefused):
+                    pass  # the lease expires on its own
+        if not ok:
+            self._mark_down("transfer_failed")
+            raise PeerUnavailable(f"{self.endpoint}: NIXL read failed or timed out")
+        return out
+
+    def push(
+        self, items: Sequence[tuple[ChunkKey, Buffer]], *, overwrite: bool = False
+    ) -> list[bool]:
+        """Offer chunks to the peer; True per chunk the peer holds afterwards."""
+        return [stored for stored, _ in self.push_detailed(items, overwrite=overwrite)]
+
+    def push_detailed(
+        self, items: Sequence[tuple[ChunkKey, Buffer]], *, overwrite: bool = False
+    ) -> list[tuple[bool, bool]]:
+        """Offer chunks to the peer; per chunk (the peer holds it now, this push wrote it)."""
+        self.hello()
+        if self.server_info.get("read_only"):
+            raise PeerRefused(P.READ_ONLY, f"{self.endpoint} does not accept pushed chunks")
+        out: list[tuple[bool, bool]] = []
+        mode = "overwrite" if overwrite else "if_absent"
+        step = min(self.config.limits.max_keys, 256)
+        for i in range(0, len(items), step):
+            batch = items[i : i + step]
+            keys = [k for k, _ in batch]
+            views = [memoryview(b).cast("B") for _, b in batch]
+            fields: dict[str, Any] = {
+                "keys": P.pack_keys(keys),
+                "sizes": [len(v) for v in views],
+                "mode": mode,
+            }
+            if self.plane == P.PLANE_NIXL:
+                out.extend(self._push_nixl(fields, views))
+                continue
+            reply, _ = self.request("push", {**fields, "plane": P.PLANE_INLINE, "addrs": []}, views)
+            self.metrics.client_bytes.labels(P.PLANE_INLINE, "out").inc(sum(len(v) for v in views))
+            out.extend(self._stored(reply, len(batch)))
+        return out
+
+    def _push_nixl(
+        self, fields: dict[str, Any], views: list[memoryview]
+    ) -> list[tuple[bool, bool]]:
+        assert self._nixl is not None
+        arena = self._nixl.arena
+        allocations = []
+        try:
+            addrs = []
+            for view in views:
+                allocation = arena.allocate(len(view))
+                if allocation is None:
+                    raise PeerUnavailable("the NIXL send arena is too small for this batch")
+                allocations.append(allocation)
+                arena.view(allocation)[:] = view
+                addrs.append(arena.address_of(allocation))
+            reply, _ = self.request("push", {**fields, "plane": P.PLANE_NIXL, "addrs": addrs})
+            self.metrics.client_bytes.labels(P.PLANE_NIXL, "out").inc(sum(len(v) for v in views))
+            return self._stored(reply, len(views))
+        finally:
+            for allocation in allocations:
+                arena.free(allocation)
+
+    def _stored(self, reply: dict[str, Any], n: int) -> list[tuple[bool, bool]]:
+        stored, written = reply.get("stored"), reply.get("written")
+        if not (
+            isinstance(stored, list)
+            and isinstance(written, list)
+            and len(stored) == len(written) == n
+        ):
+            raise PeerUnavailable(f"{self.endpoint}: push reply does not match the request")
+        return [(bool(s), bool(w)) for s, w in zip(stored, written)]
+
+    def delete(self, keys: Sequence[ChunkKey]) -> list[bool]:
+        """Delete keys on the peer; True per key that was there."""
+        self.hello()
+        out: list[bool] = []
+        for batch in self._batches(keys):
+            reply, _ = self.request("delete", {"keys": P.pack_keys(batch)})
+            out.extend(bool(d) for d in reply.get("deleted", []))
+        return out
+
+    def list(self, namespace: str | None = None) -> Iterator[ChunkInfo]:
+        """Every chunk the peer holds (of one namespace), page by page."""
+        if namespace is not None and not is_namespace(namespace):
+            raise ConfigError(f"a namespace is 16 lower-case hex digits, got {namespace!r}")
+        after: bytes | None = None
+        while True:
+            reply, _ = self.request("list", {"namespace": namespace, "after": after, "limit": 1024})
+            entries = reply.get("entries") or []
+            if not isinstance(entries, list):
+                raise PeerUnavailable(f"{self.endpoint}: list reply is not a list of entries")
+            for entry in entries:
+                yield self._listed(entry)
+            if not reply.get("more") or not entries:
+                return
+            after = entries[-1][0]
+
+    def _listed(self, entry: Any) -> ChunkInfo:
+        """One ``list`` entry ``[wire key, size, mtime, atime]``, checked like a request field."""
+        try:
+            wire, size, mtime, atime = entry
+            (key,) = P.unpack_keys(wire, self.config.limits)
+            if not P.is_wire_int(size) or size < 0:
+                raise ValueError("size")
+            return ChunkInfo(key, size, float(mtime), float(atime))
+        except (ValueError, TypeError, ProtocolViolation):
+            raise PeerUnavailable(f"{self.endpoint}: malformed list entry") from None
+
+    def stats(self) -> dict[str, Any]:
+        """The server's counters and state."""
+        reply, _ = self.request("stats", {})
+        stats: dict[str, Any] = reply.get("stats", {})
+        return stats
+
+    def close(self) -> None:
+        """Say goodbye (best effort) and release the socket and NIXL state."""
+        with self._lock:
+            if self._session is not None and self._socket is not None and self.available:
+                try:
+                    self._exchange("bye", {}, (), True)  # wait: the server unpins our leases first
+                except Exception:  # noqa: BLE001 - the server cleans up idle sessions anyway
+                    pass
+            self._session = None
+            self._reset()
+            if self._nixl is not None and self._remote_agent is not None:
+                self._nixl.endpoint.remove_remote(self._remote_agent)
+                self._remote_agent = None
+            if self._own_nixl and self._nixl is not None:
+                self._nixl.close()
+                self._nixl = None

@@ -1,0 +1,81 @@
+"""How a peer server listens, whom it accepts and what it offers (:class:`PeerServerConfig`)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from chunkstore.errors import ConfigError
+from chunkstore.peer import _protocol as P
+
+
+@dataclass(frozen=True, slots=True)
+class PeerServerConfig:
+    """How a peer server listens, whom it accepts and what it offers."""
+
+    bind: str = "tcp://127.0.0.1:0"
+    """ZeroMQ endpoint to listen on; port 0 picks a free port. Loopback by default."""
+    name: str | None = None
+    """Name in registries and ``stats`` (default: host:port)."""
+    fingerprint: bytes | None = None
+    """Model fingerprint served; clients with another one are refused. ``None``: any."""
+    chunk_tokens: int | None = None
+    """Tokens per chunk served; clients with another size are refused. ``None``: any."""
+    secret: bytes | str | None = None
+    """Shared secret for HMAC authentication of every message (default: $CHUNKSTORE_PEER_SECRET)."""
+    use_env_secret: bool = True
+    """Whether an unset ``secret`` falls back to $CHUNKSTORE_PEER_SECRET."""
+    curve_secret_key: bytes | None = None
+    """Z85 CURVE secret key: encrypts the control and inline data traffic when set."""
+    curve_public_key: bytes | None = None
+    """Z85 CURVE public key matching ``curve_secret_key`` (published to clients)."""
+    curve_client_keys: tuple[bytes, ...] | None = None
+    """Z85 public keys of clients allowed to connect under CURVE; ``None``: any client key."""
+    planes: tuple[str, ...] = (P.PLANE_NIXL, P.PLANE_INLINE)
+    """Data planes offered; NIXL is dropped automatically when it cannot start."""
+    staging_bytes: int = 64 << 20
+    """NIXL staging arena for chunks of stores that cannot pin in place."""
+    default_lease_ms: int = 5_000
+    """Lease length when a client asks for 0."""
+    max_lease_ms: int = 30_000
+    """Longest lease granted; longer requests are clamped."""
+    session_idle_s: float = 300.0
+    """Sessions (and their leases) idle this long are dropped."""
+    max_sessions: int = 1024
+    """Most sessions held at once. At the cap a ``hello`` evicts the least recently used
+    session idle for ``session_evict_idle_s``, or is refused with ``too_many_sessions``."""
+    max_sessions_per_client: int = 64
+    """Most sessions of one client identity (source address and ``client`` name); a further
+    ``hello`` of that identity evicts its least recently used session."""
+    session_evict_idle_s: float = 1.0
+    """Under pressure, sessions idle at least this long may be evicted for a new one."""
+    workers: int = 4
+    """Threads running store calls."""
+    read_only: bool = False
+    """Refuse ``push`` and ``delete``."""
+    verify_push: bool = True
+    """Check every pushed chunk (checksum, key, fingerprint) before storing it. Turn off only
+    when every reader verifies anyway and the pushers are trusted."""
+    limits: P.Limits = field(default_factory=P.Limits)
+    """Message size limits."""
+    handle_on_io_thread: bool | None = None
+    """Answer requests on the I/O thread (saves a thread hop per request, ~0.1 ms) instead
+    of the worker pool. Only for stores that never block; ``None``: yes for in-memory
+    stores (kind ``memory`` or ``host``), no otherwise (a tiered store may read a disk)."""
+
+
+def check_server_config(config: PeerServerConfig) -> None:
+    """Raise ConfigError naming the first inconsistent option of ``config``."""
+    if config.default_lease_ms <= 0 or config.max_lease_ms < config.default_lease_ms:
+        raise ConfigError("need 0 < default_lease_ms <= max_lease_ms")
+    unknown = set(config.planes) - {P.PLANE_NIXL, P.PLANE_INLINE}
+    if unknown or not config.planes:
+        raise ConfigError(f"unknown data planes {sorted(unknown)}; use 'nixl' and/or 'inline'")
+    if (config.curve_secret_key is None) != (config.curve_public_key is None):
+        raise ConfigError("CURVE needs both curve_secret_key and curve_public_key")
+    if config.max_sessions < 1 or config.max_sessions_per_client < 1:
+        raise ConfigError("max_sessions and max_sessions_per_client must be at least 1")
+    if not config.session_evict_idle_s >= 0:
+        raise ConfigError("session_evict_idle_s must be >= 0")
+
+
+__all__ = ["PeerServerConfig", "check_server_config"]

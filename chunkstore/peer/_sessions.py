@@ -1,0 +1,252 @@
+"""The sessions and leases of one peer server, within its caps.
+
+A session is what ``hello`` opens; a lease holds pins (host slots, staging
+allocations) a client may read over NIXL until it releases them or the lease
+expires. The table admits sessions within ``max_sessions`` and
+``max_sessions_per_client`` (evicting the least recently used where allowed),
+grants and gives back leases, and expires idle sessions and old leases when
+the server's I/O loop sweeps it, so a dead client cannot pin memory beyond
+its lease.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from chunkstore.peer import _protocol as P
+from chunkstore.peer._accounting import ServerAccounting
+from chunkstore.peer._errors import ProtocolViolation
+from chunkstore.peer._serverconfig import PeerServerConfig
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Session:
+    """One client's session (opened by ``hello``)."""
+
+    client: str
+    """The name the client gave."""
+    identity: tuple[str, str]
+    """Source address and ``client`` name: the unit of ``max_sessions_per_client``."""
+    planes: tuple[str, ...]
+    """Data planes this session may use."""
+    nixl_remote: str | None
+    """The client's NIXL agent as loaded here, when it sent metadata."""
+    last_seen: float
+    """``time.monotonic()`` of its last request."""
+    retained: int
+    """Bytes the client made us keep (its name and NIXL metadata), for ``stats``."""
+
+
+@dataclass
+class Lease:
+    """Pins a session holds until release or expiry."""
+
+    session: bytes
+    """The session's id."""
+    expires: float
+    """``time.monotonic()`` when the pins are dropped anyway."""
+    releases: list[Callable[[], None]]
+    """One call per pin, each giving it back."""
+
+
+def release_pins(lease: Lease) -> None:
+    """Give back every pin of ``lease``; one failing unpin does not keep the others."""
+    for release in lease.releases:
+        try:
+            release()
+        except Exception:  # noqa: BLE001 - one failing unpin must not keep the others pinned
+            log.exception("peer server: releasing a pin failed")
+
+
+class SessionTable:
+    """Sessions and leases of one server; thread-safe.
+
+    ``forget`` is called with every session that ends (bye, eviction, idle
+    expiry) so the server can drop what it loaded for it (its NIXL agent).
+    """
+
+    def __init__(
+        self,
+        config: PeerServerConfig,
+        accounting: ServerAccounting,
+        forget: Callable[[Session], None],
+    ) -> None:
+        self._config = config
+        self._accounting = accounting
+        self._forget = forget
+        self._sessions: dict[bytes, Session] = {}
+        self._leases: dict[bytes, Lease] = {}
+        self._lock = threading.Lock()
+
+    # --- sessions -------------------------------------------------------------------------
+
+    def admit(self, session_id: bytes, session: Session) -> None:
+        """Add a session within the caps, evicting a least recently used one where allowed.
+
+        A client identity at its cap loses its own oldest session (a client that says hello
+        again has most likely lost the old one). A full server evicts the least recently used
+        session idle at least ``session_evict_idle_s``, preferring sessions without leases;
+        when every session is busier than that, the hello is refused (ProtocolViolation
+        ``too_many_sessions``; ``session`` is then forgotten too).
+        """
+        cfg = self._config
+        now = time.monotonic()
+        with self._lock:
+            mine = [k for k, v in self._sessions.items() if v.identity == session.identity]
+            if len(mine) >= cfg.max_sessions_per_client:
+                victim: bytes | None = self._least_recent(mine)
+                cause = "per_client"
+            elif len(self._sessions) >= cfg.max_sessions:
+                idle = now - cfg.session_evict_idle_s
+                victim = self._least_recent(
+                    [k for k, v in self._sessions.items() if v.last_seen <= idle]
+                )
+                cause = "full"
+            else:
+                victim, cause = None, ""
+            refused = bool(cause) and victim is None
+            if not refused:
+                evicted = self._sessions.pop(victim) if victim is not None else None
+                leases = self._pop_leases_of(victim) if victim is not None else []
+                self._sessions[session_id] = session
+            count, open_leases = len(self._sessions), len(self._leases)
+        if refused:
+            self._forget(session)
+            raise ProtocolViolation(
+                P.TOO_MANY_SESSIONS, f"this peer holds {count} active sessions; retry later"
+            )
+        for lease in leases:
+            release_pins(lease)
+        if leases:
+            self._accounting.leases_open(open_leases)
+        if evicted is not None:
+            self._forget(evicted)
+            self._accounting.session_evicted(cause)
+        self._accounting.sessions_open(count)
+
+    def _least_recent(self, candidates: list[bytes]) -> bytes | None:
+        """The candidate to evict first: no leases before leases, then least recently seen."""
+        if not candidates:
+            return None
+        leased = {v.session for v in self._leases.values()}
+        return min(candidates, key=lambda k: (k in leased, self._sessions[k].last_seen))
+
+    def touch(self, session_id: bytes) -> Session | None:
+        """The session, marked as seen now; ``None`` when unknown or expired."""
+        with self._lock:
+            session = self._sessions.get(session_id)
+            if session is not None:
+                session.last_seen = time.monotonic()
+        return session
+
+    def get(self, session_id: bytes) -> Session:
+        """The session; ProtocolViolation ``no_session`` when unknown or expired."""
+        with self._lock:
+            session = self._sessions.get(session_id)
+        if session is None:
+            raise ProtocolViolation(P.NO_SESSION, "unknown or expired session; say hello")
+        return session
+
+    def end(self, session_id: bytes) -> None:
+        """End a session (``bye``): its leases are released."""
+        with self._lock:
+            session = self._sessions.pop(session_id, None)
+            leases = self._pop_leases_of(session_id)
+        for lease in leases:
+            release_pins(lease)
+        if session is not None:
+            self._forget(session)
+            self._sessions_changed()
+
+    def _sessions_changed(self) -> None:
+        with self._lock:
+            count = len(self._sessions)
+        self._accounting.sessions_open(count)
+
+    # --- leases ---------------------------------------------------------------------------
+
+    def open_lease(
+        self, session_id: bytes, releases: list[Callable[[], None]], lease_ms: int
+    ) -> bytes:
+        """A new lease id; its pins (``releases``, when any) are held for ``lease_ms``."""
+        lease_id = P.new_token(P.LEASE_BYTES)
+        if releases:
+            with self._lock:
+                self._leases[lease_id] = Lease(
+                    session_id, time.monotonic() + lease_ms / 1000, releases
+                )
+                open_leases = len(self._leases)
+            self._accounting.leases_open(open_leases)
+        return lease_id
+
+    def close_lease(self, session_id: bytes, lease_id: bytes) -> bool:
+        """Release a lease of this session; False when it is unknown, expired or another's."""
+        with self._lock:
+            lease = self._leases.get(lease_id)
+            if lease is not None and lease.session == session_id:
+                del self._leases[lease_id]
+            else:
+                lease = None
+            open_leases = len(self._leases)
+        if lease is None:
+            return False
+        release_pins(lease)
+        self._accounting.leases_open(open_leases)
+        return True
+
+    def _pop_leases_of(self, session_id: bytes | None) -> list[Lease]:
+        """Remove the leases of one session (caller holds the lock)."""
+        return [
+            self._leases.pop(k) for k, v in list(self._leases.items()) if v.session == session_id
+        ]
+
+    # --- upkeep ---------------------------------------------------------------------------
+
+    def sweep(self) -> None:
+        """Release expired leases and end sessions idle longer than ``session_idle_s``."""
+        now = time.monotonic()
+        expired: list[Lease] = []
+        dropped: list[Session] = []
+        with self._lock:
+            for lease_id in [k for k, v in self._leases.items() if v.expires <= now]:
+                expired.append(self._leases.pop(lease_id))
+            idle = now - self._config.session_idle_s
+            for sid in [k for k, v in self._sessions.items() if v.last_seen < idle]:
+                dropped.append(self._sessions.pop(sid))
+                expired.extend(self._pop_leases_of(sid))
+            open_leases = len(self._leases)
+        for lease in expired:
+            self._accounting.count("leases_expired")
+            release_pins(lease)
+        for session in dropped:
+            self._forget(session)
+        if expired:
+            self._accounting.leases_open(open_leases)
+        if dropped:
+            self._sessions_changed()
+
+    def clear(self) -> None:
+        """End every session and release every lease (the server stops)."""
+        with self._lock:
+            leases, self._leases = list(self._leases.values()), {}
+            self._sessions.clear()
+        for lease in leases:
+            release_pins(lease)
+        self._accounting.leases_open(0)
+        self._accounting.sessions_open(0)
+
+    def sizes(self) -> dict[str, int]:
+        """``sessions``, ``session_bytes``, ``leases`` and ``pins`` held now (for ``stats``)."""
+        with self._lock:
+            return {
+                "sessions": len(self._sessions),
+                "session_bytes": sum(v.retained for v in self._sessions.values()),
+                "leases": len(self._leases),
+                "pins": sum(len(v.releases) for v in self._leases.values()),
+            }

@@ -1,0 +1,473 @@
+"""PeerStore: a Store over one or more peer servers, usable as a tier of a TieredStore.
+
+Reads ask every peer in parallel and take the best answer; a peer that fails
+is a miss (and is skipped for ``retry_after_s``), never an exception. Every
+chunk that arrives is verified (checksum, key, and fingerprint or MAC when
+configured) before it is returned: a partial or damaged transfer is a miss.
+Writes push chunks to the peer with the most free capacity.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from typing import Any, TypeVar
+
+from chunkstore.backends.base import Buffer, ChunkInfo, Judgement, ReadVerdict, Store, judge
+from chunkstore.errors import ConfigError
+from chunkstore.hashing import ChunkKey
+from chunkstore.peer._client import NixlClientPlane, PeerClient, PeerClientConfig
+from chunkstore.peer._discovery import PeerInfo, PeerSource, StaticPeers
+from chunkstore.peer._errors import PeerError, PeerRefused
+from chunkstore.peer._metrics import PeerMetrics, default_peer_metrics
+from chunkstore.peer._nixlplane import nixl_unavailable_reason
+from chunkstore.peer._protocol import PLANE_INLINE, PLANE_NIXL
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+_HINTS = 65536  # keys whose location we remember (from lookup_prefix and exists)
+
+
+class PeerStore(Store):
+    """Chunks held by peers. ``peers`` is a list of endpoints or a discovery source."""
+
+    kind = "peer"
+
+    def __init__(
+        self,
+        peers: Sequence[str] | PeerSource,
+        config: PeerClientConfig | None = None,
+        *,
+        name: str | None = None,
+        verify: bool = True,
+        mac_key: bytes | None = None,
+        refresh_s: float = 2.0,
+        stats_ttl_s: float = 1.0,
+        metrics: PeerMetrics | None = None,
+        **overrides: Any,
+    ) -> None:
+        super().__init__(name=name, verify=verify)
+        self.config = replace(config or PeerClientConfig(), **overrides)
+        self.metrics = metrics or default_peer_metrics()
+        """Where this store's clients report (``chunkstore_peer_client_*``)."""
+        if isinstance(peers, (list, tuple)):
+            peers = StaticPeers(list(peers))
+        if not isinstance(peers, PeerSource):
+            raise ConfigError("peers must be a list of endpoints or a discovery source")
+        self.source: PeerSource = peers
+        self.mac_key = mac_key
+        self.refresh_s = refresh_s
+        self.stats_ttl_s = stats_ttl_s
+        self._clients: dict[str, PeerClient] = {}
+        self._infos: dict[str, PeerInfo] = {}
+        self._refreshed = 0.0
+        self._lock = threading.Lock()
+        self._hints: OrderedDict[ChunkKey, str] = OrderedDict()
+        self._stats_cache: dict[str, tuple[float, dict[str, Any]]] = {}
+        self._nixl: NixlClientPlane | None = None
+        self._nixl_tried = False
+        self._pool = ThreadPoolExecutor(max_workers=16, thread_name_prefix="peer-store")
+        self._closed = False
+
+    # --- capabilities ----------------------------------------------------------------
+
+    @property
+    def high_latency(self) -> bool:
+        return True
+
+    @property
+    def supports_listing(self) -> bool:
+        return True
+
+    # --- peers -------------------------------------------------------------------------
+
+    def _shared_nixl(self) -> NixlClientPlane | None:
+        if self.config.plane == PLANE_INLINE:
+            return None
+        with self._lock:
+            if not self._nixl_tried:
+                self._nixl_tried = True
+                if nixl_unavailable_reason() is None:
+                    try:
+                        self._nixl = NixlClientPlane(self.config.recv_arena_bytes)
+                    except Exception as exc:  # noqa: BLE001 - clients fall back and report it
+                        log.warning("NIXL client plane could not start: %s", exc)
+            return self._nixl
+
+    def clients(self) -> list[PeerClient]:
+        """One client per live peer (the source is re-read every ``refresh_s``)."""
+        now = time.monotonic()
+        if now - self._refreshed >= self.refresh_s or not self._clients:
+            infos = self.source.peers()
+            nixl = self._shared_nixl()
+            with self._lock:
+                self._refreshed = now
+                wanted = {}
+                for info in infos:
+                    if (
+                        self.config.fingerprint is not None
+                        and info.fingerprint
+                        and info.fingerprint != self.config.fingerprint.hex()
+                    ):
+                        continue
+                    wanted[info.endpoint] = info
+                for endpoint in list(self._clients):
+                    if endpoint not in wanted:
+                        self._clients.pop(endpoint).close()
+                        self._infos.pop(endpoint, None)
+                for endpoint, info in wanted.items():
+                    if endpoint not in self._clients:
+                        config = self.config
+                        if info.curve_public_key and config.curve_server_key is None:
+                            config = replace(
+                                config, curve_server_key=info.curve_public_key.encode()
+                            )
+                        self._clients[endpoint] = PeerClient(
+                            endpoint, config, nixl=nixl, metrics=self.metrics
+                        )
+                    self._infos[endpoint] = info
+        with self._lock:
+            return list(self._clients.values())
+
+    def dataplanes(self) -> dict[str, str | None]:
+        """The data plane each peer uses (``None`` until its first request)."""
+        return {c.endpoint: c.plane for c in self.clients()}
+
+    def _each(
+        self, clients: Sequence[PeerClient], call: Callable[[PeerClient], T]
+    ) -> list[T | None]:
+        """``call`` on every available client in parallel; ``None`` where it failed."""
+        live = [c for c in clients if c.available]
+
+        def safe(client: PeerClient) -> T | None:
+            try:
+                return call(client)
+            except PeerError as exc:
+                log.info("peer %s: %s", client.endpoint, exc)
+                return None
+
+        if len(live) <= 1:
+            results = [safe(c) for c in live]
+        else:
+            results = list(self._pool.map(safe, live))
+        by_endpoint = {c.endpoint: r for c, r in zip(live, results)}
+        return [by_endpoint.get(c.endpoint) for c in clients]
+
+    def _hint(self, keys: Sequence[ChunkKey], endpoint: str) -> None:
+        with self._lock:
+            for key in keys:
+                self._hints[key] = endpoint
+                self._hints.move_to_end(key)
+            while len(self._hints) > _HINTS:
+                self._hints.popitem(last=False)
+
+    # --- reads -------------------------------------------------------------------------
+
+    def lookup_prefix(self, keys: Sequence[ChunkKey]) -> int:
+        """Ask every peer for its prefix length in parallel; the longest wins."""
+        if not keys:
+            return 0
+        clients = self.clients()
+        answers = self._each(clients, lambda c: c.lookup(keys))
+        best, best_client = 0, None
+        for client, answer in zip(clients, answers):
+            if answer is not None and answer > best:
+                best, best_client = answer, client
+        if best_client is not None:
+            self._hint(keys[:best], best_client.endpoint)
+        return best
+
+    def exists_many(self, keys: Sequence[ChunkKey]) -> list[bool]:
+        if not keys:
+            return []
+        clients = self.clients()
+        answers = self._each(clients, lambda c: c.exists(keys))
+        out = [False] * len(keys)
+        for client, answer in zip(clients, answers):
+            if answer is None:
+                continue
+            found = [k for k, here in zip(keys, answer) if here]
+            self._hint(found, client.endpoint)
+            out = [a or b for a, b in zip(out, answer)]
+        return out
+
+    def _locate(self, keys: Sequence[ChunkKey]) -> dict[str, list[int]]:
+        """Which peer to ask for each key: remembered hints first, then one exists round."""
+        clients = {c.endpoint: c for c in self.clients()}
+        plan: dict[str, list[int]] = {}
+        unknown = []
+        with self._lock:
+            for i, key in enumerate(keys):
+                endpoint = self._hints.get(key)
+                if endpoint in clients and clients[endpoint].available:
+                    plan.setdefault(endpoint, []).append(i)
+                else:
+                    unknown.append(i)
+        if unknown:
+            asked = [keys[i] for i in unknown]
+            ordered = list(clients.values())
+            answers = self._each(ordered, lambda c: c.exists(asked))
+            for pos, i in enumerate(unknown):
+                for client, answer in zip(ordered, answers):
+                    if answer is not None and answer[pos]:
+                        plan.setdefault(client.endpoint, []).append(i)
+                        break
+        return plan
+
+    def _read_many(self, keys: Sequence[ChunkKey]) -> list[bytes | None]:
+        out: list[bytes | None] = [None] * len(keys)
+        if not keys:
+            return out
+        self._fetch_into_list(keys, list(range(len(keys))), out)
+        missed = [i for i, blob in enumerate(out) if blob is None]
+        if missed:  # a remembered location may be stale: forget it and ask everyone once
+            with self._lock:
+                stale = [i for i in missed if self._hints.pop(keys[i], None) is not None]
+            if stale:
+                self._fetch_into_list(keys, stale, out)
+        return out
+
+    def read_unchecked_many(self, keys: Sequence[ChunkKey]) -> list[bytes | None]:
+        """Raw bytes per key, unverified, and not a use: peers neither pin nor touch them."""
+        out: list[bytes | None] = [None] * len(keys)
+        if keys:
+            self._fetch_into_list(keys, list(range(len(keys))), out, use=False)
+        return out
+
+    def _fetch_into_list(
+        self,
+        keys: Sequence[ChunkKey],
+        wanted: list[int],
+        out: list[bytes | None],
+        *,
+        use: bool = True,
+    ) -> None:
+        subset = [keys[i] for i in wanted]
+        local_plan = self._locate(subset)
+        plan = {e: [wanted[j] for j in idx] for e, idx in local_plan.items()}
+        clients = {c.endpoint: c for c in self.clients()}
+        targets = [clients[e] for e in plan if e in clients]
+        fetched = self._each(
+            targets, lambda c: c.fetch([keys[i] for i in plan[c.endpoint]], use=use)
+        )
+        for client, blobs in zip(targets, fetched):
+            if blobs is None:
+                continue
+            for i, blob in zip(plan[client.endpoint], blobs):
+                out[i] = blob
+
+    def _judge(self, key: ChunkKey, data: Any) -> Judgement:
+        return judge(key, data, mac_key=self.mac_key, expected_fingerprint=self.config.fingerprint)
+
+    def _admit(self, key: ChunkKey, judgement: Judgement) -> bool:
+        if judgement.verdict is ReadVerdict.REFUSED:
+            # Intact, but not for us (another model, or no valid MAC for our key): a miss,
+            # and no reason to delete the peer's copy.
+            log.warning("%s: chunk %s refused: %s", self.name, key.hex, judgement.error)
+            self.metrics.client_failures.labels("refused_chunk").inc()
+        admitted = super()._admit(key, judgement)
+        if judgement.verdict is ReadVerdict.CORRUPT:
+            self.metrics.client_failures.labels("corrupt").inc()
+        return admitted
+
+    def _quarantine(self, key: ChunkKey, reason: str) -> None:
+        # A damaged copy at rest must stop being served; if the damage happened in transit
+        # (rare: TCP and NIXL check their frames), deleting costs one recompute, nothing more.
+        try:
+            self.delete_many([key])
+        except Exception as exc:  # noqa: BLE001 - read-only peers keep it; the read is a miss
+            log.info("could not remove corrupt %s from peers: %s", key.hex, exc)
+
+    def get_into(self, key: ChunkKey, buffer: Buffer) -> int | None:
+        """Fetch one chunk into ``buffer`` (a host-pool slot) and verify it; size or ``None``.
+
+        Over NIXL, a buffer in memory given to :meth:`register_memory` is written
+        by the transfer itself, without a staging copy."""
+        return self.get_many_into([key], [buffer])[0]
+
+    def get_many_into(
+        self, keys: Sequence[ChunkKey], buffers: Sequence[Buffer]
+    ) -> list[int | None]:
+        """Batched :meth:`get_into`: one request per peer for all its keys; size or ``None``
+        per key (missing, unreachable or failed verification)."""
+        if len(keys) != len(buffers):
+            raise ConfigError("get_many_into needs one buffer per key")
+        out: list[int | None] = [None] * len(keys)
+        if not keys:
+            return out
+        plan = self._locate(keys)
+        clients = {c.endpoint: c for c in self.clients()}
+        targets = [clients[e] for e in plan if e in clients]
+
+        def fetch(client: PeerClient) -> list[int | None]:
+            idx = plan[client.endpoint]
+            return client.fetch_into([keys[i] for i in idx], [buffers[i] for i in idx])
+
+        for client, sizes in zip(targets, self._each(targets, fetch)):
+            if sizes is None:
+                continue
+            for i, size in zip(plan[client.endpoint], sizes):
+                if size is None:
+                    continue
+                view = memoryview(buffers[i]).cast("B")[:size]
+                if self._checked(keys[i], view) is not None:
+                    out[i] = size
+        return out
+
+    def register_memory(self, buffer: Buffer) -> bool:
+        """Register a host pool with NIXL so that :meth:`get_into` reads straight into it;
+        False when NIXL is not in use."""
+        nixl = self._shared_nixl()
+        if nixl is None:
+            return False
+        nixl.endpoint.register(buffer)
+        return True
+
+    # --- writes --------------------------------------------------------------------------
+
+    def _peer_stats(self, client: PeerClient) -> dict[str, Any]:
+        now = time.monotonic()
+        cached = self._stats_cache.get(client.endpoint)
+        if cached is not None and now - cached[0] < self.stats_ttl_s:
+            return cached[1]
+        stats = client.stats()
+        self._stats_cache[client.endpoint] = (now, stats)
+        return stats
+
+    def push_targets(self) -> list[PeerClient]:
+        """Writable peers, the one with the most free capacity first (unknown capacity last)."""
+        clients = self.clients()
+        stats = self._each(clients, self._peer_stats)
+        ranked = []
+        for client, st in zip(clients, stats):
+            if st is None or st.get("read_only"):
+                continue
+            capacity, used = st.get("capacity_bytes"), st.get("used_bytes")
+            free = capacity - used if isinstance(capacity, int) and isinstance(used, int) else -1
+            ranked.append((free, client))
+        ranked.sort(key=lambda pair: pair[0], reverse=True)
+        return [client for _, client in ranked]
+
+    def _push(self, items: Sequence[tuple[ChunkKey, Buffer]], overwrite: bool) -> list[bool]:
+        """Offer chunks to peers, emptiest first, until one holds each. Returns per chunk:
+        overwrite: a peer holds it now; otherwise: this call wrote it (put_if_absent)."""
+        out = [False] * len(items)
+        remaining = list(range(len(items)))
+        for client in self.push_targets():
+            if not remaining:
+                break
+            try:
+                results = client.push_detailed([items[i] for i in remaining], overwrite=overwrite)
+            except (PeerError, PeerRefused) as exc:
+                log.info("push to %s failed: %s", client.endpoint, exc)
+                continue
+            held = [i for i, (stored, _) in zip(remaining, results) if stored]
+            for i, (stored, written) in zip(remaining, results):
+                out[i] = stored if overwrite else written
+            self._hint([items[i][0] for i in held], client.endpoint)
+            remaining = [i for i, (stored, _) in zip(remaining, results) if not stored]
+        return out
+
+    def put_many(self, items: Sequence[tuple[ChunkKey, Buffer]]) -> list[bool]:
+        """Push chunks to the emptiest writable peer (overwriting); True where a peer took one."""
+        return self._push(items, overwrite=True)
+
+    def put_if_absent_many(self, items: Sequence[tuple[ChunkKey, Buffer]]) -> list[bool]:
+        """Push chunks no peer holds yet; True per chunk this call stored."""
+        if not items:
+            return []
+        present = self.exists_many([k for k, _ in items])
+        todo = [i for i, here in enumerate(present) if not here]
+        stored = self._push([items[i] for i in todo], overwrite=False) if todo else []
+        out = [False] * len(items)
+        for i, ok in zip(todo, stored):
+            out[i] = ok
+        return out
+
+    def delete_many(self, keys: Sequence[ChunkKey]) -> int:
+        """Delete keys on every peer; returns how many keys were held by at least one."""
+        if not keys:
+            return 0
+        clients = self.clients()
+        answers = self._each(clients, lambda c: c.delete(keys))
+        gone = [False] * len(keys)
+        for answer in answers:
+            if answer is not None:
+                gone = [a or b for a, b in zip(gone, answer)]
+        with self._lock:
+            for key in keys:
+                self._hints.pop(key, None)
+        return sum(gone)
+
+    def list(self, namespace: str | None = None) -> Iterator[ChunkInfo]:
+        """Every chunk on any live peer, once each."""
+        seen: set[ChunkKey] = set()
+        for client in self.clients():
+            try:
+                for info in client.list(namespace):
+                    if info.key not in seen:
+                        seen.add(info.key)
+                        yield info
+            except PeerError as exc:
+                log.info("peer %s: %s", client.endpoint, exc)
+
+    def stats(self) -> dict[str, dict[str, Any] | None]:
+        """Each peer's ``stats`` (``None`` for unreachable peers)."""
+        clients = self.clients()
+        return {c.endpoint: s for c, s in zip(clients, self._each(clients, lambda c: c.stats()))}
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        with self._lock:
+            clients, self._clients = list(self._clients.values()), {}
+        for client in clients:
+            client.close()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        if self._nixl is not None:
+            self._nixl.close()
+            self._nixl = None
+
+    def __repr__(self) -> str:
+        return f"PeerStore(name={self.name!r}, source={self.source!r})"
+
+
+def open_peer_store(url: str, **options: Any) -> PeerStore:
+    """``peer://host:port[,host:port...]`` for a static list, ``peer+redis://host:port/db`` or
+    ``peer+file:///dir`` for a registry (the factory ``open_store`` uses for these schemes)."""
+    from chunkstore.peer._discovery import open_registry
+
+    scheme, rest = url.split("://", 1)
+    config_fields = set(PeerClientConfig.__dataclass_fields__)
+    store_options = {k: v for k, v in options.items() if k not in config_fields}
+    client_options = {k: v for k, v in options.items() if k in config_fields}
+    for name in ("fingerprint", "curve_server_key", "curve_public_key", "curve_secret_key"):
+        value = client_options.get(name)
+        if isinstance(value, str) and name != "fingerprint":
+            client_options[name] = value.encode()
+        elif isinstance(value, str):
+            try:
+                client_options[name] = bytes.fromhex(value)
+            except ValueError:
+                raise ConfigError(f"{url}: fingerprint must be hex digits, got {value!r}") from None
+    config = PeerClientConfig(**client_options)
+    if scheme == "peer":
+        endpoints = [e for e in rest.strip("/").split(",") if e]
+        if not endpoints:
+            raise ConfigError("peer:// needs at least one host:port")
+        return PeerStore(endpoints, config, **store_options)
+    if scheme == "peer+redis":
+        return PeerStore(open_registry(f"redis://{rest}"), config, **store_options)
+    if scheme == "peer+file":
+        return PeerStore(open_registry(rest), config, **store_options)
+    raise ConfigError(f"unknown peer URL scheme {scheme!r}")
+
+
+__all__ = ["PeerStore", "open_peer_store", "PLANE_INLINE", "PLANE_NIXL"]
