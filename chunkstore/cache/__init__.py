@@ -28,8 +28,6 @@ from chunkstore.cache.policy import DEFAULT_POLICY, POLICY_NAMES, CachePolicy, m
 # Importable here, not curated: the shared pool and TP assembly the vLLM adapter builds on.
 from chunkstore.cache._assembly import AssemblerStats as AssemblerStats
 from chunkstore.cache._assembly import ShardAssembler as ShardAssembler
-from chunkstore.cache._assembly import ShardClaim as ShardClaim
-from chunkstore.cache._assembly import SlotRead as SlotRead
 from chunkstore.cache._assembly_owner import AssemblyOwner as AssemblyOwner
 from chunkstore.cache._assembly_owner import AssemblyStats as AssemblyStats
 from chunkstore.cache._host import Adoption as Adoption

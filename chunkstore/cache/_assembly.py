@@ -135,19 +135,6 @@ def ranks_in(mask: int) -> list[int]:
     return [r for r in range(MAX_RANKS) if mask >> r & 1]
 
 
-ShardClaim = Lease
-"""One rank's part in one chunk: a write :class:`~chunkstore.cache._lease.Lease` on a lent slot.
-
-Write the shard into its ``view`` (:meth:`ShardAssembler.write_shard`), then
-commit it (:meth:`ShardAssembler.mark_written`); ``with claim:`` does that on a
-clean exit and abandons it if the block raised. ``sealed`` says whether this
-rank's mark completed the chunk."""
-
-SlotRead = Lease
-"""A READY slot pinned for reading by a rank process: a read
-:class:`~chunkstore.cache._lease.Lease`; release it (``with``) when done."""
-
-
 @dataclass(frozen=True, slots=True)
 class AssemblerStats:
     """Counters of one rank's :class:`ShardAssembler`."""
@@ -263,8 +250,13 @@ class ShardAssembler:
 
     # --- writes -----------------------------------------------------------------------------
 
-    def slot_for_write(self, key: ChunkKey, *, parent: bytes, tokens: Any) -> ShardClaim | None:
+    def slot_for_write(self, key: ChunkKey, *, parent: bytes, tokens: Any) -> Lease | None:
         """This rank's claim on ``key``'s slot (the same slot for every rank), or ``None``.
+
+        The claim is a write :class:`~chunkstore.cache.Lease`: write the shard into its
+        ``view`` (:meth:`write_shard`), then :meth:`mark_written`; ``with claim:`` does that
+        on a clean exit and abandons it if the block raised; ``sealed`` says whether this
+        rank's mark completed the chunk.
 
         ``parent`` (the previous key's digest, or the namespace root) and
         ``tokens`` (the chunk's token ids) are the seal arguments; every rank
@@ -291,7 +283,7 @@ class ShardAssembler:
         while True:
             with self.pool:
                 outcome = self._claim_locked(key, parent, token_array)
-            if isinstance(outcome, ShardClaim):
+            if isinstance(outcome, Lease):
                 return outcome
             if outcome == "present":
                 self._count("present")
@@ -302,7 +294,7 @@ class ShardAssembler:
                 return None
             time.sleep(0.001)
 
-    def _claim_locked(self, key: ChunkKey, parent: bytes, tokens: np.ndarray) -> ShardClaim | str:
+    def _claim_locked(self, key: ChunkKey, parent: bytes, tokens: np.ndarray) -> Lease | str:
         pool = self.pool
         table = pool.table
         state = table["state"]
@@ -352,7 +344,7 @@ class ShardAssembler:
         self._count("claimed")
         return Lease(self, key, slot, int(entry["generation"]), view, writing=True)
 
-    def mark_written(self, claim: ShardClaim) -> bool:
+    def mark_written(self, claim: Lease) -> bool:
         """This rank's shard is in place; True when this call completed and sealed the chunk.
 
         After the last writer's mark the chunk is sealed and the owner publishes
@@ -409,7 +401,7 @@ class ShardAssembler:
         self._kick()
         return sealed
 
-    def _seal(self, claim: ShardClaim) -> None:
+    def _seal(self, claim: Lease) -> None:
         view = claim.view
         magic, parent, count = _CLAIM_HEAD.unpack_from(view, 0)
         if magic != _CLAIM_MAGIC or count != self.layout.spec.chunk_tokens:
@@ -427,19 +419,19 @@ class ShardAssembler:
             verify_key=False,  # checked when the claim was made
         )
 
-    def commit(self, claim: ShardClaim) -> bool:
+    def commit(self, claim: Lease) -> bool:
         """:meth:`mark_written` under the name every lease holder has (``with claim:``)."""
         return self.mark_written(claim)
 
-    def abort(self, claim: ShardClaim) -> None:
+    def abort(self, claim: Lease) -> None:
         """:meth:`abandon` under the name every lease holder has."""
         self.abandon(claim)
 
-    def write_shard(self, claim: ShardClaim, shard: Mapping[str, Any]) -> None:
+    def write_shard(self, claim: Lease, shard: Mapping[str, Any]) -> None:
         """Copy this rank's heads of every tensor into the claim (``ChunkLayout.write_shard``)."""
         self.layout.write_shard(claim.view, self.rank, self.tp, shard)
 
-    def abandon(self, claim: ShardClaim) -> None:
+    def abandon(self, claim: Lease) -> None:
         """Give up: the chunk will not be published (other ranks' work is discarded too)."""
         if claim.released:
             return
@@ -455,8 +447,9 @@ class ShardAssembler:
 
     # --- reads ------------------------------------------------------------------------------
 
-    def acquire(self, key: ChunkKey) -> SlotRead | None:
-        """Pin ``key``'s READY slot against eviction; ``None`` if host memory lacks it."""
+    def acquire(self, key: ChunkKey) -> Lease | None:
+        """Pin ``key``'s READY slot against eviction (a read :class:`~chunkstore.cache.Lease`;
+        release it, or use ``with``, when done); ``None`` if host memory lacks it."""
         self._check_open()
         got = self.pool.acquire(key)
         if got is None:
@@ -464,7 +457,7 @@ class ShardAssembler:
         slot, view = got
         return Lease(self, key, slot, self.pool.generation(slot), view, writing=False)
 
-    def release(self, lease: SlotRead) -> None:
+    def release(self, lease: Lease) -> None:
         """Drop a read pin taken by :meth:`acquire`; idempotent."""
         if lease.writing:
             self.abandon(lease)
@@ -543,8 +536,6 @@ class ShardAssembler:
 __all__ = [
     "AssemblerStats",
     "ShardAssembler",
-    "ShardClaim",
-    "SlotRead",
     "process_alive",
     "ranks_in",
     "wake_address",
