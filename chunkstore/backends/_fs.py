@@ -612,7 +612,9 @@ class FsStore(Store):
         put back (unless a yet newer one arrived): nothing good is lost to the race.
         """
         path = self.path_of(key)
-        delete = reason is None or self.quarantine_mode == "delete"
+        # The note kept beside a quarantined chunk; None: the chunk is deleted instead.
+        note = None if reason is None or self.quarantine_mode == "delete" else reason_record(reason)
+        delete = note is None
         done = False
 
         def remove() -> list[int]:
@@ -641,10 +643,10 @@ class FsStore(Store):
             with contextlib.suppress(OSError):
                 self.io.remove(path + ".atime")
             with contextlib.suppress(OSError):
-                if delete or reason is None:  # (delete already covers reason None; for mypy)
+                if note is None:
                     self.io.remove(dest)
                 else:
-                    self.io.write_small(dest + L.REASON_SUFFIX, reason_record(reason))
+                    self.io.write_small(dest + L.REASON_SUFFIX, note)
             return [taken.size]
 
         self._touched.pop(key, None)
