@@ -45,7 +45,7 @@ from chunkstore.errors import (
     StoreError,
 )
 from chunkstore.format import ByteRange
-from chunkstore.hashing import ChunkKey
+from chunkstore.hashing import ChunkKey, is_namespace
 from chunkstore.units import parse_size
 
 log = logging.getLogger(__name__)
@@ -212,7 +212,7 @@ class FsStore(Store):
             ours = {
                 n
                 for n, is_dir in entries
-                if is_dir and (L.NAMESPACE_RE.fullmatch(n) or n in (L.QUARANTINE_DIR, L.STATE_DIR))
+                if is_dir and (is_namespace(n) or n in (L.QUARANTINE_DIR, L.STATE_DIR))
             }
             if names and not ours:
                 raise StoreError(
@@ -661,7 +661,7 @@ class FsStore(Store):
     def namespaces(self) -> list[str]:
         """Namespace directories present under the root."""
         entries = self.io.listdir(self.root) or []
-        return sorted(n for n, is_dir in entries if is_dir and L.NAMESPACE_RE.fullmatch(n))
+        return sorted(n for n, is_dir in entries if is_dir and is_namespace(n))
 
     def _walk(self, namespace: str | None) -> Iterator[tuple[str, str, list[tuple[str, FileStat]]]]:
         """(namespace, directory, files) for every fan-out leaf directory."""

@@ -33,7 +33,6 @@ ACCESS_SUFFIX = ".kvc.atime"
 REASON_SUFFIX = ".reason"
 TEMP_SUFFIX = ".tmp"
 
-NAMESPACE_RE = re.compile(r"[0-9a-f]{16}")
 FANOUT_RE = re.compile(r"[0-9a-f]{2}")
 _CHUNK_RE = re.compile(r"[0-9a-f]{64}\.kvc")
 _ACCESS_RE = re.compile(r"[0-9a-f]{64}\.kvc\.atime")

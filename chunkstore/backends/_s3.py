@@ -40,7 +40,7 @@ from chunkstore.errors import (
     StoreError,
 )
 from chunkstore.format import ByteRange
-from chunkstore.hashing import ChunkKey
+from chunkstore.hashing import ChunkKey, is_namespace
 from chunkstore.units import parse_size
 
 log = logging.getLogger(__name__)
@@ -382,7 +382,7 @@ class S3Store(Store):
             if marker is not None:
                 L.check_marker(marker, where)
             return
-        ours = {d for d in dirs if L.NAMESPACE_RE.fullmatch(d) or d == L.QUARANTINE_DIR}
+        ours = {d for d in dirs if is_namespace(d) or d == L.QUARANTINE_DIR}
         if (dirs or files) and not ours:
             raise StoreError(
                 f"{where}: not a chunkstore prefix (no {L.MARKER_NAME} and no chunk "
@@ -904,7 +904,7 @@ class S3Store(Store):
         for obj in self._objects(""):
             rel = self._relative(obj["Key"])
             top = rel.split("/", 1)[0]
-            if not L.NAMESPACE_RE.fullmatch(top):
+            if not is_namespace(top):
                 continue
             match = _CHUNK_KEY_RE.fullmatch(rel.removesuffix(".atime"))
             if match and match.group(2) + match.group(3) == match.group(4)[:4]:

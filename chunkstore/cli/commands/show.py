@@ -22,12 +22,11 @@ from chunkstore.errors import (
     StoreError,
 )
 from chunkstore.format import ChunkHeader, decode_chunk, key_digest, read_header
-from chunkstore.hashing import ChunkKey
+from chunkstore.hashing import ChunkKey, is_namespace
 from chunkstore.units import format_size
 
 _KEY_ARG = re.compile(r"(?:([0-9a-f]{16})/)?([0-9a-f]{4,64})")
 _CHUNK_NAME = re.compile(r"([0-9a-f]{64})\.kvc")
-_NAMESPACE = re.compile(r"[0-9a-f]{16}")
 _TOKENS_PER_LINE = 16
 
 EPILOG = """examples:
@@ -152,7 +151,7 @@ def _expected_from_path(path: str) -> Expected | None:
         candidate = parts[-3]
     else:
         candidate = parts[-1] if parts else ""
-    namespace = candidate if _NAMESPACE.fullmatch(candidate) else None
+    namespace = candidate if is_namespace(candidate) else None
     return Expected(bytes.fromhex(hexdigits), namespace)
 
 
