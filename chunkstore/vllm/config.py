@@ -114,7 +114,9 @@ def _bool(extra: Mapping[str, Any], name: str, default: bool) -> bool:
     raise ConfigError(f"{name}: expected true or false, got {shown(value)}")
 
 
-def _positive_int(value: Any, name: str, maximum: int) -> int:
+def positive_int_option(value: Any, name: str, maximum: int) -> int:
+    """Option ``name`` as an integer in 1..``maximum`` (an int or its digits), else one
+    :class:`ConfigError` line naming the option."""
     expected = f"{name}: expected an integer 1..{maximum}, got {shown(value)}"
     if isinstance(value, bool) or not isinstance(value, (int, str)):
         raise ConfigError(expected)
@@ -127,7 +129,9 @@ def _positive_int(value: Any, name: str, maximum: int) -> int:
     return n
 
 
-def _seconds(extra: Mapping[str, Any], name: str, default: float) -> float:
+def seconds_option(extra: Mapping[str, Any], name: str, default: float) -> float:
+    """Duration option ``name`` of ``extra`` in seconds (``default`` when absent), bounded as
+    :func:`~chunkstore.units.parse_age` bounds it; errors name the option."""
     try:
         return units.parse_age(extra.get(name, default))
     except ConfigError as exc:
@@ -206,10 +210,10 @@ def parse_config(
         raise ConfigError("chunk_tokens and blocks_per_chunk: give one of them, not both")
     if "blocks_per_chunk" in extra:
         most = max(1, MAX_CHUNK_TOKENS // block_size)
-        chunk_tokens = _positive_int(extra["blocks_per_chunk"], "blocks_per_chunk", most)
+        chunk_tokens = positive_int_option(extra["blocks_per_chunk"], "blocks_per_chunk", most)
         chunk_tokens *= block_size
     else:
-        chunk_tokens = _positive_int(
+        chunk_tokens = positive_int_option(
             extra.get("chunk_tokens", 256), "chunk_tokens", MAX_CHUNK_TOKENS
         )
         if chunk_tokens % block_size:
@@ -242,7 +246,7 @@ def parse_config(
         load=_bool(extra, "load", role != "kv_producer"),
         save=_bool(extra, "save", role != "kv_consumer"),
         save_decode=_bool(extra, "save_decode", True),
-        prefetch_timeout_s=_seconds(extra, "prefetch_timeout_s", 10.0),
+        prefetch_timeout_s=seconds_option(extra, "prefetch_timeout_s", 10.0),
         verify_host=_bool(extra, "verify_host", False),
         compression=_choice(extra, "compression", "none", ("none", "zstd")),
         store_options={k: dict(v) for k, v in store_options.items()},

@@ -49,7 +49,7 @@ from chunkstore.hashing import ChunkKey
 from chunkstore.metrics import default_metrics
 
 # The connector's option parsers: the same words for the same mistakes.
-from chunkstore.vllm.config import _positive_int, _seconds, parse_config
+from chunkstore.vllm.config import parse_config, positive_int_option, seconds_option
 from chunkstore.vllm.engine import describe_engine
 from chunkstore.vllm.native.buffers import ChunkBuffers
 from chunkstore.vllm.native.options import TIER_OPTIONS
@@ -132,9 +132,9 @@ class ChunkStoreTier(SecondaryTierManager):
                 "chunkstore tier: remove canonical_layout from kv_connector_extra_config "
                 "(the tier converts vLLM's direct layout itself)"
             )
-        threads = _positive_int(options.get("threads", 4), "threads", MAX_TIER_THREADS)
-        timeout = _seconds(options, "tier_timeout", 30.0)
-        retry_after = _seconds(options, "retry_after", 5.0)
+        threads = positive_int_option(options.get("threads", 4), "threads", MAX_TIER_THREADS)
+        timeout = seconds_option(options, "tier_timeout", 30.0)
+        retry_after = seconds_option(options, "retry_after", 5.0)
         if timeout <= 0:
             raise ConfigError(f"tier_timeout: must be positive, got {timeout}")
         block_size = int(config.groups[0].tokens_per_block) if config.groups else 0
