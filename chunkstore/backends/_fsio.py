@@ -61,9 +61,19 @@ class LocalIO:
 
     def kind(self, path: str) -> str:
         """``dir``, ``file`` or ``missing``."""
-        if os.path.isdir(path):
-            return "dir"
-        return "file" if os.path.lexists(path) else "missing"
+        # One stat, not isdir() then lexists(): between two calls a concurrent creator can
+        # make the directory, and "not a dir, but exists" would misreport it as a file.
+        try:
+            return "dir" if _stat.S_ISDIR(os.stat(path).st_mode) else "file"
+        except (FileNotFoundError, NotADirectoryError):
+            pass
+        try:
+            mode = os.lstat(path).st_mode
+        except (FileNotFoundError, NotADirectoryError):
+            return "missing"
+        # a dangling symlink is something in the way, not room for a store; a directory here
+        # was made by someone else since the first stat
+        return "dir" if _stat.S_ISDIR(mode) else "file"
 
     def makedirs(self, path: str) -> None:
         os.makedirs(path, exist_ok=True)
@@ -382,12 +392,13 @@ class FsspecIO:
         return "/".join(p.rstrip("/") if i == 0 else p.strip("/") for i, p in enumerate(parts))
 
     def kind(self, path: str) -> str:
+        # One info() call, not isdir() then exists(): a directory made by a concurrent
+        # creator between two calls would read as "exists but not a dir", i.e. a file.
         try:
-            if self.fs.isdir(path):
-                return "dir"
-            return "file" if self.fs.exists(path) else "missing"
+            info = self.fs.info(path)
         except FileNotFoundError:
             return "missing"
+        return "dir" if info.get("type") == "directory" else "file"
 
     def makedirs(self, path: str) -> None:
         self.fs.makedirs(path, exist_ok=True)

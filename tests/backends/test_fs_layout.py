@@ -7,6 +7,7 @@ import os
 import shutil
 import time
 from pathlib import Path
+from typing import Any
 
 import fsspec
 import pytest
@@ -222,3 +223,31 @@ def test_marker_appearing_between_first_look_and_listing_is_accepted(
     monkeypatch.setattr(LocalIO, "read_small", first_read_misses)
     store = FsStore(str(tmp_path / "s"))
     assert seen and store.exists_many([]) == []
+
+
+def test_root_made_by_another_creator_between_looks_is_a_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two processes opening one new root: the loser must see a directory, never "a file"."""
+    root = tmp_path / "store"
+    real_stat = os.stat
+    raced = []
+
+    def stat_then_race(path: Any, *args: Any, **kwargs: Any) -> os.stat_result:
+        if str(path) == str(root) and not raced:
+            # the other creator's mkdir lands right after our first look found nothing
+            raced.append(True)
+            os.mkdir(root)
+            raise FileNotFoundError(path)
+        return real_stat(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "stat", stat_then_race)
+    assert LocalIO().kind(str(root)) == "dir"
+    assert raced
+
+
+def test_dangling_symlink_root_is_in_the_way(tmp_path: Path) -> None:
+    link = tmp_path / "store"
+    link.symlink_to(tmp_path / "nowhere")
+    assert LocalIO().kind(str(link)) == "file"
+    assert LocalIO().kind(str(tmp_path / "absent")) == "missing"
