@@ -45,7 +45,7 @@ from chunkstore.errors import (
     StoreError,
 )
 from chunkstore.format import ByteRange
-from chunkstore.hashing import ChunkKey, is_namespace
+from chunkstore.hashing import ChunkKey, check_namespace, is_namespace
 from chunkstore.units import parse_size
 
 log = logging.getLogger(__name__)
@@ -679,6 +679,8 @@ class FsStore(Store):
                     yield ns, leaf, self.io.scan_files(leaf)
 
     def list(self, namespace: str | None = None) -> Iterator[ChunkInfo]:
+        if namespace is not None:
+            check_namespace(namespace)  # it becomes a path below the root
         for ns, leaf, files in self._walk(namespace):
             records = {n[: -len(".atime")] for n, _ in files if L.classify(n) == L.ACCESS}
             for fname, st in files:

@@ -7,7 +7,7 @@ import time
 from collections.abc import Iterator, Sequence
 
 from chunkstore.backends.base import Buffer, ChunkInfo, Store
-from chunkstore.hashing import ChunkKey
+from chunkstore.hashing import ChunkKey, check_namespace
 
 
 class MemoryStore(Store):
@@ -71,6 +71,8 @@ class MemoryStore(Store):
             return sum(self._data.pop(k, None) is not None for k in keys)
 
     def list(self, namespace: str | None = None) -> Iterator[ChunkInfo]:
+        if namespace is not None:
+            check_namespace(namespace)  # refused like the stores where it becomes a path
         with self._lock:
             snapshot = list(self._data.items())
         for key, (data, mtime, atime) in snapshot:

@@ -40,7 +40,7 @@ from chunkstore.errors import (
     StoreError,
 )
 from chunkstore.format import ByteRange
-from chunkstore.hashing import ChunkKey, is_namespace
+from chunkstore.hashing import ChunkKey, check_namespace, is_namespace
 from chunkstore.units import parse_size
 
 log = logging.getLogger(__name__)
@@ -857,6 +857,8 @@ class S3Store(Store):
         return name[len(self.prefix) + 1 :] if self.prefix else name
 
     def list(self, namespace: str | None = None) -> Iterator[ChunkInfo]:
+        if namespace is not None:
+            check_namespace(namespace)  # it becomes an object-key prefix
         pending: tuple[ChunkKey, int, float, str] | None = None
         for obj in self._objects(f"{namespace}/" if namespace else ""):
             rel = self._relative(obj["Key"])

@@ -36,7 +36,7 @@ from chunkstore.cache._pool import DOOMED, READY, SlotPool, StaleSlot
 from chunkstore.cache.policy import DEFAULT_POLICY, CachePolicy, NoEvictableEntry, make_policy
 from chunkstore.errors import ConfigError
 from chunkstore.format import ChunkLayout
-from chunkstore.hashing import ChunkKey
+from chunkstore.hashing import ChunkKey, check_namespace
 
 log = logging.getLogger(__name__)
 
@@ -440,6 +440,8 @@ class HostCache(Store):
         return deleted
 
     def list(self, namespace: str | None = None) -> Iterator[ChunkInfo]:
+        if namespace is not None:
+            check_namespace(namespace)  # refused like the stores where it becomes a path
         with self._lock:
             pool = self.pool
             snapshot = [

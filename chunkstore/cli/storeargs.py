@@ -17,7 +17,7 @@ from typing import Any
 from chunkstore.backends._registry import check_url, load_options, open_for_option, open_store
 from chunkstore.backends.base import Store
 from chunkstore.errors import ConfigError, StoreError
-from chunkstore.hashing import is_namespace
+from chunkstore.hashing import check_namespace
 from chunkstore.units import parse_size
 
 
@@ -96,9 +96,10 @@ def size_arg(text: str) -> int:
 
 def namespace_arg(text: str) -> str:
     """argparse ``type=`` for ``--namespace``: 16 lower-case hex digits."""
-    if not is_namespace(text):
-        raise argparse.ArgumentTypeError(f"a namespace is 16 lower-case hex digits, got {text!r}")
-    return text
+    try:
+        return check_namespace(text)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def local_path(url: str) -> Path | None:

@@ -11,6 +11,7 @@ from chunkstore.hashing._keys import ChunkKey, chain_keys, namespace_of, namespa
 # Importable here, not curated (see the module docstring).
 from chunkstore.hashing._keys import DIGEST_SIZE as DIGEST_SIZE
 from chunkstore.hashing._keys import chain_digest as chain_digest
+from chunkstore.hashing._keys import check_namespace as check_namespace
 from chunkstore.hashing._keys import encode_extra as encode_extra
 from chunkstore.hashing._keys import is_namespace as is_namespace
 from chunkstore.hashing._keys import parent_of as parent_of

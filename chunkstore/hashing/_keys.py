@@ -82,6 +82,14 @@ def is_namespace(text: object) -> bool:
     return isinstance(text, str) and _NAMESPACE.fullmatch(text) is not None
 
 
+def check_namespace(text: object) -> str:
+    """``text`` if it is a storage namespace, else :class:`ConfigError` (one line, the value)."""
+    if not is_namespace(text):
+        raise ConfigError(f"a namespace is 16 lower-case hex digits, got {text!r}")
+    assert isinstance(text, str)
+    return text
+
+
 def namespace_of(root: bytes) -> str:
     """The storage namespace of a namespace root: its first 8 bytes in hex."""
     return root[: NAMESPACE_HEX_CHARS // 2].hex()

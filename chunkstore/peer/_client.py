@@ -22,7 +22,7 @@ from typing import Any
 
 from chunkstore.backends.base import Buffer, ChunkInfo
 from chunkstore.errors import ConfigError, MissingDependency
-from chunkstore.hashing import ChunkKey, is_namespace
+from chunkstore.hashing import ChunkKey, check_namespace
 from chunkstore.peer import _protocol as P
 from chunkstore.peer._arena import Arena
 from chunkstore.peer._errors import PeerRefused, PeerUnavailable, ProtocolViolation
@@ -573,8 +573,8 @@ class PeerClient:
 
     def list(self, namespace: str | None = None) -> Iterator[ChunkInfo]:
         """Every chunk the peer holds (of one namespace), page by page."""
-        if namespace is not None and not is_namespace(namespace):
-            raise ConfigError(f"a namespace is 16 lower-case hex digits, got {namespace!r}")
+        if namespace is not None:
+            check_namespace(namespace)
         after: bytes | None = None
         while True:
             reply, _ = self.request("list", {"namespace": namespace, "after": after, "limit": 1024})

@@ -29,7 +29,7 @@ from chunkstore.backends.base import (
     SupportsGetManyInto,
     SupportsRangedRead,
 )
-from chunkstore.errors import ChunkStoreError
+from chunkstore.errors import ChunkStoreError, ConfigError
 from chunkstore.format import ChunkLayout, decode_chunk, encode_chunk
 from chunkstore.testing.factories import MadeChunk, kv_tensors, sample_chunks, small_spec
 
@@ -142,6 +142,12 @@ class StoreSuite:
         assert ns != other[0].key.namespace
         assert {i.key for i in store.list(ns)} == {c.key for c in chunks}
         assert list(store.list("0" * 16)) == []
+
+    @pytest.mark.parametrize("namespace", ["..", "../etc", "a/b", "ABCDEF0123456789", "", "0" * 15])
+    def test_list_refuses_what_is_not_a_namespace(self, store: Store, namespace: str) -> None:
+        # A path-like value would otherwise walk outside the store's root or prefix.
+        with pytest.raises(ConfigError, match="16 lower-case hex digits"):
+            list(store.list(namespace))
 
     def test_reads_advance_access_time(
         self, make_store: Callable[..., Store], chunks: list[MadeChunk]
