@@ -193,6 +193,40 @@ def test_bad_history() -> None:
             PrefixARCPolicy(2, history=bad)  # type: ignore[arg-type]
 
 
+def test_an_idle_frequent_chunk_expires_before_recent_ones() -> None:
+    # c = 4, floor 1 (the horizon starts at 4 lookups), margin 1. a is read twice (T2, last used
+    # at lookup 1); x1 x2 x3 fill T1. p = 0, so ARC takes T1's LRU on every new key.
+    policy = PrefixARCPolicy(4, history=0, idle_margin=1.0, idle_floor=1)
+    plain = PrefixARCPolicy(4, history=0, idle_margin=float("inf"))
+    for each in (policy, plain):
+        for key in ["a", "a", "x1", "x2", "x3"]:
+            each.access(key)
+        assert list(each.t2) == ["a"] and each.p == 0.0
+    assert policy.admit("y") == "x1"  # lookup 5: a idle 4 lookups, not more than 1 x 4
+    assert policy.admit("z") == "a"  # lookup 6: idle 5 > 4, expired although p favours T2
+    assert [plain.admit(k) for k in "yz"] == ["x1", "x2"]  # ARC's choice alone keeps a
+
+
+def test_an_entry_read_again_late_pushes_the_horizon_out() -> None:
+    policy = PrefixARCPolicy(2, history=0, idle_floor=0)
+    policy.access("a")
+    policy.access("a")  # T1 -> T2: no idle time measured
+    assert policy.reuse_horizon == 0.0
+    for key in range(3):
+        policy.access(key)
+        policy.remove(key)
+    assert policy.hit("a") and policy.reuse_horizon == 4  # idle from lookup 1 to lookup 5
+
+
+def test_bad_idle_settings() -> None:
+    for bad in (0.5, True, "2"):
+        with pytest.raises(ConfigError, match="idle_margin"):
+            PrefixARCPolicy(2, idle_margin=bad)  # type: ignore[arg-type]
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ConfigError, match="idle_floor"):
+            PrefixARCPolicy(2, idle_floor=bad)  # type: ignore[arg-type]
+
+
 class PrefixARCMachine(ARCPinMachine):
     """parc under the ARC pin machine, plus chained requests, late links and lone evictions."""
 
@@ -233,7 +267,23 @@ class PrefixARCMachine(ARCPinMachine):
                 assert key in policy.children_of(parent)
         for key in range(12):
             assert policy.children_of(key) <= self.resident
+        # Every resident key, and only those, carries its last use (idle expiry reads it).
+        assert set(policy._last_use) == self.resident
+        assert policy.reuse_horizon >= 0
 
 
 TestPrefixARCMachine = PrefixARCMachine.TestCase
 TestPrefixARCMachine.settings = settings(max_examples=80, stateful_step_count=40, deadline=None)
+
+
+class PrefixARCExpiryMachine(PrefixARCMachine):
+    """The same rules with expiry on a hair trigger (margin 1, no floor): it fires constantly."""
+
+    def make(self) -> PrefixARCPolicy:
+        return PrefixARCPolicy(4, history=2, idle_margin=1.0, idle_floor=0)
+
+
+TestPrefixARCExpiryMachine = PrefixARCExpiryMachine.TestCase
+TestPrefixARCExpiryMachine.settings = settings(
+    max_examples=80, stateful_step_count=40, deadline=None
+)
