@@ -266,3 +266,7 @@ def test_shared_trace_arc_at_least_lru() -> None:
         arc, lru, opt = (result.result(p, capacity) for p in ("arc", "lru", "belady"))
         assert lru.hits <= arc.hits <= opt.hits
         assert lru.tokens_saved <= arc.tokens_saved <= opt.tokens_saved
+        bound = result.tokens_saved_bound(capacity)
+        assert bound is not None
+        for policy in result.policies:
+            assert result.result(policy, capacity).tokens_saved_ratio <= bound
