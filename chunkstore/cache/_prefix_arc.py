@@ -35,13 +35,15 @@ that is long compared with a small cache's turnover. Four changes to ARC
   once T2 holds the chunks of conversations that have ended (read many times,
   never again) it keeps them while T1 shrinks until new turns are evicted
   before they come back. Every resident key carries the lookup count of its
-  last use, and the policy remembers the longest idle time after which a T2
-  chunk was ever read again (the *reuse horizon*, at least ``idle_floor *
-  capacity`` lookups). When T2's least recently used chunk has been idle for
-  more than ``idle_margin`` times that horizon, REPLACE takes it (leaf first)
-  whatever ``p`` says: nothing on this trace has come back after so long.
-  Traces whose chunks do return after long pauses push the horizon out and
-  keep ARC's choice.
+  last use, and the policy tracks how long T2 chunks stay idle before they are
+  read again: the *reuse horizon*, a running estimate of the 99th percentile
+  of those idle times (never below ``idle_floor * capacity`` lookups). When
+  T2's least recently used chunk has been idle for more than ``idle_margin``
+  times the horizon, REPLACE takes it (leaf first) whatever ``p`` says: hardly
+  anything on this trace comes back after so long. Traces whose chunks do
+  return after long pauses push the horizon out and keep ARC's choice; a
+  percentile rather than the longest idle time seen lets one late return
+  not switch expiry off for good.
 
 Chain structure comes from ``parent`` in :meth:`PrefixARCPolicy.admit` /
 :meth:`~PrefixARCPolicy.access` or from :meth:`PrefixARCPolicy.link` (the host
@@ -70,6 +72,11 @@ DEFAULT_IDLE_MARGIN = 2.5
 """T2's LRU chunk expires when idle for this multiple of the reuse horizon (simulator sweep)."""
 DEFAULT_IDLE_FLOOR = 2
 """The reuse horizon starts at (and never falls below) this many lookups per cache entry."""
+_HORIZON_QUANTILE = 0.99
+_HORIZON_UP = 1.05
+# A stochastic quantile estimate: up by 5 % when an idle time exceeds it, down by
+# 5 % x (1 - q) / q otherwise, so it settles where a fraction q of idle times lie below.
+_HORIZON_DOWN = 1 - 0.05 * (1 - _HORIZON_QUANTILE) / _HORIZON_QUANTILE
 
 
 class PrefixARCPolicy(ARCPolicy):
@@ -109,8 +116,10 @@ class PrefixARCPolicy(ARCPolicy):
             raise ConfigError(f"idle_floor must be a non-negative multiple, got {idle_floor!r}")
         self.idle_margin = float(idle_margin)
         """T2's LRU chunk expires once idle for more than this multiple of the reuse horizon."""
-        self.reuse_horizon = float(idle_floor * capacity)
-        """Longest idle time (in lookups) after which a T2 chunk was read again, or the floor."""
+        self._horizon_floor = float(idle_floor * capacity)
+        self.reuse_horizon = max(self._horizon_floor, 1.0)
+        """Estimated 99th percentile of the idle times (in lookups) after which T2 chunks are
+        read again; never below ``idle_floor * capacity``."""
         # Lookup count of each resident key's last use: hits and admissions tick it.
         self._clock = 0
         self._last_use: dict[Hashable, int] = {}
@@ -144,9 +153,11 @@ class PrefixARCPolicy(ARCPolicy):
             if key not in t2:
                 return False
             t2.move_to_end(key)
-            idle = self._clock - self._last_use[key]
-            if idle > self.reuse_horizon:
-                self.reuse_horizon = idle
+            horizon = self.reuse_horizon
+            if self._clock - self._last_use[key] > horizon:
+                self.reuse_horizon = horizon * _HORIZON_UP
+            elif horizon > self._horizon_floor:
+                self.reuse_horizon = max(horizon * _HORIZON_DOWN, self._horizon_floor)
         self._last_use[key] = self._clock
         self._clock += 1
         return True

@@ -207,15 +207,24 @@ def test_an_idle_frequent_chunk_expires_before_recent_ones() -> None:
     assert [plain.admit(k) for k in "yz"] == ["x1", "x2"]  # ARC's choice alone keeps a
 
 
-def test_an_entry_read_again_late_pushes_the_horizon_out() -> None:
+def test_the_horizon_follows_the_idle_times_of_t2_rereads() -> None:
+    # Floor 0: the horizon starts at 1 lookup. a a: T1 -> T2 (no idle time measured).
     policy = PrefixARCPolicy(2, history=0, idle_floor=0)
     policy.access("a")
-    policy.access("a")  # T1 -> T2: no idle time measured
-    assert policy.reuse_horizon == 0.0
+    policy.access("a")
+    assert policy.reuse_horizon == 1.0
     for key in range(3):
         policy.access(key)
         policy.remove(key)
-    assert policy.hit("a") and policy.reuse_horizon == 4  # idle from lookup 1 to lookup 5
+    assert policy.hit("a")  # idle 4 lookups > 1: the estimate goes up by 5 %
+    assert policy.reuse_horizon == pytest.approx(1.05)
+    assert policy.hit("a")  # idle 0: down by 5 % x 1/99 (a 99th-percentile estimate)
+    assert policy.reuse_horizon == pytest.approx(1.05 * (1 - 0.05 / 99))
+    # Never below the floor (here 3 lookups per entry).
+    floored = PrefixARCPolicy(2, history=0, idle_floor=3)
+    for _ in range(4):
+        floored.access("a")
+    assert floored.reuse_horizon == 6.0
 
 
 def test_bad_idle_settings() -> None:
@@ -269,7 +278,7 @@ class PrefixARCMachine(ARCPinMachine):
             assert policy.children_of(key) <= self.resident
         # Every resident key, and only those, carries its last use (idle expiry reads it).
         assert set(policy._last_use) == self.resident
-        assert policy.reuse_horizon >= 0
+        assert policy.reuse_horizon >= policy._horizon_floor
 
 
 TestPrefixARCMachine = PrefixARCMachine.TestCase
