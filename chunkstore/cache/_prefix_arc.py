@@ -117,9 +117,10 @@ class PrefixARCPolicy(ARCPolicy):
         self.idle_margin = float(idle_margin)
         """T2's LRU chunk expires once idle for more than this multiple of the reuse horizon."""
         self._horizon_floor = float(idle_floor * capacity)
-        self.reuse_horizon = max(self._horizon_floor, 1.0)
-        """Estimated 99th percentile of the idle times (in lookups) after which T2 chunks are
-        read again; never below ``idle_floor * capacity``."""
+        self._horizon = max(self._horizon_floor, 1.0)
+        # T2 re-reads within the horizon since it was last settled: each lowers it by one
+        # down-step, applied in bulk (a counter is cheaper than a multiplication per hit).
+        self._rereads_within = 0
         # Lookup count of each resident key's last use: hits and admissions tick it.
         self._clock = 0
         self._last_use: dict[Hashable, int] = {}
@@ -153,14 +154,23 @@ class PrefixARCPolicy(ARCPolicy):
             if key not in t2:
                 return False
             t2.move_to_end(key)
-            horizon = self.reuse_horizon
-            if self._clock - self._last_use[key] > horizon:
-                self.reuse_horizon = horizon * _HORIZON_UP
-            elif horizon > self._horizon_floor:
-                self.reuse_horizon = max(horizon * _HORIZON_DOWN, self._horizon_floor)
+            if self._clock - self._last_use[key] > self._horizon:
+                self._horizon = self.reuse_horizon * _HORIZON_UP
+            else:
+                self._rereads_within += 1
         self._last_use[key] = self._clock
         self._clock += 1
         return True
+
+    @property
+    def reuse_horizon(self) -> float:
+        """Estimated 99th percentile of the idle times (in lookups) after which T2 chunks are
+        read again; never below ``idle_floor * capacity``."""
+        within = self._rereads_within
+        if within:
+            self._rereads_within = 0
+            self._horizon = max(self._horizon * _HORIZON_DOWN**within, self._horizon_floor)
+        return self._horizon
 
     def access(self, key: Hashable, parent: Hashable | None = None) -> bool:
         # Not ARC's inlined admission: the chain needs the parent.
