@@ -31,11 +31,25 @@ that is long compared with a small cache's turnover. Four changes to ARC
   KV traces such a return is strong evidence, and ARC's unit steps lag far
   behind the turnover of a small cache.
 
+* **Idle frequent chunks expire.** ARC moves ``p`` only on ghost hits, so
+  once T2 holds the chunks of conversations that have ended (read many times,
+  never again) it keeps them while T1 shrinks until new turns are evicted
+  before they come back. Every resident key carries the lookup count of its
+  last use, and the policy tracks how long T2 chunks stay idle before they are
+  read again: the *reuse horizon*, a running estimate of the 99th percentile
+  of those idle times (never below ``idle_floor * capacity`` lookups). When
+  T2's least recently used chunk has been idle for more than ``idle_margin``
+  times the horizon, REPLACE takes it (leaf first) whatever ``p`` says: hardly
+  anything on this trace comes back after so long. Traces whose chunks do
+  return after long pauses push the horizon out and keep ARC's choice; a
+  percentile rather than the longest idle time seen lets one late return
+  not switch expiry off for good.
+
 Chain structure comes from ``parent`` in :meth:`PrefixARCPolicy.admit` /
 :meth:`~PrefixARCPolicy.access` or from :meth:`PrefixARCPolicy.link` (the host
 cache reads it from each chunk's header when the chunk is committed). Keys
 without a known parent are treated as chain roots, and the policy then
-behaves like ARC with a longer memory. Pins (``can_evict``) are honoured: a
+behaves like ARC with a longer memory (and idle expiry). Pins (``can_evict``) are honoured: a
 vetoed leaf makes REPLACE try the next candidate; only when no leaf can go
 is an inner chunk evicted, and :class:`NoEvictableEntry` is raised (state
 unchanged) when nothing can.
@@ -54,6 +68,15 @@ DEFAULT_HISTORY = 2
 """Remembered evicted keys, in multiples of the capacity (picked from the simulator sweep)."""
 DEFAULT_FREQUENCY_STEP = 4.0
 """How many of ARC's steps a B2 ghost hit moves ``p`` towards frequency (from the same sweep)."""
+DEFAULT_IDLE_MARGIN = 2.5
+"""T2's LRU chunk expires when idle for this multiple of the reuse horizon (simulator sweep)."""
+DEFAULT_IDLE_FLOOR = 2
+"""The reuse horizon starts at (and never falls below) this many lookups per cache entry."""
+_HORIZON_QUANTILE = 0.99
+_HORIZON_UP = 1.05
+# A stochastic quantile estimate: up by 5 % when an idle time exceeds it, down by
+# 5 % x (1 - q) / q otherwise, so it settles where a fraction q of idle times lie below.
+_HORIZON_DOWN = 1 - 0.05 * (1 - _HORIZON_QUANTILE) / _HORIZON_QUANTILE
 
 
 class PrefixARCPolicy(ARCPolicy):
@@ -71,6 +94,8 @@ class PrefixARCPolicy(ARCPolicy):
         capacity: int,
         history: int = DEFAULT_HISTORY,
         frequency_step: float = DEFAULT_FREQUENCY_STEP,
+        idle_margin: float = DEFAULT_IDLE_MARGIN,
+        idle_floor: int = DEFAULT_IDLE_FLOOR,
     ) -> None:
         super().__init__(capacity)
         if isinstance(history, bool) or not isinstance(history, int) or history < 0:
@@ -80,6 +105,25 @@ class PrefixARCPolicy(ARCPolicy):
             raise ConfigError(f"frequency_step must be a number >= 1, got {frequency_step!r}")
         self.frequency_step = float(frequency_step)
         """Multiple of ARC's step by which a B2 ghost hit shrinks ``p``."""
+        margin_is_number = isinstance(idle_margin, (int, float)) and not isinstance(
+            idle_margin, bool
+        )
+        if not margin_is_number or not idle_margin >= 1:
+            raise ConfigError(
+                f"idle_margin must be a number >= 1 (inf: never expire), got {idle_margin!r}"
+            )
+        if isinstance(idle_floor, bool) or not isinstance(idle_floor, int) or idle_floor < 0:
+            raise ConfigError(f"idle_floor must be a non-negative multiple, got {idle_floor!r}")
+        self.idle_margin = float(idle_margin)
+        """T2's LRU chunk expires once idle for more than this multiple of the reuse horizon."""
+        self._horizon_floor = float(idle_floor * capacity)
+        self._horizon = max(self._horizon_floor, 1.0)
+        # T2 re-reads within the horizon since it was last settled: each lowers it by one
+        # down-step, applied in bulk (a counter is cheaper than a multiplication per hit).
+        self._rereads_within = 0
+        # Lookup count of each resident key's last use: hits and admissions tick it.
+        self._clock = 0
+        self._last_use: dict[Hashable, int] = {}
         self.history: OrderedDict[Hashable, None] = OrderedDict()
         """The last ``history * capacity`` evicted keys, oldest first."""
         self._history_limit = history * capacity
@@ -98,6 +142,35 @@ class PrefixARCPolicy(ARCPolicy):
         return frozenset(self._children.get(key, ()))
 
     # --- uses ----------------------------------------------------------------------------
+
+    def hit(self, key: Hashable) -> bool:
+        """ARC's Case I, plus the last-use stamp and the reuse horizon."""
+        t1 = self.t1
+        if key in t1:
+            del t1[key]
+            self.t2[key] = None
+        else:
+            t2 = self.t2
+            if key not in t2:
+                return False
+            t2.move_to_end(key)
+            if self._clock - self._last_use[key] > self._horizon:
+                self._horizon = self.reuse_horizon * _HORIZON_UP
+            else:
+                self._rereads_within += 1
+        self._last_use[key] = self._clock
+        self._clock += 1
+        return True
+
+    @property
+    def reuse_horizon(self) -> float:
+        """Estimated 99th percentile of the idle times (in lookups) after which T2 chunks are
+        read again; never below ``idle_floor * capacity``."""
+        within = self._rereads_within
+        if within:
+            self._rereads_within = 0
+            self._horizon = max(self._horizon * _HORIZON_DOWN**within, self._horizon_floor)
+        return self._horizon
 
     def access(self, key: Hashable, parent: Hashable | None = None) -> bool:
         # Not ARC's inlined admission: the chain needs the parent.
@@ -141,6 +214,8 @@ class PrefixARCPolicy(ARCPolicy):
         if victim is not None:
             self._evict_key(victim)
         (t2 if frequent else t1)[key] = None
+        self._last_use[key] = self._clock
+        self._clock += 1
         children = self._children
         if children:
             for child in children.get(key, ()):
@@ -173,6 +248,7 @@ class PrefixARCPolicy(ARCPolicy):
         # A deleted chunk must not come back as if it had been evicted.
         self.history.pop(key, None)
         if resident:
+            del self._last_use[key]
             self._forget(key)
         return resident
 
@@ -192,14 +268,12 @@ class PrefixARCPolicy(ARCPolicy):
 
     def _choose_victim_unpinned(self, p: float, in_b2: bool, protect: Hashable | None) -> Hashable:
         """:meth:`_choose_victim` with nothing vetoed and no orphans: one walk from one LRU."""
-        t1, t2 = self.t1, self.t2
-        n1 = len(t1)
-        entries = t1 if (n1 and (n1 > p or (in_b2 and n1 == p))) or not t2 else t2
+        entries = self.t1 if self._replace_from_t1(p, in_b2) else self.t2
         node = next(iter(entries))
         children = self._children
         below = children.get(node)
         if below:
-            for _ in range(n1 + len(t2)):
+            for _ in range(len(self)):
                 node = next(iter(below)) if len(below) == 1 else self._coldest(below)
                 below = children.get(node)
                 if not below:
@@ -218,9 +292,7 @@ class PrefixARCPolicy(ARCPolicy):
         Orphans first, then ARC's list order, each candidate walked down to a leaf;
         then the protected parent; then, only when pins hold every leaf, an inner key.
         """
-        t1_len = len(self.t1)
-        prefer_t1 = t1_len >= 1 and (t1_len > p or (in_b2 and t1_len == p))
-        order = (self.t1, self.t2) if prefer_t1 else (self.t2, self.t1)
+        order = (self.t1, self.t2) if self._replace_from_t1(p, in_b2) else (self.t2, self.t1)
         dead: set[Hashable] = set()
         for entries in (self._orphans, *order):
             for candidate in entries:
@@ -234,6 +306,19 @@ class PrefixARCPolicy(ARCPolicy):
             if found is not None:
                 return found
         raise NoEvictableEntry(f"all {len(self)} resident entries are pinned")
+
+    def _replace_from_t1(self, p: float, in_b2: bool) -> bool:
+        """ARC's choice of list (T1 above its target ``p``), unless T2's LRU chunk has expired."""
+        t1, t2 = self.t1, self.t2
+        n1 = len(t1)
+        if not t2:
+            return True
+        if not n1:
+            return False
+        idle = self._clock - self._last_use[next(iter(t2))]
+        if idle > self.idle_margin * self.reuse_horizon:
+            return False
+        return n1 > p or (in_b2 and n1 == p)
 
     def _leaf_below(
         self,
@@ -278,6 +363,7 @@ class PrefixARCPolicy(ARCPolicy):
 
     def _evict_key(self, victim: Hashable) -> None:
         """Move a resident victim to the ghost list of its list and to the long history."""
+        del self._last_use[victim]
         t1 = self.t1
         if victim in t1:
             del t1[victim]

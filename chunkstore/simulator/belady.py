@@ -6,13 +6,18 @@ the future (or never comes) is evicted. No online policy that admits every
 miss can score more **block hits** on the same access sequence.
 
 For **prompt tokens saved** (the leading run of hits of each request) the
-simulator counts MIN's hits the same way as any policy's. MIN is prefix-aware
-by construction: every request reads a chunk's parent just before the chunk,
-so a parent's next use always comes before its child's and MIN never evicts a
-chunk while keeping the chunk after it. It is not a proven upper bound on
-tokens saved (which leading runs to complete is a harder, knapsack-like
-choice), so an online policy may come out ahead of it on that measure; the
-simulator then reports a negative gap.
+simulator counts MIN's hits the same way as any policy's. MIN is nearly
+prefix-aware by construction: every request reads a chunk's parent just before
+the chunk, so a parent's next use comes before its child's and MIN evicts the
+child first, except when the child is the block being admitted (demand paging:
+it cannot be the victim), so a chain longer than the free room can keep a
+chunk whose parent it evicted, a hit outside the leading run. MIN's *tokens
+saved* are therefore no proven optimum, but ``MIN hits x block_tokens`` is a
+proven bound on every policy's tokens saved:
+a request saves at most ``block_tokens`` per leading hit, a leading hit is a
+hit, and no policy of the same capacity that admits every miss has more hits
+than MIN (:meth:`~chunkstore.simulator.replay.Simulation.tokens_saved_bound`).
+On the shared and generated traces the two differ by at most 0.1 point.
 """
 
 from __future__ import annotations

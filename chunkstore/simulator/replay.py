@@ -108,6 +108,22 @@ class Simulation:
             best.tokens_saved_ratio - ours.tokens_saved_ratio,
         )
 
+    def tokens_saved_bound(self, capacity: int) -> float | None:
+        """A proven upper bound on the tokens-saved ratio of any policy at ``capacity``.
+
+        Belady's block hits times the block size (at most every prompt token): a request
+        saves at most ``block_tokens`` per leading hit, a leading hit is a hit, and no
+        policy of ``capacity`` blocks that admits every miss scores more hits than MIN.
+        ``None`` when Belady was not simulated.
+        """
+        if "belady" not in self.policies:
+            return None
+        best = self.result("belady", capacity)
+        if not best.input_tokens:
+            return 0.0
+        bound = min(best.hits * self.trace.block_tokens, best.input_tokens)
+        return bound / best.input_tokens
+
 
 def default_capacities(unique_blocks: int) -> tuple[int, ...]:
     """:data:`DEFAULT_FRACTIONS` of the working set, at least one block each, deduplicated."""

@@ -193,6 +193,49 @@ def test_bad_history() -> None:
             PrefixARCPolicy(2, history=bad)  # type: ignore[arg-type]
 
 
+def test_an_idle_frequent_chunk_expires_before_recent_ones() -> None:
+    # c = 4, floor 1 (the horizon starts at 4 lookups), margin 1. a is read twice (T2, last used
+    # at lookup 1); x1 x2 x3 fill T1. p = 0, so ARC takes T1's LRU on every new key.
+    policy = PrefixARCPolicy(4, history=0, idle_margin=1.0, idle_floor=1)
+    plain = PrefixARCPolicy(4, history=0, idle_margin=float("inf"))
+    for each in (policy, plain):
+        for key in ["a", "a", "x1", "x2", "x3"]:
+            each.access(key)
+        assert list(each.t2) == ["a"] and each.p == 0.0
+    assert policy.admit("y") == "x1"  # lookup 5: a idle 4 lookups, not more than 1 x 4
+    assert policy.admit("z") == "a"  # lookup 6: idle 5 > 4, expired although p favours T2
+    assert [plain.admit(k) for k in "yz"] == ["x1", "x2"]  # ARC's choice alone keeps a
+
+
+def test_the_horizon_follows_the_idle_times_of_t2_rereads() -> None:
+    # Floor 0: the horizon starts at 1 lookup. a a: T1 -> T2 (no idle time measured).
+    policy = PrefixARCPolicy(2, history=0, idle_floor=0)
+    policy.access("a")
+    policy.access("a")
+    assert policy.reuse_horizon == 1.0
+    for key in range(3):
+        policy.access(key)
+        policy.remove(key)
+    assert policy.hit("a")  # idle 4 lookups > 1: the estimate goes up by 5 %
+    assert policy.reuse_horizon == pytest.approx(1.05)
+    assert policy.hit("a")  # idle 0: down by 5 % x 1/99 (a 99th-percentile estimate)
+    assert policy.reuse_horizon == pytest.approx(1.05 * (1 - 0.05 / 99))
+    # Never below the floor (here 3 lookups per entry).
+    floored = PrefixARCPolicy(2, history=0, idle_floor=3)
+    for _ in range(4):
+        floored.access("a")
+    assert floored.reuse_horizon == 6.0
+
+
+def test_bad_idle_settings() -> None:
+    for bad in (0.5, True, "2"):
+        with pytest.raises(ConfigError, match="idle_margin"):
+            PrefixARCPolicy(2, idle_margin=bad)  # type: ignore[arg-type]
+    for bad in (-1, 1.5, True):
+        with pytest.raises(ConfigError, match="idle_floor"):
+            PrefixARCPolicy(2, idle_floor=bad)  # type: ignore[arg-type]
+
+
 class PrefixARCMachine(ARCPinMachine):
     """parc under the ARC pin machine, plus chained requests, late links and lone evictions."""
 
@@ -233,7 +276,23 @@ class PrefixARCMachine(ARCPinMachine):
                 assert key in policy.children_of(parent)
         for key in range(12):
             assert policy.children_of(key) <= self.resident
+        # Every resident key, and only those, carries its last use (idle expiry reads it).
+        assert set(policy._last_use) == self.resident
+        assert policy.reuse_horizon >= policy._horizon_floor
 
 
 TestPrefixARCMachine = PrefixARCMachine.TestCase
 TestPrefixARCMachine.settings = settings(max_examples=80, stateful_step_count=40, deadline=None)
+
+
+class PrefixARCExpiryMachine(PrefixARCMachine):
+    """The same rules with expiry on a hair trigger (margin 1, no floor): it fires constantly."""
+
+    def make(self) -> PrefixARCPolicy:
+        return PrefixARCPolicy(4, history=2, idle_margin=1.0, idle_floor=0)
+
+
+TestPrefixARCExpiryMachine = PrefixARCExpiryMachine.TestCase
+TestPrefixARCExpiryMachine.settings = settings(
+    max_examples=80, stateful_step_count=40, deadline=None
+)

@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from chunkstore.cli.main import main
 from chunkstore.simulator import (
@@ -156,6 +158,60 @@ def test_every_host_policy_is_simulated_with_its_gap_to_belady() -> None:
     assert simulate(trace, [3], ["arc"]).gap_to_belady("arc", 3) is None
 
 
+def chained(requests: list[list[int]]) -> list[list[int]]:
+    """Block ids of prompts given as branch choices: block i's id names its parent and choice,
+    so prompts share ids exactly as far as they share choices (a prefix-chained trace)."""
+    ids: dict[tuple[int, int], int] = {}
+    out = []
+    for choices in requests:
+        parent, blocks = -1, []
+        for choice in choices:
+            parent = ids.setdefault((parent, choice), len(ids))
+            blocks.append(parent)
+        out.append(blocks)
+    return out
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    requests=st.lists(st.lists(st.integers(0, 2), min_size=1, max_size=8), min_size=1, max_size=25),
+    capacity=st.integers(1, 12),
+    short=st.integers(0, 511),
+)
+def test_belady_hits_bound_every_policys_tokens_saved(
+    requests: list[list[int]], capacity: int, short: int
+) -> None:
+    # Prompts end in a partial block (short tokens fewer than full blocks): the cap matters.
+    lines = [
+        json.dumps(
+            {
+                "timestamp": i,
+                "input_length": 512 * len(b) - short,
+                "output_length": 1,
+                "hash_ids": b,
+            }
+        )
+        for i, b in enumerate(chained(requests))
+    ]
+    trace = parse_trace(lines)
+    result = simulate(trace, [capacity])
+    bound = result.tokens_saved_bound(capacity)
+    assert bound is not None
+    for policy in result.policies:
+        assert result.result(policy, capacity).tokens_saved_ratio <= bound + 1e-12
+    assert result.result("belady", capacity).tokens_saved_ratio <= bound + 1e-12
+
+
+def test_min_can_keep_a_chunk_whose_parent_it_evicted() -> None:
+    # Why MIN's own tokens saved are no bound: c = 2, chain 1-2-3 twice. Admitting 3, MIN must
+    # evict a resident block (3 itself is not a candidate): 2, used after 1. On the second read
+    # 1 hits, 2 misses (evicting 1, never used again) and 3 hits: a hit outside the leading run.
+    result = simulate(parse_trace(mooncake([1, 2, 3], [1, 2, 3])), [2], ["belady"])
+    opt = result.result("belady", 2)
+    assert (opt.hits, opt.tokens_saved) == (2, 512)
+    assert result.tokens_saved_bound(2) == pytest.approx(1024 / 3072)
+
+
 def test_parc_keeps_a_usable_prefix_where_arc_keeps_a_useless_tail() -> None:
     # A 4-block conversation comes back after a 2-block one-off, in a cache of 4 blocks:
     # ARC evicts the conversation's head (1, 2) for 8 9; on the second read 1 and 2 miss and
@@ -181,9 +237,14 @@ def test_cli_json_and_plot(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     assert by_key[("arc", 3)]["tokens_saved_gap_to_belady"] == pytest.approx(
         by_key[("belady", 3)]["tokens_saved_ratio"] - by_key[("arc", 3)]["tokens_saved_ratio"]
     )
+    assert by_key[("arc", 2)]["tokens_saved_bound"] == pytest.approx(
+        min(by_key[("belady", 2)]["hits"] * 512, document["input_tokens"])
+        / document["input_tokens"]
+    )
     assert main(["simulate", str(trace), "--capacities", "3", "--block-bytes", "1MiB"]) == 0
     text = capsys.readouterr().out
     assert "SAVED GAP" in text and "3.0 MiB" in text
+    assert "no policy can save more than (saved%, Belady hits x block size): 3: " in text
     assert "parc saves at least as many tokens as arc and lru at every capacity" in text
 
 
@@ -205,3 +266,7 @@ def test_shared_trace_arc_at_least_lru() -> None:
         arc, lru, opt = (result.result(p, capacity) for p in ("arc", "lru", "belady"))
         assert lru.hits <= arc.hits <= opt.hits
         assert lru.tokens_saved <= arc.tokens_saved <= opt.tokens_saved
+        bound = result.tokens_saved_bound(capacity)
+        assert bound is not None
+        for policy in result.policies:
+            assert result.result(policy, capacity).tokens_saved_ratio <= bound

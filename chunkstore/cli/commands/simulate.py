@@ -132,6 +132,7 @@ def to_document(
         gap = result.gap_to_belady(entry.policy, entry.capacity)
         if gap is not None:
             fields["hit_ratio_gap_to_belady"], fields["tokens_saved_gap_to_belady"] = gap
+            fields["tokens_saved_bound"] = result.tokens_saved_bound(entry.capacity)
         entries.append(fields)
     return {
         "trace": trace.source,
@@ -189,6 +190,10 @@ def render(result: Simulation, block_bytes: int | None, plot: Path | None) -> st
             "gap = Belady (MIN on blocks) minus the policy, in points; MIN maximises block hits, "
             "not tokens saved, so a saved gap can be negative"
         )
+        bounds = ", ".join(
+            f"{c}: {(result.tokens_saved_bound(c) or 0.0) * 100:.2f}" for c in result.capacities
+        )
+        lines.append(f"no policy can save more than (saved%, Belady hits x block size): {bounds}")
     lines += _comparisons(result)
     if plot is not None:
         lines.append(f"plot written to {plot}")
