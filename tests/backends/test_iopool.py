@@ -59,11 +59,47 @@ def test_nested_batches_run_inline_instead_of_deadlocking() -> None:
     pool.close()
 
 
+def test_the_callers_thread_works_beside_the_pools() -> None:
+    pool = IoPool(2, "t")
+    together = threading.Barrier(2, timeout=10)
+
+    def work(i: int) -> str:
+        together.wait()  # both items run at once: on two threads
+        return threading.current_thread().name
+
+    names = pool.map(work, [0, 1])
+    assert sorted(n.startswith("chunkstore-io-t") for n in names) == [False, True]
+    assert threading.current_thread().name in names
+    pool.close()
+
+
+def test_a_failure_in_one_thread_leaves_the_others_taking_items() -> None:
+    pool = IoPool(3, "t")
+    seen: list[int] = []
+    lock = threading.Lock()
+
+    def work(i: int) -> int:
+        with lock:
+            seen.append(i)
+        if i % 4 == 0:
+            raise OSError(f"item {i}")
+        return i
+
+    with pytest.raises(OSError, match="item 0"):
+        pool.map(work, list(range(17)))
+    assert sorted(seen) == list(range(17))  # every item ran, each once
+    pool.close()
+
+
 def test_close_stops_threads_and_later_batches_run_inline() -> None:
     pool = IoPool(2, "t")
-    assert pool.map(lambda i: threading.current_thread().name, [0, 1])[0].startswith(
-        "chunkstore-io-t"
-    )
+    together = threading.Barrier(2, timeout=10)
+
+    def work(i: int) -> str:
+        together.wait()
+        return threading.current_thread().name
+
+    assert any(n.startswith("chunkstore-io-t") for n in pool.map(work, [0, 1]))
     assert pool.started
     pool.close()
     assert not pool.started
