@@ -81,7 +81,10 @@ class IoPool:
         except RuntimeError:  # shut down by a concurrent close(): this thread does the rest
             pass
         drain()
-        wait(helpers)
+        # Every item is taken: a helper still queued (behind other batches) has nothing left
+        # to do, so it is dropped, not waited for (wait() counts a cancelled future as done
+        # only once a worker dequeues it); only helpers that started are waited for.
+        wait([helper for helper in helpers if not helper.cancel()])
         for error in errors:
             if error is not None:
                 raise error

@@ -91,6 +91,32 @@ def test_a_failure_in_one_thread_leaves_the_others_taking_items() -> None:
     pool.close()
 
 
+def test_a_batch_does_not_wait_for_its_helpers_queued_behind_another_batch() -> None:
+    pool = IoPool(2, "t")  # one pool thread
+    release = threading.Event()
+    started = threading.Event()
+
+    def slow(i: int) -> int:
+        if threading.current_thread().name.startswith("chunkstore-io-t"):
+            started.set()
+            release.wait(10)
+        else:
+            started.wait(10)  # the caller's item waits until the pool thread holds the other
+        return i
+
+    first: list[list[int]] = []
+    other = threading.Thread(target=lambda: first.append(pool.map(slow, [0, 1])))
+    other.start()
+    assert started.wait(10)  # the pool's only thread is busy with the first batch
+    # this batch's helper is queued behind it; the caller does both items and returns
+    assert pool.map(lambda i: i * 2, [1, 2, 3]) == [2, 4, 6]
+    assert other.is_alive()  # returned while the first batch still holds the pool's thread
+    release.set()
+    other.join(10)
+    assert first == [[0, 1]]
+    pool.close()
+
+
 def test_close_stops_threads_and_later_batches_run_inline() -> None:
     pool = IoPool(2, "t")
     together = threading.Barrier(2, timeout=10)
