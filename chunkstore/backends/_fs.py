@@ -86,9 +86,10 @@ class FsStore(Store):
             within one process (a warning is logged at open).
         track_access: record reads as access times (off for tools like ``verify``).
         access_resolution: seconds; an access is recorded at most this often per chunk.
-        io_workers: threads per store that keep several chunk reads/writes of one batched
-            call (``get_many``, ``get_many_into``, ``put_many``) in flight; 1 runs them on
-            the caller's thread. Started on first use, stopped by :meth:`close`.
+        io_workers: threads that keep several chunk reads/writes of one batched call
+            (``get_many``, ``get_many_into``, ``put_many``) in flight: the caller's and up to
+            ``io_workers - 1`` of the store's own (started on first use, stopped by
+            :meth:`close`); 1 runs everything on the caller's thread.
         read_mode: how reads into page-aligned buffers (host-cache slots) bring bytes in:
             ``"auto"`` (the page cache while it holds the chunk, O_DIRECT from the first
             block it does not), ``"direct"`` (always O_DIRECT) or ``"buffered"``. Where the

@@ -4,8 +4,15 @@ Batched reads and writes of whole chunks spend most of their time in system
 calls (``preadv``, ``write``, ``rename``) that release the GIL, so a few
 threads keep several chunk I/Os in flight: while one thread hashes the block
 it just read, the others wait on the disk or copy from the page cache. The
-pool is started on first use, never holds more than ``workers`` threads, and
-is shut down by the store's ``close``.
+pool is started on first use, never holds more than ``workers - 1`` threads
+(the caller's thread is the ``workers``-th: it works through the batch too
+instead of only waiting), and is shut down by the store's ``close``.
+
+Each thread takes the next item of the batch until none is left, so a batch
+costs one hand-off per thread, not one per chunk: per chunk, a future, a
+queue hand-off and a wake-up cost more Python under the GIL than the chunk's
+own bookkeeping (measured: verified 2 MiB reads with 4 workers at 0.84-0.95x of
+one thread before, 0.98-1.0x after, on this project's 2-core machine).
 
 Results keep the order of the inputs. A batch always runs to its end before
 the call returns (no thread keeps touching a caller's buffer afterwards);
@@ -17,12 +24,13 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from chunkstore.errors import ConfigError
 
 T = TypeVar("T")
 R = TypeVar("R")
+_NOT_RUN = object()
 
 
 class IoPool:
@@ -32,6 +40,8 @@ class IoPool:
     Single-item batches always run inline: a hand-off costs more than it saves,
     and so do batches started on one of the pool's own threads (a nested batch
     waiting for free workers that are all waiting for it would never end).
+    A batch from any other thread runs on that thread and up to ``workers - 1``
+    of the pool's.
     """
 
     def __init__(self, workers: int, name: str) -> None:
@@ -48,16 +58,37 @@ class IoPool:
         executor = self._executor_for(len(items))
         if executor is None:
             return [fn(item) for item in items]
-        futures: list[Future[R]] = []
+        results: list[Any] = [_NOT_RUN] * len(items)
+        errors: list[BaseException | None] = [None] * len(items)
+        indices = iter(range(len(items)))
+        lock = threading.Lock()
+
+        def drain() -> None:
+            while True:
+                with lock:
+                    i = next(indices, -1)
+                if i < 0:
+                    return
+                try:
+                    results[i] = fn(items[i])
+                except BaseException as exc:  # noqa: BLE001 - re-raised in input order below
+                    errors[i] = exc
+
+        helpers: list[Future[None]] = []
         try:
-            for item in items:
-                futures.append(executor.submit(fn, item))
-        except RuntimeError:  # shut down by a concurrent close(): finish inline
-            done = len(futures)
-            wait(futures)
-            return [f.result() for f in futures] + [fn(item) for item in items[done:]]
-        wait(futures)
-        return [f.result() for f in futures]
+            for _ in range(min(self.workers, len(items)) - 1):
+                helpers.append(executor.submit(drain))
+        except RuntimeError:  # shut down by a concurrent close(): this thread does the rest
+            pass
+        drain()
+        # Every item is taken: a helper still queued (behind other batches) has nothing left
+        # to do, so it is dropped, not waited for (wait() counts a cancelled future as done
+        # only once a worker dequeues it); only helpers that started are waited for.
+        wait([helper for helper in helpers if not helper.cancel()])
+        for error in errors:
+            if error is not None:
+                raise error
+        return results
 
     def _executor_for(self, count: int) -> ThreadPoolExecutor | None:
         if count < 2 or self.workers == 1:
@@ -69,13 +100,13 @@ class IoPool:
                 return None
             if self._executor is None:
                 self._executor = ThreadPoolExecutor(
-                    max_workers=self.workers, thread_name_prefix=self._prefix
+                    max_workers=self.workers - 1, thread_name_prefix=self._prefix
                 )
             return self._executor
 
     @property
     def started(self) -> bool:
-        """Whether threads exist (the pool starts on the first batch of two or more)."""
+        """Whether the pool exists (it starts on the first batch of two or more)."""
         return self._executor is not None
 
     def close(self) -> None:

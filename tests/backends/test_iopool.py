@@ -59,11 +59,73 @@ def test_nested_batches_run_inline_instead_of_deadlocking() -> None:
     pool.close()
 
 
+def test_the_callers_thread_works_beside_the_pools() -> None:
+    pool = IoPool(2, "t")
+    together = threading.Barrier(2, timeout=10)
+
+    def work(i: int) -> str:
+        together.wait()  # both items run at once: on two threads
+        return threading.current_thread().name
+
+    names = pool.map(work, [0, 1])
+    assert sorted(n.startswith("chunkstore-io-t") for n in names) == [False, True]
+    assert threading.current_thread().name in names
+    pool.close()
+
+
+def test_a_failure_in_one_thread_leaves_the_others_taking_items() -> None:
+    pool = IoPool(3, "t")
+    seen: list[int] = []
+    lock = threading.Lock()
+
+    def work(i: int) -> int:
+        with lock:
+            seen.append(i)
+        if i % 4 == 0:
+            raise OSError(f"item {i}")
+        return i
+
+    with pytest.raises(OSError, match="item 0"):
+        pool.map(work, list(range(17)))
+    assert sorted(seen) == list(range(17))  # every item ran, each once
+    pool.close()
+
+
+def test_a_batch_does_not_wait_for_its_helpers_queued_behind_another_batch() -> None:
+    pool = IoPool(2, "t")  # one pool thread
+    release = threading.Event()
+    started = threading.Event()
+
+    def slow(i: int) -> int:
+        if threading.current_thread().name.startswith("chunkstore-io-t"):
+            started.set()
+            release.wait(10)
+        else:
+            started.wait(10)  # the caller's item waits until the pool thread holds the other
+        return i
+
+    first: list[list[int]] = []
+    other = threading.Thread(target=lambda: first.append(pool.map(slow, [0, 1])))
+    other.start()
+    assert started.wait(10)  # the pool's only thread is busy with the first batch
+    # this batch's helper is queued behind it; the caller does both items and returns
+    assert pool.map(lambda i: i * 2, [1, 2, 3]) == [2, 4, 6]
+    assert other.is_alive()  # returned while the first batch still holds the pool's thread
+    release.set()
+    other.join(10)
+    assert first == [[0, 1]]
+    pool.close()
+
+
 def test_close_stops_threads_and_later_batches_run_inline() -> None:
     pool = IoPool(2, "t")
-    assert pool.map(lambda i: threading.current_thread().name, [0, 1])[0].startswith(
-        "chunkstore-io-t"
-    )
+    together = threading.Barrier(2, timeout=10)
+
+    def work(i: int) -> str:
+        together.wait()
+        return threading.current_thread().name
+
+    assert any(n.startswith("chunkstore-io-t") for n in pool.map(work, [0, 1]))
     assert pool.started
     pool.close()
     assert not pool.started

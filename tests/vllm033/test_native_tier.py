@@ -209,6 +209,47 @@ def test_a_corrupt_chunk_is_a_failed_load_and_its_slot_is_untouched(tier_env, tm
     assert not path.exists()  # quarantined by the store
 
 
+def test_a_load_ends_at_the_first_missing_chunk_without_reading_past_it(tier_env, monkeypatch):
+    tier, mem, _ = tier_env()
+    request = make_request(PROMPT, "prefix")
+    ctx, keys, _ = _store_prompt(tier, mem, request, [0, 1, 2, 3])
+    store = tier.stores[0]
+    store.delete_many([tier._address(keys[1], ctx).key])
+    asked = []
+    get_many_into = store.get_many_into
+
+    def recording(wanted, buffers):
+        asked.extend(wanted)
+        return get_many_into(wanted, buffers)
+
+    monkeypatch.setattr(store, "get_many_into", recording)
+    sentinel = torch.full((SLOT_BYTES,), 0xA5, dtype=torch.uint8)
+    mem[8:12] = sentinel
+    tier.submit_load(job(keys, [8, 9, 10, 11], ctx, promotion=True))
+    (result,) = finish(tier)
+    assert not result.success and list(result.successful_keys) == [keys[0]]
+    assert torch.equal(mem[8], mem[0])
+    assert all(torch.equal(mem[i], sentinel) for i in (9, 10, 11))
+    # chunks 2 and 3 are never read: the load stopped at the miss
+    assert asked == [tier._address(k, ctx).key for k in keys[:2]]
+
+
+def test_a_store_job_converts_and_writes_one_chunk_at_a_time(tier_env, monkeypatch):
+    tier, mem, _ = tier_env(threads=1)
+    taken = []
+    take = tier._buffers.take
+
+    def counting(count):
+        taken.append(count)
+        return take(count)
+
+    monkeypatch.setattr(tier._buffers, "take", counting)
+    _, keys, (result,) = _store_prompt(tier, mem, make_request(PROMPT, "one-by-one"), [0, 1, 2, 3])
+    assert result.success
+    assert taken == [1, 1, 1, 1]  # one buffer per chunk, given back before the next
+    assert len(tier._buffers._free) == 1  # the same buffer served all four
+
+
 def test_a_newer_writers_chunk_is_a_plain_miss_left_in_place(tier_env, tmp_path):
     # A store that does not verify hands the tier the raw bytes: the tier's own check must
     # treat a newer minor's chunk (an unknown dtype) as unsupported, not damage.

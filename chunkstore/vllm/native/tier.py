@@ -266,39 +266,48 @@ class ChunkStoreTier(SecondaryTierManager):
         self, job_id: int, addresses: list[ChunkAddress | None], slots: list[int]
     ) -> None:
         t0 = time.perf_counter()
-        layout = self.primary.layout
-        size = layout.total_size
-        items: list[tuple[ChunkKey, Any]] = []
         ok = all(a is not None for a in addresses)
-        buffers = self._buffers.take(sum(a is not None for a in addresses))
-        pending: list[Future[Any]] = []
         nbytes = 0
+        for address, slot in zip(addresses, slots):
+            if address is None:
+                continue  # no tokens for this key: not stored (a future miss)
+            # Note: chunk by chunk, not the job's chunks converted first and written after:
+            # while this thread writes one chunk (the disk's time, GIL released) the tier's
+            # other threads convert theirs, the first write starts after one conversion, and
+            # a job holds one buffer at a time (docs/benchmarks.md, native tier rows).
+            stored, size = self._store_one(job_id, address, slot)
+            ok = stored and ok
+            nbytes += size
+        self._finished.append(JobResult(job_id, ok, None, time.perf_counter() - t0, nbytes))
+
+    def _store_one(self, job_id: int, address: ChunkAddress, slot: int) -> tuple[bool, int]:
+        """Convert the primary ``slot`` into ``address``'s chunk and write it to every store;
+        (whether every store took it, bytes written)."""
+        layout = self.primary.layout
+        (buffer,) = self._buffers.take(1)
+        pending: list[Future[Any]] = []
+        items: list[tuple[ChunkKey, Any]] = []
         try:
-            for address, slot in zip(addresses, slots):
-                if address is None:
-                    continue  # no tokens for this key: not stored (a future miss)
-                view = memoryview(buffers[len(items)])[:size]
-                self.primary.to_payload(self._slot(slot), view[layout.data_offset :])
-                seal_chunk(
-                    layout,
-                    view,
-                    key=address.key.digest,
-                    parent=address.parent,
-                    namespace=address.key.namespace,
-                    tokens=list(address.tokens),
-                    verify_key=False,
-                )
-                data = recompress(view, "zstd") if self.compression == "zstd" else view
-                items.append((address.key, data))
-            nbytes = sum(len(d) for _, d in items)
-            ok = self._write(items, pending) and ok
+            view = memoryview(buffer)[: layout.total_size]
+            self.primary.to_payload(self._slot(slot), view[layout.data_offset :])
+            seal_chunk(
+                layout,
+                view,
+                key=address.key.digest,
+                parent=address.parent,
+                namespace=address.key.namespace,
+                tokens=list(address.tokens),
+                verify_key=False,
+            )
+            data = recompress(view, "zstd") if self.compression == "zstd" else view
+            items.append((address.key, data))
+            return self._write(items, pending), len(data)
         except Exception:  # noqa: BLE001 - a failed store is a future miss
             log.exception("chunkstore tier: store job %d failed", job_id)
-            ok = False
+            return False, 0
         finally:
             items.clear()
-            self._buffers.release_after(pending, buffers)
-        self._finished.append(JobResult(job_id, ok, None, time.perf_counter() - t0, nbytes))
+            self._buffers.release_after(pending, [buffer])
 
     def _write(self, items: Sequence[tuple[ChunkKey, Any]], pending: list[Future[Any]]) -> bool:
         """Write ``items`` to every store; False if any store did not take them. Calls that
@@ -340,30 +349,34 @@ class ChunkStoreTier(SecondaryTierManager):
     ) -> None:
         t0 = time.perf_counter()
         loaded = 0
-        nbytes = 0
-        wanted: list[ChunkKey] = []
-        for address in addresses:
-            if address is None:
-                break  # a load fills a prefix of its keys
-            wanted.append(address.key)
-        buffers = self._buffers.take(len(wanted))
-        pending: list[Future[Any]] = []
-        try:
-            payloads = self._read_many(wanted, buffers, pending)
-            for payload, slot in zip(payloads, slots):
-                if payload is None:
-                    break
-                self.primary.from_payload(payload, self._slot(slot))
-                loaded += 1
-                nbytes += self.block_size_bytes
-            payloads.clear()
-        except Exception:  # noqa: BLE001 - a failed load is recomputed by vLLM
-            log.exception("chunkstore tier: load job %d failed", job_id)
-        finally:
-            self._buffers.release_after(pending, buffers)
+        # Chunk by chunk, as stores: this thread converts one chunk into its slot while the
+        # tier's other threads read theirs, and a job holds one buffer at a time. A load
+        # fills a prefix of its keys: it ends at the first chunk no store has.
+        for address, slot in zip(addresses, slots):
+            if address is None or not self._load_one(job_id, address.key, slot):
+                break
+            loaded += 1
         ok = loaded == len(keys)
         kept = tuple(keys[:loaded]) if not ok and loaded else None
+        nbytes = loaded * self.block_size_bytes
         self._finished.append(JobResult(job_id, ok, kept, time.perf_counter() - t0, nbytes))
+
+    def _load_one(self, job_id: int, key: ChunkKey, slot: int) -> bool:
+        """Read ``key``'s verified chunk and write it into the primary ``slot``; False when
+        no store has a good copy (the slot is then untouched)."""
+        buffers = self._buffers.take(1)
+        pending: list[Future[Any]] = []
+        try:
+            (payload,) = self._read_many([key], buffers, pending)
+            if payload is None:
+                return False
+            self.primary.from_payload(payload, self._slot(slot))
+            return True
+        except Exception:  # noqa: BLE001 - a failed load is recomputed by vLLM
+            log.exception("chunkstore tier: load job %d failed", job_id)
+            return False
+        finally:
+            self._buffers.release_after(pending, buffers)
 
     def _read_many(
         self, keys: list[ChunkKey], buffers: list[Any], pending: list[Future[Any]]
