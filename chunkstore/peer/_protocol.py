@@ -68,6 +68,7 @@ READ_ONLY = "read_only"
 DATAPLANE_UNAVAILABLE = "dataplane_unavailable"
 UNKNOWN_LEASE = "unknown_lease"
 TOO_MANY_SESSIONS = "too_many_sessions"
+GEOMETRY_MISMATCH = "geometry_mismatch"
 INTERNAL = "internal"
 ERROR_CODES = frozenset(
     {
@@ -83,12 +84,17 @@ ERROR_CODES = frozenset(
         DATAPLANE_UNAVAILABLE,
         UNKNOWN_LEASE,
         TOO_MANY_SESSIONS,
+        GEOMETRY_MISMATCH,
         INTERNAL,
     }
 )
 
 PLANE_NIXL = "nixl"
 PLANE_INLINE = "inline"
+PLANE_SHM = "shm"
+"""The node plane: client and server map one shared slot pool; replies name slots."""
+PLANES = (PLANE_NIXL, PLANE_INLINE, PLANE_SHM)
+"""Every data plane this implementation knows."""
 
 
 def _msgpack() -> Any:
@@ -195,6 +201,8 @@ REQUEST_FIELDS: dict[str, dict[str, tuple[type, ...]]] = {
         "addrs": _LIST,
         "mode": _STR,
     },
+    "reserve": {"s": _BYTES, "keys": _BYTES, "plane": _STR, "mode": _STR},
+    "commit": {"s": _BYTES, "lease": _BYTES, "sizes": _LIST},
     "delete": {"s": _BYTES, "keys": _BYTES},
     "list": {"s": _BYTES, "namespace": _OPT_STR, "after": _OPT_BYTES, "limit": _INT},
     "stats": {"s": _BYTES},
@@ -203,6 +211,7 @@ REQUEST_FIELDS: dict[str, dict[str, tuple[type, ...]]] = {
 OPTIONAL_FIELDS: dict[str, dict[str, tuple[type, ...]]] = {
     "*": {"dmacs": _LIST},
     "fetch": {"use": _BOOL},
+    "hello": {"slot_size": _INT},
 }
 
 
@@ -239,10 +248,13 @@ def validate_request(body: Any, limits: Limits | None = None) -> dict[str, Any]:
             raise ProtocolViolation(MALFORMED, f"{op}: field {name!r} has the wrong type")
     optional = {**OPTIONAL_FIELDS["*"], **OPTIONAL_FIELDS.get(op, {})}
     for name, types in optional.items():
-        if name in body and not isinstance(body[name], types):
+        if name not in body:
+            continue
+        value = body[name]
+        if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
             raise ProtocolViolation(MALFORMED, f"{op}: field {name!r} has the wrong type")
     limits = limits or Limits()
-    for name in fields:
+    for name in [*fields, *(n for n in optional if n in body)]:
         check = FIELD_GRAMMAR.get(name)
         if check is not None:
             check(op, body[name], limits)
@@ -352,6 +364,11 @@ def _check_chunk_tokens(op: str, value: Any, limits: Limits) -> None:
         raise _fail(MALFORMED, op, "chunk_tokens", f"must be 1..{MAX_CHUNK_TOKENS}")
 
 
+def _check_slot_size(op: str, value: Any, limits: Limits) -> None:
+    if not 1 <= value <= limits.max_frame_bytes:
+        raise _fail(MALFORMED, op, "slot_size", f"must be 1..{limits.max_frame_bytes}")
+
+
 def _check_nixl_md(op: str, value: Any, limits: Limits) -> None:
     if value is not None and len(value) > MAX_NIXL_METADATA_BYTES:
         raise _fail(TOO_LARGE, op, "nixl_md", f"is larger than {MAX_NIXL_METADATA_BYTES} bytes")
@@ -376,6 +393,7 @@ FIELD_GRAMMAR: dict[str, Callable[[str, Any, Limits], None]] = {
     "fingerprint": _check_fingerprint,
     "chunk_tokens": _check_chunk_tokens,
     "nixl_md": _check_nixl_md,
+    "slot_size": _check_slot_size,
 }
 
 

@@ -125,6 +125,10 @@ BAD_FIELDS: list[tuple[str, dict[str, Any], str]] = [
     ("push", {"addrs": [0]}, P.MALFORMED),
     ("push", {"addrs": [-4096]}, P.MALFORMED),
     ("push", {"mode": "../append"}, P.MALFORMED),
+    ("reserve", {"keys": b"k" * 41}, P.MALFORMED),
+    ("reserve", {"mode": "../append"}, P.MALFORMED),
+    ("commit", {"lease": b"../" * 5}, P.MALFORMED),
+    ("commit", {"sizes": [-1]}, P.MALFORMED),
     ("list", {"namespace": f"../{NS}"}, P.MALFORMED),
     ("list", {"namespace": "0" * 100_000}, P.MALFORMED),
     ("list", {"namespace": ""}, P.MALFORMED),
@@ -142,6 +146,8 @@ VALID: dict[str, dict[str, Any]] = {
     "fetch": {"keys": b"", "plane": "inline", "lease_ms": 0},
     "release": {"lease": b"l" * P.LEASE_BYTES, "ack": True},
     "push": {"keys": b"", "sizes": [], "plane": "inline", "addrs": [], "mode": "if_absent"},
+    "reserve": {"keys": b"", "plane": "shm", "mode": "if_absent"},
+    "commit": {"lease": b"l" * P.LEASE_BYTES, "sizes": []},
     "list": {"namespace": None, "after": None, "limit": 10},
     "stats": {},
     "bye": {},
@@ -162,6 +168,8 @@ BAD_HELLOS: list[tuple[dict[str, Any], str]] = [
     ({"chunk_tokens": -256}, P.MALFORMED),
     ({"chunk_tokens": 1 << 40}, P.MALFORMED),
     ({"nixl_md": b"m" * (P.MAX_NIXL_METADATA_BYTES + 1)}, P.TOO_LARGE),
+    ({"slot_size": 0}, P.MALFORMED),
+    ({"slot_size": True}, P.MALFORMED),
     ({"id": True}, P.MALFORMED),
 ]
 
