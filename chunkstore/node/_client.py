@@ -32,6 +32,7 @@ from chunkstore.peer._client import PeerClient, PeerClientConfig
 from chunkstore.peer._errors import PeerError, PeerRefused
 from chunkstore.peer._localsocket import answers, socket_path
 from chunkstore.peer._metrics import PeerMetrics
+from chunkstore.units import shown
 
 log = logging.getLogger(__name__)
 
@@ -55,14 +56,14 @@ class NodeRefused(ConfigError):
 def node_endpoint(url: str) -> str:
     """``unix:///path``, ``ipc:///path`` or ``/path`` as the ZeroMQ endpoint ``ipc:///path``."""
     if not isinstance(url, str):
-        raise ConfigError(f"a node address is a unix:///path string, got {url!r}")
+        raise ConfigError(f"a node address is a unix:///path string, got {shown(url)}")
     for scheme in ("unix://", "ipc://"):
         if url.startswith(scheme):
             url = url.removeprefix(scheme)
             break
     else:
         if "://" in url:
-            raise ConfigError(f"a node address is unix:///path, got {url!r}")
+            raise ConfigError(f"a node address is unix:///path, got {shown(url)}")
     endpoint = f"ipc://{url}"
     socket_path(endpoint)  # absolute and short enough, or ConfigError
     return endpoint

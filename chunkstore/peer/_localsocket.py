@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from chunkstore.errors import ConfigError
+from chunkstore.units import shown
 
 MAX_SOCKET_PATH = 107
 """Longest unix socket path (``sun_path`` is 108 bytes with its terminating NUL)."""
@@ -45,13 +46,13 @@ class BoundSocket:
 def socket_path(endpoint: str) -> Path:
     """The file of an ``ipc://`` endpoint; ConfigError for anything else."""
     if not endpoint.startswith("ipc://") or not endpoint.removeprefix("ipc://"):
-        raise ConfigError(f"a node socket is an ipc:// path, got {endpoint!r}")
+        raise ConfigError(f"a node socket is an ipc:// path, got {shown(endpoint)}")
     path = Path(endpoint.removeprefix("ipc://"))
     if not path.is_absolute():
-        raise ConfigError(f"the node socket path must be absolute, got {str(path)!r}")
+        raise ConfigError(f"the node socket path must be absolute, got {shown(str(path))}")
     if len(os.fsencode(path)) > MAX_SOCKET_PATH:
         raise ConfigError(
-            f"the node socket path {str(path)!r} is longer than {MAX_SOCKET_PATH} bytes"
+            f"the node socket path {shown(str(path))} is longer than {MAX_SOCKET_PATH} bytes"
         )
     return path
 
