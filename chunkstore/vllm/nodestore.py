@@ -21,11 +21,11 @@ from contextlib import contextmanager
 from typing import Any
 
 from chunkstore.backends import Store
-from chunkstore.format import ChunkLayout, seal_chunk
+from chunkstore.format import ChunkLayout
 from chunkstore.hashing import ChunkKey
 from chunkstore.node import NodeClient, NodeRead, NodeRefused
 from chunkstore.vllm.metadata import ChunkSave
-from chunkstore.vllm.tiers import NodeSlot, PrefetchResult, SaveSlot
+from chunkstore.vllm.tiers import NodeSlot, PrefetchResult, SaveSlot, seal_save
 
 log = logging.getLogger(__name__)
 
@@ -108,15 +108,7 @@ class NodeConnectorStore:
     def save_done(self, save: ChunkSave, slot: SaveSlot) -> None:
         """Seal the chunk in its slot and commit it: the node checks and publishes it."""
         assert isinstance(slot, NodeSlot)
-        seal_chunk(
-            self.layout,
-            slot.view,
-            key=save.key.digest,
-            parent=save.parent,
-            namespace=save.key.namespace,
-            tokens=list(save.tokens),
-            verify_key=False,
-        )
+        seal_save(self.layout, slot.view, save)
         self.client.commit(slot.reservation, [self.layout.total_size])
 
     def save_abandoned(self, slot: SaveSlot) -> None:

@@ -55,6 +55,7 @@ __all__ = [
     "WorkerStore",
     "ZstdTier",
     "flush_shared",
+    "seal_save",
     "acquire_shared",
     "release_shared",
     "shared_names",
@@ -211,15 +212,7 @@ class ConnectorStore:
 
     def save_done(self, save: ChunkSave, slot: SaveSlot) -> None:
         """Seal the chunk written into ``slot`` and keep it (host memory, then the tiers)."""
-        seal_chunk(
-            self.layout,
-            slot.view,
-            key=save.key.digest,
-            parent=save.parent,
-            namespace=save.key.namespace,
-            tokens=list(save.tokens),
-            verify_key=False,
-        )
+        seal_save(self.layout, slot.view, save)
         if isinstance(slot, Lease):
             self.commit(slot)  # in host memory now; written behind to the tiers
         else:
@@ -257,6 +250,20 @@ class ConnectorStore:
                 self.owner.close()
         finally:
             self.tiered.close()
+
+
+def seal_save(layout: ChunkLayout, view: Any, save: ChunkSave) -> None:
+    """Write the header and checksum of the chunk ``save`` names around the KV the worker
+    copied into ``view`` (the whole chunk buffer)."""
+    seal_chunk(
+        layout,
+        view,
+        key=save.key.digest,
+        parent=save.parent,
+        namespace=save.key.namespace,
+        tokens=list(save.tokens),
+        verify_key=False,
+    )
 
 
 class ZstdTier(WrapperStore):
