@@ -279,13 +279,12 @@ class RequestHandlers:
 
     def _fetch_shm(self, session_id: bytes, keys: list[ChunkKey]) -> Result:
         assert self._shm is not None  # the shm plane is offered only with it
+        client = self._sessions.get(session_id).client  # before pinning: it may raise
         items, releases = self._shm.lend(keys)
         hits = len(releases)
         nbytes = sum(item[2] for item in items if item)
         self._accounting.served(hits, len(keys) - hits, P.PLANE_SHM, nbytes)
-        self._accounting.client_served(
-            self._sessions.get(session_id).client, hits, len(keys) - hits
-        )
+        self._accounting.client_served(client, hits, len(keys) - hits)
         # The pins are the server's, held for the client until it releases them or its
         # connection closes: no timer, so a slot is never reused under a live reader.
         lease_id = self._sessions.open_lease(session_id, releases, None)
