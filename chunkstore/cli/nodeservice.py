@@ -54,9 +54,8 @@ def shared_pool(args: argparse.Namespace) -> tuple[str | None, bool]:
     if args.shm_name:
         return str(args.shm_name), bool(args.shm_replace)
     if getattr(args, "node", None):
-        from chunkstore.node import node_endpoint
-
-        digest = hashlib.blake2b(node_endpoint(args.node).encode(), digest_size=6).hexdigest()
+        endpoint = _options(args)["bind"]
+        digest = hashlib.blake2b(endpoint.encode(), digest_size=6).hexdigest()
         return f"chunkstore-node-{digest}", True
     return None, bool(args.shm_replace)
 
@@ -71,8 +70,12 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
         if not value:
             raise ConfigError(f"--node-secret-env {args.node_secret_env}: the variable is unset")
         secret = value.encode()
+    try:
+        endpoint = node_endpoint(args.node)
+    except ConfigError as exc:
+        raise ConfigError(f"--node: {exc}") from None
     return {
-        "bind": node_endpoint(args.node),
+        "bind": endpoint,
         "name": "node",
         "secret": secret,
         "use_env_secret": False,
@@ -91,6 +94,8 @@ def check_node(args: argparse.Namespace) -> None:
     from chunkstore.peer._localsocket import answers, socket_path
 
     path = socket_path(options["bind"])
+    if not path.parent.is_dir():
+        raise ConfigError(f"--node {path}: directory {path.parent} does not exist")
     if answers(path):
         raise ConfigError(f"--node {path}: another node service is running there")
 
