@@ -135,7 +135,7 @@ class PeerServer:
     def start(self) -> PeerServer:
         """Bind, start NIXL (when offered and available) and the I/O thread; returns self."""
         zmq = _zmq()
-        self._setup_nixl()
+        self._setup_planes()
         self._handlers = RequestHandlers(
             self.store,
             self.config,
@@ -168,7 +168,8 @@ class PeerServer:
         )
         return self
 
-    def _setup_nixl(self) -> None:
+    def _setup_planes(self) -> None:
+        """Open each data plane asked for; drop (with its reason) one that cannot start."""
         planes = tuple(self.config.planes)
         if P.PLANE_SHM in planes:
             self._shm, self.shm_reason = ShmPlane.open(self.store)
