@@ -80,8 +80,19 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
         "secret": secret,
         "use_env_secret": False,
         "planes": ("shm",),
+        "seal_layout": _layout(args),
         **served_model(args),
     }
+
+
+def _layout(args: argparse.Namespace) -> Any:
+    """The ``--spec`` model's chunk layout: with it the service seals TP engines' chunks."""
+    if not getattr(args, "spec", None):
+        return None
+    from chunkstore.backends._registry import load_options
+    from chunkstore.format import ChunkLayout, KVSpec
+
+    return ChunkLayout(KVSpec.from_dict(load_options(args.spec)))
 
 
 def check_node(args: argparse.Namespace) -> None:

@@ -13,6 +13,7 @@ from chunkstore.node._client import (
     NodeRead,
     NodeRefused,
     NodeReservation,
+    RankShare,
     node_endpoint,
 )
 from chunkstore.node._store import NodeStore
@@ -23,5 +24,6 @@ __all__ = [
     "NodeRefused",
     "NodeReservation",
     "NodeStore",
+    "RankShare",
     "node_endpoint",
 ]

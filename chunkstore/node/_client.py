@@ -24,6 +24,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from chunkstore.cache._pool import SHM_DIR, SlotPool
 from chunkstore.errors import ConfigError
 from chunkstore.hashing import ChunkKey
@@ -67,6 +69,29 @@ def node_endpoint(url: str) -> str:
     endpoint = f"ipc://{url}"
     socket_path(endpoint)  # absolute and short enough, or ConfigError
     return endpoint
+
+
+@dataclass(frozen=True, slots=True)
+class RankShare:
+    """A TP rank's part in reserving chunks: which rank, and what the node seals them with."""
+
+    rank: int
+    """This process's TP rank."""
+    tp: int
+    """The engine's TP size (how many parts make a chunk)."""
+    parents: Sequence[bytes]
+    """Per key: the parent digest for the chunk header."""
+    tokens: Sequence[Sequence[int]]
+    """Per key: the token ids the chunk covers."""
+
+    def fields(self) -> dict[str, Any]:
+        """The ``reserve`` fields of spec/PROTOCOL.md §9.7."""
+        return {
+            "tp": self.tp,
+            "rank": self.rank,
+            "parents": b"".join(self.parents),
+            "tokens": [np.asarray(t, dtype="<u4").tobytes() for t in self.tokens],
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -277,14 +302,27 @@ class NodeClient:
             except PeerError as exc:
                 log.debug("node %s: release failed: %s", self.path, exc)
 
-    def reserve(self, keys: Sequence[ChunkKey], *, if_absent: bool = True) -> NodeReservation:
-        """Writable slots for ``keys`` (``if_absent``: none for keys the node holds)."""
+    def reserve(
+        self,
+        keys: Sequence[ChunkKey],
+        *,
+        if_absent: bool = True,
+        part: RankShare | None = None,
+    ) -> NodeReservation:
+        """Writable slots for ``keys`` (``if_absent``: none for keys the node holds).
+
+        ``part``: this process is one TP rank of an engine and writes only its heads; the
+        ranks of one engine get the same slot per key, and the node seals and publishes
+        the chunk once every rank has committed its part.
+        """
         with self._lock:
-            fields = {
+            fields: dict[str, Any] = {
                 "keys": P.pack_keys(keys),
                 "plane": P.PLANE_SHM,
                 "mode": "if_absent" if if_absent else "overwrite",
             }
+            if part is not None:
+                fields.update(part.fields())
             reply = self._request("reserve", fields) if keys else None
             pool = self._pool
         items = reply.get("items") if reply is not None else None
@@ -355,4 +393,11 @@ def _well_formed(item: Any, length: int, pool: SlotPool) -> bool:
     )
 
 
-__all__ = ["NodeClient", "NodeRead", "NodeRefused", "NodeReservation", "node_endpoint"]
+__all__ = [
+    "NodeClient",
+    "NodeRead",
+    "NodeRefused",
+    "NodeReservation",
+    "RankShare",
+    "node_endpoint",
+]

@@ -16,6 +16,8 @@ from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 
+import numpy as np
+
 from chunkstore.backends.base import Store, SupportsPinning, SupportsReserve, judge
 from chunkstore.hashing import ChunkKey
 from chunkstore.peer import _protocol as P
@@ -23,6 +25,7 @@ from chunkstore.peer._accounting import ServerAccounting
 from chunkstore.peer._errors import ProtocolViolation
 from chunkstore.peer._serverconfig import PeerServerConfig
 from chunkstore.peer._sessions import Session, SessionTable
+from chunkstore.peer._shmassembly import RankPart, ShardAssemblies
 from chunkstore.peer._shmplane import ShmPlane
 from chunkstore.peer._staging import NixlStaging
 
@@ -64,6 +67,13 @@ class RequestHandlers:
         self._name = name
         self._stats = stats
         self._shm = shm
+        self._assemblies = (
+            ShardAssemblies(store, config.seal_layout, self._valid)
+            if shm is not None
+            and config.seal_layout is not None
+            and isinstance(store, SupportsReserve)
+            else None
+        )
         self._pinning = store if isinstance(store, SupportsPinning) else None
         self._reserving = store if isinstance(store, SupportsReserve) else None
         self._ops: dict[str, Callable[[dict[str, Any], list[Any]], Result | None]] = {
@@ -173,6 +183,11 @@ class RequestHandlers:
     def _op_bye(self, body: dict[str, Any], data: list[Any]) -> Result:
         self._sessions.end(body["s"])
         return {}, (), None
+
+    def session_ended(self, session: Session) -> None:
+        """Give up the TP chunks ``session``'s rank joined and that are not whole yet."""
+        if self._assemblies is not None:
+            self._assemblies.owner_gone(session)
 
     def _session_with_plane(self, session_id: bytes, plane: str) -> Session:
         session = self._sessions.get(session_id)
@@ -408,9 +423,52 @@ class RequestHandlers:
             if body["mode"] == "if_absent" and keys
             else [False] * len(keys)
         )
-        items, leases, releases = self._shm.reserve(keys, present)
-        lease_id = self._sessions.open_lease(body["s"], releases, None, held=leases)
+        if body.get("tp", 1) > 1:
+            items, held, releases = self._reserve_parts(body, keys, present)
+        else:
+            items, leases, releases = self._shm.reserve(keys, present)
+            held = list(leases)
+        lease_id = self._sessions.open_lease(body["s"], releases, None, held=held)
         return {"lease": lease_id, "items": items, "present": list(present)}, (), None
+
+    def _reserve_parts(
+        self, body: dict[str, Any], keys: list[ChunkKey], present: list[bool]
+    ) -> tuple[list[Any], list[Any], list[Callable[[], None]]]:
+        """A TP rank's reservations: the shared slot of each chunk it writes a part of."""
+        if self._assemblies is None:
+            raise ProtocolViolation(
+                P.DATAPLANE_UNAVAILABLE,
+                "this node cannot assemble TP chunks (start it with the model's --spec)",
+            )
+        tp, rank = body["tp"], body.get("rank", -1)
+        parents, tokens = body.get("parents"), body.get("tokens")
+        if not 0 <= rank < tp or parents is None or tokens is None:
+            raise ProtocolViolation(P.MALFORMED, "reserve: tp needs a rank below it")
+        if len(parents) != 32 * len(keys) or len(tokens) != len(keys):
+            raise ProtocolViolation(P.MALFORMED, "reserve: one parent and token list per key")
+        session = self._sessions.get(body["s"])
+        items: list[Any] = []
+        held: list[Any] = []
+        releases: list[Callable[[], None]] = []
+        for i, (key, here) in enumerate(zip(keys, present)):
+            ids = np.frombuffer(tokens[i], dtype="<u4").tolist()
+            item = (
+                None
+                if here
+                else self._assemblies.join(
+                    key,
+                    tp=tp,
+                    rank=rank,
+                    parent=parents[32 * i : 32 * i + 32],
+                    tokens=ids,
+                    owner=session,
+                )
+            )
+            items.append(item)
+            held.append(RankPart(key, rank) if item is not None else None)
+            if item is not None:
+                releases.append(partial(self._assemblies.leave, key, rank))
+        return items, held, releases
 
     def _op_commit(self, body: dict[str, Any], data: list[Any]) -> Result:
         lease = self._sessions.take_lease(body["s"], body["lease"])
@@ -424,10 +482,27 @@ class RequestHandlers:
                 P.MALFORMED, "commit: names a reservation and one size per reserved key"
             )
         assert self._shm is not None  # reservations exist only with the shm plane
-        stored = self._shm.commit(lease.held, sizes, self._valid)
+        if any(isinstance(part, RankPart) for part in lease.held):
+            stored = self._commit_parts(lease.held, sizes)
+        else:
+            stored = self._shm.commit(lease.held, sizes, self._valid)
         nbytes = sum(size for size, ok in zip(sizes, stored) if ok)
         self._accounting.taken_in(P.PLANE_SHM, nbytes, sum(stored))
         return {"stored": stored}, (), None
+
+    def _commit_parts(self, parts: list[Any], sizes: list[int]) -> list[bool]:
+        """A TP rank's parts are written (size > 0) or given up (0); per part: accepted."""
+        assert self._assemblies is not None  # parts exist only with assemblies
+        stored = []
+        for part, size in zip(parts, sizes):
+            if not isinstance(part, RankPart):
+                stored.append(False)
+            elif size == 0:
+                self._assemblies.leave(part.key, part.rank)
+                stored.append(False)
+            else:
+                stored.append(self._assemblies.part_done(part.key, part.rank))
+        return stored
 
     def _op_delete(self, body: dict[str, Any], data: list[Any]) -> Result:
         if self.config.read_only:

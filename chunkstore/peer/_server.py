@@ -521,7 +521,10 @@ class PeerServer:
             log.debug("node connection %d closed: %d session(s) ended", connection, ended)
 
     def _forget(self, session: Session) -> None:
-        """Drop what was loaded for an ended session (its NIXL agent)."""
+        """Drop what was loaded for an ended session (its NIXL agent, its unfinished TP
+        chunks)."""
+        if self._handlers is not None:
+            self._handlers.session_ended(session)
         if session.nixl_remote is not None and self._staging is not None:
             self._staging.endpoint.remove_remote(session.nixl_remote)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from chunkstore.errors import ConfigError
+from chunkstore.format import ChunkLayout
 from chunkstore.peer import _protocol as P
 
 
@@ -60,6 +61,10 @@ class PeerServerConfig:
     when every reader verifies anyway and the pushers are trusted."""
     limits: P.Limits = field(default_factory=P.Limits)
     """Message size limits."""
+    seal_layout: ChunkLayout | None = None
+    """The served model's chunk layout (``chunkstore serve --spec``): with it a node service
+    assembles and seals the chunks of TP engines, whose ranks each write some heads;
+    without it TP ranks cannot save through it (``shm`` plane only)."""
     handle_on_io_thread: bool | None = None
     """Answer requests on the I/O thread (saves a thread hop per request, ~0.1 ms) instead
     of the worker pool. Only for stores that never block; ``None``: yes for in-memory

@@ -4,6 +4,9 @@ Modes (``SOCKET SEED COUNT [NAME]``): ``save`` stores a conversation's chunks
 and exits; ``get`` reads them back and prints how many matched byte for byte;
 ``hold-lease`` pins them and ``hold-reservation`` reserves slots for them and
 writes half of each, then both print ``ready`` and wait to be killed.
+``rank R TP`` (after NAME) is TP rank R of TP: it writes only its heads of each
+chunk, commits them and exits (``rank-stay``: then waits to be stopped, as a rank
+of a running engine; ``hold-rank``: writes them and waits to be killed).
 Chunks are derived from the seed, so every process knows the exact bytes.
 """
 
@@ -12,8 +15,9 @@ from __future__ import annotations
 import sys
 import threading
 
-from chunkstore.node import NodeClient, NodeStore
-from chunkstore.testing.factories import sample_chunks
+from chunkstore.format import ChunkLayout
+from chunkstore.node import NodeClient, NodeStore, RankShare
+from chunkstore.testing.factories import sample_chunks, small_spec
 
 
 def main(argv: list[str]) -> int:
@@ -34,6 +38,25 @@ def main(argv: list[str]) -> int:
         got = NodeStore(client).get_many(keys)
         same = sum(g == c.data for g, c in zip(got, chunks))
         print(f"matched {same}", flush=True)
+        client.close()
+        return 0
+    if mode in ("rank", "rank-stay", "hold-rank"):
+        rank, tp = int(argv[5]), int(argv[6])
+        share = RankShare(rank, tp, [c.parent for c in chunks], [list(c.tokens) for c in chunks])
+        reservation = client.reserve(keys, part=share)
+        layout = ChunkLayout(small_spec())
+        for chunk, view in zip(chunks, reservation.views):
+            if view is not None:
+                for r in layout.rank_ranges(rank, tp, for_write=True):
+                    end = r.offset + r.length
+                    view[r.offset : end] = chunk.data[r.offset : end]
+        if mode == "hold-rank":
+            print(f"ready {sum(v is not None for v in reservation.views)}", flush=True)
+            threading.Event().wait()  # until killed
+        stored = client.commit(reservation, [len(c.data) for c in chunks])
+        print(f"committed {sum(stored)}", flush=True)
+        if mode == "rank-stay":  # a rank of an engine that keeps running
+            threading.Event().wait()
         client.close()
         return 0
     if mode == "hold-lease":

@@ -20,6 +20,7 @@ pytest.importorskip("zmq", reason="the node service needs pyzmq (pip install 'ch
 
 from chunkstore.backends._memory import MemoryStore  # noqa: E402
 from chunkstore.cache import HostCache, TieredStore  # noqa: E402
+from chunkstore.cache._pool import WRITING  # noqa: E402
 from chunkstore.peer import PeerMetrics, PeerServer  # noqa: E402
 from chunkstore.testing.factories import sample_chunks  # noqa: E402
 
@@ -125,6 +126,24 @@ def start_node(tmp_path: Path, **config: Any) -> Node:
         store, bind=f"ipc://{socket}", planes=("shm",), name="node", metrics=metrics, **config
     ).start()
     return Node(server, store, tier, socket, metrics)
+
+
+def states(node: Node, state: int) -> int:
+    """How many slots of the node's pool are in ``state``."""
+    pool = node.host.pool
+    with pool:
+        return sum(1 for slot in range(pool.num_slots) if pool.state(slot) == state)
+
+
+def quiet(node: Node) -> bool:
+    """No pin, no lease and no half-written slot anywhere in the pool."""
+    stats = node.server.stats()
+    return (
+        node.host.pool.pinned_slots() == 0
+        and states(node, WRITING) == 0
+        and stats["leases"] == 0
+        and stats["pins"] == 0
+    )
 
 
 @pytest.fixture

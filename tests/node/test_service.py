@@ -11,24 +11,7 @@ import pytest
 from chunkstore.cache._pool import READY, WRITING
 from chunkstore.node import NodeClient, NodeRefused
 from chunkstore.testing.factories import sample_chunks
-from tests.node.conftest import SLOT_SIZE, Node, spawn, start_node, wait_until
-
-
-def _states(node: Node, state: int) -> int:
-    pool = node.host.pool
-    with pool:
-        return sum(1 for slot in range(pool.num_slots) if pool.state(slot) == state)
-
-
-def _quiet(node: Node) -> bool:
-    """No pin, no lease and no half-written slot anywhere in the pool."""
-    stats = node.server.stats()
-    return (
-        node.host.pool.pinned_slots() == 0
-        and _states(node, WRITING) == 0
-        and stats["leases"] == 0
-        and stats["pins"] == 0
-    )
+from tests.node.conftest import SLOT_SIZE, Node, quiet, spawn, start_node, states, wait_until
 
 
 def test_a_saves_b_hits_from_host_memory_with_zero_tier_reads(node: Node) -> None:
@@ -42,13 +25,13 @@ def test_a_saves_b_hits_from_host_memory_with_zero_tier_reads(node: Node) -> Non
     assert getter.proc.wait() == 0
     after = node.store.stats().tiers[0]
     assert (after.hits, after.misses) == (before.hits, before.misses)
-    assert _states(node, READY) == 3  # one copy in host memory, shared by both engines
+    assert states(node, READY) == 3  # one copy in host memory, shared by both engines
     hits = node.metrics.registry.get_sample_value(
         "chunkstore_node_client_chunks_total",
         {"server": "node", "client": "engine-b", "result": "hit"},
     )
     assert hits == 3
-    wait_until(lambda: _quiet(node), "the engines' leases to be released")
+    wait_until(lambda: quiet(node), "the engines' leases to be released")
 
 
 def test_a_killed_engine_leaves_no_leased_slot(node: Node) -> None:
@@ -61,18 +44,18 @@ def test_a_killed_engine_leaves_no_leased_slot(node: Node) -> None:
     )
     assert leases == 1
     holder.kill()
-    wait_until(lambda: _quiet(node), "the killed engine's pins to be released")
-    assert _states(node, READY) == 4  # the chunks themselves stay cached
+    wait_until(lambda: quiet(node), "the killed engine's pins to be released")
+    assert states(node, READY) == 4  # the chunks themselves stay cached
 
 
 def test_an_engine_killed_mid_save_leaves_no_half_written_slot(node: Node) -> None:
     assert spawn("save", node.socket, "8", "2", "other").line() == "saved 2"
     writer = spawn("hold-reservation", node.socket, "5", "3", "writer")
     assert writer.line() == "ready 3"
-    assert _states(node, WRITING) == 3
+    assert states(node, WRITING) == 3
     writer.kill()
-    wait_until(lambda: _quiet(node), "the killed engine's reservations to be aborted")
-    assert _states(node, READY) == 2  # only the other engine's chunks
+    wait_until(lambda: quiet(node), "the killed engine's reservations to be aborted")
+    assert states(node, READY) == 2  # only the other engine's chunks
     assert not any(node.store.exists_many([c.key for c in sample_chunks(3, seed=5)]))
     assert spawn("get", node.socket, "8", "2", "other").line() == "matched 2"  # unaffected
     # The slots are usable again: a save that needs every other slot still fits.
@@ -91,7 +74,7 @@ def test_a_chunk_that_fails_its_check_is_never_published(node: Node) -> None:
         view[: len(damaged)] = damaged
         assert client.commit(reservation, [len(damaged)]) == [False]
         assert not node.store.exists(chunk.key)
-        assert _quiet(node)
+        assert quiet(node)
     finally:
         client.close()
 
