@@ -34,7 +34,7 @@ from chunkstore.metrics import MetricsServer, start_metrics_server
 from chunkstore.vllm.config import ConnectorConfig, parse_config
 from chunkstore.vllm.engine import EngineKV, describe_engine
 from chunkstore.vllm.metadata import ChunkStoreMetadata
-from chunkstore.vllm.nodestore import NodeConnectorStore
+from chunkstore.vllm.nodestore import NodeConnectorStore, NodeRankStore
 from chunkstore.vllm.scheduler import ChunkStoreScheduler
 from chunkstore.vllm.stats import ChunkStorePromMetrics, ChunkStoreStats
 from chunkstore.vllm.tiers import ConnectorStore, RankStore, acquire_shared, release_shared
@@ -78,12 +78,12 @@ class ChunkStoreConnector(KVConnectorBase_V1, SupportsHMA):
         self.scheduler: ChunkStoreScheduler | None = None
         self.worker: ChunkStoreWorker | None = None
         self.store: ConnectorStore | RankStore | NodeConnectorStore
-        if self.cfg.node is not None and self.engine.tp_size > 1:
-            raise ConfigError(
-                "ChunkStoreConnector: node: engines with tensor parallelism > 1 cannot attach "
-                "to a node service yet; drop `node` (the engine keeps its own host cache)"
-            )
-        if role == KVConnectorRole.WORKER and self.engine.tp_size > 1:
+        if role == KVConnectorRole.WORKER and self.engine.tp_size > 1 and self.cfg.node:
+            # Each TP rank attaches to the node service and writes its heads into the slot
+            # the service shares among the engine's ranks; the service seals the chunk.
+            self.store = self._make_node_store(rank=self.engine.tp_rank)
+            self._release_store: Callable[[], None] = self.store.close
+        elif role == KVConnectorRole.WORKER and self.engine.tp_size > 1:
             # TP workers run in their own processes: they attach the scheduler's host pool
             # and write their heads into shared slots instead of holding a cache each.
             self.store = RankStore(
@@ -93,7 +93,7 @@ class ChunkStoreConnector(KVConnectorBase_V1, SupportsHMA):
                 tp=self.engine.tp_size,
             )
             # A rank detaches from the pool; the scheduler's store owns it and its /dev/shm name.
-            self._release_store: Callable[[], None] = self.store.close
+            self._release_store = self.store.close
         else:
             # TP=1: scheduler and worker share one process (vLLM runs the single worker
             # inside the engine core), so they share this process's store by name.
@@ -123,13 +123,22 @@ class ChunkStoreConnector(KVConnectorBase_V1, SupportsHMA):
             list(self.cfg.tiers) or "none",
         )
 
-    def _make_node_store(self) -> NodeConnectorStore:
+    def _make_node_store(self, rank: int | None = None) -> NodeConnectorStore:
+        """The store over the node service: the engine's (scheduler, TP=1 worker), or one TP
+        rank's (``rank``)."""
         assert self.cfg.node is not None
+        name = f"{self._kv_transfer_config.engine_id}:{os.getpid()}"
         try:
-            return NodeConnectorStore(
+            if rank is None:
+                return NodeConnectorStore(
+                    self.cfg.node, layout=self.engine.layout, client_name=name
+                )
+            return NodeRankStore(
                 self.cfg.node,
                 layout=self.engine.layout,
-                client_name=f"{self._kv_transfer_config.engine_id}:{os.getpid()}",
+                rank=rank,
+                tp=self.engine.tp_size,
+                client_name=name,
             )
         except ConfigError as exc:
             raise ConfigError(f"ChunkStoreConnector: {exc}") from None

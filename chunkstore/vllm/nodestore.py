@@ -23,7 +23,7 @@ from typing import Any
 from chunkstore.backends import Store
 from chunkstore.format import ChunkLayout
 from chunkstore.hashing import ChunkKey
-from chunkstore.node import NodeClient, NodeRead, NodeRefused
+from chunkstore.node import NodeClient, NodeRead, NodeRefused, RankShare
 from chunkstore.vllm.metadata import ChunkSave
 from chunkstore.vllm.tiers import NodeSlot, PrefetchResult, SaveSlot, seal_save
 
@@ -133,4 +133,45 @@ class NodeConnectorStore:
         self.client.close()
 
 
-__all__ = ["NodeConnectorStore", "NodeRefused"]
+class NodeRankStore(NodeConnectorStore):
+    """A TP rank's side of an engine attached to a node service (TP > 1).
+
+    Every rank process attaches on its own; a save reserves the chunk as this
+    rank's part (:class:`~chunkstore.node.RankShare`): the ranks of the engine
+    get one shared slot, each writes its heads there, and the service seals
+    and publishes the chunk when the last part is committed (it needs the
+    model's ``--spec`` for that). Loads read the rank's heads from the slot the
+    service pins for it.
+    """
+
+    def __init__(
+        self,
+        endpoint: str,
+        *,
+        layout: ChunkLayout,
+        rank: int,
+        tp: int,
+        client_name: str | None = None,
+    ) -> None:
+        super().__init__(endpoint, layout=layout, client_name=client_name)
+        self.rank = rank
+        self.tp = tp
+
+    def save_slot(self, save: ChunkSave) -> SaveSlot | None:
+        """This rank's share of the chunk's shared slot, or None (held already, no room,
+        the service cannot assemble TP chunks, or it is down)."""
+        share = RankShare(self.rank, self.tp, [save.parent], [save.tokens])
+        reservation = self.client.reserve([save.key], part=share)
+        view = reservation.views[0]
+        return NodeSlot(view, reservation) if view is not None else None
+
+    def save_done(self, save: ChunkSave, slot: SaveSlot) -> None:
+        """This rank's heads are in place; the service seals the chunk after the last part."""
+        assert isinstance(slot, NodeSlot)
+        self.client.commit(slot.reservation, [self.layout.total_size])
+
+    def drop(self, key: ChunkKey) -> None:
+        """Nothing: the scheduler's side decides what the node forgets."""
+
+
+__all__ = ["NodeConnectorStore", "NodeRankStore", "NodeRefused"]

@@ -21,8 +21,9 @@ pytest.importorskip("zmq", reason="the node service needs pyzmq (pip install 'ch
 from chunkstore.backends._memory import MemoryStore  # noqa: E402
 from chunkstore.cache import HostCache, TieredStore  # noqa: E402
 from chunkstore.cache._pool import WRITING  # noqa: E402
+from chunkstore.format import ChunkLayout  # noqa: E402
 from chunkstore.peer import PeerMetrics, PeerServer  # noqa: E402
-from chunkstore.testing.factories import sample_chunks  # noqa: E402
+from chunkstore.testing.factories import sample_chunks, small_spec  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 PATIENCE_S = 60.0
@@ -150,6 +151,17 @@ def quiet(node: Node) -> bool:
 def node(tmp_path: Path) -> Iterator[Node]:
     """A running in-process node service."""
     started = start_node(tmp_path)
+    try:
+        yield started
+    finally:
+        started.server.stop()
+        started.store.close()
+
+
+@pytest.fixture
+def sealing_node(tmp_path: Path) -> Iterator[Node]:
+    """A node service that knows the model's layout, so it can seal TP ranks' chunks."""
+    started = start_node(tmp_path, seal_layout=ChunkLayout(small_spec()))
     try:
         yield started
     finally:

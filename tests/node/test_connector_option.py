@@ -67,3 +67,33 @@ def test_a_save_through_the_connector_store_is_published_and_read_in_place(node:
         assert store.save_slot(save) is None  # held already: nothing to write
     finally:
         store.close()
+
+
+def test_tp_ranks_save_their_heads_into_one_slot_and_the_engine_reads_it_whole(
+    sealing_node: Node,
+) -> None:
+    from chunkstore.vllm.nodestore import NodeConnectorStore, NodeRankStore
+
+    layout = ChunkLayout(small_spec())
+    chunk = sample_chunks(1, seed=15, layout=layout)[0]
+    save = ChunkSave("r", chunk.key, chunk.parent, tuple(int(t) for t in chunk.tokens), ())
+    ranks = [
+        NodeRankStore(sealing_node.socket, layout=layout, rank=r, tp=2, client_name=f"r{r}")
+        for r in range(2)
+    ]
+    engine = NodeConnectorStore(sealing_node.socket, layout=layout, client_name="scheduler")
+    try:
+        for rank, store in enumerate(ranks):
+            slot = store.save_slot(save)
+            assert slot is not None
+            for part in layout.rank_ranges(rank, 2, for_write=True):
+                end = part.offset + part.length
+                slot.view[part.offset : end] = chunk.data[part.offset : end]
+            assert engine.host_run([chunk.key]) == 0  # not whole before the last part
+            store.save_done(save, slot)
+        assert engine.host_run([chunk.key]) == 1
+        with ranks[1].read_host(chunk.key) as view:
+            assert bytes(view) == chunk.data
+    finally:
+        for store in (*ranks, engine):
+            store.close()

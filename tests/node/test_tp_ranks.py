@@ -2,26 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
-import pytest
-
-from chunkstore.format import ChunkLayout
 from chunkstore.node import NodeClient, NodeStore
-from chunkstore.testing.factories import sample_chunks, small_spec
-from tests.node.conftest import SLOT_SIZE, Node, quiet, spawn, start_node, wait_until
-
-
-@pytest.fixture
-def sealing_node(tmp_path: Path) -> Iterator[Node]:
-    """A node service that knows the model's layout, so it can seal TP ranks' chunks."""
-    started = start_node(tmp_path, seal_layout=ChunkLayout(small_spec()))
-    try:
-        yield started
-    finally:
-        started.server.stop()
-        started.store.close()
+from chunkstore.testing.factories import sample_chunks
+from tests.node.conftest import SLOT_SIZE, Node, quiet, spawn, wait_until
 
 
 def test_two_rank_processes_make_one_chunk_identical_to_a_whole_one(sealing_node: Node) -> None:
