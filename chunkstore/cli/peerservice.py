@@ -208,14 +208,20 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
             f"secret (${DEFAULT_SECRET_ENV} or --peer-secret-env VAR), give --peer-curve-cert, "
             "or pass --peer-insecure if that is intended"
         )
-    if getattr(args, "spec", None):
-        from chunkstore.backends._registry import load_options
-        from chunkstore.format import KVSpec
-
-        spec = KVSpec.from_dict(load_options(args.spec))
-        options["fingerprint"] = spec.fingerprint()
-        options["chunk_tokens"] = spec.chunk_tokens
+    options.update(served_model(args))
     return options
+
+
+def served_model(args: argparse.Namespace) -> dict[str, Any]:
+    """``fingerprint`` and ``chunk_tokens`` of the ``--spec`` model (clients of another model
+    are refused), or nothing without ``--spec``."""
+    if not getattr(args, "spec", None):
+        return {}
+    from chunkstore.backends._registry import load_options
+    from chunkstore.format import KVSpec
+
+    spec = KVSpec.from_dict(load_options(args.spec))
+    return {"fingerprint": spec.fingerprint(), "chunk_tokens": spec.chunk_tokens}
 
 
 def check_peer(args: argparse.Namespace) -> None:

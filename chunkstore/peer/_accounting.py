@@ -23,6 +23,7 @@ class ServerAccounting:
         self._name = name
         self._counts: Counter[str] = Counter()
         self._lock = threading.Lock()
+        self._clients: set[str] = set()
 
     def count(self, what: str, n: int = 1) -> None:
         """Add ``n`` to the ``stats`` counter ``what``."""
@@ -72,3 +73,28 @@ class ServerAccounting:
         """A session was dropped to admit a new one (``per_client`` or ``full``)."""
         self.count(f"sessions_evicted_{cause}")
         self.metrics.server_sessions_evicted.labels(self._name(), cause).inc()
+
+    # --- node service: per client ---------------------------------------------------------
+
+    def node_clients(self, attached: dict[str, int]) -> None:
+        """The node clients now attached (client name -> connections); clients that left
+        lose their per-client lease gauge."""
+        name = self._name()
+        self.metrics.node_clients.labels(name).set(sum(attached.values()))
+        with self._lock:
+            gone, self._clients = self._clients - set(attached), set(attached)
+        for client in gone:
+            try:
+                self.metrics.node_client_leases.remove(name, client)
+            except KeyError:
+                pass
+
+    def client_leases(self, client: str, count: int) -> None:
+        """Node client ``client`` now holds ``count`` leases."""
+        self.metrics.node_client_leases.labels(self._name(), client).set(count)
+
+    def client_served(self, client: str, hits: int, misses: int) -> None:
+        """Node client ``client`` asked for ``hits + misses`` chunks."""
+        name = self._name()
+        self.metrics.node_client_chunks.labels(name, client, "hit").inc(hits)
+        self.metrics.node_client_chunks.labels(name, client, "miss").inc(misses)

@@ -63,7 +63,11 @@ class PeerClientConfig:
     curve_secret_key: bytes | None = None
     """Our Z85 CURVE secret key."""
     plane: str = AUTO
-    """Data plane: ``auto`` (NIXL when both sides have it, else inline), ``nixl`` or ``inline``."""
+    """Data plane: ``auto`` (NIXL when both sides have it, else inline), ``nixl``, ``inline``,
+    or ``shm`` (a node service's shared slot pool; see :class:`chunkstore.node.NodeClient`)."""
+    slot_size: int | None = None
+    """Our chunk size in bytes, sent in ``hello`` for the ``shm`` plane: a node whose pool
+    slots differ refuses us (``geometry_mismatch``). ``None``: not sent."""
     timeout_s: float = 2.0
     """Bound on every request, NIXL transfer included: past it the request is a miss."""
     retry_after_s: float = 2.0
@@ -74,6 +78,11 @@ class PeerClientConfig:
     """NIXL receive/send arena; larger batches are split to fit it."""
     client_name: str | None = None
     """How we introduce ourselves (default host:pid)."""
+    immediate: bool = False
+    """Queue requests only on a live connection (ZMQ_IMMEDIATE): a request to a server whose
+    connection closed fails at once instead of after ``timeout_s`` (``hello`` waits up to
+    ``timeout_s`` for the connection). For a node service on a unix socket, whose death
+    the kernel reports at once."""
     limits: P.Limits = field(default_factory=P.Limits)
     """Limits on replies we accept."""
 
@@ -106,9 +115,11 @@ class PeerClient:
         self.config = replace(config or PeerClientConfig(), **overrides)
         self.metrics = metrics or default_peer_metrics()
         """Where this client's ``chunkstore_peer_client_*`` metrics go."""
-        if self.config.plane not in (AUTO, P.PLANE_NIXL, P.PLANE_INLINE):
-            raise ConfigError(f"unknown data plane {self.config.plane!r}; use auto, nixl or inline")
-        if not endpoint.startswith("tcp://"):
+        if self.config.plane not in (AUTO, *P.PLANES):
+            raise ConfigError(
+                f"unknown data plane {self.config.plane!r}; use auto, nixl, inline or shm"
+            )
+        if not endpoint.startswith(("tcp://", "ipc://")):
             endpoint = f"tcp://{endpoint}"
         self.endpoint = endpoint
         self.codec = P.Codec(
@@ -145,6 +156,8 @@ class PeerClient:
         sock.setsockopt(zmq.MAXMSGSIZE, self.config.limits.max_frame_bytes)
         sock.setsockopt(zmq.RCVHWM, 1000)
         sock.setsockopt(zmq.SNDHWM, 1000)
+        if self.config.immediate:
+            sock.setsockopt(zmq.IMMEDIATE, 1)
         if self._curve is not None:
             sock.curve_serverkey = self.config.curve_server_key
             sock.curve_publickey, sock.curve_secretkey = self._curve
@@ -155,6 +168,11 @@ class PeerClient:
         if self._socket is not None:
             self._socket.close(0)
             self._socket = None
+
+    @property
+    def session_open(self) -> bool:
+        """Whether a session from ``hello`` is open (it is opened on the next request if not)."""
+        return self._session is not None
 
     @property
     def available(self) -> bool:
@@ -211,11 +229,17 @@ class PeerClient:
         frames = self.codec.encode(body, data, reply=False)
         started = time.monotonic()
         deadline = started + self.config.timeout_s
+        if self.config.immediate and op == "hello":
+            # A fresh socket: wait (bounded) until the connection is up before the hello.
+            if not self._socket.poll(int(self.config.timeout_s * 1000) + 1, zmq.POLLOUT):
+                self._mark_down("timeout")
+                raise PeerUnavailable(f"{self.endpoint} accepts no connection")
         try:
             self._socket.send_multipart(frames, zmq.NOBLOCK, copy=False)
         except zmq.Again:
-            self._mark_down("timeout")
-            raise PeerUnavailable(f"{self.endpoint}: send queue full") from None
+            reason = "disconnected" if self.config.immediate else "timeout"
+            self._mark_down(reason)
+            raise PeerUnavailable(f"{self.endpoint}: not connected or send queue full") from None
         if not expect_reply:
             return {}, []
         while True:
@@ -257,6 +281,8 @@ class PeerClient:
         plane = self.config.plane
         if plane == P.PLANE_INLINE:
             return [P.PLANE_INLINE], "inline plane configured"
+        if plane == P.PLANE_SHM:
+            return [P.PLANE_SHM], "shm plane configured"
         reason = nixl_unavailable_reason()
         if reason is not None:
             if plane == P.PLANE_NIXL:
@@ -286,10 +312,20 @@ class PeerClient:
             if (self._nixl is not None and P.PLANE_NIXL in planes)
             else None,
         }
+        if self.config.slot_size is not None:
+            fields["slot_size"] = self.config.slot_size
         reply, _ = self._exchange("hello", fields, (), True)
+        offered = reply.get("planes") or []
+        if P.PLANE_SHM in planes:
+            if P.PLANE_SHM not in offered:
+                raise PeerRefused(
+                    P.DATAPLANE_UNAVAILABLE, f"{self.endpoint} does not offer the shm plane"
+                )
+            self.server_info, self._session = reply, reply["s"]
+            self.plane, self.plane_reason = P.PLANE_SHM, why
+            return
         self.server_info = reply
         self._session = reply["s"]
-        offered = reply.get("planes") or []
         if P.PLANE_NIXL in offered and P.PLANE_NIXL in planes and reply.get("nixl_md"):
             assert self._nixl is not None
             remote = self._nixl.endpoint.add_remote(reply["nixl_md"])

@@ -16,6 +16,8 @@ from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 
+import numpy as np
+
 from chunkstore.backends.base import Store, SupportsPinning, SupportsReserve, judge
 from chunkstore.hashing import ChunkKey
 from chunkstore.peer import _protocol as P
@@ -23,6 +25,8 @@ from chunkstore.peer._accounting import ServerAccounting
 from chunkstore.peer._errors import ProtocolViolation
 from chunkstore.peer._serverconfig import PeerServerConfig
 from chunkstore.peer._sessions import Session, SessionTable
+from chunkstore.peer._shmassembly import RankPart, ShardAssemblies
+from chunkstore.peer._shmplane import ShmPlane
 from chunkstore.peer._staging import NixlStaging
 
 log = logging.getLogger(__name__)
@@ -51,6 +55,7 @@ class RequestHandlers:
         nixl_reason: str | None,
         name: Callable[[], str],
         stats: Callable[[], dict[str, Any]],
+        shm: ShmPlane | None = None,
     ) -> None:
         self.store = store
         self.config = config
@@ -61,6 +66,14 @@ class RequestHandlers:
         self._nixl_reason = nixl_reason
         self._name = name
         self._stats = stats
+        self._shm = shm
+        self._assemblies = (
+            ShardAssemblies(store, config.seal_layout, self._valid)
+            if shm is not None
+            and config.seal_layout is not None
+            and isinstance(store, SupportsReserve)
+            else None
+        )
         self._pinning = store if isinstance(store, SupportsPinning) else None
         self._reserving = store if isinstance(store, SupportsReserve) else None
         self._ops: dict[str, Callable[[dict[str, Any], list[Any]], Result | None]] = {
@@ -69,24 +82,29 @@ class RequestHandlers:
             "fetch": self._op_fetch,
             "release": self._op_release,
             "push": self._op_push,
+            "reserve": self._op_reserve,
+            "commit": self._op_commit,
             "delete": self._op_delete,
             "list": self._op_list,
             "stats": self._op_stats,
             "bye": self._op_bye,
         }
 
-    def handle(self, body: dict[str, Any], data: list[Any], source: str) -> Result | None:
+    def handle(
+        self, body: dict[str, Any], data: list[Any], source: str, connection: int | None = None
+    ) -> Result | None:
         """The reply to one request (``None``: no reply, a release without ``ack``).
 
-        ``source`` is the sender's address, used by ``hello`` only.
+        ``source`` is the sender's address and ``connection`` its connection on a local
+        (``ipc://``) server, whose sessions end with it; both are used by ``hello`` only.
         """
         if body["op"] == "hello":
-            return self._op_hello(body, source)
+            return self._op_hello(body, source, connection)
         return self._ops[body["op"]](body, data)
 
     # --- sessions -------------------------------------------------------------------------
 
-    def _op_hello(self, body: dict[str, Any], source: str) -> Result:
+    def _op_hello(self, body: dict[str, Any], source: str, connection: int | None) -> Result:
         cfg = self.config
         if P.PROTOCOL_VERSION not in body["versions"]:
             raise ProtocolViolation(
@@ -107,6 +125,8 @@ class RequestHandlers:
                 f"this peer serves {cfg.chunk_tokens}-token chunks, the client uses {tokens}",
             )
         planes = tuple(p for p in self._planes if p in body["planes"])
+        if P.PLANE_SHM in planes:
+            self._check_geometry(body.get("slot_size"))
         nixl_reason = self._nixl_reason
         staging = self._staging
         remote = None
@@ -119,11 +139,13 @@ class RequestHandlers:
         client = body["client"]
         session = Session(
             client=client,
-            identity=(source, client),
+            # Each connection of a node service is its own identity: engines may share a name.
+            identity=(f"fd{connection}" if connection is not None else source, client),
             planes=planes,
             nixl_remote=remote,
             last_seen=time.monotonic(),
             retained=len(client.encode("utf-8", "surrogatepass")) + len(body["nixl_md"] or b""),
+            connection=connection,
         )
         session_id = P.new_token(P.SESSION_BYTES)
         self._sessions.admit(session_id, session)
@@ -143,11 +165,29 @@ class RequestHandlers:
         if staging is not None and P.PLANE_NIXL in planes:
             reply["nixl_md"] = staging.endpoint.metadata()
             reply["nixl_agent"] = staging.endpoint.name
+        if self._shm is not None and P.PLANE_SHM in planes:
+            reply.update(self._shm.hello_fields())
         return reply, (), None
+
+    def _check_geometry(self, slot_size: int | None) -> None:
+        """A node client's chunks must be the size of the pool's slots (one chunk per slot)."""
+        assert self._shm is not None  # shm is offered only with its plane
+        served = self._shm.pool.slot_size
+        if slot_size is not None and slot_size != served:
+            raise ProtocolViolation(
+                P.GEOMETRY_MISMATCH,
+                f"this node's pool has {served}-byte slots, the client's chunks are "
+                f"{slot_size} bytes (other model, dtype or chunk size)",
+            )
 
     def _op_bye(self, body: dict[str, Any], data: list[Any]) -> Result:
         self._sessions.end(body["s"])
         return {}, (), None
+
+    def session_ended(self, session: Session) -> None:
+        """Give up the TP chunks ``session``'s rank joined and that are not whole yet."""
+        if self._assemblies is not None:
+            self._assemblies.owner_gone(session)
 
     def _session_with_plane(self, session_id: bytes, plane: str) -> Session:
         session = self._sessions.get(session_id)
@@ -194,6 +234,8 @@ class RequestHandlers:
         use = body.get("use", True)
         if plane == P.PLANE_NIXL:
             return self._fetch_nixl(body, keys, use=use)
+        if plane == P.PLANE_SHM:
+            return self._fetch_shm(body["s"], keys)
         return self._fetch_inline(keys, use=use)
 
     def _read(self, keys: list[ChunkKey], use: bool) -> list[Any]:
@@ -249,6 +291,19 @@ class RequestHandlers:
         self._accounting.served(hits, len(keys) - hits, P.PLANE_NIXL, nbytes)
         lease_id = self._sessions.open_lease(body["s"], releases, lease_ms)
         return {"lease": lease_id, "lease_ms": lease_ms, "items": items}, (), None
+
+    def _fetch_shm(self, session_id: bytes, keys: list[ChunkKey]) -> Result:
+        assert self._shm is not None  # the shm plane is offered only with it
+        client = self._sessions.get(session_id).client  # before pinning: it may raise
+        items, releases = self._shm.lend(keys)
+        hits = len(releases)
+        nbytes = sum(item[2] for item in items if item)
+        self._accounting.served(hits, len(keys) - hits, P.PLANE_SHM, nbytes)
+        self._accounting.client_served(client, hits, len(keys) - hits)
+        # The pins are the server's, held for the client until it releases them or its
+        # connection closes: no timer, so a slot is never reused under a live reader.
+        lease_id = self._sessions.open_lease(session_id, releases, None)
+        return {"lease": lease_id, "items": items}, (), None
 
     def _op_release(self, body: dict[str, Any], data: list[Any]) -> Result | None:
         released = self._sessions.close_lease(body["s"], body["lease"])
@@ -354,6 +409,100 @@ class RequestHandlers:
             )
             self._accounting.count("pushed_corrupt")
         return judgement.ok
+
+    def _op_reserve(self, body: dict[str, Any], data: list[Any]) -> Result:
+        if self.config.read_only:
+            raise ProtocolViolation(P.READ_ONLY, "this node does not accept chunks")
+        keys = P.unpack_keys(body["keys"], self.config.limits)
+        self._session_with_plane(body["s"], body["plane"])
+        if body["plane"] != P.PLANE_SHM:
+            raise ProtocolViolation(P.DATAPLANE_UNAVAILABLE, "reserve is for the shm plane only")
+        assert self._shm is not None
+        present = (
+            self.store.exists_many(keys)
+            if body["mode"] == "if_absent" and keys
+            else [False] * len(keys)
+        )
+        if body.get("tp", 1) > 1:
+            items, held, releases = self._reserve_parts(body, keys, present)
+        else:
+            items, leases, releases = self._shm.reserve(keys, present)
+            held = list(leases)
+        lease_id = self._sessions.open_lease(body["s"], releases, None, held=held)
+        return {"lease": lease_id, "items": items, "present": list(present)}, (), None
+
+    def _reserve_parts(
+        self, body: dict[str, Any], keys: list[ChunkKey], present: list[bool]
+    ) -> tuple[list[Any], list[Any], list[Callable[[], None]]]:
+        """A TP rank's reservations: the shared slot of each chunk it writes a part of."""
+        if self._assemblies is None:
+            raise ProtocolViolation(
+                P.DATAPLANE_UNAVAILABLE,
+                "this node cannot assemble TP chunks (start it with the model's --spec)",
+            )
+        tp, rank = body["tp"], body.get("rank", -1)
+        parents, tokens = body.get("parents"), body.get("tokens")
+        if not 0 <= rank < tp or parents is None or tokens is None:
+            raise ProtocolViolation(P.MALFORMED, "reserve: tp needs a rank below it")
+        if len(parents) != 32 * len(keys) or len(tokens) != len(keys):
+            raise ProtocolViolation(P.MALFORMED, "reserve: one parent and token list per key")
+        session = self._sessions.get(body["s"])
+        items: list[Any] = []
+        held: list[Any] = []
+        releases: list[Callable[[], None]] = []
+        for i, (key, here) in enumerate(zip(keys, present)):
+            ids = np.frombuffer(tokens[i], dtype="<u4").tolist()
+            item = (
+                None
+                if here
+                else self._assemblies.join(
+                    key,
+                    tp=tp,
+                    rank=rank,
+                    parent=parents[32 * i : 32 * i + 32],
+                    tokens=ids,
+                    owner=session,
+                )
+            )
+            items.append(item)
+            held.append(RankPart(key, rank) if item is not None else None)
+            if item is not None:
+                releases.append(partial(self._assemblies.leave, key, rank))
+        return items, held, releases
+
+    def _op_commit(self, body: dict[str, Any], data: list[Any]) -> Result:
+        lease = self._sessions.take_lease(body["s"], body["lease"])
+        if lease is None:
+            raise ProtocolViolation(P.UNKNOWN_LEASE, "no such reservation (committed or ended)")
+        sizes = body["sizes"]  # non-negative and within the frame limit (validate_request)
+        if not lease.held or len(sizes) != len(lease.held):
+            for release in lease.releases:
+                release()
+            raise ProtocolViolation(
+                P.MALFORMED, "commit: names a reservation and one size per reserved key"
+            )
+        assert self._shm is not None  # reservations exist only with the shm plane
+        if any(isinstance(part, RankPart) for part in lease.held):
+            stored = self._commit_parts(lease.held, sizes)
+        else:
+            stored = self._shm.commit(lease.held, sizes, self._valid)
+        nbytes = sum(size for size, ok in zip(sizes, stored) if ok)
+        self._accounting.taken_in(P.PLANE_SHM, nbytes, sum(stored))
+        return {"stored": stored}, (), None
+
+    def _commit_parts(self, parts: list[Any], sizes: list[int]) -> list[bool]:
+        """A TP rank's parts are written (size > 0) or given up (0); per part: accepted."""
+        assert self._assemblies is not None  # parts exist only with assemblies
+        stored = []
+        for part, size in zip(parts, sizes):
+            if not isinstance(part, RankPart):
+                stored.append(False)
+            elif size == 0:
+                self._assemblies.leave(part.key, part.rank)
+                stored.append(False)
+            else:
+                stored.append(self._assemblies.part_done(part.key, part.rank))
+        return stored
 
     def _op_delete(self, body: dict[str, Any], data: list[Any]) -> Result:
         if self.config.read_only:

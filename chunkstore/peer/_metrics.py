@@ -87,6 +87,24 @@ class PeerMetrics:
             ["server", "cause"],
             registry=r,
         )
+        self.node_clients = Gauge(
+            "chunkstore_node_clients",
+            "Engines (connections) attached to a node service.",
+            ["server"],
+            registry=r,
+        )
+        self.node_client_leases = Gauge(
+            "chunkstore_node_client_leases",
+            "Leases (read pins and reservations) a node service holds for one client.",
+            ["server", "client"],
+            registry=r,
+        )
+        self.node_client_chunks = Counter(
+            "chunkstore_node_client_chunks_total",
+            "Chunks a node client asked for, by client and result (hit, miss).",
+            ["server", "client", "result"],
+            registry=r,
+        )
         self.client_seconds = Histogram(
             "chunkstore_peer_client_request_seconds",
             "Round trip of a peer request, by operation and plane.",

@@ -46,6 +46,10 @@ MAX_CHUNK_TOKENS = (1 << 31) - 1
 """Largest ``chunk_tokens``."""
 MAX_ADDRESS = (1 << 64) - 1
 """Largest memory address in ``addrs``."""
+MAX_TP = 64
+"""Most TP ranks of one engine assembling a chunk through a node service."""
+MAX_CHUNK_TOKENS_ON_WIRE = 1 << 20
+"""Most token ids of one chunk in a ``reserve`` (4 MiB)."""
 
 _CONTROL_CONTEXT = "chunkstore 2026-11 peer control mac v1"
 _DATA_CONTEXT = "chunkstore 2026-11 peer data mac v1"
@@ -68,6 +72,7 @@ READ_ONLY = "read_only"
 DATAPLANE_UNAVAILABLE = "dataplane_unavailable"
 UNKNOWN_LEASE = "unknown_lease"
 TOO_MANY_SESSIONS = "too_many_sessions"
+GEOMETRY_MISMATCH = "geometry_mismatch"
 INTERNAL = "internal"
 ERROR_CODES = frozenset(
     {
@@ -83,12 +88,17 @@ ERROR_CODES = frozenset(
         DATAPLANE_UNAVAILABLE,
         UNKNOWN_LEASE,
         TOO_MANY_SESSIONS,
+        GEOMETRY_MISMATCH,
         INTERNAL,
     }
 )
 
 PLANE_NIXL = "nixl"
 PLANE_INLINE = "inline"
+PLANE_SHM = "shm"
+"""The node plane: client and server map one shared slot pool; replies name slots."""
+PLANES = (PLANE_NIXL, PLANE_INLINE, PLANE_SHM)
+"""Every data plane this implementation knows."""
 
 
 def _msgpack() -> Any:
@@ -195,6 +205,8 @@ REQUEST_FIELDS: dict[str, dict[str, tuple[type, ...]]] = {
         "addrs": _LIST,
         "mode": _STR,
     },
+    "reserve": {"s": _BYTES, "keys": _BYTES, "plane": _STR, "mode": _STR},
+    "commit": {"s": _BYTES, "lease": _BYTES, "sizes": _LIST},
     "delete": {"s": _BYTES, "keys": _BYTES},
     "list": {"s": _BYTES, "namespace": _OPT_STR, "after": _OPT_BYTES, "limit": _INT},
     "stats": {"s": _BYTES},
@@ -203,6 +215,8 @@ REQUEST_FIELDS: dict[str, dict[str, tuple[type, ...]]] = {
 OPTIONAL_FIELDS: dict[str, dict[str, tuple[type, ...]]] = {
     "*": {"dmacs": _LIST},
     "fetch": {"use": _BOOL},
+    "hello": {"slot_size": _INT},
+    "reserve": {"tp": _INT, "rank": _INT, "parents": _BYTES, "tokens": _LIST},
 }
 
 
@@ -239,10 +253,13 @@ def validate_request(body: Any, limits: Limits | None = None) -> dict[str, Any]:
             raise ProtocolViolation(MALFORMED, f"{op}: field {name!r} has the wrong type")
     optional = {**OPTIONAL_FIELDS["*"], **OPTIONAL_FIELDS.get(op, {})}
     for name, types in optional.items():
-        if name in body and not isinstance(body[name], types):
+        if name not in body:
+            continue
+        value = body[name]
+        if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
             raise ProtocolViolation(MALFORMED, f"{op}: field {name!r} has the wrong type")
     limits = limits or Limits()
-    for name in fields:
+    for name in [*fields, *(n for n in optional if n in body)]:
         check = FIELD_GRAMMAR.get(name)
         if check is not None:
             check(op, body[name], limits)
@@ -352,6 +369,35 @@ def _check_chunk_tokens(op: str, value: Any, limits: Limits) -> None:
         raise _fail(MALFORMED, op, "chunk_tokens", f"must be 1..{MAX_CHUNK_TOKENS}")
 
 
+def _check_slot_size(op: str, value: Any, limits: Limits) -> None:
+    if not 1 <= value <= limits.max_frame_bytes:
+        raise _fail(MALFORMED, op, "slot_size", f"must be 1..{limits.max_frame_bytes}")
+
+
+def _check_tp(op: str, value: Any, limits: Limits) -> None:
+    if not 1 <= value <= MAX_TP:
+        raise _fail(MALFORMED, op, "tp", f"must be 1..{MAX_TP}")
+
+
+def _check_rank(op: str, value: Any, limits: Limits) -> None:
+    if not 0 <= value < MAX_TP:
+        raise _fail(MALFORMED, op, "rank", f"must be 0..{MAX_TP - 1}")
+
+
+def _check_parents(op: str, value: Any, limits: Limits) -> None:
+    if len(value) % DIGEST_SIZE or len(value) // DIGEST_SIZE > limits.max_keys:
+        raise _fail(MALFORMED, op, "parents", f"must be up to max_keys {DIGEST_SIZE}-byte digests")
+
+
+def _check_tokens(op: str, value: Any, limits: Limits) -> None:
+    if len(value) > limits.max_keys:
+        raise _fail(TOO_LARGE, op, "tokens", f"has more than {limits.max_keys} entries")
+    if not all(isinstance(t, bytes) and len(t) % 4 == 0 for t in value):
+        raise _fail(MALFORMED, op, "tokens", "must hold little-endian uint32 token ids")
+    if any(len(t) > 4 * MAX_CHUNK_TOKENS_ON_WIRE for t in value):
+        raise _fail(TOO_LARGE, op, "tokens", "names a chunk of too many tokens")
+
+
 def _check_nixl_md(op: str, value: Any, limits: Limits) -> None:
     if value is not None and len(value) > MAX_NIXL_METADATA_BYTES:
         raise _fail(TOO_LARGE, op, "nixl_md", f"is larger than {MAX_NIXL_METADATA_BYTES} bytes")
@@ -376,6 +422,11 @@ FIELD_GRAMMAR: dict[str, Callable[[str, Any, Limits], None]] = {
     "fingerprint": _check_fingerprint,
     "chunk_tokens": _check_chunk_tokens,
     "nixl_md": _check_nixl_md,
+    "slot_size": _check_slot_size,
+    "tp": _check_tp,
+    "rank": _check_rank,
+    "parents": _check_parents,
+    "tokens": _check_tokens,
 }
 
 

@@ -27,9 +27,11 @@ from chunkstore.peer._accounting import ServerAccounting
 from chunkstore.peer._discovery import PeerInfo
 from chunkstore.peer._errors import ProtocolViolation
 from chunkstore.peer._handlers import RequestHandlers
+from chunkstore.peer._localsocket import BoundSocket, bind_owner_only
 from chunkstore.peer._metrics import PeerMetrics, default_peer_metrics
-from chunkstore.peer._serverconfig import PeerServerConfig, check_server_config
+from chunkstore.peer._serverconfig import PeerServerConfig, check_server_config, is_local
 from chunkstore.peer._sessions import Session, SessionTable
+from chunkstore.peer._shmplane import ShmPlane
 from chunkstore.peer._staging import NixlStaging
 
 log = logging.getLogger(__name__)
@@ -104,10 +106,16 @@ class PeerServer:
         self._start_error: BaseException | None = None
         self._pool: ThreadPoolExecutor | None = None
         self._staging: NixlStaging | None = None
+        self._shm: ShmPlane | None = None
+        self._local = is_local(config)
+        self._bound: BoundSocket | None = None
+        self._monitor: Any = None
         self._auth: Any = None
         self._ctx: Any = None
         self._wake_r = self._wake_w = -1
         self.nixl_reason: str | None = None
+        self.shm_reason: str | None = None
+        """Why the ``shm`` plane is not offered (``None`` when it is, or was not asked for)."""
         self.planes: tuple[str, ...] = ()
         self.endpoint = ""
         self.started_at = 0.0
@@ -127,7 +135,7 @@ class PeerServer:
     def start(self) -> PeerServer:
         """Bind, start NIXL (when offered and available) and the I/O thread; returns self."""
         zmq = _zmq()
-        self._setup_nixl()
+        self._setup_planes()
         self._handlers = RequestHandlers(
             self.store,
             self.config,
@@ -138,6 +146,7 @@ class PeerServer:
             nixl_reason=self.nixl_reason,
             name=lambda: self.name,
             stats=self.stats,
+            shm=self._shm,
         )
         self._pool = ThreadPoolExecutor(self.config.workers, thread_name_prefix="peer-worker")
         self._wake_r, self._wake_w = os.pipe()
@@ -159,16 +168,21 @@ class PeerServer:
         )
         return self
 
-    def _setup_nixl(self) -> None:
-        if P.PLANE_NIXL not in self.config.planes:
-            self.planes = tuple(self.config.planes)
-            return
-        self._staging, self.nixl_reason = NixlStaging.open(self.store, self.config.staging_bytes)
-        self.planes = tuple(
-            p for p in self.config.planes if p != P.PLANE_NIXL or self._staging is not None
-        )
+    def _setup_planes(self) -> None:
+        """Open each data plane asked for; drop (with its reason) one that cannot start."""
+        planes = tuple(self.config.planes)
+        if P.PLANE_SHM in planes:
+            self._shm, self.shm_reason = ShmPlane.open(self.store)
+            planes = tuple(p for p in planes if p != P.PLANE_SHM or self._shm is not None)
+        if P.PLANE_NIXL in planes:
+            self._staging, self.nixl_reason = NixlStaging.open(
+                self.store, self.config.staging_bytes
+            )
+            planes = tuple(p for p in planes if p != P.PLANE_NIXL or self._staging is not None)
+        self.planes = planes
         if not self.planes:
-            raise ConfigError(f"no data plane left to offer: {self.nixl_reason}")
+            reasons = "; ".join(r for r in (self.shm_reason, self.nixl_reason) if r)
+            raise ConfigError(f"no data plane left to offer: {reasons}")
 
     def stop(self) -> None:
         """Stop serving; releases every lease and pin. Idempotent."""
@@ -197,6 +211,9 @@ class PeerServer:
         if self._ctx is not None:
             self._ctx.term()
             self._ctx = None
+        if self._bound is not None:
+            self._bound.remove()
+            self._bound = None
 
     def __enter__(self) -> PeerServer:
         return self.start()
@@ -217,7 +234,8 @@ class PeerServer:
         router.setsockopt(zmq.LINGER, 0)
         # Larger frames make libzmq drop the connection before any byte reaches Python.
         router.setsockopt(zmq.MAXMSGSIZE, self.config.limits.max_frame_bytes)
-        router.setsockopt(zmq.ROUTER_HANDOVER, 1)
+        if not self._local:
+            router.setsockopt(zmq.ROUTER_HANDOVER, 1)
         router.setsockopt(zmq.SNDHWM, 1000)
         router.setsockopt(zmq.RCVHWM, 1000)
         if self.config.curve_secret_key is not None:
@@ -227,12 +245,19 @@ class PeerServer:
             router.curve_secretkey = self.config.curve_secret_key
             router.curve_publickey = self.config.curve_public_key
         bind = self.config.bind
-        if bind.endswith(":0"):
-            port = router.bind_to_random_port(bind[:-2])
-            self.endpoint = f"{bind[:-2]}:{port}"
-        else:
-            router.bind(bind)
-            self.endpoint = router.getsockopt(zmq.LAST_ENDPOINT).decode()
+        try:
+            if self._local:
+                self._bound = bind_owner_only(router, bind)
+                self.endpoint = bind
+            elif bind.endswith(":0"):
+                port = router.bind_to_random_port(bind[:-2])
+                self.endpoint = f"{bind[:-2]}:{port}"
+            else:
+                router.bind(bind)
+                self.endpoint = router.getsockopt(zmq.LAST_ENDPOINT).decode()
+        except BaseException:
+            router.close(0)  # an open socket would block the context's term() in stop()
+            raise
         return router
 
     def _start_authenticator(self) -> None:
@@ -254,11 +279,15 @@ class PeerServer:
         zmq = _zmq()
         try:
             router = self._open_socket()
+            # Node service: every connection is one engine, and its closing (exit, kill -9:
+            # the kernel closes the socket) ends its sessions (see _disconnected).
             monitor = router.get_monitor_socket(
                 zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
                 | zmq.EVENT_HANDSHAKE_FAILED_AUTH
                 | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL
+                | (zmq.EVENT_DISCONNECTED if self._local else 0)
             )
+            self._monitor = monitor
         except Exception as exc:  # noqa: BLE001 - reported to start()
             self._start_error = (
                 exc
@@ -290,6 +319,9 @@ class PeerServer:
     def _turn(self, poller: Any, router: Any, monitor: Any) -> None:
         zmq = _zmq()
         events = dict(poller.poll(50))
+        if self._local:
+            # Disconnects first: a connection's file descriptor may be reused by the next one.
+            self._drain_monitor(monitor)
         if router in events:
             for _ in range(64):  # bounded batch, so replies and sweeps keep flowing
                 try:
@@ -317,10 +349,13 @@ class PeerServer:
         zmq = _zmq()
         while True:
             try:
-                recv_monitor_message(monitor, zmq.NOBLOCK)
+                event = recv_monitor_message(monitor, zmq.NOBLOCK)
             except zmq.Again:
                 return
-            self._reject("handshake_failed")
+            if event["event"] == zmq.EVENT_DISCONNECTED:
+                self._disconnected(int(event["value"]))
+            else:
+                self._reject("handshake_failed")
 
     def _wake(self) -> None:
         try:
@@ -408,12 +443,16 @@ class PeerServer:
                 return
         self._accounting.request(op)
         source = _source_address(frames[1]) if op == "hello" else ""
-        if op == "release" or (self._on_io_thread and op != "push"):
-            self._handle(ident, body, data, source)  # cheap and latency sensitive: no worker hop
+        connection = self._connection_of(frames[1]) if op == "hello" and self._local else None
+        # A node client's hello is admitted on this thread, in order with disconnect events.
+        local_hello = connection is not None
+        if op == "release" or local_hello or (self._on_io_thread and op != "push"):
+            # cheap and latency sensitive: no worker hop
+            self._handle(ident, body, data, source, connection)
             return
         assert self._pool is not None
         try:
-            self._pool.submit(self._handle, ident, body, data, source)
+            self._pool.submit(self._handle, ident, body, data, source, connection)
         except RuntimeError:  # shutting down
             pass
 
@@ -436,11 +475,18 @@ class PeerServer:
         )
         self._queue_reply([ident, *frames])
 
-    def _handle(self, ident: Any, body: dict[str, Any], data: list[Any], source: str = "") -> None:
+    def _handle(
+        self,
+        ident: Any,
+        body: dict[str, Any],
+        data: list[Any],
+        source: str = "",
+        connection: int | None = None,
+    ) -> None:
         request_id = body["id"]
         assert self._handlers is not None  # requests arrive only after start()
         try:
-            result = self._handlers.handle(body, data, source)
+            result = self._handlers.handle(body, data, source, connection)
         except ProtocolViolation as exc:
             self._reject(exc.code)
             self._refuse(ident, request_id, exc.code, exc.reason)
@@ -455,8 +501,30 @@ class PeerServer:
         frames = self.codec.encode(P.ok_body(request_id, **fields), out_data, reply=True)
         self._queue_reply([ident, *frames], on_sent)
 
+    def _connection_of(self, frame: Any) -> int:
+        """The connection (its file descriptor) a node client's ``hello`` came in on.
+
+        Disconnect events name connections by descriptor, and a closed descriptor is
+        reused by the next connection: so every disconnect queued before this message
+        is taken first (libzmq queues the event before closing the descriptor).
+        """
+        if self._monitor is not None:
+            self._drain_monitor(self._monitor)
+        return int(frame.get(_zmq().SRCFD))
+
+    def _disconnected(self, connection: int) -> None:
+        """A node client's connection closed: end its sessions, releasing every lease and
+        aborting every reservation it held."""
+        ended = self._sessions.drop_connection(connection)
+        if ended:
+            self._accounting.count("connections_closed")
+            log.debug("node connection %d closed: %d session(s) ended", connection, ended)
+
     def _forget(self, session: Session) -> None:
-        """Drop what was loaded for an ended session (its NIXL agent)."""
+        """Drop what was loaded for an ended session (its NIXL agent, its unfinished TP
+        chunks)."""
+        if self._handlers is not None:
+            self._handlers.session_ended(session)
         if session.nixl_remote is not None and self._staging is not None:
             self._staging.endpoint.remove_remote(session.nixl_remote)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from chunkstore.errors import ConfigError
+from chunkstore.format import ChunkLayout
 from chunkstore.peer import _protocol as P
 
 
@@ -13,7 +14,9 @@ class PeerServerConfig:
     """How a peer server listens, whom it accepts and what it offers."""
 
     bind: str = "tcp://127.0.0.1:0"
-    """ZeroMQ endpoint to listen on; port 0 picks a free port. Loopback by default."""
+    """ZeroMQ endpoint to listen on; port 0 picks a free port. Loopback by default.
+    ``ipc:///path`` serves the engines of this machine over a unix socket created
+    owner-only (0600); sessions then last as long as their connection (the node service)."""
     name: str | None = None
     """Name in registries and ``stats`` (default: host:port)."""
     fingerprint: bytes | None = None
@@ -31,7 +34,8 @@ class PeerServerConfig:
     curve_client_keys: tuple[bytes, ...] | None = None
     """Z85 public keys of clients allowed to connect under CURVE; ``None``: any client key."""
     planes: tuple[str, ...] = (P.PLANE_NIXL, P.PLANE_INLINE)
-    """Data planes offered; NIXL is dropped automatically when it cannot start."""
+    """Data planes offered; NIXL is dropped automatically when it cannot start. ``shm`` (the
+    shared slot pool) needs an ``ipc://`` bind and a store whose host pool is shared."""
     staging_bytes: int = 64 << 20
     """NIXL staging arena for chunks of stores that cannot pin in place."""
     default_lease_ms: int = 5_000
@@ -57,6 +61,10 @@ class PeerServerConfig:
     when every reader verifies anyway and the pushers are trusted."""
     limits: P.Limits = field(default_factory=P.Limits)
     """Message size limits."""
+    seal_layout: ChunkLayout | None = None
+    """The served model's chunk layout (``chunkstore serve --spec``): with it a node service
+    assembles and seals the chunks of TP engines, whose ranks each write some heads;
+    without it TP ranks cannot save through it (``shm`` plane only)."""
     handle_on_io_thread: bool | None = None
     """Answer requests on the I/O thread (saves a thread hop per request, ~0.1 ms) instead
     of the worker pool. Only for stores that never block; ``None``: yes for in-memory
@@ -67,9 +75,13 @@ def check_server_config(config: PeerServerConfig) -> None:
     """Raise ConfigError naming the first inconsistent option of ``config``."""
     if config.default_lease_ms <= 0 or config.max_lease_ms < config.default_lease_ms:
         raise ConfigError("need 0 < default_lease_ms <= max_lease_ms")
-    unknown = set(config.planes) - {P.PLANE_NIXL, P.PLANE_INLINE}
+    unknown = set(config.planes) - set(P.PLANES)
     if unknown or not config.planes:
-        raise ConfigError(f"unknown data planes {sorted(unknown)}; use 'nixl' and/or 'inline'")
+        raise ConfigError(
+            f"unknown data planes {sorted(unknown)}; use {', '.join(map(repr, P.PLANES))}"
+        )
+    if P.PLANE_SHM in config.planes and not is_local(config):
+        raise ConfigError(f"the shm data plane needs an ipc:// bind, not {config.bind!r}")
     if (config.curve_secret_key is None) != (config.curve_public_key is None):
         raise ConfigError("CURVE needs both curve_secret_key and curve_public_key")
     if config.max_sessions < 1 or config.max_sessions_per_client < 1:
@@ -78,4 +90,9 @@ def check_server_config(config: PeerServerConfig) -> None:
         raise ConfigError("session_evict_idle_s must be >= 0")
 
 
-__all__ = ["PeerServerConfig", "check_server_config"]
+def is_local(config: PeerServerConfig) -> bool:
+    """Whether the server listens on a unix socket of this machine (the node service)."""
+    return config.bind.startswith("ipc://")
+
+
+__all__ = ["PeerServerConfig", "check_server_config", "is_local"]

@@ -15,7 +15,8 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from chunkstore.peer import _protocol as P
 from chunkstore.peer._accounting import ServerAccounting
@@ -41,6 +42,9 @@ class Session:
     """``time.monotonic()`` of its last request."""
     retained: int
     """Bytes the client made us keep (its name and NIXL metadata), for ``stats``."""
+    connection: int | None = None
+    """The connection (its file descriptor in the server) a node session lives on: it ends
+    when that connection closes, and never by idling or eviction. ``None`` for TCP peers."""
 
 
 @dataclass
@@ -53,6 +57,8 @@ class Lease:
     """``time.monotonic()`` when the pins are dropped anyway."""
     releases: list[Callable[[], None]]
     """One call per pin, each giving it back."""
+    held: list[Any] = field(default_factory=list)
+    """What the lease holds, for the operation that finishes it (a reservation's slots)."""
 
 
 def release_pins(lease: Lease) -> None:
@@ -105,7 +111,11 @@ class SessionTable:
             elif len(self._sessions) >= cfg.max_sessions:
                 idle = now - cfg.session_evict_idle_s
                 victim = self._least_recent(
-                    [k for k, v in self._sessions.items() if v.last_seen <= idle]
+                    [
+                        k
+                        for k, v in self._sessions.items()
+                        if v.last_seen <= idle and v.connection is None
+                    ]
                 )
                 cause = "full"
             else:
@@ -128,7 +138,7 @@ class SessionTable:
         if evicted is not None:
             self._forget(evicted)
             self._accounting.session_evicted(cause)
-        self._accounting.sessions_open(count)
+        self._sessions_changed()
 
     def _least_recent(self, candidates: list[bytes]) -> bytes | None:
         """The candidate to evict first: no leases before leases, then least recently seen."""
@@ -158,32 +168,93 @@ class SessionTable:
         with self._lock:
             session = self._sessions.pop(session_id, None)
             leases = self._pop_leases_of(session_id)
+            open_leases = len(self._leases)
         for lease in leases:
             release_pins(lease)
+        if leases:
+            self._accounting.leases_open(open_leases)
         if session is not None:
             self._forget(session)
             self._sessions_changed()
 
+    def drop_connection(self, connection: int) -> int:
+        """End every session living on ``connection`` (it closed: the client said bye, exited
+        or was killed); their leases are released. Returns how many sessions ended."""
+        with self._lock:
+            ended = [k for k, v in self._sessions.items() if v.connection == connection]
+        for session_id in ended:
+            self.end(session_id)
+        return len(ended)
+
     def _sessions_changed(self) -> None:
         with self._lock:
             count = len(self._sessions)
+            by_client: dict[str, int] = {}
+            for session in self._sessions.values():
+                if session.connection is not None:
+                    by_client[session.client] = by_client.get(session.client, 0) + 1
         self._accounting.sessions_open(count)
+        self._accounting.node_clients(by_client)
 
     # --- leases ---------------------------------------------------------------------------
 
     def open_lease(
-        self, session_id: bytes, releases: list[Callable[[], None]], lease_ms: int
+        self,
+        session_id: bytes,
+        releases: list[Callable[[], None]],
+        lease_ms: int | None,
+        held: list[Any] | None = None,
     ) -> bytes:
-        """A new lease id; its pins (``releases``, when any) are held for ``lease_ms``."""
+        """A new lease id; its pins (``releases``, when any) are held for ``lease_ms``
+        (``None``: until released or the session ends; node sessions only)."""
         lease_id = P.new_token(P.LEASE_BYTES)
         if releases:
+            expires = float("inf") if lease_ms is None else time.monotonic() + lease_ms / 1000
+            lease = Lease(session_id, expires, releases, held or [])
             with self._lock:
-                self._leases[lease_id] = Lease(
-                    session_id, time.monotonic() + lease_ms / 1000, releases
-                )
+                # The session may have ended while its request ran (its connection closed):
+                # a lease stored now would never be released.
+                alive = session_id in self._sessions
+                if alive:
+                    self._leases[lease_id] = lease
                 open_leases = len(self._leases)
-            self._accounting.leases_open(open_leases)
+            if not alive:
+                release_pins(lease)
+                raise ProtocolViolation(P.NO_SESSION, "the session ended during the request")
+            self._leases_changed(open_leases, [session_id])
         return lease_id
+
+    def take_lease(self, session_id: bytes, lease_id: bytes) -> Lease | None:
+        """Remove a lease of this session without releasing it (its holder finishes it);
+        ``None`` when it is unknown, ended or another session's."""
+        with self._lock:
+            lease = self._leases.get(lease_id)
+            if lease is None or lease.session != session_id:
+                return None
+            del self._leases[lease_id]
+            open_leases = len(self._leases)
+        self._leases_changed(open_leases, [session_id])
+        return lease
+
+    def _leases_changed(self, open_leases: int, session_ids: list[bytes]) -> None:
+        self._accounting.leases_open(open_leases)
+        with self._lock:
+            clients = {
+                s.client
+                for sid in session_ids
+                if (s := self._sessions.get(sid)) is not None and s.connection is not None
+            }
+            held = {
+                client: sum(
+                    1
+                    for lease in self._leases.values()
+                    if (owner := self._sessions.get(lease.session)) is not None
+                    and owner.client == client
+                )
+                for client in clients
+            }
+        for client, count in held.items():
+            self._accounting.client_leases(client, count)
 
     def close_lease(self, session_id: bytes, lease_id: bytes) -> bool:
         """Release a lease of this session; False when it is unknown, expired or another's."""
@@ -197,7 +268,7 @@ class SessionTable:
         if lease is None:
             return False
         release_pins(lease)
-        self._accounting.leases_open(open_leases)
+        self._leases_changed(open_leases, [session_id])
         return True
 
     def _pop_leases_of(self, session_id: bytes | None) -> list[Lease]:
@@ -217,7 +288,11 @@ class SessionTable:
             for lease_id in [k for k, v in self._leases.items() if v.expires <= now]:
                 expired.append(self._leases.pop(lease_id))
             idle = now - self._config.session_idle_s
-            for sid in [k for k, v in self._sessions.items() if v.last_seen < idle]:
+            # A node session lives as long as its connection: the kernel closing it is the
+            # client's end, however long it stays quiet.
+            for sid in [
+                k for k, v in self._sessions.items() if v.last_seen < idle and v.connection is None
+            ]:
                 dropped.append(self._sessions.pop(sid))
                 expired.extend(self._pop_leases_of(sid))
             open_leases = len(self._leases)
@@ -240,6 +315,7 @@ class SessionTable:
             release_pins(lease)
         self._accounting.leases_open(0)
         self._accounting.sessions_open(0)
+        self._accounting.node_clients({})
 
     def sizes(self) -> dict[str, int]:
         """``sessions``, ``session_bytes``, ``leases`` and ``pins`` held now (for ``stats``)."""

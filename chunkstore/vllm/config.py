@@ -44,6 +44,8 @@ OPTIONS: dict[str, str] = {
     "(default: derived from the engine id).",
     "metrics_port": "Serve the library's chunkstore_* metrics at http://127.0.0.1:PORT/metrics "
     "from the engine process (0 picks a free port). Default: off.",
+    "node": "Use this machine's node service instead of a host cache of the engine's own: "
+    "unix:///path of the socket `chunkstore serve --node` listens on. Default: off.",
 }
 
 
@@ -103,6 +105,8 @@ class ConnectorConfig:
     """Shared host pool name, or None for the default."""
     metrics_port: int | None
     """Port of the chunkstore_* metrics endpoint, or None for none."""
+    node: str | None = None
+    """The node service's endpoint (``ipc:///path``), or None: the engine's own host cache."""
 
 
 def _bool(extra: Mapping[str, Any], name: str, default: bool) -> bool:
@@ -235,6 +239,7 @@ def parse_config(
             f"store_options: {shown(stray)} are not among the tiers {shown(list(tiers))}"
         )
 
+    node = _node(extra.get("node"), tiers)
     role = kv_role or "kv_both"
     return ConnectorConfig(
         host_cache_bytes=parse_size(extra.get("host_cache", "2G"), "host_cache"),
@@ -252,4 +257,23 @@ def parse_config(
         store_options={k: dict(v) for k, v in store_options.items()},
         shared_pool=_optional_str(extra, "shared_pool"),
         metrics_port=_port(extra, "metrics_port"),
+        node=node,
     )
+
+
+def _node(value: Any, tiers: tuple[str, ...]) -> str | None:
+    """The ``node`` option as a ZeroMQ endpoint; the tiers are then the service's."""
+    if value is None:
+        return None
+    from chunkstore.node import node_endpoint
+
+    try:
+        endpoint = node_endpoint(value)
+    except ConfigError as exc:
+        raise ConfigError(f"node: {exc}") from None
+    if tiers:
+        raise ConfigError(
+            "node: the node service owns the tiers; give them to `chunkstore serve --store`, "
+            "not to the engine's `tiers`"
+        )
+    return endpoint

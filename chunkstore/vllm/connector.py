@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
@@ -33,6 +34,7 @@ from chunkstore.metrics import MetricsServer, start_metrics_server
 from chunkstore.vllm.config import ConnectorConfig, parse_config
 from chunkstore.vllm.engine import EngineKV, describe_engine
 from chunkstore.vllm.metadata import ChunkStoreMetadata
+from chunkstore.vllm.nodestore import NodeConnectorStore, NodeRankStore
 from chunkstore.vllm.scheduler import ChunkStoreScheduler
 from chunkstore.vllm.stats import ChunkStorePromMetrics, ChunkStoreStats
 from chunkstore.vllm.tiers import ConnectorStore, RankStore, acquire_shared, release_shared
@@ -75,8 +77,13 @@ class ChunkStoreConnector(KVConnectorBase_V1, SupportsHMA):
         self.pool_name = self.cfg.shared_pool or f"vllm-{transfer.engine_id}"
         self.scheduler: ChunkStoreScheduler | None = None
         self.worker: ChunkStoreWorker | None = None
-        self.store: ConnectorStore | RankStore
-        if role == KVConnectorRole.WORKER and self.engine.tp_size > 1:
+        self.store: ConnectorStore | RankStore | NodeConnectorStore
+        if role == KVConnectorRole.WORKER and self.engine.tp_size > 1 and self.cfg.node:
+            # Each TP rank attaches to the node service and writes its heads into the slot
+            # the service shares among the engine's ranks; the service seals the chunk.
+            self.store = self._make_node_store(rank=self.engine.tp_rank)
+            self._release_store: Callable[[], None] = self.store.close
+        elif role == KVConnectorRole.WORKER and self.engine.tp_size > 1:
             # TP workers run in their own processes: they attach the scheduler's host pool
             # and write their heads into shared slots instead of holding a cache each.
             self.store = RankStore(
@@ -86,11 +93,14 @@ class ChunkStoreConnector(KVConnectorBase_V1, SupportsHMA):
                 tp=self.engine.tp_size,
             )
             # A rank detaches from the pool; the scheduler's store owns it and its /dev/shm name.
-            self._release_store: Callable[[], None] = self.store.close
+            self._release_store = self.store.close
         else:
             # TP=1: scheduler and worker share one process (vLLM runs the single worker
             # inside the engine core), so they share this process's store by name.
-            self.store = acquire_shared(self.pool_name, self._make_store)
+            if self.cfg.node is not None:
+                self.store = acquire_shared(self.pool_name, self._make_node_store)
+            else:
+                self.store = acquire_shared(self.pool_name, self._make_store)
             # The last connector of the engine in this process closes the store: its host pool,
             # tier threads and, at TP > 1, the pool's /dev/shm name.
             self._release_store = functools.partial(release_shared, self.pool_name)
@@ -98,7 +108,7 @@ class ChunkStoreConnector(KVConnectorBase_V1, SupportsHMA):
         """Whether :meth:`shutdown` ran (it releases this connector's hold on the store once)."""
         self.metrics_server: MetricsServer | None = None
         if role == KVConnectorRole.SCHEDULER:
-            assert isinstance(self.store, ConnectorStore)
+            assert isinstance(self.store, (ConnectorStore, NodeConnectorStore))
             self.scheduler = ChunkStoreScheduler(self.engine, self.cfg, self.store)
             if self.cfg.metrics_port is not None:
                 self.metrics_server = start_metrics_server(self.cfg.metrics_port)
@@ -112,6 +122,26 @@ class ChunkStoreConnector(KVConnectorBase_V1, SupportsHMA):
             self.engine.layout.fingerprint.hex()[:16],
             list(self.cfg.tiers) or "none",
         )
+
+    def _make_node_store(self, rank: int | None = None) -> NodeConnectorStore:
+        """The store over the node service: the engine's (scheduler, TP=1 worker), or one TP
+        rank's (``rank``)."""
+        assert self.cfg.node is not None
+        name = f"{self._kv_transfer_config.engine_id}:{os.getpid()}"
+        try:
+            if rank is None:
+                return NodeConnectorStore(
+                    self.cfg.node, layout=self.engine.layout, client_name=name
+                )
+            return NodeRankStore(
+                self.cfg.node,
+                layout=self.engine.layout,
+                rank=rank,
+                tp=self.engine.tp_size,
+                client_name=name,
+            )
+        except ConfigError as exc:
+            raise ConfigError(f"ChunkStoreConnector: {exc}") from None
 
     def _make_store(self) -> ConnectorStore:
         return ConnectorStore(

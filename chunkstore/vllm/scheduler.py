@@ -28,6 +28,7 @@ from chunkstore.vllm.config import ConnectorConfig
 from chunkstore.vllm.counters import Counters
 from chunkstore.vllm.engine import EngineKV
 from chunkstore.vllm.metadata import ChunkLoad, ChunkSave, ChunkStoreMetadata
+from chunkstore.vllm.nodestore import NodeConnectorStore
 from chunkstore.vllm.tiers import ConnectorStore, PrefetchResult
 
 log = logging.getLogger(__name__)
@@ -67,7 +68,9 @@ class _Request:
 class ChunkStoreScheduler:
     """The scheduler-role half of :class:`~chunkstore.vllm.ChunkStoreConnector`."""
 
-    def __init__(self, engine: EngineKV, cfg: ConnectorConfig, store: ConnectorStore) -> None:
+    def __init__(
+        self, engine: EngineKV, cfg: ConnectorConfig, store: ConnectorStore | NodeConnectorStore
+    ) -> None:
         self.engine = engine
         self.cfg = cfg
         self.store = store

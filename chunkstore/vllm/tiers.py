@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar, cast
 
 from chunkstore.backends import Store
 from chunkstore.backends._models import record_model
@@ -40,12 +40,14 @@ from chunkstore.cache._lease import Lease
 from chunkstore.errors import StoreError
 from chunkstore.format import ChunkLayout, hot_bytes, recompress, seal_chunk
 from chunkstore.hashing import ChunkKey
+from chunkstore.node import NodeReservation
 from chunkstore.vllm.metadata import ChunkSave
 
 log = logging.getLogger(__name__)
 
 __all__ = [
     "ConnectorStore",
+    "NodeSlot",
     "PlainBuffer",
     "PrefetchResult",
     "RankStore",
@@ -53,6 +55,7 @@ __all__ = [
     "WorkerStore",
     "ZstdTier",
     "flush_shared",
+    "seal_save",
     "acquire_shared",
     "release_shared",
     "shared_names",
@@ -209,15 +212,7 @@ class ConnectorStore:
 
     def save_done(self, save: ChunkSave, slot: SaveSlot) -> None:
         """Seal the chunk written into ``slot`` and keep it (host memory, then the tiers)."""
-        seal_chunk(
-            self.layout,
-            slot.view,
-            key=save.key.digest,
-            parent=save.parent,
-            namespace=save.key.namespace,
-            tokens=list(save.tokens),
-            verify_key=False,
-        )
+        seal_save(self.layout, slot.view, save)
         if isinstance(slot, Lease):
             self.commit(slot)  # in host memory now; written behind to the tiers
         else:
@@ -257,6 +252,20 @@ class ConnectorStore:
             self.tiered.close()
 
 
+def seal_save(layout: ChunkLayout, view: Any, save: ChunkSave) -> None:
+    """Write the header and checksum of the chunk ``save`` names around the KV the worker
+    copied into ``view`` (the whole chunk buffer)."""
+    seal_chunk(
+        layout,
+        view,
+        key=save.key.digest,
+        parent=save.parent,
+        namespace=save.key.namespace,
+        tokens=list(save.tokens),
+        verify_key=False,
+    )
+
+
 class ZstdTier(WrapperStore):
     """A tier that stores chunks zstd-compressed and serves them uncompressed.
 
@@ -289,9 +298,19 @@ class PlainBuffer:
     """The whole chunk's bytes."""
 
 
-SaveSlot = Lease | PlainBuffer
+@dataclass(frozen=True, slots=True)
+class NodeSlot:
+    """A slot of the node service's pool, reserved for one chunk this engine saves."""
+
+    view: memoryview
+    """The whole writable slot in this process's mapping of the pool."""
+    reservation: NodeReservation
+    """The service's reservation (committed or aborted by the store)."""
+
+
+SaveSlot = Lease | PlainBuffer | NodeSlot
 """Where a worker writes a chunk it saves: a host-pool slot, a rank's claim on a shared slot,
-or a plain buffer."""
+a node service's slot, or a plain buffer."""
 
 
 class WorkerStore(Protocol):
@@ -417,11 +436,29 @@ def tier_open_options(url: str, options: dict[str, Any]) -> dict[str, Any]:
     return dict(options)
 
 
+class SharedStore(Protocol):
+    """What the per-process registry of stores needs: a :class:`ConnectorStore`, or a
+    :class:`~chunkstore.vllm.nodestore.NodeConnectorStore`."""
+
+    closed: bool
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Wait until what was saved so far is written behind."""
+        ...
+
+    def close(self) -> None:
+        """Release what the store holds."""
+        ...
+
+
+S = TypeVar("S", bound=SharedStore)
+
+
 @dataclass
 class _SharedEntry:
     """One shared store and how many connectors use it."""
 
-    store: ConnectorStore
+    store: SharedStore
     users: int = 0
 
 
@@ -431,7 +468,7 @@ _SHARED: dict[str, _SharedEntry] = {}
 _SHARED_LOCK = threading.Lock()
 
 
-def acquire_shared(name: str, factory: Callable[[], ConnectorStore]) -> ConnectorStore:
+def acquire_shared(name: str, factory: Callable[[], S]) -> S:
     """The process's store for ``name`` (the engine id), made by ``factory()`` on first use;
     each call is one more user, who calls :func:`release_shared` when done.
 
@@ -445,7 +482,7 @@ def acquire_shared(name: str, factory: Callable[[], ConnectorStore]) -> Connecto
             entry = _SharedEntry(factory())
             _SHARED[name] = entry
         entry.users += 1
-        return entry.store
+        return cast(S, entry.store)
 
 
 def release_shared(name: str) -> None:

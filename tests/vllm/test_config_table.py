@@ -84,6 +84,12 @@ CASES: dict[str, dict[str, list[Any]]] = {
         "empty": [None],
     },
     "shared_pool": TEXT,
+    "node": {
+        "wrong type": [5, ["/run/n.sock"], {"a": 1}, True],
+        "out of range": ["tcp://127.0.0.1:5555", "relative/n.sock", "unix://rel/n.sock"],
+        "huge": ["/" + HUGE_TEXT, "unix://" + HUGE_TEXT],
+        "empty": [""],
+    },
     "metrics_port": {
         "wrong type": ["9100", 1.5, True, [9100]],
         "out of range": [70000, -1],

@@ -12,6 +12,15 @@ without touching the rest::
 
     SERVICES.append(Service("peer", add_peer_arguments, start_peer, check_peer))
 
+from chunkstore.cli.nodeservice import (  # noqa: E402
+    add_node_arguments,
+    check_node,
+    shared_pool,
+    start_node,
+)
+
+SERVICES.append(Service("node", add_node_arguments, start_node, check_node))
+
 where ``start_peer(context)`` serves ``context.store`` and returns its stop.
 Every option of every service is checked before the store is opened or
 anything is started or printed: a mistake is one line and exit code 2, never
@@ -135,6 +144,15 @@ SERVICES: list[Service] = [
 from chunkstore.cli.peerservice import add_peer_arguments, check_peer, start_peer  # noqa: E402
 
 SERVICES.append(Service("peer", add_peer_arguments, start_peer, check_peer))
+
+from chunkstore.cli.nodeservice import (  # noqa: E402
+    add_node_arguments,
+    check_node,
+    shared_pool,
+    start_node,
+)
+
+SERVICES.append(Service("node", add_node_arguments, start_node, check_node))
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -279,12 +297,13 @@ def _check_stores_exist(args: argparse.Namespace) -> None:
 def build_store(args: argparse.Namespace, metrics: ChunkstoreMetrics) -> TieredStore:
     """The tiered store the options describe (missing stores are made only with --create)."""
     _check_stores_exist(args)
+    shm_name, shm_replace = shared_pool(args)
     host = HostCache(
         slot_size_from(args),
         capacity_bytes=args.host_cache,
         policy=args.policy,
-        shm_name=args.shm_name,
-        shm_replace=args.shm_replace,
+        shm_name=shm_name,
+        shm_replace=shm_replace,
     )
     tiers = []
     try:

@@ -1,0 +1,129 @@
+"""The node service of ``chunkstore serve``: one host cache for every engine of the machine.
+
+Plugged into :data:`chunkstore.cli.commands.serve.SERVICES`; enabled by
+``--node PATH``. The served host pool goes to ``/dev/shm`` (``--shm-name``,
+or a name derived from the process id), engines attach over the unix socket
+``PATH`` (created 0600) and map the pool (spec/PROTOCOL.md, plane ``shm``).
+A shared secret is optional: only the socket's owner can connect anyway.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+from typing import TYPE_CHECKING, Any
+
+from chunkstore.errors import ConfigError
+
+if TYPE_CHECKING:
+    from chunkstore.cli.commands.serve import ServeContext, Stop
+
+
+def add_node_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``--node*`` options."""
+    group = parser.add_argument_group(
+        "node service",
+        "one host cache for every engine of this machine (connector option 'node'); "
+        "see docs/cache.md",
+    )
+    group.add_argument(
+        "--node",
+        metavar="PATH",
+        default=None,
+        help="serve the engines of this machine on this unix socket (created owner-only); "
+        "the host pool is put in /dev/shm",
+    )
+    group.add_argument(
+        "--node-secret-env",
+        metavar="VAR",
+        default=None,
+        help="environment variable with a shared secret every engine must present "
+        "(default: none; the socket is owner-only)",
+    )
+
+
+def shared_pool(args: argparse.Namespace) -> tuple[str | None, bool]:
+    """The host pool's shared-memory name and whether a leftover of that name is replaced.
+
+    ``--shm-name`` (replaced only with ``--shm-replace``); else, with ``--node``, a
+    name derived from the socket path, so a service restarted after ``kill -9``
+    replaces its own leftover instead of leaking it (:func:`check_node` has made
+    sure no live service owns it); else a private pool.
+    """
+    if args.shm_name:
+        return str(args.shm_name), bool(args.shm_replace)
+    if getattr(args, "node", None):
+        endpoint = _options(args)["bind"]
+        digest = hashlib.blake2b(endpoint.encode(), digest_size=6).hexdigest()
+        return f"chunkstore-node-{digest}", True
+    return None, bool(args.shm_replace)
+
+
+def _options(args: argparse.Namespace) -> dict[str, Any]:
+    from chunkstore.cli.peerservice import served_model
+    from chunkstore.node import node_endpoint
+
+    secret = None
+    if args.node_secret_env is not None:
+        value = os.environ.get(args.node_secret_env)
+        if not value:
+            raise ConfigError(f"--node-secret-env {args.node_secret_env}: the variable is unset")
+        secret = value.encode()
+    try:
+        endpoint = node_endpoint(args.node)
+    except ConfigError as exc:
+        raise ConfigError(f"--node: {exc}") from None
+    return {
+        "bind": endpoint,
+        "name": "node",
+        "secret": secret,
+        "use_env_secret": False,
+        "planes": ("shm",),
+        "seal_layout": _layout(args),
+        **served_model(args),
+    }
+
+
+def _layout(args: argparse.Namespace) -> Any:
+    """The ``--spec`` model's chunk layout: with it the service seals TP engines' chunks."""
+    if not getattr(args, "spec", None):
+        return None
+    from chunkstore.backends._registry import load_options
+    from chunkstore.format import ChunkLayout, KVSpec
+
+    return ChunkLayout(KVSpec.from_dict(load_options(args.spec)))
+
+
+def check_node(args: argparse.Namespace) -> None:
+    """Check the ``--node*`` options before anything starts."""
+    if args.node is None:
+        if args.node_secret_env is not None:
+            raise ConfigError("--node-secret-env needs --node (the node service is off)")
+        return
+    options = _options(args)
+    from chunkstore.peer._localsocket import answers, socket_path
+
+    path = socket_path(options["bind"])
+    if not path.parent.is_dir():
+        raise ConfigError(f"--node {path}: directory {path.parent} does not exist")
+    if answers(path):
+        raise ConfigError(f"--node {path}: another node service is running there")
+
+
+def start_node(context: ServeContext) -> Stop | None:
+    """Start the node service if ``--node`` is given."""
+    args = context.args
+    if args.node is None:
+        return None
+    from chunkstore.peer import PeerServer
+
+    options = _options(args)
+    server = PeerServer(context.store, **options).start()
+    host = context.store.host
+    context.announce(
+        f"node: {options['bind'].removeprefix('ipc://')} (pool /dev/shm/{host.pool.name}, "
+        f"{host.num_slots} slots of {host.slot_size} B; "
+        f"auth: {'hmac' if options['secret'] else 'socket owner only'})"
+    )
+    return server.stop

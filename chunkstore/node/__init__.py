@@ -1,0 +1,29 @@
+"""One host cache per machine: engines attach to the node service of ``chunkstore serve --node``.
+
+The service (a :class:`~chunkstore.peer.PeerServer` on a unix socket, plane
+``shm``) owns the host slot pool in ``/dev/shm``, the replacement policy, the
+tiers and the write-behind; every engine of the machine maps the pool and
+reads or writes chunks in place. :class:`NodeClient` is one engine's
+attachment; :class:`NodeStore` is the Store over it. See docs/cache.md
+("One cache per node") and spec/PROTOCOL.md (the ``shm`` plane).
+"""
+
+from chunkstore.node._client import (
+    NodeClient,
+    NodeRead,
+    NodeRefused,
+    NodeReservation,
+    RankShare,
+    node_endpoint,
+)
+from chunkstore.node._store import NodeStore
+
+__all__ = [
+    "NodeClient",
+    "NodeRead",
+    "NodeRefused",
+    "NodeReservation",
+    "NodeStore",
+    "RankShare",
+    "node_endpoint",
+]

@@ -1,0 +1,141 @@
+"""TP engines through the node service: every rank writes its heads into one shared slot.
+
+A TP engine's ranks are separate processes, each holding some KV heads of every
+chunk. Each rank ``reserve``s the chunk with its ``rank`` and ``tp``: the first
+reservation of a key takes a slot, the others join it and get the same slot.
+Each rank writes its byte ranges (:meth:`ChunkLayout.rank_ranges`) and commits
+its part; when every rank has committed, the service seals the chunk (header
+and checksum, with the layout of its ``--spec``), checks it and publishes it.
+A rank whose connection closes before its part is committed takes the whole
+chunk down with it (the slot is given back): a chunk is published whole or not
+at all; so does the end of the session of any rank that joined it before it is whole.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from chunkstore.backends.base import SupportsReserve
+from chunkstore.cache._lease import Lease
+from chunkstore.format import ChunkLayout, seal_chunk
+from chunkstore.hashing import ChunkKey
+
+
+@dataclass(frozen=True, slots=True)
+class RankPart:
+    """What a TP rank's reservation holds: its part of one chunk."""
+
+    key: ChunkKey
+    """The chunk."""
+    rank: int
+    """The rank writing the part."""
+
+
+@dataclass
+class _Assembly:
+    """One chunk being written by the ranks of one engine."""
+
+    lease: Lease
+    tp: int
+    parent: bytes
+    tokens: list[int]
+    joined: set[int] = field(default_factory=set)
+    done: set[int] = field(default_factory=set)
+    owners: list[object] = field(default_factory=list)
+    """The sessions of the ranks that joined: one ending before the chunk is whole gives it
+    up (a rank that died after its part, before a slower rank joined)."""
+
+
+class ShardAssemblies:
+    """The chunks TP ranks are writing through the node service; thread-safe."""
+
+    def __init__(
+        self,
+        reserving: SupportsReserve,
+        layout: ChunkLayout,
+        valid: Callable[[ChunkKey, Any], bool],
+    ) -> None:
+        self._reserving = reserving
+        self._layout = layout
+        self._valid = valid
+        self._open: dict[ChunkKey, _Assembly] = {}
+        self._lock = threading.Lock()
+
+    def join(
+        self,
+        key: ChunkKey,
+        *,
+        tp: int,
+        rank: int,
+        parent: bytes,
+        tokens: list[int],
+        owner: object,
+    ) -> list[int] | None:
+        """``[slot, generation]`` for rank ``rank`` to write its part of ``key`` into; ``None``
+        when there is no room, or this rank joined already, or another ``tp`` is assembling."""
+        with self._lock:
+            assembly = self._open.get(key)
+            if assembly is None:
+                lease = self._reserving.reserve(key)
+                if not isinstance(lease, Lease):
+                    if lease is not None:
+                        self._reserving.abort(lease)
+                    return None
+                assembly = _Assembly(lease, tp, parent, list(tokens))
+                self._open[key] = assembly
+            elif assembly.tp != tp or rank in assembly.joined:
+                return None
+            assembly.joined.add(rank)
+            assembly.owners.append(owner)
+            return [assembly.lease.slot, assembly.lease.generation]
+
+    def part_done(self, key: ChunkKey, rank: int) -> bool:
+        """Rank ``rank`` wrote its part; the last part seals, checks and publishes the chunk.
+        False when the assembly is gone (given up) or the sealed chunk fails its check."""
+        with self._lock:
+            assembly = self._open.get(key)
+            if assembly is None or rank not in assembly.joined:
+                return False
+            assembly.done.add(rank)
+            if len(assembly.done) < assembly.tp:
+                return True
+            del self._open[key]
+        view = assembly.lease.view
+        size = self._layout.total_size
+        seal_chunk(
+            self._layout,
+            view[:size],
+            key=key.digest,
+            parent=assembly.parent,
+            namespace=key.namespace,
+            tokens=assembly.tokens,
+            verify_key=False,
+        )
+        if not self._valid(key, view[:size]):
+            self._reserving.abort(assembly.lease)
+            return False
+        self._reserving.commit(assembly.lease, size)
+        return True
+
+    def owner_gone(self, owner: object) -> None:
+        """A session ended: give up every chunk one of its ranks joined and that is not whole."""
+        with self._lock:
+            keys = [k for k, a in self._open.items() if any(o is owner for o in a.owners)]
+            gone = [self._open.pop(k) for k in keys]
+        for assembly in gone:
+            self._reserving.abort(assembly.lease)
+
+    def leave(self, key: ChunkKey, rank: int) -> None:
+        """Rank ``rank`` is gone before committing its part: give the chunk up."""
+        with self._lock:
+            assembly = self._open.get(key)
+            if assembly is None or rank not in assembly.joined or rank in assembly.done:
+                return
+            del self._open[key]
+        self._reserving.abort(assembly.lease)
+
+
+__all__ = ["RankPart", "ShardAssemblies"]

@@ -1,0 +1,177 @@
+"""The connector's store when the engine attaches to its machine's node service.
+
+:class:`NodeConnectorStore` answers the scheduler and the worker as
+:class:`~chunkstore.vllm.tiers.ConnectorStore` does, but host memory is the
+node service's (``chunkstore serve --node``): lookups and leases go over its
+unix socket, chunk bytes are copied straight between the device and the
+service's shared pool. The service owns the policy, the tiers and the
+write-behind, so this store has no tiers of its own and nothing to flush.
+
+When the service is down every lookup is a miss and every save is dropped:
+the engine recomputes and keeps serving, and attaches again once the service
+is back (see :class:`~chunkstore.node.NodeClient`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator, Sequence
+from concurrent.futures import Future
+from contextlib import contextmanager
+from typing import Any
+
+from chunkstore.backends import Store
+from chunkstore.format import ChunkLayout
+from chunkstore.hashing import ChunkKey
+from chunkstore.node import NodeClient, NodeRead, NodeRefused, RankShare
+from chunkstore.vllm.metadata import ChunkSave
+from chunkstore.vllm.tiers import NodeSlot, PrefetchResult, SaveSlot, seal_save
+
+log = logging.getLogger(__name__)
+
+
+class _NodeHostView:
+    """The node's host memory as the scheduler asks it (``contains``)."""
+
+    def __init__(self, client: NodeClient) -> None:
+        self._client = client
+
+    def contains(self, key: ChunkKey) -> bool:
+        return self._client.exists([key])[0]
+
+
+class NodeConnectorStore:
+    """Host memory of the node service, as the connector uses it. Thread-safe.
+
+    Raises :class:`~chunkstore.node.NodeRefused` (one line naming both sides) when
+    the service refuses this engine's model or chunk size; a service that is not
+    running yet is not an error (misses until it is).
+    """
+
+    tiers: Sequence[Store] = ()
+    """None of its own: the service's tiers stand behind its host memory."""
+    tiers_are_fast = True
+
+    def __init__(self, endpoint: str, *, layout: ChunkLayout, client_name: str | None = None):
+        self.layout = layout
+        """The chunk layout of every chunk saved through :meth:`save_slot`."""
+        self.client = NodeClient(
+            endpoint,
+            slot_size=layout.total_size,
+            fingerprint=layout.fingerprint,
+            chunk_tokens=layout.spec.chunk_tokens,
+            client_name=client_name,
+        )
+        """The attachment to the service."""
+        if not self.client.attach():
+            log.warning(
+                "chunkstore: node service %s is not answering: misses until it is", endpoint
+            )
+        self.host = _NodeHostView(self.client)
+        self.closed = False
+
+    # --- lookups ---------------------------------------------------------------------
+
+    def host_run(self, keys: Sequence[ChunkKey], start: int = 0) -> int:
+        """Index one past the last of the consecutive keys from ``start`` the node holds (in
+        host memory, or in its tiers: it promotes them when they are read)."""
+        return start + self.client.lookup(list(keys[start:]))
+
+    def tier_prefix(self, keys: Sequence[ChunkKey]) -> int:
+        """Nothing beyond the node: it looked in its tiers already."""
+        return 0
+
+    def submit_prefetch(self, keys: Sequence[ChunkKey]) -> Future[PrefetchResult]:
+        """Nothing to prefetch here (never asked: there are no tiers of our own)."""
+        done: Future[PrefetchResult] = Future()
+        done.set_result(PrefetchResult())
+        return done
+
+    # --- data ------------------------------------------------------------------------
+
+    @contextmanager
+    def read_host(self, key: ChunkKey) -> Iterator[Any | None]:
+        """The chunk's bytes in the node's pool, pinned by the service meanwhile."""
+        read: NodeRead = self.client.acquire([key])
+        try:
+            yield read.views[0]
+        finally:
+            self.client.release(read)
+
+    def save_slot(self, save: ChunkSave) -> SaveSlot | None:
+        """A slot of the node's pool for the chunk, or None: the node holds it already, has
+        no room, or is down (the save is dropped; a later request recomputes)."""
+        reservation = self.client.reserve([save.key])
+        view = reservation.views[0]
+        return NodeSlot(view, reservation) if view is not None else None
+
+    def save_done(self, save: ChunkSave, slot: SaveSlot) -> None:
+        """Seal the chunk in its slot and commit it: the node checks and publishes it."""
+        assert isinstance(slot, NodeSlot)
+        seal_save(self.layout, slot.view, save)
+        self.client.commit(slot.reservation, [self.layout.total_size])
+
+    def save_abandoned(self, slot: SaveSlot) -> None:
+        """Give the slot back unpublished."""
+        assert isinstance(slot, NodeSlot)
+        self.client.abort(slot.reservation)
+
+    def drop(self, key: ChunkKey) -> None:
+        """Forget a chunk that failed to load (the node deletes it from host memory)."""
+        self.client.delete([key])
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Nothing: the node writes behind to its tiers itself."""
+
+    def reset_host(self) -> None:
+        """Nothing: the node's host memory is every engine's; one engine does not clear it."""
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self.client.close()
+
+
+class NodeRankStore(NodeConnectorStore):
+    """A TP rank's side of an engine attached to a node service (TP > 1).
+
+    Every rank process attaches on its own; a save reserves the chunk as this
+    rank's part (:class:`~chunkstore.node.RankShare`): the ranks of the engine
+    get one shared slot, each writes its heads there, and the service seals
+    and publishes the chunk when the last part is committed (it needs the
+    model's ``--spec`` for that). Loads read the rank's heads from the slot the
+    service pins for it.
+    """
+
+    def __init__(
+        self,
+        endpoint: str,
+        *,
+        layout: ChunkLayout,
+        rank: int,
+        tp: int,
+        client_name: str | None = None,
+    ) -> None:
+        super().__init__(endpoint, layout=layout, client_name=client_name)
+        self.rank = rank
+        self.tp = tp
+
+    def save_slot(self, save: ChunkSave) -> SaveSlot | None:
+        """This rank's share of the chunk's shared slot, or None (held already, no room,
+        the service cannot assemble TP chunks, or it is down)."""
+        share = RankShare(self.rank, self.tp, [save.parent], [save.tokens])
+        reservation = self.client.reserve([save.key], part=share)
+        view = reservation.views[0]
+        return NodeSlot(view, reservation) if view is not None else None
+
+    def save_done(self, save: ChunkSave, slot: SaveSlot) -> None:
+        """This rank's heads are in place; the service seals the chunk after the last part."""
+        assert isinstance(slot, NodeSlot)
+        self.client.commit(slot.reservation, [self.layout.total_size])
+
+    def drop(self, key: ChunkKey) -> None:
+        """Nothing: the scheduler's side decides what the node forgets."""
+
+
+__all__ = ["NodeConnectorStore", "NodeRankStore", "NodeRefused"]
