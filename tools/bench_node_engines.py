@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from chunkstore.vllm.testing import (  # noqa: E402
-    TinyModelSpec,
+    benchmark_model_spec,
     engine_env,
     make_tiny_llama,
     sample_prompt_ids,
@@ -136,14 +136,7 @@ def main() -> int:
     max_len = args.system_tokens + TAIL + 64
     out: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory(prefix="bench-node-") as tmp:
-        spec = TinyModelSpec(
-            num_layers=args.layers,
-            num_heads=8,
-            num_kv_heads=4,
-            head_dim=64,
-            intermediate_size=1024,
-            max_position_embeddings=max_len,
-        )
+        spec = benchmark_model_spec(args.layers, max_len)
         model = make_tiny_llama(Path(tmp) / "model", spec)
         a = _engine(model, None, prompt_a, max_len)
         b = _engine(model, None, prompt_b, max_len)

@@ -31,7 +31,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from chunkstore.vllm.testing import TinyModelSpec, engine_env, make_tiny_llama, sample_prompt_ids  # noqa: E402
+from chunkstore.vllm.testing import (  # noqa: E402
+    benchmark_model_spec,
+    engine_env,
+    make_tiny_llama,
+    sample_prompt_ids,
+)
 
 
 def _ttft(llm, prompts) -> list[float]:
@@ -107,14 +112,7 @@ def main() -> int:
         return 0
 
     with tempfile.TemporaryDirectory(prefix="bench-vllm-") as tmp:
-        spec = TinyModelSpec(
-            num_layers=args.layers,
-            num_heads=8,
-            num_kv_heads=4,
-            head_dim=64,
-            intermediate_size=1024,
-            max_position_embeddings=args.prompt_tokens + 64,
-        )
+        spec = benchmark_model_spec(args.layers, args.prompt_tokens + 64)
         model = make_tiny_llama(Path(tmp) / "model", spec)
         store = Path(tmp) / "store"
         store.mkdir()

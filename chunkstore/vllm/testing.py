@@ -45,6 +45,19 @@ class TinyModelSpec:
     """Seed for weights and tokenizer corpus: same spec, same files."""
 
 
+def benchmark_model_spec(num_layers: int, max_position_embeddings: int) -> TinyModelSpec:
+    """The model the engine benchmarks time: wide enough (8 heads, 4 KV heads of 64) that
+    prefill costs something; ``num_layers`` and the longest sequence vary per benchmark."""
+    return TinyModelSpec(
+        num_layers=num_layers,
+        num_heads=8,
+        num_kv_heads=4,
+        head_dim=64,
+        intermediate_size=1024,
+        max_position_embeddings=max_position_embeddings,
+    )
+
+
 _WORDS = (
     "cache chunk token layer head block prefix store host disk tier shard rank "
     "model engine request decode prefill attention vector tensor memory page "
