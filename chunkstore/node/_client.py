@@ -255,10 +255,7 @@ class NodeClient:
         """Per key: whether the node holds it (all False when it is down)."""
         with self._lock:
             reply = self._request("exists", {"keys": P.pack_keys(keys)}) if keys else None
-        present = reply.get("present") if reply is not None else None
-        if not isinstance(present, list) or len(present) != len(keys):
-            return [False] * len(keys)
-        return [bool(p) for p in present]
+        return _flags(reply, "present", len(keys))
 
     def acquire(self, keys: Sequence[ChunkKey]) -> NodeRead:
         """Pin the chunks of ``keys`` in the node's pool for reading in place."""
@@ -362,10 +359,7 @@ class NodeClient:
         """Per key: whether the node held it (and now does not)."""
         with self._lock:
             reply = self._request("delete", {"keys": P.pack_keys(keys)}) if keys else None
-        deleted = reply.get("deleted") if reply is not None else None
-        if not isinstance(deleted, list) or len(deleted) != len(keys):
-            return [False] * len(keys)
-        return [bool(d) for d in deleted]
+        return _flags(reply, "deleted", len(keys))
 
     def stats(self) -> dict[str, Any]:
         """The service's counters (empty when it is down)."""
@@ -381,6 +375,15 @@ class NodeClient:
             if self._pool is not None:
                 self._pool.close()
                 self._pool = None
+
+
+def _flags(reply: dict[str, Any] | None, field: str, count: int) -> list[bool]:
+    """One flag per item from ``reply[field]``; all False when the node is down or the reply
+    does not hold exactly ``count`` of them."""
+    values = reply.get(field) if reply is not None else None
+    if not isinstance(values, list) or len(values) != count:
+        return [False] * count
+    return [bool(v) for v in values]
 
 
 def _well_formed(item: Any, length: int, pool: SlotPool) -> bool:
