@@ -10,10 +10,10 @@ Two policies with the same digest made the same decisions.
 
 Streams: the simulator's ``gen-trace`` workloads (chat, system-prompts, rag,
 agent; :func:`~chunkstore.simulator.generate.generate_trace`, 400 requests,
-seed 0, each block's parent the block before it in its prompt) and a stream
-of chained misses (uniform keys over 1.25x the capacity, runs of 32 chained
-keys, ``random.Random(13)``), each at three capacities (2 %, 10 % and 40 % of
-the stream's unique keys). Two drivers per case:
+seed 0, each block's parent the block before it in its prompt), a stream of
+chained misses (6000 uniform keys out of 1000, ``random.Random(13)``, runs
+of 32 chained keys) and the same keys with no parents (``uniform``), each at
+three capacities (2 %, 10 % and 40 % of the stream's unique keys). Two drivers per case:
 
 * ``access``: ``policy.access(key, parent)``, the simulator's and the
   benchmark's hot path, with a snapshot of the resident keys every
@@ -58,8 +58,8 @@ VECTORS = Path(__file__).with_name("policy_decisions.json")
 REQUESTS = 400
 FRACTIONS = (0.02, 0.1, 0.4)
 SNAPSHOT_EVERY = 250
-CHAINED_LOOKUPS = 6000
-CHAINED_UNIVERSE = 1000
+UNIFORM_LOOKUPS = 6000
+UNIFORM_UNIVERSE = 1000
 CHAINED_RUN = 32
 
 POLICIES: dict[str, Callable[[int], CachePolicy]] = {
@@ -113,11 +113,19 @@ def workload_stream(workload: str) -> list[Lookup]:
     return out
 
 
+def uniform_keys() -> list[int]:
+    rng = random.Random(13)
+    return [rng.randrange(UNIFORM_UNIVERSE) for _ in range(UNIFORM_LOOKUPS)]
+
+
 def chained_stream() -> list[Lookup]:
     """Uniform keys whose misses have parents (the benchmark's chained stream, smaller)."""
-    rng = random.Random(13)
-    keys = [rng.randrange(CHAINED_UNIVERSE) for _ in range(CHAINED_LOOKUPS)]
-    return [(key, key - 1 if key % CHAINED_RUN else None) for key in keys]
+    return [(key, key - 1 if key % CHAINED_RUN else None) for key in uniform_keys()]
+
+
+def unchained_stream() -> list[Lookup]:
+    """The same keys with no parents at all (the benchmark's mixed stream, smaller)."""
+    return [(key, None) for key in uniform_keys()]
 
 
 def streams() -> Iterator[tuple[str, list[Lookup]]]:
@@ -125,6 +133,7 @@ def streams() -> Iterator[tuple[str, list[Lookup]]]:
     for workload in WORKLOADS:
         yield workload, workload_stream(workload)
     yield "chained-misses", chained_stream()
+    yield "uniform", unchained_stream()
 
 
 def capacities(stream: Sequence[Lookup]) -> list[int]:

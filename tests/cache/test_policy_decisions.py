@@ -31,7 +31,7 @@ def test_the_vectors_cover_every_stream_policy_and_driver() -> None:
         for driver in decisions.DRIVERS
     }
     assert set(RECORDED["cases"]) == expected
-    assert len(expected) == 5 * 3 * 4 * 2
+    assert len(expected) == 6 * 3 * 4 * 2
 
 
 @pytest.mark.parametrize("name", sorted(STREAMS))
