@@ -121,9 +121,10 @@ class PrefixARCPolicy(ARCPolicy):
         # T2 re-reads within the horizon since it was last settled: each lowers it by one
         # down-step, applied in bulk (a counter is cheaper than a multiplication per hit).
         self._rereads_within = 0
-        # Lookup count of each resident key's last use: hits and admissions tick it.
+        # Lookup count: hits and admissions tick it. T2's values are its keys' last uses;
+        # T1 keys need none (only T2 keys' idle times are read, and a key entering T2 is
+        # stamped), so a hit costs one dict lookup more than ARC's, not two.
         self._clock = 0
-        self._last_use: dict[Hashable, int] = {}
         self.history: OrderedDict[Hashable, None] = OrderedDict()
         """The last ``history * capacity`` evicted keys, oldest first."""
         self._history_limit = history * capacity
@@ -145,21 +146,21 @@ class PrefixARCPolicy(ARCPolicy):
 
     def hit(self, key: Hashable) -> bool:
         """ARC's Case I, plus the last-use stamp and the reuse horizon."""
-        t1 = self.t1
-        if key in t1:
-            del t1[key]
-            self.t2[key] = None
-        else:
-            t2 = self.t2
-            if key not in t2:
-                return False
+        # T2 first: on a warm cache most hits are rereads of frequent keys, and its lookup
+        # yields the last use too.
+        t2 = self.t2
+        last = t2.get(key)
+        clock = self._clock
+        if last is not None:
             t2.move_to_end(key)
-            if self._clock - self._last_use[key] > self._horizon:
+            if clock - last > self._horizon:
                 self._horizon = self.reuse_horizon * _HORIZON_UP
             else:
                 self._rereads_within += 1
-        self._last_use[key] = self._clock
-        self._clock += 1
+        elif self.t1.pop(key, _ABSENT) is _ABSENT:
+            return False
+        t2[key] = clock
+        self._clock = clock + 1
         return True
 
     @property
@@ -173,11 +174,22 @@ class PrefixARCPolicy(ARCPolicy):
         return self._horizon
 
     def access(self, key: Hashable, parent: Hashable | None = None) -> bool:
-        # Not ARC's inlined admission: the chain needs the parent.
-        if self.hit(key):
-            return True
-        self.admit(key, parent=parent)
-        return False
+        # hit() inlined (the simulator's hot path); a miss admits with the parent.
+        t2 = self.t2
+        last = t2.get(key)
+        clock = self._clock
+        if last is not None:
+            t2.move_to_end(key)
+            if clock - last > self._horizon:
+                self._horizon = self.reuse_horizon * _HORIZON_UP
+            else:
+                self._rereads_within += 1
+        elif self.t1.pop(key, _ABSENT) is _ABSENT:
+            self.admit(key, parent=parent)
+            return False
+        t2[key] = clock
+        self._clock = clock + 1
+        return True
 
     def admit(
         self, key: Hashable, can_evict: CanEvict | None = None, *, parent: Hashable | None = None
@@ -186,42 +198,49 @@ class PrefixARCPolicy(ARCPolicy):
         b1, b2 = self.b1, self.b2
         p = self.p
         in_b2 = False
-        frequent = True
+        ghosts = None  # the ghost list that holds key (B1 and B2 never share a key)
         if key in b1:  # ARC Case II: recency was evicted too early.
             p = min(p + (len(b2) / len(b1) if len(b2) > len(b1) else 1.0), float(c))
+            ghosts = b1
         elif key in b2:  # ARC Case III, with a longer step: frequency was evicted too early.
             step = len(b1) / len(b2) if len(b1) > len(b2) else 1.0
             p = max(p - self.frequency_step * step, 0.0)
             in_b2 = True
-        else:
-            frequent = key in self.history
+            ghosts = b2
+        history = self.history
+        frequent = ghosts is not None or key in history
         t1, t2 = self.t1, self.t2
         victim = None
         if len(t1) + len(t2) >= c:
             # An orphan parent is worth nothing: protecting it would only cost a useful chunk.
             protect = None if parent in self._orphans else parent
-            if can_evict is None and not self._orphans:
+            if can_evict is None:
                 victim = self._choose_victim_unpinned(p, in_b2, protect)
             else:
                 victim = self._choose_victim(p, in_b2, can_evict, protect)
         # Nothing has changed before this point: NoEvictableEntry leaves the state as it was.
         self.p = p
-        history = self.history
         if frequent:
-            b1.pop(key, None)
-            b2.pop(key, None)
+            if ghosts is not None:
+                del ghosts[key]
             history.pop(key, None)
         if victim is not None:
             self._evict_key(victim)
-        (t2 if frequent else t1)[key] = None
-        self._last_use[key] = self._clock
-        self._clock += 1
+        clock = self._clock
+        if frequent:
+            t2[key] = clock
+        else:
+            t1[key] = None
+        self._clock = clock + 1
         children = self._children
         if children:
-            for child in children.get(key, ()):
-                self._orphans.pop(child, None)
-        if parent is not None:
-            self.link(key, parent)
+            below = children.get(key)
+            if below:
+                orphans = self._orphans
+                for child in below:
+                    orphans.pop(child, None)
+        if parent is not None and parent != key:
+            self._record_parent(key, parent)
         n1 = len(t1)
         if n1 + len(b1) > c or n1 + len(t2) + len(b1) + len(b2) > 2 * c:
             self._trim_ghosts()
@@ -236,9 +255,17 @@ class PrefixARCPolicy(ARCPolicy):
             return
         if old is not None:
             self._unlink(key, old)
+        self._record_parent(key, parent)
+
+    def _record_parent(self, key: Hashable, parent: Hashable) -> None:
+        """Link a resident ``key`` that has no recorded parent (a new one, or just unlinked)."""
         self._parent[key] = parent
-        self._children.setdefault(parent, {})[key] = None
-        if parent in self:
+        siblings = self._children.get(parent)
+        if siblings is None:
+            self._children[parent] = {key: None}
+        else:
+            siblings[key] = None
+        if parent in self.t2 or parent in self.t1:
             self._orphans.pop(key, None)
         else:
             self._orphans[key] = None
@@ -248,7 +275,6 @@ class PrefixARCPolicy(ARCPolicy):
         # A deleted chunk must not come back as if it had been evicted.
         self.history.pop(key, None)
         if resident:
-            del self._last_use[key]
             self._forget(key)
         return resident
 
@@ -267,11 +293,19 @@ class PrefixARCPolicy(ARCPolicy):
     # --- REPLACE ---------------------------------------------------------------------------
 
     def _choose_victim_unpinned(self, p: float, in_b2: bool, protect: Hashable | None) -> Hashable:
-        """:meth:`_choose_victim` with nothing vetoed and no orphans: one walk from one LRU."""
-        entries = self.t1 if self._replace_from_t1(p, in_b2) else self.t2
-        node = next(iter(entries))
+        """:meth:`_choose_victim` with nothing vetoed: one walk from its first candidate.
+
+        That candidate is the oldest orphan, else the LRU entry of ARC's list; only when its
+        walk fails (it ends at ``protect``, or loops) does the careful search take over.
+        """
+        from_t1 = self._replace_from_t1(p, in_b2)  # always: it settles the reuse horizon
+        orphans = self._orphans
+        if orphans:
+            node = next(iter(orphans))
+        else:
+            node = next(iter(self.t1 if from_t1 else self.t2))
         children = self._children
-        below = children.get(node)
+        below = children.get(node) if children else None
         if below:
             for _ in range(len(self)):
                 node = next(iter(below)) if len(below) == 1 else self._coldest(below)
@@ -309,13 +343,13 @@ class PrefixARCPolicy(ARCPolicy):
 
     def _replace_from_t1(self, p: float, in_b2: bool) -> bool:
         """ARC's choice of list (T1 above its target ``p``), unless T2's LRU chunk has expired."""
-        t1, t2 = self.t1, self.t2
-        n1 = len(t1)
+        t2 = self.t2
+        n1 = len(self.t1)
         if not t2:
             return True
         if not n1:
             return False
-        idle = self._clock - self._last_use[next(iter(t2))]
+        idle = self._clock - next(iter(t2.values()))  # T2's values are last uses
         if idle > self.idle_margin * self.reuse_horizon:
             return False
         return n1 > p or (in_b2 and n1 == p)
@@ -363,14 +397,11 @@ class PrefixARCPolicy(ARCPolicy):
 
     def _evict_key(self, victim: Hashable) -> None:
         """Move a resident victim to the ghost list of its list and to the long history."""
-        del self._last_use[victim]
-        t1 = self.t1
-        if victim in t1:
-            del t1[victim]
-            self.b1[victim] = None
-        else:
+        if self.t1.pop(victim, _ABSENT) is _ABSENT:
             del self.t2[victim]
             self.b2[victim] = None
+        else:
+            self.b1[victim] = None
         limit = self._history_limit
         if limit:
             history = self.history
@@ -394,3 +425,6 @@ class PrefixARCPolicy(ARCPolicy):
         siblings.pop(key, None)
         if not siblings:
             del self._children[parent]
+
+
+_ABSENT = object()

@@ -276,8 +276,8 @@ class PrefixARCMachine(ARCPinMachine):
                 assert key in policy.children_of(parent)
         for key in range(12):
             assert policy.children_of(key) <= self.resident
-        # Every resident key, and only those, carries its last use (idle expiry reads it).
-        assert set(policy._last_use) == self.resident
+        # Every T2 key carries its last use, a past lookup (idle expiry reads it).
+        assert all(0 <= last < policy._clock for last in policy.t2.values())
         assert policy.reuse_horizon >= policy._horizon_floor
 
 
