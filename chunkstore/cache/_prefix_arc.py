@@ -200,12 +200,16 @@ class PrefixARCPolicy(ARCPolicy):
         p = self.p
         in_b2 = False
         ghosts = None  # the ghost list that holds key (B1 and B2 never share a key)
+        # (Conditional expressions rather than min/max and len calls: this runs on most misses.)
         if key in b1:  # ARC Case II: recency was evicted too early.
-            p = min(p + (len(b2) / len(b1) if len(b2) > len(b1) else 1.0), float(c))
+            g1, g2 = len(b1), len(b2)
+            p += g2 / g1 if g2 > g1 else 1.0
+            p = p if p < c else float(c)
             ghosts = b1
         elif key in b2:  # ARC Case III, with a longer step: frequency was evicted too early.
-            step = len(b1) / len(b2) if len(b1) > len(b2) else 1.0
-            p = max(p - self.frequency_step * step, 0.0)
+            g1, g2 = len(b1), len(b2)
+            p -= self.frequency_step * (g1 / g2 if g1 > g2 else 1.0)
+            p = p if p > 0.0 else 0.0
             in_b2 = True
             ghosts = b2
         history = self.history
@@ -242,8 +246,8 @@ class PrefixARCPolicy(ARCPolicy):
                     orphans.pop(child, None)
         if parent is not None and parent != key:
             self._record_parent(key, parent)
-        n1 = len(t1)
-        if n1 + len(b1) > c or n1 + len(t2) + len(b1) + len(b2) > 2 * c:
+        n1, n_b1 = len(t1), len(b1)
+        if n1 + n_b1 > c or n1 + len(t2) + n_b1 + len(b2) > 2 * c:
             self._trim_ghosts()
         return victim
 
