@@ -146,13 +146,13 @@ class PrefixARCPolicy(ARCPolicy):
 
     def hit(self, key: Hashable) -> bool:
         """ARC's Case I, plus the last-use stamp and the reuse horizon."""
-        # T2 first: on a warm cache most hits are rereads of frequent keys. Popping the key
-        # and inserting it again moves it to the MRU end with its new last use in two dict
-        # operations (get, move_to_end and a store take three).
+        # T2 first: on a warm cache most hits are rereads of frequent keys, and its lookup
+        # yields the last use too.
         t2 = self.t2
-        last = t2.pop(key, None)
+        last = t2.get(key)
         clock = self._clock
         if last is not None:
+            t2.move_to_end(key)
             if clock - last > self._horizon:
                 self._horizon = self.reuse_horizon * _HORIZON_UP
             else:
@@ -178,9 +178,10 @@ class PrefixARCPolicy(ARCPolicy):
         # path, where the extra call of `if self.hit(key)` measured 5-6 % of the time. The
         # decision digests (tests/cache/test_policy_decisions.py) hold both copies to one result.
         t2 = self.t2
-        last = t2.pop(key, None)
+        last = t2.get(key)
         clock = self._clock
         if last is not None:
+            t2.move_to_end(key)
             if clock - last > self._horizon:
                 self._horizon = self.reuse_horizon * _HORIZON_UP
             else:
