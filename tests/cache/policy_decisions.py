@@ -31,7 +31,10 @@ can show idle expiry changes decisions in these streams, i.e. that the digests
 cover it.
 
 The digests in ``policy_decisions.json`` were recorded from the main branch's
-policies (commit 3e88878) by running this module. Regenerate them only when a
+policies (commit 3e88878) by running this module; a speed-up of ``parc`` kept
+every one of them. The ``parc`` cases were then refreshed once, on purpose, when
+``parc`` stopped sparing the admitted chunk's parent and its frequency step went
+from 4 to 6 (the ARC and LRU digests did not change). Regenerate them only when a
 policy's behaviour (or the trace generator) changes on purpose, from the
 repository root::
 
