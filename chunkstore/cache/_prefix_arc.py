@@ -4,7 +4,7 @@ The engine can only use a chunk when every chunk before it in its chain is
 cached too (only the leading run of hits of a request is skipped), shared
 shallow prefixes (system prompts, tool definitions) come back across many
 conversations, and a conversation's next turn comes back after a think time
-that is long compared with a small cache's turnover. Four changes to ARC
+that is long compared with a small cache's turnover. Five changes to ARC
 (Megiddo & Modha 2003; :mod:`chunkstore.cache._arc`) follow from that:
 
 * **Leaf first.** REPLACE picks the least recently used entry of T1 or T2 as
@@ -32,7 +32,6 @@ that is long compared with a small cache's turnover. Four changes to ARC
   evicted too early) shrinks ``p`` by ``frequency_step`` times ARC's step: on
   KV traces such a return is strong evidence, and ARC's unit steps lag far
   behind the turnover of a small cache.
-
 * **Idle frequent chunks expire.** ARC moves ``p`` only on ghost hits, so
   once T2 holds the chunks of conversations that have ended (read many times,
   never again) it keeps them while T1 shrinks until new turns are evicted
