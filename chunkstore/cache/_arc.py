@@ -25,6 +25,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Hashable, Iterator
+from typing import Any
 
 from chunkstore.cache.policy import CachePolicy, CanEvict, NoEvictableEntry, first_evictable
 
@@ -39,7 +40,8 @@ class ARCPolicy(CachePolicy):
     def __init__(self, capacity: int) -> None:
         super().__init__(capacity)
         self.t1: OrderedDict[Hashable, None] = OrderedDict()
-        self.t2: OrderedDict[Hashable, None] = OrderedDict()
+        # ARC stores None; a subclass may keep a value per frequent key (parc: its last use).
+        self.t2: OrderedDict[Hashable, Any] = OrderedDict()
         self.b1: OrderedDict[Hashable, None] = OrderedDict()
         self.b2: OrderedDict[Hashable, None] = OrderedDict()
         self.p: float = 0.0

@@ -4,7 +4,7 @@ The engine can only use a chunk when every chunk before it in its chain is
 cached too (only the leading run of hits of a request is skipped), shared
 shallow prefixes (system prompts, tool definitions) come back across many
 conversations, and a conversation's next turn comes back after a think time
-that is long compared with a small cache's turnover. Four changes to ARC
+that is long compared with a small cache's turnover. Five changes to ARC
 (Megiddo & Modha 2003; :mod:`chunkstore.cache._arc`) follow from that:
 
 * **Leaf first.** REPLACE picks the least recently used entry of T1 or T2 as
@@ -14,13 +14,15 @@ that is long compared with a small cache's turnover. Four changes to ARC
   evicts that leaf instead. A chunk is never evicted while a chunk after it
   stays, so what remains of a chain is a usable prefix rather than a useless
   tail, and shared shallow chunks (many children) are the last to go.
-* **Orphans go first, the parent of the chunk being admitted last.** A
-  resident chunk whose parent is gone (an *orphan*: only pins or a chain
-  longer than the cache make one) is worth nothing until the parent returns,
-  so it is evicted before anything else; admitting chunk ``i`` never evicts
-  chunk ``i - 1`` while anything else can go (the new chunk would be
-  unusable). A chain longer than the cache thus keeps its head, and its tail
-  rotates through one slot.
+* **Orphans go first.** A resident chunk whose parent is gone (an *orphan*)
+  is worth nothing until the parent returns, so it is evicted before anything
+  else. When the walk from the oldest entry ends at the parent of the chunk
+  being admitted (a chain older than everything else, read once, growing),
+  that parent goes and the new chunk is the next orphan: such a chain eats its
+  own tail rather than the rest of the cache. A chain longer than the cache
+  thus keeps its head, and its tail rotates through one slot. (Sparing that
+  parent for another leaf, as an earlier version did, lost tokens on the
+  generated RAG and system-prompt traces at 1-2 % of their blocks.)
 * **A long frequency memory.** Besides ARC's ghosts (at most ``capacity``
   keys, far too short for think times), the last ``history * capacity``
   evicted keys are remembered; one that comes back is admitted straight to
@@ -30,12 +32,11 @@ that is long compared with a small cache's turnover. Four changes to ARC
   evicted too early) shrinks ``p`` by ``frequency_step`` times ARC's step: on
   KV traces such a return is strong evidence, and ARC's unit steps lag far
   behind the turnover of a small cache.
-
 * **Idle frequent chunks expire.** ARC moves ``p`` only on ghost hits, so
   once T2 holds the chunks of conversations that have ended (read many times,
   never again) it keeps them while T1 shrinks until new turns are evicted
-  before they come back. Every resident key carries the lookup count of its
-  last use, and the policy tracks how long T2 chunks stay idle before they are
+  before they come back. Every T2 key carries the lookup count of its last
+  use, and the policy tracks how long T2 chunks stay idle before they are
   read again: the *reuse horizon*, a running estimate of the 99th percentile
   of those idle times (never below ``idle_floor * capacity`` lookups). When
   T2's least recently used chunk has been idle for more than ``idle_margin``
@@ -66,7 +67,7 @@ from chunkstore.errors import ConfigError
 
 DEFAULT_HISTORY = 2
 """Remembered evicted keys, in multiples of the capacity (picked from the simulator sweep)."""
-DEFAULT_FREQUENCY_STEP = 4.0
+DEFAULT_FREQUENCY_STEP = 6.0
 """How many of ARC's steps a B2 ghost hit moves ``p`` towards frequency (from the same sweep)."""
 DEFAULT_IDLE_MARGIN = 2.5
 """T2's LRU chunk expires when idle for this multiple of the reuse horizon (simulator sweep)."""
@@ -121,9 +122,10 @@ class PrefixARCPolicy(ARCPolicy):
         # T2 re-reads within the horizon since it was last settled: each lowers it by one
         # down-step, applied in bulk (a counter is cheaper than a multiplication per hit).
         self._rereads_within = 0
-        # Lookup count of each resident key's last use: hits and admissions tick it.
+        # Lookup count: hits and admissions tick it. T2's values are its keys' last uses;
+        # T1 keys need none (only T2 keys' idle times are read, and a key entering T2 is
+        # stamped), so a hit costs one dict lookup more than ARC's, not two.
         self._clock = 0
-        self._last_use: dict[Hashable, int] = {}
         self.history: OrderedDict[Hashable, None] = OrderedDict()
         """The last ``history * capacity`` evicted keys, oldest first."""
         self._history_limit = history * capacity
@@ -145,21 +147,21 @@ class PrefixARCPolicy(ARCPolicy):
 
     def hit(self, key: Hashable) -> bool:
         """ARC's Case I, plus the last-use stamp and the reuse horizon."""
-        t1 = self.t1
-        if key in t1:
-            del t1[key]
-            self.t2[key] = None
-        else:
-            t2 = self.t2
-            if key not in t2:
-                return False
+        # T2 first: on a warm cache most hits are rereads of frequent keys, and its lookup
+        # yields the last use too.
+        t2 = self.t2
+        last = t2.get(key)
+        clock = self._clock
+        if last is not None:
             t2.move_to_end(key)
-            if self._clock - self._last_use[key] > self._horizon:
+            if clock - last > self._horizon:
                 self._horizon = self.reuse_horizon * _HORIZON_UP
             else:
                 self._rereads_within += 1
-        self._last_use[key] = self._clock
-        self._clock += 1
+        elif self.t1.pop(key, _ABSENT) is _ABSENT:
+            return False
+        t2[key] = clock
+        self._clock = clock + 1
         return True
 
     @property
@@ -173,11 +175,24 @@ class PrefixARCPolicy(ARCPolicy):
         return self._horizon
 
     def access(self, key: Hashable, parent: Hashable | None = None) -> bool:
-        # Not ARC's inlined admission: the chain needs the parent.
-        if self.hit(key):
-            return True
-        self.admit(key, parent=parent)
-        return False
+        # hit() copied in, then admit() on a miss: the simulator's and the benchmark's hot
+        # path, where the extra call of `if self.hit(key)` measured 5-6 % of the time. The
+        # decision digests (tests/cache/test_policy_decisions.py) hold both copies to one result.
+        t2 = self.t2
+        last = t2.get(key)
+        clock = self._clock
+        if last is not None:
+            t2.move_to_end(key)
+            if clock - last > self._horizon:
+                self._horizon = self.reuse_horizon * _HORIZON_UP
+            else:
+                self._rereads_within += 1
+        elif self.t1.pop(key, _ABSENT) is _ABSENT:
+            self.admit(key, parent=parent)
+            return False
+        t2[key] = clock
+        self._clock = clock + 1
+        return True
 
     def admit(
         self, key: Hashable, can_evict: CanEvict | None = None, *, parent: Hashable | None = None
@@ -186,44 +201,53 @@ class PrefixARCPolicy(ARCPolicy):
         b1, b2 = self.b1, self.b2
         p = self.p
         in_b2 = False
-        frequent = True
+        ghosts = None  # the ghost list that holds key (B1 and B2 never share a key)
+        # (Conditional expressions rather than min/max and len calls: this runs on most misses.)
         if key in b1:  # ARC Case II: recency was evicted too early.
-            p = min(p + (len(b2) / len(b1) if len(b2) > len(b1) else 1.0), float(c))
+            g1, g2 = len(b1), len(b2)
+            p += g2 / g1 if g2 > g1 else 1.0
+            p = p if p < c else float(c)
+            ghosts = b1
         elif key in b2:  # ARC Case III, with a longer step: frequency was evicted too early.
-            step = len(b1) / len(b2) if len(b1) > len(b2) else 1.0
-            p = max(p - self.frequency_step * step, 0.0)
+            g1, g2 = len(b1), len(b2)
+            p -= self.frequency_step * (g1 / g2 if g1 > g2 else 1.0)
+            p = p if p > 0.0 else 0.0
             in_b2 = True
-        else:
-            frequent = key in self.history
+            ghosts = b2
+        history = self.history
+        frequent = ghosts is not None or key in history
         t1, t2 = self.t1, self.t2
         victim = None
         if len(t1) + len(t2) >= c:
-            # An orphan parent is worth nothing: protecting it would only cost a useful chunk.
-            protect = None if parent in self._orphans else parent
-            if can_evict is None and not self._orphans:
-                victim = self._choose_victim_unpinned(p, in_b2, protect)
+            if can_evict is None:
+                victim = self._choose_victim_unpinned(p, in_b2)
             else:
-                victim = self._choose_victim(p, in_b2, can_evict, protect)
+                victim = self._choose_victim(p, in_b2, can_evict)
         # Nothing has changed before this point: NoEvictableEntry leaves the state as it was.
         self.p = p
-        history = self.history
         if frequent:
-            b1.pop(key, None)
-            b2.pop(key, None)
+            if ghosts is not None:
+                del ghosts[key]
             history.pop(key, None)
         if victim is not None:
             self._evict_key(victim)
-        (t2 if frequent else t1)[key] = None
-        self._last_use[key] = self._clock
-        self._clock += 1
+        clock = self._clock
+        if frequent:
+            t2[key] = clock
+        else:
+            t1[key] = None
+        self._clock = clock + 1
         children = self._children
         if children:
-            for child in children.get(key, ()):
-                self._orphans.pop(child, None)
-        if parent is not None:
-            self.link(key, parent)
-        n1 = len(t1)
-        if n1 + len(b1) > c or n1 + len(t2) + len(b1) + len(b2) > 2 * c:
+            below = children.get(key)
+            if below:
+                orphans = self._orphans
+                for child in below:
+                    orphans.pop(child, None)
+        if parent is not None and parent != key:
+            self._record_parent(key, parent)
+        n1, n_b1 = len(t1), len(b1)
+        if n1 + n_b1 > c or n1 + len(t2) + n_b1 + len(b2) > 2 * c:
             self._trim_ghosts()
         return victim
 
@@ -236,9 +260,17 @@ class PrefixARCPolicy(ARCPolicy):
             return
         if old is not None:
             self._unlink(key, old)
+        self._record_parent(key, parent)
+
+    def _record_parent(self, key: Hashable, parent: Hashable) -> None:
+        """Link a resident ``key`` that has no recorded parent (a new one, or just unlinked)."""
         self._parent[key] = parent
-        self._children.setdefault(parent, {})[key] = None
-        if parent in self:
+        siblings = self._children.get(parent)
+        if siblings is None:
+            self._children[parent] = {key: None}
+        else:
+            siblings[key] = None
+        if parent in self.t2 or parent in self.t1:
             self._orphans.pop(key, None)
         else:
             self._orphans[key] = None
@@ -248,7 +280,6 @@ class PrefixARCPolicy(ARCPolicy):
         # A deleted chunk must not come back as if it had been evicted.
         self.history.pop(key, None)
         if resident:
-            del self._last_use[key]
             self._forget(key)
         return resident
 
@@ -257,7 +288,7 @@ class PrefixARCPolicy(ARCPolicy):
         if not self.t1 and not self.t2:
             return None
         try:
-            victim = self._choose_victim(self.p, False, can_evict, protect=None)
+            victim = self._choose_victim(self.p, False, can_evict)
         except NoEvictableEntry:
             return None
         self._evict_key(victim)
@@ -266,12 +297,20 @@ class PrefixARCPolicy(ARCPolicy):
 
     # --- REPLACE ---------------------------------------------------------------------------
 
-    def _choose_victim_unpinned(self, p: float, in_b2: bool, protect: Hashable | None) -> Hashable:
-        """:meth:`_choose_victim` with nothing vetoed and no orphans: one walk from one LRU."""
-        entries = self.t1 if self._replace_from_t1(p, in_b2) else self.t2
-        node = next(iter(entries))
+    def _choose_victim_unpinned(self, p: float, in_b2: bool) -> Hashable:
+        """:meth:`_choose_victim` with nothing vetoed: one walk from its first candidate.
+
+        That candidate is the oldest orphan, else the LRU entry of ARC's list; only when its
+        walk loops does the careful search take over.
+        """
+        from_t1 = self._replace_from_t1(p, in_b2)  # always: it settles the reuse horizon
+        orphans = self._orphans
+        if orphans:
+            node = next(iter(orphans))
+        else:
+            node = next(iter(self.t1 if from_t1 else self.t2))
         children = self._children
-        below = children.get(node)
+        below = children.get(node) if children else None
         if below:
             for _ in range(len(self)):
                 node = next(iter(below)) if len(below) == 1 else self._coldest(below)
@@ -279,28 +318,22 @@ class PrefixARCPolicy(ARCPolicy):
                 if not below:
                     break
             else:  # a cycle of recorded parents (colliding keys): let the careful walk decide
-                return self._choose_victim(p, in_b2, None, protect)
-        if protect is not None and node == protect:
-            return self._choose_victim(p, in_b2, None, protect)
+                return self._choose_victim(p, in_b2, None)
         return node
 
-    def _choose_victim(
-        self, p: float, in_b2: bool, can_evict: CanEvict | None, protect: Hashable | None
-    ) -> Hashable:
+    def _choose_victim(self, p: float, in_b2: bool, can_evict: CanEvict | None) -> Hashable:
         """The victim, without moving anything; raises when every resident key is vetoed.
 
         Orphans first, then ARC's list order, each candidate walked down to a leaf;
-        then the protected parent; then, only when pins hold every leaf, an inner key.
+        then, only when pins hold every leaf, an inner key.
         """
         order = (self.t1, self.t2) if self._replace_from_t1(p, in_b2) else (self.t2, self.t1)
         dead: set[Hashable] = set()
         for entries in (self._orphans, *order):
             for candidate in entries:
-                leaf = self._leaf_below(candidate, can_evict, protect, dead)
+                leaf = self._leaf_below(candidate, can_evict, dead)
                 if leaf is not None:
                     return leaf
-        if protect in self and (can_evict is None or can_evict(protect)):
-            return protect
         for entries in order:
             found = first_evictable(entries, can_evict)
             if found is not None:
@@ -309,13 +342,13 @@ class PrefixARCPolicy(ARCPolicy):
 
     def _replace_from_t1(self, p: float, in_b2: bool) -> bool:
         """ARC's choice of list (T1 above its target ``p``), unless T2's LRU chunk has expired."""
-        t1, t2 = self.t1, self.t2
-        n1 = len(t1)
+        t2 = self.t2
+        n1 = len(self.t1)
         if not t2:
             return True
         if not n1:
             return False
-        idle = self._clock - self._last_use[next(iter(t2))]
+        idle = self._clock - next(iter(t2.values()))  # T2's values are last uses
         if idle > self.idle_margin * self.reuse_horizon:
             return False
         return n1 > p or (in_b2 and n1 == p)
@@ -324,7 +357,6 @@ class PrefixARCPolicy(ARCPolicy):
         self,
         key: Hashable,
         can_evict: CanEvict | None,
-        protect: Hashable | None,
         dead: set[Hashable],
     ) -> Hashable | None:
         """The leaf reached from ``key`` (see :meth:`_coldest`), if it may be evicted.
@@ -341,7 +373,7 @@ class PrefixARCPolicy(ARCPolicy):
                 break
             below = children.get(node)
             if not below:
-                if node != protect and (can_evict is None or can_evict(node)):
+                if can_evict is None or can_evict(node):
                     return node
                 break
             node = next(iter(below)) if len(below) == 1 else self._coldest(below)
@@ -363,14 +395,11 @@ class PrefixARCPolicy(ARCPolicy):
 
     def _evict_key(self, victim: Hashable) -> None:
         """Move a resident victim to the ghost list of its list and to the long history."""
-        del self._last_use[victim]
-        t1 = self.t1
-        if victim in t1:
-            del t1[victim]
-            self.b1[victim] = None
-        else:
+        if self.t1.pop(victim, _ABSENT) is _ABSENT:
             del self.t2[victim]
             self.b2[victim] = None
+        else:
+            self.b1[victim] = None
         limit = self._history_limit
         if limit:
             history = self.history
@@ -394,3 +423,6 @@ class PrefixARCPolicy(ARCPolicy):
         siblings.pop(key, None)
         if not siblings:
             del self._children[parent]
+
+
+_ABSENT = object()

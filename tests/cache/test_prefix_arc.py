@@ -78,9 +78,9 @@ def test_walks_into_a_child_seen_only_once() -> None:
 
 
 def test_a_chain_longer_than_the_cache_keeps_its_head() -> None:
-    # c = 3, one chain 0..5. Admitting 3 (parent 2): every leaf walk ends at 2, the
-    # protected parent, so 2 itself goes and 3 is an orphan. Orphans go first: 3 makes
-    # room for 4, 4 for 5. The head 0-1 stays usable.
+    # c = 3, one chain 0..5. Admitting 3 (parent 2): the walk from the LRU entry 0 ends at
+    # the leaf 2, which goes, and 3 is an orphan. Orphans go first: 3 makes room for 4, 4 for
+    # 5. The head 0-1 stays usable.
     policy = PrefixARCPolicy(3)
     assert chain(policy, list(range(6))) == [
         (False, None),
@@ -94,6 +94,20 @@ def test_a_chain_longer_than_the_cache_keeps_its_head() -> None:
     # Read again: 0 and 1 hit; 2 evicts the orphan 5, and the chain grows back from its head.
     assert chain(policy, list(range(3))) == [(True, None), (True, None), (False, 5)]
     assert set(policy) == {0, 1, 2}
+
+
+def test_an_old_growing_chain_eats_its_own_tail() -> None:
+    # c = 4: b0 is the oldest entry, x and y came later, then b1 (parent b0).
+    policy = PrefixARCPolicy(4)
+    for key in ["b0", "x", "y"]:
+        policy.admit(key)
+    policy.admit("b1", parent="b0")
+    # b2 (parent b1): the walk from T1's LRU b0 ends at b1, the parent of b2. It goes, not x
+    # or y: a chain read once must not push out the rest of the cache as it grows.
+    assert policy.admit("b2", parent="b1") == "b1"
+    assert policy.parent_of("b2") == "b1" and "b1" not in policy
+    assert policy.admit("z") == "b2"  # b2 is an orphan now: the next to go
+    assert set(policy) == {"b0", "x", "y", "z"}
 
 
 def test_orphans_go_before_the_lru_entry() -> None:
@@ -276,8 +290,8 @@ class PrefixARCMachine(ARCPinMachine):
                 assert key in policy.children_of(parent)
         for key in range(12):
             assert policy.children_of(key) <= self.resident
-        # Every resident key, and only those, carries its last use (idle expiry reads it).
-        assert set(policy._last_use) == self.resident
+        # Every T2 key carries its last use, a past lookup (idle expiry reads it).
+        assert all(0 <= last < policy._clock for last in policy.t2.values())
         assert policy.reuse_horizon >= policy._horizon_floor
 
 
