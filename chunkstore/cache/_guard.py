@@ -30,6 +30,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, TypeVar
 
+from chunkstore._threads import started_executor
 from chunkstore.backends.base import Store
 from chunkstore.errors import ConfigError, FormatError, KeyParseError
 from chunkstore.hashing import ChunkKey
@@ -104,6 +105,7 @@ class GuardedTier:
         retry_after: float,
         clock: Callable[[], float] = time.monotonic,
         workers: int = 4,
+        start_workers: bool = False,
     ) -> None:
         self.store = store
         self.name = store.name
@@ -117,12 +119,14 @@ class GuardedTier:
         # Note: a call that times out keeps running on its worker (Python threads cannot be
         # stopped); the pool lets later calls proceed past a few stuck ones once the tier is
         # retried, and TierUnavailable.pending tells the caller its buffers are still in use.
+        # start_workers: all of them now (a tier taking bursts of writes from its first call).
+        prefix = f"chunkstore-tier-{self.name}"
         self._executor = (
-            ThreadPoolExecutor(
-                max_workers=workers, thread_name_prefix=f"chunkstore-tier-{self.name}"
-            )
-            if timeout is not None
-            else None
+            None
+            if timeout is None
+            else started_executor(workers, prefix)
+            if start_workers
+            else ThreadPoolExecutor(max_workers=workers, thread_name_prefix=prefix)
         )
         self.hits = 0
         self.misses = 0

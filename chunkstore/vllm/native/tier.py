@@ -20,6 +20,8 @@ recomputes it); its bytes never reach the primary slot.
 from __future__ import annotations
 
 import logging
+import os
+import threading
 import time
 from collections import deque
 from collections.abc import Iterable, Sequence
@@ -38,6 +40,7 @@ from vllm.v1.kv_offload.base import (
 )
 from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager, TransferJob
 
+from chunkstore._threads import started_executor
 from chunkstore.backends import Store
 from chunkstore.backends._models import record_model
 from chunkstore.backends._registry import open_for_option
@@ -52,6 +55,7 @@ from chunkstore.metrics import default_metrics
 from chunkstore.vllm.config import parse_config, positive_int_option, seconds_option
 from chunkstore.vllm.engine import describe_engine
 from chunkstore.vllm.native.buffers import ChunkBuffers
+from chunkstore.vllm.native.jobs import StoreProgress
 from chunkstore.vllm.native.options import TIER_OPTIONS
 from chunkstore.vllm.native.primary import PrimaryLayout
 from chunkstore.vllm.native.requests import (
@@ -68,6 +72,12 @@ IDLE_BUFFER_BYTES = 256 << 20
 """Chunk buffers the tier keeps mapped between jobs (at least two per thread)."""
 
 log = logging.getLogger(__name__)
+
+
+def _cores() -> int:
+    """CPU cores this process may run on."""
+    affinity = getattr(os, "sched_getaffinity", None)
+    return len(affinity(0)) if affinity is not None else os.cpu_count() or 1
 
 __all__ = ["ChunkStoreTier"]
 
@@ -170,9 +180,16 @@ class ChunkStoreTier(SecondaryTierManager):
                 store = open_for_option("tiers", url, **_store_options(url, cfg.store_options))
                 self.stores.append(store)
                 metrics.watch_store(store)
+                # As many guarded calls at once as the tier has threads: a chunk's write
+                # never waits for a free guard worker while the disk has room for it.
                 self.guarded.append(
                     GuardedTier(
-                        store, metrics.tier(store.name), timeout=timeout, retry_after=retry_after
+                        store,
+                        metrics.tier(store.name),
+                        timeout=timeout,
+                        retry_after=retry_after,
+                        workers=threads,
+                        start_workers=True,
                     )
                 )
         except BaseException:
@@ -185,7 +202,12 @@ class ChunkStoreTier(SecondaryTierManager):
         # buffers kept: every thread's job of a few chunks, within IDLE_BUFFER_BYTES.
         size = layout.total_size + layout.total_size // 64 + 65536
         self._buffers = ChunkBuffers(size, keep=max(2 * threads, IDLE_BUFFER_BYTES // size))
-        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="chunkstore-tier")
+        # Started whole, as vLLM's own tiers start theirs: the first jobs wait for no thread.
+        self._pool = started_executor(threads, "chunkstore-tier")
+        # Conversions (gather + checksum) at once: no more than there are cores to run them.
+        # More would only share the cores, each chunk ready later, and the disk idle until
+        # the first is (measured on 2 cores: tools/bench_native_tier.py, docs/benchmarks.md).
+        self._converting = threading.BoundedSemaphore(min(threads, _cores()))
         self._lookup_pool = ThreadPoolExecutor(2, thread_name_prefix="chunkstore-tier-lookup")
         self._jobs: dict[int, Future[None]] = {}
         self._loads: dict[int, tuple[str, list[ChunkKey]]] = {}
@@ -253,32 +275,34 @@ class ChunkStoreTier(SecondaryTierManager):
     def submit_store(self, job_metadata: TransferJob) -> None:
         ctx = job_metadata.req_context
         addresses = [self._address(k, ctx) for k in job_metadata.keys]
-        slots = [int(c) for c in job_metadata.chunk_ids]
+        # A key without tokens is not stored (a future miss) and fails the job.
+        chunks = [(a, int(c)) for a, c in zip(addresses, job_metadata.chunk_ids) if a is not None]
         job_id = job_metadata.job_id
-        self._stores[job_id] = (ctx.req_id, [a.key for a in addresses if a is not None])
-        self._jobs[job_id] = self._pool.submit(self._run_store, job_id, addresses, slots)
+        self._stores[job_id] = (ctx.req_id, [a.key for a, _ in chunks])
+        progress = StoreProgress(
+            job_id,
+            len(chunks),
+            complete=len(chunks) == len(addresses),
+            publish=self._finished.append,
+        )
+        self._jobs[job_id] = progress.future
+        # Note: one task per chunk, not per job: while one thread's write is on the disk
+        # (GIL released) the others convert and checksum the next chunks, of this job or
+        # another, and a task holds one buffer at a time (jobs.py, docs/benchmarks.md).
+        for address, slot in chunks:
+            self._pool.submit(self._store_chunk, progress, address, slot)
 
     def _slot(self, chunk_id: int) -> memoryview:
         size = self.block_size_bytes
         return self._flat[chunk_id * size : (chunk_id + 1) * size]
 
-    def _run_store(
-        self, job_id: int, addresses: list[ChunkAddress | None], slots: list[int]
-    ) -> None:
-        t0 = time.perf_counter()
-        ok = all(a is not None for a in addresses)
-        nbytes = 0
-        for address, slot in zip(addresses, slots):
-            if address is None:
-                continue  # no tokens for this key: not stored (a future miss)
-            # Note: chunk by chunk, not the job's chunks converted first and written after:
-            # while this thread writes one chunk (the disk's time, GIL released) the tier's
-            # other threads convert theirs, the first write starts after one conversion, and
-            # a job holds one buffer at a time (docs/benchmarks.md, native tier rows).
-            stored, size = self._store_one(job_id, address, slot)
-            ok = stored and ok
-            nbytes += size
-        self._finished.append(JobResult(job_id, ok, None, time.perf_counter() - t0, nbytes))
+    def _store_chunk(self, progress: StoreProgress, address: ChunkAddress, slot: int) -> None:
+        progress.chunk_started()
+        stored, size = False, 0
+        try:
+            stored, size = self._store_one(progress.job_id, address, slot)
+        finally:
+            progress.chunk_done(stored, size)  # whatever happened: the job always ends
 
     def _store_one(self, job_id: int, address: ChunkAddress, slot: int) -> tuple[bool, int]:
         """Convert the primary ``slot`` into ``address``'s chunk and write it to every store;
@@ -289,16 +313,17 @@ class ChunkStoreTier(SecondaryTierManager):
         items: list[tuple[ChunkKey, Any]] = []
         try:
             view = memoryview(buffer)[: layout.total_size]
-            self.primary.to_payload(self._slot(slot), view[layout.data_offset :])
-            seal_chunk(
-                layout,
-                view,
-                key=address.key.digest,
-                parent=address.parent,
-                namespace=address.key.namespace,
-                tokens=list(address.tokens),
-                verify_key=False,
-            )
+            with self._converting:
+                self.primary.to_payload(self._slot(slot), view[layout.data_offset :])
+                seal_chunk(
+                    layout,
+                    view,
+                    key=address.key.digest,
+                    parent=address.parent,
+                    namespace=address.key.namespace,
+                    tokens=address.tokens,
+                    verify_key=False,
+                )
             data = recompress(view, "zstd") if self.compression == "zstd" else view
             items.append((address.key, data))
             return self._write(items, pending), len(data)
