@@ -146,4 +146,3 @@ class RequestKeys:
             tracked.keys += self.engine.keys(tokens[done * c : end_token], tracked.root, after)
         parent = tracked.keys[index - 1].digest if index else tracked.root
         return ChunkAddress(tracked.keys[index], parent, tuple(tokens[index * c : end_token]))
-

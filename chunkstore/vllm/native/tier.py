@@ -55,7 +55,6 @@ from chunkstore.metrics import default_metrics
 from chunkstore.vllm.config import parse_config, positive_int_option, seconds_option
 from chunkstore.vllm.engine import describe_engine
 from chunkstore.vllm.native.buffers import ChunkBuffers
-from chunkstore.vllm.native.jobs import StoreProgress
 from chunkstore.vllm.native.options import TIER_OPTIONS
 from chunkstore.vllm.native.primary import PrimaryLayout
 from chunkstore.vllm.native.requests import (
@@ -64,6 +63,7 @@ from chunkstore.vllm.native.requests import (
     caller_engine,
     caller_request,
 )
+from chunkstore.vllm.native.writing import ChunkWriting
 from chunkstore.vllm.tiers import tier_open_options
 
 MAX_TIER_THREADS = 256
@@ -78,6 +78,7 @@ def _cores() -> int:
     """CPU cores this process may run on."""
     affinity = getattr(os, "sched_getaffinity", None)
     return len(affinity(0)) if affinity is not None else os.cpu_count() or 1
+
 
 __all__ = ["ChunkStoreTier"]
 
@@ -208,6 +209,12 @@ class ChunkStoreTier(SecondaryTierManager):
         # More would only share the cores, each chunk ready later, and the disk idle until
         # the first is (measured on 2 cores: tools/bench_native_tier.py, docs/benchmarks.md).
         self._converting = threading.BoundedSemaphore(min(threads, _cores()))
+        self.max_writing = threads + _cores()
+        """Chunks converted whose writes are neither ended nor settled, at most: enough for
+        every guard thread to find its next write queued when one ends, and a bound on the
+        buffers a burst of stores holds."""
+        self._writing = threading.BoundedSemaphore(self.max_writing)
+        self._buffers.reserve(self.max_writing)
         self._lookup_pool = ThreadPoolExecutor(2, thread_name_prefix="chunkstore-tier-lookup")
         self._jobs: dict[int, Future[None]] = {}
         self._loads: dict[int, tuple[str, list[ChunkKey]]] = {}
@@ -275,42 +282,55 @@ class ChunkStoreTier(SecondaryTierManager):
     def submit_store(self, job_metadata: TransferJob) -> None:
         ctx = job_metadata.req_context
         addresses = [self._address(k, ctx) for k in job_metadata.keys]
-        # A key without tokens is not stored (a future miss) and fails the job.
-        chunks = [(a, int(c)) for a, c in zip(addresses, job_metadata.chunk_ids) if a is not None]
+        slots = [int(c) for c in job_metadata.chunk_ids]
         job_id = job_metadata.job_id
-        self._stores[job_id] = (ctx.req_id, [a.key for a, _ in chunks])
-        progress = StoreProgress(
-            job_id,
-            len(chunks),
-            complete=len(chunks) == len(addresses),
-            publish=self._finished.append,
-        )
-        self._jobs[job_id] = progress.future
-        # Note: one task per chunk, not per job: while one thread's write is on the disk
-        # (GIL released) the others convert and checksum the next chunks, of this job or
-        # another, and a task holds one buffer at a time (jobs.py, docs/benchmarks.md).
-        for address, slot in chunks:
-            self._pool.submit(self._store_chunk, progress, address, slot)
+        self._stores[job_id] = (ctx.req_id, [a.key for a in addresses if a is not None])
+        self._jobs[job_id] = self._pool.submit(self._run_store, job_id, addresses, slots)
 
     def _slot(self, chunk_id: int) -> memoryview:
         size = self.block_size_bytes
         return self._flat[chunk_id * size : (chunk_id + 1) * size]
 
-    def _store_chunk(self, progress: StoreProgress, address: ChunkAddress, slot: int) -> None:
-        progress.chunk_started()
-        stored, size = False, 0
+    def _run_store(
+        self, job_id: int, addresses: list[ChunkAddress | None], slots: list[int]
+    ) -> None:
+        t0 = time.perf_counter()
+        ok = all(a is not None for a in addresses)
+        nbytes = 0
+        # Note: the job's chunks are converted one after another on this thread, and each
+        # one's writes start as soon as it is sealed, on the stores' guard threads: this
+        # thread converts chunk i+1 while chunk i is on the disk, the disk gets the next
+        # write without waiting for a thread to wake (measured: docs/benchmarks.md, native
+        # tier rows), and results are taken in order afterwards.
+        started: deque[ChunkWriting] = deque()
         try:
-            stored, size = self._store_one(progress.job_id, address, slot)
+            for address, slot in zip(addresses, slots):
+                if address is None:
+                    continue  # no tokens for this key: not stored (a future miss)
+                # A chunk may start only with a permit of the tier's bound. A job holding
+                # some settles its own oldest instead of waiting for other jobs' (which could
+                # be waiting for its permits in turn); one holding none waits.
+                while not self._writing.acquire(blocking=not started):
+                    stored, size = self._settle(started.popleft())
+                    ok, nbytes = ok and stored, nbytes + size
+                writing = self._start_chunk(job_id, address, slot)
+                if writing is None:
+                    ok = False
+                else:
+                    started.append(writing)
         finally:
-            progress.chunk_done(stored, size)  # whatever happened: the job always ends
+            while started:
+                stored, size = self._settle(started.popleft())
+                ok, nbytes = ok and stored, nbytes + size
+        self._finished.append(JobResult(job_id, ok, None, time.perf_counter() - t0, nbytes))
 
-    def _store_one(self, job_id: int, address: ChunkAddress, slot: int) -> tuple[bool, int]:
-        """Convert the primary ``slot`` into ``address``'s chunk and write it to every store;
-        (whether every store took it, bytes written)."""
+    def _start_chunk(self, job_id: int, address: ChunkAddress, slot: int) -> ChunkWriting | None:
+        """Convert the primary ``slot`` into ``address``'s chunk and start writing it to every
+        store (the caller holds a permit of ``_writing``, handed to the result); None when
+        the chunk could not be made (permit given back)."""
         layout = self.primary.layout
         (buffer,) = self._buffers.take(1)
-        pending: list[Future[Any]] = []
-        items: list[tuple[ChunkKey, Any]] = []
+        writing = ChunkWriting(self._writing.release, lambda: self._buffers.give([buffer]))
         try:
             view = memoryview(buffer)[: layout.total_size]
             with self._converting:
@@ -325,34 +345,40 @@ class ChunkStoreTier(SecondaryTierManager):
                     verify_key=False,
                 )
             data = recompress(view, "zstd") if self.compression == "zstd" else view
-            items.append((address.key, data))
-            return self._write(items, pending), len(data)
+            writing.nbytes = len(data)
+            items = [(address.key, data)]
+            for tier in self.guarded:
+                try:
+                    writing.add(tier, tier.start("put", tier.store.put_if_absent_many, items))
+                except TierUnavailable:
+                    writing.add(tier, None)
+            writing.all_started()
+            return writing
         except Exception:  # noqa: BLE001 - a failed store is a future miss
             log.exception("chunkstore tier: store job %d failed", job_id)
-            return False, 0
-        finally:
-            items.clear()
-            self._buffers.release_after(pending, [buffer])
+            writing.release()
+            # A write already started ends on its own (its result is not needed): the buffer
+            # goes back once nothing reads it any more.
+            self._buffers.release_after(writing.futures(), [buffer])
+            return None
 
-    def _write(self, items: Sequence[tuple[ChunkKey, Any]], pending: list[Future[Any]]) -> bool:
-        """Write ``items`` to every store; False if any store did not take them. Calls that
-        timed out but still run (and still read the items) are added to ``pending``."""
-        if not items:
-            return True
+    def _settle(self, writing: ChunkWriting) -> tuple[bool, int]:
+        """Wait for a started chunk's writes; (whether every store took it, bytes written)."""
         ok = True
-        nbytes = sum(len(d) for _, d in items)
-        for tier in self.guarded:
-            t0 = time.perf_counter()
-            try:
-                tier.call("put", tier.store.put_if_absent_many, items)
-            except TierUnavailable as exc:
-                if exc.pending is not None:
-                    pending.append(exc.pending)
-                tier.count_drop("unavailable", len(items))
-                ok = False
-                continue
-            tier.instruments.record_write(nbytes, time.perf_counter() - t0)
-        return ok
+        try:
+            for tier, call in writing.calls:
+                try:
+                    if call is None:
+                        raise TierUnavailable(tier.name)  # refused at once: in back-off
+                    call.result()
+                except TierUnavailable:
+                    tier.count_drop("unavailable", 1)
+                    ok = False
+                    continue
+                tier.instruments.record_write(writing.nbytes, writing.seconds())
+        finally:
+            writing.release()
+        return ok, writing.nbytes
 
     # --- loads ----------------------------------------------------------------------
 
