@@ -73,6 +73,17 @@ def _store_prompt(tier, mem, request, slots):
     return ctx, keys, results
 
 
+def _twelve_chunks_in_slots(tier, mem, req_id, *, seed):
+    """A request of 12 chunks announced to ``tier``, chunk i's KV in primary slot i."""
+    prompt = sample_prompt_ids(12 * CHUNK_TOKENS + 5, seed=seed)
+    request = make_request(prompt, req_id)
+    ctx = announce(tier, request)
+    keys = offload_keys(request, ctx, 12)
+    for i in range(12):
+        mem[i] = nhd_slot(prompt, i * CHUNK_TOKENS)
+    return ctx, keys
+
+
 def test_store_lookup_load_round_trip_is_byte_identical(tier_env, tmp_path):
     tier, mem, _ = tier_env(locality="LOCAL")
     assert tier.locality is Locality.LOCAL and tier.cache_hit_source is CacheHitSource.DISK
@@ -302,12 +313,7 @@ def test_chunks_in_flight_stay_within_the_tiers_bound(tier_env, monkeypatch):
     monkeypatch.setattr(tier._buffers, "take", taking)
     monkeypatch.setattr(tier._buffers, "give", giving)
     monkeypatch.setattr(store, "put_if_absent_many", gated)
-    prompt = sample_prompt_ids(12 * CHUNK_TOKENS + 5, seed=33)
-    request = make_request(prompt, "bounded")
-    ctx = announce(tier, request)
-    keys = offload_keys(request, ctx, 12)
-    for i in range(12):
-        mem[i] = nhd_slot(prompt, i * CHUNK_TOKENS)
+    ctx, keys = _twelve_chunks_in_slots(tier, mem, "bounded", seed=33)
     for first in range(0, 12, 4):
         tier.submit_store(
             job(keys[first : first + 4], list(range(first, first + 4)), ctx, promotion=False)
@@ -452,12 +458,7 @@ def test_shutdown_drains_jobs_in_flight(tier_env, monkeypatch, tmp_path, per_job
         return put(items)
 
     monkeypatch.setattr(store, "put_if_absent_many", slow_put)
-    prompt = sample_prompt_ids(12 * CHUNK_TOKENS + 5, seed=34)
-    request = make_request(prompt, "drain")
-    ctx = announce(tier, request)
-    keys = offload_keys(request, ctx, 12)
-    for i in range(12):
-        mem[i] = nhd_slot(prompt, i * CHUNK_TOKENS)
+    ctx, keys = _twelve_chunks_in_slots(tier, mem, "drain", seed=34)
     for first in range(0, 12, per_job):
         chunks = list(range(first, first + per_job))
         tier.submit_store(job(keys[first : first + per_job], chunks, ctx, promotion=False))

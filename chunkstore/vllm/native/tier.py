@@ -47,7 +47,7 @@ from chunkstore.backends._registry import open_for_option
 from chunkstore.backends.base import ReadVerdict, SupportsGetManyInto, verdict_of
 from chunkstore.cache._guard import GuardedTier, TierUnavailable
 from chunkstore.errors import ConfigError, FormatError
-from chunkstore.format import decode_chunk, recompress, seal_chunk
+from chunkstore.format import decode_chunk, recompress
 from chunkstore.hashing import ChunkKey
 from chunkstore.metrics import default_metrics
 
@@ -64,7 +64,7 @@ from chunkstore.vllm.native.requests import (
     caller_request,
 )
 from chunkstore.vllm.native.writing import ChunkWriting
-from chunkstore.vllm.tiers import tier_open_options
+from chunkstore.vllm.tiers import seal_save, tier_open_options
 
 MAX_TIER_THREADS = 256
 """Most threads one tier may run (the ``threads`` option)."""
@@ -338,15 +338,7 @@ class ChunkStoreTier(SecondaryTierManager):
             view = memoryview(buffer)[: layout.total_size]
             with self._converting:
                 self.primary.to_payload(self._slot(slot), view[layout.data_offset :])
-                seal_chunk(
-                    layout,
-                    view,
-                    key=address.key.digest,
-                    parent=address.parent,
-                    namespace=address.key.namespace,
-                    tokens=address.tokens,
-                    verify_key=False,
-                )
+                seal_save(layout, view, address)
             data = recompress(view, "zstd") if self.compression == "zstd" else view
             writing.nbytes = len(data)
             items = [(address.key, data)]
