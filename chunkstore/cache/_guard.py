@@ -28,8 +28,9 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
-from typing import Any, TypeVar
+from typing import Any, Generic, TypeVar
 
+from chunkstore._threads import started_executor
 from chunkstore.backends.base import Store
 from chunkstore.errors import ConfigError, FormatError, KeyParseError
 from chunkstore.hashing import ChunkKey
@@ -87,6 +88,24 @@ class TierUnavailable(Exception):
             self.pending.add_done_callback(lambda _done: release())
 
 
+class GuardedCall(Generic[R]):
+    """A call :meth:`GuardedTier.start` began; :meth:`result` waits for it (once)."""
+
+    def __init__(
+        self, tier: GuardedTier, op: str, future: Future[R], deadline: float | None
+    ) -> None:
+        self._tier = tier
+        self._op = op
+        self.future = future
+        """The call itself: done once nothing uses the memory handed to it any more."""
+        self._deadline = deadline
+
+    def result(self) -> R:
+        """What the call returned, waiting until its deadline at most; raises
+        :class:`TierUnavailable` as :meth:`GuardedTier.call` does."""
+        return self._tier._settle(self._op, self.future, self._deadline)
+
+
 class GuardedTier:
     """One secondary store plus its health, counters and metric instruments.
 
@@ -104,6 +123,7 @@ class GuardedTier:
         retry_after: float,
         clock: Callable[[], float] = time.monotonic,
         workers: int = 4,
+        start_workers: bool = False,
     ) -> None:
         self.store = store
         self.name = store.name
@@ -117,12 +137,14 @@ class GuardedTier:
         # Note: a call that times out keeps running on its worker (Python threads cannot be
         # stopped); the pool lets later calls proceed past a few stuck ones once the tier is
         # retried, and TierUnavailable.pending tells the caller its buffers are still in use.
+        # start_workers: all of them now (a tier taking bursts of writes from its first call).
+        prefix = f"chunkstore-tier-{self.name}"
         self._executor = (
-            ThreadPoolExecutor(
-                max_workers=workers, thread_name_prefix=f"chunkstore-tier-{self.name}"
-            )
-            if timeout is not None
-            else None
+            None
+            if timeout is None
+            else started_executor(workers, prefix)
+            if start_workers
+            else ThreadPoolExecutor(max_workers=workers, thread_name_prefix=prefix)
         )
         self.hits = 0
         self.misses = 0
@@ -152,18 +174,37 @@ class GuardedTier:
         ``op`` names the operation: ``put`` and ``delete`` are writes (checked
         against :attr:`writable`), everything else reads (:attr:`up`).
         """
+        return self.start(op, fn, *args).result()
+
+    def start(self, op: str, fn: Callable[..., R], *args: Any) -> GuardedCall[R]:
+        """Begin :meth:`call` without waiting for it: the caller does other work (converts
+        the next chunk) while this one runs, then takes its :meth:`GuardedCall.result`.
+
+        The timeout counts from now. Raises :class:`TierUnavailable` at once while the tier
+        is in back-off for ``op``; without a timeout the call runs here, before returning.
+        """
         write = op in WRITE_OPS
         if not (self.writable if write else self.up):
             raise TierUnavailable(self.name)
-        future: Future[R] | None = None
+        future: Future[R]
+        if self._executor is None:
+            future = Future()
+            try:
+                future.set_result(fn(*args))
+            except Exception as exc:  # noqa: BLE001 - judged by GuardedCall.result
+                future.set_exception(exc)
+            return GuardedCall(self, op, future, None)
+        future = self._executor.submit(fn, *args)
+        assert self.timeout is not None
+        return GuardedCall(self, op, future, time.monotonic() + self.timeout)
+
+    def _settle(self, op: str, future: Future[R], deadline: float | None) -> R:
+        """The result of a started call, judged as :meth:`call` describes."""
+        write = op in WRITE_OPS
         try:
-            if self._executor is None:
-                result = fn(*args)
-            else:
-                future = self._executor.submit(fn, *args)
-                result = future.result(self.timeout)
+            wait_s = None if deadline is None else max(0.0, deadline - time.monotonic())
+            result = future.result(wait_s)
         except FutureTimeout:
-            assert future is not None
             # A call still queued behind stuck ones is cancelled; one already running is not
             # stoppable, so the caller must keep its buffers alive until it ends.
             pending = None if future.cancel() else self._abandon(future)

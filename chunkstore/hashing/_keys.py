@@ -202,12 +202,16 @@ def chain_digest(parent: bytes, token_bytes: bytes | memoryview) -> bytes:
     return hasher.digest()
 
 
-def chain_keys(tokens: Any, *, root: bytes, chunk_tokens: int) -> list[ChunkKey]:
+def chain_keys(
+    tokens: Any, *, root: bytes, chunk_tokens: int, after: ChunkKey | None = None
+) -> list[ChunkKey]:
     """One key per full chunk of ``tokens``; a partial tail gets none.
 
     ``root`` is the 32-byte namespace root (see :func:`namespace_root`). The
     i-th key covers ``tokens[i*chunk_tokens:(i+1)*chunk_tokens]`` and every
-    token before it, through the chain.
+    token before it, through the chain. ``after``: the key of the chunk just
+    before ``tokens[0]`` (under the same root), to go on with a chain already
+    computed instead of hashing its prefix again.
     """
     if chunk_tokens <= 0:
         raise ConfigError(f"chunk_tokens must be positive, got {chunk_tokens}")
@@ -218,7 +222,7 @@ def chain_keys(tokens: Any, *, root: bytes, chunk_tokens: int) -> list[ChunkKey]
     full = len(data) // step
     namespace = namespace_of(root)
     keys: list[ChunkKey] = []
-    parent = bytes(root)
+    parent = bytes(root) if after is None else after.digest
     for i in range(full):
         parent = chain_digest(parent, data[i * step : (i + 1) * step])
         keys.append(ChunkKey(parent, namespace))

@@ -107,9 +107,9 @@ class EngineKV:
             mm_hashes=mm,
         )
 
-    def keys(self, tokens: Any, root: bytes) -> list[ChunkKey]:
-        """Keys of every full chunk of ``tokens``."""
-        return chain_keys(tokens, root=root, chunk_tokens=self.spec.chunk_tokens)
+    def keys(self, tokens: Any, root: bytes, after: ChunkKey | None = None) -> list[ChunkKey]:
+        """Keys of every full chunk of ``tokens`` (that follow the chunk keyed ``after``)."""
+        return chain_keys(tokens, root=root, chunk_tokens=self.spec.chunk_tokens, after=after)
 
 
 def _layer_index(name: str) -> int:

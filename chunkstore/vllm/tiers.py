@@ -252,7 +252,19 @@ class ConnectorStore:
             self.tiered.close()
 
 
-def seal_save(layout: ChunkLayout, view: Any, save: ChunkSave) -> None:
+class ChunkIdentity(Protocol):
+    """What sealing a chunk needs to know of it: a :class:`ChunkSave`, or the native
+    tier's ``ChunkAddress``."""
+
+    @property
+    def key(self) -> ChunkKey: ...
+    @property
+    def parent(self) -> bytes: ...
+    @property
+    def tokens(self) -> tuple[int, ...]: ...
+
+
+def seal_save(layout: ChunkLayout, view: Any, save: ChunkIdentity) -> None:
     """Write the header and checksum of the chunk ``save`` names around the KV the worker
     copied into ``view`` (the whole chunk buffer)."""
     seal_chunk(

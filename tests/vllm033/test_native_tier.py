@@ -13,6 +13,7 @@ import re
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -24,6 +25,7 @@ from chunkstore.backends import open_store
 from chunkstore.errors import ConfigError
 from chunkstore.format import decode_chunk
 from chunkstore.metrics import default_metrics
+from chunkstore.vllm.native.tier import CALLS_IN_FLIGHT
 from chunkstore.vllm.testing import sample_prompt_ids
 from tests.vllm.harness import BLOCK
 
@@ -69,6 +71,17 @@ def _store_prompt(tier, mem, request, slots):
     tier.submit_store(job(keys, slots, ctx, promotion=False))
     results = finish(tier)
     return ctx, keys, results
+
+
+def _twelve_chunks_in_slots(tier, mem, req_id, *, seed):
+    """A request of 12 chunks announced to ``tier``, chunk i's KV in primary slot i."""
+    prompt = sample_prompt_ids(12 * CHUNK_TOKENS + 5, seed=seed)
+    request = make_request(prompt, req_id)
+    ctx = announce(tier, request)
+    keys = offload_keys(request, ctx, 12)
+    for i in range(12):
+        mem[i] = nhd_slot(prompt, i * CHUNK_TOKENS)
+    return ctx, keys
 
 
 def test_store_lookup_load_round_trip_is_byte_identical(tier_env, tmp_path):
@@ -234,20 +247,121 @@ def test_a_load_ends_at_the_first_missing_chunk_without_reading_past_it(tier_env
     assert asked == [tier._address(k, ctx).key for k in keys[:2]]
 
 
-def test_a_store_job_converts_and_writes_one_chunk_at_a_time(tier_env, monkeypatch):
+def test_a_store_job_converts_its_next_chunk_while_one_is_written(tier_env, monkeypatch):
+    # One thread: the job's second chunk is converted while its first write has not ended
+    # (the write waits for that conversion, which a job writing chunk by chunk never does).
     tier, mem, _ = tier_env(threads=1)
-    taken = []
-    take = tier._buffers.take
+    store = tier.stores[0]
+    second_converted = threading.Event()
+    converted = []
+    to_payload = tier.primary.to_payload
 
-    def counting(count):
-        taken.append(count)
+    def converting(slot, payload):
+        converted.append(1)
+        if len(converted) == 2:
+            second_converted.set()
+        return to_payload(slot, payload)
+
+    put = store.put_if_absent_many
+    waited = []
+
+    def first_waits(items):
+        if not waited:
+            waited.append(second_converted.wait(30))
+        return put(items)
+
+    monkeypatch.setattr(tier.primary, "to_payload", converting)
+    monkeypatch.setattr(store, "put_if_absent_many", first_waits)
+    _, keys, (result,) = _store_prompt(tier, mem, make_request(PROMPT, "overlap"), [0, 1, 2, 3])
+    assert waited == [True] and result.success
+    assert len(list(store.list())) == 4
+
+
+def test_chunks_in_flight_stay_within_the_tiers_bound(tier_env, monkeypatch):
+    # Every write waits for a gate: jobs convert chunks ahead only up to max_writing, so the
+    # buffers they hold are bounded however many chunks are submitted.
+    tier, mem, _ = tier_env(slots=32, threads=2)
+    store = tier.stores[0]
+    gate = threading.Event()
+    lock = threading.Lock()
+    held = [0, 0]  # buffers taken and not given back: now, most
+    writes = [0, 0]  # puts running: now, most
+    take, give, put = tier._buffers.take, tier._buffers.give, store.put_if_absent_many
+
+    def counted(counter, delta):
+        with lock:
+            counter[0] += delta
+            counter[1] = max(counter[1], counter[0])
+
+    def taking(count):
+        counted(held, count)
         return take(count)
 
-    monkeypatch.setattr(tier._buffers, "take", counting)
-    _, keys, (result,) = _store_prompt(tier, mem, make_request(PROMPT, "one-by-one"), [0, 1, 2, 3])
-    assert result.success
-    assert taken == [1, 1, 1, 1]  # one buffer per chunk, given back before the next
-    assert len(tier._buffers._free) == 1  # the same buffer served all four
+    def giving(buffers):
+        buffers = list(buffers)
+        counted(held, -len(buffers))
+        give(buffers)
+
+    def gated(items):
+        counted(writes, 1)
+        try:
+            assert gate.wait(30)
+            return put(items)
+        finally:
+            counted(writes, -1)
+
+    monkeypatch.setattr(tier._buffers, "take", taking)
+    monkeypatch.setattr(tier._buffers, "give", giving)
+    monkeypatch.setattr(store, "put_if_absent_many", gated)
+    ctx, keys = _twelve_chunks_in_slots(tier, mem, "bounded", seed=33)
+    for first in range(0, 12, 4):
+        tier.submit_store(
+            job(keys[first : first + 4], list(range(first, first + 4)), ctx, promotion=False)
+        )
+    deadline = time.monotonic() + 30
+    while held[0] < tier.max_writing and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert held[0] == tier.max_writing  # converted ahead as far as the bound, no further
+    gate.set()
+    results = finish(tier)
+    assert len(results) == 3 and all(r.success for r in results)
+    assert held[1] == tier.max_writing and writes[1] <= CALLS_IN_FLIGHT
+    assert held[0] == 0
+    assert len(list(store.list())) == 12
+
+
+def test_a_failed_write_leaves_nothing_half_written(tier_env, monkeypatch, tmp_path):
+    import errno
+
+    import chunkstore.backends._fsio as fsio
+
+    tier, mem, _ = tier_env()
+    request = make_request(PROMPT, "full")
+    ctx = announce(tier, request)
+    keys = offload_keys(request, ctx, 4)
+    failing = tier._address(keys[1], ctx).key
+    write_all = fsio.write_all
+
+    def half_then_full_disk(fd, view, direct=False):
+        if failing.hex.encode() in bytes(view[:4096]):  # that chunk's header names its key
+            write_all(fd, view[: len(view) // 2], False)  # half its bytes reach the file
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return write_all(fd, view, direct)
+
+    monkeypatch.setattr(fsio, "write_all", half_then_full_disk)
+    for i in range(4):
+        mem[i] = nhd_slot(PROMPT, i * CHUNK_TOKENS)
+    tier.submit_store(job(keys, [0, 1, 2, 3], ctx, promotion=False))
+    (result,) = finish(tier)
+    assert not result.success
+    kv = tmp_path / "kv"
+    # Only whole chunks under final names: no temp file, no partial chunk.
+    files = [p for p in kv.rglob("*") if p.is_file() and p.suffix not in (".json", "")]
+    assert files and all(p.suffix == ".kvc" for p in files), files
+    store = open_store(str(kv))
+    stored = {info.key for info in store.list()}
+    assert failing not in stored and tier._address(keys[0], ctx).key in stored
+    assert all(decode_chunk(store.get(key)) for key in stored)  # each one verifies
 
 
 def test_a_newer_writers_chunk_is_a_plain_miss_left_in_place(tier_env, tmp_path):
@@ -332,8 +446,9 @@ def test_many_jobs_in_flight(tier_env):
     assert torch.equal(mem[16:28], mem[0:12])
 
 
-def test_shutdown_drains_jobs_in_flight(tier_env, monkeypatch, tmp_path):
-    tier, mem, _ = tier_env()
+@pytest.mark.parametrize("per_job", [1, 4])
+def test_shutdown_drains_jobs_in_flight(tier_env, monkeypatch, tmp_path, per_job):
+    tier, mem, _ = tier_env(slots=16, threads=2)
     store = tier.stores[0]
     release = threading.Event()
     put = store.put_if_absent_many
@@ -343,18 +458,16 @@ def test_shutdown_drains_jobs_in_flight(tier_env, monkeypatch, tmp_path):
         return put(items)
 
     monkeypatch.setattr(store, "put_if_absent_many", slow_put)
-    request = make_request(PROMPT, "drain")
-    ctx = announce(tier, request)
-    keys = offload_keys(request, ctx, 4)
-    for i in range(4):
-        mem[i] = nhd_slot(PROMPT, i * CHUNK_TOKENS)
-        tier.submit_store(job([keys[i]], [i], ctx, promotion=False))
+    ctx, keys = _twelve_chunks_in_slots(tier, mem, "drain", seed=34)
+    for first in range(0, 12, per_job):
+        chunks = list(range(first, first + per_job))
+        tier.submit_store(job(keys[first : first + per_job], chunks, ctx, promotion=False))
     assert tier.has_pending_work()
     threading.Timer(0.1, release.set).start()
     tier.shutdown()
     results = list(tier.get_finished_jobs())
-    assert len(results) == 4 and all(r.success for r in results)
-    assert len(list(open_store(str(tmp_path / "kv")).list())) == 4
+    assert len(results) == 12 // per_job and all(r.success for r in results)
+    assert len(list(open_store(str(tmp_path / "kv")).list())) == 12
 
 
 def _tier_with_page_layout(h, mem, path, layout):

@@ -39,10 +39,19 @@ class ChunkBuffers:
         with self._lock:
             reused = self._free[len(self._free) - min(count, len(self._free)) :]
             del self._free[len(self._free) - len(reused) :]
-        fresh = [
-            mmap.mmap(-1, self.size, flags=_NEW_BUFFER_FLAGS) for _ in range(count - len(reused))
-        ]
-        return reused + fresh
+        return reused + self._map(count - len(reused))
+
+    def reserve(self, count: int) -> None:
+        """Map idle buffers now, up to ``count`` (and ``keep``) of them: the first jobs then
+        map none (eight threads mapping their first buffers at once measured 5-10 ms before
+        the first chunk was converted, against 0.4 ms for one)."""
+        with self._lock:
+            wanted = min(count, self._keep) - len(self._free)
+        if wanted > 0:
+            self.give(self._map(wanted))
+
+    def _map(self, count: int) -> list[mmap.mmap]:
+        return [mmap.mmap(-1, self.size, flags=_NEW_BUFFER_FLAGS) for _ in range(count)]
 
     def give(self, buffers: Iterable[mmap.mmap]) -> None:
         """Return buffers nothing uses any more (those past ``keep`` idle ones are unmapped)."""

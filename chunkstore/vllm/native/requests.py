@@ -138,7 +138,11 @@ class RequestKeys:
             self.unmatched += 1
             return None
         index = end_token // c - 1
-        if index >= len(tracked.keys):
-            tracked.keys = self.engine.keys(list(tokens[:end_token]), tracked.root)
+        done = len(tracked.keys)
+        if index >= done:
+            # Going on from the last key: a request stored job after job hashes each chunk
+            # once, not its whole prefix again per job (this runs on the scheduler thread).
+            after = tracked.keys[-1] if done else None
+            tracked.keys += self.engine.keys(tokens[done * c : end_token], tracked.root, after)
         parent = tracked.keys[index - 1].digest if index else tracked.root
         return ChunkAddress(tracked.keys[index], parent, tuple(tokens[index * c : end_token]))

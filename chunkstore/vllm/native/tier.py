@@ -20,6 +20,8 @@ recomputes it); its bytes never reach the primary slot.
 from __future__ import annotations
 
 import logging
+import os
+import threading
 import time
 from collections import deque
 from collections.abc import Iterable, Sequence
@@ -38,13 +40,14 @@ from vllm.v1.kv_offload.base import (
 )
 from vllm.v1.kv_offload.tiering.base import JobResult, SecondaryTierManager, TransferJob
 
+from chunkstore._threads import started_executor
 from chunkstore.backends import Store
 from chunkstore.backends._models import record_model
 from chunkstore.backends._registry import open_for_option
 from chunkstore.backends.base import ReadVerdict, SupportsGetManyInto, verdict_of
 from chunkstore.cache._guard import GuardedTier, TierUnavailable
 from chunkstore.errors import ConfigError, FormatError
-from chunkstore.format import decode_chunk, recompress, seal_chunk
+from chunkstore.format import decode_chunk, recompress
 from chunkstore.hashing import ChunkKey
 from chunkstore.metrics import default_metrics
 
@@ -60,14 +63,26 @@ from chunkstore.vllm.native.requests import (
     caller_engine,
     caller_request,
 )
-from chunkstore.vllm.tiers import tier_open_options
+from chunkstore.vllm.native.writing import ChunkWriting
+from chunkstore.vllm.tiers import seal_save, tier_open_options
 
 MAX_TIER_THREADS = 256
 """Most threads one tier may run (the ``threads`` option)."""
+CALLS_IN_FLIGHT = 4
+"""Calls one store runs at once (reads and writes). The local disk here gives as much with
+4 O_DIRECT writes of 2 MiB in flight as with 8 or 16, and on a busy 2-core host the
+benchmark measured 8 no better, if anything worse (more threads sharing the cores)."""
 IDLE_BUFFER_BYTES = 256 << 20
 """Chunk buffers the tier keeps mapped between jobs (at least two per thread)."""
 
 log = logging.getLogger(__name__)
+
+
+def _cores() -> int:
+    """CPU cores this process may run on."""
+    affinity = getattr(os, "sched_getaffinity", None)
+    return len(affinity(0)) if affinity is not None else os.cpu_count() or 1
+
 
 __all__ = ["ChunkStoreTier"]
 
@@ -170,9 +185,15 @@ class ChunkStoreTier(SecondaryTierManager):
                 store = open_for_option("tiers", url, **_store_options(url, cfg.store_options))
                 self.stores.append(store)
                 metrics.watch_store(store)
+                # Started whole, so the first writes wait for no thread start.
                 self.guarded.append(
                     GuardedTier(
-                        store, metrics.tier(store.name), timeout=timeout, retry_after=retry_after
+                        store,
+                        metrics.tier(store.name),
+                        timeout=timeout,
+                        retry_after=retry_after,
+                        workers=CALLS_IN_FLIGHT,
+                        start_workers=True,
                     )
                 )
         except BaseException:
@@ -185,7 +206,18 @@ class ChunkStoreTier(SecondaryTierManager):
         # buffers kept: every thread's job of a few chunks, within IDLE_BUFFER_BYTES.
         size = layout.total_size + layout.total_size // 64 + 65536
         self._buffers = ChunkBuffers(size, keep=max(2 * threads, IDLE_BUFFER_BYTES // size))
-        self._pool = ThreadPoolExecutor(threads, thread_name_prefix="chunkstore-tier")
+        # Started whole, as vLLM's own tiers start theirs: the first jobs wait for no thread.
+        self._pool = started_executor(threads, "chunkstore-tier")
+        # Conversions (gather + checksum) at once: no more than there are cores to run them.
+        # More would only share the cores, each chunk ready later, and the disk idle until
+        # the first is (measured on 2 cores: tools/bench_native_tier.py, docs/benchmarks.md).
+        self._converting = threading.BoundedSemaphore(min(threads, _cores()))
+        self.max_writing = CALLS_IN_FLIGHT + _cores()
+        """Chunks converted whose writes are neither ended nor settled, at most: enough for
+        every guard thread to find its next write queued when one ends, and a bound on the
+        buffers a burst of stores holds."""
+        self._writing = threading.BoundedSemaphore(self.max_writing)
+        self._buffers.reserve(self.max_writing)
         self._lookup_pool = ThreadPoolExecutor(2, thread_name_prefix="chunkstore-tier-lookup")
         self._jobs: dict[int, Future[None]] = {}
         self._loads: dict[int, tuple[str, list[ChunkKey]]] = {}
@@ -268,66 +300,80 @@ class ChunkStoreTier(SecondaryTierManager):
         t0 = time.perf_counter()
         ok = all(a is not None for a in addresses)
         nbytes = 0
-        for address, slot in zip(addresses, slots):
-            if address is None:
-                continue  # no tokens for this key: not stored (a future miss)
-            # Note: chunk by chunk, not the job's chunks converted first and written after:
-            # while this thread writes one chunk (the disk's time, GIL released) the tier's
-            # other threads convert theirs, the first write starts after one conversion, and
-            # a job holds one buffer at a time (docs/benchmarks.md, native tier rows).
-            stored, size = self._store_one(job_id, address, slot)
-            ok = stored and ok
-            nbytes += size
+        # Note: the job's chunks are converted one after another on this thread, and each
+        # one's writes start as soon as it is sealed, on the stores' guard threads: this
+        # thread converts chunk i+1 while chunk i is on the disk, the disk gets the next
+        # write without waiting for a thread to wake (measured: docs/benchmarks.md, native
+        # tier rows), and results are taken in order afterwards.
+        started: deque[ChunkWriting] = deque()
+        try:
+            for address, slot in zip(addresses, slots):
+                if address is None:
+                    continue  # no tokens for this key: not stored (a future miss)
+                # A chunk may start only with a permit of the tier's bound. A job holding
+                # some settles its own oldest instead of waiting for other jobs' (which could
+                # be waiting for its permits in turn); one holding none waits.
+                while not self._writing.acquire(blocking=not started):
+                    stored, size = self._settle(started.popleft())
+                    ok, nbytes = ok and stored, nbytes + size
+                writing = self._start_chunk(job_id, address, slot)
+                if writing is None:
+                    ok = False
+                else:
+                    started.append(writing)
+        finally:
+            while started:
+                stored, size = self._settle(started.popleft())
+                ok, nbytes = ok and stored, nbytes + size
         self._finished.append(JobResult(job_id, ok, None, time.perf_counter() - t0, nbytes))
 
-    def _store_one(self, job_id: int, address: ChunkAddress, slot: int) -> tuple[bool, int]:
-        """Convert the primary ``slot`` into ``address``'s chunk and write it to every store;
-        (whether every store took it, bytes written)."""
+    def _start_chunk(self, job_id: int, address: ChunkAddress, slot: int) -> ChunkWriting | None:
+        """Convert the primary ``slot`` into ``address``'s chunk and start writing it to every
+        store (the caller holds a permit of ``_writing``, handed to the result); None when
+        the chunk could not be made (permit given back)."""
         layout = self.primary.layout
         (buffer,) = self._buffers.take(1)
-        pending: list[Future[Any]] = []
-        items: list[tuple[ChunkKey, Any]] = []
+        writing = ChunkWriting(self._writing.release, lambda: self._buffers.give([buffer]))
         try:
             view = memoryview(buffer)[: layout.total_size]
-            self.primary.to_payload(self._slot(slot), view[layout.data_offset :])
-            seal_chunk(
-                layout,
-                view,
-                key=address.key.digest,
-                parent=address.parent,
-                namespace=address.key.namespace,
-                tokens=list(address.tokens),
-                verify_key=False,
-            )
+            with self._converting:
+                self.primary.to_payload(self._slot(slot), view[layout.data_offset :])
+                seal_save(layout, view, address)
             data = recompress(view, "zstd") if self.compression == "zstd" else view
-            items.append((address.key, data))
-            return self._write(items, pending), len(data)
+            writing.nbytes = len(data)
+            items = [(address.key, data)]
+            for tier in self.guarded:
+                try:
+                    writing.add(tier, tier.start("put", tier.store.put_if_absent_many, items))
+                except TierUnavailable:
+                    writing.add(tier, None)
+            writing.all_started()
+            return writing
         except Exception:  # noqa: BLE001 - a failed store is a future miss
             log.exception("chunkstore tier: store job %d failed", job_id)
-            return False, 0
-        finally:
-            items.clear()
-            self._buffers.release_after(pending, [buffer])
+            writing.release()
+            # A write already started ends on its own (its result is not needed): the buffer
+            # goes back once nothing reads it any more.
+            self._buffers.release_after(writing.futures(), [buffer])
+            return None
 
-    def _write(self, items: Sequence[tuple[ChunkKey, Any]], pending: list[Future[Any]]) -> bool:
-        """Write ``items`` to every store; False if any store did not take them. Calls that
-        timed out but still run (and still read the items) are added to ``pending``."""
-        if not items:
-            return True
+    def _settle(self, writing: ChunkWriting) -> tuple[bool, int]:
+        """Wait for a started chunk's writes; (whether every store took it, bytes written)."""
         ok = True
-        nbytes = sum(len(d) for _, d in items)
-        for tier in self.guarded:
-            t0 = time.perf_counter()
-            try:
-                tier.call("put", tier.store.put_if_absent_many, items)
-            except TierUnavailable as exc:
-                if exc.pending is not None:
-                    pending.append(exc.pending)
-                tier.count_drop("unavailable", len(items))
-                ok = False
-                continue
-            tier.instruments.record_write(nbytes, time.perf_counter() - t0)
-        return ok
+        try:
+            for tier, call in writing.calls:
+                try:
+                    if call is None:
+                        raise TierUnavailable(tier.name)  # refused at once: in back-off
+                    call.result()
+                except TierUnavailable:
+                    tier.count_drop("unavailable", 1)
+                    ok = False
+                    continue
+                tier.instruments.record_write(writing.nbytes, writing.seconds())
+        finally:
+            writing.release()
+        return ok, writing.nbytes
 
     # --- loads ----------------------------------------------------------------------
 

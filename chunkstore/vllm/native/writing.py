@@ -1,0 +1,94 @@
+"""One chunk on its way to the tier's stores: its writes, its buffer and its permit.
+
+A store job of :class:`~chunkstore.vllm.native.tier.ChunkStoreTier` converts its
+chunks one after another and starts each one's writes (a guarded call per store)
+as soon as the chunk is sealed, then takes the results in order afterwards. A
+:class:`ChunkWriting` is one such chunk. It holds one permit of the tier's
+bound on chunks in flight and the buffer the writes read: both go back the
+moment its last write ends (so the next chunk, of any job, can start), or the
+permit goes back when the job settles a write that timed out (which may still
+run, and keeps its buffer until it ends) - whichever comes first, once.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any
+
+from chunkstore.cache._guard import GuardedCall, GuardedTier
+
+__all__ = ["ChunkWriting"]
+
+
+class ChunkWriting:
+    """One chunk whose writes are under way (see the module docstring)."""
+
+    __slots__ = (
+        "began",
+        "calls",
+        "nbytes",
+        "_give_permit",
+        "_give_buffer",
+        "_last_end",
+        "_running",
+        "_holds_permit",
+        "_lock",
+    )
+
+    def __init__(self, give_permit: Callable[[], None], give_buffer: Callable[[], None]) -> None:
+        self.began = time.perf_counter()
+        self.calls: list[tuple[GuardedTier, GuardedCall[Any] | None]] = []
+        """A guarded call per store, in the tier's order (None: the store refused at once)."""
+        self.nbytes = 0
+        """Bytes handed to each store."""
+        self._give_permit = give_permit
+        # The buffer goes back before the permit: chunks in flight then hold no more buffers
+        # than there are permits (a call that timed out keeps its buffer until it ends).
+        self._give_buffer = give_buffer
+        self._last_end = 0.0
+        # Calls not ended, plus one until every call is registered (all_started).
+        self._running = 1
+        self._holds_permit = True
+        self._lock = threading.Lock()
+
+    def add(self, tier: GuardedTier, call: GuardedCall[Any] | None) -> None:
+        """Register ``tier``'s write of this chunk (None: refused at once)."""
+        self.calls.append((tier, call))
+        if call is not None:
+            with self._lock:
+                self._running += 1
+            call.future.add_done_callback(self._ended)
+
+    def all_started(self) -> None:
+        """Every store's write is registered: once they all end, buffer and permit go back."""
+        self._ended(None)
+
+    def _ended(self, future: Future[Any] | None) -> None:
+        with self._lock:
+            if future is not None:
+                self._last_end = time.perf_counter()
+            self._running -= 1
+            done = self._running == 0
+        if done:
+            self._give_buffer()
+            self.release()
+
+    def release(self) -> None:
+        """Give the permit back (once): the writes ended, or were settled."""
+        with self._lock:
+            holds, self._holds_permit = self._holds_permit, False
+        if holds:
+            self._give_permit()
+
+    def seconds(self) -> float:
+        """From the start to the end of its writes (not to when the job took the result)."""
+        # A waiter may wake before the done callbacks ran: then the end is now.
+        end = self._last_end if self._last_end >= self.began else time.perf_counter()
+        return end - self.began
+
+    def futures(self) -> list[Future[Any]]:
+        """The writes started (done once nothing reads the buffer any more)."""
+        return [call.future for _, call in self.calls if call is not None]

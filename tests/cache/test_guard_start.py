@@ -1,0 +1,78 @@
+"""GuardedTier.start: a guarded call begun now and settled later, judged as ``call`` is.
+
+Calls are held by events, never by sleeps: each test takes the same path on a slow machine.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from chunkstore.cache._guard import GuardedTier, TierUnavailable
+from chunkstore.metrics import ChunkstoreMetrics
+from chunkstore.testing.factories import MadeChunk
+from tests.cache.doubles import GatedStore
+
+
+def _guarded(store: GatedStore, metrics: ChunkstoreMetrics, **options: object) -> GuardedTier:
+    options = {"timeout": 30.0, "retry_after": 3600.0, **options}
+    return GuardedTier(store, metrics.tier(store.name), **options)  # type: ignore[arg-type]
+
+
+def test_a_started_call_runs_while_the_caller_goes_on(
+    chain: list[MadeChunk], metrics: ChunkstoreMetrics
+) -> None:
+    store = GatedStore("disk")
+    tier = _guarded(store, metrics, workers=2, start_workers=True)
+    try:
+        items = [(chain[0].key, chain[0].data)]
+        call = tier.start("put", store.put_many, items)
+        assert store.entered.wait(timeout=30)  # running on the tier's thread, not finished
+        assert not call.future.done()
+        store.gate.set()
+        assert call.result() == [True]
+        assert store.get(chain[0].key) == chain[0].data
+    finally:
+        store.gate.set()
+        tier.close()
+
+
+def test_a_started_call_past_its_deadline_is_unavailable_and_still_pending(
+    chain: list[MadeChunk], metrics: ChunkstoreMetrics
+) -> None:
+    store = GatedStore("disk")
+    tier = _guarded(store, metrics, timeout=0.05)
+    try:
+        call = tier.start("put", store.put_many, [(chain[0].key, chain[0].data)])
+        with pytest.raises(TierUnavailable) as raised:
+            call.result()
+        assert raised.value.pending is call.future  # still running: its input is in use
+        assert not tier.writable and not tier.up  # it did not answer: down for both
+        with pytest.raises(TierUnavailable) as refused:
+            tier.start("put", store.put_many, [(chain[1].key, chain[1].data)])
+        assert refused.value.pending is None  # in back-off: refused at once, nothing started
+    finally:
+        store.gate.set()
+        tier.close()
+    assert store.finished.wait(timeout=30)
+
+
+def test_without_a_timeout_a_started_call_has_already_run(
+    chain: list[MadeChunk], metrics: ChunkstoreMetrics
+) -> None:
+    store = GatedStore("disk")
+    store.gate.set()
+    tier = _guarded(store, metrics, timeout=None)
+    caller = threading.get_ident()
+    ran_on: list[int] = []
+
+    def put(items: list[tuple[object, bytes]]) -> list[bool]:
+        ran_on.append(threading.get_ident())
+        raise OSError("disk gone")
+
+    call = tier.start("put", put, [(chain[0].key, chain[0].data)])
+    assert call.future.done() and ran_on == [caller]
+    with pytest.raises(TierUnavailable):
+        call.result()  # the failure is judged when the result is taken, as call() does
+    assert not tier.writable
