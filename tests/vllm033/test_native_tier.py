@@ -84,6 +84,19 @@ def _twelve_chunks_in_slots(tier, mem, req_id, *, seed):
     return ctx, keys
 
 
+def _record_reads(store, monkeypatch):
+    """The keys ``store`` is asked to read from now on, in the order asked."""
+    asked = []
+    get_many_into = store.get_many_into
+
+    def recording(wanted, buffers):
+        asked.extend(wanted)
+        return get_many_into(wanted, buffers)
+
+    monkeypatch.setattr(store, "get_many_into", recording)
+    return asked
+
+
 def test_store_lookup_load_round_trip_is_byte_identical(tier_env, tmp_path):
     tier, mem, _ = tier_env(locality="LOCAL")
     assert tier.locality is Locality.LOCAL and tier.cache_hit_source is CacheHitSource.DISK
@@ -228,14 +241,7 @@ def test_a_load_ends_at_the_first_missing_chunk_writing_nothing_past_it(tier_env
     ctx, keys, _ = _store_prompt(tier, mem, request, [0, 1, 2, 3])
     store = tier.stores[0]
     store.delete_many([tier._address(keys[1], ctx).key])
-    asked = []
-    get_many_into = store.get_many_into
-
-    def recording(wanted, buffers):
-        asked.extend(wanted)
-        return get_many_into(wanted, buffers)
-
-    monkeypatch.setattr(store, "get_many_into", recording)
+    asked = _record_reads(store, monkeypatch)
     sentinel = torch.full((SLOT_BYTES,), 0xA5, dtype=torch.uint8)
     mem[8:12] = sentinel
     tier.submit_load(job(keys, [8, 9, 10, 11], ctx, promotion=True))
@@ -296,14 +302,7 @@ def test_a_corrupt_chunk_mid_job_fails_only_that_load(tier_env, tmp_path, monkey
     data[-100] ^= 0x01  # one bit of the payload
     path.write_bytes(bytes(data))
     store = tier.stores[0]
-    asked = []
-    get_many_into = store.get_many_into
-
-    def recording(wanted, buffers):
-        asked.extend(wanted)
-        return get_many_into(wanted, buffers)
-
-    monkeypatch.setattr(store, "get_many_into", recording)
+    asked = _record_reads(store, monkeypatch)
     sentinel = torch.full((SLOT_BYTES,), 0xA5, dtype=torch.uint8)
     mem[8:16] = sentinel
     bad_job = job(bad_keys, [8, 9, 10, 11], bad_ctx, promotion=True)
