@@ -1,9 +1,9 @@
 """Reads started on the tier's stores and taken later: :class:`StoreRead`, :class:`ChunkLoad`.
 
 A load job of :class:`~chunkstore.vllm.native.tier.ChunkStoreTier` starts the
-read of its next chunk (a guarded call, on the store's guard threads, where the
+reads of its next chunks (guarded calls, on the stores' guard threads, where the
 store also checks the checksum) before it scatters the current chunk into its
-primary slot, and takes the read's :meth:`StoreRead.result` afterwards. A
+primary slot, and takes each read's :meth:`StoreRead.result` in turn. A
 :class:`StoreRead` is one such call: which keys it asked for, where their
 bytes land, and when it ended (its duration for the read metrics is the
 store's, not the time the job spent scattering before it looked). A
