@@ -84,6 +84,19 @@ def _twelve_chunks_in_slots(tier, mem, req_id, *, seed):
     return ctx, keys
 
 
+def _record_reads(store, monkeypatch):
+    """The keys ``store`` is asked to read from now on, in the order asked."""
+    asked = []
+    get_many_into = store.get_many_into
+
+    def recording(wanted, buffers):
+        asked.extend(wanted)
+        return get_many_into(wanted, buffers)
+
+    monkeypatch.setattr(store, "get_many_into", recording)
+    return asked
+
+
 def test_store_lookup_load_round_trip_is_byte_identical(tier_env, tmp_path):
     tier, mem, _ = tier_env(locality="LOCAL")
     assert tier.locality is Locality.LOCAL and tier.cache_hit_source is CacheHitSource.DISK
@@ -222,20 +235,13 @@ def test_a_corrupt_chunk_is_a_failed_load_and_its_slot_is_untouched(tier_env, tm
     assert not path.exists()  # quarantined by the store
 
 
-def test_a_load_ends_at_the_first_missing_chunk_without_reading_past_it(tier_env, monkeypatch):
+def test_a_load_ends_at_the_first_missing_chunk_writing_nothing_past_it(tier_env, monkeypatch):
     tier, mem, _ = tier_env()
     request = make_request(PROMPT, "prefix")
     ctx, keys, _ = _store_prompt(tier, mem, request, [0, 1, 2, 3])
     store = tier.stores[0]
     store.delete_many([tier._address(keys[1], ctx).key])
-    asked = []
-    get_many_into = store.get_many_into
-
-    def recording(wanted, buffers):
-        asked.extend(wanted)
-        return get_many_into(wanted, buffers)
-
-    monkeypatch.setattr(store, "get_many_into", recording)
+    asked = _record_reads(store, monkeypatch)
     sentinel = torch.full((SLOT_BYTES,), 0xA5, dtype=torch.uint8)
     mem[8:12] = sentinel
     tier.submit_load(job(keys, [8, 9, 10, 11], ctx, promotion=True))
@@ -243,8 +249,75 @@ def test_a_load_ends_at_the_first_missing_chunk_without_reading_past_it(tier_env
     assert not result.success and list(result.successful_keys) == [keys[0]]
     assert torch.equal(mem[8], mem[0])
     assert all(torch.equal(mem[i], sentinel) for i in (9, 10, 11))
-    # chunks 2 and 3 are never read: the load stopped at the miss
-    assert asked == [tier._address(k, ctx).key for k in keys[:2]]
+    # read in order, ahead of the scatter: chunks 2 and 3 may have been read, never written
+    chunk_keys = [tier._address(k, ctx).key for k in keys]
+    assert set(chunk_keys[:2]) <= set(asked) <= set(chunk_keys)
+    assert len(asked) == len(set(asked))  # each read once
+
+
+def test_a_load_job_reads_its_next_chunk_while_one_is_scattered(tier_env, monkeypatch):
+    # One thread: the first chunk's scatter into its slot waits until the second chunk's
+    # read has begun on the store, which a job reading chunk by chunk never does.
+    tier, mem, _ = tier_env(threads=1)
+    request = make_request(PROMPT, "load-overlap")
+    ctx, keys, _ = _store_prompt(tier, mem, request, [0, 1, 2, 3])
+    store = tier.stores[0]
+    second = tier._address(keys[1], ctx).key
+    second_read = threading.Event()
+    get_many_into = store.get_many_into
+
+    def recording(wanted, buffers):
+        if second in wanted:
+            second_read.set()
+        return get_many_into(wanted, buffers)
+
+    from_payload = tier.primary.from_payload
+    waited = []
+
+    def first_waits(payload, slot):
+        if not waited:
+            waited.append(second_read.wait(30))
+        return from_payload(payload, slot)
+
+    monkeypatch.setattr(store, "get_many_into", recording)
+    monkeypatch.setattr(tier.primary, "from_payload", first_waits)
+    tier.submit_load(job(keys, [8, 9, 10, 11], ctx, promotion=True))
+    (result,) = finish(tier)
+    assert waited == [True] and result.success
+    assert all(torch.equal(mem[8 + i], mem[i]) for i in range(4))
+
+
+def test_a_corrupt_chunk_mid_job_fails_only_that_load(tier_env, tmp_path, monkeypatch):
+    # Two pipelined load jobs in flight: the one whose third chunk is corrupt keeps its first
+    # two chunks and leaves the rest of its slots untouched (the fourth chunk, read ahead, is
+    # never written); the other loads whole.
+    tier, mem, _ = tier_env(threads=2)
+    bad = make_request(sample_prompt_ids(4 * CHUNK_TOKENS + 5, seed=41), "mid-bad")
+    good = make_request(sample_prompt_ids(4 * CHUNK_TOKENS + 5, seed=42), "mid-good")
+    bad_ctx, bad_keys, _ = _store_prompt(tier, mem, bad, [0, 1, 2, 3])
+    good_ctx, good_keys, _ = _store_prompt(tier, mem, good, [4, 5, 6, 7])
+    chunk_keys = [tier._address(k, bad_ctx).key for k in bad_keys]
+    path = tmp_path / "kv" / chunk_keys[2].path
+    data = bytearray(path.read_bytes())
+    data[-100] ^= 0x01  # one bit of the payload
+    path.write_bytes(bytes(data))
+    store = tier.stores[0]
+    asked = _record_reads(store, monkeypatch)
+    sentinel = torch.full((SLOT_BYTES,), 0xA5, dtype=torch.uint8)
+    mem[8:16] = sentinel
+    bad_job = job(bad_keys, [8, 9, 10, 11], bad_ctx, promotion=True)
+    good_job = job(good_keys, [12, 13, 14, 15], good_ctx, promotion=True)
+    tier.submit_load(bad_job)
+    tier.submit_load(good_job)
+    results = {r.job_id: r for r in finish(tier)}
+    assert not results[bad_job.job_id].success
+    assert list(results[bad_job.job_id].successful_keys) == bad_keys[:2]
+    assert torch.equal(mem[8], mem[0]) and torch.equal(mem[9], mem[1])
+    assert torch.equal(mem[10], sentinel) and torch.equal(mem[11], sentinel)
+    assert results[good_job.job_id].success
+    assert all(torch.equal(mem[12 + i], mem[4 + i]) for i in range(4))
+    assert asked.count(chunk_keys[2]) == 1  # the corrupt chunk is not read again
+    assert not path.exists()  # quarantined by the store
 
 
 def test_a_store_job_converts_its_next_chunk_while_one_is_written(tier_env, monkeypatch):
@@ -328,6 +401,55 @@ def test_chunks_in_flight_stay_within_the_tiers_bound(tier_env, monkeypatch):
     assert held[1] == tier.max_writing and writes[1] <= CALLS_IN_FLIGHT
     assert held[0] == 0
     assert len(list(store.list())) == 12
+
+
+def test_reads_in_flight_stay_within_the_tiers_bound(tier_env, monkeypatch):
+    # Every read waits for a gate: load jobs read ahead only up to max_reading chunks, so the
+    # buffers they hold are bounded however many chunks are asked for.
+    tier, mem, _ = tier_env(slots=32, threads=2)
+    ctx, keys = _twelve_chunks_in_slots(tier, mem, "read-bound", seed=34)
+    tier.submit_store(job(keys, list(range(12)), ctx, promotion=False))
+    assert finish(tier)[0].success
+    store = tier.stores[0]
+    gate = threading.Event()
+    lock = threading.Lock()
+    held = [0, 0]  # buffers taken and not given back: now, most
+    take, give, get_many_into = tier._buffers.take, tier._buffers.give, store.get_many_into
+
+    def counted(delta):
+        with lock:
+            held[0] += delta
+            held[1] = max(held[1], held[0])
+
+    def taking(count):
+        counted(count)
+        return take(count)
+
+    def giving(buffers):
+        buffers = list(buffers)
+        counted(-len(buffers))
+        give(buffers)
+
+    def gated(wanted, buffers):
+        assert gate.wait(30)
+        return get_many_into(wanted, buffers)
+
+    monkeypatch.setattr(tier._buffers, "take", taking)
+    monkeypatch.setattr(tier._buffers, "give", giving)
+    monkeypatch.setattr(store, "get_many_into", gated)
+    for first in range(0, 12, 4):
+        tier.submit_load(
+            job(keys[first : first + 4], list(range(12 + first, 16 + first)), ctx, promotion=True)
+        )
+    deadline = time.monotonic() + 30
+    while held[0] < tier.max_reading and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert held[0] == tier.max_reading  # read ahead as far as the bound, no further
+    gate.set()
+    results = finish(tier)
+    assert len(results) == 3 and all(r.success for r in results)
+    assert held[1] == tier.max_reading and held[0] == 0
+    assert torch.equal(mem[12:24], mem[0:12])
 
 
 def test_a_failed_write_leaves_nothing_half_written(tier_env, monkeypatch, tmp_path):

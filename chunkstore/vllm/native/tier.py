@@ -57,6 +57,7 @@ from chunkstore.vllm.engine import describe_engine
 from chunkstore.vllm.native.buffers import ChunkBuffers
 from chunkstore.vllm.native.options import TIER_OPTIONS
 from chunkstore.vllm.native.primary import PrimaryLayout
+from chunkstore.vllm.native.reading import ChunkLoad, StoreRead
 from chunkstore.vllm.native.requests import (
     ChunkAddress,
     RequestKeys,
@@ -217,7 +218,10 @@ class ChunkStoreTier(SecondaryTierManager):
         every guard thread to find its next write queued when one ends, and a bound on the
         buffers a burst of stores holds."""
         self._writing = threading.BoundedSemaphore(self.max_writing)
-        self._buffers.reserve(self.max_writing)
+        self.max_reading = CALLS_IN_FLIGHT + _cores()
+        """Chunk reads started and not yet scattered, at most (the same bound as writes)."""
+        self._reading = threading.BoundedSemaphore(self.max_reading)
+        self._buffers.reserve(self.max_writing + self.max_reading)
         self._lookup_pool = ThreadPoolExecutor(2, thread_name_prefix="chunkstore-tier-lookup")
         self._jobs: dict[int, Future[None]] = {}
         self._loads: dict[int, tuple[str, list[ChunkKey]]] = {}
@@ -395,69 +399,134 @@ class ChunkStoreTier(SecondaryTierManager):
     ) -> None:
         t0 = time.perf_counter()
         loaded = 0
-        # Chunk by chunk, as stores: this thread converts one chunk into its slot while the
-        # tier's other threads read theirs, and a job holds one buffer at a time. A load
-        # fills a prefix of its keys: it ends at the first chunk no store has.
-        for address, slot in zip(addresses, slots):
-            if address is None or not self._load_one(job_id, address.key, slot):
-                break
-            loaded += 1
+        # Note: pipelined as stores are. The job's reads (and the stores' checksum checks)
+        # run ahead on the stores' guard threads while this thread scatters the chunks that
+        # came back, in order, into their slots. A read may start only with a permit of the
+        # tier's bound (a job holding none waits for one; one holding some starts no more
+        # than are free), so reads in flight, and the buffers they fill, stay bounded. A
+        # load fills a prefix of its keys: it ends at the first chunk no store has (reads
+        # already started past it are dropped; their slots are never written).
+        wanted = next((i for i, a in enumerate(addresses) if a is None), len(addresses))
+        started: deque[ChunkLoad | None] = deque()
+        try:
+            for index, slot in enumerate(slots[:wanted]):
+                ahead = index + len(started)
+                while ahead < wanted and self._reading.acquire(blocking=not started):
+                    started.append(self._start_load(job_id, addresses[ahead]))
+                    ahead += 1
+                load = started.popleft()
+                if load is None:
+                    break
+                payload = self._finish_load(job_id, load)
+                scattered = payload is not None and self._scatter(job_id, payload, slot)
+                load.close()
+                if not scattered:
+                    break
+                loaded += 1
+        finally:
+            for load in started:
+                if load is not None:
+                    load.close()
         ok = loaded == len(keys)
         kept = tuple(keys[:loaded]) if not ok and loaded else None
         nbytes = loaded * self.block_size_bytes
         self._finished.append(JobResult(job_id, ok, kept, time.perf_counter() - t0, nbytes))
 
-    def _load_one(self, job_id: int, key: ChunkKey, slot: int) -> bool:
-        """Read ``key``'s verified chunk and write it into the primary ``slot``; False when
-        no store has a good copy (the slot is then untouched)."""
-        buffers = self._buffers.take(1)
-        pending: list[Future[Any]] = []
+    def _start_load(self, job_id: int, address: ChunkAddress | None) -> ChunkLoad | None:
+        """Start reading ``address``'s chunk from the first store that takes calls (the
+        caller holds a permit of ``_reading``, handed to the result); None when it could
+        not start (permit given back)."""
+        if address is None:
+            self._reading.release()
+            return None
         try:
-            (payload,) = self._read_many([key], buffers, pending)
-            if payload is None:
-                return False
+            load = ChunkLoad(address.key, self._buffers, self._reading.release)
+        except Exception:  # noqa: BLE001 - no buffer: a failed load, recomputed by vLLM
+            log.exception("chunkstore tier: load job %d failed", job_id)
+            self._reading.release()
+            return None
+        try:
+            load.read = self._start_read([load.key], load.buffers, [0], 0)
+        except Exception:  # noqa: BLE001 - a failed load is recomputed by vLLM
+            log.exception("chunkstore tier: load job %d failed", job_id)
+            load.close()
+            return None
+        return load
+
+    def _finish_load(self, job_id: int, load: ChunkLoad) -> Any | None:
+        """The verified payload of a started load (asking the later stores where the first
+        has no good copy); None when no store has one."""
+        try:
+            (payload,) = self._read_many([load.key], load.buffers, load.pending, load.read)
+        except Exception:  # noqa: BLE001 - a failed load is recomputed by vLLM
+            log.exception("chunkstore tier: load job %d failed", job_id)
+            return None
+        finally:
+            load.read = None  # settled: its call is done, or in pending
+        return payload
+
+    def _scatter(self, job_id: int, payload: Any, slot: int) -> bool:
+        """Write a verified payload into the primary ``slot``; False if that failed."""
+        try:
             self.primary.from_payload(payload, self._slot(slot))
-            return True
         except Exception:  # noqa: BLE001 - a failed load is recomputed by vLLM
             log.exception("chunkstore tier: load job %d failed", job_id)
             return False
-        finally:
-            self._buffers.release_after(pending, buffers)
+        return True
 
-    def _read_many(
-        self, keys: list[ChunkKey], buffers: list[Any], pending: list[Future[Any]]
-    ) -> list[Any | None]:
-        """The verified payload of each key from the first store that has a good copy
-        (``None`` where none has). Each store is asked once, for all the keys still missing,
-        in one batch (read into ``buffers``, several at a time); calls that timed out but
-        still run (and may still write into ``buffers``) are added to ``pending``."""
-        payloads: list[Any | None] = [None] * len(keys)
-        for tier in self.guarded:
-            missing = [i for i, p in enumerate(payloads) if p is None]
-            if not missing:
-                break
-            t0 = time.perf_counter()
+    def _start_read(
+        self, keys: list[ChunkKey], buffers: list[Any], missing: list[int], first: int
+    ) -> StoreRead | None:
+        """Start reading ``keys`` at the positions ``missing`` from the first store, from
+        the tier's ``first`` on, that takes calls (into ``buffers`` where it reads into
+        memory it is given); None when none does."""
+        for index in range(first, len(self.guarded)):
+            tier = self.guarded[index]
             asked = [keys[i] for i in missing]
             store = tier.store
             try:
                 if isinstance(store, SupportsGetManyInto):
                     views = [memoryview(buffers[i]) for i in missing]
-                    sizes = tier.call("get", store.get_many_into, asked, views)
-                    got: list[Any] = [None if n is None else v[:n] for n, v in zip(sizes, views)]
-                else:
-                    got = tier.call("get", store.get_many, asked)
+                    call = tier.start("get", store.get_many_into, asked, views)
+                    return StoreRead(index, tier, missing, call, views)
+                return StoreRead(
+                    index, tier, missing, tier.start("get", store.get_many, asked), None
+                )
+            except TierUnavailable:
+                continue  # in back-off: refused at once
+        return None
+
+    def _read_many(
+        self,
+        keys: list[ChunkKey],
+        buffers: list[Any],
+        pending: list[Future[Any]],
+        read: StoreRead | None,
+    ) -> list[Any | None]:
+        """The verified payload of each key from the first store that has a good copy
+        (``None`` where none has), ``read`` being the first store's call, started. Each
+        store is asked once, for all the keys still missing, in one batch (read into
+        ``buffers``, several at a time); calls that timed out but still run (and may still
+        write into ``buffers``) are added to ``pending``."""
+        payloads: list[Any | None] = [None] * len(keys)
+        while read is not None:
+            tier = read.tier
+            try:
+                got = read.result()
             except TierUnavailable as exc:
                 if exc.pending is not None:
                     pending.append(exc.pending)
-                continue
+                got = [None] * len(read.asked)
             nbytes = 0
-            for i, key, data in zip(missing, asked, got):
+            for i, data in zip(read.asked, got):
                 if data is None:
                     continue  # missing, or corrupt (the store verified it and quarantined it)
-                payloads[i] = self._payload(tier, key, data)
+                payloads[i] = self._payload(tier, keys[i], data)
                 nbytes += len(data) if payloads[i] is not None else 0
             if nbytes:
-                tier.instruments.record_read(nbytes, time.perf_counter() - t0)
+                tier.instruments.record_read(nbytes, read.seconds())
+            missing = [i for i, p in enumerate(payloads) if p is None]
+            read = self._start_read(keys, buffers, missing, read.index + 1) if missing else None
         return payloads
 
     def _payload(self, tier: GuardedTier, key: ChunkKey, data: Any) -> Any | None:
