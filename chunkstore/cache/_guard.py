@@ -92,18 +92,36 @@ class GuardedCall(Generic[R]):
     """A call :meth:`GuardedTier.start` began; :meth:`result` waits for it (once)."""
 
     def __init__(
-        self, tier: GuardedTier, op: str, future: Future[R], deadline: float | None
+        self,
+        tier: GuardedTier,
+        op: str,
+        future: Future[R],
+        deadline: float | None,
+        began: float,
     ) -> None:
         self._tier = tier
         self._op = op
         self.future = future
         """The call itself: done once nothing uses the memory handed to it any more."""
         self._deadline = deadline
+        self._began = began
+        self._ended = 0.0
+        future.add_done_callback(self._end)
+
+    def _end(self, _future: Future[R]) -> None:
+        self._ended = time.perf_counter()
 
     def result(self) -> R:
         """What the call returned, waiting until its deadline at most; raises
         :class:`TierUnavailable` as :meth:`GuardedTier.call` does."""
         return self._tier._settle(self._op, self.future, self._deadline)
+
+    def seconds(self) -> float:
+        """From the start of the call to its end (not to when the caller took the result):
+        what the store's latency metrics record."""
+        # A waiter may wake before the done callback ran: then the end is now.
+        end = self._ended if self._ended >= self._began else time.perf_counter()
+        return end - self._began
 
 
 class GuardedTier:
@@ -186,6 +204,7 @@ class GuardedTier:
         write = op in WRITE_OPS
         if not (self.writable if write else self.up):
             raise TierUnavailable(self.name)
+        began = time.perf_counter()
         future: Future[R]
         if self._executor is None:
             future = Future()
@@ -193,10 +212,10 @@ class GuardedTier:
                 future.set_result(fn(*args))
             except Exception as exc:  # noqa: BLE001 - judged by GuardedCall.result
                 future.set_exception(exc)
-            return GuardedCall(self, op, future, None)
+            return GuardedCall(self, op, future, None, began)
         future = self._executor.submit(fn, *args)
         assert self.timeout is not None
-        return GuardedCall(self, op, future, time.monotonic() + self.timeout)
+        return GuardedCall(self, op, future, time.monotonic() + self.timeout, began)
 
     def _settle(self, op: str, future: Future[R], deadline: float | None) -> R:
         """The result of a started call, judged as :meth:`call` describes."""

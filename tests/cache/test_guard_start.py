@@ -76,3 +76,27 @@ def test_without_a_timeout_a_started_call_has_already_run(
     with pytest.raises(TierUnavailable):
         call.result()  # the failure is judged when the result is taken, as call() does
     assert not tier.writable
+
+
+def test_a_started_calls_duration_ends_when_the_call_does_not_when_it_is_taken(
+    chain: list[MadeChunk], metrics: ChunkstoreMetrics
+) -> None:
+    store = GatedStore("disk")
+    tier = _guarded(store, metrics, workers=1)
+    try:
+        call = tier.start("put", store.put_many, [(chain[0].key, chain[0].data)])
+        callbacks_ran = threading.Event()  # done callbacks run in order: the call's own first
+        call.future.add_done_callback(lambda _future: callbacks_ran.set())
+        assert store.entered.wait(timeout=30)
+        running = call.seconds()
+        assert call.seconds() >= running > 0  # still running: the clock goes on
+        store.gate.set()
+        assert call.result() == [True]
+        assert callbacks_ran.wait(timeout=30)
+        ended = call.seconds()
+        assert ended >= running
+        threading.Event().wait(0.01)  # the caller busy elsewhere before it reads the duration
+        assert call.seconds() == ended  # fixed at the call's end, whenever it is read
+    finally:
+        store.gate.set()
+        tier.close()

@@ -13,7 +13,6 @@ calls that may still write into that buffer.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
@@ -28,7 +27,7 @@ __all__ = ["ChunkLoad", "StoreRead"]
 class StoreRead:
     """One store's read of some of a job's keys, under way (see the module docstring)."""
 
-    __slots__ = ("index", "tier", "asked", "call", "_views", "_began", "_ended")
+    __slots__ = ("index", "tier", "asked", "call", "_views")
 
     def __init__(
         self,
@@ -45,12 +44,6 @@ class StoreRead:
         """Positions of the keys asked for, in the job's list."""
         self.call = call
         self._views = views
-        self._began = time.perf_counter()
-        self._ended = 0.0
-        call.future.add_done_callback(self._end)
-
-    def _end(self, _future: Future[Any]) -> None:
-        self._ended = time.perf_counter()
 
     def result(self) -> list[Any]:
         """Each asked key's bytes (None where the store has no good copy); raises
@@ -59,12 +52,6 @@ class StoreRead:
         if self._views is None:
             return list(got)
         return [None if n is None else view[:n] for n, view in zip(got, self._views)]
-
-    def seconds(self) -> float:
-        """From the start to the end of the call (not to when the job took the result)."""
-        # A waiter may wake before the done callback ran: then the end is now.
-        end = self._ended if self._ended >= self._began else time.perf_counter()
-        return end - self._began
 
 
 class ChunkLoad:

@@ -374,7 +374,7 @@ class ChunkStoreTier(SecondaryTierManager):
                     tier.count_drop("unavailable", 1)
                     ok = False
                     continue
-                tier.instruments.record_write(writing.nbytes, writing.seconds())
+                tier.instruments.record_write(writing.nbytes, call.seconds())
         finally:
             writing.release()
         return ok, writing.nbytes
@@ -524,7 +524,7 @@ class ChunkStoreTier(SecondaryTierManager):
                 payloads[i] = self._payload(tier, keys[i], data)
                 nbytes += len(data) if payloads[i] is not None else 0
             if nbytes:
-                tier.instruments.record_read(nbytes, read.seconds())
+                tier.instruments.record_read(nbytes, read.call.seconds())
             missing = [i for i, p in enumerate(payloads) if p is None]
             read = self._start_read(keys, buffers, missing, read.index + 1) if missing else None
         return payloads

@@ -13,7 +13,6 @@ run, and keeps its buffer until it ends) - whichever comes first, once.
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
@@ -27,19 +26,16 @@ class ChunkWriting:
     """One chunk whose writes are under way (see the module docstring)."""
 
     __slots__ = (
-        "began",
         "calls",
         "nbytes",
         "_give_permit",
         "_give_buffer",
-        "_last_end",
         "_running",
         "_holds_permit",
         "_lock",
     )
 
     def __init__(self, give_permit: Callable[[], None], give_buffer: Callable[[], None]) -> None:
-        self.began = time.perf_counter()
         self.calls: list[tuple[GuardedTier, GuardedCall[Any] | None]] = []
         """A guarded call per store, in the tier's order (None: the store refused at once)."""
         self.nbytes = 0
@@ -48,7 +44,6 @@ class ChunkWriting:
         # The buffer goes back before the permit: chunks in flight then hold no more buffers
         # than there are permits (a call that timed out keeps its buffer until it ends).
         self._give_buffer = give_buffer
-        self._last_end = 0.0
         # Calls not ended, plus one until every call is registered (all_started).
         self._running = 1
         self._holds_permit = True
@@ -66,10 +61,8 @@ class ChunkWriting:
         """Every store's write is registered: once they all end, buffer and permit go back."""
         self._ended(None)
 
-    def _ended(self, future: Future[Any] | None) -> None:
+    def _ended(self, _future: Future[Any] | None) -> None:
         with self._lock:
-            if future is not None:
-                self._last_end = time.perf_counter()
             self._running -= 1
             done = self._running == 0
         if done:
@@ -82,12 +75,6 @@ class ChunkWriting:
             holds, self._holds_permit = self._holds_permit, False
         if holds:
             self._give_permit()
-
-    def seconds(self) -> float:
-        """From the start to the end of its writes (not to when the job took the result)."""
-        # A waiter may wake before the done callbacks ran: then the end is now.
-        end = self._last_end if self._last_end >= self.began else time.perf_counter()
-        return end - self.began
 
     def futures(self) -> list[Future[Any]]:
         """The writes started (done once nothing reads the buffer any more)."""
