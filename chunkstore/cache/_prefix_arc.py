@@ -158,7 +158,7 @@ class PrefixARCPolicy(ARCPolicy):
                 self._horizon = self.reuse_horizon * _HORIZON_UP
             else:
                 self._rereads_within += 1
-        elif self.t1.pop(key, _ABSENT) is _ABSENT:
+        elif not (t1 := self.t1) or t1.pop(key, _ABSENT) is _ABSENT:  # see access()
             return False
         t2[key] = clock
         self._clock = clock + 1
@@ -187,7 +187,8 @@ class PrefixARCPolicy(ARCPolicy):
                 self._horizon = self.reuse_horizon * _HORIZON_UP
             else:
                 self._rereads_within += 1
-        elif self.t1.pop(key, _ABSENT) is _ABSENT:
+        elif not (t1 := self.t1) or t1.pop(key, _ABSENT) is _ABSENT:
+            # (T1 is empty on a warm cache of rereads: then a miss needs no pop call.)
             self._admit_unpinned(key, parent)
             return False
         t2[key] = clock
@@ -283,7 +284,8 @@ class PrefixARCPolicy(ARCPolicy):
         frequent = self.history.pop(key, _ABSENT) is not _ABSENT or ghost
         victim = None
         if len(t1) + len(t2) >= c:
-            from_t1 = self._replace_from_t1(p, in_b2)
+            # (With T1 empty the full cache is all T2: the call would say so and settle nothing.)
+            from_t1 = self._replace_from_t1(p, in_b2) if t1 else False
             if self._children:
                 victim = self._leaf_to_evict(from_t1)
                 self._evict_key(victim)
@@ -329,15 +331,18 @@ class PrefixARCPolicy(ARCPolicy):
     def _record_parent(self, key: Hashable, parent: Hashable) -> None:
         """Link a resident ``key`` that has no recorded parent (a new one, or just unlinked)."""
         self._parent[key] = parent
-        siblings = self._children.get(parent)
+        children = self._children
+        siblings = children.get(parent)
         if siblings is None:
-            self._children[parent] = {key: None}
+            children[parent] = {key: None}
         else:
             siblings[key] = None
-        if parent in self.t2 or parent in self.t1:
-            self._orphans.pop(key, None)
+        orphans, t1 = self._orphans, self.t1
+        if parent in self.t2 or (t1 and parent in t1):
+            if orphans:  # (usually empty: no call then, as for T1)
+                orphans.pop(key, None)
         else:
-            self._orphans[key] = None
+            orphans[key] = None
 
     def remove(self, key: Hashable) -> bool:
         resident = super().remove(key)
@@ -455,14 +460,16 @@ class PrefixARCPolicy(ARCPolicy):
         measurable difference on the simulator's traces.)
         """
         t1 = self.t1
-        for key in siblings:
-            if key in t1:
-                return key
+        if t1:  # (no lookups when T1 is empty)
+            for key in siblings:
+                if key in t1:
+                    return key
         return next(iter(siblings))
 
     def _evict_key(self, victim: Hashable) -> None:
         """Move a resident victim to the ghost list of its list and to the long history."""
-        if self.t1.pop(victim, _ABSENT) is _ABSENT:
+        t1 = self.t1
+        if not t1 or t1.pop(victim, _ABSENT) is _ABSENT:  # (no call when T1 is empty)
             del self.t2[victim]
             self.b2[victim] = None
         else:
@@ -482,12 +489,16 @@ class PrefixARCPolicy(ARCPolicy):
 
     def _forget(self, key: Hashable) -> None:
         """Drop a key that leaves from the chain bookkeeping (nothing to do without chains)."""
-        self._orphans.pop(key, None)
+        orphans = self._orphans
+        if orphans:
+            orphans.pop(key, None)
         parent = self._parent.pop(key, None)
         if parent is not None:
             self._unlink(key, parent)
-        for child in self._children.get(key, ()):
-            self._orphans[child] = None
+        below = self._children.get(key)
+        if below:
+            for child in below:
+                orphans[child] = None
 
     def _unlink(self, key: Hashable, parent: Hashable) -> None:
         siblings = self._children[parent]
