@@ -231,24 +231,7 @@ class PrefixARCPolicy(ARCPolicy):
             history.pop(key, None)
         if victim is not None:
             self._evict_key(victim)
-        clock = self._clock
-        if frequent:
-            t2[key] = clock
-        else:
-            t1[key] = None
-        self._clock = clock + 1
-        children = self._children
-        if children:
-            below = children.get(key)
-            if below:
-                orphans = self._orphans
-                for child in below:
-                    orphans.pop(child, None)
-        if parent is not None and parent != key:
-            self._record_parent(key, parent)
-        n1, n_b1 = len(t1), len(b1)
-        if n1 + n_b1 > c or n1 + len(t2) + n_b1 + len(b2) > 2 * c:
-            self._trim_ghosts()
+        self._enter(key, frequent, parent)
         return victim
 
     def _admit_unpinned(self, key: Hashable, parent: Hashable | None = None) -> Hashable | None:
@@ -297,6 +280,13 @@ class PrefixARCPolicy(ARCPolicy):
                     victim = t2.popitem(last=False)[0]
                     b2[victim] = None
                 self._remember_evicted(victim)
+        self._enter(key, frequent, parent)
+        return victim
+
+    def _enter(self, key: Hashable, frequent: bool, parent: Hashable | None) -> None:
+        """The end of an admission, victim gone: ``key`` joins T2 (stamped) if ``frequent``,
+        else T1; its resident children stop being orphans; it is linked; ghosts are trimmed."""
+        t1, t2, b1, b2 = self.t1, self.t2, self.b1, self.b2
         clock = self._clock
         if frequent:
             t2[key] = clock
@@ -312,10 +302,9 @@ class PrefixARCPolicy(ARCPolicy):
                     orphans.pop(child, None)
         if parent is not None and parent != key:
             self._record_parent(key, parent)
-        n1, n_b1 = len(t1), len(b1)
+        n1, n_b1, c = len(t1), len(b1), self.capacity
         if n1 + n_b1 > c or n1 + len(t2) + n_b1 + len(b2) > 2 * c:
             self._trim_ghosts()
-        return victim
 
     def link(self, key: Hashable, parent: Hashable) -> None:
         """Record that ``parent`` precedes the resident ``key`` in its chain."""
