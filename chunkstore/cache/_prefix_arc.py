@@ -158,7 +158,7 @@ class PrefixARCPolicy(ARCPolicy):
                 self._horizon = self.reuse_horizon * _HORIZON_UP
             else:
                 self._rereads_within += 1
-        elif self.t1.pop(key, _ABSENT) is _ABSENT:
+        elif not (t1 := self.t1) or t1.pop(key, _ABSENT) is _ABSENT:  # see access()
             return False
         t2[key] = clock
         self._clock = clock + 1
@@ -187,8 +187,9 @@ class PrefixARCPolicy(ARCPolicy):
                 self._horizon = self.reuse_horizon * _HORIZON_UP
             else:
                 self._rereads_within += 1
-        elif self.t1.pop(key, _ABSENT) is _ABSENT:
-            self.admit(key, parent=parent)
+        elif not (t1 := self.t1) or t1.pop(key, _ABSENT) is _ABSENT:
+            # (T1 is empty on a warm cache of rereads: then a miss needs no pop call.)
+            self._admit_unpinned(key, parent)
             return False
         t2[key] = clock
         self._clock = clock + 1
@@ -197,6 +198,8 @@ class PrefixARCPolicy(ARCPolicy):
     def admit(
         self, key: Hashable, can_evict: CanEvict | None = None, *, parent: Hashable | None = None
     ) -> Hashable | None:
+        if can_evict is None:
+            return self._admit_unpinned(key, parent)
         c = self.capacity
         b1, b2 = self.b1, self.b2
         p = self.p
@@ -219,10 +222,7 @@ class PrefixARCPolicy(ARCPolicy):
         t1, t2 = self.t1, self.t2
         victim = None
         if len(t1) + len(t2) >= c:
-            if can_evict is None:
-                victim = self._choose_victim_unpinned(p, in_b2)
-            else:
-                victim = self._choose_victim(p, in_b2, can_evict)
+            victim = self._choose_victim(p, in_b2, can_evict)
         # Nothing has changed before this point: NoEvictableEntry leaves the state as it was.
         self.p = p
         if frequent:
@@ -231,6 +231,62 @@ class PrefixARCPolicy(ARCPolicy):
             history.pop(key, None)
         if victim is not None:
             self._evict_key(victim)
+        self._enter(key, frequent, parent)
+        return victim
+
+    def _admit_unpinned(self, key: Hashable, parent: Hashable | None = None) -> Hashable | None:
+        """:meth:`admit` with nothing vetoed: the same decisions in fewer dict operations.
+
+        The hot path of :meth:`access` (the simulator and the benchmark) and of admissions
+        without ``can_evict``. With no veto nothing can refuse, and REPLACE reads neither the
+        ghosts nor the long history, so the key leaves them before the victim is chosen (one
+        ``pop`` each instead of a test and a delete). Without recorded chains there are no
+        orphans and no walk: the victim is the LRU entry of ARC's list, popped off its end.
+        The decision digests (tests/cache/test_policy_decisions.py) and
+        ``test_unpinned_admissions_decide_as_the_careful_path`` hold it to the careful path.
+        """
+        c = self.capacity
+        t1, t2, b1, b2 = self.t1, self.t2, self.b1, self.b2
+        p = self.p
+        in_b2 = False
+        # (Conditional expressions rather than min/max and len calls: this runs on most misses.)
+        if b1 and b1.pop(key, _ABSENT) is not _ABSENT:  # ARC Case II (B1's size was one more)
+            g1, g2 = len(b1) + 1, len(b2)
+            p += g2 / g1 if g2 > g1 else 1.0
+            self.p = p = p if p < c else float(c)
+            ghost = True
+        elif b2 and b2.pop(key, _ABSENT) is not _ABSENT:  # Case III, with a longer step
+            g1, g2 = len(b1), len(b2) + 1
+            p -= self.frequency_step * (g1 / g2 if g1 > g2 else 1.0)
+            self.p = p = p if p > 0.0 else 0.0
+            in_b2 = True
+            ghost = True
+        else:
+            ghost = False
+        # A ghost hit leaves the history too; any other key is frequent if it returns from it.
+        frequent = self.history.pop(key, _ABSENT) is not _ABSENT or ghost
+        victim = None
+        if len(t1) + len(t2) >= c:
+            # (With T1 empty the full cache is all T2: the call would say so and settle nothing.)
+            from_t1 = self._replace_from_t1(p, in_b2) if t1 else False
+            if self._children:
+                victim = self._leaf_to_evict(from_t1)
+                self._evict_key(victim)
+            else:
+                if from_t1:
+                    victim = t1.popitem(last=False)[0]
+                    b1[victim] = None
+                else:
+                    victim = t2.popitem(last=False)[0]
+                    b2[victim] = None
+                self._remember_evicted(victim)
+        self._enter(key, frequent, parent)
+        return victim
+
+    def _enter(self, key: Hashable, frequent: bool, parent: Hashable | None) -> None:
+        """The end of an admission, victim gone: ``key`` joins T2 (stamped) if ``frequent``,
+        else T1; its resident children stop being orphans; it is linked; ghosts are trimmed."""
+        t1, t2, b1, b2 = self.t1, self.t2, self.b1, self.b2
         clock = self._clock
         if frequent:
             t2[key] = clock
@@ -246,10 +302,9 @@ class PrefixARCPolicy(ARCPolicy):
                     orphans.pop(child, None)
         if parent is not None and parent != key:
             self._record_parent(key, parent)
-        n1, n_b1 = len(t1), len(b1)
+        n1, n_b1, c = len(t1), len(b1), self.capacity
         if n1 + n_b1 > c or n1 + len(t2) + n_b1 + len(b2) > 2 * c:
             self._trim_ghosts()
-        return victim
 
     def link(self, key: Hashable, parent: Hashable) -> None:
         """Record that ``parent`` precedes the resident ``key`` in its chain."""
@@ -265,15 +320,18 @@ class PrefixARCPolicy(ARCPolicy):
     def _record_parent(self, key: Hashable, parent: Hashable) -> None:
         """Link a resident ``key`` that has no recorded parent (a new one, or just unlinked)."""
         self._parent[key] = parent
-        siblings = self._children.get(parent)
+        children = self._children
+        siblings = children.get(parent)
         if siblings is None:
-            self._children[parent] = {key: None}
+            children[parent] = {key: None}
         else:
             siblings[key] = None
-        if parent in self.t2 or parent in self.t1:
-            self._orphans.pop(key, None)
+        orphans, t1 = self._orphans, self.t1
+        if parent in self.t2 or (t1 and parent in t1):
+            if orphans:  # (usually empty: no call then, as for T1)
+                orphans.pop(key, None)
         else:
-            self._orphans[key] = None
+            orphans[key] = None
 
     def remove(self, key: Hashable) -> bool:
         resident = super().remove(key)
@@ -297,13 +355,12 @@ class PrefixARCPolicy(ARCPolicy):
 
     # --- REPLACE ---------------------------------------------------------------------------
 
-    def _choose_victim_unpinned(self, p: float, in_b2: bool) -> Hashable:
+    def _leaf_to_evict(self, from_t1: bool) -> Hashable:
         """:meth:`_choose_victim` with nothing vetoed: one walk from its first candidate.
 
-        That candidate is the oldest orphan, else the LRU entry of ARC's list; only when its
-        walk loops does the careful search take over.
+        That candidate is the oldest orphan, else the LRU entry of T1 (``from_t1``, ARC's
+        choice) or T2; only when its walk loops does the careful search take over.
         """
-        from_t1 = self._replace_from_t1(p, in_b2)  # always: it settles the reuse horizon
         orphans = self._orphans
         if orphans:
             node = next(iter(orphans))
@@ -318,7 +375,7 @@ class PrefixARCPolicy(ARCPolicy):
                 if not below:
                     break
             else:  # a cycle of recorded parents (colliding keys): let the careful walk decide
-                return self._choose_victim(p, in_b2, None)
+                return self._careful_victim(from_t1, None)
         return node
 
     def _choose_victim(self, p: float, in_b2: bool, can_evict: CanEvict | None) -> Hashable:
@@ -327,7 +384,11 @@ class PrefixARCPolicy(ARCPolicy):
         Orphans first, then ARC's list order, each candidate walked down to a leaf;
         then, only when pins hold every leaf, an inner key.
         """
-        order = (self.t1, self.t2) if self._replace_from_t1(p, in_b2) else (self.t2, self.t1)
+        return self._careful_victim(self._replace_from_t1(p, in_b2), can_evict)
+
+    def _careful_victim(self, from_t1: bool, can_evict: CanEvict | None) -> Hashable:
+        """:meth:`_choose_victim` once ARC's list is chosen (``from_t1``: T1 first)."""
+        order = (self.t1, self.t2) if from_t1 else (self.t2, self.t1)
         dead: set[Hashable] = set()
         for entries in (self._orphans, *order):
             for candidate in entries:
@@ -388,35 +449,45 @@ class PrefixARCPolicy(ARCPolicy):
         measurable difference on the simulator's traces.)
         """
         t1 = self.t1
-        for key in siblings:
-            if key in t1:
-                return key
+        if t1:  # (no lookups when T1 is empty)
+            for key in siblings:
+                if key in t1:
+                    return key
         return next(iter(siblings))
 
     def _evict_key(self, victim: Hashable) -> None:
         """Move a resident victim to the ghost list of its list and to the long history."""
-        if self.t1.pop(victim, _ABSENT) is _ABSENT:
+        t1 = self.t1
+        if not t1 or t1.pop(victim, _ABSENT) is _ABSENT:  # (no call when T1 is empty)
             del self.t2[victim]
             self.b2[victim] = None
         else:
             self.b1[victim] = None
+        self._remember_evicted(victim)
+        if self._children:
+            self._forget(victim)
+
+    def _remember_evicted(self, victim: Hashable) -> None:
+        """Add an evicted key to the long history, forgetting the oldest one beyond its limit."""
         limit = self._history_limit
         if limit:
             history = self.history
             history[victim] = None
             if len(history) > limit:
                 history.popitem(last=False)
-        if self._children:
-            self._forget(victim)
 
     def _forget(self, key: Hashable) -> None:
         """Drop a key that leaves from the chain bookkeeping (nothing to do without chains)."""
-        self._orphans.pop(key, None)
+        orphans = self._orphans
+        if orphans:
+            orphans.pop(key, None)
         parent = self._parent.pop(key, None)
         if parent is not None:
             self._unlink(key, parent)
-        for child in self._children.get(key, ()):
-            self._orphans[child] = None
+        below = self._children.get(key)
+        if below:
+            for child in below:
+                orphans[child] = None
 
     def _unlink(self, key: Hashable, parent: Hashable) -> None:
         siblings = self._children[parent]

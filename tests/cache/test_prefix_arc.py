@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Hashable
 
 import pytest
-from hypothesis import settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import invariant, precondition, rule
 
@@ -310,3 +310,61 @@ TestPrefixARCExpiryMachine = PrefixARCExpiryMachine.TestCase
 TestPrefixARCExpiryMachine.settings = settings(
     max_examples=80, stateful_step_count=40, deadline=None
 )
+
+
+def _state(policy: PrefixARCPolicy) -> tuple[object, ...]:
+    """Everything a later decision of ``policy`` can depend on, in the policy's own orders."""
+    chains = {key: (policy.parent_of(key), policy.children_of(key)) for key in range(20)}
+    return (
+        list(policy.t1.items()),
+        list(policy.t2.items()),
+        list(policy.b1),
+        list(policy.b2),
+        list(policy.history),
+        list(policy._orphans),
+        policy.p,
+        policy._clock,
+        policy._horizon,
+        policy._rereads_within,
+        chains,
+    )
+
+
+WIDE_KEYS = st.integers(min_value=0, max_value=19)
+"""Five times the capacity below: ghost hits in both lists, long-history returns, orphans."""
+LOOKUPS = st.lists(
+    st.tuples(
+        st.sampled_from(["read"] * 6 + ["link", "evict", "remove"]),
+        WIDE_KEYS,
+        st.one_of(st.none(), WIDE_KEYS),
+    ),
+    max_size=200,
+)
+
+
+@pytest.mark.parametrize("history, margin, floor", [(2, 2.5, 2), (2, 1.0, 0), (0, 2.5, 2)])
+@settings(max_examples=150, deadline=None)
+@given(steps=LOOKUPS)
+def test_unpinned_admissions_decide_as_the_careful_path(
+    history: int, margin: float, floor: int, steps: list[tuple[str, int, int | None]]
+) -> None:
+    # access() and admit() without can_evict take the inlined fast path (_admit_unpinned);
+    # a can_evict that accepts everything takes the careful one. They must not differ.
+    fast = PrefixARCPolicy(4, history=history, idle_margin=margin, idle_floor=floor)
+    careful = PrefixARCPolicy(4, history=history, idle_margin=margin, idle_floor=floor)
+    for action, key, parent in steps:
+        if action == "read":
+            hit = careful.hit(key)
+            victim = None if hit else careful.admit(key, lambda _: True, parent=parent)
+            if parent is None:  # both entry points of the fast path
+                assert fast.access(key, parent) == hit
+            elif not fast.hit(key):
+                assert fast.admit(key, parent=parent) == victim
+        elif action == "link" and parent is not None:
+            fast.link(key, parent)
+            careful.link(key, parent)
+        elif action == "evict":
+            assert fast.evict() == careful.evict()
+        elif action == "remove":
+            assert fast.remove(key) == careful.remove(key)
+        assert _state(fast) == _state(careful)
