@@ -211,10 +211,11 @@ class VerifiedRead:
     a failure ``target`` holds garbage.
 
     Why two steps: streaming a 2 MiB payload through the CPU cache evicts
-    everything else, so the header parse and the verifier set-up that follow
-    it ran cold (about 60 µs per 2 MiB chunk against 20 µs back to back,
-    measured). A batch that constructs a few of these before finishing any
-    pays the header work warm; each holds only its open fd and header.
+    what the next chunk's header parse and verifier set-up touch (after a
+    payload they cost about 45 µs per chunk, back to back 16 µs, measured).
+    A batch that starts a few of these before finishing any spends 4-9 %
+    less CPU per verified 2 MiB chunk (docs/benchmarks.md); each holds
+    only its open fd and header meanwhile.
 
     ``reader`` (a :class:`ChunkFileReader` over ``fd`` and a buffer starting
     with ``target``) chooses how bytes come in; by default through the page
