@@ -32,7 +32,7 @@ from chunkstore.backends._fastread import (
     DIRECT,
     READ_MODES,
     ChunkFileReader,
-    read_verified_into,
+    VerifiedRead,
 )
 from chunkstore.backends._fsio import FileStat, FsspecIO, LocalIO
 from chunkstore.backends._iopool import IoPool
@@ -323,11 +323,20 @@ class FsStore(Store):
         self, key: ChunkKey, path: str, buffer: memoryview | None
     ) -> tuple[Any, int] | None:
         """Read (and, if verifying, check in the same pass) a local chunk into ``buffer``
-        or a new bytearray; (buffer, size), or None if missing or corrupt.
+        or a new bytearray; (buffer, size), or None if missing or corrupt."""
+        pending = self._start_local(key, path, buffer)
+        return None if pending is None else self._finish_local(pending)
+
+    def _start_local(
+        self, key: ChunkKey, path: str, buffer: memoryview | None
+    ) -> _LocalRead | None:
+        """First step of a local read: open the file, choose how bytes come in and, if
+        verifying, read and check the header; None if missing or corrupt.
 
         Into a caller's buffer, bytes come in as ``read_mode`` says (the whole buffer is
         handed to the reader: room past the chunk's end lets an O_DIRECT read take its
-        last block whole)."""
+        last block whole). The open file belongs to the returned read until
+        :meth:`_finish_local` ends it."""
         assert isinstance(self.io, LocalIO)
         try:
             opened = self.io.open_read(path)
@@ -351,23 +360,68 @@ class FsStore(Store):
                     )
                 out, view = buffer, buffer[:size]
                 reader = ChunkFileReader(fd, buffer, self.read_mode)
-            if self.verify:
-                try:
-                    read_verified_into(fd, view, key.digest, reader=reader)
-                except FormatError as exc:
-                    self._admit_read(key, Judgement.of(exc), st)  # never OK: a miss
-                    return None
-            elif reader.read(0, size) < size:
-                return None  # published files never shrink; treat as gone
+            check = VerifiedRead(fd, view, key.digest, reader=reader) if self.verify else None
+        except FormatError as exc:
+            self._end_local(fd, reader)
+            self._admit_read(key, Judgement.of(exc), st)  # never OK: a miss
+            return None
         except OSError as exc:
+            self._end_local(fd, reader)
             self._read_failed(path, exc)
             return None
+        except BaseException:
+            self._end_local(fd, reader)
+            raise
+        return _LocalRead(key, path, fd, st, out, view, reader, check)
+
+    def _finish_local(self, read: _LocalRead) -> tuple[Any, int] | None:
+        """Second step: bring in (and check) the payload, end the read; (buffer, size) or
+        None. Nothing of ``read.out`` counts as loaded unless this returns it."""
+        size = len(read.view)
+        try:
+            if read.check is not None:
+                try:
+                    read.check.finish()
+                except FormatError as exc:
+                    self._admit_read(read.key, Judgement.of(exc), read.st)  # never OK: a miss
+                    return None
+            elif read.reader.read(0, size) < size:
+                return None  # published files never shrink; treat as gone
+        except OSError as exc:
+            self._read_failed(read.path, exc)
+            return None
         finally:
-            os.close(fd)
-            if reader is not None:
-                self._count_read(reader)
-        self._touch(key, path, st)
-        return out, size
+            self._end_local(read.fd, read.reader)
+        self._touch(read.key, read.path, read.st)
+        return read.out, size
+
+    def _end_local(self, fd: int, reader: ChunkFileReader | None) -> None:
+        os.close(fd)
+        if reader is not None:
+            self._count_read(reader)
+
+    def _read_local_group(self, items: Sequence[tuple[ChunkKey, Buffer]]) -> list[Any]:
+        """:meth:`get_into` for a few chunks, headers first: every read's first step, then
+        every payload (see :class:`VerifiedRead` for why). Per item its size, None, or the
+        exception its read raised (every read of the group ends either way)."""
+        started: list[Any] = []
+        for key, buffer in items:
+            try:
+                started.append(self._start_local(key, self.path_of(key), _writable(buffer)))
+            except BaseException as exc:  # noqa: BLE001 - handed back, raised in input order
+                started.append(exc)
+        results: list[Any] = []
+        for read in started:
+            if not isinstance(read, _LocalRead):
+                results.append(read)  # None, or the exception of the first step
+                continue
+            try:
+                got = self._finish_local(read)
+            except BaseException as exc:  # noqa: BLE001 - handed back, raised in input order
+                results.append(exc)
+                continue
+            results.append(None if got is None else got[1])
+        return results
 
     def _count_read(self, reader: ChunkFileReader) -> None:
         if reader.refused and self.read_mode != BUFFERED:
@@ -396,10 +450,7 @@ class FsStore(Store):
 
     def get_into(self, key: ChunkKey, buffer: Buffer) -> int | None:
         """Read the chunk into ``buffer`` (at least the chunk's size); its size, or None."""
-        view = memoryview(buffer)
-        if view.readonly:
-            raise ConfigError("get_into needs a writable buffer")
-        view = view.cast("B") if view.format != "B" or view.ndim != 1 else view
+        view = _writable(buffer)
         path = self.path_of(key)
         if isinstance(self.io, LocalIO):
             got = self._read_local(key, path, view)
@@ -413,7 +464,17 @@ class FsStore(Store):
         ``None`` per key (missing or corrupt). Every read has ended when this returns."""
         if len(keys) != len(buffers):
             raise ConfigError("get_many_into needs one buffer per key")
-        return self._pool.map(lambda pair: self.get_into(*pair), list(zip(keys, buffers)))
+        items = list(zip(keys, buffers))
+        if not isinstance(self.io, LocalIO):
+            return self._pool.map(lambda pair: self.get_into(*pair), items)
+        size = max((memoryview(b).nbytes for b in buffers), default=0)
+        per_group = _group_size(len(items), size, self._pool.workers)
+        groups = [items[i : i + per_group] for i in range(0, len(items), per_group)]
+        results = [got for group in self._pool.map(self._read_local_group, groups) for got in group]
+        for got in results:
+            if isinstance(got, BaseException):
+                raise got
+        return results
 
     def _get_into_fsspec(self, key: ChunkKey, path: str, view: memoryview) -> int | None:
         whole = self._read_whole(path)
@@ -775,6 +836,51 @@ class FsStore(Store):
             f"FsStore({self.root!r}, read_mode={self.read_mode!r}, "
             f"write_mode={self.write_mode!r}, io_workers={self._pool.workers})"
         )
+
+
+GROUP_BYTES = 16 * 1024 * 1024
+"""Buffer bytes one thread takes at once in :meth:`FsStore.get_many_into` (headers first,
+then payloads): a few small chunks share the warm header step; a chunk this big or bigger
+goes alone (its header work is noise against its payload, and single chunks spread best
+over the threads)."""
+
+GROUP_MAX = 4
+"""At most this many reads are started ahead (open files) per thread. Measured on verified
+2 MiB chunks, one thread, thread CPU per chunk over the bare read + XXH3 loop's in the same
+process: 1.21-1.26x one at a time before (six runs), 1.21-1.28x one at a time in two steps
+(three), 1.17-1.23x by 4 (six), 1.16-1.20x by 8 (three)."""
+
+
+def _group_size(count: int, buffer_bytes: int, workers: int) -> int:
+    """Chunks per group: small buffers share a group, while every thread still gets one."""
+    by_bytes = GROUP_BYTES // buffer_bytes if buffer_bytes else GROUP_MAX
+    return max(1, min(GROUP_MAX, by_bytes, count // workers))
+
+
+def _writable(buffer: Buffer) -> memoryview:
+    """``buffer`` as a flat writable byte view; ConfigError if it is read-only."""
+    view = memoryview(buffer)
+    if view.readonly:
+        raise ConfigError("get_into needs a writable buffer")
+    return view.cast("B") if view.format != "B" or view.ndim != 1 else view
+
+
+@dataclass(frozen=True, slots=True)
+class _LocalRead:
+    """A local chunk read between its two steps (:meth:`FsStore._start_local`)."""
+
+    key: ChunkKey
+    path: str
+    fd: int
+    """The open chunk file: closed by :meth:`FsStore._finish_local`."""
+    st: FileStat
+    out: Any
+    """What the read returns: the caller's buffer or a new bytearray."""
+    view: memoryview
+    """The bytes of ``out`` the chunk fills (its file size)."""
+    reader: ChunkFileReader
+    check: VerifiedRead | None
+    """The header-checked verification, when the store verifies."""
 
 
 def _same_file(st: FileStat, ident: tuple[int, int] | None) -> bool:

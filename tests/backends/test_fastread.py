@@ -19,9 +19,10 @@ from chunkstore.backends._fastread import (
     BUFFERED,
     DIRECT,
     ChunkFileReader,
+    VerifiedRead,
     read_verified_into,
 )
-from chunkstore.errors import FormatError
+from chunkstore.errors import ChecksumMismatch, FormatError, TruncatedChunk
 from chunkstore.format import ChunkLayout, decode_chunk, recompress
 from chunkstore.testing.factories import sample_chunks, small_spec
 from chunkstore.testing.store_suite import corrupt_copies
@@ -248,3 +249,51 @@ def test_o_direct_refused_at_read_time_finishes_buffered(
         read_verified_into(f.fileno(), buffer, BIG.key.digest, reader=reader)
         assert bytes(buffer) == BIG.data
         assert reader.refused and not reader.went_direct
+
+
+def test_the_verdict_on_the_payload_comes_only_from_finish(tmp_path: object) -> None:
+    flipped = bytearray(BIG.data)
+    flipped[-1] ^= 0x10  # the last payload byte: the header step cannot see it
+    path = os.path.join(str(tmp_path), "c")
+    with open(path, "wb") as f:
+        f.write(flipped)
+    with open(path, "rb") as f:
+        target = aligned_buffer(len(flipped))
+        pending = VerifiedRead(f.fileno(), target, BIG.key.digest)
+        with pytest.raises(ChecksumMismatch):
+            pending.finish()
+
+
+def test_a_damaged_header_fails_the_first_step(tmp_path: object) -> None:
+    damaged = bytearray(BIG.data)
+    damaged[20] ^= 0x01
+    path = os.path.join(str(tmp_path), "c")
+    with open(path, "wb") as f:
+        f.write(damaged)
+    with open(path, "rb") as f, pytest.raises(FormatError):
+        VerifiedRead(f.fileno(), aligned_buffer(len(damaged)), BIG.key.digest)
+
+
+def test_a_file_cut_short_between_the_steps_is_truncated(tmp_path: object) -> None:
+    path = os.path.join(str(tmp_path), "c")
+    with open(path, "wb") as f:
+        f.write(BIG.data)
+    with open(path, "r+b") as f:
+        pending = VerifiedRead(f.fileno(), aligned_buffer(len(BIG.data)), BIG.key.digest)
+        os.ftruncate(f.fileno(), len(BIG.data) // 2)
+        with pytest.raises(TruncatedChunk):
+            pending.finish()
+
+
+def test_the_auto_probe_s_page_is_not_read_again(tmp_path: object) -> None:
+    path = os.path.join(str(tmp_path), "c")
+    with open(path, "wb") as f:
+        f.write(BIG.data)
+    with open(path, "rb") as f:  # just written: cached
+        buffer = aligned_buffer(len(BIG.data))
+        reader = ChunkFileReader(f.fileno(), buffer, AUTO)
+        if not reader.probed:
+            pytest.skip("no RWF_NOWAIT here")
+        assert bytes(buffer[: reader.probed]) == BIG.data[: reader.probed]
+        read_verified_into(f.fileno(), buffer, BIG.key.digest, reader=reader)
+        assert bytes(buffer) == BIG.data

@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import logging
 import mmap
+import os
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from chunkstore.backends._fastread import ALIGN, AUTO, BUFFERED, DIRECT
-from chunkstore.backends._fs import FsStore, open_fs_store
+from chunkstore.backends._fs import GROUP_MAX, FsStore, _group_size, open_fs_store
 from chunkstore.errors import ConfigError
 from chunkstore.testing.factories import MadeChunk, sample_chunks
-from chunkstore.testing.store_suite import _rekeyed
+from chunkstore.testing.store_suite import _rekeyed, corrupt_copies
 from tests.backends.test_fastread import refuse_o_direct
 
 CHUNKS = sample_chunks(8, seed=21)
@@ -180,3 +182,77 @@ def test_read_mode_and_read_paths_are_metrics(tmp_path: Path) -> None:
     assert sample("chunkstore_tier_reads_total", path="direct") == 3.0
     assert sample("chunkstore_tier_reads_total", path="cached") == 0.0
     store.close()
+
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+@pytest.mark.parametrize("workers", [1, 4])
+@pytest.mark.parametrize("mode", [BUFFERED, AUTO, DIRECT])
+def test_grouped_reads_keep_each_chunk_s_verdict(tmp_path: Path, workers: int, mode: str) -> None:
+    store = stocked(tmp_path, io_workers=workers, read_mode=mode)
+    damage = {1: "bitflip", 2: "truncated", 3: "header", 6: "foreign"}
+    for i, kind in damage.items():
+        with open(store.path_of(CHUNKS[i].key), "wb") as f:
+            f.write(corrupt_copies(CHUNKS[i])[kind])
+    os.remove(store.path_of(CHUNKS[5].key))
+    before = open_fds()
+    buffers = slots(len(CHUNKS), max(len(c.data) for c in CHUNKS))
+    sizes = store.get_many_into([c.key for c in CHUNKS], buffers)
+    bad = set(damage) | {5}
+    assert sizes == [None if i in bad else len(c.data) for i, c in enumerate(CHUNKS)]
+    for i, (chunk, buffer) in enumerate(zip(CHUNKS, buffers)):
+        if i not in bad:
+            assert bytes(buffer[: len(chunk.data)]) == chunk.data
+    assert store.corrupt_detected == len(damage)
+    assert open_fds() == before
+    store.close()
+
+
+@pytest.mark.parametrize("workers", [1, 4])
+def test_a_read_failing_mid_batch_is_raised_after_every_other_read_ended(
+    tmp_path: Path, workers: int
+) -> None:
+    store = stocked(tmp_path, io_workers=workers)
+    buffers = slots(len(CHUNKS), max(len(c.data) for c in CHUNKS))
+    buffers[2] = buffers[2][:10]  # too small for its chunk: a caller's mistake
+    before = open_fds()
+    with pytest.raises(ConfigError, match="smaller than the chunk"):
+        store.get_many_into([c.key for c in CHUNKS], buffers)
+    for i, (chunk, buffer) in enumerate(zip(CHUNKS, buffers)):
+        if i != 2:
+            assert bytes(buffer[: len(chunk.data)]) == chunk.data
+    assert open_fds() == before
+    store.close()
+
+
+def test_a_group_starts_every_read_before_it_streams_any_payload(tmp_path: Path) -> None:
+    store = stocked(tmp_path, io_workers=1)
+    steps: list[str] = []
+    start, finish = store._start_local, store._finish_local
+
+    def spy_start(*args: Any) -> Any:
+        steps.append("header")
+        return start(*args)
+
+    def spy_finish(*args: Any) -> Any:
+        steps.append("payload")
+        return finish(*args)
+
+    store._start_local = spy_start  # type: ignore[method-assign]
+    store._finish_local = spy_finish  # type: ignore[method-assign]
+    read_all(store, CHUNKS)
+    group = ["header"] * GROUP_MAX + ["payload"] * GROUP_MAX
+    assert steps == group * (len(CHUNKS) // GROUP_MAX)
+    store.close()
+
+
+def test_group_size() -> None:
+    two_mib, big = 2 * 2**20 + ALIGN, 32 * 2**20 + ALIGN
+    assert _group_size(63, two_mib, 4) == GROUP_MAX  # small chunks share a group
+    assert _group_size(8, two_mib, 4) == 2  # every thread still gets one
+    assert _group_size(3, two_mib, 4) == 1
+    assert _group_size(7, big, 4) == 1  # big chunks go alone
+    assert _group_size(100, 0, 1) == GROUP_MAX
+    assert _group_size(0, two_mib, 4) == 1
