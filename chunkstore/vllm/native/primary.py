@@ -126,11 +126,11 @@ class PrimaryLayout:
         self._whole = self._whole_slot_shape(tp_size, total_heads)
         # Gather block by block (one copy per block, every layer) where a slot's token rows
         # are a whole number of 4 KiB pages apart: there one copy of the whole 6-d view reads
-        # each row's head_dim piece from addresses that share cache sets, and per block
-        # measured 0.29-0.30 instead of 0.39-0.41 ms of CPU per 2 MiB chunk and 4.4-4.5
-        # instead of 5.3-6.4 ms per 32 MiB chunk (8 KV heads x 128, bf16). With rows 1-2 KiB
-        # apart (1-4 heads) it measured 0-10% slower, so those keep the one copy. The load's
-        # scatter measured no better split up.
+        # each row's head_dim piece from addresses 4 KiB apart (the same cache sets, the
+        # likely cause), and per block measured 0.29-0.30 instead of 0.39-0.41 ms of CPU per
+        # 2 MiB chunk and 4.4-4.5 instead of 5.3-6.4 ms per 32 MiB chunk (8 KV heads x 128,
+        # bf16). With rows 1-2 KiB apart (1-4 heads) it measured 0-10% slower, so those keep
+        # the one copy. The load's scatter measured no better split up.
         row = total_heads * 2 * head_dim * item
         self._gather_by_block = page_cls is FlashAttnLayout and row % 4096 == 0
         self._item = np.dtype(f"<u{item}")
