@@ -26,20 +26,22 @@ HEADS, DIM, BLOCK, BPC, LAYERS = 4, 32, 16, 2, 3
 NAMES = [f"model.layers.{i}.self_attn.attn" for i in range(LAYERS)]
 
 
-def engine() -> EngineKV:
+def engine(heads: int = HEADS, dim: int = DIM) -> EngineKV:
     spec = KVSpec(
         model_id="m",
         dtype="BF16",
         chunk_tokens=BLOCK * BPC,
-        groups=(LayerGroup(ATTENTION, tuple(range(LAYERS)), HEADS, DIM),),
+        groups=(LayerGroup(ATTENTION, tuple(range(LAYERS)), heads, dim),),
     )
-    layers = {n: LayerInfo(n, i, 0, ATTENTION, 0, HEADS, DIM, True) for i, n in enumerate(NAMES)}
+    layers = {n: LayerInfo(n, i, 0, ATTENTION, 0, heads, dim, True) for i, n in enumerate(NAMES)}
     return EngineKV(spec, ChunkLayout(spec), layers, BLOCK, 0, 1, 1, None)
 
 
-def canonical(seed: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def canonical(
+    seed: int = 0, heads: int = HEADS, dim: int = DIM
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
     g = torch.Generator().manual_seed(seed)
-    shape = (HEADS, BLOCK * BPC, DIM)
+    shape = (heads, BLOCK * BPC, dim)
     return [
         (
             torch.randn(shape, generator=g).to(torch.bfloat16),
@@ -52,11 +54,12 @@ def canonical(seed: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
 def slot(kv: list[tuple[torch.Tensor, torch.Tensor]], tp: int, order: str) -> torch.Tensor:
     """A slot as vLLM's workers fill it, built element by element from canonical K/V."""
     parts = []
+    heads, dim = kv[0][0].shape[0], kv[0][0].shape[-1]
     for rank in range(tp):
-        share = rank_share(rank, tp, HEADS)
+        share = rank_share(rank, tp, heads)
         for k, v in kv:
             page = torch.cat((k, v), dim=-1)[share.start : share.stop]  # [h, T, 2D]
-            page = page.view(-1, BPC, BLOCK, 2 * DIM)  # [h, blocks, N, 2D]
+            page = page.view(-1, BPC, BLOCK, 2 * dim)  # [h, blocks, N, 2D]
             if order == "LBNHC":
                 page = page.permute(1, 2, 0, 3)  # [blocks, N, h, 2D]
             else:
@@ -65,11 +68,18 @@ def slot(kv: list[tuple[torch.Tensor, torch.Tensor]], tp: int, order: str) -> to
     return torch.cat(parts)
 
 
+@pytest.mark.parametrize(
+    ("heads", "dim"),
+    [
+        (HEADS, DIM),
+        (8, 128),  # token rows of 8 x 2 x 128 bf16 = 4 KiB: LBNHC slots are gathered by block
+    ],
+)
 @pytest.mark.parametrize("order", ["LBNHC", "LBHNC"])
 @pytest.mark.parametrize("tp", [1, 2, 4])
-def test_every_tp_size_and_page_order_gives_the_same_payload_and_loads_back(tp, order):
-    kv = canonical()
-    eng = engine()
+def test_every_tp_size_and_page_order_gives_the_same_payload_and_loads_back(tp, order, heads, dim):
+    kv = canonical(heads=heads, dim=dim)
+    eng = engine(heads, dim)
     data = slot(kv, tp, order)
     primary = PrimaryLayout(
         eng,
