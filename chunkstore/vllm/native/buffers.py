@@ -33,6 +33,7 @@ class ChunkBuffers:
         self._keep = keep
         self._free: list[mmap.mmap] = []
         self._lock = threading.Lock()
+        self._closed = False
 
     def take(self, count: int) -> list[mmap.mmap]:
         """``count`` buffers, reused where idle ones exist."""
@@ -57,7 +58,8 @@ class ChunkBuffers:
         """Return buffers nothing uses any more (those past ``keep`` idle ones are unmapped)."""
         with self._lock:
             for buffer in buffers:
-                if len(self._free) < self._keep:
+                # (After close, buffers that calls abandoned at shutdown kept are unmapped.)
+                if not self._closed and len(self._free) < self._keep:
                     self._free.append(buffer)
                 else:
                     _unmap(buffer)
@@ -85,6 +87,7 @@ class ChunkBuffers:
         """Unmap the idle buffers."""
         with self._lock:
             free, self._free = self._free, []
+            self._closed = True
         for buffer in free:
             _unmap(buffer)
 

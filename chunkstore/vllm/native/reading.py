@@ -45,6 +45,11 @@ class StoreRead:
         self.call = call
         self._views = views
 
+    @property
+    def into_buffers(self) -> bool:
+        """Whether the store reads into the job's buffers (else into memory of its own)."""
+        return self._views is not None
+
     def result(self) -> list[Any]:
         """Each asked key's bytes (None where the store has no good copy); raises
         :class:`~chunkstore.cache._guard.TierUnavailable` as a guarded call does."""
@@ -71,9 +76,12 @@ class ChunkLoad:
         """The read started and not yet taken."""
 
     def close(self) -> None:
-        """Give the buffer back once nothing writes into it any more (a read started but
-        never taken - the job ended before it - still runs, and keeps it until it ends)."""
-        running = [] if self.read is None else [self.read.call.future]
+        """Give the buffer back once nothing writes into it any more. A read started but
+        never taken (the job ended before it) is cancelled if it is still queued; one
+        already running keeps the buffer until it ends."""
+        running = []
+        if self.read is not None and not self.read.call.future.cancel():
+            running.append(self.read.call.future)
         self.read = None
         self._pool.release_after(self.pending + running, self.buffers)
         self._give_permit()

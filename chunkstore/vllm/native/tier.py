@@ -213,12 +213,14 @@ class ChunkStoreTier(SecondaryTierManager):
         # More would only share the cores, each chunk ready later, and the disk idle until
         # the first is (measured on 2 cores: tools/bench_native_tier.py, docs/benchmarks.md).
         self._converting = threading.BoundedSemaphore(min(threads, _cores()))
-        self.max_writing = CALLS_IN_FLIGHT + _cores()
+        self.max_writing = 2 * CALLS_IN_FLIGHT
         """Chunks converted whose writes are neither ended nor settled, at most: enough for
         every guard thread to find its next write queued when one ends, and a bound on the
-        buffers a burst of stores holds."""
+        buffers a burst of stores holds. Not more: a call's timeout counts from when it is
+        queued, so a longer queue on the guard's threads would time out a slow but healthy
+        store (and put it in back-off) however many cores the host has."""
         self._writing = threading.BoundedSemaphore(self.max_writing)
-        self.max_reading = CALLS_IN_FLIGHT + _cores()
+        self.max_reading = 2 * CALLS_IN_FLIGHT
         """Chunk reads started and not yet scattered, at most (the same bound as writes)."""
         self._reading = threading.BoundedSemaphore(self.max_reading)
         self._buffers.reserve(self.max_writing + self.max_reading)
@@ -311,32 +313,44 @@ class ChunkStoreTier(SecondaryTierManager):
         # tier rows), and results are taken in order afterwards.
         started: deque[ChunkWriting] = deque()
         try:
-            for address, slot in zip(addresses, slots):
-                if address is None:
-                    continue  # no tokens for this key: not stored (a future miss)
-                # A chunk may start only with a permit of the tier's bound. A job holding
-                # some settles its own oldest instead of waiting for other jobs' (which could
-                # be waiting for its permits in turn); one holding none waits.
-                while not self._writing.acquire(blocking=not started):
+            try:
+                for address, slot in zip(addresses, slots):
+                    if address is None:
+                        continue  # no tokens for this key: not stored (a future miss)
+                    # A chunk may start only with a permit of the tier's bound. A job holding
+                    # some settles its own oldest instead of waiting for other jobs' (which
+                    # could be waiting for its permits in turn); one holding none waits.
+                    while not self._writing.acquire(blocking=not started):
+                        stored, size = self._settle(started.popleft())
+                        ok, nbytes = ok and stored, nbytes + size
+                    writing = self._start_chunk(job_id, address, slot)
+                    if writing is None:
+                        ok = False
+                    else:
+                        started.append(writing)
+            finally:
+                while started:
                     stored, size = self._settle(started.popleft())
                     ok, nbytes = ok and stored, nbytes + size
-                writing = self._start_chunk(job_id, address, slot)
-                if writing is None:
-                    ok = False
-                else:
-                    started.append(writing)
+        except Exception:  # noqa: BLE001 - a failed store is a future miss
+            log.exception("chunkstore tier: store job %d failed", job_id)
+            ok = False
         finally:
-            while started:
-                stored, size = self._settle(started.popleft())
-                ok, nbytes = ok and stored, nbytes + size
-        self._finished.append(JobResult(job_id, ok, None, time.perf_counter() - t0, nbytes))
+            # Every submitted job is reported, whatever happened (vLLM's drain_jobs waits for
+            # each one's result, and reset_cache asserts none is left).
+            self._finished.append(JobResult(job_id, ok, None, time.perf_counter() - t0, nbytes))
 
     def _start_chunk(self, job_id: int, address: ChunkAddress, slot: int) -> ChunkWriting | None:
         """Convert the primary ``slot`` into ``address``'s chunk and start writing it to every
         store (the caller holds a permit of ``_writing``, handed to the result); None when
         the chunk could not be made (permit given back)."""
         layout = self.primary.layout
-        (buffer,) = self._buffers.take(1)
+        try:
+            (buffer,) = self._buffers.take(1)
+        except Exception:  # noqa: BLE001 - no buffer (mapping failed): a future miss
+            log.exception("chunkstore tier: store job %d failed", job_id)
+            self._writing.release()
+            return None
         writing = ChunkWriting(self._writing.release, lambda: self._buffers.give([buffer]))
         try:
             view = memoryview(buffer)[: layout.total_size]
@@ -409,28 +423,33 @@ class ChunkStoreTier(SecondaryTierManager):
         wanted = next((i for i, a in enumerate(addresses) if a is None), len(addresses))
         started: deque[ChunkLoad | None] = deque()
         try:
-            for index, slot in enumerate(slots[:wanted]):
-                ahead = index + len(started)
-                while ahead < wanted and self._reading.acquire(blocking=not started):
-                    started.append(self._start_load(job_id, addresses[ahead]))
-                    ahead += 1
-                load = started.popleft()
-                if load is None:
-                    break
-                payload = self._finish_load(job_id, load)
-                scattered = payload is not None and self._scatter(job_id, payload, slot)
-                load.close()
-                if not scattered:
-                    break
-                loaded += 1
-        finally:
-            for load in started:
-                if load is not None:
+            try:
+                for index, slot in enumerate(slots[:wanted]):
+                    ahead = index + len(started)
+                    while ahead < wanted and self._reading.acquire(blocking=not started):
+                        started.append(self._start_load(job_id, addresses[ahead]))
+                        ahead += 1
+                    load = started.popleft()
+                    if load is None:
+                        break
+                    payload = self._finish_load(job_id, load)
+                    scattered = payload is not None and self._scatter(job_id, payload, slot)
                     load.close()
-        ok = loaded == len(keys)
-        kept = tuple(keys[:loaded]) if not ok and loaded else None
-        nbytes = loaded * self.block_size_bytes
-        self._finished.append(JobResult(job_id, ok, kept, time.perf_counter() - t0, nbytes))
+                    if not scattered:
+                        break
+                    loaded += 1
+            finally:
+                for load in started:
+                    if load is not None:
+                        load.close()
+        except Exception:  # noqa: BLE001 - a failed load is recomputed by vLLM
+            log.exception("chunkstore tier: load job %d failed", job_id)
+        finally:
+            # Reported whatever happened, as stores are (the chunks scattered are kept).
+            ok = loaded == len(keys)
+            kept = tuple(keys[:loaded]) if not ok and loaded else None
+            nbytes = loaded * self.block_size_bytes
+            self._finished.append(JobResult(job_id, ok, kept, time.perf_counter() - t0, nbytes))
 
     def _start_load(self, job_id: int, address: ChunkAddress | None) -> ChunkLoad | None:
         """Start reading ``address``'s chunk from the first store that takes calls (the
@@ -514,9 +533,10 @@ class ChunkStoreTier(SecondaryTierManager):
             try:
                 got = read.result()
             except TierUnavailable as exc:
-                if exc.pending is not None:
-                    pending.append(exc.pending)
                 got = [None] * len(read.asked)
+                if exc.pending is not None and not self._move_off(read, buffers, exc.pending):
+                    pending.append(exc.pending)
+                    break  # no fresh buffers: the buffers are not safe to read into again
             nbytes = 0
             for i, data in zip(read.asked, got):
                 if data is None:
@@ -528,6 +548,27 @@ class ChunkStoreTier(SecondaryTierManager):
             missing = [i for i, p in enumerate(payloads) if p is None]
             read = self._start_read(keys, buffers, missing, read.index + 1) if missing else None
         return payloads
+
+    def _move_off(self, read: StoreRead, buffers: list[Any], running: Future[Any]) -> bool:
+        """Give the keys a timed-out ``read`` asked for fresh buffers, as that call still runs.
+
+        The next store's bytes must not land where the late call may still write: they are
+        verified as they are read, and anything written over them afterwards would reach the
+        primary slot unchecked. The old buffers go back once the call ends. False when no
+        buffer could be had (the caller then keeps the old ones pending and reads no more).
+        """
+        if not read.into_buffers:
+            return True  # it reads into memory of its own, none of ours
+        try:
+            fresh = self._buffers.take(len(read.asked))
+        except Exception:  # noqa: BLE001 - no memory: the keys stay missing (recomputed)
+            log.exception("chunkstore tier: no buffer for the next store's read")
+            return False
+        old = [buffers[i] for i in read.asked]
+        for i, buffer in zip(read.asked, fresh):
+            buffers[i] = buffer
+        self._buffers.release_after([running], old)
+        return True
 
     def _payload(self, tier: GuardedTier, key: ChunkKey, data: Any) -> Any | None:
         """``data``'s payload if it is ``key``'s chunk for this model; the store's own check
