@@ -206,16 +206,19 @@ class VerifiedRead:
     checksum (key derivation and identity are checked here); :meth:`finish`
     streams the payload block by block, hashing each block right after it
     lands, and gives the verdict. Both steps raise
-    :class:`~chunkstore.errors.FormatError` subclasses exactly where
-    :func:`chunkstore.format.decode_chunk` with ``expected_key`` would; after
-    a failure ``target`` holds garbage.
+    :class:`~chunkstore.errors.FormatError` subclasses, as
+    :func:`chunkstore.format.decode_chunk` with ``expected_key`` would (with
+    the same verdict; a chunk damaged in both its key and its bytes is
+    reported as a key mismatch, since the key is checked first); after a
+    failure ``target`` holds garbage.
 
     Why two steps: streaming a 2 MiB payload through the CPU cache evicts
     what the next chunk's header parse and verifier set-up touch (after a
     payload they cost about 45 µs per chunk, back to back 16 µs, measured).
     A batch that starts a few of these before finishing any spends 4-9 %
-    less CPU per verified 2 MiB chunk (docs/benchmarks.md); each holds
-    only its open fd and header meanwhile.
+    less CPU per verified 2 MiB chunk (docs/benchmarks.md); meanwhile each
+    holds its open fd and what its first step read (the header's page, or
+    with O_DIRECT the first block of up to 8 MiB, the whole of a small chunk).
 
     ``reader`` (a :class:`ChunkFileReader` over ``fd`` and a buffer starting
     with ``target``) chooses how bytes come in; by default through the page

@@ -35,7 +35,7 @@ from chunkstore.backends._fastread import (
     VerifiedRead,
 )
 from chunkstore.backends._fsio import FileStat, FsspecIO, LocalIO
-from chunkstore.backends._iopool import IoPool
+from chunkstore.backends._iopool import IoPool, raise_first
 from chunkstore.backends.base import Buffer, ChunkInfo, Judgement, ReadVerdict, Store
 from chunkstore.backends.maintenance import QUARANTINE_MODES, StoredFile, reason_record
 from chunkstore.errors import (
@@ -325,7 +325,12 @@ class FsStore(Store):
         """Read (and, if verifying, check in the same pass) a local chunk into ``buffer``
         or a new bytearray; (buffer, size), or None if missing or corrupt."""
         pending = self._start_local(key, path, buffer)
-        return None if pending is None else self._finish_local(pending)
+        if pending is None:
+            return None
+        try:
+            return self._finish_local(pending)
+        finally:
+            self._close_unended([pending])
 
     def _start_local(
         self, key: ChunkKey, path: str, buffer: memoryview | None
@@ -361,6 +366,7 @@ class FsStore(Store):
                 out, view = buffer, buffer[:size]
                 reader = ChunkFileReader(fd, buffer, self.read_mode)
             check = VerifiedRead(fd, view, key.digest, reader=reader) if self.verify else None
+            return _LocalRead(key, path, fd, st, out, view, reader, check)
         except FormatError as exc:
             self._end_local(fd, reader)
             self._admit_read(key, Judgement.of(exc), st)  # never OK: a miss
@@ -372,7 +378,6 @@ class FsStore(Store):
         except BaseException:
             self._end_local(fd, reader)
             raise
-        return _LocalRead(key, path, fd, st, out, view, reader, check)
 
     def _finish_local(self, read: _LocalRead) -> tuple[Any, int] | None:
         """Second step: bring in (and check) the payload, end the read; (buffer, size) or
@@ -391,6 +396,7 @@ class FsStore(Store):
             self._read_failed(read.path, exc)
             return None
         finally:
+            read.ended = True  # (marked first: a close must never run twice on one fd number)
             self._end_local(read.fd, read.reader)
         self._touch(read.key, read.path, read.st)
         return read.out, size
@@ -405,23 +411,36 @@ class FsStore(Store):
         every payload (see :class:`VerifiedRead` for why). Per item its size, None, or the
         exception its read raised (every read of the group ends either way)."""
         started: list[Any] = []
-        for key, buffer in items:
-            try:
-                started.append(self._start_local(key, self.path_of(key), _writable(buffer)))
-            except BaseException as exc:  # noqa: BLE001 - handed back, raised in input order
-                started.append(exc)
         results: list[Any] = []
-        for read in started:
-            if not isinstance(read, _LocalRead):
-                results.append(read)  # None, or the exception of the first step
-                continue
-            try:
-                got = self._finish_local(read)
-            except BaseException as exc:  # noqa: BLE001 - handed back, raised in input order
-                results.append(exc)
-                continue
-            results.append(None if got is None else got[1])
+        try:
+            for key, buffer in items:
+                try:
+                    started.append(self._start_local(key, self.path_of(key), _writable(buffer)))
+                except BaseException as exc:  # noqa: BLE001 - handed back, raised in order
+                    started.append(exc)
+            for read in started:
+                if not isinstance(read, _LocalRead):
+                    results.append(read)  # None, or the exception of the first step
+                    continue
+                try:
+                    got = self._finish_local(read)
+                except BaseException as exc:  # noqa: BLE001 - handed back, raised in order
+                    results.append(exc)
+                    continue
+                results.append(None if got is None else got[1])
+        finally:
+            # An interrupt (KeyboardInterrupt) between two reads must not leave files open.
+            self._close_unended(started)
         return results
+
+    @staticmethod
+    def _close_unended(reads: Sequence[Any]) -> None:
+        """Close the files of started reads that have not ended (after an interrupt)."""
+        for read in reads:
+            if isinstance(read, _LocalRead) and not read.ended:
+                read.ended = True
+                with contextlib.suppress(OSError):
+                    os.close(read.fd)
 
     def _count_read(self, reader: ChunkFileReader) -> None:
         if reader.refused and self.read_mode != BUFFERED:
@@ -471,9 +490,7 @@ class FsStore(Store):
         per_group = _group_size(len(items), size, self._pool.workers)
         groups = [items[i : i + per_group] for i in range(0, len(items), per_group)]
         results = [got for group in self._pool.map(self._read_local_group, groups) for got in group]
-        for got in results:
-            if isinstance(got, BaseException):
-                raise got
+        raise_first([got if isinstance(got, BaseException) else None for got in results])
         return results
 
     def _get_into_fsspec(self, key: ChunkKey, path: str, view: memoryview) -> int | None:
@@ -865,7 +882,7 @@ def _writable(buffer: Buffer) -> memoryview:
     return view.cast("B") if view.format != "B" or view.ndim != 1 else view
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class _LocalRead:
     """A local chunk read between its two steps (:meth:`FsStore._start_local`)."""
 
@@ -881,6 +898,8 @@ class _LocalRead:
     reader: ChunkFileReader
     check: VerifiedRead | None
     """The header-checked verification, when the store verifies."""
+    ended: bool = False
+    """Its file is closed (or being closed): nothing may close ``fd`` again."""
 
 
 def _same_file(st: FileStat, ident: tuple[int, int] | None) -> bool:

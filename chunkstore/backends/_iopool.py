@@ -15,8 +15,10 @@ own bookkeeping (measured: verified 2 MiB reads with 4 workers at 0.84-0.95x of
 one thread before, 0.98-1.0x after, on this project's 2-core machine).
 
 Results keep the order of the inputs. A batch always runs to its end before
-the call returns (no thread keeps touching a caller's buffer afterwards);
-then the first exception, in input order, is raised.
+the call returns (no thread keeps touching a caller's buffer afterwards, even
+when the caller is interrupted: an interrupt stops handing out items and is
+raised once the helpers' items have ended); then the first exception, in
+input order, is raised, an interrupt (KeyboardInterrupt) before any other.
 """
 
 from __future__ import annotations
@@ -62,17 +64,20 @@ class IoPool:
         errors: list[BaseException | None] = [None] * len(items)
         indices = iter(range(len(items)))
         lock = threading.Lock()
+        stopped = [False]
 
         def drain() -> None:
             while True:
                 with lock:
-                    i = next(indices, -1)
+                    i = -1 if stopped[0] else next(indices, -1)
                 if i < 0:
                     return
                 try:
                     results[i] = fn(items[i])
                 except BaseException as exc:  # noqa: BLE001 - re-raised in input order below
                     errors[i] = exc
+                    if not isinstance(exc, Exception):
+                        stopped[0] = True  # interrupted: start no more items
 
         helpers: list[Future[None]] = []
         try:
@@ -80,14 +85,17 @@ class IoPool:
                 helpers.append(executor.submit(drain))
         except RuntimeError:  # shut down by a concurrent close(): this thread does the rest
             pass
-        drain()
-        # Every item is taken: a helper still queued (behind other batches) has nothing left
-        # to do, so it is dropped, not waited for (wait() counts a cancelled future as done
-        # only once a worker dequeues it); only helpers that started are waited for.
-        wait([helper for helper in helpers if not helper.cancel()])
-        for error in errors:
-            if error is not None:
-                raise error
+        try:
+            drain()
+        finally:
+            # Every item is taken (or, when this thread was interrupted, none is handed out
+            # any more): a helper still queued (behind other batches) has nothing left to do,
+            # so it is dropped, not waited for (wait() counts a cancelled future as done only
+            # once a worker dequeues it); helpers that started are waited for even then, so
+            # no thread touches a caller's buffer after the call.
+            stopped[0] = True
+            _wait_for_all([helper for helper in helpers if not helper.cancel()])
+        raise_first(errors)
         return results
 
     def _executor_for(self, count: int) -> ThreadPoolExecutor | None:
@@ -116,3 +124,32 @@ class IoPool:
             executor, self._executor = self._executor, None
         if executor is not None:
             executor.shutdown(wait=True)
+
+
+def _wait_for_all(futures: list[Future[None]]) -> None:
+    """Wait until every future is done, even through an interrupt (raised afterwards): a
+    helper still running reads into or writes from the caller's buffers."""
+    interrupted: BaseException | None = None
+    while True:
+        try:
+            wait(futures)
+            break
+        except BaseException as exc:  # noqa: BLE001 - raised once every helper has ended
+            interrupted = interrupted or exc
+    if interrupted is not None:
+        raise interrupted
+
+
+def raise_first(errors: Sequence[BaseException | None]) -> None:
+    """Raise the first error of a batch, in input order; an interrupt (any BaseException
+    that is not an Exception, such as KeyboardInterrupt) before any ordinary error."""
+    first: BaseException | None = None
+    for error in errors:
+        if error is None:
+            continue
+        if not isinstance(error, Exception):
+            raise error
+        if first is None:
+            first = error
+    if first is not None:
+        raise first

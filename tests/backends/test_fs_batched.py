@@ -5,7 +5,10 @@ from __future__ import annotations
 import logging
 import mmap
 import os
+import signal
+import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -256,3 +259,68 @@ def test_group_size() -> None:
     assert _group_size(7, big, 4) == 1  # big chunks go alone
     assert _group_size(100, 0, 1) == GROUP_MAX
     assert _group_size(0, two_mib, 4) == 1
+
+
+def test_an_interrupt_between_a_group_s_steps_leaves_no_file_open(tmp_path: Path) -> None:
+    # A KeyboardInterrupt that lands at the entry of a read's second step (a signal is
+    # raised at a function's entry) must not leave that read's file, or the group's later
+    # ones, open. A trace function raises it there, deterministically.
+    store = stocked(tmp_path, io_workers=1)
+    entries = [0]
+
+    def tracer(frame: Any, event: str, _arg: Any) -> Any:
+        if event == "call" and frame.f_code is FsStore._finish_local.__code__:
+            entries[0] += 1
+            if entries[0] == 2:
+                raise KeyboardInterrupt
+        return None
+
+    buffers = slots(GROUP_MAX, max(len(c.data) for c in CHUNKS))
+    before = open_fds()
+    sys.settrace(tracer)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            store.get_many_into([c.key for c in CHUNKS[:GROUP_MAX]], buffers)
+    finally:
+        sys.settrace(None)
+    assert entries[0] >= 2
+    assert open_fds() == before
+    store.close()
+
+
+def test_an_interrupt_while_waiting_for_helpers_is_raised_once_they_ended(
+    tmp_path: Path,
+) -> None:
+    # SIGINT while the caller waits for the pool's threads: the call must not return (by
+    # raising) while a helper still reads into the caller's buffers.
+    store = stocked(tmp_path, io_workers=2, read_mode=BUFFERED)
+    main = threading.main_thread()
+    assert threading.current_thread() is main
+    finish = store._finish_local
+    helper_started, helper_done = threading.Event(), threading.Event()
+
+    def slow_on_helpers(read: Any) -> Any:
+        if threading.current_thread() is main:
+            return finish(read)
+        helper_started.set()
+        time.sleep(0.3)  # a slow disk: the caller is done with its items and waits
+        try:
+            return finish(read)
+        finally:
+            helper_done.set()
+
+    store._finish_local = slow_on_helpers  # type: ignore[method-assign]
+
+    def interrupt() -> None:
+        assert helper_started.wait(10)
+        time.sleep(0.05)
+        signal.pthread_kill(main.ident, signal.SIGINT)  # type: ignore[arg-type]
+
+    buffers = slots(len(CHUNKS), max(len(c.data) for c in CHUNKS))
+    before = open_fds()
+    threading.Thread(target=interrupt, daemon=True).start()
+    with pytest.raises(KeyboardInterrupt):
+        store.get_many_into([c.key for c in CHUNKS], buffers)
+    assert helper_done.is_set()
+    assert open_fds() == before
+    store.close()

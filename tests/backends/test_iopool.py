@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from chunkstore.backends._iopool import IoPool
+from chunkstore.backends._iopool import IoPool, raise_first
 from chunkstore.errors import ConfigError
 
 
@@ -138,3 +138,19 @@ def test_close_stops_threads_and_later_batches_run_inline() -> None:
 def test_workers_must_be_positive() -> None:
     with pytest.raises(ConfigError, match="io_workers"):
         IoPool(0, "t")
+
+
+def test_an_interrupt_is_raised_before_an_earlier_ordinary_error() -> None:
+    pool = IoPool(2, "interrupt")
+
+    def fail(i: int) -> int:
+        if i == 0:
+            raise ValueError("first in input order")
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        pool.map(fail, [0, 1])
+    with pytest.raises(ValueError):
+        raise_first([None, ValueError("a"), RuntimeError("b")])
+    raise_first([None, None])  # nothing to raise
+    pool.close()
