@@ -23,6 +23,7 @@ COUNTERS: dict[str, str] = {
     "saved_chunks": "Chunks copied device -> host and sealed.",
     "saved_bytes": "Bytes copied device -> host.",
     "save_seconds": "Time spent copying device -> host and sealing.",
+    "save_errors": "Chunks whose save failed (not stored; a later request recomputes them).",
 }
 
 

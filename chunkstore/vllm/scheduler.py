@@ -91,9 +91,11 @@ class ChunkStoreScheduler:
     def _keys(self, st: _Request, num_tokens: int) -> list[ChunkKey]:
         """Keys of the first ``num_tokens // chunk_tokens`` chunks, extending the chain."""
         c = self.engine.chunk_tokens
-        want = num_tokens // c
+        tokens = st.request.all_token_ids
+        # Never past the tokens known: a key of a chunk with a token missing would be wrong
+        # (and is cached for the rest of the request).
+        want = min(num_tokens, len(tokens)) // c
         if want > len(st.keys):
-            tokens = st.request.all_token_ids
             namespace = namespace_of(st.root)
             parent = st.keys[-1].digest if st.keys else st.root
             data = tokens_as_le_u32(list(tokens[len(st.keys) * c : want * c])).tobytes()
@@ -107,9 +109,13 @@ class ChunkStoreScheduler:
     def get_num_new_matched_tokens(
         self, request: Any, num_computed_tokens: int
     ) -> tuple[int | None, bool]:
+        if _has_prompt_embeds(request):
+            # Embedded positions read as token 0: keys of token ids alone would give two
+            # different prompts one key. Such requests neither load nor save.
+            return 0, False
+        st = self._state(request)  # (also when loads are off: saves start from it)
         if not self.cfg.load:
             return 0, False
-        st = self._state(request)
         c = self.engine.chunk_tokens
         # Leave at least one token to compute: vLLM samples from the last prompt position.
         keys = self._keys(st, max(request.num_tokens - 1, 0))
@@ -247,6 +253,9 @@ class ChunkStoreScheduler:
         if st is None:
             return
         request = st.request
+        # With asynchronous scheduling the token sampled last step is still a placeholder
+        # here: a chunk is saved once all its tokens are known (a step later), never before.
+        computed = min(computed, len(request.all_token_ids))
         if not self.cfg.save_decode:
             computed = min(computed, request.num_prompt_tokens)
         c, bpc = self.engine.chunk_tokens, self.engine.blocks_per_chunk
@@ -285,3 +294,8 @@ class ChunkStoreScheduler:
     def take_stats(self) -> dict[str, float] | None:
         """Counters since the last call (None if nothing happened)."""
         return self.stats.take()
+
+
+def _has_prompt_embeds(request: Any) -> bool:
+    """Whether some prompt positions are embeddings (vLLM's ``--enable-prompt-embeds``)."""
+    return getattr(request, "prompt_embeds", None) is not None

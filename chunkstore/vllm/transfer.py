@@ -277,6 +277,12 @@ class DeviceCopier:
         """
         raise NotImplementedError
 
+    def settle(self) -> None:
+        """Wait for device work a batch issued that no fence covers (one that failed part-way).
+
+        Host and image copiers complete every copy before they return: nothing to wait for.
+        """
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.device})"
 
@@ -445,6 +451,9 @@ class CudaCopier(ImageCopier):
         # the forward pass); from pinned memory it is queued like any other copy.
         host = self.runtime.pin(torch.tensor(list(values), dtype=torch.long))
         return host.to(self.device, non_blocking=True)
+
+    def settle(self) -> None:
+        self.stream.synchronize()  # everything runs on the side stream
 
     @contextlib.contextmanager
     def _on_side(self) -> Iterator[Any]:

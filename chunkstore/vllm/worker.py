@@ -251,7 +251,12 @@ class ChunkStoreWorker:
         """Chunks whose bytes are in host memory: seal and store them (or mark this rank's
         part written: the last rank's mark seals, the owner publishes)."""
         for save, slot in zip(pending.saves, pending.slots):
-            self.store.save_done(save, slot)
+            try:
+                self.store.save_done(save, slot)
+            except Exception as exc:  # noqa: BLE001 - a failed save is a future miss
+                log.warning("chunkstore: save of %s failed: %s", save.key.hex, exc)
+                self.stats.add("save_errors")
+                self.store.save_abandoned(slot)
 
     # --- loads ---------------------------------------------------------------------
 
@@ -270,7 +275,7 @@ class ChunkStoreWorker:
         accepted: list[tuple[ChunkLoad, Any]] = []
         for load in meta.loads:
             if load.req_id in failed_reqs:
-                self._fail(load)
+                self._fail(load, drop=False)  # sound, but past the request's failed chunk
                 continue
             try:
                 accepted.append((load, self._open_chunk(load, leases)))
@@ -296,7 +301,12 @@ class ChunkStoreWorker:
                 [payload for _, payload in accepted],
                 block_compute=sync,
             )
+        except Exception as exc:  # noqa: BLE001 - e.g. no device memory: vLLM recomputes
+            log.warning("chunkstore: loading %d chunks failed: %s", len(accepted), exc)
+            self._abandon_loads([load for load, _ in accepted], leases)
+            return
         except BaseException:
+            self._settle_device()
             leases.close()
             raise
         assert batch.fence is not None
@@ -305,6 +315,22 @@ class ChunkStoreWorker:
                 batch.fence, t0, batch.nbytes, leases, len(accepted), ok_reqs, failed_async
             )
         )
+
+    def _abandon_loads(self, loads: list[ChunkLoad], leases: ExitStack) -> None:
+        """Loads whose copies failed part-way: wait for what was issued, then report them
+        failed (an asynchronous request is recomputed as soon as it is reported)."""
+        self._settle_device()
+        leases.close()
+        first_of: set[str] = set()
+        for load in loads:
+            # The chunks are sound; only each request's first leaves host memory, so that
+            # vLLM's retry sees a shorter hit instead of the same failing copy again.
+            self._fail(load, drop=load.req_id not in first_of)
+            first_of.add(load.req_id)
+
+    def _settle_device(self) -> None:
+        if self.copier is not None:
+            self.copier.settle()
 
     def copy_in(self, loads: list[ChunkLoad], payloads: list[Any], *, block_compute: bool) -> Batch:
         """Issue the host -> device copies and scatters of ``loads`` from chunk ``payloads``.
@@ -344,10 +370,13 @@ class ChunkStoreWorker:
         )
         return chunk.payload
 
-    def _fail(self, load: ChunkLoad) -> None:
+    def _fail(self, load: ChunkLoad, *, drop: bool = True) -> None:
+        """Report ``load`` failed; ``drop``: also take its chunk out of host memory."""
         self.stats.add("load_errors")
-        # Drop the chunk from host memory so vLLM's retry sees a shorter hit, not a loop.
-        self.store.drop(load.key)
+        # The request's first failed chunk leaves host memory so vLLM's retry sees a shorter
+        # hit, not a loop; chunks after it stay (a later request can still use them).
+        if drop:
+            self.store.drop(load.key)
         if load.is_async:
             self._failed_recving.add(load.req_id)
         else:
@@ -397,7 +426,7 @@ class ChunkStoreWorker:
         saves = list(meta.saves)
         # Straight into host memory: a pinned slot of this process's cache (or a plain buffer
         # when every slot is pinned), or at TP > 1 this rank's ranges of the shared slot.
-        wanted = [(s, self.store.save_slot(s)) for s in saves]
+        wanted = [(s, self._save_slot(s)) for s in saves]
         saves = [s for s, slot in wanted if slot is not None]
         slots = [slot for _, slot in wanted if slot is not None]
         if not slots:
@@ -405,12 +434,27 @@ class ChunkStoreWorker:
         payloads = [memoryview(slot.view)[layout.data_offset :] for slot in slots]
         try:
             batch = self.copy_out(saves, payloads)
-        except BaseException:
+        except BaseException as exc:
+            # What was issued may still write into the slots: wait for it before they go back.
+            self._settle_device()
             for slot in slots:
                 self.store.save_abandoned(slot)
-            raise
+            if not isinstance(exc, Exception):
+                raise
+            log.warning("chunkstore: saving %d chunks failed: %s", len(saves), exc)
+            self.stats.add("save_errors", len(saves))
+            return
         assert batch.fence is not None
         self._track(_PendingSave(batch.fence, t0, batch.nbytes, saves, slots))
+
+    def _save_slot(self, save: ChunkSave) -> Any | None:
+        """Host memory for ``save`` (None: nothing to do, or it failed: a future miss)."""
+        try:
+            return self.store.save_slot(save)
+        except Exception as exc:  # noqa: BLE001 - a failed save is a future miss
+            log.warning("chunkstore: no host memory for %s: %s", save.key.hex, exc)
+            self.stats.add("save_errors")
+            return None
 
     def _gather_chunks(self, saves: list[ChunkSave], views: list[dict[str, torch.Tensor]]) -> None:
         """Copy the saves' blocks, converted to canonical tensors, into each chunk's ``views``."""

@@ -21,12 +21,17 @@ class FakeStream:
         self.name = name
         self.waited: list[Any] = []
         """Streams and events this stream was told to wait for, in order."""
+        self.synchronized = 0
+        """Times the host waited for all of this stream's work."""
 
     def wait_stream(self, other: FakeStream) -> None:
         self.waited.append(other)
 
     def wait_event(self, event: FakeEvent) -> None:
         self.waited.append(event)
+
+    def synchronize(self) -> None:
+        self.synchronized += 1
 
     def __repr__(self) -> str:
         return f"FakeStream({self.name})"
