@@ -27,7 +27,7 @@ from typing import Any
 import numpy as np
 
 from chunkstore.cache._pool import SHM_DIR, SlotPool
-from chunkstore.errors import ConfigError
+from chunkstore.errors import ConfigError, StoreError
 from chunkstore.hashing import ChunkKey
 from chunkstore.peer import _protocol as P
 from chunkstore.peer._client import PeerClient, PeerClientConfig
@@ -215,12 +215,23 @@ class NodeClient:
         name = info.get("pool")
         if not isinstance(name, str) or info.get("slot_size") != self.slot_size:
             raise PeerRefused(P.MALFORMED, "the node's hello names no usable pool")
-        inode = os.stat(SHM_DIR / name).st_ino
-        if self._pool is None or self._pool_id != (name, inode):
-            if self._pool is not None:
-                self._pool.close()
-            self._pool = SlotPool.attach(name)
-            self._pool_id = (name, inode)
+        try:
+            inode = os.stat(SHM_DIR / name).st_ino
+            if self._pool is None or self._pool_id != (name, inode):
+                if self._pool is not None:
+                    self._pool.close()
+                    self._pool = None
+                self._pool = SlotPool.attach(name)
+                self._pool_id = (name, inode)
+        except (OSError, StoreError) as exc:
+            # Another /dev/shm (separate containers) or another release's pool format: the
+            # engine cannot use this service, say so in one line (a miss from then on).
+            raise PeerRefused(
+                P.DATAPLANE_UNAVAILABLE,
+                f"cannot map its slot pool {SHM_DIR / name} ({exc}); the engine and the "
+                "service must share /dev/shm (e.g. docker --ipc=host) and run the same "
+                "chunkstore release",
+            ) from None
         self._pool_session = session
 
     def _request(self, op: str, fields: dict[str, Any]) -> dict[str, Any] | None:

@@ -60,9 +60,13 @@ def socket_path(endpoint: str) -> Path:
 def answers(path: Path) -> bool:
     """Whether a process accepts connections on the unix socket ``path`` now."""
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    # Non-blocking: a frozen service (stopped, paused container) whose listen backlog is full
+    # answers EAGAIN at once, where a blocking connect would wait for ever (holding the
+    # engine's client lock). A unix socket's connect completes at once when it is queued.
+    probe.setblocking(False)
     try:
         probe.connect(os.fspath(path))
-    except OSError:
+    except OSError:  # (BlockingIOError included: it does not accept connections now)
         return False
     finally:
         probe.close()
