@@ -9,11 +9,16 @@ and checksum, with the layout of its ``--spec``), checks it and publishes it.
 A rank whose connection closes before its part is committed takes the whole
 chunk down with it (the slot is given back): a chunk is published whole or not
 at all; so does the end of the session of any rank that joined it before it is whole.
+A chunk that is still not whole :data:`MAX_AGE_S` after its first reservation is given up
+too: ranks decide to save on their own, and one may never join (it found no room, or
+another engine published the chunk between the ranks' reservations), which would
+otherwise hold the slot for as long as the other ranks' sessions last.
 """
 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,6 +27,10 @@ from chunkstore.backends.base import SupportsReserve
 from chunkstore.cache._lease import Lease
 from chunkstore.format import ChunkLayout, seal_chunk
 from chunkstore.hashing import ChunkKey
+
+MAX_AGE_S = 60.0
+"""Seconds a chunk's ranks have, from the first reservation, to commit every part (they
+reserve in the same engine step and commit after its device-to-host copies)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,6 +51,8 @@ class _Assembly:
     tp: int
     parent: bytes
     tokens: list[int]
+    started: float
+    """When the first rank reserved it (the tracker's clock)."""
     joined: set[int] = field(default_factory=set)
     done: set[int] = field(default_factory=set)
     owners: list[object] = field(default_factory=list)
@@ -57,10 +68,15 @@ class ShardAssemblies:
         reserving: SupportsReserve,
         layout: ChunkLayout,
         valid: Callable[[ChunkKey, Any], bool],
+        *,
+        max_age_s: float = MAX_AGE_S,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._reserving = reserving
         self._layout = layout
         self._valid = valid
+        self._max_age_s = max_age_s
+        self._clock = clock
         self._open: dict[ChunkKey, _Assembly] = {}
         self._lock = threading.Lock()
 
@@ -76,6 +92,7 @@ class ShardAssemblies:
     ) -> list[int] | None:
         """``[slot, generation]`` for rank ``rank`` to write its part of ``key`` into; ``None``
         when there is no room, or this rank joined already, or another ``tp`` is assembling."""
+        self.expire()
         with self._lock:
             assembly = self._open.get(key)
             if assembly is None:
@@ -84,13 +101,28 @@ class ShardAssemblies:
                     if lease is not None:
                         self._reserving.abort(lease)
                     return None
-                assembly = _Assembly(lease, tp, parent, list(tokens))
+                assembly = _Assembly(lease, tp, parent, list(tokens), self._clock())
                 self._open[key] = assembly
             elif assembly.tp != tp or rank in assembly.joined:
                 return None
             assembly.joined.add(rank)
             assembly.owners.append(owner)
             return [assembly.lease.slot, assembly.lease.generation]
+
+    def expire(self) -> int:
+        """Give up the chunks not whole ``max_age_s`` after their first reservation (run on
+        every reservation); how many."""
+        oldest = self._clock() - self._max_age_s
+        with self._lock:
+            keys = [k for k, a in self._open.items() if a.started < oldest]
+            gone = [self._open.pop(k) for k in keys]
+        for assembly in gone:
+            self._reserving.abort(assembly.lease)
+        return len(gone)
+
+    def __len__(self) -> int:
+        """Chunks being assembled now."""
+        return len(self._open)
 
     def part_done(self, key: ChunkKey, rank: int) -> bool:
         """Rank ``rank`` wrote its part; the last part seals, checks and publishes the chunk.
