@@ -147,6 +147,15 @@ def bench_fs(label: str, chunks: list[MadeChunk], passes: int, workdir: str) -> 
     def get_many_into_unverified() -> None:
         assert all(raw_store.get_many_into(keys, slots))
 
+    def get_many_into_with(workers: int) -> Callable[[], None]:
+        # the same batch on fewer or more threads than the default (the caller's included)
+        sized = FsStore(root, io_workers=workers)
+
+        def get() -> None:
+            assert all(sized.get_many_into(keys, slots))
+
+        return get
+
     raw_read()  # warm the page cache
     t_raw = best_of(passes, raw_read)
     rows = [
@@ -209,6 +218,17 @@ def bench_fs(label: str, chunks: list[MadeChunk], passes: int, workdir: str) -> 
             mib,
         ),
     ]
+    for workers in (2, 8):
+        rows.append(
+            (
+                "fs",
+                label,
+                f"get_many_into (verify, {workers} io_workers) vs raw",
+                best_of(passes, get_many_into_with(workers)),
+                t_raw,
+                mib,
+            )
+        )
 
     counter = iter(range(10**9))
 
