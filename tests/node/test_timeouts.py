@@ -10,13 +10,14 @@ until the client has given up on it.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
 
 from chunkstore.cache._pool import WRITING
 from chunkstore.format import ChunkLayout
+from chunkstore.hashing import ChunkKey
 from chunkstore.node import NodeClient, NodeStore
 from chunkstore.testing.factories import sample_chunks, small_spec
 from tests.node.conftest import PATIENCE_S, SLOT_SIZE, Node, start_node, states, wait_until
@@ -56,7 +57,7 @@ def gate(node: Node, monkeypatch: pytest.MonkeyPatch) -> Iterator[Gate]:
     held = Gate()
     real = node.store.exists_many
 
-    def gated(keys):  # type: ignore[no-untyped-def]
+    def gated(keys: Sequence[ChunkKey]) -> list[bool]:
         held.opened.wait(PATIENCE_S)
         try:
             return real(keys)
