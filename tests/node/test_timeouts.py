@@ -11,16 +11,14 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator, Sequence
-from pathlib import Path
 
 import pytest
 
 from chunkstore.cache._pool import WRITING
-from chunkstore.format import ChunkLayout
 from chunkstore.hashing import ChunkKey
 from chunkstore.node import NodeClient, NodeStore
-from chunkstore.testing.factories import sample_chunks, small_spec
-from tests.node.conftest import PATIENCE_S, SLOT_SIZE, Node, start_node, states, wait_until
+from chunkstore.testing.factories import sample_chunks
+from tests.node.conftest import PATIENCE_S, SLOT_SIZE, Node, states, wait_until
 
 TIMEOUT_S = 0.2
 """The clients' request timeout: the gated ``exists`` always outlasts it."""
@@ -40,16 +38,6 @@ class Gate:
     def passed(self) -> None:
         with self._lock:
             self.answered += 1
-
-
-@pytest.fixture
-def node(tmp_path: Path) -> Iterator[Node]:
-    started = start_node(tmp_path, seal_layout=ChunkLayout(small_spec()))
-    try:
-        yield started
-    finally:
-        started.server.stop()
-        started.store.close()
 
 
 @pytest.fixture
