@@ -11,7 +11,9 @@ The client never blocks an engine on a dead service: requests are bounded by
 ``IMMEDIATE``), and after a failure the service counts as down for
 ``retry_after_s`` (every call is a miss, without I/O). Then the client
 attaches again: a fresh ``hello`` and, when the service was restarted, the
-new pool is mapped.
+new pool is mapped. A request that merely times out keeps the connection
+open: closing it would end the session, and the service would release the
+pins and abort the reservations of copies the engine is still making.
 """
 
 from __future__ import annotations
@@ -155,6 +157,7 @@ class NodeClient:
             retry_after_s=retry_after_s,
             client_name=client_name or f"engine-{os.getpid()}",
             immediate=True,
+            keep_session_on_timeout=True,
         )
         self._peer = PeerClient(self.endpoint, config, metrics=metrics)
         self.slot_size = slot_size
@@ -357,6 +360,10 @@ class NodeClient:
         wanted = [size if view is not None else 0 for size, view in zip(sizes, reservation.views)]
         with self._lock:
             reply = self._request("commit", {"lease": reservation.lease, "sizes": wanted})
+        if reply is None:
+            # Not committed (the service is marked down, or refused): give the slots back,
+            # or the session would hold them as long as it lives.
+            self.abort(reservation)
         stored = reply.get("stored") if reply is not None else None
         if not isinstance(stored, list) or len(stored) != len(wanted):
             return [False] * len(sizes)

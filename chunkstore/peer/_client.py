@@ -3,9 +3,13 @@
 The socket is a ZeroMQ DEALER: requests carry ids and replies are matched by
 id, so a late reply to a timed-out request is recognised and dropped instead of
 being taken for the answer to the next one (the REQ/REP lock-step would wedge
-instead). After a timeout the socket is replaced and the peer is marked down
-for ``retry_after_s``: further requests fail at once, so a dead or stalled peer
-costs one timeout, not one per request.
+instead). After a timeout the peer is marked down for ``retry_after_s``:
+further requests fail at once, so a dead or stalled peer costs one timeout, not
+one per request. A network peer's socket is replaced then (its leases are
+timed and outlive the connection); a node client's is kept
+(``keep_session_on_timeout``): the service ends a node session, releasing every
+pin and reservation, when its connection closes, so one slow request must not
+close it.
 """
 
 from __future__ import annotations
@@ -83,6 +87,11 @@ class PeerClientConfig:
     connection closed fails at once instead of after ``timeout_s`` (``hello`` waits up to
     ``timeout_s`` for the connection). For a node service on a unix socket, whose death
     the kernel reports at once."""
+    keep_session_on_timeout: bool = False
+    """After a request times out, keep the connection and the session instead of replacing
+    them (the peer is still marked down). For a node service, which ends a session with
+    its connection: closing it would release every pin and reservation the client still
+    uses. A late reply that grants a lease has that lease given back."""
     limits: P.Limits = field(default_factory=P.Limits)
     """Limits on replies we accept."""
 
@@ -179,9 +188,13 @@ class PeerClient:
         """False while the peer is marked down after a failure."""
         return time.monotonic() >= self._down_until
 
-    def _mark_down(self, reason: str) -> None:
+    def _mark_down(self, reason: str, *, keep_session: bool = False) -> None:
+        """Count the peer down for ``retry_after_s``; ``keep_session``: the connection and
+        the session stay (see :attr:`PeerClientConfig.keep_session_on_timeout`)."""
         self._down_until = time.monotonic() + self.config.retry_after_s
         self.metrics.client_failures.labels(reason).inc()
+        if keep_session:
+            return
         self._reset()
         if self._remote_agent is not None and self._nixl is not None:
             # The peer may have restarted; NIXL must forget its old memory keys.
@@ -200,10 +213,13 @@ class PeerClient:
         """Send one request and wait for its reply (bounded by ``timeout_s``).
 
         Raises :class:`PeerUnavailable` on timeout or while the peer is marked
-        down, :class:`PeerRefused` on an error reply.
+        down, :class:`PeerRefused` on an error reply. A message without reply (a
+        ``release``) is still sent while down when the session was kept: it costs no
+        wait, and the lease it ends would otherwise be held until the session ends.
         """
         with self._lock:
-            if not self.available:
+            kept = self._session is not None and self._socket is not None
+            if not self.available and (expect_reply or not kept):
                 raise PeerUnavailable(f"{self.endpoint} is marked down after a failure")
             if op != "hello" and self._session is None:
                 self._hello()
@@ -247,7 +263,9 @@ class PeerClient:
             if remaining <= 0 or not self._socket.poll(int(remaining * 1000) + 1):
                 if time.monotonic() < deadline:
                     continue
-                self._mark_down("timeout")
+                # A hello that timed out opened no session we know of: nothing to keep.
+                keep = self.config.keep_session_on_timeout and op != "hello"
+                self._mark_down("timeout", keep_session=keep)
                 raise PeerUnavailable(
                     f"{self.endpoint} did not answer {op} within {self.config.timeout_s:g} s"
                 )
@@ -262,6 +280,7 @@ class PeerClient:
                     # Errors about messages the server could not parse carry no id: ours.
                     pass
                 else:
+                    self._give_back_late_lease(reply, authentic)
                     continue  # a late reply to an earlier, timed-out request
             self.metrics.client_seconds.labels(op, self.plane or "-").observe(
                 time.monotonic() - started
@@ -274,6 +293,23 @@ class PeerClient:
                 self.metrics.client_failures.labels("refused").inc()
                 raise PeerRefused(code, reason)
             return reply, reply_data
+
+    def _give_back_late_lease(self, reply: dict[str, Any], authentic: bool) -> None:
+        """Release the lease a late reply granted (a timed-out ``fetch`` or ``reserve`` the
+        server answered after all): nobody uses it, and a node holds it until released."""
+        lease = reply.get("lease")
+        if not (authentic and reply.get("ok") is True and isinstance(lease, bytes)):
+            return
+        if self._session is None or self._socket is None:
+            return
+        body = {"v": P.PROTOCOL_VERSION, "op": "release", "id": next(self._ids)}
+        body.update(s=self._session, lease=lease, ack=False)
+        try:
+            self._socket.send_multipart(
+                self.codec.encode(body, (), reply=False), _zmq().NOBLOCK, copy=False
+            )
+        except _zmq().Again:
+            pass  # not connected: the server ended the session and its leases already
 
     # --- hello ----------------------------------------------------------------------------
 
