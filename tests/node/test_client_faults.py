@@ -14,17 +14,7 @@ import chunkstore.node._client as client_module
 from chunkstore.cache import _pool
 from chunkstore.node import NodeClient, NodeRefused
 from chunkstore.testing.factories import sample_chunks
-from tests.node.conftest import SLOT_SIZE, start_node
-
-
-@pytest.fixture
-def node(tmp_path: Path):
-    started = start_node(tmp_path)
-    try:
-        yield started
-    finally:
-        started.server.stop()
-        started.store.close()
+from tests.node.conftest import SLOT_SIZE
 
 
 def test_a_pool_the_engine_cannot_see_is_one_line_at_attach(node, tmp_path, monkeypatch) -> None:

@@ -144,9 +144,16 @@ class Harness:
         self.steps += 1
         return out
 
-    def _forward(self, req_id: str, request: Request, start: int, n: int) -> None:
+    def _forward(
+        self, req_id: str, request: Request, start: int, n: int, placeholder: int | None = None
+    ) -> None:
+        """Write the KV of positions ``[start, start + n)``; ``placeholder`` stands for tokens
+        not yet in ``all_token_ids`` (sampled last step, under asynchronous scheduling)."""
         block_ids = self.scheduler.kv_cache_manager.get_block_ids(req_id)
-        tokens = torch.tensor(request.all_token_ids[start : start + n])
+        known = list(request.all_token_ids[start : start + n])
+        if placeholder is not None:
+            known += [placeholder] * (n - len(known))
+        tokens = torch.tensor(known)
         positions = torch.arange(start, start + n)
         for name, kv in self.kv.items():
             layer = int(name.split(".")[2])

@@ -27,31 +27,15 @@ SAMPLED = 5
 
 def _forward(h, out):
     """Stand-in forward pass; tokens not yet appended (placeholders) are SAMPLED."""
-    sched = h.scheduler
     reqs = [r.req_id for r in out.scheduled_new_reqs] + list(out.scheduled_cached_reqs.req_ids)
     computed = {r.req_id: r.num_computed_tokens for r in out.scheduled_new_reqs}
     cached = out.scheduled_cached_reqs
     computed.update(zip(cached.req_ids, cached.num_computed_tokens))
     sampled = []
     for req_id in reqs:
-        n = out.num_scheduled_tokens[req_id]
-        request = sched.requests[req_id]
-        start = computed[req_id]
-        true_tokens = list(request.all_token_ids) + [SAMPLED] * (start + n)
-        tokens = torch.tensor(true_tokens[start : start + n])
-        block_ids = sched.kv_cache_manager.get_block_ids(req_id)
-        positions = torch.arange(start, start + n)
-        for name, kv in h.kv.items():
-            layer = int(name.split(".")[2])
-            k, v = H.expected_kv(layer, positions, tokens)
-            for j, pos in enumerate(range(start, start + n)):
-                b = block_ids[0][pos // H.BLOCK]
-                page = kv[b].view(H.HEADS, 2 * H.BLOCK * H.DIM)
-                off = pos % H.BLOCK
-                page[:, torch.arange(H.DIM) * H.BLOCK + off] = k[:, j]
-                page[:, H.BLOCK * H.DIM + off * H.DIM : H.BLOCK * H.DIM + (off + 1) * H.DIM] = v[
-                    :, j
-                ]
+        n, start = out.num_scheduled_tokens[req_id], computed[req_id]
+        request = h.scheduler.requests[req_id]
+        h._forward(req_id, request, start, n, placeholder=SAMPLED)
         sampled.append([SAMPLED] if start + n >= request.num_prompt_tokens else [])
     return reqs, sampled
 
