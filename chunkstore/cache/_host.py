@@ -253,16 +253,16 @@ class HostCache(Store):
             if pool.generation(slot) != lease.generation:
                 raise StaleSlot(f"{lease!r} was reassigned before commit")
             if pool.state(slot) == DOOMED:
-                # A concurrent reservation of the same key published first; chunks are
-                # content-addressed, so that copy is as good as ours.
-                lease.released = True
-                self._unpin(slot)
+                self._yield_to_winner(lease, keep_pinned)
                 return
             pool.publish(slot, size)
             self._bytes_used += size
             self._mtime[slot] = self._atime[slot] = time.time()
             old = self._index.get(lease.key)
-            if old is not None and old != slot:
+            if old is not None and old != slot and pool.state(old) == READY:
+                # The replaced copy keeps serving its readers until they let go. Another
+                # reservation of the key still WRITING is left alone: its own commit or
+                # abort finishes it (dooming it here would free it under its writer).
                 self._retire(old)
             self._index[lease.key] = slot
             if lease.key not in self._policy:
@@ -274,6 +274,30 @@ class HostCache(Store):
             if not keep_pinned:
                 lease.released = True
                 self._unpin(slot)
+
+    def _yield_to_winner(self, lease: Lease, keep_pinned: bool) -> None:
+        """Finish a reservation whose slot was doomed before it committed (caller holds the lock).
+
+        Chunks are content-addressed, so the cached copy is as good as ours. With
+        ``keep_pinned`` the lease becomes a read lease on that copy: a caller that asked
+        for a pinned chunk never gets a released lease whose slot is reused under it.
+        """
+        pool = self.pool
+        winner = self._index.get(lease.key)
+        if keep_pinned and winner is not None and pool.state(winner) == READY:
+            pool.pin(winner)
+            self._atime[winner] = time.time()
+            self._unpin(lease.slot)
+            length = pool.length(winner)
+            lease.slot = winner
+            lease.generation = pool.generation(winner)
+            lease.view = pool.view(winner)[:length]
+            lease.writing = False
+            return
+        lease.released = True
+        self._unpin(lease.slot)
+        if keep_pinned:
+            raise StaleSlot(f"{lease!r} was replaced before commit and no copy is cached")
 
     def abort(self, lease: Lease) -> None:
         """Give up a reservation (or release a read lease); idempotent."""

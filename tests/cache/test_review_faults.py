@@ -1,0 +1,121 @@
+"""Regression tests for defects a review of the host cache and tiered store found."""
+
+from __future__ import annotations
+
+import threading
+
+from prometheus_client import CollectorRegistry
+
+from chunkstore.backends.base import Buffer
+from chunkstore.cache import HostCache, TieredStore
+from chunkstore.hashing import ChunkKey
+from chunkstore.metrics import ChunkstoreMetrics
+from chunkstore.testing.factories import sample_chunks
+from tests.cache.conftest import LAYOUT, SLOT
+from tests.cache.doubles import DirectStore, GatedStore, wait_until
+
+
+def _metrics() -> ChunkstoreMetrics:
+    return ChunkstoreMetrics(CollectorRegistry())
+
+
+# --- two reservations of one key: the second commit keeps its pin ----------------------------
+
+
+def test_second_commit_with_keep_pinned_returns_a_live_lease() -> None:
+    k, other = sample_chunks(2, seed=3, layout=LAYOUT)
+    host = HostCache(SLOT, num_slots=4)
+    a = host.reserve(k.key)
+    b = host.reserve(k.key)
+    assert a is not None and b is not None
+    a.view[: len(k.data)] = k.data
+    b.view[: len(k.data)] = k.data
+    host.commit(b, len(k.data))
+    host.commit(a, len(k.data), keep_pinned=True)
+    assert not a.released and not a.writing
+    host.put(other.key, other.data)  # the free list is LIFO: a freed slot would be reused here
+    assert bytes(a.view) == k.data
+    assert host.get(k.key) == k.data
+    host.release(a)
+    assert host.stats().pinned_slots == 0
+    host.close()
+
+
+def test_abort_after_the_other_reservation_committed_keeps_the_chunk() -> None:
+    (k,) = sample_chunks(1, seed=5, layout=LAYOUT)
+    host = HostCache(SLOT, num_slots=4)
+    a = host.reserve(k.key)
+    b = host.reserve(k.key)
+    assert a is not None and b is not None
+    b.view[: len(k.data)] = k.data
+    host.commit(b, len(k.data))
+    host.abort(a)
+    assert host.get(k.key) == k.data
+    assert host.stats().pinned_slots == 0 and host.stats().chunks == 1
+    host.close()
+
+
+def test_tiered_write_back_of_the_second_commit_stores_the_right_bytes() -> None:
+    k, other, first = sample_chunks(3, seed=4, layout=LAYOUT)
+    tier = GatedStore("gated")
+    ts = TieredStore(HostCache(SLOT, num_slots=4), [tier], write_batch=1, metrics=_metrics())
+    try:
+        ts.put(first.key, first.data)  # the drain thread blocks on this one
+        wait_until(tier.entered.is_set, "drain busy")
+        a = ts.reserve(k.key)
+        b = ts.reserve(k.key)
+        assert a is not None and b is not None
+        a.view[: len(k.data)] = k.data
+        b.view[: len(k.data)] = k.data
+        ts.commit(b, len(k.data))
+        ts.commit(a, len(k.data))
+        ts.put(other.key, other.data)
+        tier.gate.set()
+        assert ts._writer.flush(10)
+        assert tier.get(k.key) == k.data
+    finally:
+        tier.gate.set()
+        ts.close()
+
+
+class _FirstReaderWaits(DirectStore):
+    """A tier whose first ``get_into`` waits for a gate (so two promotions overlap)."""
+
+    def __init__(self) -> None:
+        super().__init__(name="first-waits")
+        self.gate, self.entered = threading.Event(), threading.Event()
+        self.calls = 0
+
+    def get_into(self, key: ChunkKey, buffer: Buffer) -> int | None:
+        self.calls += 1
+        if self.calls == 1:
+            self.entered.set()
+            assert self.gate.wait(10)
+        return super().get_into(key, buffer)
+
+
+def test_concurrent_promotions_of_one_key_both_get_pinned_leases() -> None:
+    k, other = sample_chunks(2, seed=8, layout=LAYOUT)
+    tier = _FirstReaderWaits()
+    tier.put(k.key, k.data)
+    ts = TieredStore(HostCache(SLOT, num_slots=4), [tier], tier_timeout=None, metrics=_metrics())
+    got: dict[str, object] = {}
+    try:
+        t = threading.Thread(target=lambda: got.setdefault("a", ts.acquire(k.key)))
+        t.start()
+        wait_until(tier.entered.is_set, "reader A inside the tier")
+        b = ts.acquire(k.key)  # reader B promotes and commits first
+        tier.gate.set()
+        t.join(10)
+        a = got["a"]
+        assert a is not None and b is not None
+        assert not a.released and not b.released  # type: ignore[attr-defined]
+        ts.put(other.key, other.data)
+        assert bytes(a.view[: len(k.data)]) == k.data  # type: ignore[attr-defined]
+        ts.release(a)  # type: ignore[arg-type]
+        ts.release(b)
+        assert ts._writer.flush(10)
+        assert ts.host.stats().pinned_slots == 0
+    finally:
+        tier.gate.set()
+        ts.close()
