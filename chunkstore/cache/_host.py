@@ -499,14 +499,17 @@ class HostCache(Store):
         pool = self.pool
         key = pool.key_of(slot)
         assert key is not None
-        if key in self._index:
+        if self._is_ready(key):
             return Adoption(key, False, None)
         size = pool.length(slot)
         pool.publish(slot, size)
         self._bytes_used += size
         self._mtime[slot] = self._atime[slot] = time.time()
+        # A reservation of the key still WRITING (a speculative promotion) loses the index
+        # entry, as when another reservation commits first; its commit or abort finishes it.
         self._index[key] = slot
-        self._readmit(key)
+        if key not in self._policy:
+            self._readmit(key)
         self._link_parent(key, slot)
         if not keep_pinned:
             return Adoption(key, True, None)
