@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 
 from prometheus_client import CollectorRegistry
 
+from chunkstore.backends._memory import MemoryStore
 from chunkstore.backends.base import Buffer
 from chunkstore.cache import HostCache, TieredStore
 from chunkstore.hashing import ChunkKey
@@ -118,4 +120,55 @@ def test_concurrent_promotions_of_one_key_both_get_pinned_leases() -> None:
         assert ts.host.stats().pinned_slots == 0
     finally:
         tier.gate.set()
+        ts.close()
+
+
+# --- per-item write failures are dropped write-backs ------------------------------------------
+
+
+class _RefusingStore(MemoryStore):
+    """A tier whose plain put answers False per item, as S3Store does after its retries."""
+
+    def put_many(self, items: Sequence[tuple[ChunkKey, Buffer]]) -> list[bool]:
+        return [False] * len(items)
+
+
+def test_items_a_tier_did_not_store_are_counted_as_dropped() -> None:
+    (c,) = sample_chunks(1, seed=5, layout=LAYOUT)
+    tier = _RefusingStore(name="refusing")
+    ts = TieredStore(HostCache(SLOT, num_slots=4), [tier], metrics=_metrics())
+    try:
+        ts.put(c.key, c.data)
+        assert ts._writer.flush(10)
+        stats = ts.stats()
+        assert not tier.exists(c.key)
+        assert stats.tiers[0].dropped == {"tier_error": 1}
+        assert stats.writes_dropped == 1
+        assert ts.dropped_keys() == [c.key]
+    finally:
+        ts.close()
+
+
+class _LosesEveryRace(MemoryStore):
+    """A tier where another writer always stores the chunk first (put_if_absent says False)."""
+
+    calls = 0
+
+    def put_if_absent_many(self, items: Sequence[tuple[ChunkKey, Buffer]]) -> list[bool]:
+        self.calls += 1
+        return [False] * len(items)
+
+
+def test_put_if_absent_false_is_not_a_drop() -> None:
+    c, other = sample_chunks(2, seed=6, layout=LAYOUT)
+    tier = _LosesEveryRace(name="raced")
+    ts = TieredStore(HostCache(SLOT, num_slots=1), [tier], metrics=_metrics())
+    try:
+        held = ts.reserve(other.key)  # host memory is full: the write goes straight to the tier
+        assert held is not None
+        assert not ts.put_if_absent(c.key, c.data)
+        assert tier.calls == 1
+        ts.abort(held)
+        assert ts.stats().writes_dropped == 0 and ts.dropped_keys() == []
+    finally:
         ts.close()
