@@ -28,7 +28,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from chunkstore.backends.base import Buffer, ChunkInfo, Store
+from chunkstore.backends.base import Buffer, ChunkInfo, Judgement, Store
 from chunkstore.cache._chains import chunk_parent
 from chunkstore.cache._lease import Lease
 from chunkstore.cache._lending import SlotLoans
@@ -248,6 +248,7 @@ class HostCache(Store):
         if not 0 <= size <= self.slot_size:
             raise ConfigError(f"chunk length {size} is outside 0..{self.slot_size}")
         with self._lock:
+            self._check_open()
             pool = self.pool
             slot = lease.slot
             if pool.generation(slot) != lease.generation:
@@ -366,6 +367,16 @@ class HostCache(Store):
             return _copy_into(buffer, lease.view)
         finally:
             self.release(lease)
+
+    def _admit(self, key: ChunkKey, judgement: Judgement) -> bool:
+        # Verified reads (get, get_many, get_into) pin through acquire, which counted a hit;
+        # bytes that may not be served make that read a miss after all.
+        admitted = super()._admit(key, judgement)
+        if not admitted:
+            with self._lock:
+                self._hits -= 1
+                self._misses += 1
+        return admitted
 
     # --- Store primitives -----------------------------------------------------------------------
 

@@ -5,11 +5,13 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 
+import pytest
 from prometheus_client import CollectorRegistry
 
 from chunkstore.backends._memory import MemoryStore
 from chunkstore.backends.base import Buffer
 from chunkstore.cache import HostCache, TieredStore
+from chunkstore.errors import ConfigError
 from chunkstore.hashing import ChunkKey
 from chunkstore.metrics import ChunkstoreMetrics
 from chunkstore.testing.factories import sample_chunks
@@ -172,3 +174,47 @@ def test_put_if_absent_false_is_not_a_drop() -> None:
         assert ts.stats().writes_dropped == 0 and ts.dropped_keys() == []
     finally:
         ts.close()
+
+
+# --- a corrupt host chunk is a miss, not a hit -----------------------------------------------
+
+
+@pytest.mark.parametrize("read", ["get_into", "get"])
+def test_a_corrupt_host_read_counts_as_a_miss(read: str) -> None:
+    (c,) = sample_chunks(1, seed=6, layout=LAYOUT)
+    bad = bytearray(c.data)
+    bad[-1] ^= 0xFF
+    with HostCache(SLOT, num_slots=2, verify=True) as host:
+        host.put(c.key, bytes(bad))
+        got = host.get_into(c.key, bytearray(SLOT)) if read == "get_into" else host.get(c.key)
+        assert got is None
+        stats = host.stats()
+        assert (stats.hits, stats.misses) == (0, 1)
+        assert host.corrupt_detected == 1 and not host.exists(c.key)
+        host.put(c.key, c.data)
+        assert host.get(c.key) == c.data
+        assert host.stats().hits == 1
+
+
+# --- commit after close is a clear error ------------------------------------------------------
+
+
+def test_host_commit_after_close_is_a_config_error() -> None:
+    (c,) = sample_chunks(1, seed=9, layout=LAYOUT)
+    host = HostCache(SLOT, num_slots=2)
+    lease = host.reserve(c.key)
+    assert lease is not None
+    host.close()
+    with pytest.raises(ConfigError, match="closed"):
+        host.commit(lease, len(c.data))
+
+
+def test_tiered_commit_after_close_is_a_config_error() -> None:
+    (c,) = sample_chunks(1, seed=9, layout=LAYOUT)
+    ts = TieredStore(HostCache(SLOT, num_slots=2), [], metrics=_metrics())
+    lease = ts.reserve(c.key)
+    assert lease is not None
+    lease.view[: len(c.data)] = c.data
+    ts.close()
+    with pytest.raises(ConfigError, match="closed"):
+        ts.commit(lease, len(c.data))
