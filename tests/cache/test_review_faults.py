@@ -218,3 +218,67 @@ def test_tiered_commit_after_close_is_a_config_error() -> None:
     ts.close()
     with pytest.raises(ConfigError, match="closed"):
         ts.commit(lease, len(c.data))
+
+
+# --- a write around host memory waits for the undo of an older write-back ---------------------
+
+
+class _UndoAfterRewrite(MemoryStore):
+    """The first put (the write-back) waits for ``put_gate``; the second delete (the drain
+    thread's undo of it) waits for ``undo_gate``, which a second put also opens: so a
+    write-through that does not wait for the undo lands before it."""
+
+    def __init__(self) -> None:
+        super().__init__(name="slow")
+        self.put_gate, self.put_entered = threading.Event(), threading.Event()
+        self.undo_gate, self.undo_entered = threading.Event(), threading.Event()
+        self.puts = self.deletes = 0
+
+    def put_many(self, items: Sequence[tuple[ChunkKey, Buffer]]) -> list[bool]:
+        self.puts += 1
+        if self.puts == 1:
+            self.put_entered.set()
+            assert self.put_gate.wait(10)
+        else:
+            self.undo_gate.set()
+        return super().put_many(items)
+
+    def delete_many(self, keys: Sequence[ChunkKey]) -> int:
+        self.deletes += 1
+        if self.deletes == 2:
+            self.undo_entered.set()
+            assert self.undo_gate.wait(10)
+        return super().delete_many(keys)
+
+
+def test_a_put_after_delete_survives_the_undo_of_the_older_write_back() -> None:
+    k, other = sample_chunks(2, seed=7, layout=LAYOUT)
+    tier = _UndoAfterRewrite()
+    ts = TieredStore(HostCache(SLOT, num_slots=1), [tier], tier_timeout=None, metrics=_metrics())
+    try:
+        ts.put(k.key, k.data)
+        wait_until(tier.put_entered.is_set, "write-back under way")
+        ts.delete(k.key)  # the write-back under way is to be undone
+        tier.put_gate.set()
+        wait_until(tier.undo_entered.is_set, "undo under way")
+        busy = ts.reserve(other.key)  # the only slot is held: the next put goes around
+        assert busy is not None
+        # A put that waits for the undo (as it should) opens the undo's gate while waiting.
+        queue = ts._writer._queue
+        assert queue is not None
+        waiting = queue._cond.wait
+
+        def wait_and_let_the_undo_end(timeout: float | None = None) -> bool:
+            tier.undo_gate.set()
+            return waiting(timeout)
+
+        queue._cond.wait = wait_and_let_the_undo_end  # type: ignore[method-assign]
+        assert ts.put(k.key, k.data) is True
+        ts.abort(busy)
+        assert ts._writer.flush(10)
+        assert tier.exists(k.key) and ts.exists(k.key)
+        assert tier.deletes == 2
+    finally:
+        tier.put_gate.set()
+        tier.undo_gate.set()
+        ts.close()
