@@ -10,11 +10,11 @@ from prometheus_client import CollectorRegistry
 
 from chunkstore.backends._memory import MemoryStore
 from chunkstore.backends.base import Buffer
-from chunkstore.cache import HostCache, TieredStore
+from chunkstore.cache import HostCache, Lease, TieredStore
 from chunkstore.errors import ConfigError
 from chunkstore.hashing import ChunkKey
 from chunkstore.metrics import ChunkstoreMetrics
-from chunkstore.testing.factories import sample_chunks
+from chunkstore.testing.factories import MadeChunk, sample_chunks
 from tests.cache.conftest import LAYOUT, SLOT
 from tests.cache.doubles import DirectStore, GatedStore, wait_until
 
@@ -26,14 +26,22 @@ def _metrics() -> ChunkstoreMetrics:
 # --- two reservations of one key: the second commit keeps its pin ----------------------------
 
 
+def _two_filled_reservations(
+    store: HostCache | TieredStore, chunk: MadeChunk
+) -> tuple[Lease, Lease]:
+    """Two open reservations of ``chunk``'s key, each holding its bytes."""
+    a = store.reserve(chunk.key)
+    b = store.reserve(chunk.key)
+    assert a is not None and b is not None
+    for lease in (a, b):
+        lease.view[: len(chunk.data)] = chunk.data
+    return a, b
+
+
 def test_second_commit_with_keep_pinned_returns_a_live_lease() -> None:
     k, other = sample_chunks(2, seed=3, layout=LAYOUT)
     host = HostCache(SLOT, num_slots=4)
-    a = host.reserve(k.key)
-    b = host.reserve(k.key)
-    assert a is not None and b is not None
-    a.view[: len(k.data)] = k.data
-    b.view[: len(k.data)] = k.data
+    a, b = _two_filled_reservations(host, k)
     host.commit(b, len(k.data))
     host.commit(a, len(k.data), keep_pinned=True)
     assert not a.released and not a.writing
@@ -48,10 +56,7 @@ def test_second_commit_with_keep_pinned_returns_a_live_lease() -> None:
 def test_abort_after_the_other_reservation_committed_keeps_the_chunk() -> None:
     (k,) = sample_chunks(1, seed=5, layout=LAYOUT)
     host = HostCache(SLOT, num_slots=4)
-    a = host.reserve(k.key)
-    b = host.reserve(k.key)
-    assert a is not None and b is not None
-    b.view[: len(k.data)] = k.data
+    a, b = _two_filled_reservations(host, k)
     host.commit(b, len(k.data))
     host.abort(a)
     assert host.get(k.key) == k.data
@@ -66,11 +71,7 @@ def test_tiered_write_back_of_the_second_commit_stores_the_right_bytes() -> None
     try:
         ts.put(first.key, first.data)  # the drain thread blocks on this one
         wait_until(tier.entered.is_set, "drain busy")
-        a = ts.reserve(k.key)
-        b = ts.reserve(k.key)
-        assert a is not None and b is not None
-        a.view[: len(k.data)] = k.data
-        b.view[: len(k.data)] = k.data
+        a, b = _two_filled_reservations(ts, k)
         ts.commit(b, len(k.data))
         ts.commit(a, len(k.data))
         ts.put(other.key, other.data)
