@@ -28,7 +28,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from chunkstore.backends.base import Buffer, ChunkInfo, Store
+from chunkstore.backends.base import Buffer, ChunkInfo, Judgement, Store
 from chunkstore.cache._chains import chunk_parent
 from chunkstore.cache._lease import Lease
 from chunkstore.cache._lending import SlotLoans
@@ -248,21 +248,22 @@ class HostCache(Store):
         if not 0 <= size <= self.slot_size:
             raise ConfigError(f"chunk length {size} is outside 0..{self.slot_size}")
         with self._lock:
+            self._check_open()
             pool = self.pool
             slot = lease.slot
             if pool.generation(slot) != lease.generation:
                 raise StaleSlot(f"{lease!r} was reassigned before commit")
             if pool.state(slot) == DOOMED:
-                # A concurrent reservation of the same key published first; chunks are
-                # content-addressed, so that copy is as good as ours.
-                lease.released = True
-                self._unpin(slot)
+                self._yield_to_winner(lease, keep_pinned)
                 return
             pool.publish(slot, size)
             self._bytes_used += size
             self._mtime[slot] = self._atime[slot] = time.time()
             old = self._index.get(lease.key)
-            if old is not None and old != slot:
+            if old is not None and old != slot and pool.state(old) == READY:
+                # The replaced copy keeps serving its readers until they let go. Another
+                # reservation of the key still WRITING is left alone: its own commit or
+                # abort finishes it (dooming it here would free it under its writer).
                 self._retire(old)
             self._index[lease.key] = slot
             if lease.key not in self._policy:
@@ -274,6 +275,30 @@ class HostCache(Store):
             if not keep_pinned:
                 lease.released = True
                 self._unpin(slot)
+
+    def _yield_to_winner(self, lease: Lease, keep_pinned: bool) -> None:
+        """Finish a reservation whose slot was doomed before it committed (caller holds the lock).
+
+        Chunks are content-addressed, so the cached copy is as good as ours. With
+        ``keep_pinned`` the lease becomes a read lease on that copy: a caller that asked
+        for a pinned chunk never gets a released lease whose slot is reused under it.
+        """
+        pool = self.pool
+        winner = self._index.get(lease.key)
+        if keep_pinned and winner is not None and pool.state(winner) == READY:
+            pool.pin(winner)
+            self._atime[winner] = time.time()
+            self._unpin(lease.slot)
+            length = pool.length(winner)
+            lease.slot = winner
+            lease.generation = pool.generation(winner)
+            lease.view = pool.view(winner)[:length]
+            lease.writing = False
+            return
+        lease.released = True
+        self._unpin(lease.slot)
+        if keep_pinned:
+            raise StaleSlot(f"{lease!r} was replaced before commit and no copy is cached")
 
     def abort(self, lease: Lease) -> None:
         """Give up a reservation (or release a read lease); idempotent."""
@@ -342,6 +367,16 @@ class HostCache(Store):
             return _copy_into(buffer, lease.view)
         finally:
             self.release(lease)
+
+    def _admit(self, key: ChunkKey, judgement: Judgement) -> bool:
+        # Verified reads (get, get_many, get_into) pin through acquire, which counted a hit;
+        # bytes that may not be served make that read a miss after all.
+        admitted = super()._admit(key, judgement)
+        if not admitted:
+            with self._lock:
+                self._hits -= 1
+                self._misses += 1
+        return admitted
 
     # --- Store primitives -----------------------------------------------------------------------
 
@@ -475,14 +510,17 @@ class HostCache(Store):
         pool = self.pool
         key = pool.key_of(slot)
         assert key is not None
-        if key in self._index:
+        if self._is_ready(key):
             return Adoption(key, False, None)
         size = pool.length(slot)
         pool.publish(slot, size)
         self._bytes_used += size
         self._mtime[slot] = self._atime[slot] = time.time()
+        # A reservation of the key still WRITING (a speculative promotion) loses the index
+        # entry, as when another reservation commits first; its commit or abort finishes it.
         self._index[key] = slot
-        self._readmit(key)
+        if key not in self._policy:
+            self._readmit(key)
         self._link_parent(key, slot)
         if not keep_pinned:
             return Adoption(key, True, None)

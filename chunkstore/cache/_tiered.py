@@ -293,6 +293,7 @@ class TieredStore(Store):
 
     def commit(self, lease: Lease, length: int | None = None) -> None:
         """Publish a reserved slot in host memory and queue its write-back."""
+        self._check_open()
         self.host.commit(lease, length, keep_pinned=True)
         self._writer.enqueue(lease)
 

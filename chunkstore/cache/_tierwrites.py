@@ -220,6 +220,15 @@ class TierWriter:
             return False
         tier.instruments.record_write(nbytes, time.perf_counter() - started)
         tier.count_writes(sum(1 for ok in written if ok))
+        if not if_absent:
+            # A plain put answers False for an item it could not store (S3 after its
+            # retries, a failed NIXL write): that write-back is lost, so count it. For
+            # put_if_absent False means the tier already had the chunk.
+            failed = [key for (key, _), ok in zip(items, written, strict=True) if not ok]
+            if failed:
+                tier.count_drop("tier_error", len(failed))
+                for key in failed:
+                    self._report_drop(key, f"{tier.name} did not store it")
         return any(written)
 
     def _report_drop(self, key: ChunkKey, why: str) -> None:

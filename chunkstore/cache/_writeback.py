@@ -57,6 +57,9 @@ class WriteBehindQueue(Generic[T]):
         self._items: deque[T] = deque()
         self._batch: list[T] = []
         self._withdrawn_late: list[T] = []
+        # Withdrawn items of the last batch while ``undo`` runs for them: a newer write
+        # around the queue waits for these too, or the late undo would remove it.
+        self._undoing: list[T] = []
         self._in_flight = 0
         self._closing = False
         self._cond = threading.Condition()
@@ -99,7 +102,8 @@ class WriteBehindQueue(Generic[T]):
 
     def supersede(self, match: Callable[[T], bool], timeout: float | None = None) -> list[T]:
         """Take back the waiting items ``match`` selects, then wait (up to ``timeout``) until
-        no batch being written holds one; the caller owns the returned items again.
+        no batch being written (or being undone) holds one; the caller owns the returned
+        items again.
 
         For a newer write that goes around the queue: the older items must neither land
         after it (so waiting ones are withdrawn, and one being written is waited for) nor
@@ -111,7 +115,7 @@ class WriteBehindQueue(Generic[T]):
             if taken:
                 self._items = deque(item for item in self._items if not match(item))
                 self._cond.notify_all()
-            while any(match(item) for item in self._batch):
+            while any(match(item) for item in (*self._batch, *self._undoing)):
                 remaining = None if deadline is None else deadline - time.monotonic()
                 if remaining is not None and remaining <= 0:
                     break
@@ -158,6 +162,7 @@ class WriteBehindQueue(Generic[T]):
             finally:
                 with self._cond:
                     late, self._withdrawn_late = self._withdrawn_late, []
+                    self._undoing = late
                     self._batch = []
                 try:
                     if late and self._undo is not None:
@@ -166,5 +171,6 @@ class WriteBehindQueue(Generic[T]):
                     log.exception("undoing %d withdrawn writes failed", len(late))
                 finally:
                     with self._cond:
+                        self._undoing = []
                         self._in_flight = 0
                         self._cond.notify_all()

@@ -256,6 +256,29 @@ def test_the_last_writer_seals_and_the_owner_publishes_once(
         assert host.put(made[1].key, made[1].data)  # the slots serve the cache again
 
 
+def test_a_sealed_chunk_outlives_an_aborted_speculative_reservation(
+    gqa: ChunkLayout, made: list[MadeChunk]
+) -> None:
+    # A reader's promotion reserves the key without eviction while the ranks assemble it;
+    # the tier then misses and the promotion aborts. The sealed chunk must stay cached.
+    with HostCache(gqa, num_slots=4) as host:
+        owner = AssemblyOwner(host, lend_slots=1)
+        (solo,) = assemblers(host, gqa, 1)
+        chunk = made[0]
+        claim = solo.slot_for_write(chunk.key, parent=chunk.parent, tokens=chunk.tokens)
+        assert claim is not None
+        speculative = host.reserve(chunk.key, evict=False)
+        assert speculative is not None
+        solo.write_shard(claim, kv_tensors(gqa, chunk.tokens))
+        assert solo.mark_written(claim) is True
+        assert owner.collect() == [chunk.key]
+        host.abort(speculative)
+        assert host.get(chunk.key) == chunk.data
+        assert owner.stats().published == 1
+        owner.close()
+        assert host.stats().pinned_slots == 0
+
+
 def test_replica_and_mla_ranks_write_nothing() -> None:
     rep = layout_named("rep")
     assert writer_mask(rep, 4) == 0b0101 and writer_mask(rep, 2) == 0b11
