@@ -81,6 +81,8 @@ class CopyReport:
     """Chunks the destination already had."""
     vanished: int = 0
     """Chunks listed in the source but gone when read."""
+    refused: int = 0
+    """Chunks DST declined to store and does not hold (one bigger than its ``max_bytes``)."""
     unreadable: list[ChunkInfo] = field(default_factory=list)
     """Source chunks still there that could not be read (EIO, ESTALE, EACCES): not copied."""
     bad: list[tuple[ChunkInfo, integrity.Verdict]] = field(default_factory=list)
@@ -94,6 +96,7 @@ class CopyReport:
             "copied_bytes": self.copied_bytes,
             "skipped_existing": self.skipped,
             "vanished": self.vanished,
+            "refused": self.refused,
             "unreadable": [
                 {"key": i.key.hex, "namespace": i.key.namespace} for i in self.unreadable
             ],
@@ -167,16 +170,23 @@ def run(args: argparse.Namespace) -> int:
                     fingerprints.add(read_header(raw).fingerprint)
                 if items:
                     written = dst.put_if_absent_many(items)
-                    for (_, raw), wrote in zip(items, written):
+                    declined = [key for (key, _), wrote in zip(items, written) if not wrote]
+                    # False is "already there" or a refusal (a chunk bigger than DST's cap)
+                    there = dict(zip(declined, dst.exists_many(declined))) if declined else {}
+                    for (key, raw), wrote in zip(items, written):
                         if wrote:
                             report.copied += 1
                             report.copied_bytes += len(raw)
-                        else:  # another writer got there between exists and put
+                        elif there[key]:  # another writer got there between exists and put
                             report.skipped += 1
+                        else:
+                            report.refused += 1
                 progress.advance(len(batch))
         _copy_model_records(src, dst, fingerprints)
     elapsed = time.monotonic() - started
-    failed = any(v.status == integrity.CORRUPT for _, v in report.bad) or bool(report.unreadable)
+    failed = any(v.status == integrity.CORRUPT for _, v in report.bad) or bool(
+        report.unreadable or report.refused
+    )
     if args.json:
         emit_json(
             {"src": args.src, "dst": args.dst, **report.as_json(), "seconds": round(elapsed, 3)}
@@ -196,6 +206,7 @@ def run(args: argparse.Namespace) -> int:
         f"{elapsed:.1f}s{rate}; {report.skipped} already present; "
         f"{len(report.bad)} not copied (failed verification or unsupported)"
         + (f"; {report.vanished} vanished" if report.vanished else "")
+        + (f"; {report.refused} not stored (refused by DST)" if report.refused else "")
         + (f"; {len(report.unreadable)} unreadable (read error)" if report.unreadable else "")
     )
     lines.extend(
