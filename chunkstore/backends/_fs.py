@@ -636,18 +636,35 @@ class FsStore(Store):
         paths = [self.path_of(k) for k in keys]
         for k in keys:
             self._touched.pop(k, None)
-        limiter = self._limiter()
-        if limiter is None:
-            return sum(self._remove_sized(p) >= 0 for p in paths)
-        count = 0
+        failures: list[tuple[str, OSError]] = []
+        sizes: list[int] = []
 
         def remove() -> list[int]:
-            nonlocal count
-            sizes = [s for s in map(self._remove_sized, paths) if s >= 0]
-            count = len(sizes)
+            # one path that may not be deleted (EACCES, EROFS) does not stop the others,
+            # and the ledger counts exactly what went
+            for path in paths:
+                try:
+                    size = self._remove_sized(path)
+                except OSError as exc:
+                    failures.append((path, exc))
+                    continue
+                if size >= 0:
+                    sizes.append(size)
             return sizes
 
-        limiter.removed(remove)
+        limiter = self._limiter()
+        if limiter is None:
+            remove()
+        else:
+            limiter.removed(remove)
+        count = len(sizes)
+        if failures:
+            path, exc = failures[0]
+            more = f" (and {len(failures) - 1} more)" if len(failures) > 1 else ""
+            raise StoreError(
+                f"{self.name}: cannot delete {path}{more}: {exc.strerror or exc}; "
+                f"{count} other chunk(s) deleted"
+            )
         return count
 
     def _remove_sized(self, path: str) -> int:
@@ -735,10 +752,13 @@ class FsStore(Store):
 
         self._touched.pop(key, None)
         limiter = self._limiter()
-        if limiter is not None:
-            limiter.removed(remove)
-        else:
-            remove()
+        try:
+            if limiter is not None:
+                limiter.removed(remove)
+            else:
+                remove()
+        except OSError as exc:
+            raise StoreError(f"{self.name}: cannot set aside {path}: {exc}") from None
         return done
 
     # --- listing -----------------------------------------------------------------

@@ -3,13 +3,18 @@ capped store's root, and an admit recounts when its eviction candidates turn out
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import time
 from pathlib import Path
 
+import pytest
+
+from chunkstore.backends import _fsio
 from chunkstore.backends._fs import FsStore
 from chunkstore.cli.main import main
+from chunkstore.errors import StoreError
 from chunkstore.hashing import ChunkKey
 from chunkstore.testing.factories import sample_chunks
 
@@ -87,3 +92,25 @@ def test_admit_recounts_when_candidates_vanished(tmp_path: Path) -> None:
     assert count(root) == 6
     assert writer.capacity.evicted == 1
     assert ledger(root)["chunks"] == 6
+
+
+def test_delete_that_may_not_unlink_raises_store_error_and_keeps_the_ledger(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = tmp_path / "s"
+    store = FsStore(str(root), create=True, max_bytes=8 * SIZE)
+    keys = [key(i, NS_OLD) for i in range(4)]
+    for i, k in enumerate(keys):
+        store.put(k, CHUNKS[i].data)
+    locked = store.path_of(keys[2])
+    real = _fsio.LocalIO.remove
+
+    def remove(self: _fsio.LocalIO, path: str) -> bool:
+        if path == locked:
+            raise PermissionError(errno.EACCES, "Permission denied", path)
+        return real(self, path)
+
+    monkeypatch.setattr(_fsio.LocalIO, "remove", remove)
+    with pytest.raises(StoreError, match="cannot delete .*Permission denied; 3 other"):
+        store.delete_many(keys)
+    assert count(root) == 1 and ledger(root)["chunks"] == 1  # the others went, and counted

@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+import errno
+from pathlib import Path
+
+import pytest
+
+from chunkstore.backends import _fsio
 from chunkstore.backends._fs import FsStore
-from chunkstore.cli.exitcodes import USAGE
+from chunkstore.cli.exitcodes import STORE_UNAVAILABLE, USAGE
 from chunkstore.testing.factories import sample_chunks
 from tests.cli.conftest import DAY, DamagedStore, GoodStore
+
+PRUNE_CHUNKS = sample_chunks(4, seed=17)
 
 
 def _remaining(root) -> set[str]:
@@ -125,3 +133,25 @@ def test_prune_long_dry_run_is_truncated_but_json_lists_all(cli, tmp_path) -> No
     doc = cli("prune", root, "--max-bytes", "0", "--dry-run", "--json").json()
     assert len(doc["chunks"]) == 25 and doc["removed"] == 0
     assert len(_remaining(root)) == 25
+
+
+def test_cli_prune_permission_error_is_one_line(
+    cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = tmp_path / "s"
+    with FsStore(str(root), create=True) as store:
+        for i in range(4):
+            store.put(PRUNE_CHUNKS[i].key, PRUNE_CHUNKS[i].data)
+        locked = store.path_of(PRUNE_CHUNKS[2].key)
+    real = _fsio.LocalIO.remove
+
+    def remove(self: _fsio.LocalIO, path: str) -> bool:
+        if path == locked:
+            raise PermissionError(errno.EACCES, "Permission denied", path)
+        return real(self, path)
+
+    monkeypatch.setattr(_fsio.LocalIO, "remove", remove)
+    result = cli("prune", root, "--max-bytes", "0", "-q")
+    assert result.rc == STORE_UNAVAILABLE
+    assert "cannot delete" in result.err and locked in result.err
+    assert "Traceback" not in result.err
