@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from chunkstore.backends._fastread import ALIGN, O_DIRECT, is_aligned
+from chunkstore.backends._layout import temp_name
 from chunkstore.format import ByteRange
 
 _O_NOATIME = getattr(os, "O_NOATIME", 0)
@@ -279,9 +280,9 @@ class LocalIO:
         """Replace a small file atomically (temp + rename)."""
         directory, name = os.path.split(path)
         os.makedirs(directory, exist_ok=True)
-        tmp = self.write_temp(
-            directory, f".{name}.{os.getpid()}.{threading.get_ident()}.tmp", data, False
-        )
+        # a random temp name (not pid + thread id): a killed writer's leftover must not
+        # collide with a later process that happens to get the same pid and thread id
+        tmp = self.write_temp(directory, temp_name(name), data, False)
         os.replace(tmp, path)
 
     def set_access(self, path: str, now: float, st: FileStat) -> bool:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import json
 import os
+import threading
 import time
 from pathlib import Path
 
@@ -114,3 +115,13 @@ def test_delete_that_may_not_unlink_raises_store_error_and_keeps_the_ledger(
     with pytest.raises(StoreError, match="cannot delete .*Permission denied; 3 other"):
         store.delete_many(keys)
     assert count(root) == 1 and ledger(root)["chunks"] == 1  # the others went, and counted
+
+
+def test_a_killed_writers_ledger_temp_does_not_block_writes(tmp_path: Path) -> None:
+    store = FsStore(str(tmp_path / "s"), create=True, max_bytes="1M")
+    store.put(CHUNKS[0].key, CHUNKS[0].data)
+    state = tmp_path / "s" / ".chunkstore"
+    # the temp name the ledger write used to pick, left by a writer killed before its rename
+    (state / f".usage.json.{os.getpid()}.{threading.get_ident()}.tmp").write_bytes(b"{")
+    assert store.put(CHUNKS[1].key, CHUNKS[1].data)
+    assert ledger(tmp_path / "s")["chunks"] == 2
