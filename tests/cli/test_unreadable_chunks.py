@@ -56,3 +56,28 @@ def test_cp_reports_unreadable_and_fails(cli, src: Path, tmp_path: Path) -> None
     assert doc["copied"] == 3 and doc["vanished"] == 0
     assert doc["unreadable"] == [{"key": BAD.hex, "namespace": BAD.namespace}]
     assert not FsStore(str(dst)).exists(BAD)
+
+
+def test_inspect_reports_unreadable_and_fails(
+    cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = tmp_path / "s"
+    with FsStore(str(root), create=True) as store:
+        for c in CHUNKS:
+            store.put(c.key, c.data)
+        bad = store.path_of(BAD)
+    real = _fsio.LocalIO.read_ranges
+
+    def read_ranges(self: _fsio.LocalIO, path: str, ranges: object) -> object:
+        if path == bad:
+            raise OSError(errno.EIO, "Input/output error", path)
+        return real(self, path, ranges)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(_fsio.LocalIO, "read_ranges", read_ranges)
+    result = cli("inspect", root, "--json")
+    assert result.rc == FAILURE
+    doc = result.json()
+    assert doc["unreadable"] == [{"key": BAD.hex, "namespace": BAD.namespace}]
+    assert doc["corrupt"] == []
+    text = cli("inspect", root)
+    assert text.rc == FAILURE and "unreadable:        1" in text.out
