@@ -3,7 +3,6 @@ capped store's root, and an admit recounts when its eviction candidates turn out
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 import threading
@@ -12,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
-from chunkstore.backends import _fsio
 from chunkstore.backends._fs import FsStore
 from chunkstore.cli.main import main
 from chunkstore.errors import StoreError
 from chunkstore.hashing import ChunkKey
 from chunkstore.testing.factories import sample_chunks
+from tests.cli.faults import EACCES, fail_on_path
 
 CHUNKS = sample_chunks(16, seed=7)
 SIZE = len(CHUNKS[0].data)
@@ -104,14 +103,7 @@ def test_delete_that_may_not_unlink_raises_store_error_and_keeps_the_ledger(
     for i, k in enumerate(keys):
         store.put(k, CHUNKS[i].data)
     locked = store.path_of(keys[2])
-    real = _fsio.LocalIO.remove
-
-    def remove(self: _fsio.LocalIO, path: str) -> bool:
-        if path == locked:
-            raise PermissionError(errno.EACCES, "Permission denied", path)
-        return real(self, path)
-
-    monkeypatch.setattr(_fsio.LocalIO, "remove", remove)
+    fail_on_path(monkeypatch, "remove", locked, EACCES)
     with pytest.raises(StoreError, match="cannot delete .*Permission denied; 3 other"):
         store.delete_many(keys)
     assert count(root) == 1 and ledger(root)["chunks"] == 1  # the others went, and counted

@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import errno
 from pathlib import Path
 
 import pytest
 
-from chunkstore.backends import _fsio
 from chunkstore.backends._fs import FsStore
 from chunkstore.cli.exitcodes import STORE_UNAVAILABLE, USAGE
 from chunkstore.testing.factories import sample_chunks
 from tests.cli.conftest import DAY, DamagedStore, GoodStore
+from tests.cli.faults import EACCES, fail_on_path
 
 PRUNE_CHUNKS = sample_chunks(4, seed=17)
 
@@ -143,14 +142,7 @@ def test_cli_prune_permission_error_is_one_line(
         for i in range(4):
             store.put(PRUNE_CHUNKS[i].key, PRUNE_CHUNKS[i].data)
         locked = store.path_of(PRUNE_CHUNKS[2].key)
-    real = _fsio.LocalIO.remove
-
-    def remove(self: _fsio.LocalIO, path: str) -> bool:
-        if path == locked:
-            raise PermissionError(errno.EACCES, "Permission denied", path)
-        return real(self, path)
-
-    monkeypatch.setattr(_fsio.LocalIO, "remove", remove)
+    fail_on_path(monkeypatch, "remove", locked, EACCES)
     result = cli("prune", root, "--max-bytes", "0", "-q")
     assert result.rc == STORE_UNAVAILABLE
     assert "cannot delete" in result.err and locked in result.err

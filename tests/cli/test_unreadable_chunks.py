@@ -3,36 +3,32 @@ vanished, and ``verify``/``cp`` exit with FAILURE; nothing is quarantined or cop
 
 from __future__ import annotations
 
-import errno
 from pathlib import Path
 
 import pytest
 
-from chunkstore.backends import _fsio
 from chunkstore.backends._fs import FsStore
 from chunkstore.cli.exitcodes import FAILURE
 from chunkstore.testing.factories import sample_chunks
+from tests.cli.faults import EIO, fail_on_path
 
 CHUNKS = sample_chunks(4, seed=3)
 BAD = CHUNKS[1].key
+
+
+def stocked(root: Path) -> str:
+    """Write the 4 good chunks at ``root``; the path of the one that will fail to read."""
+    with FsStore(str(root), create=True) as store:
+        for c in CHUNKS:
+            store.put(c.key, c.data)
+        return store.path_of(BAD)
 
 
 @pytest.fixture
 def src(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A store of 4 good chunks whose second one reads with EIO (a failing sector)."""
     root = tmp_path / "src"
-    with FsStore(str(root), create=True) as store:
-        for c in CHUNKS:
-            store.put(c.key, c.data)
-        bad = store.path_of(BAD)
-    real = _fsio.LocalIO.read
-
-    def read(self: _fsio.LocalIO, path: str) -> object:
-        if path == bad:
-            raise OSError(errno.EIO, "Input/output error", path)
-        return real(self, path)
-
-    monkeypatch.setattr(_fsio.LocalIO, "read", read)
+    fail_on_path(monkeypatch, "read", stocked(root), EIO)
     return root
 
 
@@ -62,18 +58,7 @@ def test_inspect_reports_unreadable_and_fails(
     cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     root = tmp_path / "s"
-    with FsStore(str(root), create=True) as store:
-        for c in CHUNKS:
-            store.put(c.key, c.data)
-        bad = store.path_of(BAD)
-    real = _fsio.LocalIO.read_ranges
-
-    def read_ranges(self: _fsio.LocalIO, path: str, ranges: object) -> object:
-        if path == bad:
-            raise OSError(errno.EIO, "Input/output error", path)
-        return real(self, path, ranges)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(_fsio.LocalIO, "read_ranges", read_ranges)
+    fail_on_path(monkeypatch, "read_ranges", stocked(root), EIO)
     result = cli("inspect", root, "--json")
     assert result.rc == FAILURE
     doc = result.json()
