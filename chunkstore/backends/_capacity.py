@@ -8,9 +8,12 @@ never exceeds the cap (temp files in flight are not chunks and not counted).
 The chunk data itself is written before the lock is taken, so writers only
 serialise on a rename and a ledger update.
 
-The ledger is a hint that may drift (a crash after publish, an ``rm`` by hand,
-a writer without a cap): a missing or unreadable ledger triggers a recount
-under the lock, and every eviction scan replaces it with the exact count.
+The ledger is a hint that may drift (a crash after publish, an ``rm`` by hand):
+a missing or unreadable ledger triggers a recount under the lock, every eviction
+scan replaces it with the exact count, and so does an admit whose candidates
+turn out to be gone (the ledger counted files that are no longer there). A store
+without a cap keeps an existing ledger true through a ledger-only limiter
+(``max_bytes=None``: the same lock and bookkeeping, no eviction).
 The list of eviction candidates is an in-process cache of the last scan (no
 index that a fresh process would lack): each candidate is re-checked on disk
 before it is deleted, and one recently read is skipped.
@@ -31,6 +34,10 @@ log = logging.getLogger(__name__)
 #: Keep at most this many eviction candidates between scans (the oldest ones).
 MAX_CANDIDATES = 65536
 
+#: Recount when this many candidates of one admit were found gone: files vanished behind
+#: the ledger's back, so it overstates usage and would evict chunks that need not go.
+RECOUNT_AFTER_GONE = 4
+
 
 @dataclass(slots=True)
 class Usage:
@@ -45,6 +52,9 @@ class Usage:
 class CapacityLimiter:
     """Serialises publishes of one store root and evicts least-recently-used chunks.
 
+    ``max_bytes=None`` keeps the ledger only (a store without a cap writing into a
+    capped store's root): nothing is evicted and the recorded cap is kept.
+
     ``scan()`` yields ``(path, size, access_time)`` for every chunk;
     ``probe(path)`` returns the current ``(size, access_time)`` or None;
     ``evict(path)`` deletes a chunk (and its access record) and returns its size or 0.
@@ -54,7 +64,7 @@ class CapacityLimiter:
         self,
         io: Any,
         state_dir: str,
-        max_bytes: int,
+        max_bytes: int | None,
         *,
         scan: Callable[[], Iterable[tuple[str, int, float]]],
         probe: Callable[[str], tuple[int, float] | None],
@@ -68,6 +78,8 @@ class CapacityLimiter:
         self._probe = probe
         self._evict = evict
         self._candidates: deque[tuple[float, str]] = deque()
+        self._gone = 0
+        self._recorded_cap: Any = None
         self.evicted = 0
         """Chunks this process evicted."""
 
@@ -78,6 +90,7 @@ class CapacityLimiter:
         if raw is not None:
             try:
                 doc = json.loads(raw)
+                self._recorded_cap = doc.get("max_bytes")
                 return Usage(int(doc["bytes"]), int(doc["chunks"]))
             except (ValueError, KeyError, TypeError):
                 log.warning("capacity ledger %s unreadable; recounting", self.ledger_path)
@@ -87,7 +100,7 @@ class CapacityLimiter:
         doc = {
             "bytes": max(usage.bytes, 0),
             "chunks": max(usage.chunks, 0),
-            "max_bytes": self.max_bytes,
+            "max_bytes": self.max_bytes if self.max_bytes is not None else self._recorded_cap,
             "updated": round(time.time(), 3),
         }
         self.io.write_small(self.ledger_path, json.dumps(doc).encode())
@@ -122,7 +135,7 @@ class CapacityLimiter:
         Returns what ``publish`` returned, or False when one chunk is larger than the cap
         (or, for ``replace=False``, when ``final`` already exists).
         """
-        if size > self.max_bytes:
+        if self.max_bytes is not None and size > self.max_bytes:
             log.warning(
                 "chunk of %d bytes exceeds the store cap of %d; not stored", size, self.max_bytes
             )
@@ -134,9 +147,11 @@ class CapacityLimiter:
             old_size = old.size if old is not None else 0
             usage = self._load()
             rescanned = False
-            while usage.bytes - old_size + size > self.max_bytes:
+            self._gone = 0
+            cap = self.max_bytes
+            while cap is not None and usage.bytes - old_size + size > cap:
                 victim = self._next_victim(final)
-                if victim is None:
+                if victim is None or (self._gone >= RECOUNT_AFTER_GONE and not rescanned):
                     if rescanned:
                         break  # nothing left to evict: the ledger is exact, so this fits
                     usage = self._recount()
@@ -170,7 +185,8 @@ class CapacityLimiter:
                 continue
             now = self._probe(path)
             if now is None:
-                continue  # another process evicted or deleted it
+                self._gone += 1  # another process evicted or deleted it
+                continue
             if now[1] > atime + 1e-3:
                 continue  # read since the scan: no longer least recently used
             return path

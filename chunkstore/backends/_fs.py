@@ -157,15 +157,18 @@ class FsStore(Store):
         self._pool = IoPool(io_workers, self.name)
         self._open_root(create)
         self.capacity: CapacityLimiter | None = None
+        limiter = CapacityLimiter(
+            self.io,
+            self.io.join(self.root, L.STATE_DIR),
+            None if max_bytes is None else parse_size(max_bytes),
+            scan=self._scan_for_capacity,
+            probe=self._probe,
+            evict=self._evict_path,
+        )
+        # Without a cap: the ledger-only limiter, used while a capped writer's ledger exists.
+        self._ledger_keeper = limiter
         if max_bytes is not None:
-            self.capacity = CapacityLimiter(
-                self.io,
-                self.io.join(self.root, L.STATE_DIR),
-                parse_size(max_bytes),
-                scan=self._scan_for_capacity,
-                probe=self._probe,
-                evict=self._evict_path,
-            )
+            self.capacity = limiter
             if isinstance(self.io, FsspecIO):
                 # fsspec has no cross-process lock: the ledger update is atomic per process only
                 log.warning(
@@ -605,8 +608,9 @@ class FsStore(Store):
                 published = True  # link_if_absent removed tmp either way
                 return written
 
-            if self.capacity is not None:
-                written = self.capacity.admit(final, len(view), publish, replace=replace)
+            limiter = self._limiter()
+            if limiter is not None:
+                written = limiter.admit(final, len(view), publish, replace=replace)
             else:
                 written = publish()
             if written:
@@ -632,17 +636,35 @@ class FsStore(Store):
         paths = [self.path_of(k) for k in keys]
         for k in keys:
             self._touched.pop(k, None)
-        if self.capacity is None:
-            return sum(self._remove_sized(p) >= 0 for p in paths)
-        count = 0
+        failures: list[tuple[str, OSError]] = []
+        sizes: list[int] = []
 
         def remove() -> list[int]:
-            nonlocal count
-            sizes = [s for s in map(self._remove_sized, paths) if s >= 0]
-            count = len(sizes)
+            # one path that may not be deleted (EACCES, EROFS) does not stop the others,
+            # and the ledger counts exactly what went
+            for path in paths:
+                try:
+                    size = self._remove_sized(path)
+                except OSError as exc:
+                    failures.append((path, exc))
+                    continue
+                if size >= 0:
+                    sizes.append(size)
             return sizes
 
-        self.capacity.removed(remove)
+        limiter = self._limiter()
+        if limiter is None:
+            remove()
+        else:
+            limiter.removed(remove)
+        count = len(sizes)
+        if failures:
+            path, exc = failures[0]
+            more = f" (and {len(failures) - 1} more)" if len(failures) > 1 else ""
+            raise StoreError(
+                f"{self.name}: cannot delete {path}{more}: {exc.strerror or exc}; "
+                f"{count} other chunk(s) deleted"
+            )
         return count
 
     def _remove_sized(self, path: str) -> int:
@@ -729,10 +751,14 @@ class FsStore(Store):
             return [taken.size]
 
         self._touched.pop(key, None)
-        if self.capacity is not None:
-            self.capacity.removed(remove)
-        else:
-            remove()
+        limiter = self._limiter()
+        try:
+            if limiter is not None:
+                limiter.removed(remove)
+            else:
+                remove()
+        except OSError as exc:
+            raise StoreError(f"{self.name}: cannot set aside {path}: {exc}") from None
         return done
 
     # --- listing -----------------------------------------------------------------
@@ -836,6 +862,15 @@ class FsStore(Store):
         return Usage(total, count)
 
     # --- capacity hooks ------------------------------------------------------------
+
+    def _limiter(self) -> CapacityLimiter | None:
+        """What publishes and deletes go through: the cap, or, without one, the ledger-only
+        limiter while a capped writer's ledger exists (so that it stays true); else None."""
+        if self.capacity is not None:
+            return self.capacity
+        if self.io.exists(self._ledger_keeper.ledger_path):
+            return self._ledger_keeper
+        return None
 
     def _scan_for_capacity(self) -> Iterator[tuple[str, int, float]]:
         for info in self.list():

@@ -12,6 +12,7 @@ import contextlib
 import datetime as _dt
 import errno
 import fcntl
+import logging
 import os
 import stat as _stat
 import threading
@@ -20,7 +21,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from chunkstore.backends._fastread import ALIGN, O_DIRECT, is_aligned
+from chunkstore.backends._layout import temp_name
 from chunkstore.format import ByteRange
+
+log = logging.getLogger(__name__)
 
 _O_NOATIME = getattr(os, "O_NOATIME", 0)
 _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
@@ -119,6 +123,13 @@ class LocalIO:
                 if not self._noatime or exc.errno != errno.EPERM:
                     raise
                 self._noatime = 0  # not the owner: O_NOATIME is refused, plain reads still work
+                log.warning(
+                    "cannot read %s with O_NOATIME (not the files' owner): this process's "
+                    "reads may now update access times on mounts without noatime, so "
+                    "verify/cp reads can count as uses for prune and eviction; run "
+                    "maintenance as the store's owner (docs/limits.md)",
+                    path,
+                )
                 fd = os.open(path, flags)
         except (FileNotFoundError, NotADirectoryError):
             return None
@@ -279,9 +290,9 @@ class LocalIO:
         """Replace a small file atomically (temp + rename)."""
         directory, name = os.path.split(path)
         os.makedirs(directory, exist_ok=True)
-        tmp = self.write_temp(
-            directory, f".{name}.{os.getpid()}.{threading.get_ident()}.tmp", data, False
-        )
+        # a random temp name (not pid + thread id): a killed writer's leftover must not
+        # collide with a later process that happens to get the same pid and thread id
+        tmp = self.write_temp(directory, temp_name(name), data, False)
         os.replace(tmp, path)
 
     def set_access(self, path: str, now: float, st: FileStat) -> bool:

@@ -45,6 +45,26 @@ def read_raw_many(store: Store, keys: Sequence[ChunkKey]) -> list[Any]:
     return list(store.read_unchecked_many(keys))
 
 
+def read_error_count(store: Store) -> int:
+    """Reads the store failed with an OS error (EIO, ESTALE, EACCES) so far; 0 if it keeps
+    no count (such a store raises instead of serving a miss)."""
+    return int(getattr(store, "read_errors", 0))
+
+
+def unreadable_among(
+    store: Store, keys: Sequence[ChunkKey], raws: Sequence[Any], errors_before: int
+) -> set[int]:
+    """Indices of ``keys`` read as ``None`` that are still there: the store failed to read
+    them (its error count rose since ``errors_before``), they did not vanish."""
+    if read_error_count(store) == errors_before:
+        return set()
+    missed = [i for i, raw in enumerate(raws) if raw is None]
+    if not missed:
+        return set()
+    present = store.exists_many([keys[i] for i in missed])
+    return {i for i, here in zip(missed, present) if here}
+
+
 def read_header_of(store: Store, key: ChunkKey) -> ChunkHeader | None:
     """The parsed header of one stored chunk (``None`` if gone); raises ``FormatError`` if bad.
 

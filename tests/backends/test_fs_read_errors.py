@@ -12,6 +12,7 @@ from typing import Any
 import fsspec
 import pytest
 
+from chunkstore.backends import _fsio
 from chunkstore.backends._fs import FsStore
 from chunkstore.format import ChunkLayout
 from chunkstore.testing.factories import MadeChunk, sample_chunks, small_spec
@@ -131,3 +132,25 @@ def test_fsspec_read_errors_are_misses(monkeypatch: pytest.MonkeyPatch) -> None:
         assert store.read_errors == 5 and store.corrupt_detected == 0
     finally:
         fs.rm("/read-errors", recursive=True)
+
+
+@pytest.mark.skipif(not _fsio._O_NOATIME, reason="no O_NOATIME on this platform")
+def test_noatime_refused_falls_back_and_warns_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = FsStore(str(tmp_path / "s"), create=True)
+    store.put(CHUNK.key, CHUNK.data)
+    store.put(OTHER.key, OTHER.data)
+    real_open = os.open
+
+    def open_as_non_owner(path: Any, flags: int, *args: Any) -> int:
+        if flags & _fsio._O_NOATIME:  # what the kernel answers a reader who is not the owner
+            raise PermissionError(errno.EPERM, "Operation not permitted", path)
+        return real_open(path, flags, *args)
+
+    monkeypatch.setattr(os, "open", open_as_non_owner)
+    with caplog.at_level("WARNING", logger="chunkstore.backends._fsio"):
+        assert store.read_unchecked_many([CHUNK.key, OTHER.key]) == [CHUNK.data, OTHER.data]
+    warnings = [r for r in caplog.records if "O_NOATIME" in r.getMessage()]
+    assert len(warnings) == 1
+    assert store.read_errors == 0

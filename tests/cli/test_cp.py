@@ -116,3 +116,19 @@ def test_cp_batches_of_one(cli, tmp_path) -> None:
             store.put(chunk.key, chunk.data)
     doc = cli("cp", src, tmp_path / "dst", "--batch", "1", "--json").json()
     assert doc["copied"] == 5 and _listing(tmp_path / "dst") == _listing(src)
+
+
+def test_cp_counts_chunks_refused_by_the_destination_and_fails(cli, tmp_path) -> None:
+    src = tmp_path / "src"
+    chunks = sample_chunks(3, seed=9)
+    with FsStore(str(src), create=True) as store:
+        for c in chunks:
+            store.put(c.key, c.data)
+    dst = tmp_path / "dst"
+    result = cli("cp", src, dst, "--dst-option", "max_bytes=1K", "--json")
+    assert result.rc == FAILURE  # every chunk is bigger than DST's cap
+    doc = result.json()
+    assert doc["refused"] == 3 and doc["copied"] == 0 and doc["skipped_existing"] == 0
+    assert list(FsStore(str(dst)).list()) == []
+    text = cli("cp", src, dst, "--dst-option", "max_bytes=1K")
+    assert text.rc == FAILURE and "3 not stored (refused by DST)" in text.out

@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
+
 from chunkstore.backends._fs import FsStore
-from chunkstore.cli.exitcodes import USAGE
+from chunkstore.cli.exitcodes import STORE_UNAVAILABLE, USAGE
 from chunkstore.testing.factories import sample_chunks
 from tests.cli.conftest import DAY, DamagedStore, GoodStore
+from tests.cli.faults import EACCES, fail_on_path
+
+PRUNE_CHUNKS = sample_chunks(4, seed=17)
 
 
 def _remaining(root) -> set[str]:
@@ -125,3 +132,18 @@ def test_prune_long_dry_run_is_truncated_but_json_lists_all(cli, tmp_path) -> No
     doc = cli("prune", root, "--max-bytes", "0", "--dry-run", "--json").json()
     assert len(doc["chunks"]) == 25 and doc["removed"] == 0
     assert len(_remaining(root)) == 25
+
+
+def test_cli_prune_permission_error_is_one_line(
+    cli, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root = tmp_path / "s"
+    with FsStore(str(root), create=True) as store:
+        for i in range(4):
+            store.put(PRUNE_CHUNKS[i].key, PRUNE_CHUNKS[i].data)
+        locked = store.path_of(PRUNE_CHUNKS[2].key)
+    fail_on_path(monkeypatch, "remove", locked, EACCES)
+    result = cli("prune", root, "--max-bytes", "0", "-q")
+    assert result.rc == STORE_UNAVAILABLE
+    assert "cannot delete" in result.err and locked in result.err
+    assert "Traceback" not in result.err

@@ -13,7 +13,12 @@ from chunkstore.cli import integrity
 from chunkstore.cli.exitcodes import FAILURE, OK
 from chunkstore.cli.output import emit_json, emit_text
 from chunkstore.cli.progress import Progress
-from chunkstore.cli.storeaccess import read_raw_many, stop_access_tracking
+from chunkstore.cli.storeaccess import (
+    read_error_count,
+    read_raw_many,
+    stop_access_tracking,
+    unreadable_among,
+)
 from chunkstore.cli.storeargs import (
     add_output_options,
     add_store_options,
@@ -76,6 +81,10 @@ class CopyReport:
     """Chunks the destination already had."""
     vanished: int = 0
     """Chunks listed in the source but gone when read."""
+    refused: int = 0
+    """Chunks DST declined to store and does not hold (one bigger than its ``max_bytes``)."""
+    unreadable: list[ChunkInfo] = field(default_factory=list)
+    """Source chunks still there that could not be read (EIO, ESTALE, EACCES): not copied."""
     bad: list[tuple[ChunkInfo, integrity.Verdict]] = field(default_factory=list)
     """Source chunks that failed verification (or have an unsupported version): not copied."""
 
@@ -87,6 +96,10 @@ class CopyReport:
             "copied_bytes": self.copied_bytes,
             "skipped_existing": self.skipped,
             "vanished": self.vanished,
+            "refused": self.refused,
+            "unreadable": [
+                {"key": i.key.hex, "namespace": i.key.namespace} for i in self.unreadable
+            ],
             "not_copied": [
                 {
                     "key": i.key.hex,
@@ -137,9 +150,15 @@ def run(args: argparse.Namespace) -> int:
                 present = dst.exists_many([i.key for i in batch])
                 wanted = [i for i, here in zip(batch, present) if not here]
                 report.skipped += len(batch) - len(wanted)
-                raws = read_raw_many(src, [i.key for i in wanted]) if wanted else []
+                keys = [i.key for i in wanted]
+                errors_before = read_error_count(src)
+                raws = read_raw_many(src, keys) if wanted else []
+                unread = unreadable_among(src, keys, raws, errors_before)
                 items = []
-                for info, raw in zip(wanted, raws):
+                for n, (info, raw) in enumerate(zip(wanted, raws)):
+                    if n in unread:  # still in SRC, but the read failed (EIO, ESTALE, EACCES)
+                        report.unreadable.append(info)
+                        continue
                     if raw is None:
                         report.vanished += 1
                         continue
@@ -151,21 +170,28 @@ def run(args: argparse.Namespace) -> int:
                     fingerprints.add(read_header(raw).fingerprint)
                 if items:
                     written = dst.put_if_absent_many(items)
-                    for (_, raw), wrote in zip(items, written):
+                    declined = [key for (key, _), wrote in zip(items, written) if not wrote]
+                    # False is "already there" or a refusal (a chunk bigger than DST's cap)
+                    there = dict(zip(declined, dst.exists_many(declined))) if declined else {}
+                    for (key, raw), wrote in zip(items, written):
                         if wrote:
                             report.copied += 1
                             report.copied_bytes += len(raw)
-                        else:  # another writer got there between exists and put
+                        elif there[key]:  # another writer got there between exists and put
                             report.skipped += 1
+                        else:
+                            report.refused += 1
                 progress.advance(len(batch))
         _copy_model_records(src, dst, fingerprints)
     elapsed = time.monotonic() - started
-    corrupt = any(v.status == integrity.CORRUPT for _, v in report.bad)
+    failed = any(v.status == integrity.CORRUPT for _, v in report.bad) or bool(
+        report.unreadable or report.refused
+    )
     if args.json:
         emit_json(
             {"src": args.src, "dst": args.dst, **report.as_json(), "seconds": round(elapsed, 3)}
         )
-        return FAILURE if corrupt else OK
+        return FAILURE if failed else OK
     lines = []
     if report.bad:
         rows = [
@@ -180,6 +206,12 @@ def run(args: argparse.Namespace) -> int:
         f"{elapsed:.1f}s{rate}; {report.skipped} already present; "
         f"{len(report.bad)} not copied (failed verification or unsupported)"
         + (f"; {report.vanished} vanished" if report.vanished else "")
+        + (f"; {report.refused} not stored (refused by DST)" if report.refused else "")
+        + (f"; {len(report.unreadable)} unreadable (read error)" if report.unreadable else "")
+    )
+    lines.extend(
+        f"cannot read {i.key.namespace}/{i.key.hex} in SRC (I/O or permission error; see the log)"
+        for i in report.unreadable
     )
     emit_text("\n".join(lines))
-    return FAILURE if corrupt else OK
+    return FAILURE if failed else OK

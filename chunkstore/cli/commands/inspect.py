@@ -10,15 +10,18 @@ from typing import Any
 
 from chunkstore.backends._models import read_model
 from chunkstore.backends.base import ChunkInfo, ReadVerdict, Store, verdict_of
+from chunkstore.cli.exitcodes import FAILURE, OK
 from chunkstore.cli.output import emit_json, emit_text
 from chunkstore.cli.progress import Progress
 from chunkstore.cli.storeaccess import (
     Stray,
     foreign_files,
     quarantined,
+    read_error_count,
     read_header_of,
     stop_access_tracking,
     temp_files,
+    unreadable_among,
 )
 from chunkstore.cli.storeargs import (
     add_output_options,
@@ -132,6 +135,8 @@ class Summary:
     """Unreadable headers, or headers that do not match their name."""
     unsupported: list[Problem] = field(default_factory=list)
     """Headers of a format version this reader lacks."""
+    unreadable: list[ChunkInfo] = field(default_factory=list)
+    """Chunks still there whose header could not be read (EIO, ESTALE, EACCES)."""
     orphans: list[Stray] = field(default_factory=list)
     """Writers' temp files."""
     foreign: list[Stray] = field(default_factory=list)
@@ -150,7 +155,7 @@ def run(args: argparse.Namespace) -> int:
         emit_json(_document(args, summary))
     else:
         emit_text(_render(args, summary))
-    return 0
+    return FAILURE if summary.unreadable else OK
 
 
 # --- collect -------------------------------------------------------------------------------
@@ -173,7 +178,10 @@ def _collect(store: Store, args: argparse.Namespace) -> Summary:
             written[_bucket(now - info.mtime)] += 1
             used[_bucket(now - (info.atime or info.mtime))] += 1
             if not args.no_headers:
+                errors_before = read_error_count(store)
                 _read_header(store, info, namespaces, models, corrupt, unsupported)
+                if unreadable_among(store, [info.key], [None], errors_before):
+                    summary.unreadable.append(info)
                 progress.advance()
     orphans = temp_files(store)
     foreign = foreign_files(store)
@@ -245,6 +253,9 @@ def _document(args: argparse.Namespace, summary: Summary) -> dict[str, Any]:
         else [
             {"key": p.info.key.hex, "namespace": p.info.key.namespace, "problem": p.problem}
             for p in unsupported
+        ],
+        "unreadable": [
+            {"key": i.key.hex, "namespace": i.key.namespace} for i in summary.unreadable
         ],
     }
 
@@ -321,6 +332,11 @@ def _render(args: argparse.Namespace, summary: Summary) -> str:
         )
         for p in (corrupt + unsupported)[:10]:
             lines.append(f"  {p.info.key.namespace}/{p.info.key.hex[:16]}  {p.problem}")
+        if summary.unreadable:
+            count = len(summary.unreadable)
+            lines.append(f"unreadable:        {count} (I/O or permission error; see the log)")
+            for info in summary.unreadable[:10]:
+                lines.append(f"  {info.key.namespace}/{info.key.hex[:16]}")
     return "\n".join(lines)
 
 

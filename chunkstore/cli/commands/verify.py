@@ -17,8 +17,10 @@ from chunkstore.cli.progress import Progress
 from chunkstore.cli.storeaccess import (
     has_quarantine,
     quarantine,
+    read_error_count,
     read_raw_many,
     stop_access_tracking,
+    unreadable_among,
 )
 from chunkstore.cli.storeargs import (
     add_maintenance_options,
@@ -128,6 +130,8 @@ class Tally:
     """Bytes of those."""
     vanished: int = 0
     """Chunks listed but gone when read (a concurrent prune or eviction)."""
+    unreadable: list[ChunkInfo] = field(default_factory=list)
+    """Chunks still there that the store could not read (EIO, ESTALE, EACCES): not judged."""
 
     def with_status(self, status: str) -> list[Finding]:
         """The findings with verdict ``status``."""
@@ -168,7 +172,7 @@ def run(args: argparse.Namespace) -> int:
         emit_json(_document(args, tally, strays, elapsed))
     else:
         emit_text(_render(tally, strays, elapsed, dry_run=args.action == "report"))
-    return FAILURE if tally.with_status(integrity.CORRUPT) else OK
+    return FAILURE if tally.with_status(integrity.CORRUPT) or tally.unreadable else OK
 
 
 # --- collect: read a batch and judge it ----------------------------------------------------
@@ -188,9 +192,15 @@ def _read_batch(store: Store, keys: list[ChunkKey]) -> tuple[list[Any], list[Any
 
 def _judge_batch(store: Store, batch: list[ChunkInfo], tally: Tally) -> list[Judged]:
     """Read and judge ``batch``; counts go to ``tally``, the chunks that failed come back."""
-    raws, idents = _read_batch(store, [i.key for i in batch])
+    keys = [i.key for i in batch]
+    errors_before = read_error_count(store)
+    raws, idents = _read_batch(store, keys)
+    failed = unreadable_among(store, keys, raws, errors_before)
     bad = []
-    for info, raw, ident in zip(batch, raws, idents):
+    for n, (info, raw, ident) in enumerate(zip(batch, raws, idents)):
+        if n in failed:  # still there, but the read failed (EIO, ESTALE, EACCES)
+            tally.unreadable.append(info)
+            continue
         if raw is None:  # deleted since listing (a concurrent prune or eviction)
             tally.vanished += 1
             continue
@@ -254,6 +264,7 @@ def _document(
         "corrupt": [f.as_json() for f in tally.with_status(integrity.CORRUPT)],
         "unsupported": [f.as_json() for f in tally.with_status(integrity.UNSUPPORTED)],
         "vanished": tally.vanished,
+        "unreadable": [{"key": i.key.hex, "namespace": i.key.namespace} for i in tally.unreadable],
         "action": args.action,
         **strays.as_json(),
         "seconds": round(elapsed, 3),
@@ -287,6 +298,11 @@ def _render(tally: Tally, strays: StraySweep, elapsed: float, *, dry_run: bool) 
         f"verified {checked} chunks in {elapsed:.1f}s{rate}: {tally.good} ok "
         f"({format_size(tally.good_bytes)}), {corrupt} corrupt, {unsupported} unsupported"
         + (f", {tally.vanished} vanished while checking" if tally.vanished else "")
+        + (f", {len(tally.unreadable)} unreadable (read error)" if tally.unreadable else "")
+    )
+    lines.extend(
+        f"cannot read {i.key.namespace}/{i.key.hex} (I/O or permission error; see the log)"
+        for i in tally.unreadable
     )
     lines.extend(describe(strays, dry_run=dry_run))
     return "\n".join(lines)
