@@ -297,13 +297,24 @@ def test_an_interrupt_while_waiting_for_helpers_is_raised_once_they_ended(
     main = threading.main_thread()
     assert threading.current_thread() is main
     finish = store._finish_local
-    helper_started, helper_done = threading.Event(), threading.Event()
+    helper_started, sent, helper_done = threading.Event(), threading.Event(), threading.Event()
+    main_group_done = threading.Event()
+    main_reads: list[object] = []
 
     def slow_on_helpers(read: Any) -> Any:
         if threading.current_thread() is main:
-            return finish(read)
+            assert helper_started.wait(30)  # the helper has taken the other group
+            try:
+                return finish(read)
+            finally:
+                main_reads.append(read)
+                if len(main_reads) == GROUP_MAX:  # (8 chunks on 2 threads: groups of 4)
+                    main_group_done.set()
         helper_started.set()
-        time.sleep(0.3)  # a slow disk: the caller is done with its items and waits
+        # A slow disk: this read ends only after the interrupt was sent, so the call cannot
+        # have returned before it, whatever the machine's load.
+        assert sent.wait(30)
+        time.sleep(0.05)
         try:
             return finish(read)
         finally:
@@ -312,9 +323,10 @@ def test_an_interrupt_while_waiting_for_helpers_is_raised_once_they_ended(
     store._finish_local = slow_on_helpers  # type: ignore[method-assign]
 
     def interrupt() -> None:
-        assert helper_started.wait(10)
-        time.sleep(0.05)
+        # Once the caller has read its own group, it only waits for the helper.
+        assert main_group_done.wait(30)
         signal.pthread_kill(main.ident, signal.SIGINT)  # type: ignore[arg-type]
+        sent.set()
 
     buffers = slots(len(CHUNKS), max(len(c.data) for c in CHUNKS))
     before = open_fds()
