@@ -286,13 +286,10 @@ class HostCache(Store):
         pool = self.pool
         winner = self._index.get(lease.key)
         if keep_pinned and winner is not None and pool.state(winner) == READY:
-            pool.pin(winner)
             self._atime[winner] = time.time()
             self._unpin(lease.slot)
-            length = pool.length(winner)
             lease.slot = winner
-            lease.generation = pool.generation(winner)
-            lease.view = pool.view(winner)[:length]
+            lease.generation, lease.view = self._pin_for_reading(winner)
             lease.writing = False
             return
         lease.released = True
@@ -334,11 +331,9 @@ class HostCache(Store):
                 return None
             self._policy.hit(key)
             self._hits += 1
-            self.pool.pin(slot)
             self._atime[slot] = time.time()
-            length = self.pool.length(slot)
-            generation = self.pool.generation(slot)
-        return Lease(self, key, slot, generation, self.pool.view(slot)[:length], writing=False)
+            generation, view = self._pin_for_reading(slot)
+        return Lease(self, key, slot, generation, view, writing=False)
 
     def release(self, lease: Lease) -> None:
         """Drop a read pin; idempotent, never raises for an already-released lease."""
@@ -524,11 +519,16 @@ class HostCache(Store):
         self._link_parent(key, slot)
         if not keep_pinned:
             return Adoption(key, True, None)
-        pool.pin(slot)
-        lease = Lease(self, key, slot, pool.generation(slot), pool.view(slot)[:size], writing=False)
-        return Adoption(key, True, lease)
+        generation, view = self._pin_for_reading(slot)
+        return Adoption(key, True, Lease(self, key, slot, generation, view, writing=False))
 
     # --- internals (caller holds self._lock) --------------------------------------------------
+
+    def _pin_for_reading(self, slot: int) -> tuple[int, memoryview]:
+        """Pin a READY ``slot``; its generation and the view of its chunk, for a read lease."""
+        pool = self.pool
+        pool.pin(slot)
+        return pool.generation(slot), pool.view(slot)[: pool.length(slot)]
 
     def _check_open(self) -> None:
         if self._closed:
