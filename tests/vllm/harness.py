@@ -103,10 +103,8 @@ class Harness:
         worker.bind_connector_metadata(out.kv_connector_metadata)
         if out.has_sync_kv_loads:
             worker.start_load_kv(None)
-        reqs = [r.req_id for r in out.scheduled_new_reqs] + list(out.scheduled_cached_reqs.req_ids)
-        computed = {r.req_id: r.num_computed_tokens for r in out.scheduled_new_reqs}
-        cached = out.scheduled_cached_reqs
-        computed.update(zip(cached.req_ids, cached.num_computed_tokens))
+        computed = scheduled_starts(out)
+        reqs = list(computed)
         sampled_ids = []
         for req_id in reqs:
             n = out.num_scheduled_tokens[req_id]
@@ -206,6 +204,15 @@ class Harness:
             if not (torch.equal(k, ek) and torch.equal(v, ev)):
                 return False
         return True
+
+
+def scheduled_starts(out: Any) -> dict[str, int]:
+    """Request id -> tokens computed before this step, for every request a
+    SchedulerOutput schedules (new ones first, in order)."""
+    starts = {r.req_id: r.num_computed_tokens for r in out.scheduled_new_reqs}
+    cached = out.scheduled_cached_reqs
+    starts.update(zip(cached.req_ids, cached.num_computed_tokens))
+    return starts
 
 
 def make_harness(

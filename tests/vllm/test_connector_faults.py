@@ -27,10 +27,8 @@ SAMPLED = 5
 
 def _forward(h, out):
     """Stand-in forward pass; tokens not yet appended (placeholders) are SAMPLED."""
-    reqs = [r.req_id for r in out.scheduled_new_reqs] + list(out.scheduled_cached_reqs.req_ids)
-    computed = {r.req_id: r.num_computed_tokens for r in out.scheduled_new_reqs}
-    cached = out.scheduled_cached_reqs
-    computed.update(zip(cached.req_ids, cached.num_computed_tokens))
+    computed = H.scheduled_starts(out)
+    reqs = list(computed)
     sampled = []
     for req_id in reqs:
         n, start = out.num_scheduled_tokens[req_id], computed[req_id]

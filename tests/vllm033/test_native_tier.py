@@ -350,41 +350,56 @@ def test_a_store_job_converts_its_next_chunk_while_one_is_written(tier_env, monk
     assert len(list(store.list())) == 4
 
 
+class _Gauge:
+    """A count now and the most it reached, from several threads."""
+
+    def __init__(self) -> None:
+        self.now = self.most = 0
+        self._lock = threading.Lock()
+
+    def add(self, delta: int) -> None:
+        with self._lock:
+            self.now += delta
+            self.most = max(self.most, self.now)
+
+
+def _count_buffers(tier, monkeypatch):
+    """The tier's buffers taken and not given back (a gauge)."""
+    held = _Gauge()
+    take, give = tier._buffers.take, tier._buffers.give
+
+    def taking(count):
+        held.add(count)
+        return take(count)
+
+    def giving(buffers):
+        buffers = list(buffers)
+        held.add(-len(buffers))
+        give(buffers)
+
+    monkeypatch.setattr(tier._buffers, "take", taking)
+    monkeypatch.setattr(tier._buffers, "give", giving)
+    return held
+
+
 def test_chunks_in_flight_stay_within_the_tiers_bound(tier_env, monkeypatch):
     # Every write waits for a gate: jobs convert chunks ahead only up to max_writing, so the
     # buffers they hold are bounded however many chunks are submitted.
     tier, mem, _ = tier_env(slots=32, threads=2)
     store = tier.stores[0]
     gate = threading.Event()
-    lock = threading.Lock()
-    held = [0, 0]  # buffers taken and not given back: now, most
-    writes = [0, 0]  # puts running: now, most
-    take, give, put = tier._buffers.take, tier._buffers.give, store.put_if_absent_many
-
-    def counted(counter, delta):
-        with lock:
-            counter[0] += delta
-            counter[1] = max(counter[1], counter[0])
-
-    def taking(count):
-        counted(held, count)
-        return take(count)
-
-    def giving(buffers):
-        buffers = list(buffers)
-        counted(held, -len(buffers))
-        give(buffers)
+    held = _count_buffers(tier, monkeypatch)
+    writes = _Gauge()  # puts running
+    put = store.put_if_absent_many
 
     def gated(items):
-        counted(writes, 1)
+        writes.add(1)
         try:
             assert gate.wait(30)
             return put(items)
         finally:
-            counted(writes, -1)
+            writes.add(-1)
 
-    monkeypatch.setattr(tier._buffers, "take", taking)
-    monkeypatch.setattr(tier._buffers, "give", giving)
     monkeypatch.setattr(store, "put_if_absent_many", gated)
     ctx, keys = _twelve_chunks_in_slots(tier, mem, "bounded", seed=33)
     for first in range(0, 12, 4):
@@ -392,14 +407,14 @@ def test_chunks_in_flight_stay_within_the_tiers_bound(tier_env, monkeypatch):
             job(keys[first : first + 4], list(range(first, first + 4)), ctx, promotion=False)
         )
     deadline = time.monotonic() + 30
-    while held[0] < tier.max_writing and time.monotonic() < deadline:
+    while held.now < tier.max_writing and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert held[0] == tier.max_writing  # converted ahead as far as the bound, no further
+    assert held.now == tier.max_writing  # converted ahead as far as the bound, no further
     gate.set()
     results = finish(tier)
     assert len(results) == 3 and all(r.success for r in results)
-    assert held[1] == tier.max_writing and writes[1] <= CALLS_IN_FLIGHT
-    assert held[0] == 0
+    assert held.most == tier.max_writing and writes.most <= CALLS_IN_FLIGHT
+    assert held.now == 0
     assert len(list(store.list())) == 12
 
 
@@ -412,43 +427,26 @@ def test_reads_in_flight_stay_within_the_tiers_bound(tier_env, monkeypatch):
     assert finish(tier)[0].success
     store = tier.stores[0]
     gate = threading.Event()
-    lock = threading.Lock()
-    held = [0, 0]  # buffers taken and not given back: now, most
-    take, give, get_many_into = tier._buffers.take, tier._buffers.give, store.get_many_into
-
-    def counted(delta):
-        with lock:
-            held[0] += delta
-            held[1] = max(held[1], held[0])
-
-    def taking(count):
-        counted(count)
-        return take(count)
-
-    def giving(buffers):
-        buffers = list(buffers)
-        counted(-len(buffers))
-        give(buffers)
+    held = _count_buffers(tier, monkeypatch)
+    get_many_into = store.get_many_into
 
     def gated(wanted, buffers):
         assert gate.wait(30)
         return get_many_into(wanted, buffers)
 
-    monkeypatch.setattr(tier._buffers, "take", taking)
-    monkeypatch.setattr(tier._buffers, "give", giving)
     monkeypatch.setattr(store, "get_many_into", gated)
     for first in range(0, 12, 4):
         tier.submit_load(
             job(keys[first : first + 4], list(range(12 + first, 16 + first)), ctx, promotion=True)
         )
     deadline = time.monotonic() + 30
-    while held[0] < tier.max_reading and time.monotonic() < deadline:
+    while held.now < tier.max_reading and time.monotonic() < deadline:
         time.sleep(0.01)
-    assert held[0] == tier.max_reading  # read ahead as far as the bound, no further
+    assert held.now == tier.max_reading  # read ahead as far as the bound, no further
     gate.set()
     results = finish(tier)
     assert len(results) == 3 and all(r.success for r in results)
-    assert held[1] == tier.max_reading and held[0] == 0
+    assert held.most == tier.max_reading and held.now == 0
     assert torch.equal(mem[12:24], mem[0:12])
 
 
