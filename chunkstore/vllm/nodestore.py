@@ -23,7 +23,7 @@ from typing import Any
 from chunkstore.backends import Store
 from chunkstore.format import ChunkLayout
 from chunkstore.hashing import ChunkKey
-from chunkstore.node import NodeClient, NodeRead, NodeRefused, RankShare
+from chunkstore.node import NodeClient, NodeRead, NodeRefused, RankShare, engine_identity
 from chunkstore.vllm.metadata import ChunkSave
 from chunkstore.vllm.tiers import NodeSlot, PrefetchResult, SaveSlot, seal_save
 
@@ -140,8 +140,10 @@ class NodeRankStore(NodeConnectorStore):
     rank's part (:class:`~chunkstore.node.RankShare`): the ranks of the engine
     get one shared slot, each writes its heads there, and the service seals
     and publishes the chunk when the last part is committed (it needs the
-    model's ``--spec`` for that). Loads read the rank's heads from the slot the
-    service pins for it.
+    model's ``--spec`` for that). ``engine`` names the engine, the same on every
+    rank (vLLM's ``kv_transfer_config.engine_id``): the service combines parts of
+    one engine only. Loads read the rank's heads from the slot the service pins
+    for it.
     """
 
     def __init__(
@@ -151,16 +153,19 @@ class NodeRankStore(NodeConnectorStore):
         layout: ChunkLayout,
         rank: int,
         tp: int,
+        engine: str,
         client_name: str | None = None,
     ) -> None:
         super().__init__(endpoint, layout=layout, client_name=client_name)
         self.rank = rank
         self.tp = tp
+        self.engine = engine_identity(engine)
+        """The engine's identity on the wire (the same on all its ranks)."""
 
     def save_slot(self, save: ChunkSave) -> SaveSlot | None:
         """This rank's share of the chunk's shared slot, or None (held already, no room,
         the service cannot assemble TP chunks, or it is down)."""
-        share = RankShare(self.rank, self.tp, [save.parent], [save.tokens])
+        share = RankShare(self.rank, self.tp, [save.parent], [save.tokens], self.engine)
         reservation = self.client.reserve([save.key], part=share)
         view = reservation.views[0]
         return NodeSlot(view, reservation) if view is not None else None

@@ -24,6 +24,33 @@ def test_two_rank_processes_make_one_chunk_identical_to_a_whole_one(sealing_node
     wait_until(lambda: quiet(node), "every pin to be released")
 
 
+def test_ranks_of_two_engines_never_make_one_chunk_together(sealing_node: Node) -> None:
+    node = sealing_node
+    keys = [c.key for c in sample_chunks(2, seed=16)]
+    # Engine A's rank 0 and engine B's rank 1 reserve the same chunks: two halves from
+    # two engines must not make a chunk (each engine assembles its own).
+    a0 = spawn("rank-stay", node.socket, "16", "2", "a-r0", "0", "2", "engine-a")
+    assert a0.line() == "committed 2"
+    b1 = spawn("rank-stay", node.socket, "16", "2", "b-r1", "1", "2", "engine-b")
+    assert b1.line() == "committed 2"
+    assert not any(node.store.exists_many(keys))
+    # Engine A's own last rank completes its chunks; B's rank 0 then finds them held (B's
+    # half-made copies go when B's rank 1 ends).
+    a1 = spawn("rank", node.socket, "16", "2", "a-r1", "1", "2", "engine-a")
+    assert a1.line() == "committed 2"
+    assert all(node.store.exists_many(keys))
+    b0 = spawn("rank", node.socket, "16", "2", "b-r0", "0", "2", "engine-b")
+    assert b0.line() == "committed 0"
+    store = NodeStore(NodeClient(node.socket, slot_size=SLOT_SIZE))
+    try:
+        assert store.get_many(keys) == [c.data for c in sample_chunks(2, seed=16)]
+    finally:
+        store.close()
+        a0.stop()
+        b1.stop()
+    wait_until(lambda: quiet(node), "every pin and reservation to be released")
+
+
 def test_a_rank_killed_before_its_part_takes_the_chunk_down_and_leaks_nothing(
     sealing_node: Node,
 ) -> None:
