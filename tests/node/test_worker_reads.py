@@ -110,3 +110,43 @@ def test_an_async_load_taken_back_during_its_copy_fails_its_request(
             break
     assert h.device_kv_matches(req, 288, layers=FULL_ATTENTION)
     h.run()
+
+
+def test_a_sync_load_still_copying_is_checked_before_the_step_reports_its_errors(
+    engine_node: tuple[Node, Callable[..., Harness]],
+) -> None:
+    from chunkstore.vllm.transfer import CudaCopier
+    from tests.vllm.fake_cuda import FakeRuntime
+
+    node, make = engine_node
+    h = make()
+    runtime = FakeRuntime(pinned=True, auto_complete=True)
+    worker = h.worker.worker
+    assert worker is not None
+    worker.register_kv_caches(h.kv, copier=CudaCopier("cpu", runtime), cpu_isa="vec")
+    h.add(PROMPT)
+    h.run()
+    keys = h.connector.engine.keys(PROMPT, h.connector.engine.root())
+    h.scheduler.reset_prefix_cache()
+    runtime.auto_complete = False  # the copies of the next load stay on the "device"
+    start = h.worker.start_load_kv
+    data_offset = h.connector.engine.layout.data_offset
+
+    def start_then_take_back(forward_context: Any) -> None:
+        start(forward_context)
+        # The copies are issued, not complete, when the service takes chunk 2's slot back.
+        _take_back(node, h.connector.store.client, keys[2], data_offset)
+
+    h.worker.start_load_kv = start_then_take_back  # type: ignore[method-assign]
+    try:
+        req = h.add(PROMPT)
+        h.step()
+    finally:
+        h.worker.start_load_kv = start  # type: ignore[method-assign]
+        runtime.complete_all()
+        runtime.auto_complete = True
+    # The step waited for those copies, checked them, and reported chunk 2 failed.
+    assert h.scheduler.requests[req.request_id].num_computed_tokens == 128
+    h.step()
+    assert h.device_kv_matches(req, 288)
+    h.run()
