@@ -267,7 +267,7 @@ class PeerClient:
                 # Not connected (nothing is queued on a dead connection, and the service
                 # ends the session itself) or a full queue (the service reads slowly): the
                 # connection and the session stay, as after a timeout (spec §7).
-                self._mark_down("send_queue_full", keep_session=True)
+                self._mark_down("not_sent", keep_session=True)
                 if op == "release":
                     self._keep_unsent(fields["lease"])
                 raise PeerUnavailable(
@@ -355,7 +355,7 @@ class PeerClient:
             self.endpoint,
             len(self._unsent) + 1,
         )
-        self._mark_down("send_queue_full")
+        self._mark_down("unsent_releases")
 
     # --- hello ----------------------------------------------------------------------------
 
