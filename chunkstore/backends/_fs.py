@@ -24,7 +24,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from chunkstore.backends import _layout as L
-from chunkstore.backends._batching import write_once_per_key
+from chunkstore.backends._batching import (
+    buffer_too_small,
+    first_copies,
+    read_once_per_key,
+    writable_view,
+    write_once_per_key,
+)
 from chunkstore.backends._capacity import CapacityLimiter, Usage
 from chunkstore.backends._fastread import (
     AUTO,
@@ -306,7 +312,17 @@ class FsStore(Store):
         checksummed in one pass, no extra copy); otherwise ``bytes``. Several chunks
         are read at a time (``io_workers``).
         """
-        return self._pool.map(self._get_one, keys)
+        # Each key once (a corrupt chunk asked for twice is counted and set aside once);
+        # a later copy of a key gets a buffer of its own (bytes are shared: immutable).
+        first = first_copies(keys)
+        if len(first) == len(keys):
+            return self._pool.map(self._get_one, keys)
+        got = dict(zip(first, self._pool.map(self._get_one, list(first))))
+        copies: list[Any] = [
+            bytearray(got[key]) if first[key] != i and isinstance(got[key], bytearray) else got[key]
+            for i, key in enumerate(keys)
+        ]
+        return copies
 
     def _get_one(self, key: ChunkKey) -> Any:
         path = self.path_of(key)
@@ -363,9 +379,7 @@ class FsStore(Store):
                 reader = ChunkFileReader(fd, view)
             else:
                 if size > len(buffer):
-                    raise ConfigError(
-                        f"buffer of {len(buffer)} bytes is smaller than the chunk ({size})"
-                    )
+                    raise buffer_too_small(len(buffer), size)
                 out, view = buffer, buffer[:size]
                 reader = ChunkFileReader(fd, buffer, self.read_mode)
             check = VerifiedRead(fd, view, key.digest, reader=reader) if self.verify else None
@@ -418,7 +432,7 @@ class FsStore(Store):
         try:
             for key, buffer in items:
                 try:
-                    started.append(self._start_local(key, self.path_of(key), _writable(buffer)))
+                    started.append(self._start_local(key, self.path_of(key), writable_view(buffer)))
                 except BaseException as exc:  # noqa: BLE001 - handed back, raised in order
                     started.append(exc)
             for read in started:
@@ -472,7 +486,7 @@ class FsStore(Store):
 
     def get_into(self, key: ChunkKey, buffer: Buffer) -> int | None:
         """Read the chunk into ``buffer`` (at least the chunk's size); its size, or None."""
-        view = _writable(buffer)
+        view = writable_view(buffer)
         path = self.path_of(key)
         if isinstance(self.io, LocalIO):
             got = self._read_local(key, path, view)
@@ -486,15 +500,27 @@ class FsStore(Store):
         ``None`` per key (missing or corrupt). Every read has ended when this returns."""
         if len(keys) != len(buffers):
             raise ConfigError("get_many_into needs one buffer per key")
+        # Each key once (a corrupt chunk asked for twice is counted and set aside once).
+        results = read_once_per_key(keys, buffers, self._read_into_many)
+        raise_first([got if isinstance(got, BaseException) else None for got in results])
+        return results
+
+    def _read_into_many(self, keys: list[ChunkKey], buffers: list[Buffer]) -> list[Any]:
+        """:meth:`get_into` for keys given once each; per item its size, None, or the
+        exception its read raised (once every read has ended)."""
         items = list(zip(keys, buffers))
         if not isinstance(self.io, LocalIO):
-            return self._pool.map(lambda pair: self.get_into(*pair), items)
+            return self._pool.map(lambda pair: self._get_into_or_error(*pair), items)
         size = max((memoryview(b).nbytes for b in buffers), default=0)
         per_group = _group_size(len(items), size, self._pool.workers)
         groups = [items[i : i + per_group] for i in range(0, len(items), per_group)]
-        results = [got for group in self._pool.map(self._read_local_group, groups) for got in group]
-        raise_first([got if isinstance(got, BaseException) else None for got in results])
-        return results
+        return [got for group in self._pool.map(self._read_local_group, groups) for got in group]
+
+    def _get_into_or_error(self, key: ChunkKey, buffer: Buffer) -> int | None | Exception:
+        try:
+            return self.get_into(key, buffer)
+        except Exception as exc:  # noqa: BLE001 - handed back, raised in order
+            return exc
 
     def _get_into_fsspec(self, key: ChunkKey, path: str, view: memoryview) -> int | None:
         whole = self._read_whole(path)
@@ -503,7 +529,7 @@ class FsStore(Store):
         data, st = whole
         size = len(data)
         if size > len(view):
-            raise ConfigError(f"buffer of {len(view)} bytes is smaller than the chunk ({size})")
+            raise buffer_too_small(len(view), size)
         view[:size] = data
         if self.verify and not self._valid(key, view[:size], st):
             return None
@@ -907,14 +933,6 @@ def _group_size(count: int, buffer_bytes: int, workers: int) -> int:
     """Chunks per group: small buffers share a group, while every thread still gets one."""
     by_bytes = GROUP_BYTES // buffer_bytes if buffer_bytes else GROUP_MAX
     return max(1, min(GROUP_MAX, by_bytes, count // workers))
-
-
-def _writable(buffer: Buffer) -> memoryview:
-    """``buffer`` as a flat writable byte view; ConfigError if it is read-only."""
-    view = memoryview(buffer)
-    if view.readonly:
-        raise ConfigError("get_into needs a writable buffer")
-    return view.cast("B") if view.format != "B" or view.ndim != 1 else view
 
 
 @dataclass(slots=True)

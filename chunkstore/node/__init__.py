@@ -14,6 +14,7 @@ from chunkstore.node._client import (
     NodeRefused,
     NodeReservation,
     RankShare,
+    engine_identity,
     node_endpoint,
 )
 from chunkstore.node._store import NodeStore
@@ -25,5 +26,6 @@ __all__ = [
     "NodeReservation",
     "NodeStore",
     "RankShare",
+    "engine_identity",
     "node_endpoint",
 ]

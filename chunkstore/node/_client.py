@@ -18,6 +18,7 @@ pins and abort the reservations of copies the engine is still making.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import threading
@@ -73,9 +74,22 @@ def node_endpoint(url: str) -> str:
     return endpoint
 
 
+def engine_identity(name: str) -> bytes:
+    """The ``engine`` identity of spec/PROTOCOL.md §9.7 for an engine named ``name``.
+
+    Every rank of one engine must pass the same name (vLLM: the engine's
+    ``kv_transfer_config.engine_id``, which vLLM makes the same on every rank of a TP
+    group and unique per engine and data-parallel replica); the node combines the parts
+    of a chunk only among reservations naming the same identity. A digest keeps the
+    wire field short whatever the name.
+    """
+    return hashlib.blake2b(name.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+
+
 @dataclass(frozen=True, slots=True)
 class RankShare:
-    """A TP rank's part in reserving chunks: which rank, and what the node seals them with."""
+    """A TP rank's part in reserving chunks: which rank of which engine, and what the node
+    seals them with."""
 
     rank: int
     """This process's TP rank."""
@@ -85,6 +99,9 @@ class RankShare:
     """Per key: the parent digest for the chunk header."""
     tokens: Sequence[Sequence[int]]
     """Per key: the token ids the chunk covers."""
+    engine: bytes
+    """The engine's identity, the same on all its ranks (:func:`engine_identity`): parts
+    make a chunk only with parts of the same engine."""
 
     def fields(self) -> dict[str, Any]:
         """The ``reserve`` fields of spec/PROTOCOL.md §9.7."""
@@ -93,6 +110,7 @@ class RankShare:
             "rank": self.rank,
             "parents": b"".join(self.parents),
             "tokens": [np.asarray(t, dtype="<u4").tobytes() for t in self.tokens],
+            "engine": self.engine,
         }
 
 
@@ -420,5 +438,6 @@ __all__ = [
     "NodeRefused",
     "NodeReservation",
     "RankShare",
+    "engine_identity",
     "node_endpoint",
 ]

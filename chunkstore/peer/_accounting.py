@@ -10,6 +10,7 @@ import threading
 from collections import Counter
 from collections.abc import Callable
 
+from chunkstore.peer._clientseries import NodeClientSeries
 from chunkstore.peer._metrics import PeerMetrics
 
 
@@ -17,13 +18,21 @@ class ServerAccounting:
     """Counters of one peer server; thread-safe. ``name`` gives the server's current name
     (it is known only once the socket is bound)."""
 
-    def __init__(self, metrics: PeerMetrics, name: Callable[[], str]) -> None:
+    def __init__(
+        self,
+        metrics: PeerMetrics,
+        name: Callable[[], str],
+        *,
+        client_series: NodeClientSeries | None = None,
+    ) -> None:
         self.metrics = metrics
         """Where the ``chunkstore_peer_server_*`` metrics go."""
         self._name = name
         self._counts: Counter[str] = Counter()
         self._lock = threading.Lock()
         self._clients: set[str] = set()
+        self.client_series = client_series or NodeClientSeries(metrics, name)
+        """The per-client chunk counts of a node service (bounded over detached clients)."""
 
     def count(self, what: str, n: int = 1) -> None:
         """Add ``n`` to the ``stats`` counter ``what``."""
@@ -78,7 +87,8 @@ class ServerAccounting:
 
     def node_clients(self, attached: dict[str, int]) -> None:
         """The node clients now attached (client name -> connections); clients that left
-        lose their per-client lease gauge."""
+        lose their per-client lease gauge at once, and their chunk counts after a grace
+        period (:class:`NodeClientSeries`)."""
         name = self._name()
         self.metrics.node_clients.labels(name).set(sum(attached.values()))
         with self._lock:
@@ -88,6 +98,7 @@ class ServerAccounting:
                 self.metrics.node_client_leases.remove(name, client)
             except KeyError:
                 pass
+        self.client_series.attached(attached)
 
     def client_leases(self, client: str, count: int) -> None:
         """Node client ``client`` now holds ``count`` leases."""
@@ -95,6 +106,4 @@ class ServerAccounting:
 
     def client_served(self, client: str, hits: int, misses: int) -> None:
         """Node client ``client`` asked for ``hits + misses`` chunks."""
-        name = self._name()
-        self.metrics.node_client_chunks.labels(name, client, "hit").inc(hits)
-        self.metrics.node_client_chunks.labels(name, client, "miss").inc(misses)
+        self.client_series.served(client, hits, misses)

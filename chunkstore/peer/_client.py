@@ -9,7 +9,8 @@ one per request. A network peer's socket is replaced then (its leases are
 timed and outlive the connection); a node client's is kept
 (``keep_session_on_timeout``): the service ends a node session, releasing every
 pin and reservation, when its connection closes, so one slow request must not
-close it.
+close it, nor a send queue that a stalled service left full (the releases that
+found no room wait, a bounded number, for the next request).
 """
 
 from __future__ import annotations
@@ -34,6 +35,10 @@ from chunkstore.peer._metrics import PeerMetrics, default_peer_metrics
 from chunkstore.peer._nixlplane import NixlEndpoint, address_of, nixl_unavailable_reason
 
 log = logging.getLogger(__name__)
+
+MAX_UNSENT_RELEASES = 1024
+"""Releases a kept session holds while the send queue has no room for them (16 bytes each).
+One more ends the session on purpose: the service then releases every lease of it."""
 
 AUTO = "auto"
 
@@ -142,6 +147,8 @@ class PeerClient:
         self._ctx = _zmq().Context.instance()
         self._socket: Any = None
         self._session: bytes | None = None
+        self._unsent: list[bytes] = []
+        """Lease ids of this session's releases the send queue had no room for."""
         self._down_until = 0.0
         self.server_info: dict[str, Any] = {}
         self.plane: str | None = None
@@ -195,6 +202,7 @@ class PeerClient:
         self.metrics.client_failures.labels(reason).inc()
         if keep_session:
             return
+        self._unsent.clear()  # the session ends with the connection: its leases with it
         self._reset()
         if self._remote_agent is not None and self._nixl is not None:
             # The peer may have restarted; NIXL must forget its old memory keys.
@@ -250,9 +258,21 @@ class PeerClient:
             if not self._socket.poll(int(self.config.timeout_s * 1000) + 1, zmq.POLLOUT):
                 self._mark_down("timeout")
                 raise PeerUnavailable(f"{self.endpoint} accepts no connection")
+        if op != "hello":
+            self._send_unsent()
         try:
             self._socket.send_multipart(frames, zmq.NOBLOCK, copy=False)
         except zmq.Again:
+            if self.config.keep_session_on_timeout and op != "hello":
+                # Not connected (nothing is queued on a dead connection, and the service
+                # ends the session itself) or a full queue (the service reads slowly): the
+                # connection and the session stay, as after a timeout (spec §7).
+                self._mark_down("not_sent", keep_session=True)
+                if op == "release":
+                    self._keep_unsent(fields["lease"])
+                raise PeerUnavailable(
+                    f"{self.endpoint}: not connected or send queue full"
+                ) from None
             reason = "disconnected" if self.config.immediate else "timeout"
             self._mark_down(reason)
             raise PeerUnavailable(f"{self.endpoint}: not connected or send queue full") from None
@@ -302,6 +322,11 @@ class PeerClient:
             return
         if self._session is None or self._socket is None:
             return
+        if not self._send_release(lease):
+            self._keep_unsent(lease)
+
+    def _send_release(self, lease: bytes) -> bool:
+        """Queue a release without ``ack`` (no reply); False when the queue has no room."""
         body = {"v": P.PROTOCOL_VERSION, "op": "release", "id": next(self._ids)}
         body.update(s=self._session, lease=lease, ack=False)
         try:
@@ -309,7 +334,28 @@ class PeerClient:
                 self.codec.encode(body, (), reply=False), _zmq().NOBLOCK, copy=False
             )
         except _zmq().Again:
-            pass  # not connected: the server ended the session and its leases already
+            return False
+        return True
+
+    def _send_unsent(self) -> None:
+        """Send the releases that found no room before, oldest first, while there is room."""
+        while self._unsent and self._send_release(self._unsent[0]):
+            self._unsent.pop(0)
+
+    def _keep_unsent(self, lease: bytes) -> None:
+        """Keep a release for the next request; past :data:`MAX_UNSENT_RELEASES`, end the
+        session instead (the service releases every lease of it with the connection)."""
+        if len(self._unsent) < MAX_UNSENT_RELEASES:
+            self._unsent.append(lease)
+            return
+        log.warning(
+            "peer %s: the service has read nothing for a long time and %d releases wait to "
+            "be sent; ending its session so that it releases them (loads still copying are "
+            "recomputed)",
+            self.endpoint,
+            len(self._unsent) + 1,
+        )
+        self._mark_down("unsent_releases")
 
     # --- hello ----------------------------------------------------------------------------
 
@@ -358,10 +404,12 @@ class PeerClient:
                     P.DATAPLANE_UNAVAILABLE, f"{self.endpoint} does not offer the shm plane"
                 )
             self.server_info, self._session = reply, reply["s"]
+            self._unsent.clear()  # releases of an ended session (its leases went with it)
             self.plane, self.plane_reason = P.PLANE_SHM, why
             return
         self.server_info = reply
         self._session = reply["s"]
+        self._unsent.clear()
         if P.PLANE_NIXL in offered and P.PLANE_NIXL in planes and reply.get("nixl_md"):
             assert self._nixl is not None
             remote = self._nixl.endpoint.add_remote(reply["nixl_md"])

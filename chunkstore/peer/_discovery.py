@@ -12,6 +12,7 @@ client degrades to fewer peers); tools that must tell "empty" from
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -23,6 +24,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from chunkstore.backends._layout import temp_name
 from chunkstore.errors import ConfigError, MissingDependency, StoreError
 
 log = logging.getLogger(__name__)
@@ -188,14 +190,18 @@ class FileRegistry:
 
     def announce(self, info: PeerInfo, ttl_s: float) -> None:
         """Write the record atomically (temp file + rename), valid for ``ttl_s``."""
+        record = replace(info, expires_at=self._clock() + ttl_s)
+        path = self._path(info.name)
+        # A random temp name: hosts sharing the directory (NFS) may run writers with the same
+        # pid and thread id, which must not write into or rename each other's temp files.
+        temp = path.with_name(temp_name(path.name))
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
-            record = replace(info, expires_at=self._clock() + ttl_s)
-            path = self._path(info.name)
-            temp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
             temp.write_text(record.to_json())
             os.replace(temp, path)
         except OSError as exc:
+            with contextlib.suppress(OSError):
+                temp.unlink(missing_ok=True)
             raise StoreError(f"cannot write peer registry {self.directory}: {exc}") from None
 
     def withdraw(self, name: str) -> None:

@@ -447,27 +447,28 @@ class RequestHandlers:
         if len(parents) != 32 * len(keys) or len(tokens) != len(keys):
             raise ProtocolViolation(P.MALFORMED, "reserve: one parent and token list per key")
         session = self._sessions.get(body["s"])
+        engine = body.get("engine")
         items: list[Any] = []
         held: list[Any] = []
         releases: list[Callable[[], None]] = []
         for i, (key, here) in enumerate(zip(keys, present)):
+            part = RankPart(key, rank, engine)
             ids = np.frombuffer(tokens[i], dtype="<u4").tolist()
             item = (
                 None
                 if here
                 else self._assemblies.join(
-                    key,
+                    part,
                     tp=tp,
-                    rank=rank,
                     parent=parents[32 * i : 32 * i + 32],
                     tokens=ids,
                     owner=session,
                 )
             )
             items.append(item)
-            held.append(RankPart(key, rank) if item is not None else None)
+            held.append(part if item is not None else None)
             if item is not None:
-                releases.append(partial(self._assemblies.leave, key, rank))
+                releases.append(partial(self._assemblies.leave, part))
         return items, held, releases
 
     def _op_commit(self, body: dict[str, Any], data: list[Any]) -> Result:
@@ -498,10 +499,10 @@ class RequestHandlers:
             if not isinstance(part, RankPart):
                 stored.append(False)
             elif size == 0:
-                self._assemblies.leave(part.key, part.rank)
+                self._assemblies.leave(part)
                 stored.append(False)
             else:
-                stored.append(self._assemblies.part_done(part.key, part.rank))
+                stored.append(self._assemblies.part_done(part))
         return stored
 
     def _op_delete(self, body: dict[str, Any], data: list[Any]) -> Result:

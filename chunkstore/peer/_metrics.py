@@ -120,7 +120,8 @@ class PeerMetrics:
         )
         self.client_failures = Counter(
             "chunkstore_peer_client_failures_total",
-            "Peer requests that became misses (timeout, refused, transfer_failed, corrupt).",
+            "Peer requests that became misses (timeout, disconnected, not_sent, refused, "
+            "transfer_failed, corrupt, ...); unsent_releases: a node session ended on purpose.",
             ["reason"],
             registry=r,
         )

@@ -50,6 +50,8 @@ MAX_TP = 64
 """Most TP ranks of one engine assembling a chunk through a node service."""
 MAX_CHUNK_TOKENS_ON_WIRE = 1 << 20
 """Most token ids of one chunk in a ``reserve`` (4 MiB)."""
+MAX_ENGINE_ID_BYTES = 64
+"""Longest ``engine`` identity in a TP rank's ``reserve``."""
 
 _CONTROL_CONTEXT = "chunkstore 2026-11 peer control mac v1"
 _DATA_CONTEXT = "chunkstore 2026-11 peer data mac v1"
@@ -216,7 +218,7 @@ OPTIONAL_FIELDS: dict[str, dict[str, tuple[type, ...]]] = {
     "*": {"dmacs": _LIST},
     "fetch": {"use": _BOOL},
     "hello": {"slot_size": _INT},
-    "reserve": {"tp": _INT, "rank": _INT, "parents": _BYTES, "tokens": _LIST},
+    "reserve": {"tp": _INT, "rank": _INT, "parents": _BYTES, "tokens": _LIST, "engine": _BYTES},
 }
 
 
@@ -398,6 +400,11 @@ def _check_tokens(op: str, value: Any, limits: Limits) -> None:
         raise _fail(TOO_LARGE, op, "tokens", "names a chunk of too many tokens")
 
 
+def _check_engine(op: str, value: Any, limits: Limits) -> None:
+    if not 1 <= len(value) <= MAX_ENGINE_ID_BYTES:
+        raise _fail(MALFORMED, op, "engine", f"must be 1..{MAX_ENGINE_ID_BYTES} bytes")
+
+
 def _check_nixl_md(op: str, value: Any, limits: Limits) -> None:
     if value is not None and len(value) > MAX_NIXL_METADATA_BYTES:
         raise _fail(TOO_LARGE, op, "nixl_md", f"is larger than {MAX_NIXL_METADATA_BYTES} bytes")
@@ -427,6 +434,7 @@ FIELD_GRAMMAR: dict[str, Callable[[str, Any, Limits], None]] = {
     "rank": _check_rank,
     "parents": _check_parents,
     "tokens": _check_tokens,
+    "engine": _check_engine,
 }
 
 

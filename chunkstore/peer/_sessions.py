@@ -280,7 +280,8 @@ class SessionTable:
     # --- upkeep ---------------------------------------------------------------------------
 
     def sweep(self) -> None:
-        """Release expired leases and end sessions idle longer than ``session_idle_s``."""
+        """Release expired leases, end sessions idle longer than ``session_idle_s``, and
+        retire the chunk counts of node clients detached past their grace period."""
         now = time.monotonic()
         expired: list[Lease] = []
         dropped: list[Session] = []
@@ -305,6 +306,7 @@ class SessionTable:
             self._accounting.leases_open(open_leases)
         if dropped:
             self._sessions_changed()
+        self._accounting.client_series.retire()
 
     def clear(self) -> None:
         """End every session and release every lease (the server stops)."""

@@ -1,8 +1,13 @@
 """TP engines through the node service: every rank writes its heads into one shared slot.
 
 A TP engine's ranks are separate processes, each holding some KV heads of every
-chunk. Each rank ``reserve``s the chunk with its ``rank`` and ``tp``: the first
-reservation of a key takes a slot, the others join it and get the same slot.
+chunk. Each rank ``reserve``s the chunk with its ``rank``, ``tp`` and ``engine``
+identity: the first reservation of a key by an engine takes a slot, the engine's
+other ranks join it and get the same slot. Parts of different engines never meet:
+two engines saving the same chunk at once assemble it in a slot each (the later
+commit replaces the earlier copy, which holds the same content), so a chunk never
+holds one engine's heads beside another's (their copies need not agree bit for bit,
+and a rank of one engine must not complete, or abort, another engine's chunk).
 Each rank writes its byte ranges (:meth:`ChunkLayout.rank_ranges`) and commits
 its part; when every rank has committed, the service seals the chunk (header
 and checksum, with the layout of its ``--spec``), checks it and publishes it.
@@ -41,6 +46,14 @@ class RankPart:
     """The chunk."""
     rank: int
     """The rank writing the part."""
+    engine: bytes | None
+    """The identity of the rank's engine (``None``: a 1.0 client that sent none; such
+    parts assemble among themselves)."""
+
+    @property
+    def assembly(self) -> tuple[ChunkKey, bytes | None]:
+        """Which assembly the part belongs to: one per chunk and engine."""
+        return (self.key, self.engine)
 
 
 @dataclass
@@ -77,35 +90,35 @@ class ShardAssemblies:
         self._valid = valid
         self._max_age_s = max_age_s
         self._clock = clock
-        self._open: dict[ChunkKey, _Assembly] = {}
+        self._open: dict[tuple[ChunkKey, bytes | None], _Assembly] = {}
         self._lock = threading.Lock()
 
     def join(
         self,
-        key: ChunkKey,
+        part: RankPart,
         *,
         tp: int,
-        rank: int,
         parent: bytes,
         tokens: list[int],
         owner: object,
     ) -> list[int] | None:
-        """``[slot, generation]`` for rank ``rank`` to write its part of ``key`` into; ``None``
-        when there is no room, or this rank joined already, or another ``tp`` is assembling."""
+        """``[slot, generation]`` for ``part``'s rank to write its heads of the chunk into;
+        ``None`` when there is no room, or this rank of its engine joined already, or its
+        engine is assembling the chunk with another ``tp``."""
         self.expire()
         with self._lock:
-            assembly = self._open.get(key)
+            assembly = self._open.get(part.assembly)
             if assembly is None:
-                lease = self._reserving.reserve(key)
+                lease = self._reserving.reserve(part.key)
                 if not isinstance(lease, Lease):
                     if lease is not None:
                         self._reserving.abort(lease)
                     return None
                 assembly = _Assembly(lease, tp, parent, list(tokens), self._clock())
-                self._open[key] = assembly
-            elif assembly.tp != tp or rank in assembly.joined:
+                self._open[part.assembly] = assembly
+            elif assembly.tp != tp or part.rank in assembly.joined:
                 return None
-            assembly.joined.add(rank)
+            assembly.joined.add(part.rank)
             assembly.owners.append(owner)
             return [assembly.lease.slot, assembly.lease.generation]
 
@@ -124,17 +137,19 @@ class ShardAssemblies:
         """Chunks being assembled now."""
         return len(self._open)
 
-    def part_done(self, key: ChunkKey, rank: int) -> bool:
-        """Rank ``rank`` wrote its part; the last part seals, checks and publishes the chunk.
-        False when the assembly is gone (given up) or the sealed chunk fails its check."""
+    def part_done(self, part: RankPart) -> bool:
+        """``part`` is written; the last part of its engine's chunk seals, checks and
+        publishes the chunk. False when the assembly is gone (given up) or the sealed chunk
+        fails its check."""
+        key = part.key
         with self._lock:
-            assembly = self._open.get(key)
-            if assembly is None or rank not in assembly.joined:
+            assembly = self._open.get(part.assembly)
+            if assembly is None or part.rank not in assembly.joined:
                 return False
-            assembly.done.add(rank)
+            assembly.done.add(part.rank)
             if len(assembly.done) < assembly.tp:
                 return True
-            del self._open[key]
+            del self._open[part.assembly]
         view = assembly.lease.view
         size = self._layout.total_size
         seal_chunk(
@@ -160,13 +175,13 @@ class ShardAssemblies:
         for assembly in gone:
             self._reserving.abort(assembly.lease)
 
-    def leave(self, key: ChunkKey, rank: int) -> None:
-        """Rank ``rank`` is gone before committing its part: give the chunk up."""
+    def leave(self, part: RankPart) -> None:
+        """``part``'s rank is gone before committing it: give its engine's chunk up."""
         with self._lock:
-            assembly = self._open.get(key)
-            if assembly is None or rank not in assembly.joined or rank in assembly.done:
+            assembly = self._open.get(part.assembly)
+            if assembly is None or part.rank not in assembly.joined or part.rank in assembly.done:
                 return
-            del self._open[key]
+            del self._open[part.assembly]
         self._reserving.abort(assembly.lease)
 
 

@@ -127,7 +127,8 @@ class ChunkStoreConnector(KVConnectorBase_V1, SupportsHMA):
         """The store over the node service: the engine's (scheduler, TP=1 worker), or one TP
         rank's (``rank``)."""
         assert self.cfg.node is not None
-        name = f"{self._kv_transfer_config.engine_id}:{os.getpid()}"
+        engine_id = str(self._kv_transfer_config.engine_id)
+        name = f"{engine_id}:{os.getpid()}"
         try:
             if rank is None:
                 return NodeConnectorStore(
@@ -138,6 +139,9 @@ class ChunkStoreConnector(KVConnectorBase_V1, SupportsHMA):
                 layout=self.engine.layout,
                 rank=rank,
                 tp=self.engine.tp_size,
+                # vLLM gives every rank of a TP group the same engine_id (rank 0's), unique
+                # per engine and data-parallel replica: the node assembles parts by it.
+                engine=engine_id,
                 client_name=name,
             )
         except ConfigError as exc:

@@ -14,8 +14,10 @@ is back (see :class:`~chunkstore.node.NodeClient`).
 
 from __future__ import annotations
 
+import functools
 import logging
-from collections.abc import Iterator, Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from contextlib import contextmanager
 from typing import Any
@@ -23,7 +25,7 @@ from typing import Any
 from chunkstore.backends import Store
 from chunkstore.format import ChunkLayout
 from chunkstore.hashing import ChunkKey
-from chunkstore.node import NodeClient, NodeRead, NodeRefused, RankShare
+from chunkstore.node import NodeClient, NodeRead, NodeRefused, RankShare, engine_identity
 from chunkstore.vllm.metadata import ChunkSave
 from chunkstore.vllm.tiers import NodeSlot, PrefetchResult, SaveSlot, seal_save
 
@@ -69,6 +71,10 @@ class NodeConnectorStore:
             )
         self.host = _NodeHostView(self.client)
         self.closed = False
+        self._reads: dict[int, NodeRead] = {}
+        """The open reads of :meth:`read_host`, by the identity of the view they yielded (it
+        stays alive while its read is open, so the identity is not reused meanwhile)."""
+        self._reads_lock = threading.Lock()
 
     # --- lookups ---------------------------------------------------------------------
 
@@ -93,10 +99,27 @@ class NodeConnectorStore:
     def read_host(self, key: ChunkKey) -> Iterator[Any | None]:
         """The chunk's bytes in the node's pool, pinned by the service meanwhile."""
         read: NodeRead = self.client.acquire([key])
+        view = read.views[0]
+        if view is not None:
+            with self._reads_lock:
+                self._reads[id(view)] = read
         try:
-            yield read.views[0]
+            yield view
         finally:
+            if view is not None:
+                with self._reads_lock:
+                    self._reads.pop(id(view), None)
             self.client.release(read)
+
+    def read_check(self, data: Any) -> Callable[[], bool] | None:
+        """Whether the slot ``data`` lies in still held the leased chunk: the service holds
+        the pins for us, and takes them back when our session ends (a dropped connection, a
+        restarted service), after which the slot may be reused under a copy in flight."""
+        with self._reads_lock:
+            read = self._reads.get(id(data))
+        if read is None:
+            return _unknown_read  # not a read of ours that is still open: nothing vouches
+        return functools.partial(self.client.still_valid, read, 0)
 
     def save_slot(self, save: ChunkSave) -> SaveSlot | None:
         """A slot of the node's pool for the chunk, or None: the node holds it already, has
@@ -140,8 +163,10 @@ class NodeRankStore(NodeConnectorStore):
     rank's part (:class:`~chunkstore.node.RankShare`): the ranks of the engine
     get one shared slot, each writes its heads there, and the service seals
     and publishes the chunk when the last part is committed (it needs the
-    model's ``--spec`` for that). Loads read the rank's heads from the slot the
-    service pins for it.
+    model's ``--spec`` for that). ``engine`` names the engine, the same on every
+    rank (vLLM's ``kv_transfer_config.engine_id``): the service combines parts of
+    one engine only. Loads read the rank's heads from the slot the service pins
+    for it.
     """
 
     def __init__(
@@ -151,16 +176,19 @@ class NodeRankStore(NodeConnectorStore):
         layout: ChunkLayout,
         rank: int,
         tp: int,
+        engine: str,
         client_name: str | None = None,
     ) -> None:
         super().__init__(endpoint, layout=layout, client_name=client_name)
         self.rank = rank
         self.tp = tp
+        self.engine = engine_identity(engine)
+        """The engine's identity on the wire (the same on all its ranks)."""
 
     def save_slot(self, save: ChunkSave) -> SaveSlot | None:
         """This rank's share of the chunk's shared slot, or None (held already, no room,
         the service cannot assemble TP chunks, or it is down)."""
-        share = RankShare(self.rank, self.tp, [save.parent], [save.tokens])
+        share = RankShare(self.rank, self.tp, [save.parent], [save.tokens], self.engine)
         reservation = self.client.reserve([save.key], part=share)
         view = reservation.views[0]
         return NodeSlot(view, reservation) if view is not None else None
@@ -172,6 +200,10 @@ class NodeRankStore(NodeConnectorStore):
 
     def drop(self, key: ChunkKey) -> None:
         """Nothing: the scheduler's side decides what the node forgets."""
+
+
+def _unknown_read() -> bool:
+    return False
 
 
 __all__ = ["NodeConnectorStore", "NodeRankStore", "NodeRefused"]

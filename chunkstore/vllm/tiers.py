@@ -192,6 +192,10 @@ class ConnectorStore:
         with lease:
             yield lease.view
 
+    def read_check(self, data: Any) -> Callable[[], bool] | None:
+        """None: this process's own pins hold until it releases them."""
+        return None
+
     def reserve(self, key: ChunkKey) -> Lease | None:
         """A pinned host slot to write ``key`` into (``lease.view``), or None when every slot is
         pinned; finish with :meth:`commit` (queues the write-back) or :meth:`abort`."""
@@ -334,6 +338,12 @@ class WorkerStore(Protocol):
         """The chunk's bytes in host memory, pinned meanwhile; None if absent."""
         ...
 
+    def read_check(self, data: Any) -> Callable[[], bool] | None:
+        """For ``data`` from :meth:`read_host` (its context still open): a check to run once
+        the copies out of it are complete (whether it held the chunk all along), or None when
+        nothing can take the pin back meanwhile."""
+        ...
+
     def save_slot(self, save: ChunkSave) -> SaveSlot | None:
         """Where to write the chunk ``save`` names, or None: nothing for this process to write."""
         ...
@@ -406,6 +416,10 @@ class RankStore:
             return
         with lease:
             yield lease.view
+
+    def read_check(self, data: Any) -> Callable[[], bool] | None:
+        """None: a rank's pins on the shared pool hold until it releases them."""
+        return None
 
     def save_slot(self, save: ChunkSave) -> Lease | None:
         """This rank's claim on the chunk's shared slot (write only this rank's heads), or None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any
@@ -67,6 +68,14 @@ class _PendingLoad(_Pending):
     """Asynchronous loads reported finished once the copies are complete."""
     failed_reqs: set[str]
     """Asynchronous loads that failed, reported (failed) once the copies are complete."""
+    checks: list[tuple[ChunkLoad, Callable[[], bool]]]
+    """Loads whose host bytes the store may take back during the copy (a node service's
+    pins): each check runs once the copies are complete; a failed one fails its load."""
+
+    @property
+    def checks_sync_loads(self) -> bool:
+        """Whether a synchronous load awaits its check (reported in the step that loads)."""
+        return any(not load.is_async for load, _ in self.checks)
 
 
 @dataclass
@@ -232,6 +241,7 @@ class ChunkStoreWorker:
         if seconds is None:
             seconds = time.perf_counter() - pending.started
         if isinstance(pending, _PendingLoad):
+            self._check_loads(pending)  # before the pins go: afterwards any slot may be reused
             pending.leases.close()  # the host slots may be evicted now
             self._finished_recving |= pending.async_reqs
             self._failed_recving |= pending.failed_reqs
@@ -246,6 +256,23 @@ class ChunkStoreWorker:
         self.stats.add("saved_bytes", pending.nbytes)
         self.stats.add("save_seconds", seconds + time.perf_counter() - t0)
         self.metrics.record_device_transfer("device_to_host", pending.nbytes, seconds)
+
+    def _check_loads(self, pending: _PendingLoad) -> None:
+        """Fail the loads whose host bytes were taken back while they were copied: the
+        device blocks may hold another chunk's bytes, so vLLM must recompute them."""
+        revoked = [load for load, still_held in pending.checks if not still_held()]
+        if not revoked:
+            return
+        log.warning(
+            "chunkstore: %d chunks were taken back by the node service during their copy "
+            "(its session ended); they are recomputed",
+            len(revoked),
+        )
+        for load in revoked:
+            pending.async_reqs.discard(load.req_id)
+            # The chunk itself is sound (its slot was reused, not damaged): keep it.
+            self._fail(load, drop=False)
+        pending.chunks -= len(revoked)
 
     def _store_saves(self, pending: _PendingSave) -> None:
         """Chunks whose bytes are in host memory: seal and store them (or mark this rank's
@@ -273,12 +300,16 @@ class ChunkStoreWorker:
         failed_reqs: set[str] = set()
         leases = ExitStack()
         accepted: list[tuple[ChunkLoad, Any]] = []
+        checks: list[tuple[ChunkLoad, Callable[[], bool]]] = []
         for load in meta.loads:
             if load.req_id in failed_reqs:
                 self._fail(load, drop=False)  # sound, but past the request's failed chunk
                 continue
             try:
-                accepted.append((load, self._open_chunk(load, leases)))
+                payload, check = self._open_chunk(load, leases)
+                accepted.append((load, payload))
+                if check is not None:
+                    checks.append((load, check))
             except Exception as exc:  # noqa: BLE001 - any failure becomes a recompute
                 log.warning(
                     "chunkstore: load of %s for %s failed: %s", load.key.hex, load.req_id, exc
@@ -312,7 +343,7 @@ class ChunkStoreWorker:
         assert batch.fence is not None
         self._track(
             _PendingLoad(
-                batch.fence, t0, batch.nbytes, leases, len(accepted), ok_reqs, failed_async
+                batch.fence, t0, batch.nbytes, leases, len(accepted), ok_reqs, failed_async, checks
             )
         )
 
@@ -357,18 +388,22 @@ class ChunkStoreWorker:
             self._gather_chunks(saves, batch.views)
         return batch
 
-    def _open_chunk(self, load: ChunkLoad, leases: ExitStack) -> Any:
-        """The payload of a chunk in host memory, pinned there until ``leases`` closes."""
+    def _open_chunk(
+        self, load: ChunkLoad, leases: ExitStack
+    ) -> tuple[Any, Callable[[], bool] | None]:
+        """The payload of a chunk in host memory, pinned there until ``leases`` closes, and
+        the store's check to run after copying it (None: nothing can take the pin back)."""
         data = leases.enter_context(self.store.read_host(load.key))
         if data is None:
             raise ChunkStoreError("chunk left host memory before it was loaded")
+        check = self.store.read_check(data)
         chunk = decode_chunk(
             data,
             verify=self.cfg.verify_host,
             expected_key=load.key.digest,
             expected_fingerprint=self.engine.layout.fingerprint,
         )
-        return chunk.payload
+        return chunk.payload, check
 
     def _fail(self, load: ChunkLoad, *, drop: bool = True) -> None:
         """Report ``load`` failed; ``drop``: also take its chunk out of host memory."""
@@ -486,8 +521,20 @@ class ChunkStoreWorker:
         return done, failed
 
     def take_load_errors(self) -> set[int]:
+        """Block ids of synchronous loads that failed this step."""
+        self._check_sync_loads()
         errors, self._load_errors = self._load_errors, set()
         return errors
+
+    def _check_sync_loads(self) -> None:
+        """Finish the batches holding synchronous loads that await their check: vLLM takes a
+        failed synchronous load only in the step that loaded it (it truncates by that step's
+        tokens). Their copies precede the step's forward pass on the device, so this waits at
+        most for the pass to begin; batches without such loads are not waited for."""
+        while any(isinstance(p, _PendingLoad) and p.checks_sync_loads for p in self._pending):
+            pending = self._pending.pop(0)
+            pending.fence.wait()
+            self._finish(pending)
 
     def take_stats(self) -> dict[str, float] | None:
         """Counters since the last call (None if nothing happened)."""

@@ -336,3 +336,40 @@ def test_an_interrupt_while_waiting_for_helpers_is_raised_once_they_ended(
     assert helper_done.is_set()
     assert open_fds() == before
     store.close()
+
+
+@pytest.mark.parametrize("workers", [1, 4])
+def test_a_corrupt_chunk_asked_for_twice_in_one_batch_is_counted_once(
+    tmp_path: Path, workers: int
+) -> None:
+    store = stocked(tmp_path, io_workers=workers)
+    with open(store.path_of(CHUNKS[1].key), "wb") as f:
+        f.write(corrupt_copies(CHUNKS[1])["bitflip"])
+    picks = [0, 1, 1, 2, 0]  # one group of four holds both copies of the corrupt key
+    chunks = [CHUNKS[i] for i in picks]
+    buffers = slots(len(chunks), max(len(c.data) for c in chunks))
+    sizes = store.get_many_into([c.key for c in chunks], buffers)
+    assert sizes == [None if i == 1 else len(CHUNKS[i].data) for i in picks]
+    for i, chunk, buffer in zip(picks, chunks, buffers):
+        if i != 1:
+            assert bytes(buffer[: len(chunk.data)]) == chunk.data
+    assert store.corrupt_detected == 1 and len(store.quarantined()) == 1
+    # get_many too: the file is gone now; a fresh damaged copy is found once per batch.
+    with open(store.path_of(CHUNKS[3].key), "wb") as f:
+        f.write(corrupt_copies(CHUNKS[3])["header"])
+    got = store.get_many([CHUNKS[3].key, CHUNKS[0].key, CHUNKS[3].key, CHUNKS[0].key])
+    assert got[0] is None and got[2] is None
+    assert bytes(got[1] or b"") == bytes(got[3] or b"") == CHUNKS[0].data
+    assert store.corrupt_detected == 2 and len(store.quarantined()) == 2
+    store.close()
+
+
+def test_a_duplicate_key_s_buffer_gets_the_chunk_or_its_own_error(tmp_path: Path) -> None:
+    store = stocked(tmp_path, io_workers=1)
+    size = len(CHUNKS[0].data)
+    buffers = slots(3, size)
+    buffers[2] = buffers[2][:10]  # too small for the chunk its key names
+    with pytest.raises(ConfigError, match="smaller than the chunk"):
+        store.get_many_into([CHUNKS[0].key] * 3, buffers)
+    assert bytes(buffers[0][:size]) == bytes(buffers[1][:size]) == CHUNKS[0].data
+    store.close()

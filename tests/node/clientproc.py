@@ -4,9 +4,10 @@ Modes (``SOCKET SEED COUNT [NAME]``): ``save`` stores a conversation's chunks
 and exits; ``get`` reads them back and prints how many matched byte for byte;
 ``hold-lease`` pins them and ``hold-reservation`` reserves slots for them and
 writes half of each, then both print ``ready`` and wait to be killed.
-``rank R TP`` (after NAME) is TP rank R of TP: it writes only its heads of each
-chunk, commits them and exits (``rank-stay``: then waits to be stopped, as a rank
-of a running engine; ``hold-rank``: writes them and waits to be killed).
+``rank R TP [ENGINE]`` (after NAME) is TP rank R of TP of engine ENGINE (default
+``engine``): it writes only its heads of each chunk, commits them and exits
+(``rank-stay``: then waits to be stopped, as a rank of a running engine;
+``hold-rank``: writes them and waits to be killed).
 Chunks are derived from the seed, so every process knows the exact bytes.
 """
 
@@ -16,7 +17,7 @@ import sys
 import threading
 
 from chunkstore.format import ChunkLayout
-from chunkstore.node import NodeClient, NodeStore, RankShare
+from chunkstore.node import NodeClient, NodeStore, RankShare, engine_identity
 from chunkstore.testing.factories import sample_chunks, small_spec
 
 
@@ -42,7 +43,10 @@ def main(argv: list[str]) -> int:
         return 0
     if mode in ("rank", "rank-stay", "hold-rank"):
         rank, tp = int(argv[5]), int(argv[6])
-        share = RankShare(rank, tp, [c.parent for c in chunks], [list(c.tokens) for c in chunks])
+        engine = engine_identity(argv[7] if len(argv) > 7 else "engine")
+        share = RankShare(
+            rank, tp, [c.parent for c in chunks], [list(c.tokens) for c in chunks], engine
+        )
         reservation = client.reserve(keys, part=share)
         layout = ChunkLayout(small_spec())
         for chunk, view in zip(chunks, reservation.views):

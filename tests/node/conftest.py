@@ -21,7 +21,7 @@ pytest.importorskip("zmq", reason="the node service needs pyzmq (pip install 'ch
 from chunkstore.backends._memory import MemoryStore  # noqa: E402
 from chunkstore.cache import HostCache, TieredStore  # noqa: E402
 from chunkstore.cache._pool import WRITING  # noqa: E402
-from chunkstore.format import ChunkLayout  # noqa: E402
+from chunkstore.format import ATTENTION, ChunkLayout, KVSpec, LayerGroup  # noqa: E402
 from chunkstore.peer import PeerMetrics, PeerServer  # noqa: E402
 from chunkstore.testing.factories import sample_chunks, small_spec  # noqa: E402
 
@@ -109,14 +109,15 @@ class Node:
         return self.store.host
 
 
-def start_node(tmp_path: Path, **config: Any) -> Node:
-    """A node service over a host cache (shared pool) with one memory tier behind it."""
+def start_node(tmp_path: Path, slot_size: int = SLOT_SIZE, **config: Any) -> Node:
+    """A node service over a host cache (shared pool of 16 ``slot_size`` slots) with one
+    memory tier behind it."""
     from prometheus_client import CollectorRegistry
 
     from chunkstore.metrics import ChunkstoreMetrics
 
     host = HostCache(
-        SLOT_SIZE, num_slots=16, shm_name=f"cs-test-{os.getpid()}-{tmp_path.name}", pin_memory=False
+        slot_size, num_slots=16, shm_name=f"cs-test-{os.getpid()}-{tmp_path.name}", pin_memory=False
     )
     tier = MemoryStore()
     store = TieredStore(host, [tier], metrics=ChunkstoreMetrics(CollectorRegistry()))
@@ -167,3 +168,19 @@ def sealing_node(tmp_path: Path) -> Iterator[Node]:
     finally:
         started.server.stop()
         started.store.close()
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random Llama (2 layers, 2 KV heads of 32) for real vLLM engines and harnesses."""
+    pytest.importorskip("vllm")
+    from chunkstore.vllm.testing import make_tiny_llama
+
+    return make_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
+
+
+def engine_chunk_size(model_dir: Path) -> int:
+    """The chunk size of :func:`tiny_model` engines with 64-token chunks in bf16 (what a node
+    serving them must use as its slot size)."""
+    group = LayerGroup(ATTENTION, (0, 1), num_kv_heads=2, head_dim=32)
+    return ChunkLayout(KVSpec(str(model_dir), "BF16", 64, (group,))).total_size

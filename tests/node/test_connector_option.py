@@ -78,7 +78,9 @@ def test_tp_ranks_save_their_heads_into_one_slot_and_the_engine_reads_it_whole(
     chunk = sample_chunks(1, seed=15, layout=layout)[0]
     save = ChunkSave("r", chunk.key, chunk.parent, tuple(int(t) for t in chunk.tokens), ())
     ranks = [
-        NodeRankStore(sealing_node.socket, layout=layout, rank=r, tp=2, client_name=f"r{r}")
+        NodeRankStore(
+            sealing_node.socket, layout=layout, rank=r, tp=2, engine="e", client_name=f"r{r}"
+        )
         for r in range(2)
     ]
     engine = NodeConnectorStore(sealing_node.socket, layout=layout, client_name="scheduler")

@@ -16,25 +16,12 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from chunkstore.format import ATTENTION, ChunkLayout, KVSpec, LayerGroup  # noqa: E402
 from chunkstore.vllm.testing import sample_prompt_ids  # noqa: E402
-from tests.node.conftest import Child, wait_until  # noqa: E402
+from tests.node.conftest import Child, engine_chunk_size, wait_until  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm_kernels]
 
 PROMPT = sample_prompt_ids(300, seed=21)  # 4 chunks of 64 tokens
-
-
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory):
-    from chunkstore.vllm.testing import make_tiny_llama
-
-    return make_tiny_llama(tmp_path_factory.mktemp("tiny-llama"))
-
-
-def _chunk_size(model_dir: Path) -> int:
-    group = LayerGroup(ATTENTION, (0, 1), num_kv_heads=2, head_dim=32)
-    return ChunkLayout(KVSpec(str(model_dir), "BF16", 64, (group,))).total_size
 
 
 def _reads(metrics_url: str) -> tuple[float, float]:
@@ -80,7 +67,7 @@ def test_engine_b_hits_what_engine_a_computed_and_survives_the_service(
             "chunkstore.cli.main",
             "serve",
             "--slot-size",
-            str(_chunk_size(tiny_model)),
+            str(engine_chunk_size(tiny_model)),
             "--host-cache",
             "64M",
             "--store",

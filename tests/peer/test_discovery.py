@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -10,7 +12,7 @@ from typing import Any
 import pytest
 
 from chunkstore.backends._memory import MemoryStore
-from chunkstore.errors import ConfigError
+from chunkstore.errors import ConfigError, StoreError
 from chunkstore.format import ChunkLayout
 from chunkstore.peer import (
     Announcer,
@@ -126,6 +128,46 @@ def test_file_registry_heartbeat_expire_withdraw(tmp_path: Path) -> None:
     assert [p.name for p in files.glob("*.peer.json")] == ["crashed.peer.json"]  # dead, kept
     clock.now += registry.cleanup_after_s
     assert registry.peers() == [] and not list(files.glob("*.peer.json"))  # long dead: removed
+
+
+def test_two_hosts_with_one_pid_announce_through_one_directory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Two hosts share the registry over NFS; their servers happen to run with the same pid
+    # and thread id (here: one process plays both) and announce the same name: host B
+    # writes and renames its record while host A's is between its write and its rename.
+    shared = tmp_path / "registry"
+    host_a, host_b = FileRegistry(shared), FileRegistry(shared)
+    a = PeerInfo("node", "tcp://10.0.0.1:1")
+    b = PeerInfo("node", "tcp://10.0.0.2:1")
+    rename = os.replace
+    interleaved: list[str] = []
+
+    def b_announces_first(src: Any, dst: Any) -> None:
+        if not interleaved:
+            interleaved.append(str(src))
+            host_b.announce(b, 5.0)
+        rename(src, dst)
+
+    monkeypatch.setattr(os, "replace", b_announces_first)
+    host_a.announce(a, 5.0)  # neither loses its temp file to the other
+    monkeypatch.setattr(os, "replace", rename)
+    assert interleaved and [p.endpoint for p in host_a.peers()] == [a.endpoint]
+    assert [p.name for p in shared.iterdir()] == ["node.peer.json"]  # no temp file left
+
+
+def test_a_failed_announce_leaves_no_temp_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    registry = FileRegistry(tmp_path / "registry")
+
+    def no_rename(src: Any, dst: Any) -> None:
+        raise OSError(errno.EIO, "I/O error")
+
+    monkeypatch.setattr(os, "replace", no_rename)
+    with pytest.raises(StoreError, match="cannot write peer registry"):
+        registry.announce(PeerInfo("node", "tcp://127.0.0.1:1"), 5.0)
+    assert list((tmp_path / "registry").iterdir()) == []
 
 
 def test_announcer_thread_keeps_beating(tmp_path: Path) -> None:

@@ -180,3 +180,26 @@ def test_spec_and_code_agree_on_error_codes_and_field_grammar() -> None:
         P.MAX_NIXL_METADATA_BYTES >> 10,
     ):
         assert str(bound) in grammar
+
+
+def test_a_tp_reserve_names_its_engine_in_at_most_64_bytes() -> None:
+    reserve = {
+        "v": 1,
+        "id": 1,
+        "op": "reserve",
+        "s": b"s" * P.SESSION_BYTES,
+        "keys": P.pack_keys(KEYS[:1]),
+        "plane": P.PLANE_SHM,
+        "mode": "if_absent",
+        "tp": 2,
+        "rank": 1,
+        "parents": b"p" * 32,
+        "tokens": [b"\0" * 4],
+    }
+    assert P.validate_request(reserve) is reserve  # a 1.0 client names none
+    named = {**reserve, "engine": b"e" * P.MAX_ENGINE_ID_BYTES}
+    assert P.validate_request(named) is named
+    for engine in (b"", b"e" * (P.MAX_ENGINE_ID_BYTES + 1), "engine-a"):
+        with pytest.raises(ProtocolViolation) as exc:
+            P.validate_request({**reserve, "engine": engine})
+        assert exc.value.code == P.MALFORMED
