@@ -443,6 +443,10 @@ def _json_object(text: bytes) -> dict[str, Any]:
         document = json.loads(text, object_pairs_hook=_unique_members)
     except ValueError as exc:  # json.JSONDecodeError is a ValueError
         raise MalformedHeader(f"header is not valid JSON: {exc}") from None
+    except RecursionError:
+        # A valid header nests three deep; arrays nested past the interpreter's recursion
+        # limit (a few KiB of '[') must be damage like any other, not an escaping error.
+        raise MalformedHeader("header JSON nests too deeply") from None
     if not isinstance(document, dict):
         raise MalformedHeader("header is not a JSON object")
     return document
