@@ -7,10 +7,11 @@ from __future__ import annotations
 import struct
 
 import pytest
+import xxhash
 
-from chunkstore.errors import LayoutError, MalformedHeader
-from chunkstore.format import decode_chunk, read_header
-from chunkstore.format._header import tensor_nbytes
+from chunkstore.errors import CompressionError, LayoutError, MalformedHeader
+from chunkstore.format import decode_chunk, key_digest, read_header
+from chunkstore.format._header import _meta_fields, render_header, tensor_nbytes
 
 DEEP = b"[" * 100_000 + b"]" * 100_000
 META = b'{"__metadata__":{"chunkstore":"1.0","compression":"none"}'
@@ -59,3 +60,45 @@ def test_tensor_size_stops_at_the_first_dimension_past_the_bound() -> None:
     assert tensor_nbytes(2, [3, 4]) == 24
     assert tensor_nbytes(1, [10**17, 9]) == 9 * 10**17
     assert tensor_nbytes(1, [10**17, 10]) is None
+
+
+def _rle_zstd_chunk(declared: int, repeats: int = 131072) -> bytes:
+    """A valid chunk whose stored payload is one zstd frame of one RLE block (``repeats``
+    zero bytes) declaring ``declared`` content bytes, with a matching header and checksum."""
+    content_checksum = xxhash.xxh64(bytes(repeats)).intdigest() & 0xFFFFFFFF
+    frame = b"\x28\xb5\x2f\xfd" + bytes([0xE4]) + struct.pack("<Q", declared)  # 8-byte FCS
+    frame += ((repeats << 3) | (1 << 1) | 1).to_bytes(3, "little") + b"\x00"  # last RLE block
+    frame += struct.pack("<I", content_checksum)
+    parent, tokens = bytes(32), bytes(16)
+    meta = _meta_fields(
+        version="1.0",
+        fingerprint="0" * 64,
+        namespace="0" * 16,
+        key=key_digest(parent, tokens).hex(),
+        parent=parent.hex(),
+        tokens=tokens.hex(),
+        compression="zstd",
+        payload_size=declared,
+        stored_size=len(frame),
+        mac=None,
+        checksum="0" * 32,
+    )
+    state = [("layers.0.state", "U8", (declared,), 0, declared)]
+    head = bytearray(render_header(meta, state, 4096))
+    start, stop = read_header(bytes(head)).checksum_span
+    head[start:stop] = xxhash.xxh3_128(bytes(head) + frame).hexdigest().encode()
+    return bytes(head) + frame
+
+
+def test_zstd_frame_declaring_more_than_its_blocks_hold_is_refused_before_allocating() -> None:
+    # 4 KiB on disk, 10**17 bytes declared: a verdict, not a MemoryError
+    with pytest.raises(CompressionError, match="hold at most 131072"):
+        decode_chunk(_rle_zstd_chunk(10**17))
+    with pytest.raises(CompressionError, match="hold at most 131072"):
+        decode_chunk(_rle_zstd_chunk(131073))
+
+
+def test_zstd_frame_whose_blocks_hold_the_declared_size_decodes() -> None:
+    """The control: the bound is exact, a frame that does hold its content size is read."""
+    chunk = decode_chunk(_rle_zstd_chunk(131072))
+    assert bytes(chunk.payload) == bytes(131072)
