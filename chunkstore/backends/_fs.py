@@ -764,13 +764,17 @@ class FsStore(Store):
     # --- listing -----------------------------------------------------------------
 
     def namespaces(self) -> list[str]:
-        """Namespace directories present under the root."""
+        """Namespace directories present under the root (real directories: not symlinks)."""
         entries = self.io.listdir(self.root) or []
         return sorted(n for n, is_dir in entries if is_dir and is_namespace(n))
 
     def _walk(self, namespace: str | None) -> Iterator[tuple[str, str, list[tuple[str, FileStat]]]]:
         """(namespace, directory, files) for every fan-out leaf directory."""
-        spaces = [namespace] if namespace is not None else self.namespaces()
+        spaces = self.namespaces()
+        if namespace is not None:
+            # Only a real directory, as without a name: a namespace that is a symlink to
+            # elsewhere is not the store's, and prune/verify would delete or move its files.
+            spaces = [namespace] if namespace in spaces else []
         for ns in spaces:
             ns_dir = self.io.join(self.root, ns)
             for ab, ab_is_dir in sorted(self.io.listdir(ns_dir) or []):
