@@ -96,9 +96,11 @@ def check_marker(data: bytes, where: str) -> int:
     """The layout version in a marker; StoreError if unreadable or unsupported."""
     try:
         doc = json.loads(data)
-        version = int(doc["layout"])
-    except (ValueError, KeyError, TypeError):
-        raise StoreError(f"{where}: {MARKER_NAME} is not a chunkstore layout marker") from None
+    except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
+        doc = None
+    version = doc.get("layout") if isinstance(doc, dict) else None
+    if type(version) is not int:  # 1, never "1", 1.5 or true (spec 6.2)
+        raise StoreError(f"{where}: {MARKER_NAME} is not a chunkstore layout marker")
     if version not in READABLE_LAYOUTS:
         raise StoreError(
             f"{where}: store layout {version} is not supported by this chunkstore "
