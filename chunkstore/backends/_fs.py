@@ -562,7 +562,11 @@ class FsStore(Store):
     def _access_time(self, path: str, st: FileStat, has_record: bool) -> float:
         atime = max(st.mtime, st.atime if self.io.local else 0.0)
         if has_record:
-            atime = max(atime, L.parse_access(self.io.read_small(path + ".atime")))
+            try:
+                record = self.io.read_small(path + ".atime")
+            except OSError:  # unreadable (EACCES, not a regular file): counts as 0 (spec 6.5)
+                record = None
+            atime = max(atime, L.parse_access(record))
         return atime
 
     # --- writes ------------------------------------------------------------------

@@ -199,11 +199,22 @@ class LocalIO:
         return os.path.isfile(path)
 
     def read_small(self, path: str) -> bytes | None:
-        try:
-            with open(path, "rb") as f:
-                return f.read()
-        except (FileNotFoundError, NotADirectoryError):
+        """A whole small file (marker, ledger, access record), or None if missing.
+
+        Opened as chunks are: anything but a regular file is an ``OSError``, so a FIFO left
+        at the path is refused instead of blocking the caller until a writer comes.
+        """
+        opened = self._open_read(path)
+        if opened is None:
             return None
+        fd = opened[0]
+        try:
+            parts = []
+            while part := os.read(fd, 1 << 16):
+                parts.append(part)
+            return b"".join(parts)
+        finally:
+            os.close(fd)
 
     # --- writes --------------------------------------------------------------
 

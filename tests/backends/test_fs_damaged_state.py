@@ -4,12 +4,18 @@ exception and never a hang."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from chunkstore.backends._fs import FsStore
 from chunkstore.errors import StoreError
+from chunkstore.testing.factories import sample_chunks
+
+CHUNKS = sample_chunks(2, seed=41)
 
 
 @pytest.mark.parametrize(
@@ -21,3 +27,32 @@ def test_damaged_marker_is_a_store_error(tmp_path: Path, text: bytes) -> None:
     (tmp_path / "chunkstore-layout.json").write_bytes(text)
     with pytest.raises(StoreError, match="not a chunkstore layout marker"):
         FsStore(str(tmp_path))
+
+
+def test_fifo_in_place_of_the_marker_is_refused_not_waited_on(tmp_path: Path) -> None:
+    """open() of a FIFO blocks until a writer comes: `chunkstore ls` hung forever."""
+    os.mkfifo(tmp_path / "chunkstore-layout.json")
+    with pytest.raises(StoreError, match="not a regular file"):
+        FsStore(str(tmp_path))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    # the timeout only stops a regressed run from blocking the suite
+    proc = subprocess.run(
+        [sys.executable, "-m", "chunkstore.cli.main", "ls", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert proc.returncode == 4
+    assert proc.stderr.count("\n") == 1 and "not a regular file" in proc.stderr
+
+
+def test_fifo_in_place_of_an_access_record_counts_as_no_record(tmp_path: Path) -> None:
+    """Spec 6.5: an unreadable record counts as 0; a capped writer's eviction probe and the
+    listing must not wait on it."""
+    store = FsStore(str(tmp_path), create=True, max_bytes=len(CHUNKS[0].data))
+    store.put(CHUNKS[0].key, CHUNKS[0].data)
+    os.mkfifo(store.path_of(CHUNKS[0].key) + ".atime")
+    assert [i.key for i in store.list()] == [CHUNKS[0].key]
+    assert store.put(CHUNKS[1].key, CHUNKS[1].data) is True  # evicts chunk 0, reading its record
+    assert [i.key for i in store.list()] == [CHUNKS[1].key]
