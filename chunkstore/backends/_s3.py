@@ -70,6 +70,15 @@ _AUTH_CODES = {
 _CHUNK_KEY_RE = re.compile(r"([0-9a-f]{16})/([0-9a-f]{2})/([0-9a-f]{2})/([0-9a-f]{64})\.kvc")
 
 
+def _chunk_key_of(rel: str) -> ChunkKey | None:
+    """The key a chunk object name (relative to the prefix) stands for; None for any other
+    name, or a chunk whose fan-out directories do not match it (foreign, spec 6.1)."""
+    match = _CHUNK_KEY_RE.fullmatch(rel)
+    if match is None or match.group(2) + match.group(3) != match.group(4)[:4]:
+        return None
+    return ChunkKey(bytes.fromhex(match.group(4)), match.group(1))
+
+
 class _NotFound(Exception):
     def __init__(self, retried: bool = False) -> None:
         super().__init__()
@@ -871,9 +880,8 @@ class S3Store(Store):
                     continue
                 yield ChunkInfo(key, size, mtime, mtime)
                 pending = None
-            match = _CHUNK_KEY_RE.fullmatch(rel)
-            if match and match.group(2) + match.group(3) == match.group(4)[:4]:
-                key = ChunkKey(bytes.fromhex(match.group(4)), match.group(1))
+            key = _chunk_key_of(rel)
+            if key is not None:
                 pending = (key, int(obj.get("Size", 0)), stamp, rel)
         if pending is not None:
             key, size, mtime, _ = pending
@@ -908,8 +916,7 @@ class S3Store(Store):
             top = rel.split("/", 1)[0]
             if not is_namespace(top):
                 continue
-            match = _CHUNK_KEY_RE.fullmatch(rel.removesuffix(".atime"))
-            if match and match.group(2) + match.group(3) == match.group(4)[:4]:
+            if _chunk_key_of(rel.removesuffix(".atime")) is not None:
                 continue
             out.append(
                 StoredFile(
@@ -936,7 +943,9 @@ class S3Store(Store):
         ]
 
     def orphans(self, older_than: float = 0.0) -> builtins.list[StoredFile]:
-        """Unfinished multipart uploads (S3's only partial writes) older than ``older_than`` s."""
+        """Unfinished multipart uploads (S3's only partial writes) of chunks, older than
+        ``older_than`` s. Uploads of any other name are not chunkstore's (another
+        application's upload into the bucket or prefix): never listed, never aborted."""
         cutoff = time.time() - older_than
         prefix = f"{self.prefix}/" if self.prefix else ""
 
@@ -950,8 +959,10 @@ class S3Store(Store):
         out = []
         for upload in listing.get("Uploads", []):
             started = _timestamp(upload.get("Initiated"))
-            if started <= cutoff:
-                rel = self._relative(upload["Key"])
+            rel = self._relative(upload["Key"])
+            if started > cutoff or _chunk_key_of(rel) is None:
+                continue  # young, or not a chunk's upload: another application's
+            if upload["Key"].startswith(prefix):
                 out.append(
                     StoredFile(
                         f"{upload['Key']}?uploadId={upload['UploadId']}",

@@ -366,3 +366,27 @@ def _machine() -> Any:
 
 
 TestS3StoreMachine = _machine()
+
+
+@pytest.mark.parametrize("prefix", ["", "p"], ids=["bucket-root", "prefix"])
+def test_orphan_sweep_leaves_other_applications_uploads_alone(
+    s3_endpoint: str, s3_bucket: str, prefix: str
+) -> None:
+    """Only a chunk's unfinished upload is chunkstore's: another application's multipart
+    upload in the same bucket (or under the prefix, beside the namespaces) is never aborted."""
+    import boto3
+
+    store = S3Store(s3_bucket, prefix, endpoint_url=s3_endpoint, backoff=0.001)
+    chunk = sample_chunks(1)[0]
+    store.put(chunk.key, chunk.data)
+    client = boto3.client("s3", endpoint_url=s3_endpoint)
+    base = f"{prefix}/" if prefix else ""
+    foreign = [f"{base}backups/db.tar", f"{base}{chunk.key.namespace}/notes.tar", "elsewhere.bin"]
+    for name in foreign:
+        client.create_multipart_upload(Bucket=s3_bucket, Key=name)
+    client.create_multipart_upload(Bucket=s3_bucket, Key=f"{base}{chunk.key.path}")
+    assert [o.path.split("?")[0] for o in store.orphans()] == [f"{base}{chunk.key.path}"]
+    assert store.remove_orphans(grace=0) == 1
+    left = client.list_multipart_uploads(Bucket=s3_bucket).get("Uploads", [])
+    assert sorted(u["Key"] for u in left) == sorted(foreign)
+    store.close()
