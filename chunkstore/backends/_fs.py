@@ -827,8 +827,14 @@ class FsStore(Store):
     # --- model records (SupportsModelRecords) -------------------------------------
 
     def read_model_record(self, fingerprint: bytes) -> bytes | None:
-        """The record of the model with ``fingerprint`` (``chunkstore.backends._models``)."""
-        return self.io.read_small(self.io.join(self.root, L.model_record_name(fingerprint)))
+        """The record of the model with ``fingerprint`` (``chunkstore.backends._models``);
+        None if missing or unreadable (a record is a hint: the model then shows as unknown)."""
+        path = self.io.join(self.root, L.model_record_name(fingerprint))
+        try:
+            return self.io.read_small(path)
+        except OSError as exc:  # a directory, FIFO or unreadable file at the record's name
+            log.warning("%s: cannot read the model record %s: %s", self.name, path, exc)
+            return None
 
     def write_model_record(self, fingerprint: bytes, record: bytes) -> None:
         """Store the record of the model with ``fingerprint`` (atomically replaced)."""
