@@ -21,7 +21,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 from chunkstore.backends import _layout as L
 from chunkstore.backends._batching import write_once_per_key
@@ -41,10 +41,12 @@ from chunkstore.backends.maintenance import QUARANTINE_MODES, StoredFile, reason
 from chunkstore.errors import (
     ConfigError,
     FormatError,
+    LayoutError,
     MissingDependency,
     StoreError,
+    TruncatedChunk,
 )
-from chunkstore.format import ByteRange
+from chunkstore.format import MAX_HEADER_BYTES, ByteRange, header_bytes_needed, read_header
 from chunkstore.hashing import ChunkKey, check_namespace, is_namespace
 from chunkstore.units import parse_size
 
@@ -363,9 +365,7 @@ class FsStore(Store):
                 reader = ChunkFileReader(fd, view)
             else:
                 if size > len(buffer):
-                    raise ConfigError(
-                        f"buffer of {len(buffer)} bytes is smaller than the chunk ({size})"
-                    )
+                    _refuse_oversized(fd, size, len(buffer))
                 out, view = buffer, buffer[:size]
                 reader = ChunkFileReader(fd, buffer, self.read_mode)
             check = VerifiedRead(fd, view, key.digest, reader=reader) if self.verify else None
@@ -503,6 +503,10 @@ class FsStore(Store):
         data, st = whole
         size = len(data)
         if size > len(view):
+            # damaged (bytes appended, a bad header) is a miss set aside; whole, the
+            # caller's buffer is too small
+            if self.verify and not self._valid(key, data, st):
+                return None
             raise ConfigError(f"buffer of {len(view)} bytes is smaller than the chunk ({size})")
         view[:size] = data
         if self.verify and not self._valid(key, view[:size], st):
@@ -921,6 +925,35 @@ def _group_size(count: int, buffer_bytes: int, workers: int) -> int:
     """Chunks per group: small buffers share a group, while every thread still gets one."""
     by_bytes = GROUP_BYTES // buffer_bytes if buffer_bytes else GROUP_MAX
     return max(1, min(GROUP_MAX, by_bytes, count // workers))
+
+
+def _refuse_oversized(fd: int, size: int, room: int) -> NoReturn:
+    """A chunk file of ``size`` bytes larger than the caller's buffer of ``room``: raise the
+    :class:`FormatError` its own header shows (bytes appended after its payload, a damaged
+    header: a corrupt chunk, quarantined like any other), else :class:`ConfigError` (a whole
+    chunk the caller's buffer is too small for: the caller's mistake).
+
+    Reads the header only (at most 16 MiB), never the file: it may be anything, of any size.
+    """
+    prefix = os.pread(fd, 8, 0)
+    wanted = min(header_bytes_needed(prefix), size, 8 + MAX_HEADER_BYTES)
+    parts = [prefix]
+    got = len(prefix)
+    while got < wanted:  # short reads happen on network mounts
+        part = os.pread(fd, wanted - got, got)
+        if not part:
+            break
+        parts.append(part)
+        got += len(part)
+    header = read_header(b"".join(parts))
+    declared = header.data_offset + header.stored_size
+    if declared < size:
+        raise LayoutError(f"{size - declared} trailing bytes after the payload")
+    if declared > size:
+        raise TruncatedChunk(
+            f"payload has {size - header.data_offset} of {header.stored_size} bytes"
+        )
+    raise ConfigError(f"buffer of {room} bytes is smaller than the chunk ({size})")
 
 
 def _writable(buffer: Buffer) -> memoryview:
