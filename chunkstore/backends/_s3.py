@@ -889,9 +889,9 @@ class S3Store(Store):
                     continue
                 yield ChunkInfo(key, size, mtime, mtime)
                 pending = None
-            key = _chunk_key_of(rel)
-            if key is not None:
-                pending = (key, int(obj.get("Size", 0)), stamp, rel)
+            found = _chunk_key_of(rel)
+            if found is not None:
+                pending = (found, int(obj.get("Size", 0)), stamp, rel)
         if pending is not None:
             key, size, mtime, _ = pending
             yield ChunkInfo(key, size, mtime, mtime)
