@@ -863,7 +863,15 @@ class S3Store(Store):
             yield from page.get("Contents", [])
             if not page.get("IsTruncated"):
                 return
-            token = page.get("NextContinuationToken")
+            following = page.get("NextContinuationToken")
+            if not following or following == token:
+                # asked again without a new token, the server would answer from the first
+                # page (or this one) forever: a listing that never ends
+                raise StoreError(
+                    f"{self.url}: listing failed: the server marked a page truncated "
+                    "without a new continuation token"
+                )
+            token = following
 
     async def _list_page(self, kwargs: dict[str, Any]) -> Any:
         try:
