@@ -5,8 +5,6 @@ exception and never a hang."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -14,6 +12,7 @@ import pytest
 from chunkstore.backends._fs import FsStore
 from chunkstore.errors import StoreError
 from chunkstore.testing.factories import sample_chunks
+from tests.cli.conftest import run_process
 
 CHUNKS = sample_chunks(2, seed=41)
 
@@ -34,15 +33,7 @@ def test_fifo_in_place_of_the_marker_is_refused_not_waited_on(tmp_path: Path) ->
     os.mkfifo(tmp_path / "chunkstore-layout.json")
     with pytest.raises(StoreError, match="not a regular file"):
         FsStore(str(tmp_path))
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
-    # the timeout only stops a regressed run from blocking the suite
-    proc = subprocess.run(
-        [sys.executable, "-m", "chunkstore.cli.main", "ls", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-    )
+    proc = run_process("ls", tmp_path)
     assert proc.returncode == 4
     assert proc.stderr.count("\n") == 1 and "not a regular file" in proc.stderr
 

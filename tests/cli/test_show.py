@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
-import sys
 
 from chunkstore.cli.exitcodes import BAD_CHUNK, FAILURE, STORE_UNAVAILABLE, USAGE
 from chunkstore.format import decode_chunk
-from tests.cli.conftest import DamagedStore, GoodStore
+from tests.cli.conftest import DamagedStore, GoodStore, run_process
 
 
 def _field(out: str, name: str) -> str:
@@ -146,14 +144,6 @@ def test_show_refuses_files_that_are_not_regular(cli, tmp_path) -> None:
     assert device.err.count("\n") == 1 and "/dev/null: not a regular file" in device.err
     fifo = tmp_path / "pipe.kvc"
     os.mkfifo(fifo)
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
-    # the timeout only stops a regressed run from blocking the suite
-    proc = subprocess.run(
-        [sys.executable, "-m", "chunkstore.cli.main", "show", str(fifo)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-    )
+    proc = run_process("show", fifo)
     assert proc.returncode == STORE_UNAVAILABLE
     assert proc.stderr.count("\n") == 1 and "not a regular file" in proc.stderr
