@@ -109,7 +109,11 @@ class CapacityLimiter:
     # --- ledger ------------------------------------------------------------------
 
     def _load(self) -> Usage:
-        raw = self.io.read_small(self.ledger_path)
+        try:
+            raw = self.io.read_small(self.ledger_path)
+        except OSError as exc:  # a FIFO or directory at its name, EACCES: unreadable too
+            log.warning("capacity ledger %s unreadable (%s); recounting", self.ledger_path, exc)
+            return self._recount()
         if raw is not None:
             parsed = _parse_ledger(raw)
             if parsed is not None:

@@ -156,3 +156,15 @@ def test_damaged_ledger_is_recounted_not_raised_or_believed(tmp_path: Path, text
     ledger.write_text(text)
     assert store.put(CHUNKS[2].key, CHUNKS[2].data) is True
     assert json.loads(ledger.read_text())["bytes"] == 3 * SIZE
+
+
+def test_ledger_that_cannot_be_opened_is_recounted_and_replaced(tmp_path: Path) -> None:
+    """A FIFO at the ledger's name (or one the writer may not read): recounted under the
+    lock like a torn ledger, and the next save puts a real ledger in its place."""
+    store = capped(tmp_path, 3)
+    store.put(CHUNKS[0].key, CHUNKS[0].data)
+    ledger = tmp_path / ".chunkstore" / "usage.json"
+    ledger.unlink()
+    os.mkfifo(ledger)
+    assert store.put(CHUNKS[1].key, CHUNKS[1].data) is True
+    assert ledger.is_file() and json.loads(ledger.read_text())["bytes"] == 2 * SIZE
