@@ -32,6 +32,10 @@ _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _O_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
 
 
+SMALL_FILE_LIMIT = 1 << 20
+"""Largest state file (layout marker, ledger, access record, model record) a store reads."""
+
+
 @dataclass(frozen=True, slots=True)
 class FileStat:
     """What the store needs to know about one file."""
@@ -202,15 +206,19 @@ class LocalIO:
         """A whole small file (marker, ledger, access record), or None if missing.
 
         Opened as chunks are: anything but a regular file is an ``OSError``, so a FIFO left
-        at the path is refused instead of blocking the caller until a writer comes.
+        at the path is refused instead of blocking the caller until a writer comes. So is a
+        file over :data:`SMALL_FILE_LIMIT` (EFBIG): no state file this code writes comes
+        near it, and a damaged one is not read into memory whole.
         """
         opened = self._open_read(path)
         if opened is None:
             return None
-        fd = opened[0]
+        fd, st = opened
         try:
+            if st.st_size > SMALL_FILE_LIMIT:
+                raise OSError(errno.EFBIG, f"larger than {SMALL_FILE_LIMIT} bytes", path)
             parts = []
-            while part := os.read(fd, 1 << 16):
+            while (part := os.read(fd, 1 << 16)) and len(parts) <= SMALL_FILE_LIMIT >> 16:
                 parts.append(part)
             return b"".join(parts)
         finally:

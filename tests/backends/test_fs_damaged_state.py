@@ -47,3 +47,11 @@ def test_fifo_in_place_of_an_access_record_counts_as_no_record(tmp_path: Path) -
     assert [i.key for i in store.list()] == [CHUNKS[0].key]
     assert store.put(CHUNKS[1].key, CHUNKS[1].data) is True  # evicts chunk 0, reading its record
     assert [i.key for i in store.list()] == [CHUNKS[1].key]
+
+
+def test_huge_marker_is_refused_without_being_read(tmp_path: Path) -> None:
+    """A (sparse) 64 MiB file at the marker's name: refused at its size, not read whole."""
+    with open(tmp_path / "chunkstore-layout.json", "wb") as f:
+        f.truncate(64 << 20)
+    with pytest.raises(StoreError, match="larger than 1048576 bytes"):
+        FsStore(str(tmp_path))
