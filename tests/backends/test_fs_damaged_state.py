@@ -5,11 +5,14 @@ exception and never a hang."""
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import pytest
 
 from chunkstore.backends._fs import FsStore
+from chunkstore.backends._layout import parse_access
+from chunkstore.cli.main import main
 from chunkstore.errors import StoreError
 from chunkstore.testing.factories import sample_chunks
 from tests.cli.conftest import run_process
@@ -55,3 +58,33 @@ def test_huge_marker_is_refused_without_being_read(tmp_path: Path) -> None:
         f.truncate(64 << 20)
     with pytest.raises(StoreError, match="larger than 1048576 bytes"):
         FsStore(str(tmp_path))
+
+
+@pytest.mark.parametrize(
+    ("text", "counts"),
+    [
+        (b"1764000000.123", True),
+        (b" 1764000000\n", True),
+        (b"inf", False),
+        (b"1e300", False),
+        (b"nan", False),
+        (b"-5", False),
+        (b"0x10", False),
+        (b"\xff", False),
+        (b"", False),
+    ],
+)
+def test_access_record_counts_only_as_decimal_seconds(text: bytes, counts: bool) -> None:
+    """Spec 6.5: the record is ASCII decimal seconds; anything else counts as 0."""
+    assert (parse_access(text) > 0) is counts
+
+
+def test_damaged_access_record_does_not_pin_its_chunk(tmp_path: Path) -> None:
+    store = FsStore(str(tmp_path), create=True)
+    month_ago = time.time() - 30 * 86400
+    for chunk in CHUNKS:
+        store.put(chunk.key, chunk.data)
+        os.utime(store.path_of(chunk.key), (month_ago, month_ago))
+    Path(store.path_of(CHUNKS[0].key) + ".atime").write_text("inf")
+    assert main(["prune", str(tmp_path), "--older-than", "7d", "--quiet"]) == 0
+    assert list(store.list()) == []
