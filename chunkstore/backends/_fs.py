@@ -158,6 +158,8 @@ class FsStore(Store):
         self._cached_reads = 0
         self._pool = IoPool(io_workers, self.name)
         self._open_root(create)
+        for own in (L.STATE_DIR, L.QUARANTINE_DIR):
+            self._refuse_link(own)
         self.capacity: CapacityLimiter | None = None
         limiter = CapacityLimiter(
             self.io,
@@ -233,6 +235,20 @@ class FsStore(Store):
             if isinstance(exc, StoreError):
                 raise
             raise StoreError(f"{where}: cannot open store: {exc}") from None
+
+    def _refuse_link(self, *parts: str) -> None:
+        """StoreError if ``root/parts[0]`` (or a deeper prefix of ``parts``) is a symbolic
+        link: the store writes its own files (quarantined chunks, ledger, model records)
+        only into real directories of its own, never through a link to elsewhere, where a
+        move or an atomic replace would overwrite someone's file of the same name."""
+        path = self.root
+        for part in parts:
+            path = self.io.join(path, part)
+            if self.io.is_link(path):
+                raise StoreError(
+                    f"{path} is a symbolic link: a store's own directories must be real "
+                    "(what it writes there would land outside the store); remove the link"
+                )
 
     def _ensure_marker(self) -> None:
         """Write the layout marker before the first chunk (an empty root may lack it)."""
@@ -739,6 +755,7 @@ class FsStore(Store):
             if delete:
                 dest = self.io.join(self._dir_of(key), L.temp_name(key.hex))
             else:
+                self._refuse_link(L.QUARANTINE_DIR, key.namespace)
                 dest = self.io.join(
                     self.root, L.QUARANTINE_DIR, key.namespace, key.hex + L.CHUNK_SUFFIX
                 )
@@ -843,6 +860,7 @@ class FsStore(Store):
     def write_model_record(self, fingerprint: bytes, record: bytes) -> None:
         """Store the record of the model with ``fingerprint`` (atomically replaced)."""
         self._ensure_marker()
+        self._refuse_link(*L.model_record_name(fingerprint).split("/")[:-1])
         try:
             self.io.write_small(self.io.join(self.root, L.model_record_name(fingerprint)), record)
         except OSError as exc:

@@ -198,6 +198,11 @@ class LocalIO:
     def exists(self, path: str) -> bool:
         return os.path.exists(path)
 
+    @staticmethod
+    def is_link(path: str) -> bool:
+        """Whether ``path`` is a symbolic link (dangling or not)."""
+        return os.path.islink(path)
+
     def is_file(self, path: str) -> bool:
         """Whether a regular file is at ``path`` (False on any error: a miss)."""
         return os.path.isfile(path)
@@ -481,6 +486,11 @@ class FsspecIO:
 
     def exists(self, path: str) -> bool:
         return bool(self.fs.exists(path))
+
+    @staticmethod
+    def is_link(path: str) -> bool:
+        """Always False: fsspec paths are followed by the filesystem itself."""
+        return False
 
     def is_file(self, path: str) -> bool:
         """Whether a file (not a directory) is at ``path`` (False on any error: a miss)."""

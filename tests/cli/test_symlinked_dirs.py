@@ -1,5 +1,6 @@
 """Symbolic links inside a store: maintenance never reaches through one to files outside the
-store (spec/FORMAT.md 6.1: a store is its real directories; a link to elsewhere is foreign)."""
+store, and the store never writes its own files (quarantine, ledger, model records) through
+one (spec/FORMAT.md 6.1: a store is its real directories; a link to elsewhere is foreign)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from chunkstore.backends._fs import FsStore
+from chunkstore.errors import StoreError
 from chunkstore.testing.factories import sample_chunks
 
 CHUNKS = sample_chunks(2, seed=3)
@@ -72,3 +74,62 @@ def test_a_real_namespace_directory_is_still_listed_by_name(tmp_path: Path) -> N
             store.put(chunk.key, chunk.data)
         assert {i.key for i in store.list(NS)} == {c.key for c in CHUNKS}
     assert os.path.isdir(tmp_path / "s" / NS)
+
+
+@pytest.fixture
+def with_outside(tmp_path: Path) -> tuple[Path, Path, Path]:
+    """A store holding one damaged chunk, and an outside directory holding files named as
+    the store would name its quarantined chunk and its ledger."""
+    root = tmp_path / "store"
+    with FsStore(str(root), create=True) as store:
+        store.put(CHUNKS[0].key, CHUNKS[0].data)
+        path = Path(store.path_of(CHUNKS[0].key))
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0xFF
+    path.write_bytes(bytes(data))
+    outside = tmp_path / "outside"
+    victim = outside / NS / f"{CHUNKS[0].key.hex}.kvc"
+    victim.parent.mkdir(parents=True)
+    victim.write_text("someone's file")
+    (outside / "usage.json").write_text("someone's usage.json")
+    return root, outside, victim
+
+
+@pytest.mark.parametrize("own", ["quarantine", ".chunkstore"])
+def test_a_store_whose_own_directory_is_a_symlink_is_refused(cli, with_outside, own) -> None:
+    """verify moved the damaged chunk out of the store through a symlinked quarantine,
+    replacing the outside file of its name; a capped writer replaced <outside>/usage.json."""
+    root, outside, victim = with_outside
+    (root / own).symlink_to(outside, target_is_directory=True)
+    result = cli("verify", root)
+    assert result.rc == 4
+    assert result.err.count("\n") == 1 and f"{own} is a symbolic link" in result.err
+    assert victim.read_text() == "someone's file"
+    assert (outside / "usage.json").read_text() == "someone's usage.json"
+    assert sorted(p.name for p in outside.rglob("*")) == sorted([NS, victim.name, "usage.json"])
+
+
+def test_quarantine_never_moves_a_chunk_through_a_symlinked_namespace_directory(
+    with_outside,
+) -> None:
+    """A link made after the store was opened, one level down: the corrupt read is a miss,
+    the chunk stays where it is, nothing outside changes."""
+    root, outside, victim = with_outside
+    with FsStore(str(root)) as store:
+        (root / "quarantine").mkdir()
+        (root / "quarantine" / NS).symlink_to(outside / NS, target_is_directory=True)
+        assert store.get(CHUNKS[0].key) is None
+        assert os.path.exists(store.path_of(CHUNKS[0].key))
+    assert victim.read_text() == "someone's file"
+    assert sorted(p.name for p in (outside / NS).iterdir()) == [victim.name]
+
+
+def test_model_records_are_not_written_through_a_symlinked_directory(tmp_path: Path) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    with FsStore(str(tmp_path / "store"), create=True) as store:
+        (tmp_path / "store" / ".chunkstore").mkdir()
+        (tmp_path / "store" / ".chunkstore" / "models").symlink_to(outside)
+        with pytest.raises(StoreError, match="models is a symbolic link"):
+            store.write_model_record(bytes(32), b"{}")
+    assert list(outside.iterdir()) == []
