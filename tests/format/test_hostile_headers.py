@@ -5,6 +5,7 @@ refused without allocating or computing in proportion to what the header claims.
 from __future__ import annotations
 
 import struct
+import tracemalloc
 
 import pytest
 import xxhash
@@ -12,6 +13,7 @@ import xxhash
 from chunkstore.errors import CompressionError, LayoutError, MalformedHeader
 from chunkstore.format import decode_chunk, key_digest, read_header
 from chunkstore.format._header import _meta_fields, render_header, tensor_nbytes
+from chunkstore.format._hot import decompress_in_place
 
 DEEP = b"[" * 100_000 + b"]" * 100_000
 META = b'{"__metadata__":{"chunkstore":"1.0","compression":"none"}'
@@ -62,13 +64,17 @@ def test_tensor_size_stops_at_the_first_dimension_past_the_bound() -> None:
     assert tensor_nbytes(1, [10**17, 10]) is None
 
 
-def _rle_zstd_chunk(declared: int, repeats: int = 131072) -> bytes:
-    """A valid chunk whose stored payload is one zstd frame of one RLE block (``repeats``
-    zero bytes) declaring ``declared`` content bytes, with a matching header and checksum."""
-    content_checksum = xxhash.xxh64(bytes(repeats)).intdigest() & 0xFFFFFFFF
+def _rle_zstd_chunk(declared: int, blocks: int = 1) -> bytes:
+    """A valid chunk whose stored payload is one zstd frame of ``blocks`` RLE blocks of
+    128 KiB zero bytes each, declaring ``declared`` content bytes, with a matching header
+    and checksum."""
+    content = xxhash.xxh64()
+    for _ in range(blocks):
+        content.update(bytes(131072))
     frame = b"\x28\xb5\x2f\xfd" + bytes([0xE4]) + struct.pack("<Q", declared)  # 8-byte FCS
-    frame += ((repeats << 3) | (1 << 1) | 1).to_bytes(3, "little") + b"\x00"  # last RLE block
-    frame += struct.pack("<I", content_checksum)
+    for last in [False] * (blocks - 1) + [True]:
+        frame += ((131072 << 3) | (1 << 1) | last).to_bytes(3, "little") + b"\x00"  # RLE
+    frame += struct.pack("<I", content.intdigest() & 0xFFFFFFFF)
     parent, tokens = bytes(32), bytes(16)
     meta = _meta_fields(
         version="1.0",
@@ -102,3 +108,20 @@ def test_zstd_frame_whose_blocks_hold_the_declared_size_decodes() -> None:
     """The control: the bound is exact, a frame that does hold its content size is read."""
     chunk = decode_chunk(_rle_zstd_chunk(131072))
     assert bytes(chunk.payload) == bytes(131072)
+
+
+def test_compressed_chunk_too_big_for_its_slot_is_not_decompressed() -> None:
+    """A host slot (64 KiB here) holding a verified zstd chunk whose plain form (64 MiB of
+    run-length blocks) cannot fit: refused from its header, not decompressed to find out."""
+    blocks = 512
+    data = _rle_zstd_chunk(blocks * 131072, blocks)
+    slot = bytearray(64 * 1024)
+    slot[: len(data)] = data
+    tracemalloc.start()
+    try:
+        assert decompress_in_place(memoryview(slot), len(data)) == 0
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20
+    assert len(decode_chunk(data).payload) == blocks * 131072  # the control: a valid chunk
