@@ -222,7 +222,7 @@ class LocalIO:
         try:
             if st.st_size > SMALL_FILE_LIMIT:
                 raise OSError(errno.EFBIG, f"larger than {SMALL_FILE_LIMIT} bytes", path)
-            parts = []
+            parts: list[bytes] = []
             while (part := os.read(fd, 1 << 16)) and len(parts) <= SMALL_FILE_LIMIT >> 16:
                 parts.append(part)
             return b"".join(parts)
