@@ -49,6 +49,29 @@ class Usage:
     """Number of chunks."""
 
 
+def _count(value: Any) -> int | None:
+    """``value`` if it is a non-negative JSON integer (not a bool, float or string), else None."""
+    return value if type(value) is int and value >= 0 else None
+
+
+def _parse_ledger(raw: bytes) -> tuple[Usage, int | None] | None:
+    """The usage and recorded cap in a ledger, or None if it is not one this code wrote.
+
+    Anything else (a torn write, a list, ``1e999``, a negative or fractional count) is
+    unreadable and recounted: a ledger believed negative would let the store pass its cap.
+    """
+    try:
+        doc = json.loads(raw)
+    except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
+        return None
+    if not isinstance(doc, dict):
+        return None
+    size, chunks = _count(doc.get("bytes")), _count(doc.get("chunks"))
+    if size is None or chunks is None:
+        return None
+    return Usage(size, chunks), _count(doc.get("max_bytes"))
+
+
 class CapacityLimiter:
     """Serialises publishes of one store root and evicts least-recently-used chunks.
 
@@ -79,21 +102,24 @@ class CapacityLimiter:
         self._evict = evict
         self._candidates: deque[tuple[float, str]] = deque()
         self._gone = 0
-        self._recorded_cap: Any = None
+        self._recorded_cap: int | None = None
         self.evicted = 0
         """Chunks this process evicted."""
 
     # --- ledger ------------------------------------------------------------------
 
     def _load(self) -> Usage:
-        raw = self.io.read_small(self.ledger_path)
+        try:
+            raw = self.io.read_small(self.ledger_path)
+        except OSError as exc:  # a FIFO or directory at its name, EACCES: unreadable too
+            log.warning("capacity ledger %s unreadable (%s); recounting", self.ledger_path, exc)
+            return self._recount()
         if raw is not None:
-            try:
-                doc = json.loads(raw)
-                self._recorded_cap = doc.get("max_bytes")
-                return Usage(int(doc["bytes"]), int(doc["chunks"]))
-            except (ValueError, KeyError, TypeError):
-                log.warning("capacity ledger %s unreadable; recounting", self.ledger_path)
+            parsed = _parse_ledger(raw)
+            if parsed is not None:
+                usage, self._recorded_cap = parsed
+                return usage
+            log.warning("capacity ledger %s unreadable; recounting", self.ledger_path)
         return self._recount()
 
     def _save(self, usage: Usage) -> None:

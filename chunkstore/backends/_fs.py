@@ -21,7 +21,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 from chunkstore.backends import _layout as L
 from chunkstore.backends._batching import (
@@ -47,10 +47,12 @@ from chunkstore.backends.maintenance import QUARANTINE_MODES, StoredFile, reason
 from chunkstore.errors import (
     ConfigError,
     FormatError,
+    LayoutError,
     MissingDependency,
     StoreError,
+    TruncatedChunk,
 )
-from chunkstore.format import ByteRange
+from chunkstore.format import MAX_HEADER_BYTES, ByteRange, header_bytes_needed, read_header
 from chunkstore.hashing import ChunkKey, check_namespace, is_namespace
 from chunkstore.units import parse_size
 
@@ -162,6 +164,8 @@ class FsStore(Store):
         self._cached_reads = 0
         self._pool = IoPool(io_workers, self.name)
         self._open_root(create)
+        for own in (L.STATE_DIR, L.QUARANTINE_DIR):
+            self._refuse_link(own)
         self.capacity: CapacityLimiter | None = None
         limiter = CapacityLimiter(
             self.io,
@@ -237,6 +241,20 @@ class FsStore(Store):
             if isinstance(exc, StoreError):
                 raise
             raise StoreError(f"{where}: cannot open store: {exc}") from None
+
+    def _refuse_link(self, *parts: str) -> None:
+        """StoreError if ``root/parts[0]`` (or a deeper prefix of ``parts``) is a symbolic
+        link: the store writes its own files (quarantined chunks, ledger, model records)
+        only into real directories of its own, never through a link to elsewhere, where a
+        move or an atomic replace would overwrite someone's file of the same name."""
+        path = self.root
+        for part in parts:
+            path = self.io.join(path, part)
+            if self.io.is_link(path):
+                raise StoreError(
+                    f"{path} is a symbolic link: a store's own directories must be real "
+                    "(what it writes there would land outside the store); remove the link"
+                )
 
     def _ensure_marker(self) -> None:
         """Write the layout marker before the first chunk (an empty root may lack it)."""
@@ -379,7 +397,7 @@ class FsStore(Store):
                 reader = ChunkFileReader(fd, view)
             else:
                 if size > len(buffer):
-                    raise buffer_too_small(len(buffer), size)
+                    _refuse_oversized(fd, size, len(buffer))
                 out, view = buffer, buffer[:size]
                 reader = ChunkFileReader(fd, buffer, self.read_mode)
             check = VerifiedRead(fd, view, key.digest, reader=reader) if self.verify else None
@@ -529,6 +547,10 @@ class FsStore(Store):
         data, st = whole
         size = len(data)
         if size > len(view):
+            # damaged (bytes appended, a bad header) is a miss set aside; whole, the
+            # caller's buffer is too small
+            if self.verify and not self._valid(key, data, st):
+                return None
             raise buffer_too_small(len(view), size)
         view[:size] = data
         if self.verify and not self._valid(key, view[:size], st):
@@ -588,7 +610,11 @@ class FsStore(Store):
     def _access_time(self, path: str, st: FileStat, has_record: bool) -> float:
         atime = max(st.mtime, st.atime if self.io.local else 0.0)
         if has_record:
-            atime = max(atime, L.parse_access(self.io.read_small(path + ".atime")))
+            try:
+                record = self.io.read_small(path + ".atime")
+            except OSError:  # unreadable (EACCES, not a regular file): counts as 0 (spec 6.5)
+                record = None
+            atime = max(atime, L.parse_access(record))
         return atime
 
     # --- writes ------------------------------------------------------------------
@@ -757,6 +783,7 @@ class FsStore(Store):
             if delete:
                 dest = self.io.join(self._dir_of(key), L.temp_name(key.hex))
             else:
+                self._refuse_link(L.QUARANTINE_DIR, key.namespace)
                 dest = self.io.join(
                     self.root, L.QUARANTINE_DIR, key.namespace, key.hex + L.CHUNK_SUFFIX
                 )
@@ -790,13 +817,17 @@ class FsStore(Store):
     # --- listing -----------------------------------------------------------------
 
     def namespaces(self) -> list[str]:
-        """Namespace directories present under the root."""
+        """Namespace directories present under the root (real directories: not symlinks)."""
         entries = self.io.listdir(self.root) or []
         return sorted(n for n, is_dir in entries if is_dir and is_namespace(n))
 
     def _walk(self, namespace: str | None) -> Iterator[tuple[str, str, list[tuple[str, FileStat]]]]:
         """(namespace, directory, files) for every fan-out leaf directory."""
-        spaces = [namespace] if namespace is not None else self.namespaces()
+        spaces = self.namespaces()
+        if namespace is not None:
+            # Only a real directory, as without a name: a namespace that is a symlink to
+            # elsewhere is not the store's, and prune/verify would delete or move its files.
+            spaces = [namespace] if namespace in spaces else []
         for ns in spaces:
             ns_dir = self.io.join(self.root, ns)
             for ab, ab_is_dir in sorted(self.io.listdir(ns_dir) or []):
@@ -845,12 +876,19 @@ class FsStore(Store):
     # --- model records (SupportsModelRecords) -------------------------------------
 
     def read_model_record(self, fingerprint: bytes) -> bytes | None:
-        """The record of the model with ``fingerprint`` (``chunkstore.backends._models``)."""
-        return self.io.read_small(self.io.join(self.root, L.model_record_name(fingerprint)))
+        """The record of the model with ``fingerprint`` (``chunkstore.backends._models``);
+        None if missing or unreadable (a record is a hint: the model then shows as unknown)."""
+        path = self.io.join(self.root, L.model_record_name(fingerprint))
+        try:
+            return self.io.read_small(path)
+        except OSError as exc:  # a directory, FIFO or unreadable file at the record's name
+            log.warning("%s: cannot read the model record %s: %s", self.name, path, exc)
+            return None
 
     def write_model_record(self, fingerprint: bytes, record: bytes) -> None:
         """Store the record of the model with ``fingerprint`` (atomically replaced)."""
         self._ensure_marker()
+        self._refuse_link(*L.model_record_name(fingerprint).split("/")[:-1])
         try:
             self.io.write_small(self.io.join(self.root, L.model_record_name(fingerprint)), record)
         except OSError as exc:
@@ -933,6 +971,35 @@ def _group_size(count: int, buffer_bytes: int, workers: int) -> int:
     """Chunks per group: small buffers share a group, while every thread still gets one."""
     by_bytes = GROUP_BYTES // buffer_bytes if buffer_bytes else GROUP_MAX
     return max(1, min(GROUP_MAX, by_bytes, count // workers))
+
+
+def _refuse_oversized(fd: int, size: int, room: int) -> NoReturn:
+    """A chunk file of ``size`` bytes larger than the caller's buffer of ``room``: raise the
+    :class:`FormatError` its own header shows (bytes appended after its payload, a damaged
+    header: a corrupt chunk, quarantined like any other), else :class:`ConfigError` (a whole
+    chunk the caller's buffer is too small for: the caller's mistake).
+
+    Reads the header only (at most 16 MiB), never the file: it may be anything, of any size.
+    """
+    prefix = os.pread(fd, 8, 0)
+    wanted = min(header_bytes_needed(prefix), size, 8 + MAX_HEADER_BYTES)
+    parts = [prefix]
+    got = len(prefix)
+    while got < wanted:  # short reads happen on network mounts
+        part = os.pread(fd, wanted - got, got)
+        if not part:
+            break
+        parts.append(part)
+        got += len(part)
+    header = read_header(b"".join(parts))
+    declared = header.data_offset + header.stored_size
+    if declared < size:
+        raise LayoutError(f"{size - declared} trailing bytes after the payload")
+    if declared > size:
+        raise TruncatedChunk(
+            f"payload has {size - header.data_offset} of {header.stored_size} bytes"
+        )
+    raise buffer_too_small(room, size)
 
 
 @dataclass(slots=True)

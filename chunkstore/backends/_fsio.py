@@ -32,6 +32,10 @@ _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _O_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
 
 
+SMALL_FILE_LIMIT = 1 << 20
+"""Largest state file (layout marker, ledger, access record, model record) a store reads."""
+
+
 @dataclass(frozen=True, slots=True)
 class FileStat:
     """What the store needs to know about one file."""
@@ -194,16 +198,36 @@ class LocalIO:
     def exists(self, path: str) -> bool:
         return os.path.exists(path)
 
+    @staticmethod
+    def is_link(path: str) -> bool:
+        """Whether ``path`` is a symbolic link (dangling or not)."""
+        return os.path.islink(path)
+
     def is_file(self, path: str) -> bool:
         """Whether a regular file is at ``path`` (False on any error: a miss)."""
         return os.path.isfile(path)
 
     def read_small(self, path: str) -> bytes | None:
-        try:
-            with open(path, "rb") as f:
-                return f.read()
-        except (FileNotFoundError, NotADirectoryError):
+        """A whole small file (marker, ledger, access record), or None if missing.
+
+        Opened as chunks are: anything but a regular file is an ``OSError``, so a FIFO left
+        at the path is refused instead of blocking the caller until a writer comes. So is a
+        file over :data:`SMALL_FILE_LIMIT` (EFBIG): no state file this code writes comes
+        near it, and a damaged one is not read into memory whole.
+        """
+        opened = self._open_read(path)
+        if opened is None:
             return None
+        fd, st = opened
+        try:
+            if st.st_size > SMALL_FILE_LIMIT:
+                raise OSError(errno.EFBIG, f"larger than {SMALL_FILE_LIMIT} bytes", path)
+            parts: list[bytes] = []
+            while (part := os.read(fd, 1 << 16)) and len(parts) <= SMALL_FILE_LIMIT >> 16:
+                parts.append(part)
+            return b"".join(parts)
+        finally:
+            os.close(fd)
 
     # --- writes --------------------------------------------------------------
 
@@ -462,6 +486,11 @@ class FsspecIO:
 
     def exists(self, path: str) -> bool:
         return bool(self.fs.exists(path))
+
+    @staticmethod
+    def is_link(path: str) -> bool:
+        """Always False: fsspec paths are followed by the filesystem itself."""
+        return False
 
     def is_file(self, path: str) -> bool:
         """Whether a file (not a directory) is at ``path`` (False on any error: a miss)."""

@@ -96,9 +96,11 @@ def check_marker(data: bytes, where: str) -> int:
     """The layout version in a marker; StoreError if unreadable or unsupported."""
     try:
         doc = json.loads(data)
-        version = int(doc["layout"])
-    except (ValueError, KeyError, TypeError):
-        raise StoreError(f"{where}: {MARKER_NAME} is not a chunkstore layout marker") from None
+    except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
+        doc = None
+    version = doc.get("layout") if isinstance(doc, dict) else None
+    if type(version) is not int:  # 1, never "1", 1.5 or true (spec 6.2)
+        raise StoreError(f"{where}: {MARKER_NAME} is not a chunkstore layout marker")
     if version not in READABLE_LAYOUTS:
         raise StoreError(
             f"{where}: store layout {version} is not supported by this chunkstore "
@@ -107,14 +109,15 @@ def check_marker(data: bytes, where: str) -> int:
     return version
 
 
+_ACCESS_TIME_RE = re.compile(rb"\s*([0-9]{1,18}(\.[0-9]{1,9})?)\s*")
+
+
 def parse_access(data: bytes | None) -> float:
-    """The time in an access record; 0 for a missing or torn record."""
-    if not data:
-        return 0.0
-    try:
-        return float(data.decode("ascii").strip())
-    except (ValueError, UnicodeDecodeError):
-        return 0.0
+    """The time in an access record (ASCII decimal seconds, spec 6.5); 0 for a missing, torn
+    or unparsable one. Only decimals count: float() also took ``inf`` and ``1e300``, which
+    made their chunk the most recently used forever (never pruned, never evicted)."""
+    match = _ACCESS_TIME_RE.fullmatch(data or b"")
+    return float(match.group(1)) if match else 0.0
 
 
 def access_bytes(now: float) -> bytes:

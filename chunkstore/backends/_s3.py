@@ -70,6 +70,15 @@ _AUTH_CODES = {
 _CHUNK_KEY_RE = re.compile(r"([0-9a-f]{16})/([0-9a-f]{2})/([0-9a-f]{2})/([0-9a-f]{64})\.kvc")
 
 
+def _chunk_key_of(rel: str) -> ChunkKey | None:
+    """The key a chunk object name (relative to the prefix) stands for; None for any other
+    name, or a chunk whose fan-out directories do not match it (foreign, spec 6.1)."""
+    match = _CHUNK_KEY_RE.fullmatch(rel)
+    if match is None or match.group(2) + match.group(3) != match.group(4)[:4]:
+        return None
+    return ChunkKey(bytes.fromhex(match.group(4)), match.group(1))
+
+
 class _NotFound(Exception):
     def __init__(self, retried: bool = False) -> None:
         super().__init__()
@@ -534,7 +543,12 @@ class S3Store(Store):
             raise ConfigError("get_into needs a writable buffer")
         view = view.cast("B") if view.format != "B" or view.ndim != 1 else view
         if self._plane is not None:  # straight into the caller's buffer
-            size = self._plane.read_into(self.object_key(key), view)
+            try:
+                size = self._plane.read_into(self.object_key(key), view)
+            except ConfigError:
+                # Larger than the buffer: the whole-object read below judges it (bytes
+                # appended, a damaged header: a corrupt miss, set aside; else the caller's).
+                return self._get_into_whole(key, view)
             if size is None:
                 return None
             read = view[:size]
@@ -548,6 +562,10 @@ class S3Store(Store):
                 size = len(checked)
             self._touch([key])
             return int(size)
+        return self._get_into_whole(key, view)
+
+    def _get_into_whole(self, key: ChunkKey, view: memoryview) -> int | None:
+        """:meth:`get_into` through one verified whole-object read."""
         data = self.get(key)
         if data is None:
             return None
@@ -845,7 +863,15 @@ class S3Store(Store):
             yield from page.get("Contents", [])
             if not page.get("IsTruncated"):
                 return
-            token = page.get("NextContinuationToken")
+            following = page.get("NextContinuationToken")
+            if not following or following == token:
+                # asked again without a new token, the server would answer from the first
+                # page (or this one) forever: a listing that never ends
+                raise StoreError(
+                    f"{self.url}: listing failed: the server marked a page truncated "
+                    "without a new continuation token"
+                )
+            token = following
 
     async def _list_page(self, kwargs: dict[str, Any]) -> Any:
         try:
@@ -871,10 +897,9 @@ class S3Store(Store):
                     continue
                 yield ChunkInfo(key, size, mtime, mtime)
                 pending = None
-            match = _CHUNK_KEY_RE.fullmatch(rel)
-            if match and match.group(2) + match.group(3) == match.group(4)[:4]:
-                key = ChunkKey(bytes.fromhex(match.group(4)), match.group(1))
-                pending = (key, int(obj.get("Size", 0)), stamp, rel)
+            found = _chunk_key_of(rel)
+            if found is not None:
+                pending = (found, int(obj.get("Size", 0)), stamp, rel)
         if pending is not None:
             key, size, mtime, _ = pending
             yield ChunkInfo(key, size, mtime, mtime)
@@ -908,8 +933,7 @@ class S3Store(Store):
             top = rel.split("/", 1)[0]
             if not is_namespace(top):
                 continue
-            match = _CHUNK_KEY_RE.fullmatch(rel.removesuffix(".atime"))
-            if match and match.group(2) + match.group(3) == match.group(4)[:4]:
+            if _chunk_key_of(rel.removesuffix(".atime")) is not None:
                 continue
             out.append(
                 StoredFile(
@@ -936,7 +960,9 @@ class S3Store(Store):
         ]
 
     def orphans(self, older_than: float = 0.0) -> builtins.list[StoredFile]:
-        """Unfinished multipart uploads (S3's only partial writes) older than ``older_than`` s."""
+        """Unfinished multipart uploads (S3's only partial writes) of chunks, older than
+        ``older_than`` s. Uploads of any other name are not chunkstore's (another
+        application's upload into the bucket or prefix): never listed, never aborted."""
         cutoff = time.time() - older_than
         prefix = f"{self.prefix}/" if self.prefix else ""
 
@@ -950,8 +976,10 @@ class S3Store(Store):
         out = []
         for upload in listing.get("Uploads", []):
             started = _timestamp(upload.get("Initiated"))
-            if started <= cutoff:
-                rel = self._relative(upload["Key"])
+            rel = self._relative(upload["Key"])
+            if started > cutoff or _chunk_key_of(rel) is None:
+                continue  # young, or not a chunk's upload: another application's
+            if upload["Key"].startswith(prefix):
                 out.append(
                     StoredFile(
                         f"{upload['Key']}?uploadId={upload['UploadId']}",

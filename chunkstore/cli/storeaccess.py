@@ -19,7 +19,13 @@ from typing import Any
 from chunkstore.backends.base import Store, SupportsRangedRead
 from chunkstore.backends.maintenance import StoredFile, SupportsMaintenance
 from chunkstore.errors import FormatError
-from chunkstore.format import ByteRange, ChunkHeader, header_bytes_needed, read_header
+from chunkstore.format import (
+    MAX_HEADER_BYTES,
+    ByteRange,
+    ChunkHeader,
+    header_bytes_needed,
+    read_header,
+)
 from chunkstore.hashing import ChunkKey
 
 HEADER_PROBE_BYTES = 64 * 1024
@@ -79,7 +85,9 @@ def read_header_of(store: Store, key: ChunkKey) -> ChunkHeader | None:
             needed = header_bytes_needed(head)
         except FormatError:
             needed = len(head)
-        if needed > len(head) and len(head) == HEADER_PROBE_BYTES:
+        # A damaged length prefix can announce up to 2**64 bytes: past the largest header a
+        # reader accepts, the probe alone is judged (HeaderTooLarge), nothing more is read.
+        if len(head) == HEADER_PROBE_BYTES and len(head) < needed <= 8 + MAX_HEADER_BYTES:
             more = store.read_ranges(key, [ByteRange(0, needed)])
             if more is None:
                 return None

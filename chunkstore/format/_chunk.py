@@ -230,10 +230,17 @@ def _zstd() -> Any:
 _ZSTD_FRAME_MAGIC = b"\x28\xb5\x2f\xfd"
 
 
-def _zstd_frame_size(zstd: Any, stored: memoryview) -> int:
-    """Bytes the zstd frame at the start of ``stored`` spans, by walking its block headers
-    (RFC 8878 section 3.1.1.2): the decompressor itself ignores whatever follows a frame."""
+_ZSTD_MAX_BLOCK = 128 * 1024
+"""Block_Maximum_Size (RFC 8878 section 3.1.1.2.3): no block decompresses to more."""
+
+
+def _zstd_frame_extent(zstd: Any, stored: memoryview) -> tuple[int, int]:
+    """Bytes the zstd frame at the start of ``stored`` spans, and the most its blocks can
+    decompress to, by walking its block headers (RFC 8878 section 3.1.1.2): the
+    decompressor itself ignores whatever follows a frame, and allocates the content size
+    the frame header declares before it finds out the blocks hold less."""
     position = int(zstd.frame_header_size(stored))
+    most = 0
     while True:
         if position + 3 > len(stored):
             raise CompressionError("zstd frame is truncated")
@@ -242,8 +249,9 @@ def _zstd_frame_size(zstd: Any, stored: memoryview) -> int:
         if block_type == 3:
             raise CompressionError("zstd frame has a reserved block type")
         position += 3 + (1 if block_type == 1 else block_size)  # an RLE block stores one byte
+        most += _ZSTD_MAX_BLOCK if block_type == 2 else block_size  # raw, RLE: Block_Size
         if block & 1:  # Last_Block
-            return position + 4  # the content checksum (required, checked before)
+            return position + 4, most  # the content checksum (required, checked before)
 
 
 def _unzstd(stored: memoryview, payload_size: int) -> bytes:
@@ -268,8 +276,15 @@ def _unzstd(stored: memoryview, payload_size: int) -> bytes:
         raise CompressionError(
             f"zstd frame declares {params.content_size} content bytes, payload_size {payload_size}"
         )
-    if _zstd_frame_size(zstd, stored) != len(stored):
+    frame_size, most = _zstd_frame_extent(zstd, stored)
+    if frame_size != len(stored):
         raise CompressionError("stored payload must be exactly one zstd frame, nothing after it")
+    if payload_size > most:
+        # refused before the decompressor allocates payload_size bytes (a 4 KiB chunk
+        # declaring 10**17 bytes was a MemoryError, not a verdict)
+        raise CompressionError(
+            f"zstd frame declares {payload_size} content bytes, its blocks hold at most {most}"
+        )
     try:
         payload: bytes = zstd.ZstdDecompressor().decompress(stored, max_output_size=payload_size)
     except zstd.ZstdError as exc:

@@ -8,7 +8,6 @@ per spec is rendered by overwriting byte ranges, without JSON encoding per chunk
 from __future__ import annotations
 
 import json
-import math
 import re
 import struct
 from collections.abc import Sequence
@@ -443,6 +442,10 @@ def _json_object(text: bytes) -> dict[str, Any]:
         document = json.loads(text, object_pairs_hook=_unique_members)
     except ValueError as exc:  # json.JSONDecodeError is a ValueError
         raise MalformedHeader(f"header is not valid JSON: {exc}") from None
+    except RecursionError:
+        # A valid header nests three deep; arrays nested past the interpreter's recursion
+        # limit (a few KiB of '[') must be damage like any other, not an escaping error.
+        raise MalformedHeader("header JSON nests too deeply") from None
     if not isinstance(document, dict):
         raise MalformedHeader("header is not a JSON object")
     return document
@@ -519,6 +522,22 @@ def _unknown(newer: bool, error: type[UnsupportedVersion], what: str) -> FormatE
     return MalformedHeader(f"{what} (not defined in this format version)")
 
 
+def tensor_nbytes(itemsize: int, shape: Sequence[int]) -> int | None:
+    """Bytes of a tensor of ``shape``, or None once they pass the largest offset a header
+    can hold (below ``10**18``): such a shape cannot match its ``data_offsets``.
+
+    Stops at the first dimension that passes the bound: a 16 MiB header holds ~900,000
+    dimensions, and multiplying them all out (a product of millions of digits) took
+    minutes per chunk read.
+    """
+    nbytes = itemsize
+    for dim in shape:
+        nbytes *= dim
+        if nbytes >= _MAX_INT:
+            return None
+    return nbytes
+
+
 def _tensor_entries(tensors: dict[str, Any], newer: bool) -> tuple[list[TensorEntry], int | None]:
     """Validate the tensor table (section 3.2); also return C as the shapes imply it."""
     entries: list[TensorEntry] = []
@@ -566,8 +585,8 @@ def _tensor_entries(tensors: dict[str, Any], newer: bool) -> tuple[list[TensorEn
         ):
             raise MalformedHeader(f"tensor {name!r} has bad data_offsets")
         begin, end = offsets
-        nbytes = dtype_named(dtype).itemsize * math.prod(shape)
-        if end - begin != nbytes:
+        nbytes = tensor_nbytes(dtype_named(dtype).itemsize, shape)
+        if nbytes is None or end - begin != nbytes:
             raise LayoutError(f"tensor {name!r}: offsets {offsets} do not fit shape and dtype")
         if begin != cursor:
             kind = "overlap" if begin < cursor else "hole"

@@ -33,9 +33,17 @@ def decompress_in_place(view: memoryview, size: int) -> int:
     0 when the uncompressed chunk does not fit in ``view`` (it cannot be held there).
     """
     stored = view[:size]
-    plain = hot_bytes(stored)
-    if plain is stored:
-        return size
+    try:
+        header = read_header(stored)
+        if header.compression == "none":
+            return size
+        if header.payload_size > len(view):
+            # Its plain form cannot fit: known from the header, without decompressing
+            # (run-length blocks expand 32,768-fold: a slot-sized frame can claim GiBs).
+            return 0
+        plain = recompress(stored, "none")
+    except FormatError:
+        return size  # as hot_bytes: bytes that do not parse are left as they are
     if len(plain) > len(view):
         return 0
     view[: len(plain)] = plain

@@ -128,3 +128,43 @@ def test_cap_through_fsspec_warns_that_it_holds_per_process(
         assert "per writer process" not in caplog.text
     finally:
         fs.rm(root, recursive=True)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "[]",
+        "7",
+        '"bytes"',
+        '{"bytes": 1e999, "chunks": 2}',
+        '{"bytes": -1000000, "chunks": 2}',
+        '{"bytes": 1.5, "chunks": 2}',
+        '{"bytes": true, "chunks": 2}',
+        '{"bytes": 16384, "chunks": -3}',
+    ],
+    ids=["list", "number", "string", "infinite", "negative", "fraction", "boolean", "neg-count"],
+)
+def test_damaged_ledger_is_recounted_not_raised_or_believed(tmp_path: Path, text: str) -> None:
+    """Spec 6.6: a ledger a writer cannot read is recounted under the lock; one that is not
+    an object of two non-negative integers cannot be read (it is no ledger this code wrote)."""
+    store = capped(tmp_path, 3)
+    for i in range(2):
+        store.put(CHUNKS[i].key, CHUNKS[i].data)
+    ledger = tmp_path / ".chunkstore" / "usage.json"
+    ledger.write_text(text)
+    assert (store.usage().bytes, store.usage().chunks) == (2 * SIZE, 2)
+    ledger.write_text(text)
+    assert store.put(CHUNKS[2].key, CHUNKS[2].data) is True
+    assert json.loads(ledger.read_text())["bytes"] == 3 * SIZE
+
+
+def test_ledger_that_cannot_be_opened_is_recounted_and_replaced(tmp_path: Path) -> None:
+    """A FIFO at the ledger's name (or one the writer may not read): recounted under the
+    lock like a torn ledger, and the next save puts a real ledger in its place."""
+    store = capped(tmp_path, 3)
+    store.put(CHUNKS[0].key, CHUNKS[0].data)
+    ledger = tmp_path / ".chunkstore" / "usage.json"
+    ledger.unlink()
+    os.mkfifo(ledger)
+    assert store.put(CHUNKS[1].key, CHUNKS[1].data) is True
+    assert ledger.is_file() and json.loads(ledger.read_text())["bytes"] == 2 * SIZE

@@ -366,3 +366,53 @@ def _machine() -> Any:
 
 
 TestS3StoreMachine = _machine()
+
+
+@pytest.mark.parametrize("prefix", ["", "p"], ids=["bucket-root", "prefix"])
+def test_orphan_sweep_leaves_other_applications_uploads_alone(
+    s3_endpoint: str, s3_bucket: str, prefix: str
+) -> None:
+    """Only a chunk's unfinished upload is chunkstore's: another application's multipart
+    upload in the same bucket (or under the prefix, beside the namespaces) is never aborted."""
+    import boto3
+
+    store = S3Store(s3_bucket, prefix, endpoint_url=s3_endpoint, backoff=0.001)
+    chunk = sample_chunks(1)[0]
+    store.put(chunk.key, chunk.data)
+    client = boto3.client("s3", endpoint_url=s3_endpoint)
+    base = f"{prefix}/" if prefix else ""
+    foreign = [f"{base}backups/db.tar", f"{base}{chunk.key.namespace}/notes.tar", "elsewhere.bin"]
+    for name in foreign:
+        client.create_multipart_upload(Bucket=s3_bucket, Key=name)
+    client.create_multipart_upload(Bucket=s3_bucket, Key=f"{base}{chunk.key.path}")
+    assert [o.path.split("?")[0] for o in store.orphans()] == [f"{base}{chunk.key.path}"]
+    assert store.remove_orphans(grace=0) == 1
+    left = client.list_multipart_uploads(Bucket=s3_bucket).get("Uploads", [])
+    assert sorted(u["Key"] for u in left) == sorted(foreign)
+    store.close()
+
+
+@pytest.mark.parametrize("token", [None, "same"], ids=["no-token", "same-token"])
+def test_truncated_listing_without_a_new_token_is_an_error_not_endless(
+    s3_endpoint: str, s3_bucket: str, token: str | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server marking pages truncated without a (new) continuation token: asking again
+    restarts the listing, so list() (and verify/prune over it) never ended."""
+    store = make(s3_endpoint, s3_bucket)
+    chunk = sample_chunks(1)[0]
+    store.put(chunk.key, chunk.data)
+    real = store._list_page
+
+    async def broken(kwargs: dict[str, Any]) -> Any:
+        page = await real({k: v for k, v in kwargs.items() if k != "ContinuationToken"})
+        page["IsTruncated"] = True
+        page["NextContinuationToken"] = token
+        return page
+
+    monkeypatch.setattr(store, "_list_page", broken)
+    listed = []
+    with pytest.raises(StoreError, match="truncated without a new continuation token"):
+        for info in store.list():
+            listed.append(info.key)
+            assert len(listed) <= 2, "the listing restarted"
+    store.close()

@@ -247,3 +247,29 @@ def test_missing_nixl_is_an_install_hint(
     monkeypatch.setitem(sys.modules, "nixl._api", None)
     with pytest.raises(MissingDependency, match=r"chunkstore\[nixl\]"):
         _nixl_store(s3_endpoint, s3_bucket)
+
+
+def test_oversized_damaged_object_is_a_corrupt_miss_not_a_config_error(
+    s3_endpoint: str, s3_bucket: str, chunks: list[MadeChunk]
+) -> None:
+    """An object with bytes appended after its payload is larger than the slot it is read
+    into: like the s3fs path, a corrupt miss set aside (and the rest of the batch served);
+    only a whole chunk too big for the buffer is the caller's ConfigError."""
+    import boto3
+
+    store = _nixl_store(s3_endpoint, s3_bucket)
+    for chunk in chunks:
+        store.put(chunk.key, chunk.data)
+    client = boto3.client("s3", endpoint_url=s3_endpoint)
+    damaged = store.object_key(chunks[1].key)
+    client.put_object(Bucket=s3_bucket, Key=damaged, Body=chunks[1].data + bytes(1 << 16))
+    size = len(chunks[0].data)
+    buffers = [bytearray(size) for _ in chunks]
+    assert store.get_many_into([c.key for c in chunks], buffers) == [size, None, size, size]
+    assert [bytes(b) for i, b in enumerate(buffers) if i != 1] == [
+        c.data for i, c in enumerate(chunks) if i != 1
+    ]
+    assert store.corrupt_detected == 1 and len(store.quarantined()) == 1
+    with pytest.raises(ConfigError, match="smaller than the chunk"):
+        store.get_into(chunks[0].key, bytearray(size - 1))
+    store.close()

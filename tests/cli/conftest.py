@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 import tarfile
 import time
 from collections.abc import Callable
@@ -48,6 +50,18 @@ def cli(capsys: pytest.CaptureFixture[str]) -> Callable[..., Result]:
         return Result(rc, captured.out, captured.err)
 
     return run
+
+
+def run_process(*args: object) -> subprocess.CompletedProcess[str]:
+    """Run ``chunkstore ARGS...`` as a separate process (this tree's code, via sys.path), for
+    inputs that could block it: the timeout only stops a regressed run from hanging the suite."""
+    return subprocess.run(
+        [sys.executable, "-m", "chunkstore.cli.main", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)),
+    )
 
 
 def extract(name: str, dest: Path) -> Path:

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from chunkstore.backends._fs import FsStore
+from chunkstore.cli.storeaccess import HEADER_PROBE_BYTES
+from chunkstore.format import ChunkLayout
+from chunkstore.testing.factories import make_chunks, small_spec
 from tests.cli.conftest import DamagedStore, GoodStore
 
 
@@ -80,3 +85,21 @@ def test_inspect_namespace(cli, damaged: DamagedStore, good: GoodStore) -> None:
     doc = cli("inspect", damaged.root, "--namespace", damaged.namespace("b0"), "--json").json()
     assert doc["chunks"] == 3 and doc["corrupt"] == [] and doc["foreign"]["count"] == 1
     assert cli("inspect", good.root, "--json").json()["corrupt"] == []
+
+
+def test_inspect_a_large_chunk_whose_length_prefix_is_damaged(cli, tmp_path) -> None:
+    """One bit flipped high in the 8-byte header_len of a chunk larger than inspect's header
+    probe: HeaderTooLarge from the probe, not a ranged read of 2**62 bytes (MemoryError)."""
+    layout = ChunkLayout(small_spec(chunk_tokens=64, num_layers=2, num_kv_heads=4, head_dim=64))
+    chunk = make_chunks(layout, np.arange(64, dtype=np.uint32))[0]
+    assert len(chunk.data) > HEADER_PROBE_BYTES
+    with FsStore(str(tmp_path), create=True) as store:
+        store.put(chunk.key, chunk.data)
+        path = store.path_of(chunk.key)
+    with open(path, "r+b") as f:
+        prefix = int.from_bytes(f.read(8), "little") | 1 << 62
+        f.seek(0)
+        f.write(prefix.to_bytes(8, "little"))
+    result = cli("inspect", tmp_path, "--json")
+    assert result.rc == 0, result.err
+    assert [c["problem"].split(":")[0] for c in result.json()["corrupt"]] == ["HeaderTooLarge"]

@@ -10,7 +10,7 @@ from chunkstore.backends._fs import FsStore
 from chunkstore.backends._memory import MemoryStore
 from chunkstore.backends._models import model_of_record, read_model, record_model
 from chunkstore.backends._s3 import S3Store
-from chunkstore.format import ChunkLayout
+from chunkstore.format import ChunkLayout, read_header
 from chunkstore.testing.factories import sample_chunks, small_spec
 from tests.cli.conftest import DamagedStore, GoodStore
 
@@ -97,3 +97,19 @@ def test_cp_carries_the_model_records_along(cli, good: GoodStore, tmp_path: Path
     with FsStore(str(copy)) as store:
         assert read_model(store, SPEC.fingerprint()) == SPEC
     assert cli("inspect", copy, "--json").json()["models"][0]["model_id"] == "test/tiny"
+
+
+def test_unreadable_model_record_shows_the_model_as_unknown(tmp_path: Path, cli) -> None:
+    """A directory at a model record's name: inspect names the model unknown (no traceback),
+    and a writer's record_model is refused quietly (the record is a hint, never the chunks)."""
+    store = FsStore(str(tmp_path), create=True)
+    chunk = sample_chunks(1)[0]
+    store.put(chunk.key, chunk.data)
+    fingerprint = read_header(chunk.data).fingerprint
+    assert fingerprint == SPEC.fingerprint()
+    (tmp_path / ".chunkstore" / "models" / f"{fingerprint.hex()}.json").mkdir(parents=True)
+    assert store.read_model_record(fingerprint) is None
+    result = cli("inspect", tmp_path, "--json")
+    assert result.rc == 0, result.err
+    assert [m["model_id"] for m in result.json()["models"]] == [None]
+    assert record_model(store, SPEC) is False

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 
 from chunkstore.cli.exitcodes import BAD_CHUNK, FAILURE, STORE_UNAVAILABLE, USAGE
 from chunkstore.format import decode_chunk
-from tests.cli.conftest import DamagedStore, GoodStore
+from tests.cli.conftest import DamagedStore, GoodStore, run_process
 
 
 def _field(out: str, name: str) -> str:
@@ -134,3 +135,15 @@ def test_show_not_a_chunk_and_unsupported_version(cli, damaged: DamagedStore, tm
     assert future.rc == BAD_CHUNK and "version 2.0 is not supported" in future.err
     assert cli("show", tmp_path / "nope.kvc").rc == STORE_UNAVAILABLE
     assert cli("show", tmp_path).rc == USAGE
+
+
+def test_show_refuses_files_that_are_not_regular(cli, tmp_path) -> None:
+    """/dev/zero was read until memory ran out, a FIFO until a writer came (forever)."""
+    device = cli("show", "/dev/null")
+    assert device.rc == STORE_UNAVAILABLE
+    assert device.err.count("\n") == 1 and "/dev/null: not a regular file" in device.err
+    fifo = tmp_path / "pipe.kvc"
+    os.mkfifo(fifo)
+    proc = run_process("show", fifo)
+    assert proc.returncode == STORE_UNAVAILABLE
+    assert proc.stderr.count("\n") == 1 and "not a regular file" in proc.stderr

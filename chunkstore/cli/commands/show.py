@@ -8,6 +8,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+from chunkstore.backends._fsio import LocalIO
 from chunkstore.backends.base import Store
 from chunkstore.cli.exitcodes import FAILURE, OK
 from chunkstore.cli.output import emit_json, emit_text
@@ -162,12 +163,14 @@ def _load(args: argparse.Namespace) -> tuple[str, bytes, Expected | None]:
         if os.path.isdir(path):
             raise ConfigError(f"{path} is a directory: give a chunk file, or URL and KEY")
         try:
-            data = _read_file(path)
-        except FileNotFoundError:
-            raise StoreError(f"no such file: {path}") from None
+            # as the store opens chunks (O_NOATIME: looking is not a use): a FIFO, /dev/zero
+            # or another non-regular file is refused, not read until it ends (or never)
+            whole = LocalIO().read(path)
         except OSError as exc:
             raise StoreError(f"cannot read {path}: {exc.strerror}") from None
-        return path, data, _expected_from_path(path)
+        if whole is None:
+            raise StoreError(f"no such file: {path}")
+        return path, whole[0], _expected_from_path(path)
     with open_cli_store(args.target, args) as store:
         key = _find_key(store, args.key)
         raw = read_raw_many(store, [key])[0]
@@ -178,17 +181,6 @@ def _load(args: argparse.Namespace) -> tuple[str, bytes, Expected | None]:
         bytes(raw),
         Expected(key.digest, key.namespace),
     )
-
-
-def _read_file(path: str) -> bytes:
-    # O_NOATIME: looking at a chunk is not a use (the store's LRU reads file access times).
-    flags = os.O_RDONLY | getattr(os, "O_NOATIME", 0)
-    try:
-        fd = os.open(path, flags)
-    except PermissionError:
-        fd = os.open(path, os.O_RDONLY)  # O_NOATIME needs ownership
-    with os.fdopen(fd, "rb") as f:
-        return f.read()
 
 
 def header_record(header: ChunkHeader, size: int) -> dict[str, Any]:

@@ -1,0 +1,67 @@
+"""A chunk file larger than the buffer it is read into (a host-cache slot): damaged ones
+(bytes appended after the payload, a bad header) are corrupt misses, set aside like any
+other, and the rest of a batch is served; only a whole chunk too big for the caller's buffer
+is the caller's mistake (ConfigError)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+
+import fsspec
+import pytest
+
+from chunkstore.backends._fs import FsStore
+from chunkstore.errors import ConfigError
+from chunkstore.testing.factories import sample_chunks
+
+CHUNKS = sample_chunks(4, seed=9)
+SIZE = len(CHUNKS[0].data)
+
+
+def _local(tmp_path) -> FsStore:
+    return FsStore(str(tmp_path / "s"), create=True)
+
+
+def _fsspec(tmp_path) -> FsStore:
+    return FsStore(f"/oversized-{uuid.uuid4().hex}", fs=fsspec.filesystem("memory"), create=True)
+
+
+def _damage(store: FsStore, index: int, how: str) -> None:
+    path = store.path_of(CHUNKS[index].key)
+    data = CHUNKS[index].data
+    damaged = data + bytes(1 << 20) if how == "appended" else b"\x07" * (SIZE + 4096)
+    store.io.write_small(path, damaged)  # replaced in place (local or fsspec)
+
+
+@pytest.mark.parametrize("make", [_local, _fsspec], ids=["local", "fsspec"])
+@pytest.mark.parametrize("how", ["appended", "garbage"])
+def test_oversized_damaged_file_is_a_corrupt_miss_and_the_batch_is_served(
+    tmp_path, make: Callable[..., FsStore], how: str
+) -> None:
+    store = make(tmp_path)
+    for chunk in CHUNKS:
+        store.put(chunk.key, chunk.data)
+    _damage(store, 1, how)
+    buffers = [bytearray(SIZE) for _ in CHUNKS]
+    assert store.get_many_into([c.key for c in CHUNKS], buffers) == [SIZE, None, SIZE, SIZE]
+    for i in (0, 2, 3):
+        assert bytes(buffers[i]) == CHUNKS[i].data
+    assert store.corrupt_detected == 1
+    assert [q.path.rsplit("/", 1)[-1] for q in store.quarantined()] == [f"{CHUNKS[1].key.hex}.kvc"]
+    assert store.get_into(CHUNKS[1].key, bytearray(SIZE)) is None  # gone from the serving path
+    store.close()
+
+
+@pytest.mark.parametrize("make", [_local, _fsspec], ids=["local", "fsspec"])
+def test_whole_chunk_in_a_small_buffer_is_still_the_caller_s_mistake(
+    tmp_path, make: Callable[..., FsStore]
+) -> None:
+    """The control: a valid chunk is never set aside because the buffer was small."""
+    store = make(tmp_path)
+    store.put(CHUNKS[0].key, CHUNKS[0].data)
+    with pytest.raises(ConfigError, match="smaller than the chunk"):
+        store.get_into(CHUNKS[0].key, bytearray(SIZE - 1))
+    assert store.corrupt_detected == 0 and store.quarantined() == []
+    assert store.get(CHUNKS[0].key) == CHUNKS[0].data
+    store.close()
