@@ -17,6 +17,7 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+import re
 import socket as _socket
 import threading
 import time
@@ -36,6 +37,26 @@ from chunkstore.peer._nixlplane import NixlEndpoint, address_of, nixl_unavailabl
 log = logging.getLogger(__name__)
 
 AUTO = "auto"
+
+_TCP_ENDPOINT = re.compile(r"tcp://(\[[0-9A-Fa-f:.]+\]|[^\s;/\[\]]+):([0-9]{1,5})")
+
+
+def peer_endpoint(text: str) -> str:
+    """``host:port``, ``tcp://host:port`` or ``ipc:///path`` as the ZeroMQ endpoint to connect
+    to; ConfigError naming ``text`` when it is none of these (ZeroMQ would refuse it with an
+    exception on every connect, or read ``a;b`` as a source and a destination)."""
+    endpoint = text if text.startswith(("tcp://", "ipc://")) else f"tcp://{text}"
+    if endpoint.startswith("ipc://"):
+        if len(endpoint) > len("ipc://") and not any(c.isspace() for c in endpoint):
+            return endpoint
+    else:
+        match = _TCP_ENDPOINT.fullmatch(endpoint)
+        if match is not None and 1 <= int(match.group(2)) <= 65535:
+            return endpoint
+    raise ConfigError(
+        f"peer endpoint {text!r} is not host:port, tcp://host:port (port 1..65535) "
+        "or ipc:///path"
+    )
 
 
 def _zmq() -> Any:
@@ -128,9 +149,7 @@ class PeerClient:
             raise ConfigError(
                 f"unknown data plane {self.config.plane!r}; use auto, nixl, inline or shm"
             )
-        if not endpoint.startswith(("tcp://", "ipc://")):
-            endpoint = f"tcp://{endpoint}"
-        self.endpoint = endpoint
+        self.endpoint = peer_endpoint(endpoint)
         self.codec = P.Codec(
             P.secret_from(self.config.secret, use_env=self.config.use_env_secret),
             self.config.limits,

@@ -21,7 +21,12 @@ from typing import Any, TypeVar
 from chunkstore.backends.base import Buffer, ChunkInfo, Judgement, ReadVerdict, Store, judge
 from chunkstore.errors import ConfigError
 from chunkstore.hashing import ChunkKey
-from chunkstore.peer._client import NixlClientPlane, PeerClient, PeerClientConfig
+from chunkstore.peer._client import (
+    NixlClientPlane,
+    PeerClient,
+    PeerClientConfig,
+    peer_endpoint,
+)
 from chunkstore.peer._discovery import PeerInfo, PeerSource, StaticPeers
 from chunkstore.peer._errors import PeerError, PeerRefused
 from chunkstore.peer._metrics import PeerMetrics, default_peer_metrics
@@ -58,6 +63,8 @@ class PeerStore(Store):
         """Where this store's clients report (``chunkstore_peer_client_*``)."""
         if isinstance(peers, (list, tuple)):
             peers = StaticPeers(list(peers))
+            for info in peers.peers():
+                peer_endpoint(info.endpoint)  # a typo is the caller's error, raised now
         if not isinstance(peers, PeerSource):
             raise ConfigError("peers must be a list of endpoints or a discovery source")
         self.source: PeerSource = peers
@@ -69,6 +76,7 @@ class PeerStore(Store):
         self._refreshed = 0.0
         self._lock = threading.Lock()
         self._hints: OrderedDict[ChunkKey, str] = OrderedDict()
+        self._refused: set[str] = set()  # endpoints of records we cannot connect to, warned once
         self._stats_cache: dict[str, tuple[float, dict[str, Any]]] = {}
         self._nixl: NixlClientPlane | None = None
         self._nixl_tried = False
@@ -123,17 +131,29 @@ class PeerStore(Store):
                         self._infos.pop(endpoint, None)
                 for endpoint, info in wanted.items():
                     if endpoint not in self._clients:
-                        config = self.config
-                        if info.curve_public_key and config.curve_server_key is None:
-                            config = replace(
-                                config, curve_server_key=info.curve_public_key.encode()
-                            )
-                        self._clients[endpoint] = PeerClient(
-                            endpoint, config, nixl=nixl, metrics=self.metrics
-                        )
+                        client = self._client_for(info, nixl)
+                        if client is None:
+                            continue
+                        self._clients[endpoint] = client
                     self._infos[endpoint] = info
         with self._lock:
             return list(self._clients.values())
+
+    def _client_for(self, info: PeerInfo, nixl: NixlClientPlane | None) -> PeerClient | None:
+        """A client for a discovered peer; ``None`` (warned once) for a record whose endpoint
+        no client can connect to: anyone who can write a registry can write a record, and
+        one bad record must not turn every read into an exception."""
+        try:
+            endpoint = peer_endpoint(info.endpoint)
+        except ConfigError as exc:
+            if info.endpoint not in self._refused:
+                self._refused.add(info.endpoint)
+                log.warning("%s: peer %r skipped: %s", self.name, info.name, exc)
+            return None
+        config = self.config
+        if info.curve_public_key and config.curve_server_key is None:
+            config = replace(config, curve_server_key=info.curve_public_key.encode())
+        return PeerClient(endpoint, config, nixl=nixl, metrics=self.metrics)
 
     def dataplanes(self) -> dict[str, str | None]:
         """The data plane each peer uses (``None`` until its first request)."""
