@@ -29,7 +29,7 @@ from chunkstore.backends.base import Buffer, ChunkInfo
 from chunkstore.errors import ConfigError, MissingDependency
 from chunkstore.hashing import ChunkKey, check_namespace
 from chunkstore.peer import _protocol as P
-from chunkstore.peer._arena import Arena
+from chunkstore.peer._arena import Allocation, Arena
 from chunkstore.peer._errors import PeerRefused, PeerUnavailable, ProtocolViolation
 from chunkstore.peer._metrics import PeerMetrics, default_peer_metrics
 from chunkstore.peer._nixlplane import NixlEndpoint, address_of, nixl_unavailable_reason
@@ -54,8 +54,7 @@ def peer_endpoint(text: str) -> str:
         if match is not None and 1 <= int(match.group(2)) <= 65535:
             return endpoint
     raise ConfigError(
-        f"peer endpoint {text!r} is not host:port, tcp://host:port (port 1..65535) "
-        "or ipc:///path"
+        f"peer endpoint {text!r} is not host:port, tcp://host:port (port 1..65535) or ipc:///path"
     )
 
 
@@ -100,7 +99,8 @@ class PeerClientConfig:
     lease_ms: int = 5_000
     """Lease asked for on NIXL fetches."""
     recv_arena_bytes: int = 64 << 20
-    """NIXL receive/send arena; larger batches are split to fit it."""
+    """NIXL receive/send arena; larger batches are read and pushed in rounds that fit it. A
+    single chunk larger than the arena cannot cross NIXL: a miss, or not pushed."""
     client_name: str | None = None
     """How we introduce ourselves (default host:pid)."""
     immediate: bool = False
@@ -528,10 +528,35 @@ class PeerClient:
         # Never READ after the lease ends: the server may have reused the memory by then.
         deadline = min(started + self.config.timeout_s, started + lease_s * 0.9)
         out: list[Any] = [None] * len(keys)
+        # One READ per round: a batch larger than the receive arena is read in several rounds
+        # (each frees its staging space), so NIXL misses no chunk that inline would return.
         pairs: list[tuple[int, int, int]] = []
         targets: list[tuple[int, Any, int]] = []  # (index, allocation or buffer view, size)
-        allocations = []
-        ok = False
+        allocations: list[Allocation] = []
+        ok = True
+
+        def read_round() -> bool:
+            assert self._remote_agent is not None
+            done = endpoint.read(self._remote_agent, pairs, deadline) if pairs else True
+            if done:
+                for i, target, size in targets:
+                    if isinstance(target, memoryview):
+                        out[i] = size
+                    elif buffers is not None:
+                        memoryview(buffers[i]).cast("B")[:size] = arena.view(target)
+                        out[i] = size
+                    else:
+                        out[i] = bytes(arena.view(target))
+                self.metrics.client_bytes.labels(P.PLANE_NIXL, "in").inc(
+                    sum(size for _, _, size in targets)
+                )
+            for allocation in allocations:
+                arena.free(allocation)
+            pairs.clear()
+            targets.clear()
+            allocations.clear()
+            return done
+
         try:
             for i, item in enumerate(items):
                 if not (
@@ -556,25 +581,19 @@ class PeerClient:
                         targets.append((i, view, size))
                         continue
                 allocation = arena.allocate(size)
-                if allocation is None:
+                if allocation is None and allocations:
+                    ok = read_round()  # the arena is full of this batch: read it, then go on
+                    if not ok:
+                        break
+                    allocation = arena.allocate(size)
+                if allocation is None:  # larger than the arena (or others hold it all)
                     self.metrics.client_failures.labels("arena_full").inc()
                     continue
                 allocations.append(allocation)
                 pairs.append((arena.address_of(allocation), remote_address, size))
                 targets.append((i, allocation, size))
-            ok = endpoint.read(self._remote_agent, pairs, deadline) if pairs else True
             if ok:
-                total = 0
-                for i, target, size in targets:
-                    total += size
-                    if isinstance(target, memoryview):
-                        out[i] = size
-                    elif buffers is not None:
-                        memoryview(buffers[i]).cast("B")[:size] = arena.view(target)
-                        out[i] = size
-                    else:
-                        out[i] = bytes(arena.view(target))
-                self.metrics.client_bytes.labels(P.PLANE_NIXL, "in").inc(total)
+                ok = read_round()
         finally:
             for allocation in allocations:
                 arena.free(allocation)
@@ -608,40 +627,69 @@ class PeerClient:
             batch = items[i : i + step]
             keys = [k for k, _ in batch]
             views = [memoryview(b).cast("B") for _, b in batch]
+            if self.plane == P.PLANE_NIXL:
+                out.extend(self._push_nixl(keys, views, mode))
+                continue
             fields: dict[str, Any] = {
                 "keys": P.pack_keys(keys),
                 "sizes": [len(v) for v in views],
                 "mode": mode,
             }
-            if self.plane == P.PLANE_NIXL:
-                out.extend(self._push_nixl(fields, views))
-                continue
             reply, _ = self.request("push", {**fields, "plane": P.PLANE_INLINE, "addrs": []}, views)
             self.metrics.client_bytes.labels(P.PLANE_INLINE, "out").inc(sum(len(v) for v in views))
             out.extend(self._stored(reply, len(batch)))
         return out
 
     def _push_nixl(
-        self, fields: dict[str, Any], views: list[memoryview]
+        self, keys: Sequence[ChunkKey], views: list[memoryview], mode: str
     ) -> list[tuple[bool, bool]]:
+        """Push over NIXL in as many requests as the send arena needs: each request's chunks
+        are staged in the arena at once (the server READs them while it answers)."""
         assert self._nixl is not None
         arena = self._nixl.arena
-        allocations = []
+        out: list[tuple[bool, bool]] = [(False, False)] * len(views)
+        group: list[int] = []
+        allocations: list[Allocation] = []
+
+        def send_group() -> None:
+            try:
+                if group:
+                    fields = {
+                        "keys": P.pack_keys([keys[i] for i in group]),
+                        "sizes": [len(views[i]) for i in group],
+                        "mode": mode,
+                        "plane": P.PLANE_NIXL,
+                        "addrs": [arena.address_of(a) for a in allocations],
+                    }
+                    reply, _ = self.request("push", fields)
+                    self.metrics.client_bytes.labels(P.PLANE_NIXL, "out").inc(
+                        sum(len(views[i]) for i in group)
+                    )
+                    for i, result in zip(group, self._stored(reply, len(group))):
+                        out[i] = result
+            finally:
+                for allocation in allocations:
+                    arena.free(allocation)
+                group.clear()
+                allocations.clear()
+
         try:
-            addrs = []
-            for view in views:
+            for i, view in enumerate(views):
                 allocation = arena.allocate(len(view))
-                if allocation is None:
-                    raise PeerUnavailable("the NIXL send arena is too small for this batch")
-                allocations.append(allocation)
+                if allocation is None and allocations:
+                    send_group()  # the arena is full of this batch: push it, then go on
+                    allocation = arena.allocate(len(view))
+                if allocation is None:  # larger than the arena (or others hold it all)
+                    self.metrics.client_failures.labels("arena_full").inc()
+                    continue
                 arena.view(allocation)[:] = view
-                addrs.append(arena.address_of(allocation))
-            reply, _ = self.request("push", {**fields, "plane": P.PLANE_NIXL, "addrs": addrs})
-            self.metrics.client_bytes.labels(P.PLANE_NIXL, "out").inc(sum(len(v) for v in views))
-            return self._stored(reply, len(views))
+                group.append(i)
+                allocations.append(allocation)
+            send_group()
         finally:
             for allocation in allocations:
                 arena.free(allocation)
+        return out
 
     def _stored(self, reply: dict[str, Any], n: int) -> list[tuple[bool, bool]]:
         stored, written = reply.get("stored"), reply.get("written")
