@@ -16,9 +16,11 @@ import pytest
 import zmq
 
 from chunkstore.backends._memory import MemoryStore
+from chunkstore.cache import HostCache
+from chunkstore.format import ChunkLayout
 from chunkstore.peer import PeerClient, PeerRefused, PeerServer, PeerStore, PeerUnavailable
 from chunkstore.peer import _protocol as P
-from chunkstore.testing.factories import sample_chunks
+from chunkstore.testing.factories import sample_chunks, small_spec
 from tests.peer import procs
 from tests.peer.conftest import require_nixl
 from tests.peer.doubles import RegisteredHostCache, SlowStore
@@ -378,6 +380,35 @@ def test_lease_expiry_frees_pins(serve: Callable[..., PeerServer]) -> None:
         client.request("release", {"lease": reply["lease"], "ack": True})
     assert refused.value.code == P.UNKNOWN_LEASE
     client.close()
+
+
+def test_a_client_that_stops_reading_cannot_pin_past_the_lease_maximum(
+    serve: Callable[..., PeerServer],
+) -> None:
+    # Chunks above ZeroMQ's copy threshold (64 KiB) are sent from the pinned slots themselves.
+    layout = ChunkLayout(small_spec(chunk_tokens=64, num_layers=4, num_kv_heads=8, head_dim=64))
+    chunks = sample_chunks(4, seed=8, layout=layout)
+    cache = HostCache(len(chunks[0].data), num_slots=8, pin_memory=False)
+    cache.put_many([(c.key, c.data) for c in chunks])
+    server = serve(cache, planes=("inline",), default_lease_ms=200, max_lease_ms=400)
+    ctx = mp.get_context("spawn")
+    here, there = ctx.Pipe()
+    keys = P.pack_keys([c.key for c in chunks])
+    reader = ctx.Process(target=procs.stalled_reader, args=(there, server.endpoint, keys, 100))
+    reader.start()
+    try:
+        assert here.poll(30) and here.recv() == "sent"
+        # its replies (400 chunks, 200 MiB) back up in its connection, their chunks pinned...
+        wait_for(lambda: server.stats()["inline_pins"] > 0)
+        assert cache.stats().pinned_slots > 0
+        # ...until the longest lease has passed: then the server lets go, connection or not
+        wait_for(lambda: cache.stats().pinned_slots == 0)
+        assert server.stats()["inline_pins"] == 0
+        assert server.stats()["counts"]["inline_pins_expired"] > 0
+        assert reader.is_alive()
+    finally:
+        reader.kill()
+        reader.join()
 
 
 def test_goodbye_and_idle_sessions_free_pins(serve: Callable[..., PeerServer]) -> None:
