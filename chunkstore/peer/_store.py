@@ -77,6 +77,7 @@ class PeerStore(Store):
         self._lock = threading.Lock()
         self._hints: OrderedDict[ChunkKey, str] = OrderedDict()
         self._refused: set[str] = set()  # endpoints of records we cannot connect to, warned once
+        self._retiring: set[PeerClient] = set()  # clients of departed peers being closed
         self._stats_cache: dict[str, tuple[float, dict[str, Any]]] = {}
         self._nixl: NixlClientPlane | None = None
         self._nixl_tried = False
@@ -127,7 +128,7 @@ class PeerStore(Store):
                     wanted[info.endpoint] = info
                 for endpoint in list(self._clients):
                     if endpoint not in wanted:
-                        self._clients.pop(endpoint).close()
+                        self._retire(self._clients.pop(endpoint))
                         self._infos.pop(endpoint, None)
                 for endpoint, info in wanted.items():
                     if endpoint not in self._clients:
@@ -138,6 +139,22 @@ class PeerStore(Store):
                     self._infos[endpoint] = info
         with self._lock:
             return list(self._clients.values())
+
+    def _retire(self, client: PeerClient) -> None:
+        """Close the client of a peer that left discovery, off the caller's path (caller holds
+        the lock): its goodbye waits for a reply, and a peer that left has often died, so
+        closing it here would cost the read that noticed a whole timeout, under the lock."""
+        self._retiring.add(client)
+
+        def close() -> None:
+            client.close()
+            with self._lock:
+                self._retiring.discard(client)
+
+        try:
+            self._pool.submit(close)
+        except RuntimeError:  # the store is closing: close() takes care of it
+            pass
 
     def _client_for(self, info: PeerInfo, nixl: NixlClientPlane | None) -> PeerClient | None:
         """A client for a discovered peer; ``None`` (warned once) for a record whose endpoint
@@ -448,9 +465,11 @@ class PeerStore(Store):
         self._closed = True
         with self._lock:
             clients, self._clients = list(self._clients.values()), {}
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        with self._lock:
+            clients += self._retiring  # closing twice is harmless; never closed is a leak
         for client in clients:
             client.close()
-        self._pool.shutdown(wait=False, cancel_futures=True)
         if self._nixl is not None:
             self._nixl.close()
             self._nixl = None

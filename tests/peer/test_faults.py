@@ -9,6 +9,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import msgpack
@@ -18,7 +19,14 @@ import zmq
 from chunkstore.backends._memory import MemoryStore
 from chunkstore.cache import HostCache
 from chunkstore.format import ChunkLayout
-from chunkstore.peer import PeerClient, PeerRefused, PeerServer, PeerStore, PeerUnavailable
+from chunkstore.peer import (
+    PeerClient,
+    PeerRefused,
+    PeerServer,
+    PeerStore,
+    PeerUnavailable,
+    open_registry,
+)
 from chunkstore.peer import _protocol as P
 from chunkstore.testing.factories import sample_chunks, small_spec
 from tests.peer import procs
@@ -69,6 +77,48 @@ def test_stalled_peer_is_a_miss_then_marked_down(
         assert store.lookup_prefix(KEYS) == 0
     finally:
         slow.unblock.set()
+        store.close()
+
+
+def test_a_peer_leaving_discovery_costs_no_read_its_goodbye(
+    serve: Callable[..., PeerServer], tmp_path: Path
+) -> None:
+    leaving = serve(MemoryStore(), planes=("inline",), name="leaving", handle_on_io_thread=False)
+    staying = serve(filled(MemoryStore()), planes=("inline",), name="staying")
+    goodbye, answer_goodbye = threading.Event(), threading.Event()
+    assert leaving._handlers is not None
+    ops = leaving._handlers._ops  # noqa: SLF001 - a server that never answers bye (it died)
+    say_bye = ops["bye"]
+
+    def stalled_bye(body: dict[str, Any], data: list[Any]) -> Any:
+        goodbye.set()
+        answer_goodbye.wait(30)
+        return say_bye(body, data)
+
+    ops["bye"] = stalled_bye
+    registry = open_registry(str(tmp_path))
+    for server in (leaving, staying):
+        registry.announce(server.info(), 60)
+    store = PeerStore(
+        open_registry(str(tmp_path)),
+        plane="inline",
+        timeout_s=30,
+        refresh_s=0,
+        use_env_secret=False,
+    )
+    try:
+        assert store.lookup_prefix(KEYS) == len(KEYS)  # a session with each
+        registry.withdraw("leaving")
+        answered = threading.Event()
+        reader = threading.Thread(
+            target=lambda: store.lookup_prefix(KEYS) == len(KEYS) and answered.set()
+        )
+        reader.start()
+        assert goodbye.wait(10)  # the client of the departed peer says goodbye...
+        reader.join(10)
+        assert answered.is_set()  # ...while the read that noticed the departure has returned
+    finally:
+        answer_goodbye.set()
         store.close()
 
 
