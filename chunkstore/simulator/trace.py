@@ -134,6 +134,10 @@ def parse_trace(lines: Iterable[str], *, source: str = "<trace>", block_tokens: 
             record = json.loads(line)
         except ValueError as exc:
             raise TraceError(f"{source} line {number}: not valid JSON ({exc})") from None
+        except RecursionError:  # json recurses once per nesting level: '[' * 10**5 ends here
+            raise TraceError(
+                f"{source} line {number}: not valid JSON (nested too deeply)"
+            ) from None
         try:
             requests.append(parse_request(record, block_tokens=block_tokens, root=root))
         except TraceError as exc:

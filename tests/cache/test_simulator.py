@@ -127,6 +127,16 @@ def test_bad_traces_name_the_line(tmp_path: Path, text: str, message: str) -> No
     assert str(path) in str(info.value)
 
 
+def test_json_nested_past_the_recursion_limit_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"tokens": [1]}\n' + "[" * 200_000 + "\n")
+    assert main(["simulate", str(trace)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "line 2: not valid JSON (nested too deeply)" in err
+
+
 def test_unreadable_trace(tmp_path: Path) -> None:
     with pytest.raises(TraceError, match="cannot read trace"):
         load_trace(tmp_path / "missing.jsonl")
