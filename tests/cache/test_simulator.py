@@ -127,6 +127,24 @@ def test_bad_traces_name_the_line(tmp_path: Path, text: str, message: str) -> No
     assert str(path) in str(info.value)
 
 
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"timestamp": 0, "input_length": 0, "output_length": 0, "hash_ids": []}\n',
+        '{"tokens": [1, 2, 3]}\n{"tokens": []}\n',
+    ],
+)
+def test_a_trace_without_a_block_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str
+) -> None:
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(text)
+    for extra in ([], ["--json"]):
+        assert main(["simulate", str(trace), *extra]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "no request has a block" in err
+
+
 def test_json_nested_past_the_recursion_limit_is_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
