@@ -370,17 +370,27 @@ class PeerClient:
         if self.config.slot_size is not None:
             fields["slot_size"] = self.config.slot_size
         reply, _ = self._exchange("hello", fields, (), True)
-        offered = reply.get("planes") or []
+        offered = reply.get("planes")
+        session = reply.get("s")
+        limits = reply.get("limits", {})
+        if not (
+            isinstance(offered, list)
+            and isinstance(session, bytes)
+            and len(session) == P.SESSION_BYTES
+            and isinstance(limits, dict)
+            and (P.is_wire_int(limits.get("max_keys", 1)) and limits.get("max_keys", 1) >= 1)
+        ):
+            raise self._malformed("hello")
         if P.PLANE_SHM in planes:
             if P.PLANE_SHM not in offered:
                 raise PeerRefused(
                     P.DATAPLANE_UNAVAILABLE, f"{self.endpoint} does not offer the shm plane"
                 )
-            self.server_info, self._session = reply, reply["s"]
+            self.server_info, self._session = reply, session
             self.plane, self.plane_reason = P.PLANE_SHM, why
             return
         self.server_info = reply
-        self._session = reply["s"]
+        self._session = session
         if P.PLANE_NIXL in offered and P.PLANE_NIXL in planes and reply.get("nixl_md"):
             assert self._nixl is not None
             remote = self._nixl.endpoint.add_remote(reply["nixl_md"])
@@ -424,7 +434,9 @@ class PeerClient:
         self.hello()
         for batch in self._batches(keys):
             reply, _ = self.request("lookup", {"keys": P.pack_keys(batch)})
-            prefix = int(reply["prefix"])
+            prefix = reply.get("prefix")
+            if not (P.is_wire_int(prefix) and 0 <= prefix <= len(batch)):
+                raise self._malformed("lookup")
             total += prefix
             if prefix < len(batch):
                 break
@@ -436,10 +448,7 @@ class PeerClient:
         self.hello()
         for batch in self._batches(keys):
             reply, _ = self.request("exists", {"keys": P.pack_keys(batch)})
-            present = reply["present"]
-            if not isinstance(present, list) or len(present) != len(batch):
-                raise PeerUnavailable(f"{self.endpoint}: exists reply has the wrong length")
-            out.extend(bool(p) for p in present)
+            out.extend(bool(p) for p in self._per_key(reply, "present", len(batch)))
         return out
 
     def fetch(self, keys: Sequence[ChunkKey], *, use: bool = True) -> list[bytes | None]:
@@ -486,7 +495,7 @@ class PeerClient:
             or len(sizes) != len(keys)
             or sum(1 for s in sizes if s is not None) != len(data)
         ):
-            raise PeerUnavailable(f"{self.endpoint}: fetch reply does not match the request")
+            raise self._malformed("fetch")
         out: list[bytes | None] = []
         frames = iter(data)
         total = 0
@@ -523,8 +532,11 @@ class PeerClient:
         items = reply.get("items")
         lease = reply.get("lease")
         if not isinstance(items, list) or len(items) != len(keys) or not isinstance(lease, bytes):
-            raise PeerUnavailable(f"{self.endpoint}: fetch reply does not match the request")
-        lease_s = int(reply.get("lease_ms") or self.config.lease_ms) / 1000
+            raise self._malformed("fetch")
+        granted = reply.get("lease_ms")
+        if not (P.is_wire_int(granted) and granted > 0):
+            granted = self.config.lease_ms  # a server that does not say grants what we asked
+        lease_s = min(granted, self.config.lease_ms) / 1000
         # Never READ after the lease ends: the server may have reused the memory by then.
         deadline = min(started + self.config.timeout_s, started + lease_s * 0.9)
         out: list[Any] = [None] * len(keys)
@@ -692,14 +704,21 @@ class PeerClient:
         return out
 
     def _stored(self, reply: dict[str, Any], n: int) -> list[tuple[bool, bool]]:
-        stored, written = reply.get("stored"), reply.get("written")
-        if not (
-            isinstance(stored, list)
-            and isinstance(written, list)
-            and len(stored) == len(written) == n
-        ):
-            raise PeerUnavailable(f"{self.endpoint}: push reply does not match the request")
+        stored, written = self._per_key(reply, "stored", n), self._per_key(reply, "written", n)
         return [(bool(s), bool(w)) for s, w in zip(stored, written)]
+
+    def _per_key(self, reply: dict[str, Any], name: str, n: int) -> list[Any]:
+        """Reply field ``name``: a list of one entry per key asked about (``n``)."""
+        value = reply.get(name)
+        if not isinstance(value, list) or len(value) != n:
+            raise self._malformed(f"{name!r} of the")
+        return value
+
+    def _malformed(self, what: str) -> PeerUnavailable:
+        """The failure for a reply that breaks spec/PROTOCOL.md §4 (a buggy or hostile peer):
+        the request fails like an unreachable peer's, never with another exception."""
+        self.metrics.client_failures.labels("malformed_reply").inc()
+        return PeerUnavailable(f"{self.endpoint}: malformed {what} reply")
 
     def delete(self, keys: Sequence[ChunkKey]) -> list[bool]:
         """Delete keys on the peer; True per key that was there."""
@@ -707,7 +726,7 @@ class PeerClient:
         out: list[bool] = []
         for batch in self._batches(keys):
             reply, _ = self.request("delete", {"keys": P.pack_keys(batch)})
-            out.extend(bool(d) for d in reply.get("deleted", []))
+            out.extend(bool(d) for d in self._per_key(reply, "deleted", len(batch)))
         return out
 
     def list(self, namespace: str | None = None) -> Iterator[ChunkInfo]:
@@ -740,7 +759,9 @@ class PeerClient:
     def stats(self) -> dict[str, Any]:
         """The server's counters and state."""
         reply, _ = self.request("stats", {})
-        stats: dict[str, Any] = reply.get("stats", {})
+        stats = reply.get("stats")
+        if not isinstance(stats, dict):
+            raise self._malformed("stats")
         return stats
 
     def close(self) -> None:
