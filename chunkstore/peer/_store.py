@@ -78,6 +78,9 @@ class PeerStore(Store):
         self._hints: OrderedDict[ChunkKey, str] = OrderedDict()
         self._refused: set[str] = set()  # endpoints of records we cannot connect to, warned once
         self._retiring: set[PeerClient] = set()  # clients of departed peers being closed
+        # Per reading thread: which peer sent each chunk of the read in progress, so that a
+        # damaged one is removed from that peer only (see _quarantine).
+        self._senders = threading.local()
         self._stats_cache: dict[str, tuple[float, dict[str, Any]]] = {}
         self._nixl: NixlClientPlane | None = None
         self._nixl_tried = False
@@ -259,6 +262,7 @@ class PeerStore(Store):
 
     def _read_many(self, keys: Sequence[ChunkKey]) -> list[bytes | None]:
         out: list[bytes | None] = [None] * len(keys)
+        self._senders.of = {}
         if not keys:
             return out
         self._fetch_into_list(keys, list(range(len(keys))), out)
@@ -296,8 +300,11 @@ class PeerStore(Store):
         for client, blobs in zip(targets, fetched):
             if blobs is None:
                 continue
+            senders = getattr(self._senders, "of", {})
             for i, blob in zip(plan[client.endpoint], blobs):
                 out[i] = blob
+                if blob is not None:
+                    senders[keys[i]] = client.endpoint
 
     def _judge(self, key: ChunkKey, data: Any) -> Judgement:
         return judge(key, data, mac_key=self.mac_key, expected_fingerprint=self.config.fingerprint)
@@ -316,10 +323,20 @@ class PeerStore(Store):
     def _quarantine(self, key: ChunkKey, reason: str) -> None:
         # A damaged copy at rest must stop being served; if the damage happened in transit
         # (rare: TCP and NIXL check their frames), deleting costs one recompute, nothing more.
+        # Only the peer that sent it: the other peers' copies are theirs, and may be intact.
+        endpoint = getattr(self._senders, "of", {}).get(key)
+        with self._lock:
+            if endpoint is None:  # reported from outside a read of ours: where we found it
+                endpoint = self._hints.get(key)
+            self._hints.pop(key, None)
+        sender = next((c for c in self.clients() if c.endpoint == endpoint), None)
+        if sender is None:
+            log.info("%s: corrupt %s: the peer that sent it is gone", self.name, key.hex)
+            return
         try:
-            self.delete_many([key])
-        except Exception as exc:  # noqa: BLE001 - read-only peers keep it; the read is a miss
-            log.info("could not remove corrupt %s from peers: %s", key.hex, exc)
+            sender.delete([key])
+        except PeerError as exc:  # read-only peers keep it; the read is a miss anyway
+            log.info("could not remove corrupt %s from %s: %s", key.hex, endpoint, exc)
 
     def get_into(self, key: ChunkKey, buffer: Buffer) -> int | None:
         """Fetch one chunk into ``buffer`` (a host-pool slot) and verify it; size or ``None``.
@@ -346,12 +363,14 @@ class PeerStore(Store):
             idx = plan[client.endpoint]
             return client.fetch_into([keys[i] for i in idx], [buffers[i] for i in idx])
 
+        self._senders.of = {}
         for client, sizes in zip(targets, self._each(targets, fetch)):
             if sizes is None:
                 continue
             for i, size in zip(plan[client.endpoint], sizes):
                 if size is None:
                     continue
+                self._senders.of[keys[i]] = client.endpoint
                 view = memoryview(buffers[i]).cast("B")[:size]
                 if self._checked(keys[i], view) is not None:
                     out[i] = size
