@@ -238,6 +238,7 @@ class PeerServer:
         router.setsockopt(zmq.MAXMSGSIZE, self.config.limits.max_frame_bytes)
         if not self._local:
             router.setsockopt(zmq.ROUTER_HANDOVER, 1)
+            router.setsockopt(zmq.IPV6, 1)  # IPv6 binds work; IPv4 ones are served as before
         router.setsockopt(zmq.SNDHWM, 1000)
         router.setsockopt(zmq.RCVHWM, 1000)
         if self.config.curve_secret_key is not None:

@@ -3,6 +3,7 @@ registry record no client can connect to is skipped instead of breaking every re
 
 from __future__ import annotations
 
+import socket
 import time
 from pathlib import Path
 
@@ -67,5 +68,35 @@ def test_a_registry_record_no_client_can_connect_to_is_skipped(tmp_path: Path) -
             assert store.lookup_prefix(KEYS) == len(KEYS)
             assert store.get_many(KEYS) == [c.data for c in CHUNKS]
             assert [c.endpoint for c in store.clients()] == [server.endpoint]
+        finally:
+            store.close()
+
+
+def _ipv6_loopback() -> bool:
+    try:
+        with socket.socket(socket.AF_INET6) as probe:
+            probe.bind(("::1", 0))
+    except OSError:
+        return False
+    return True
+
+
+@pytest.mark.skipif(not _ipv6_loopback(), reason="this machine has no IPv6 loopback")
+def test_an_ipv6_peer_serves_and_is_read() -> None:
+    from chunkstore.cli.main import build_parser
+    from chunkstore.cli.peerservice import _options
+
+    args = build_parser().parse_args(
+        ["serve", "--slot-size", "4KiB", "--peer-port", "0", "--peer-bind", "::1"]
+    )
+    bind = _options(args)["bind"]
+    assert bind == "tcp://[::1]:0"
+    backing = MemoryStore()
+    backing.put_many([(c.key, c.data) for c in CHUNKS])
+    with PeerServer(backing, bind=bind, planes=("inline",), use_env_secret=False) as server:
+        assert server.endpoint.startswith("tcp://[::1]:")
+        store = PeerStore([server.endpoint], plane="inline", use_env_secret=False, timeout_s=5)
+        try:
+            assert store.get_many(KEYS) == [c.data for c in CHUNKS]
         finally:
             store.close()
