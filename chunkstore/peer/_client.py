@@ -186,8 +186,9 @@ class PeerClient:
         sock.setsockopt(zmq.SNDHWM, 1000)
         if self.config.immediate:
             sock.setsockopt(zmq.IMMEDIATE, 1)
-        if self.endpoint.startswith("tcp://"):
-            sock.setsockopt(zmq.IPV6, 1)  # reach IPv6 peers ([::1]:port); IPv4 ones as before
+        if self.endpoint.startswith("tcp://["):
+            # Only for an IPv6 address: with the option a host name may resolve to IPv6 only.
+            sock.setsockopt(zmq.IPV6, 1)
         if self._curve is not None:
             sock.curve_serverkey = self.config.curve_server_key
             sock.curve_publickey, sock.curve_secretkey = self._curve

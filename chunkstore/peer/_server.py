@@ -238,7 +238,8 @@ class PeerServer:
         router.setsockopt(zmq.MAXMSGSIZE, self.config.limits.max_frame_bytes)
         if not self._local:
             router.setsockopt(zmq.ROUTER_HANDOVER, 1)
-            router.setsockopt(zmq.IPV6, 1)  # IPv6 binds work; IPv4 ones are served as before
+            # Only for an IPv6 address: with the option a host name may resolve to IPv6 only.
+            router.setsockopt(zmq.IPV6, int(self.config.bind.startswith("tcp://[")))
         router.setsockopt(zmq.SNDHWM, 1000)
         router.setsockopt(zmq.RCVHWM, 1000)
         if self.config.curve_secret_key is not None:
