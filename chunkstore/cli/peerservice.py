@@ -159,6 +159,11 @@ def is_loopback(address: str) -> bool:
         return False
 
 
+def _bracketed(host: str) -> str:
+    """An IPv6 address in brackets, as an endpoint needs it (``::1`` -> ``[::1]``)."""
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
+
+
 def _auth_label(secret: bytes | None, curve: bool) -> str:
     return (
         "+".join(name for name, on in (("hmac", secret is not None), ("curve", curve)) if on)
@@ -186,7 +191,7 @@ def _options(args: argparse.Namespace) -> dict[str, Any]:
             close()
     secret = _secret(args)
     options: dict[str, Any] = {
-        "bind": f"tcp://{args.peer_bind}:{args.peer_port}",
+        "bind": f"tcp://{_bracketed(args.peer_bind)}:{args.peer_port}",
         "name": args.peer_name,
         "secret": secret,
         "use_env_secret": False,

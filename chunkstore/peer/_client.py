@@ -18,6 +18,7 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+import re
 import socket as _socket
 import threading
 import time
@@ -29,7 +30,7 @@ from chunkstore.backends.base import Buffer, ChunkInfo
 from chunkstore.errors import ConfigError, MissingDependency
 from chunkstore.hashing import ChunkKey, check_namespace
 from chunkstore.peer import _protocol as P
-from chunkstore.peer._arena import Arena
+from chunkstore.peer._arena import Allocation, Arena
 from chunkstore.peer._errors import PeerRefused, PeerUnavailable, ProtocolViolation
 from chunkstore.peer._metrics import PeerMetrics, default_peer_metrics
 from chunkstore.peer._nixlplane import NixlEndpoint, address_of, nixl_unavailable_reason
@@ -41,6 +42,25 @@ MAX_UNSENT_RELEASES = 1024
 One more ends the session on purpose: the service then releases every lease of it."""
 
 AUTO = "auto"
+
+_TCP_ENDPOINT = re.compile(r"tcp://(\[[0-9A-Fa-f:.]+\]|[^\s;/\[\]]+):([0-9]{1,5})")
+
+
+def peer_endpoint(text: str) -> str:
+    """``host:port``, ``tcp://host:port`` or ``ipc:///path`` as the ZeroMQ endpoint to connect
+    to; ConfigError naming ``text`` when it is none of these (ZeroMQ would refuse it with an
+    exception on every connect, or read ``a;b`` as a source and a destination)."""
+    endpoint = text if text.startswith(("tcp://", "ipc://")) else f"tcp://{text}"
+    if endpoint.startswith("ipc://"):
+        if len(endpoint) > len("ipc://") and not any(c.isspace() for c in endpoint):
+            return endpoint
+    else:
+        match = _TCP_ENDPOINT.fullmatch(endpoint)
+        if match is not None and 1 <= int(match.group(2)) <= 65535:
+            return endpoint
+    raise ConfigError(
+        f"peer endpoint {text!r} is not host:port, tcp://host:port (port 1..65535) or ipc:///path"
+    )
 
 
 def _zmq() -> Any:
@@ -84,7 +104,8 @@ class PeerClientConfig:
     lease_ms: int = 5_000
     """Lease asked for on NIXL fetches."""
     recv_arena_bytes: int = 64 << 20
-    """NIXL receive/send arena; larger batches are split to fit it."""
+    """NIXL receive/send arena; larger batches are read and pushed in rounds that fit it. A
+    single chunk larger than the arena cannot cross NIXL: a miss, or not pushed."""
     client_name: str | None = None
     """How we introduce ourselves (default host:pid)."""
     immediate: bool = False
@@ -133,9 +154,7 @@ class PeerClient:
             raise ConfigError(
                 f"unknown data plane {self.config.plane!r}; use auto, nixl, inline or shm"
             )
-        if not endpoint.startswith(("tcp://", "ipc://")):
-            endpoint = f"tcp://{endpoint}"
-        self.endpoint = endpoint
+        self.endpoint = peer_endpoint(endpoint)
         self.codec = P.Codec(
             P.secret_from(self.config.secret, use_env=self.config.use_env_secret),
             self.config.limits,
@@ -174,6 +193,9 @@ class PeerClient:
         sock.setsockopt(zmq.SNDHWM, 1000)
         if self.config.immediate:
             sock.setsockopt(zmq.IMMEDIATE, 1)
+        if self.endpoint.startswith("tcp://["):
+            # Only for an IPv6 address: with the option a host name may resolve to IPv6 only.
+            sock.setsockopt(zmq.IPV6, 1)
         if self._curve is not None:
             sock.curve_serverkey = self.config.curve_server_key
             sock.curve_publickey, sock.curve_secretkey = self._curve
@@ -397,18 +419,28 @@ class PeerClient:
         if self.config.slot_size is not None:
             fields["slot_size"] = self.config.slot_size
         reply, _ = self._exchange("hello", fields, (), True)
-        offered = reply.get("planes") or []
+        offered = reply.get("planes")
+        session = reply.get("s")
+        limits = reply.get("limits", {})
+        if not (
+            isinstance(offered, list)
+            and isinstance(session, bytes)
+            and len(session) == P.SESSION_BYTES
+            and isinstance(limits, dict)
+            and (P.is_wire_int(limits.get("max_keys", 1)) and limits.get("max_keys", 1) >= 1)
+        ):
+            raise self._malformed("hello")
         if P.PLANE_SHM in planes:
             if P.PLANE_SHM not in offered:
                 raise PeerRefused(
                     P.DATAPLANE_UNAVAILABLE, f"{self.endpoint} does not offer the shm plane"
                 )
-            self.server_info, self._session = reply, reply["s"]
+            self.server_info, self._session = reply, session
             self._unsent.clear()  # releases of an ended session (its leases went with it)
             self.plane, self.plane_reason = P.PLANE_SHM, why
             return
         self.server_info = reply
-        self._session = reply["s"]
+        self._session = session
         self._unsent.clear()
         if P.PLANE_NIXL in offered and P.PLANE_NIXL in planes and reply.get("nixl_md"):
             assert self._nixl is not None
@@ -453,7 +485,9 @@ class PeerClient:
         self.hello()
         for batch in self._batches(keys):
             reply, _ = self.request("lookup", {"keys": P.pack_keys(batch)})
-            prefix = int(reply["prefix"])
+            prefix = reply.get("prefix")
+            if not (P.is_wire_int(prefix) and 0 <= prefix <= len(batch)):
+                raise self._malformed("lookup")
             total += prefix
             if prefix < len(batch):
                 break
@@ -465,10 +499,7 @@ class PeerClient:
         self.hello()
         for batch in self._batches(keys):
             reply, _ = self.request("exists", {"keys": P.pack_keys(batch)})
-            present = reply["present"]
-            if not isinstance(present, list) or len(present) != len(batch):
-                raise PeerUnavailable(f"{self.endpoint}: exists reply has the wrong length")
-            out.extend(bool(p) for p in present)
+            out.extend(bool(p) for p in self._per_key(reply, "present", len(batch)))
         return out
 
     def fetch(self, keys: Sequence[ChunkKey], *, use: bool = True) -> list[bytes | None]:
@@ -515,7 +546,7 @@ class PeerClient:
             or len(sizes) != len(keys)
             or sum(1 for s in sizes if s is not None) != len(data)
         ):
-            raise PeerUnavailable(f"{self.endpoint}: fetch reply does not match the request")
+            raise self._malformed("fetch")
         out: list[bytes | None] = []
         frames = iter(data)
         total = 0
@@ -552,15 +583,43 @@ class PeerClient:
         items = reply.get("items")
         lease = reply.get("lease")
         if not isinstance(items, list) or len(items) != len(keys) or not isinstance(lease, bytes):
-            raise PeerUnavailable(f"{self.endpoint}: fetch reply does not match the request")
-        lease_s = int(reply.get("lease_ms") or self.config.lease_ms) / 1000
+            raise self._malformed("fetch")
+        granted = reply.get("lease_ms")
+        if not (P.is_wire_int(granted) and granted > 0):
+            granted = self.config.lease_ms  # a server that does not say grants what we asked
+        lease_s = min(granted, self.config.lease_ms) / 1000
         # Never READ after the lease ends: the server may have reused the memory by then.
         deadline = min(started + self.config.timeout_s, started + lease_s * 0.9)
         out: list[Any] = [None] * len(keys)
+        # One READ per round: a batch larger than the receive arena is read in several rounds
+        # (each frees its staging space), so NIXL misses no chunk that inline would return.
         pairs: list[tuple[int, int, int]] = []
         targets: list[tuple[int, Any, int]] = []  # (index, allocation or buffer view, size)
-        allocations = []
-        ok = False
+        allocations: list[Allocation] = []
+        ok = True
+
+        def read_round() -> bool:
+            assert self._remote_agent is not None
+            done = endpoint.read(self._remote_agent, pairs, deadline) if pairs else True
+            if done:
+                for i, target, size in targets:
+                    if isinstance(target, memoryview):
+                        out[i] = size
+                    elif buffers is not None:
+                        memoryview(buffers[i]).cast("B")[:size] = arena.view(target)
+                        out[i] = size
+                    else:
+                        out[i] = bytes(arena.view(target))
+                self.metrics.client_bytes.labels(P.PLANE_NIXL, "in").inc(
+                    sum(size for _, _, size in targets)
+                )
+            for allocation in allocations:
+                arena.free(allocation)
+            pairs.clear()
+            targets.clear()
+            allocations.clear()
+            return done
+
         try:
             for i, item in enumerate(items):
                 if not (
@@ -585,25 +644,19 @@ class PeerClient:
                         targets.append((i, view, size))
                         continue
                 allocation = arena.allocate(size)
-                if allocation is None:
+                if allocation is None and allocations:
+                    ok = read_round()  # the arena is full of this batch: read it, then go on
+                    if not ok:
+                        break
+                    allocation = arena.allocate(size)
+                if allocation is None:  # larger than the arena (or others hold it all)
                     self.metrics.client_failures.labels("arena_full").inc()
                     continue
                 allocations.append(allocation)
                 pairs.append((arena.address_of(allocation), remote_address, size))
                 targets.append((i, allocation, size))
-            ok = endpoint.read(self._remote_agent, pairs, deadline) if pairs else True
             if ok:
-                total = 0
-                for i, target, size in targets:
-                    total += size
-                    if isinstance(target, memoryview):
-                        out[i] = size
-                    elif buffers is not None:
-                        memoryview(buffers[i]).cast("B")[:size] = arena.view(target)
-                        out[i] = size
-                    else:
-                        out[i] = bytes(arena.view(target))
-                self.metrics.client_bytes.labels(P.PLANE_NIXL, "in").inc(total)
+                ok = read_round()
         finally:
             for allocation in allocations:
                 arena.free(allocation)
@@ -637,50 +690,86 @@ class PeerClient:
             batch = items[i : i + step]
             keys = [k for k, _ in batch]
             views = [memoryview(b).cast("B") for _, b in batch]
+            if self.plane == P.PLANE_NIXL:
+                out.extend(self._push_nixl(keys, views, mode))
+                continue
             fields: dict[str, Any] = {
                 "keys": P.pack_keys(keys),
                 "sizes": [len(v) for v in views],
                 "mode": mode,
             }
-            if self.plane == P.PLANE_NIXL:
-                out.extend(self._push_nixl(fields, views))
-                continue
             reply, _ = self.request("push", {**fields, "plane": P.PLANE_INLINE, "addrs": []}, views)
             self.metrics.client_bytes.labels(P.PLANE_INLINE, "out").inc(sum(len(v) for v in views))
             out.extend(self._stored(reply, len(batch)))
         return out
 
     def _push_nixl(
-        self, fields: dict[str, Any], views: list[memoryview]
+        self, keys: Sequence[ChunkKey], views: list[memoryview], mode: str
     ) -> list[tuple[bool, bool]]:
+        """Push over NIXL in as many requests as the send arena needs: each request's chunks
+        are staged in the arena at once (the server READs them while it answers)."""
         assert self._nixl is not None
         arena = self._nixl.arena
-        allocations = []
+        out: list[tuple[bool, bool]] = [(False, False)] * len(views)
+        group: list[int] = []
+        allocations: list[Allocation] = []
+
+        def send_group() -> None:
+            try:
+                if group:
+                    fields = {
+                        "keys": P.pack_keys([keys[i] for i in group]),
+                        "sizes": [len(views[i]) for i in group],
+                        "mode": mode,
+                        "plane": P.PLANE_NIXL,
+                        "addrs": [arena.address_of(a) for a in allocations],
+                    }
+                    reply, _ = self.request("push", fields)
+                    self.metrics.client_bytes.labels(P.PLANE_NIXL, "out").inc(
+                        sum(len(views[i]) for i in group)
+                    )
+                    for i, result in zip(group, self._stored(reply, len(group))):
+                        out[i] = result
+            finally:
+                for allocation in allocations:
+                    arena.free(allocation)
+                group.clear()
+                allocations.clear()
+
         try:
-            addrs = []
-            for view in views:
+            for i, view in enumerate(views):
                 allocation = arena.allocate(len(view))
-                if allocation is None:
-                    raise PeerUnavailable("the NIXL send arena is too small for this batch")
-                allocations.append(allocation)
+                if allocation is None and allocations:
+                    send_group()  # the arena is full of this batch: push it, then go on
+                    allocation = arena.allocate(len(view))
+                if allocation is None:  # larger than the arena (or others hold it all)
+                    self.metrics.client_failures.labels("arena_full").inc()
+                    continue
                 arena.view(allocation)[:] = view
-                addrs.append(arena.address_of(allocation))
-            reply, _ = self.request("push", {**fields, "plane": P.PLANE_NIXL, "addrs": addrs})
-            self.metrics.client_bytes.labels(P.PLANE_NIXL, "out").inc(sum(len(v) for v in views))
-            return self._stored(reply, len(views))
+                group.append(i)
+                allocations.append(allocation)
+            send_group()
         finally:
             for allocation in allocations:
                 arena.free(allocation)
+        return out
 
     def _stored(self, reply: dict[str, Any], n: int) -> list[tuple[bool, bool]]:
-        stored, written = reply.get("stored"), reply.get("written")
-        if not (
-            isinstance(stored, list)
-            and isinstance(written, list)
-            and len(stored) == len(written) == n
-        ):
-            raise PeerUnavailable(f"{self.endpoint}: push reply does not match the request")
+        stored, written = self._per_key(reply, "stored", n), self._per_key(reply, "written", n)
         return [(bool(s), bool(w)) for s, w in zip(stored, written)]
+
+    def _per_key(self, reply: dict[str, Any], name: str, n: int) -> list[Any]:
+        """Reply field ``name``: a list of one entry per key asked about (``n``)."""
+        value = reply.get(name)
+        if not isinstance(value, list) or len(value) != n:
+            raise self._malformed(f"{name!r} of the")
+        return value
+
+    def _malformed(self, what: str) -> PeerUnavailable:
+        """The failure for a reply that breaks spec/PROTOCOL.md §4 (a buggy or hostile peer):
+        the request fails like an unreachable peer's, never with another exception."""
+        self.metrics.client_failures.labels("malformed_reply").inc()
+        return PeerUnavailable(f"{self.endpoint}: malformed {what} reply")
 
     def delete(self, keys: Sequence[ChunkKey]) -> list[bool]:
         """Delete keys on the peer; True per key that was there."""
@@ -688,7 +777,7 @@ class PeerClient:
         out: list[bool] = []
         for batch in self._batches(keys):
             reply, _ = self.request("delete", {"keys": P.pack_keys(batch)})
-            out.extend(bool(d) for d in reply.get("deleted", []))
+            out.extend(bool(d) for d in self._per_key(reply, "deleted", len(batch)))
         return out
 
     def list(self, namespace: str | None = None) -> Iterator[ChunkInfo]:
@@ -721,7 +810,9 @@ class PeerClient:
     def stats(self) -> dict[str, Any]:
         """The server's counters and state."""
         reply, _ = self.request("stats", {})
-        stats: dict[str, Any] = reply.get("stats", {})
+        stats = reply.get("stats")
+        if not isinstance(stats, dict):
+            raise self._malformed("stats")
         return stats
 
     def close(self) -> None:

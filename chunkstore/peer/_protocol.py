@@ -13,7 +13,7 @@ import hmac
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 import blake3
 
@@ -268,7 +268,7 @@ def validate_request(body: Any, limits: Limits | None = None) -> dict[str, Any]:
     return body
 
 
-def is_wire_int(value: Any) -> bool:
+def is_wire_int(value: Any) -> TypeGuard[int]:
     """An integer on the wire; booleans are not integers (spec §3.4)."""
     return isinstance(value, int) and not isinstance(value, bool)
 

@@ -99,7 +99,9 @@ class PeerServer:
         self._outbox: queue.SimpleQueue[tuple[list[Any], Callable[[], None] | None]] = (
             queue.SimpleQueue()
         )
-        self._tracked: list[tuple[Any, Callable[[], None]]] = []
+        # Replies whose data frames are pinned chunks ZeroMQ still sends from (zero copy):
+        # (tracker, unpin, pins, deadline). See _sweep for the deadline.
+        self._tracked: list[tuple[Any, Callable[[], None], int, float]] = []
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
         self._ready = threading.Event()
@@ -195,7 +197,7 @@ class PeerServer:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
         self._sessions.clear()
-        for _, done in self._tracked:
+        for _, done, _, _ in self._tracked:
             done()
         self._tracked.clear()
         if self._staging is not None:
@@ -236,6 +238,8 @@ class PeerServer:
         router.setsockopt(zmq.MAXMSGSIZE, self.config.limits.max_frame_bytes)
         if not self._local:
             router.setsockopt(zmq.ROUTER_HANDOVER, 1)
+            # Only for an IPv6 address: with the option a host name may resolve to IPv6 only.
+            router.setsockopt(zmq.IPV6, int(self.config.bind.startswith("tcp://[")))
         router.setsockopt(zmq.SNDHWM, 1000)
         router.setsockopt(zmq.RCVHWM, 1000)
         if self.config.curve_secret_key is not None:
@@ -379,7 +383,9 @@ class PeerServer:
                     router.send_multipart(frames, copy=False)
                 else:
                     tracker = router.send_multipart(frames, copy=False, track=True)
-                    self._tracked.append((tracker, on_sent))
+                    pins = len(frames) - 3  # identity, body and tag, then one pinned chunk each
+                    deadline = time.monotonic() + self.config.max_lease_ms / 1000
+                    self._tracked.append((tracker, on_sent, pins, deadline))
             except Exception as exc:  # noqa: BLE001 - one bad reply must not stop the server
                 if not isinstance(exc, zmq.ZMQError):
                     log.exception("peer server: reply could not be sent")
@@ -389,12 +395,22 @@ class PeerServer:
 
     def _sweep(self) -> None:
         if self._tracked:
+            now = time.monotonic()
             still = []
-            for tracker, done in self._tracked:
+            for entry in self._tracked:
+                tracker, done, _, deadline = entry
                 if tracker is None or tracker.done:
                     done()
+                elif now >= deadline:
+                    # A client that stops reading (a stalled process, a partition without a
+                    # reset) would keep these chunks pinned as long as its connection lives:
+                    # no longer than a lease may (spec §5.5). Their memory stays mapped; a
+                    # slot reused under the unsent reply gives bytes the client's check
+                    # refuses (§4.7), and it has long given up on that reply anyway.
+                    self._accounting.count("inline_pins_expired")
+                    done()
                 else:
-                    still.append((tracker, done))
+                    still.append(entry)
             self._tracked = still
         self._sessions.sweep()
 
@@ -560,6 +576,7 @@ class PeerServer:
             "session_bytes": held["session_bytes"],
             "leases": held["leases"],
             "pins": held["pins"],
+            "inline_pins": sum(entry[2] for entry in list(self._tracked)),
             "uptime_s": round(time.time() - self.started_at, 3) if self.started_at else 0.0,
             "read_only": self.config.read_only,
             "authenticated": self.codec.authenticated,

@@ -173,6 +173,8 @@ class SessionTable:
             release_pins(lease)
         if leases:
             self._accounting.leases_open(open_leases)
+            if session is not None and session.connection is not None:
+                self._client_leases_changed({session.client})
         if session is not None:
             self._forget(session)
             self._sessions_changed()
@@ -244,6 +246,12 @@ class SessionTable:
                 for sid in session_ids
                 if (s := self._sessions.get(sid)) is not None and s.connection is not None
             }
+        self._client_leases_changed(clients)
+
+    def _client_leases_changed(self, clients: set[str]) -> None:
+        """Recount the leases of these node clients (by name: an engine may hold several
+        connections under one name, and one of them ending leaves the others' leases)."""
+        with self._lock:
             held = {
                 client: sum(
                     1

@@ -21,7 +21,12 @@ from typing import Any, TypeVar
 from chunkstore.backends.base import Buffer, ChunkInfo, Judgement, ReadVerdict, Store, judge
 from chunkstore.errors import ConfigError
 from chunkstore.hashing import ChunkKey
-from chunkstore.peer._client import NixlClientPlane, PeerClient, PeerClientConfig
+from chunkstore.peer._client import (
+    NixlClientPlane,
+    PeerClient,
+    PeerClientConfig,
+    peer_endpoint,
+)
 from chunkstore.peer._discovery import PeerInfo, PeerSource, StaticPeers
 from chunkstore.peer._errors import PeerError, PeerRefused
 from chunkstore.peer._metrics import PeerMetrics, default_peer_metrics
@@ -58,6 +63,8 @@ class PeerStore(Store):
         """Where this store's clients report (``chunkstore_peer_client_*``)."""
         if isinstance(peers, (list, tuple)):
             peers = StaticPeers(list(peers))
+            for info in peers.peers():
+                peer_endpoint(info.endpoint)  # a typo is the caller's error, raised now
         if not isinstance(peers, PeerSource):
             raise ConfigError("peers must be a list of endpoints or a discovery source")
         self.source: PeerSource = peers
@@ -69,6 +76,11 @@ class PeerStore(Store):
         self._refreshed = 0.0
         self._lock = threading.Lock()
         self._hints: OrderedDict[ChunkKey, str] = OrderedDict()
+        self._refused: set[str] = set()  # endpoints of records we cannot connect to, warned once
+        self._retiring: set[PeerClient] = set()  # clients of departed peers being closed
+        # Per reading thread: which peer sent each chunk of the read in progress, so that a
+        # damaged one is removed from that peer only (see _quarantine).
+        self._senders = threading.local()
         self._stats_cache: dict[str, tuple[float, dict[str, Any]]] = {}
         self._nixl: NixlClientPlane | None = None
         self._nixl_tried = False
@@ -119,21 +131,49 @@ class PeerStore(Store):
                     wanted[info.endpoint] = info
                 for endpoint in list(self._clients):
                     if endpoint not in wanted:
-                        self._clients.pop(endpoint).close()
+                        self._retire(self._clients.pop(endpoint))
                         self._infos.pop(endpoint, None)
                 for endpoint, info in wanted.items():
                     if endpoint not in self._clients:
-                        config = self.config
-                        if info.curve_public_key and config.curve_server_key is None:
-                            config = replace(
-                                config, curve_server_key=info.curve_public_key.encode()
-                            )
-                        self._clients[endpoint] = PeerClient(
-                            endpoint, config, nixl=nixl, metrics=self.metrics
-                        )
+                        client = self._client_for(info, nixl)
+                        if client is None:
+                            continue
+                        self._clients[endpoint] = client
                     self._infos[endpoint] = info
         with self._lock:
             return list(self._clients.values())
+
+    def _retire(self, client: PeerClient) -> None:
+        """Close the client of a peer that left discovery, off the caller's path (caller holds
+        the lock): its goodbye waits for a reply, and a peer that left has often died, so
+        closing it here would cost the read that noticed a whole timeout, under the lock."""
+        self._retiring.add(client)
+
+        def close() -> None:
+            client.close()
+            with self._lock:
+                self._retiring.discard(client)
+
+        try:
+            self._pool.submit(close)
+        except RuntimeError:  # the store is closing: close() takes care of it
+            pass
+
+    def _client_for(self, info: PeerInfo, nixl: NixlClientPlane | None) -> PeerClient | None:
+        """A client for a discovered peer; ``None`` (warned once) for a record whose endpoint
+        no client can connect to: anyone who can write a registry can write a record, and
+        one bad record must not turn every read into an exception."""
+        try:
+            endpoint = peer_endpoint(info.endpoint)
+        except ConfigError as exc:
+            if info.endpoint not in self._refused:
+                self._refused.add(info.endpoint)
+                log.warning("%s: peer %r skipped: %s", self.name, info.name, exc)
+            return None
+        config = self.config
+        if info.curve_public_key and config.curve_server_key is None:
+            config = replace(config, curve_server_key=info.curve_public_key.encode())
+        return PeerClient(endpoint, config, nixl=nixl, metrics=self.metrics)
 
     def dataplanes(self) -> dict[str, str | None]:
         """The data plane each peer uses (``None`` until its first request)."""
@@ -222,6 +262,7 @@ class PeerStore(Store):
 
     def _read_many(self, keys: Sequence[ChunkKey]) -> list[bytes | None]:
         out: list[bytes | None] = [None] * len(keys)
+        self._senders.of = {}
         if not keys:
             return out
         self._fetch_into_list(keys, list(range(len(keys))), out)
@@ -259,8 +300,11 @@ class PeerStore(Store):
         for client, blobs in zip(targets, fetched):
             if blobs is None:
                 continue
+            senders = getattr(self._senders, "of", {})
             for i, blob in zip(plan[client.endpoint], blobs):
                 out[i] = blob
+                if blob is not None:
+                    senders[keys[i]] = client.endpoint
 
     def _judge(self, key: ChunkKey, data: Any) -> Judgement:
         return judge(key, data, mac_key=self.mac_key, expected_fingerprint=self.config.fingerprint)
@@ -279,10 +323,20 @@ class PeerStore(Store):
     def _quarantine(self, key: ChunkKey, reason: str) -> None:
         # A damaged copy at rest must stop being served; if the damage happened in transit
         # (rare: TCP and NIXL check their frames), deleting costs one recompute, nothing more.
+        # Only the peer that sent it: the other peers' copies are theirs, and may be intact.
+        endpoint = getattr(self._senders, "of", {}).get(key)
+        with self._lock:
+            if endpoint is None:  # reported from outside a read of ours: where we found it
+                endpoint = self._hints.get(key)
+            self._hints.pop(key, None)
+        sender = next((c for c in self.clients() if c.endpoint == endpoint), None)
+        if sender is None:
+            log.info("%s: corrupt %s: the peer that sent it is gone", self.name, key.hex)
+            return
         try:
-            self.delete_many([key])
-        except Exception as exc:  # noqa: BLE001 - read-only peers keep it; the read is a miss
-            log.info("could not remove corrupt %s from peers: %s", key.hex, exc)
+            sender.delete([key])
+        except PeerError as exc:  # read-only peers keep it; the read is a miss anyway
+            log.info("could not remove corrupt %s from %s: %s", key.hex, endpoint, exc)
 
     def get_into(self, key: ChunkKey, buffer: Buffer) -> int | None:
         """Fetch one chunk into ``buffer`` (a host-pool slot) and verify it; size or ``None``.
@@ -309,12 +363,14 @@ class PeerStore(Store):
             idx = plan[client.endpoint]
             return client.fetch_into([keys[i] for i in idx], [buffers[i] for i in idx])
 
+        self._senders.of = {}
         for client, sizes in zip(targets, self._each(targets, fetch)):
             if sizes is None:
                 continue
             for i, size in zip(plan[client.endpoint], sizes):
                 if size is None:
                     continue
+                self._senders.of[keys[i]] = client.endpoint
                 view = memoryview(buffers[i]).cast("B")[:size]
                 if self._checked(keys[i], view) is not None:
                     out[i] = size
@@ -428,9 +484,11 @@ class PeerStore(Store):
         self._closed = True
         with self._lock:
             clients, self._clients = list(self._clients.values()), {}
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        with self._lock:
+            clients += self._retiring  # closing twice is harmless; never closed is a leak
         for client in clients:
             client.close()
-        self._pool.shutdown(wait=False, cancel_futures=True)
         if self._nixl is not None:
             self._nixl.close()
             self._nixl = None

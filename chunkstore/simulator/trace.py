@@ -11,7 +11,8 @@ Two JSON Lines formats, one request per line (blank lines are skipped):
   (a partial last block gets no key and always counts as recomputed).
   ``timestamp`` and ``output_length`` are optional.
 
-Every defect is a :class:`TraceError` that names the file and line.
+Every defect is a :class:`TraceError` that names the file and line; a trace with no
+request, or with no block in any request, is one too.
 """
 
 from __future__ import annotations
@@ -134,12 +135,22 @@ def parse_trace(lines: Iterable[str], *, source: str = "<trace>", block_tokens: 
             record = json.loads(line)
         except ValueError as exc:
             raise TraceError(f"{source} line {number}: not valid JSON ({exc})") from None
+        except RecursionError:  # json recurses once per nesting level: '[' * 10**5 ends here
+            raise TraceError(
+                f"{source} line {number}: not valid JSON (nested too deeply)"
+            ) from None
         try:
             requests.append(parse_request(record, block_tokens=block_tokens, root=root))
         except TraceError as exc:
             raise TraceError(f"{source} line {number}: {exc}") from None
     if not requests:
         raise TraceError(f"{source}: the trace is empty (no requests)")
+    if not any(r.blocks for r in requests):
+        # Nothing a cache could hold: every capacity would be a share of zero blocks.
+        raise TraceError(
+            f"{source}: no request has a block (empty hash_ids, or token lists shorter than "
+            f"one block of {block_tokens} tokens): nothing to cache"
+        )
     return Trace(source, tuple(requests), block_tokens)
 
 

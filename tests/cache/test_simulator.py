@@ -25,6 +25,14 @@ SHARED_TRACE = (
 )
 
 
+def exit_code(argv: list[str]) -> int:
+    """``chunkstore ARGV``'s exit status (argparse's own errors exit from inside main)."""
+    try:
+        return main(argv)
+    except SystemExit as exc:
+        return int(exc.code or 0)
+
+
 def mooncake(*requests: list[int], input_length: int | None = None) -> list[str]:
     return [
         json.dumps(
@@ -125,6 +133,34 @@ def test_bad_traces_name_the_line(tmp_path: Path, text: str, message: str) -> No
     with pytest.raises(TraceError, match=message) as info:
         load_trace(path)
     assert str(path) in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        '{"timestamp": 0, "input_length": 0, "output_length": 0, "hash_ids": []}\n',
+        '{"tokens": [1, 2, 3]}\n{"tokens": []}\n',
+    ],
+)
+def test_a_trace_without_a_block_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str
+) -> None:
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(text)
+    for extra in ([], ["--json"]):
+        assert main(["simulate", str(trace), *extra]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "no request has a block" in err
+
+
+def test_json_nested_past_the_recursion_limit_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = tmp_path / "t.jsonl"
+    trace.write_text('{"tokens": [1]}\n' + "[" * 200_000 + "\n")
+    assert main(["simulate", str(trace)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "line 2: not valid JSON (nested too deeply)" in err
 
 
 def test_unreadable_trace(tmp_path: Path) -> None:
@@ -270,3 +306,24 @@ def test_shared_trace_arc_at_least_lru() -> None:
         assert bound is not None
         for policy in result.policies:
             assert result.result(policy, capacity).tokens_saved_ratio <= bound
+
+
+@pytest.mark.parametrize(
+    ("args", "option"),
+    [
+        (["--capacities", "1" + "0" * 400], "--capacities"),
+        (["--capacities", str((1 << 53) + 1)], "--capacities"),
+        (["--limit", "0"], "--limit"),
+        (["--limit", "-3"], "--limit"),
+        (["--block-tokens", "0"], "--block-tokens"),
+    ],
+)
+def test_out_of_range_options_are_one_line_naming_them(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], option: str
+) -> None:
+    trace = tmp_path / "t.jsonl"
+    trace.write_text("\n".join(mooncake([1, 2], [1, 3])))
+    assert exit_code(["simulate", str(trace), *args]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and option in err.splitlines()[-1]
+    assert len(err.splitlines()[-1]) < 200  # a huge value is not echoed in full

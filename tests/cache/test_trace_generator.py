@@ -123,3 +123,22 @@ def test_gen_trace_cli_feeds_simulate(tmp_path: Path, capsys: pytest.CaptureFixt
     with pytest.raises(SystemExit):
         main(["gen-trace", "--help"])
     assert "system-prompts" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("args", "option"),
+    [
+        (["--requests", "1" + "0" * 400], "--requests"),
+        (["--requests", "10000001"], "--requests"),
+        (["--requests", "0"], "--requests"),
+        (["--block-tokens", "-1"], "--block-tokens"),
+    ],
+)
+def test_out_of_range_options_are_one_line_naming_them(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], args: list[str], option: str
+) -> None:
+    out = tmp_path / "t.jsonl"
+    assert main(["gen-trace", "chat", "-o", str(out), *args]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and option in err and len(err) < 200
+    assert not out.exists()

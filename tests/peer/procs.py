@@ -109,3 +109,36 @@ def offload_push(
         target = store.push_targets()[0].endpoint
         stored = store.put_many([(c.key, c.data) for c in made])
         conn.send({"target": target, "stored": stored, "planes": store.dataplanes()})
+
+
+def stalled_reader(conn: Connection, endpoint: str, keys: bytes, fetches: int) -> None:
+    """Say hello, send ``fetches`` inline fetches of ``keys``, then never read a reply again
+    while staying connected (a stopped process, a network partition without a reset)."""
+    import msgpack
+    import zmq
+
+    sock = zmq.Context.instance().socket(zmq.DEALER)
+    sock.setsockopt(zmq.RCVBUF, 4096)
+    sock.connect(endpoint)
+
+    def send(body: dict[str, Any]) -> None:
+        sock.send_multipart([msgpack.packb({"v": 1, **body}, use_bin_type=True), b""])
+
+    hello = {"versions": [1], "client": "stalled", "planes": ["inline"]}
+    send(
+        {
+            "id": 1,
+            "op": "hello",
+            **hello,
+            "fingerprint": None,
+            "chunk_tokens": None,
+            "nixl_md": None,
+        }
+    )
+    assert sock.poll(10_000)
+    session = msgpack.unpackb(sock.recv_multipart()[0])["s"]
+    for i in range(fetches):
+        fetch = {"s": session, "keys": keys, "plane": "inline", "lease_ms": 0}
+        send({"id": 2 + i, "op": "fetch", **fetch})
+    conn.send("sent")
+    conn.recv()  # until the test is done; then the process is killed

@@ -9,6 +9,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import msgpack
@@ -16,9 +17,18 @@ import pytest
 import zmq
 
 from chunkstore.backends._memory import MemoryStore
-from chunkstore.peer import PeerClient, PeerRefused, PeerServer, PeerStore, PeerUnavailable
+from chunkstore.cache import HostCache
+from chunkstore.format import ChunkLayout
+from chunkstore.peer import (
+    PeerClient,
+    PeerRefused,
+    PeerServer,
+    PeerStore,
+    PeerUnavailable,
+    open_registry,
+)
 from chunkstore.peer import _protocol as P
-from chunkstore.testing.factories import sample_chunks
+from chunkstore.testing.factories import sample_chunks, small_spec
 from tests.peer import procs
 from tests.peer.conftest import require_nixl
 from tests.peer.doubles import RegisteredHostCache, SlowStore
@@ -67,6 +77,48 @@ def test_stalled_peer_is_a_miss_then_marked_down(
         assert store.lookup_prefix(KEYS) == 0
     finally:
         slow.unblock.set()
+        store.close()
+
+
+def test_a_peer_leaving_discovery_costs_no_read_its_goodbye(
+    serve: Callable[..., PeerServer], tmp_path: Path
+) -> None:
+    leaving = serve(MemoryStore(), planes=("inline",), name="leaving", handle_on_io_thread=False)
+    staying = serve(filled(MemoryStore()), planes=("inline",), name="staying")
+    goodbye, answer_goodbye = threading.Event(), threading.Event()
+    assert leaving._handlers is not None
+    ops = leaving._handlers._ops  # noqa: SLF001 - a server that never answers bye (it died)
+    say_bye = ops["bye"]
+
+    def stalled_bye(body: dict[str, Any], data: list[Any]) -> Any:
+        goodbye.set()
+        answer_goodbye.wait(30)
+        return say_bye(body, data)
+
+    ops["bye"] = stalled_bye
+    registry = open_registry(str(tmp_path))
+    for server in (leaving, staying):
+        registry.announce(server.info(), 60)
+    store = PeerStore(
+        open_registry(str(tmp_path)),
+        plane="inline",
+        timeout_s=30,
+        refresh_s=0,
+        use_env_secret=False,
+    )
+    try:
+        assert store.lookup_prefix(KEYS) == len(KEYS)  # a session with each
+        registry.withdraw("leaving")
+        answered = threading.Event()
+        reader = threading.Thread(
+            target=lambda: store.lookup_prefix(KEYS) == len(KEYS) and answered.set()
+        )
+        reader.start()
+        assert goodbye.wait(10)  # the client of the departed peer says goodbye...
+        reader.join(10)
+        assert answered.is_set()  # ...while the read that noticed the departure has returned
+    finally:
+        answer_goodbye.set()
         store.close()
 
 
@@ -378,6 +430,35 @@ def test_lease_expiry_frees_pins(serve: Callable[..., PeerServer]) -> None:
         client.request("release", {"lease": reply["lease"], "ack": True})
     assert refused.value.code == P.UNKNOWN_LEASE
     client.close()
+
+
+def test_a_client_that_stops_reading_cannot_pin_past_the_lease_maximum(
+    serve: Callable[..., PeerServer],
+) -> None:
+    # Chunks above ZeroMQ's copy threshold (64 KiB) are sent from the pinned slots themselves.
+    layout = ChunkLayout(small_spec(chunk_tokens=64, num_layers=4, num_kv_heads=8, head_dim=64))
+    chunks = sample_chunks(4, seed=8, layout=layout)
+    cache = HostCache(len(chunks[0].data), num_slots=8, pin_memory=False)
+    cache.put_many([(c.key, c.data) for c in chunks])
+    server = serve(cache, planes=("inline",), default_lease_ms=200, max_lease_ms=400)
+    ctx = mp.get_context("spawn")
+    here, there = ctx.Pipe()
+    keys = P.pack_keys([c.key for c in chunks])
+    reader = ctx.Process(target=procs.stalled_reader, args=(there, server.endpoint, keys, 100))
+    reader.start()
+    try:
+        assert here.poll(30) and here.recv() == "sent"
+        # its replies (400 chunks, 200 MiB) back up in its connection, their chunks pinned...
+        wait_for(lambda: server.stats()["inline_pins"] > 0)
+        assert cache.stats().pinned_slots > 0
+        # ...until the longest lease has passed: then the server lets go, connection or not
+        wait_for(lambda: cache.stats().pinned_slots == 0)
+        assert server.stats()["inline_pins"] == 0
+        assert server.stats()["counts"]["inline_pins_expired"] > 0
+        assert reader.is_alive()
+    finally:
+        reader.kill()
+        reader.join()
 
 
 def test_goodbye_and_idle_sessions_free_pins(serve: Callable[..., PeerServer]) -> None:

@@ -71,3 +71,28 @@ def test_a_damaged_chunk_is_counted_and_removed_from_the_peer(
     assert store.corrupt_detected == 1
     assert _failures(registry, "corrupt") == 1 and _failures(registry, "refused_chunk") == 0
     assert not backing.exists(CHUNK.key)
+
+
+@pytest.mark.parametrize("read", ["get", "get_into"])
+def test_a_damaged_copy_is_removed_from_the_peer_that_sent_it_only(
+    serve: Callable[..., PeerServer], read: str
+) -> None:
+    damaged, intact = MemoryStore(verify=False), MemoryStore()
+    damaged.put(CHUNK.key, corrupt_copies(CHUNK)["bitflip"])
+    intact.put(CHUNK.key, CHUNK.data)
+    sender = serve(damaged, planes=("inline",))
+    bystander = serve(intact, planes=("inline",))
+    store = PeerStore([sender.endpoint, bystander.endpoint], plane="inline", use_env_secret=False)
+    buffer = bytearray(len(CHUNK.data))
+    try:
+        # both hold it; with no location remembered, the first peer that has it is asked
+        if read == "get":
+            assert store.get(CHUNK.key) is None
+        else:
+            assert store.get_into(CHUNK.key, buffer) is None
+        assert store.corrupt_detected == 1
+        assert not damaged.exists(CHUNK.key)
+        assert intact.exists(CHUNK.key)  # another peer's copy is not the damaged one
+        assert store.get(CHUNK.key) == CHUNK.data
+    finally:
+        store.close()

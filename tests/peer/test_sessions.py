@@ -92,3 +92,25 @@ def test_a_sweep_releases_expired_leases_and_ends_idle_sessions() -> None:
     assert accounting.snapshot()["leases_expired"] == 1
     sessions.clear()
     assert released == ["expired", "held"] and sessions.sizes()["sessions"] == 0
+
+
+def test_a_node_clients_lease_gauge_drops_the_leases_of_a_connection_that_closed() -> None:
+    registry = CollectorRegistry()
+    accounting = ServerAccounting(PeerMetrics(registry), lambda: "t")
+    sessions = SessionTable(PeerServerConfig(), accounting, lambda _: None)
+    for sid, fd in ((b"a" * 16, 5), (b"b" * 16, 6)):  # one engine, two connections, one name
+        node = session("engine", source=f"fd{fd}")
+        node.connection = fd
+        sessions.admit(sid, node)
+    sessions.open_lease(b"a" * 16, [lambda: None], None)
+    sessions.open_lease(b"b" * 16, [lambda: None], None)
+
+    def gauge() -> float | None:
+        labels = {"server": "t", "client": "engine"}
+        return registry.get_sample_value("chunkstore_node_client_leases", labels)
+
+    assert gauge() == 2
+    assert sessions.drop_connection(5) == 1
+    assert gauge() == 1 == sessions.sizes()["leases"]
+    sessions.end(b"b" * 16)
+    assert gauge() is None  # the client is gone: its series with it

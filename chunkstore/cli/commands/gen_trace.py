@@ -6,7 +6,9 @@ import argparse
 from pathlib import Path
 
 from chunkstore.cli.output import emit_json, emit_text
+from chunkstore.errors import ConfigError
 from chunkstore.simulator.generate import WORKLOADS, generate_trace, write_trace
+from chunkstore.units import shown
 
 EXAMPLES = """examples:
   chunkstore gen-trace chat -o chat.jsonl
@@ -50,7 +52,15 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.set_defaults(func=run)
 
 
+MAX_REQUESTS = 10_000_000
+"""Most requests ``--requests`` accepts (a few GiB of JSON lines; more never ends usefully)."""
+
+
 def run(args: argparse.Namespace) -> int:
+    if not 1 <= args.requests <= MAX_REQUESTS:
+        raise ConfigError(f"--requests must be 1..{MAX_REQUESTS:,}, got {shown(args.requests)}")
+    if args.block_tokens < 1:
+        raise ConfigError(f"--block-tokens must be positive, got {shown(args.block_tokens)}")
     requests = generate_trace(
         args.workload, requests=args.requests, seed=args.seed, block_tokens=args.block_tokens
     )

@@ -82,12 +82,20 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def _source(args: argparse.Namespace) -> Any:
+    from chunkstore.peer._client import peer_endpoint
     from chunkstore.peer._discovery import StaticPeers, open_registry
 
     if bool(args.registry) == bool(args.peer):
         raise ConfigError("give either --registry or one or more --peer")
     check_seconds(args.timeout, "--timeout")
-    return open_registry(args.registry) if args.registry else StaticPeers(args.peer)
+    if args.registry:
+        return open_registry(args.registry)
+    for endpoint in args.peer:
+        try:
+            peer_endpoint(endpoint)
+        except ConfigError as exc:
+            raise ConfigError(f"--peer: {exc}") from None
+    return StaticPeers(args.peer)
 
 
 def _list(source: Any) -> list[Any]:

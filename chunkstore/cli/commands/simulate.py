@@ -10,7 +10,7 @@ from chunkstore.cli.output import emit_json, emit_text
 from chunkstore.cli.table import render_table
 from chunkstore.errors import ConfigError
 from chunkstore.simulator import SIMULATED_POLICIES, Simulation, load_trace, simulate
-from chunkstore.units import format_size, parse_size
+from chunkstore.units import format_size, parse_size, shown
 
 EXAMPLES = """examples:
   chunkstore simulate trace.jsonl
@@ -82,6 +82,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.set_defaults(func=run)
 
 
+MAX_CAPACITY = 1 << 53
+"""Largest ``--capacities`` entry: beyond it a share of the trace is no float any more."""
+
+
 def _capacities(text: str) -> tuple[int, ...]:
     try:
         values = tuple(int(part) for part in text.split(",") if part.strip())
@@ -89,8 +93,10 @@ def _capacities(text: str) -> tuple[int, ...]:
         raise argparse.ArgumentTypeError(
             f"capacities must be integers (blocks), got {text!r}"
         ) from None
-    if not values or any(v < 1 for v in values):
-        raise argparse.ArgumentTypeError(f"capacities must be positive block counts, got {text!r}")
+    if not values or any(not 1 <= v <= MAX_CAPACITY for v in values):
+        raise argparse.ArgumentTypeError(
+            f"capacities must be block counts in 1..2^53, got {shown(text)}"
+        )
     return values
 
 
@@ -107,7 +113,9 @@ def _policies(text: str) -> tuple[str, ...]:
 
 def run(args: argparse.Namespace) -> int:
     if args.block_tokens < 1:
-        raise ConfigError(f"--block-tokens must be positive, got {args.block_tokens}")
+        raise ConfigError(f"--block-tokens must be positive, got {shown(args.block_tokens)}")
+    if args.limit is not None and args.limit < 1:
+        raise ConfigError(f"--limit must be at least 1 request, got {shown(args.limit)}")
     trace = load_trace(args.trace, block_tokens=args.block_tokens, limit=args.limit)
     result = simulate(trace, args.capacities, args.policies)
     if args.plot is not None:
