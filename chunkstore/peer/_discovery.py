@@ -96,7 +96,8 @@ class PeerSource(Protocol):
     """Anything that lists peers."""
 
     def peers(self) -> list[PeerInfo]:
-        """The live peers now."""
+        """The live peers now; :class:`StoreError` when the source cannot be read at all (an
+        unreachable registry is not an empty one: readers keep the peers they know)."""
         ...
 
 
@@ -114,13 +115,13 @@ class Registry(PeerSource, Protocol):
 
 
 class StaticPeers:
-    """A fixed list of endpoints (``tcp://host:port`` or ``host:port``)."""
+    """A fixed list of endpoints (``tcp://host:port``, ``host:port`` or ``ipc:///path``)."""
 
     def __init__(self, endpoints: Sequence[str]) -> None:
         self._infos = [
             PeerInfo(
                 name=e.removeprefix("tcp://"),
-                endpoint=e if e.startswith("tcp://") else f"tcp://{e}",
+                endpoint=e if e.startswith(("tcp://", "ipc://")) else f"tcp://{e}",
             )
             for e in endpoints
         ]
@@ -215,9 +216,19 @@ class FileRegistry:
         """Live records; stale ones are skipped (and removed once long dead)."""
         out = []
         try:
-            paths = sorted(self.directory.glob(f"*{_SUFFIX}"))
-        except OSError:
-            return []
+            # scandir, not glob: glob swallows a directory it may not read (as empty)
+            with os.scandir(self.directory) as entries:
+                paths = sorted(
+                    Path(e.path)
+                    for e in entries
+                    if e.name.endswith(_SUFFIX) and not e.name.startswith(".")
+                )
+        except FileNotFoundError:
+            return []  # nobody has announced into it yet
+        except OSError as exc:
+            raise StoreError(
+                f"peer registry {self.directory}: cannot list it ({exc.strerror or exc})"
+            ) from None
         now = self._clock()
         for path in paths:
             try:
@@ -286,8 +297,7 @@ class RedisRegistry:
             names = list(self._redis.scan_iter(match=self.prefix + "*", count=500))
             values = self._redis.mget(names) if names else []
         except self._errors as exc:
-            log.warning("Redis registry %s unreachable: %s", self.url, exc)
-            return []
+            raise StoreError(f"Redis registry {self.url} unreachable: {exc}") from None
         out = []
         for value in values:
             if value is None:

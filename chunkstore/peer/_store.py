@@ -19,7 +19,7 @@ from dataclasses import replace
 from typing import Any, TypeVar
 
 from chunkstore.backends.base import Buffer, ChunkInfo, Judgement, ReadVerdict, Store, judge
-from chunkstore.errors import ConfigError
+from chunkstore.errors import ConfigError, StoreError
 from chunkstore.hashing import ChunkKey
 from chunkstore.peer._client import (
     NixlClientPlane,
@@ -74,6 +74,7 @@ class PeerStore(Store):
         self._clients: dict[str, PeerClient] = {}
         self._infos: dict[str, PeerInfo] = {}
         self._refreshed = 0.0
+        self._source_down = False  # the last read of the source failed (warned once)
         self._lock = threading.Lock()
         self._hints: OrderedDict[ChunkKey, str] = OrderedDict()
         self._refused: set[str] = set()  # endpoints of records we cannot connect to, warned once
@@ -115,8 +116,24 @@ class PeerStore(Store):
     def clients(self) -> list[PeerClient]:
         """One client per live peer (the source is re-read every ``refresh_s``)."""
         now = time.monotonic()
-        if now - self._refreshed >= self.refresh_s or not self._clients:
-            infos = self.source.peers()
+        if now - self._refreshed >= self.refresh_s or (not self._clients and not self._source_down):
+            try:
+                infos = self.source.peers()
+            except StoreError as exc:
+                # An unreachable registry is not an empty one: keep the peers known (each
+                # client turns its own peer's death into misses) and ask again after
+                # refresh_s, not on every read (a Redis timeout per read would stall them).
+                if not self._source_down:
+                    log.warning(
+                        "%s: keeping the %d peers known: %s", self.name, len(self._clients), exc
+                    )
+                self._source_down = True
+                self._refreshed = now
+                with self._lock:
+                    return list(self._clients.values())
+            if self._source_down:
+                log.warning("%s: peer discovery readable again", self.name)
+                self._source_down = False
             nixl = self._shared_nixl()
             with self._lock:
                 self._refreshed = now

@@ -259,3 +259,67 @@ def test_peer_store_follows_the_registry(
             assert store.clients() == [] and store.get(keys[1]) is None
         finally:
             store.close()
+
+
+def test_static_peers_keep_ipc_endpoints() -> None:
+    peers = StaticPeers(["ipc:///run/chunkstore/node.sock"]).peers()
+    assert [p.endpoint for p in peers] == ["ipc:///run/chunkstore/node.sock"]
+
+
+def test_file_registry_tells_unreadable_from_empty(tmp_path: Path) -> None:
+    assert FileRegistry(tmp_path / "not-yet").peers() == []  # nobody announced yet
+    blocked = tmp_path / "blocked"
+    blocked.write_text("a file where the directory should be")
+    with pytest.raises(StoreError, match="cannot list"):
+        FileRegistry(blocked).peers()
+
+
+class FlakySource:
+    """A discovery source that lists ``infos`` until ``down`` is set, then cannot be read."""
+
+    def __init__(self, infos: list[PeerInfo]) -> None:
+        self.infos = infos
+        self.down = False
+        self.reads = 0
+
+    def peers(self) -> list[PeerInfo]:
+        self.reads += 1
+        if self.down:
+            raise StoreError("registry unreachable")
+        return list(self.infos)
+
+
+def test_an_unreachable_registry_keeps_the_peers_known() -> None:
+    backing = MemoryStore()
+    backing.put_many([(c.key, c.data) for c in CHUNKS])
+    with PeerServer(
+        backing, staging_bytes=4 << 20, use_env_secret=False, fingerprint=FINGERPRINT
+    ) as server:
+        source = FlakySource([server.info()])
+        store = PeerStore(
+            source, fingerprint=FINGERPRINT, plane="inline", refresh_s=0, use_env_secret=False
+        )
+        try:
+            assert [c.endpoint for c in store.clients()] == [server.endpoint]
+            source.down = True
+            # an outage is not an empty registry: the live peer is still read
+            assert [c.endpoint for c in store.clients()] == [server.endpoint]
+            assert store.get(CHUNKS[0].key) == CHUNKS[0].data
+            source.down = False
+            source.infos = []
+            assert store.clients() == []  # readable again: the registry's word counts
+        finally:
+            store.close()
+
+
+def test_an_unreachable_registry_is_not_asked_on_every_read() -> None:
+    source = FlakySource([])
+    source.down = True
+    store = PeerStore(source, fingerprint=FINGERPRINT, refresh_s=3600, use_env_secret=False)
+    try:
+        for _ in range(5):
+            assert store.clients() == []
+            assert store.get(CHUNKS[0].key) is None
+        assert source.reads == 1  # next read after refresh_s, not one (a timeout) per read
+    finally:
+        store.close()

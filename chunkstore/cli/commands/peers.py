@@ -101,8 +101,8 @@ def _source(args: argparse.Namespace) -> Any:
 def _list(source: Any) -> list[Any]:
     """The source's peers by name; an unreachable registry raises StoreError (exit 4).
 
-    ``peers()`` alone cannot tell an empty registry from one that is not there: it
-    lists nobody in both cases, so that serving clients degrade instead of failing.
+    ``check()`` first: it also refuses a registry directory that does not exist, which
+    ``peers()`` lists as empty (no peer has announced into it yet).
     """
     try:
         check = getattr(source, "check", None)
