@@ -96,9 +96,10 @@ class PeerServer:
         self._accounting = ServerAccounting(self.metrics, lambda: self.name)
         self._sessions = SessionTable(config, self._accounting, self._forget)
         self._handlers: RequestHandlers | None = None
-        self._outbox: queue.SimpleQueue[tuple[list[Any], Callable[[], None] | None]] = (
-            queue.SimpleQueue()
-        )
+        # Replies for the I/O thread: (frames, on_sent, on_dropped); see _queue_reply.
+        self._outbox: queue.SimpleQueue[
+            tuple[list[Any], Callable[[], None] | None, Callable[[], None] | None]
+        ] = queue.SimpleQueue()
         # Replies whose data frames are pinned chunks ZeroMQ still sends from (zero copy):
         # (tracker, unpin, pins, deadline). See _sweep for the deadline.
         self._tracked: list[tuple[Any, Callable[[], None], int, float]] = []
@@ -242,6 +243,9 @@ class PeerServer:
             router.setsockopt(zmq.IPV6, int(self.config.bind.startswith("tcp://[")))
         router.setsockopt(zmq.SNDHWM, 1000)
         router.setsockopt(zmq.RCVHWM, 1000)
+        # A reply that cannot go out (its client's queue is full, or it left) raises instead of
+        # vanishing, so the leases it granted are given back (see _send_replies).
+        router.setsockopt(zmq.ROUTER_MANDATORY, 1)
         if self.config.curve_secret_key is not None:
             if self.config.curve_client_keys is not None:
                 self._start_authenticator()
@@ -367,22 +371,30 @@ class PeerServer:
         except (OSError, AttributeError):
             pass
 
-    def _queue_reply(self, frames: list[Any], on_sent: Callable[[], None] | None = None) -> None:
-        self._outbox.put((frames, on_sent))
+    def _queue_reply(
+        self,
+        frames: list[Any],
+        on_sent: Callable[[], None] | None = None,
+        on_dropped: Callable[[], None] | None = None,
+    ) -> None:
+        """Send ``frames`` from the I/O thread; ``on_sent`` once they are out (or dropped),
+        ``on_dropped`` only if they could not be sent."""
+        self._outbox.put((frames, on_sent, on_dropped))
         self._wake()
 
     def _send_replies(self, router: Any) -> None:
         zmq = _zmq()
         while True:
             try:
-                frames, on_sent = self._outbox.get_nowait()
+                frames, on_sent, on_dropped = self._outbox.get_nowait()
             except queue.Empty:
                 break
             try:
+                # Never block the I/O thread on one client's full queue: drop that reply.
                 if on_sent is None:
-                    router.send_multipart(frames, copy=False)
+                    router.send_multipart(frames, zmq.NOBLOCK, copy=False)
                 else:
-                    tracker = router.send_multipart(frames, copy=False, track=True)
+                    tracker = router.send_multipart(frames, zmq.NOBLOCK, copy=False, track=True)
                     pins = len(frames) - 3  # identity, body and tag, then one pinned chunk each
                     deadline = time.monotonic() + self.config.max_lease_ms / 1000
                     self._tracked.append((tracker, on_sent, pins, deadline))
@@ -390,6 +402,9 @@ class PeerServer:
                 if not isinstance(exc, zmq.ZMQError):
                     log.exception("peer server: reply could not be sent")
                 log.debug("reply dropped: %s", exc)
+                self._accounting.count("replies_dropped")
+                if on_dropped is not None:
+                    on_dropped()
                 if on_sent is not None:
                     on_sent()
 
@@ -515,7 +530,17 @@ class PeerServer:
             return
         fields, out_data, on_sent = result
         frames = self.codec.encode(P.ok_body(request_id, **fields), out_data, reply=True)
-        self._queue_reply([ident, *frames], on_sent)
+        on_dropped = None
+        if "lease" in fields:
+            # A client that never gets this reply cannot name its lease, so could never
+            # release it: the pins or reservations it grants would stay until the session
+            # ends (a node session outlives a timed-out request, spec §7).
+            session, lease = body["s"], fields["lease"]
+
+            def on_dropped() -> None:
+                self._sessions.close_lease(session, lease)
+
+        self._queue_reply([ident, *frames], on_sent, on_dropped)
 
     def _connection_of(self, frame: Any) -> int:
         """The connection (its file descriptor) a node client's ``hello`` came in on.
