@@ -410,9 +410,15 @@ class PayloadVerifier:
             raise ConfigError("streaming verification covers uncompressed chunks only")
         _check_identity(header, expected_key, expected_fingerprint)
         self.header = header
-        self._hasher = xxhash.xxh3_128()
-        head_bytes = bytes(memoryview(head).cast("B")[: header.data_offset])
-        self._hasher.update(_zeroed(head_bytes, header.checksum_span))
+        hasher = xxhash.xxh3_128()
+        # The header with its checksum digits zeroed, hashed in three pieces straight from
+        # ``head`` (no copy of the header: this runs once per chunk read).
+        view = memoryview(head).cast("B")
+        start, stop = header.checksum_span
+        hasher.update(view[:start])
+        hasher.update(_ZERO_HEX[: stop - start])
+        hasher.update(view[stop : header.data_offset])
+        self._hasher = hasher
 
     def update(self, segment: Any) -> None:
         """Hash the next bytes of the stored payload."""
