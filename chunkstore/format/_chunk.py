@@ -9,7 +9,7 @@ Read path: :func:`decode_chunk` validates and returns views into the input.
 from __future__ import annotations
 
 import struct
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -396,7 +396,11 @@ class PayloadVerifier:
     raises :class:`ChecksumMismatch` exactly when :func:`decode_chunk` would.
     """
 
-    __slots__ = ("_hasher", "header")
+    __slots__ = ("_hasher", "header", "update")
+
+    update: Callable[[Any], None]
+    """Hash the next bytes of the stored payload (the hasher's own method: a reader calls it
+    once per block, so no Python frame stands between it and the C hash)."""
 
     def __init__(
         self,
@@ -419,10 +423,7 @@ class PayloadVerifier:
         hasher.update(_ZERO_HEX[: stop - start])
         hasher.update(view[stop : header.data_offset])
         self._hasher = hasher
-
-    def update(self, segment: Any) -> None:
-        """Hash the next bytes of the stored payload."""
-        self._hasher.update(segment)
+        self.update = hasher.update
 
     def finish(self) -> None:
         """Raise :class:`ChecksumMismatch` unless the payload fed so far matches the header."""
