@@ -155,13 +155,6 @@ class LocalIO:
         """The stat of an fd from :meth:`open_fd`; ``OSError`` unless it is a regular file."""
         return _filestat(_regular_fstat(fd, path))
 
-    def open_read(self, path: str) -> tuple[int, FileStat] | None:
-        """An fd open for reading (the caller closes it) and its stat, or None if missing."""
-        opened = self._open_read(path)
-        if opened is None:
-            return None
-        return opened[0], _filestat(opened[1])
-
     def read(self, path: str) -> tuple[bytes, FileStat] | None:
         """Whole file and its stat, from one open file (so both describe the same inode)."""
         opened = self._open_read(path)
