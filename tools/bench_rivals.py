@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import ctypes
 import hashlib
 import itertools
 import json
@@ -51,7 +50,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
-from bench_store import make
+from bench_store import make, make_cold, make_warm
 
 from chunkstore.backends._fs import FsStore
 from chunkstore.hashing import ChunkKey
@@ -65,69 +64,6 @@ cold load; the measured shares are reported."""
 REPO = Path(__file__).resolve().parent.parent
 BENCH_VENV = REPO / ".venv-bench"
 RIVAL_ENV = {"VLLM_TARGET_DEVICE": "cpu", "HF_HUB_OFFLINE": "1", "PYTHONWARNINGS": "ignore"}
-
-# --- page cache control -------------------------------------------------------------------
-
-_libc = ctypes.CDLL(None, use_errno=True)
-_libc.mmap.restype = ctypes.c_void_p
-_libc.mmap.argtypes = [
-    ctypes.c_void_p,
-    ctypes.c_size_t,
-    ctypes.c_int,
-    ctypes.c_int,
-    ctypes.c_int,
-    ctypes.c_long,
-]
-_libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-_libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
-
-
-def resident_fraction(paths: list[str]) -> float:
-    """Share of the files' pages in the page cache (mincore over a read-only mapping)."""
-    cached = total = 0
-    page = mmap.PAGESIZE
-    for path in paths:
-        size = os.path.getsize(path)
-        if not size:
-            continue
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            addr = _libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
-            if addr in (None, ctypes.c_void_p(-1).value):
-                raise OSError(ctypes.get_errno(), "mmap failed", path)
-            pages = -(-size // page)
-            vec = ctypes.create_string_buffer(pages)
-            try:
-                if _libc.mincore(addr, size, vec) != 0:
-                    raise OSError(ctypes.get_errno(), "mincore failed", path)
-                cached += sum(b & 1 for b in vec.raw)
-                total += pages
-            finally:
-                _libc.munmap(addr, size)
-        finally:
-            os.close(fd)
-    return cached / total if total else 0.0
-
-
-def make_cold(paths: list[str]) -> float:
-    """Flush and drop the files from the page cache; the share still resident after."""
-    os.sync()
-    for path in paths:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
-    return resident_fraction(paths)
-
-
-def make_warm(paths: list[str]) -> float:
-    """Read the files once through the page cache; the share resident after."""
-    for path in paths:
-        with open(path, "rb", buffering=0) as f:
-            while f.read(8 << 20):
-                pass
-    return resident_fraction(paths)
 
 
 def stored_files(root: str) -> list[str]:

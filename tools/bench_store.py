@@ -9,6 +9,9 @@ Filesystem, warm page cache (nothing hides the checksum), 256-token chunks of
 * get without verification (``verify=False``, host-trusted path);
 * ``get_many_into`` into page-aligned slots (the prefetch path: several reads in flight on
   the store's ``io_workers`` threads), verified and not, against the same serial raw reads;
+  verified with 2, 4, 8 and one ``io_workers`` per core (``--workers``), warm and cold (every
+  file dropped from the page cache with ``posix_fadvise(DONTNEED)`` before each pass, checked
+  with ``mincore``; cold rows against one thread's plain reads of the same cold files);
 * put vs a raw write + rename of the same bytes, one at a time and as one ``put_many``;
 * the floor of any verified read, with no chunkstore code at all: the raw read in 256 KiB
   ``preadv`` blocks, each hashed (XXH3-128, the format's checksum) right after it lands,
@@ -27,6 +30,7 @@ point. Never fails on a threshold.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import logging
 import mmap
 import os
@@ -53,9 +57,82 @@ SHAPES = {
 }
 
 
-def best_of(passes: int, fn: Callable[[], Any]) -> float:
+# --- page cache control -------------------------------------------------------------------
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.mmap.restype = ctypes.c_void_p
+_libc.mmap.argtypes = [
+    ctypes.c_void_p,
+    ctypes.c_size_t,
+    ctypes.c_int,
+    ctypes.c_int,
+    ctypes.c_int,
+    ctypes.c_long,
+]
+_libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+_libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+
+
+def resident_fraction(paths: list[str]) -> float:
+    """Share of the files' pages in the page cache (mincore over a read-only mapping)."""
+    cached = total = 0
+    page = mmap.PAGESIZE
+    for path in paths:
+        size = os.path.getsize(path)
+        if not size:
+            continue
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            addr = _libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+            if addr in (None, ctypes.c_void_p(-1).value):
+                raise OSError(ctypes.get_errno(), "mmap failed", path)
+            pages = -(-size // page)
+            vec = ctypes.create_string_buffer(pages)
+            try:
+                if _libc.mincore(addr, size, vec) != 0:
+                    raise OSError(ctypes.get_errno(), "mincore failed", path)
+                cached += sum(b & 1 for b in vec.raw)
+                total += pages
+            finally:
+                _libc.munmap(addr, size)
+        finally:
+            os.close(fd)
+    return cached / total if total else 0.0
+
+
+def make_cold(paths: list[str]) -> float:
+    """Flush and drop the files from the page cache; the share still resident after."""
+    os.sync()
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+    return resident_fraction(paths)
+
+
+def make_warm(paths: list[str]) -> float:
+    """Read the files once through the page cache; the share resident after."""
+    for path in paths:
+        with open(path, "rb", buffering=0) as f:
+            while f.read(8 << 20):
+                pass
+    return resident_fraction(paths)
+
+
+WORKER_COUNTS = sorted({2, 4, os.cpu_count() or 1, 8})
+"""``io_workers`` of the batched-read rows: the default's neighbours and one per core."""
+COLD_LEFT = 0.02
+"""Share of a file's pages that may stay resident for a load to count as cold."""
+
+
+def best_of(passes: int, fn: Callable[[], Any], prepare: Callable[[], Any] | None = None) -> float:
+    """The shortest of ``passes`` runs of ``fn`` (each after ``prepare``, not timed)."""
     times = []
     for _ in range(passes):
+        if prepare is not None:
+            prepare()
         start = time.perf_counter()
         fn()
         times.append(time.perf_counter() - start)
@@ -69,7 +146,9 @@ def make(label: str, total_bytes: int) -> list[MadeChunk]:
     return sample_chunks(count, seed=len(label), layout=layout)
 
 
-def bench_fs(label: str, chunks: list[MadeChunk], passes: int, workdir: str) -> list[tuple]:
+def bench_fs(
+    label: str, chunks: list[MadeChunk], passes: int, workdir: str, workers: list[int]
+) -> list[tuple]:
     size = len(chunks[0].data)
     mib = size * len(chunks) / 2**20
     root = os.path.join(workdir, f"fs-{label}")
@@ -218,17 +297,38 @@ def bench_fs(label: str, chunks: list[MadeChunk], passes: int, workdir: str) -> 
             mib,
         ),
     ]
-    for workers in (2, 8):
+    for count in workers:
         rows.append(
             (
                 "fs",
                 label,
-                f"get_many_into (verify, {workers} io_workers) vs raw",
-                best_of(passes, get_many_into_with(workers)),
+                f"get_many_into (verify, {count} io_workers)",
+                best_of(passes, get_many_into_with(count)),
                 t_raw,
                 mib,
             )
         )
+
+    # Cold: every file dropped from the page cache before each pass (read_mode "auto" then
+    # reads around it), against one thread's plain reads of the same cold files.
+    def drop() -> None:
+        left = make_cold(paths)
+        if left > COLD_LEFT:
+            print(f"note: {label} files still {left:.0%} resident after DONTNEED")
+
+    t_raw_cold = best_of(passes, raw_read, drop)
+    for count in workers:
+        rows.append(
+            (
+                "fs",
+                label,
+                f"cold get_many_into (verify, {count} io_workers)",
+                best_of(passes, get_many_into_with(count), drop),
+                t_raw_cold,
+                mib,
+            )
+        )
+    raw_read()  # warm again for what follows
 
     counter = iter(range(10**9))
 
@@ -363,21 +463,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--passes", type=int, default=3, help="take the best of this many")
     parser.add_argument("--s3-mib", type=int, default=32, help="MiB of chunks for the S3 part")
     parser.add_argument("--no-s3", action="store_true", help="skip the S3 part")
+    parser.add_argument(
+        "--workers",
+        default=",".join(str(n) for n in WORKER_COUNTS),
+        help="io_workers of the batched-read rows, warm and cold (comma-separated)",
+    )
     args = parser.parse_args(argv)
+    workers = [int(n) for n in args.workers.split(",") if n]
     rows: list[tuple] = []
     workdir = tempfile.mkdtemp(prefix="chunkstore-bench-", dir=os.environ.get("BENCH_DIR"))
     try:
         for label in SHAPES:
-            rows += bench_fs(label, make(label, args.mib << 20), args.passes, workdir)
+            rows += bench_fs(label, make(label, args.mib << 20), args.passes, workdir, workers)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
     if not args.no_s3:
         rows += bench_s3(make("2MiB", args.s3_mib << 20), args.passes)
     print(
-        f"{'store':5} {'chunk':6} {'measurement':38} {'MiB/s':>8} {'base MiB/s':>10} {'ratio':>6}"
+        f"{'store':5} {'chunk':6} {'measurement':44} {'MiB/s':>8} {'base MiB/s':>10} {'ratio':>6}"
     )
     for kind, label, what, t, t_base, mib in rows:
-        print(f"{kind:5} {label:6} {what:38} {mib / t:8.0f} {mib / t_base:10.0f} {t_base / t:6.2f}")
+        print(f"{kind:5} {label:6} {what:44} {mib / t:8.0f} {mib / t_base:10.0f} {t_base / t:6.2f}")
     return 0
 
 

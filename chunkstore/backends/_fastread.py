@@ -34,7 +34,7 @@ import fcntl
 import os
 from typing import Any
 
-from chunkstore.errors import LayoutError, TruncatedChunk
+from chunkstore.errors import FormatError, LayoutError, TruncatedChunk
 from chunkstore.format import PayloadVerifier, decode_chunk, header_bytes_needed, read_header
 
 BLOCK = 256 * 1024
@@ -199,6 +199,19 @@ few hundred tensors (a longer header takes one more read). The payload follows i
 streaming their payloads (see :class:`VerifiedRead`)."""
 
 
+class Undecided(Exception):
+    """A read that took the chunk's size from its header (``VerifiedRead(sized=False)``)
+    met anything but a whole, valid chunk: a file shorter or longer than its header says, a
+    damaged header, a checksum or key that does not match, an OS error. It vouches for
+    nothing; the caller reads the file again knowing its size, which gives the verdict
+    exactly as before (rare: only damaged or racing files land here)."""
+
+
+_PAST_END = bytearray(1)
+"""Where the last block's read puts the byte after the chunk's end, if the file has one: only
+the count the kernel returns is looked at (shared by threads; its content never matters)."""
+
+
 class VerifiedRead:
     """A verified read of one chunk file into ``target``, in two steps.
 
@@ -211,6 +224,19 @@ class VerifiedRead:
     the same verdict; a chunk damaged in both its key and its bytes is
     reported as a key mismatch, since the key is checked first); after a
     failure ``target`` holds garbage.
+
+    ``sized`` (the default): ``target`` is exactly the file's size (from
+    ``fstat``). ``sized=False``: ``target`` is a buffer at least as long as the
+    chunk, whose size comes from its header (``data_offset + stored_size``);
+    the last block's read asks for one byte more, so a file longer than its
+    header says is seen without an ``fstat`` as surely as a shorter one. In
+    this mode either step raises :class:`Undecided` instead of any
+    ``FormatError`` or ``OSError``, so that the caller judges the file with
+    its size in hand (the verdict, its message and what is checked first
+    stay exactly those of the sized read); uncompressed chunks read through
+    the page cache only (anything else is :class:`Undecided` at once). When
+    it finishes, the chunk is whole and valid, and :attr:`target` is its
+    bytes.
 
     Why two steps: streaming a 2 MiB payload through the CPU cache evicts
     what the next chunk's header parse and verifier set-up touch (after a
@@ -225,70 +251,123 @@ class VerifiedRead:
     cache.
     """
 
-    __slots__ = ("_fill", "_first", "_reader", "expected_key", "header", "target", "verifier")
+    __slots__ = (
+        "_fd",
+        "_first",
+        "_reader",
+        "_sized",
+        "expected_key",
+        "header",
+        "target",
+        "verifier",
+    )
 
     def __init__(
-        self, fd: int, target: memoryview, expected_key: bytes | None, *, reader: Any = None
+        self,
+        fd: int,
+        target: memoryview,
+        expected_key: bytes | None,
+        *,
+        reader: Any = None,
+        sized: bool = True,
     ) -> None:
         src: ChunkFileReader = reader if reader is not None else ChunkFileReader(fd, target)
+        self._fd = fd
         self._reader = src
+        self._sized = sized
         self.target = target
         self.expected_key = expected_key
         self.verifier: PayloadVerifier | None = None
-        size = len(target)
-        preadv = os.preadv
+        if sized:
+            self._start()
+            return
+        if src.direct:
+            raise Undecided("a read around the page cache needs the file's size")
+        try:
+            self._start()
+        except (FormatError, OSError) as exc:
+            raise Undecided(str(exc)) from exc
 
-        def fill(start: int, end: int) -> None:
-            # Through the page cache, one preadv nearly always fills the block: call it here
-            # (this runs ~9 times per 2 MiB chunk with the GIL held); anything else (a short
-            # read, O_DIRECT) goes through the reader.
-            if not src.direct and preadv(fd, [target[start:end]], start) == end - start:
-                return
-            if src.read(start, end) < end - start:
-                raise TruncatedChunk("chunk file shrank while being read")
+    def _fill(self, start: int, end: int) -> None:
+        """Fill ``target[start:end]`` through the reader; raises if the file ends first."""
+        if self._reader.read(start, end) < end - start:
+            raise TruncatedChunk("chunk file shrank while being read")
 
-        self._fill = fill
+    def _start(self) -> None:
+        target, fill, src = self.target, self._fill, self._reader
+        room = len(target)
         # Around the page cache the first request stays large (the disk sees few, big reads);
         # through it, only the header comes in now.
-        first = min(size, src.block if src.direct else HEAD_READ)
+        first = min(room, src.block if src.direct else HEAD_READ)
         if src.probed < first:
             fill(src.probed, first)
-        header_len = header_bytes_needed(bytes(target[:8])) if size >= 8 else size
-        if first < header_len <= size:
+        header_len = header_bytes_needed(bytes(target[:8])) if room >= 8 else room
+        if first < header_len <= room:
             fill(first, header_len)
             first = header_len
         self._first = first
         header = read_header(target[:first])  # raises BadMagic/TruncatedChunk/... like decode_chunk
         self.header = header
-        if header.compression != "none":
+        if not self._sized:
+            size = header.data_offset + header.stored_size
+            if header.compression != "none" or not first <= size <= room:
+                raise Undecided("not an uncompressed chunk that fits the buffer")
+            self.target = target[:size]
+        elif header.compression != "none":
             return
-        stored = size - header.data_offset
+        stored = len(self.target) - header.data_offset
         if stored != header.stored_size:
             error = TruncatedChunk if stored < header.stored_size else LayoutError
             raise error(f"payload has {stored} bytes, header says {header.stored_size}")
-        self.verifier = PayloadVerifier(header, target, expected_key=expected_key)
+        self.verifier = PayloadVerifier(header, target, expected_key=self.expected_key)
 
     def finish(self) -> None:
         """Read and hash the payload; raises unless the whole chunk is valid."""
-        target, fill, first = self.target, self._fill, self._first
+        if self._sized:
+            self._finish()
+            return
+        try:
+            self._finish()
+        except (FormatError, OSError) as exc:
+            raise Undecided(str(exc)) from exc
+
+    def _finish(self) -> None:
+        target, first = self.target, self._first
         size = len(target)
         verifier = self.verifier
         if verifier is None:  # compressed: decode_chunk checks the whole file
-            fill(first, size)
+            self._fill(first, size)
             decode_chunk(target, expected_key=self.expected_key)
             return
         data_offset = self.header.data_offset
         if first > data_offset:
             verifier.update(target[data_offset:first])
         pos = max(first, data_offset)
-        update = verifier.update
-        src = self._reader
+        fd, update, sized = self._fd, verifier.update, self._sized
+        block, direct = self._reader.block, self._reader.direct
+        preadv = os.preadv
+        if pos >= size and not sized:
+            self._fill_last(size, size)  # no payload left to read: only the byte past the end
+        # This loop runs ~9 times per 2 MiB chunk with the GIL held: through the page cache
+        # one preadv nearly always fills the block, called right here; anything else (a short
+        # read, O_DIRECT) goes through the reader.
         while pos < size:
-            end = min(pos + src.block, size)
-            fill(pos, end)
-            update(target[pos:end])
+            end = min(pos + block, size)
+            span = target[pos:end]
+            if end == size and not sized:
+                self._fill_last(pos, end)  # sized by its header: the byte past the end too
+            elif direct or preadv(fd, [span], pos) != end - pos:
+                self._fill(pos, end)
+            update(span)
             pos = end
         verifier.finish()
+
+    def _fill_last(self, start: int, size: int) -> None:
+        """Read ``target[start:size]``, the chunk's last bytes, with the byte past its end;
+        raises unless the file holds exactly ``size`` bytes (sized by the header)."""
+        got = os.preadv(self._fd, [self.target[start:size], _PAST_END], start)
+        if got != size - start:
+            raise TruncatedChunk(f"file holds {start + got} bytes or more, header says {size}")
 
 
 def read_verified_into(

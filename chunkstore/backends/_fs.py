@@ -38,6 +38,7 @@ from chunkstore.backends._fastread import (
     DIRECT,
     READ_MODES,
     ChunkFileReader,
+    Undecided,
     VerifiedRead,
 )
 from chunkstore.backends._fsio import FileStat, FsspecIO, LocalIO
@@ -377,33 +378,39 @@ class FsStore(Store):
 
         Into a caller's buffer, bytes come in as ``read_mode`` says (the whole buffer is
         handed to the reader: room past the chunk's end lets an O_DIRECT read take its
-        last block whole). The open file belongs to the returned read until
+        last block whole). A verified read through the page cache takes the chunk's size
+        from its header, with no ``fstat`` (:class:`VerifiedRead` ``sized=False``); where
+        that read cannot vouch for the file, it is read again with its ``fstat``, which
+        judges it as before. The open file belongs to the returned read until
         :meth:`_finish_local` ends it."""
         assert isinstance(self.io, LocalIO)
         try:
-            opened = self.io.open_read(path)
+            fd = self.io.open_fd(path)
         except OSError as exc:
             self._read_failed(path, exc)
             return None
-        if opened is None:
+        if fd is None:
             return None
-        fd, st = opened
         reader: ChunkFileReader | None = None
+        st: FileStat | None = None
         try:
-            size = st.size
-            if buffer is None:
-                out: Any = bytearray(size)
-                view = memoryview(out)
-                reader = ChunkFileReader(fd, view)
-            else:
-                if size > len(buffer):
-                    _refuse_oversized(fd, size, len(buffer))
-                out, view = buffer, buffer[:size]
+            if buffer is not None:
                 reader = ChunkFileReader(fd, buffer, self.read_mode)
+                if self.verify and not reader.direct:
+                    try:
+                        quick = VerifiedRead(fd, buffer, key.digest, reader=reader, sized=False)
+                    except Undecided:
+                        pass  # judged below, with the file's size
+                    else:
+                        return _LocalRead(key, path, fd, None, buffer, quick.target, reader, quick)
+            st, out, view = self._sized_view(fd, path, buffer)
+            if reader is None:
+                reader = ChunkFileReader(fd, view)
             check = VerifiedRead(fd, view, key.digest, reader=reader) if self.verify else None
             return _LocalRead(key, path, fd, st, out, view, reader, check)
         except FormatError as exc:
             self._end_local(fd, reader)
+            assert st is not None  # (only a sized read raises a format error)
             self._admit_read(key, Judgement.of(exc), st)  # never OK: a miss
             return None
         except OSError as exc:
@@ -417,24 +424,52 @@ class FsStore(Store):
     def _finish_local(self, read: _LocalRead) -> tuple[Any, int] | None:
         """Second step: bring in (and check) the payload, end the read; (buffer, size) or
         None. Nothing of ``read.out`` counts as loaded unless this returns it."""
-        size = len(read.view)
         try:
             if read.check is not None:
                 try:
-                    read.check.finish()
+                    try:
+                        read.check.finish()
+                    except Undecided:
+                        self._reread_sized(read)
                 except FormatError as exc:
+                    assert read.st is not None  # (only a sized read raises a format error)
                     self._admit_read(read.key, Judgement.of(exc), read.st)  # never OK: a miss
                     return None
-            elif read.reader.read(0, size) < size:
+            elif read.reader.read(0, len(read.view)) < len(read.view):
                 return None  # published files never shrink; treat as gone
+            # (before the file is closed: the access record may need its fstat)
+            self._touch(read.key, read.path, read.st, read.fd)
         except OSError as exc:
             self._read_failed(read.path, exc)
             return None
         finally:
             read.ended = True  # (marked first: a close must never run twice on one fd number)
             self._end_local(read.fd, read.reader)
-        self._touch(read.key, read.path, read.st)
-        return read.out, size
+        return read.out, len(read.view)
+
+    def _reread_sized(self, read: _LocalRead) -> None:
+        """Read and judge a chunk again knowing its file's size (its read sized by the header
+        could not vouch for it): the verdict a sized read gives from the start."""
+        read.st, read.out, read.view = self._sized_view(read.fd, read.path, read.out)
+        read.check = VerifiedRead(read.fd, read.view, read.key.digest, reader=read.reader)
+        read.check.finish()
+
+    def _sized_view(
+        self, fd: int, path: str, buffer: memoryview | None
+    ) -> tuple[FileStat, Any, memoryview]:
+        """The stat of the chunk file open at ``fd`` (``OSError`` unless it is a regular file),
+        what a read of it returns (``buffer``, or a new bytearray of the file's size) and the
+        bytes of that the file fills; ConfigError if ``buffer`` is too small for the file."""
+        assert isinstance(self.io, LocalIO)
+        st = self.io.stat_fd(fd, path)
+        if buffer is None:
+            out = bytearray(st.size)
+            return st, out, memoryview(out)
+        if st.size > len(buffer):
+            # a damaged file (bytes appended, a bad header) is a corrupt miss, not the caller's
+            # mistake: judged by its header alone
+            _refuse_oversized(fd, st.size, len(buffer))
+        return st, buffer, buffer[: st.size]
 
     def _end_local(self, fd: int, reader: ChunkFileReader | None) -> None:
         os.close(fd)
@@ -591,17 +626,30 @@ class FsStore(Store):
 
     # --- access times ------------------------------------------------------------
 
-    def _touch(self, key: ChunkKey, path: str, st: FileStat) -> None:
+    def _touch(self, key: ChunkKey, path: str, st: FileStat | None, fd: int = -1) -> None:
+        """Record a read of ``key``'s file as an access, at most once per
+        ``access_resolution``. ``st``: the file's stat, or None to ``fstat`` the open ``fd``
+        of it, only when this process's own memory of recent accesses does not settle it."""
         if not self.track_access:
             return
         now = time.time()
-        last = max(st.atime, self._touched.get(key, 0.0))
+        last = self._touched.get(key, 0.0)
         if now - last < self.access_resolution and last > 0:
             return
-        if len(self._touched) >= _TOUCH_MEMO_LIMIT:
-            self._touched.clear()
-        self._touched[key] = now
         try:
+            if st is None:
+                st = self.io.stat_fd(fd, path) if isinstance(self.io, LocalIO) else None
+            if st is None:
+                return
+            last = max(st.atime, last)
+            recent = now - last < self.access_resolution and last > 0
+            if len(self._touched) >= _TOUCH_MEMO_LIMIT:
+                self._touched.clear()
+            # (a recent access the file records is remembered too: the next read within the
+            # resolution is settled without an fstat)
+            self._touched[key] = last if recent else now
+            if recent:
+                return
             if not self.io.set_access(path, now, st):
                 self.io.write_small(path + ".atime", L.access_bytes(now))
         except OSError as exc:  # access times are advisory; a read never fails over them
@@ -1010,7 +1058,8 @@ class _LocalRead:
     path: str
     fd: int
     """The open chunk file: closed by :meth:`FsStore._finish_local`."""
-    st: FileStat
+    st: FileStat | None
+    """Its stat; None while a verified read sized by the chunk's header has not needed it."""
     out: Any
     """What the read returns: the caller's buffer or a new bytearray."""
     view: memoryview

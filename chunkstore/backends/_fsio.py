@@ -119,10 +119,26 @@ class LocalIO:
         Raises ``OSError`` for anything but absence (EIO, ESTALE, EACCES, or a directory
         or other non-regular file at the path): the store turns those into logged misses.
         """
+        fd = self.open_fd(path)
+        if fd is None:
+            return None
+        try:
+            st = _regular_fstat(fd, path)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd, st
+
+    def open_fd(self, path: str) -> int | None:
+        """An fd open for reading whatever is at ``path`` (the caller closes it, and learns
+        from :meth:`stat_fd` or its reads whether it is a regular file); None if nothing is.
+
+        Raises ``OSError`` for anything but absence (EIO, ESTALE, EACCES).
+        """
         flags = os.O_RDONLY | _O_CLOEXEC | _O_NONBLOCK
         try:
             try:
-                fd = os.open(path, flags | self._noatime)
+                return os.open(path, flags | self._noatime)
             except PermissionError as exc:
                 if not self._noatime or exc.errno != errno.EPERM:
                     raise
@@ -134,28 +150,14 @@ class LocalIO:
                     "maintenance as the store's owner (docs/limits.md)",
                     path,
                 )
-                fd = os.open(path, flags)
+                return os.open(path, flags)
         except (FileNotFoundError, NotADirectoryError):
             return None
-        try:
-            st = os.fstat(fd)
-            if not _stat.S_ISREG(st.st_mode):
-                raise OSError(
-                    errno.EISDIR if _stat.S_ISDIR(st.st_mode) else errno.EINVAL,
-                    "not a regular file",
-                    path,
-                )
-        except BaseException:
-            os.close(fd)
-            raise
-        return fd, st
 
-    def open_read(self, path: str) -> tuple[int, FileStat] | None:
-        """An fd open for reading (the caller closes it) and its stat, or None if missing."""
-        opened = self._open_read(path)
-        if opened is None:
-            return None
-        return opened[0], _filestat(opened[1])
+    @staticmethod
+    def stat_fd(fd: int, path: str) -> FileStat:
+        """The stat of an fd from :meth:`open_fd`; ``OSError`` unless it is a regular file."""
+        return _filestat(_regular_fstat(fd, path))
 
     def read(self, path: str) -> tuple[bytes, FileStat] | None:
         """Whole file and its stat, from one open file (so both describe the same inode)."""
@@ -388,6 +390,18 @@ def write_all(fd: int, view: memoryview, direct: bool = False) -> None:
                 fcntl.fcntl(fd, fcntl.F_SETFL, flags)
     while done < len(view):
         done += os.write(fd, view[done:])
+
+
+def _regular_fstat(fd: int, path: str) -> os.stat_result:
+    """``fstat(fd)``; ``OSError`` (EISDIR or EINVAL) unless ``fd`` is a regular file."""
+    st = os.fstat(fd)
+    if not _stat.S_ISREG(st.st_mode):
+        raise OSError(
+            errno.EISDIR if _stat.S_ISDIR(st.st_mode) else errno.EINVAL,
+            "not a regular file",
+            path,
+        )
+    return st
 
 
 def _filestat(st: os.stat_result) -> FileStat:

@@ -19,6 +19,7 @@ from chunkstore.backends._fastread import (
     BUFFERED,
     DIRECT,
     ChunkFileReader,
+    Undecided,
     VerifiedRead,
     read_verified_into,
 )
@@ -297,3 +298,96 @@ def test_the_auto_probe_s_page_is_not_read_again(tmp_path: object) -> None:
         assert bytes(buffer[: reader.probed]) == BIG.data[: reader.probed]
         read_verified_into(f.fileno(), buffer, BIG.key.digest, reader=reader)
         assert bytes(buffer) == BIG.data
+
+
+# --- a read sized by the chunk's header (no fstat): it vouches only for whole, valid chunks ---
+
+
+def sized_by_header(data: bytes, expected_key: bytes, room: int) -> str:
+    """``ok`` (the buffer then starts with exactly ``data``) or ``undecided``; a read sized by
+    its header never gives a verdict of its own (no FormatError may come out)."""
+    with tempfile.TemporaryFile() as f:
+        f.write(data)
+        f.flush()
+        buffer = memoryview(bytearray(b"\xee" * (len(data) + room)))
+        try:
+            pending = VerifiedRead(f.fileno(), buffer, expected_key, sized=False)
+            pending.finish()
+        except Undecided:
+            return "undecided"
+        assert bytes(pending.target) == data
+        assert buffer[len(data) :] == b"\xee" * room  # nothing past the chunk written
+        return "ok"
+
+
+@pytest.mark.parametrize("room", [0, 1, ALIGN + 3])
+def test_a_read_sized_by_the_header_reads_a_valid_chunk(room: int) -> None:
+    for chunk in (SMALL[0], BIG, UNALIGNED[0]):
+        assert sized_by_header(chunk.data, chunk.key.digest, room) == "ok"
+
+
+def test_a_read_sized_by_the_header_vouches_for_no_damaged_file() -> None:
+    data, key = BIG.data, BIG.key.digest
+    longer = [data + b"\0", data + data[:ALIGN], data + bytes(BLOCK)]
+    shorter = [data[:-1], data[: len(data) - BLOCK], data[:ALIGN], data[:100], b""]
+    for damaged in [*longer, *shorter, *corrupt_copies(BIG).values(), SMALL[1].data]:
+        for room in (0, 2 * BLOCK):
+            assert sized_by_header(damaged, key, room) == "undecided"
+    assert sized_by_header(data, key, -1) == "undecided"  # a buffer one byte short
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    position=st.integers(min_value=0, max_value=len(BIG.data) - 1),
+    bit=st.integers(min_value=0, max_value=7),
+    cut=st.one_of(st.none(), st.integers(min_value=0, max_value=len(BIG.data) + 2)),
+    room=st.sampled_from([0, 1, BLOCK]),
+)
+def test_a_read_sized_by_the_header_agrees_with_decode_chunk(
+    position: int, bit: int, cut: int | None, room: int
+) -> None:
+    """Any bit flipped, the file cut or lengthened: ``ok`` exactly where decode_chunk says so."""
+    data = bytearray(BIG.data)
+    data[position] ^= 1 << bit
+    if cut is not None:
+        data = (data + data)[:cut]
+    reference, _ = verdicts(bytes(data), BIG.key.digest)
+    expected = "ok" if reference == "ok" else "undecided"
+    assert sized_by_header(bytes(data), BIG.key.digest, room) == expected
+
+
+@settings(max_examples=30, deadline=None)
+@given(most=st.integers(min_value=1, max_value=BLOCK + 1))
+def test_a_read_sized_by_the_header_survives_short_reads(most: int) -> None:
+    """Short reads of the blocks go through the reader; one of the last block is undecided
+    (never wrong either way)."""
+    real = os.preadv
+
+    def short(fd: int, buffers: list, offset: int, *flags: int) -> int:
+        return real(fd, [memoryview(buffers[0])[:most]], offset, *flags)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(fastread.os, "preadv", short)
+        assert sized_by_header(BIG.data, BIG.key.digest, 0) in ("ok", "undecided")
+        flipped = bytearray(BIG.data)
+        flipped[len(flipped) // 2] ^= 0x04
+        assert sized_by_header(bytes(flipped), BIG.key.digest, 0) == "undecided"
+
+
+def test_a_read_around_the_page_cache_is_not_sized_by_the_header(tmp_path: object) -> None:
+    fd = write_cold(str(tmp_path), BIG.data)
+    try:
+        buffer = aligned_buffer(len(BIG.data))
+        reader = ChunkFileReader(fd, buffer, DIRECT)
+        if not reader.direct:
+            pytest.skip("no O_DIRECT here")
+        with pytest.raises(Undecided):
+            VerifiedRead(fd, buffer, BIG.key.digest, reader=reader, sized=False)
+    finally:
+        os.close(fd)
+
+
+def test_a_compressed_chunk_is_not_sized_by_the_header() -> None:
+    pytest.importorskip("zstandard")
+    packed = recompress(BIG.data, "zstd")
+    assert sized_by_header(packed, BIG.key.digest, 0) == "undecided"
