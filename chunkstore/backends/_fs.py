@@ -403,7 +403,8 @@ class FsStore(Store):
                         pass  # judged below, with the file's size
                     else:
                         return _LocalRead(key, path, fd, None, buffer, quick.target, reader, quick)
-            st, out, view = self._sized_view(fd, path, buffer)
+            st = self.io.stat_fd(fd, path)
+            out, view = self._sized_view(fd, st, buffer)
             if reader is None:
                 reader = ChunkFileReader(fd, view)
             check = VerifiedRead(fd, view, key.digest, reader=reader) if self.verify else None
@@ -450,26 +451,26 @@ class FsStore(Store):
     def _reread_sized(self, read: _LocalRead) -> None:
         """Read and judge a chunk again knowing its file's size (its read sized by the header
         could not vouch for it): the verdict a sized read gives from the start."""
-        read.st, read.out, read.view = self._sized_view(read.fd, read.path, read.out)
+        assert isinstance(self.io, LocalIO)
+        read.st = self.io.stat_fd(read.fd, read.path)
+        read.out, read.view = self._sized_view(read.fd, read.st, read.out)
         read.check = VerifiedRead(read.fd, read.view, read.key.digest, reader=read.reader)
         read.check.finish()
 
-    def _sized_view(
-        self, fd: int, path: str, buffer: memoryview | None
-    ) -> tuple[FileStat, Any, memoryview]:
-        """The stat of the chunk file open at ``fd`` (``OSError`` unless it is a regular file),
-        what a read of it returns (``buffer``, or a new bytearray of the file's size) and the
-        bytes of that the file fills; ConfigError if ``buffer`` is too small for the file."""
-        assert isinstance(self.io, LocalIO)
-        st = self.io.stat_fd(fd, path)
+    @staticmethod
+    def _sized_view(fd: int, st: FileStat, buffer: memoryview | None) -> tuple[Any, memoryview]:
+        """What a read of the chunk file open at ``fd`` (of stat ``st``, from
+        ``LocalIO.stat_fd``: a regular file) returns (``buffer``, or a new bytearray of the
+        file's size) and the bytes of that the file fills. A file larger than ``buffer`` is
+        the format error its header shows, else ConfigError (the buffer is too small)."""
         if buffer is None:
             out = bytearray(st.size)
-            return st, out, memoryview(out)
+            return out, memoryview(out)
         if st.size > len(buffer):
             # a damaged file (bytes appended, a bad header) is a corrupt miss, not the caller's
             # mistake: judged by its header alone
             _refuse_oversized(fd, st.size, len(buffer))
-        return st, buffer, buffer[: st.size]
+        return buffer, buffer[: st.size]
 
     def _end_local(self, fd: int, reader: ChunkFileReader | None) -> None:
         os.close(fd)

@@ -97,6 +97,8 @@ def test_a_clean_read_into_a_buffer_needs_no_fstat(
     store.put_many([(CHUNK.key, CHUNK.data), (OTHER.key, OTHER.data)])
     buffers = [slot(len(CHUNK.data)), bytearray(len(OTHER.data))]
     assert store.get_many_into([CHUNK.key, OTHER.key], buffers) == [len(CHUNK.data)] * 2
+    # (opened before counting: opening reads the layout marker, a regular file checked so)
+    quiet = FsStore(str(tmp_path), track_access=False)
     stats: list[int] = []
     real = os.fstat
 
@@ -111,7 +113,6 @@ def test_a_clean_read_into_a_buffer_needs_no_fstat(
     assert bytes(buffers[0][: len(CHUNK.data)]) == CHUNK.data and buffers[1] == OTHER.data
     assert stats == []
     # nor does any read of a store that does not track accesses
-    quiet = FsStore(str(tmp_path), track_access=False)
     assert quiet.get_into(OTHER.key, buffers[1]) == len(OTHER.data)
     assert stats == []
 
@@ -137,13 +138,15 @@ def test_access_is_still_recorded_once_per_resolution(tmp_path: Path) -> None:
     assert os.stat(path).st_atime == recent
 
 
-def test_a_file_longer_than_the_buffer_is_the_caller_s_error_as_before(tmp_path: Path) -> None:
+def test_a_file_longer_than_the_buffer_is_judged_by_its_header(tmp_path: Path) -> None:
     """The header fits the buffer but the file does not: as with its size known from the
-    start, a usage error (the buffer is too small for what is stored), not a verdict."""
+    start, the header judges it (bytes appended after the payload: a corrupt miss, set
+    aside); only a whole chunk the buffer is too small for is the caller's error."""
     store = FsStore(str(tmp_path), create=True)
     store.put(CHUNK.key, CHUNK.data)
+    with pytest.raises(ConfigError, match="smaller than the chunk"):
+        store.get_into(CHUNK.key, bytearray(len(CHUNK.data) - 1))
     with open(store.path_of(CHUNK.key), "ab") as f:
         f.write(b"\0")
-    with pytest.raises(ConfigError, match="smaller than the chunk"):
-        store.get_into(CHUNK.key, bytearray(len(CHUNK.data)))
-    assert store.corrupt_detected == 0
+    assert store.get_into(CHUNK.key, bytearray(len(CHUNK.data))) is None
+    assert store.corrupt_detected == 1 and not store.exists(CHUNK.key)
