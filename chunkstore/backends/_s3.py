@@ -966,15 +966,30 @@ class S3Store(Store):
         cutoff = time.time() - older_than
         prefix = f"{self.prefix}/" if self.prefix else ""
 
-        async def run() -> Any:
-            return await self._request("list_multipart_uploads", Prefix=prefix)
+        async def page(markers: dict[str, str]) -> Any:
+            return await self._request("list_multipart_uploads", Prefix=prefix, **markers)
 
-        try:
-            listing = self._run(run)
-        except (_Failed, _NotFound, _Exists):
-            return []
+        uploads: list[dict[str, Any]] = []
+        markers: dict[str, str] = {}
+        while True:  # pages of up to 1000 uploads
+            try:
+                listing = self._run(page, markers)
+            except (_Failed, _NotFound, _Exists):
+                return []
+            uploads.extend(listing.get("Uploads", []))
+            following = {
+                name: listing[f"Next{name}"]
+                for name in ("KeyMarker", "UploadIdMarker")
+                if listing.get(f"Next{name}")
+            }
+            if not listing.get("IsTruncated") or "KeyMarker" not in following:
+                break
+            if following == markers:  # a server that never moves on: take what it gave
+                log.warning("%s: multipart upload listing did not advance; stopped", self.name)
+                break
+            markers = following
         out = []
-        for upload in listing.get("Uploads", []):
+        for upload in uploads:
             started = _timestamp(upload.get("Initiated"))
             rel = self._relative(upload["Key"])
             if started > cutoff or _chunk_key_of(rel) is None:

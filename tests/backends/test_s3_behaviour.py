@@ -416,3 +416,42 @@ def test_truncated_listing_without_a_new_token_is_an_error_not_endless(
             listed.append(info.key)
             assert len(listed) <= 2, "the listing restarted"
     store.close()
+
+
+def test_orphan_sweep_reads_every_page_of_unfinished_uploads(
+    s3_endpoint: str, s3_bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """S3 lists at most 1000 uploads a page: the sweep follows the markers to the end (pages
+    of 2 here), or an orphan past the first page would never be aborted."""
+    import boto3
+
+    store = S3Store(s3_bucket, "", endpoint_url=s3_endpoint, backoff=0.001)
+    chunks = sample_chunks(5, seed=31)
+    client = boto3.client("s3", endpoint_url=s3_endpoint)
+    for chunk in chunks:
+        client.create_multipart_upload(Bucket=s3_bucket, Key=chunk.key.path)
+    real = store._request
+    pages = []
+
+    async def small_pages(op: str, **kwargs: Any) -> Any:
+        # (moto answers every upload at once: pages of 2 are cut from its whole answer, by
+        # the markers as S3 does)
+        if op != "list_multipart_uploads":
+            return await real(op, **kwargs)
+        pages.append(kwargs)
+        whole = await real(op, **{k: v for k, v in kwargs.items() if not k.endswith("Marker")})
+        ordered = sorted(whole.get("Uploads", []), key=lambda u: (u["Key"], u["UploadId"]))
+        after = (kwargs.get("KeyMarker", ""), kwargs.get("UploadIdMarker", ""))
+        rest = [u for u in ordered if (u["Key"], u["UploadId"]) > after]
+        page = {"Uploads": rest[:2], "IsTruncated": len(rest) > 2}
+        if len(rest) > 2:
+            page["NextKeyMarker"] = rest[1]["Key"]
+            page["NextUploadIdMarker"] = rest[1]["UploadId"]
+        return page
+
+    monkeypatch.setattr(store, "_request", small_pages)
+    found = sorted(o.path.split("?")[0] for o in store.orphans(0))
+    assert found == sorted(c.key.path for c in chunks) and len(pages) == 3
+    assert store.remove_orphans(grace=0) == 5
+    assert client.list_multipart_uploads(Bucket=s3_bucket).get("Uploads", []) == []
+    store.close()
