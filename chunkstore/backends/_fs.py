@@ -893,9 +893,11 @@ class FsStore(Store):
         if namespace is not None:
             check_namespace(namespace)  # it becomes a path below the root
         for ns, leaf, files in self._walk(namespace):
-            records = {n[: -len(".atime")] for n, _ in files if L.classify(n) == L.ACCESS}
+            records = {
+                n[: -len(".atime")] for n, st in files if st.regular and L.classify(n) == L.ACCESS
+            }
             for fname, st in files:
-                if L.classify(fname) != L.CHUNK:
+                if not st.regular or L.classify(fname) != L.CHUNK:
                     continue
                 h = fname[: -len(L.CHUNK_SUFFIX)]
                 if h[0:2] != leaf[-5:-3] or h[2:4] != leaf[-2:]:
@@ -907,7 +909,7 @@ class FsStore(Store):
     def _other_files(self, kinds: tuple[str, ...]) -> Iterator[StoredFile]:
         for ns, leaf, files in self._walk(None):
             for fname, st in files:
-                kind = L.classify(fname)
+                kind = L.classify(fname) if st.regular else L.FOREIGN  # a symlink, FIFO, dir
                 if kind == L.CHUNK and (fname[0:2] != leaf[-5:-3] or fname[2:4] != leaf[-2:]):
                     kind = L.FOREIGN
                 if kind in kinds:
@@ -960,7 +962,7 @@ class FsStore(Store):
         for ns, is_dir in self.io.listdir(qdir) or []:
             if is_dir:
                 for fname, st in self.io.scan_files(self.io.join(qdir, ns)):
-                    if fname.endswith(L.CHUNK_SUFFIX):
+                    if st.regular and fname.endswith(L.CHUNK_SUFFIX):
                         out.append(StoredFile(self.io.join(qdir, ns, fname), ns, st.size, st.mtime))
         return out
 

@@ -48,6 +48,8 @@ class FileStat:
     """Access time as the filesystem reports it (set explicitly by the store), 0 if unknown."""
     ident: tuple[int, int] | None = None
     """(inode, mtime_ns) on local filesystems: tells a replaced file from the one read."""
+    regular: bool = True
+    """A regular file (False: a symlink, FIFO, device or directory where a file is listed)."""
 
 
 class LocalIO:
@@ -95,7 +97,9 @@ class LocalIO:
             return None
 
     def scan_files(self, path: str) -> list[tuple[str, FileStat]]:
-        """Regular files directly in ``path`` with their stat (vanishing files skipped)."""
+        """Entries directly in ``path`` with their own stat, symlinks not followed (vanishing
+        ones skipped); anything but a regular file has ``regular`` False, so a store lists
+        it as foreign and never as a chunk."""
         out: list[tuple[str, FileStat]] = []
         try:
             it = os.scandir(path)
@@ -107,8 +111,7 @@ class LocalIO:
                     st = entry.stat(follow_symlinks=False)
                 except FileNotFoundError:
                     continue
-                if entry.is_file(follow_symlinks=False):
-                    out.append((entry.name, _filestat(st)))
+                out.append((entry.name, _filestat(st, _stat.S_ISREG(st.st_mode))))
         return out
 
     # --- reads ---------------------------------------------------------------
@@ -404,8 +407,8 @@ def _regular_fstat(fd: int, path: str) -> os.stat_result:
     return st
 
 
-def _filestat(st: os.stat_result) -> FileStat:
-    return FileStat(st.st_size, st.st_mtime, st.st_atime, (st.st_ino, st.st_mtime_ns))
+def _filestat(st: os.stat_result, regular: bool = True) -> FileStat:
+    return FileStat(st.st_size, st.st_mtime, st.st_atime, (st.st_ino, st.st_mtime_ns), regular)
 
 
 def _info_time(info: dict[str, Any], *names: str) -> float:

@@ -133,3 +133,24 @@ def test_model_records_are_not_written_through_a_symlinked_directory(tmp_path: P
         with pytest.raises(StoreError, match="models is a symbolic link"):
             store.write_model_record(bytes(32), b"{}")
     assert list(outside.iterdir()) == []
+
+
+def test_entries_that_are_not_regular_files_are_foreign(tmp_path: Path) -> None:
+    """Spec 6.1: anything in a fan-out directory that is not a chunk, an access record or a
+    temp file is foreign, reported and never served, listed as a chunk or removed: a
+    symlink named like a chunk (to a chunk outside the store), a FIFO, a directory."""
+    outside = FsStore(str(tmp_path / "outside"), create=True)
+    outside.put(CHUNKS[1].key, CHUNKS[1].data)
+    store = FsStore(str(tmp_path / "store"), create=True)
+    store.put(CHUNKS[0].key, CHUNKS[0].data)
+    leaf = Path(store.path_of(CHUNKS[0].key)).parent
+    linked = Path(store.path_of(CHUNKS[1].key))
+    linked.parent.mkdir(parents=True, exist_ok=True)
+    linked.symlink_to(outside.path_of(CHUNKS[1].key))
+    os.mkfifo(leaf / "pipe")
+    (leaf / ("0" * 64 + ".kvc.atime")).mkdir()
+    assert [info.key for info in store.list()] == [CHUNKS[0].key]
+    foreign = sorted(Path(f.path).name for f in store.foreign_files())
+    assert foreign == sorted([linked.name, "pipe", "0" * 64 + ".kvc.atime"])
+    assert store.orphans() == [] and store.remove_orphans(grace=0) == 0
+    assert linked.is_symlink() and Path(outside.path_of(CHUNKS[1].key)).exists()
