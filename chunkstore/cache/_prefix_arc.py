@@ -59,7 +59,7 @@ unchanged) when nothing can.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Hashable, Iterable
+from collections.abc import Hashable
 
 from chunkstore.cache._arc import ARCPolicy
 from chunkstore.cache.policy import CanEvict, NoEvictableEntry, first_evictable
@@ -200,44 +200,6 @@ class PrefixARCPolicy(ARCPolicy):
         t2[key] = clock
         self._clock = clock + 1
         return True
-
-    def access_chain(self, keys: Iterable[Hashable]) -> list[bool]:
-        # access() copied into one loop over a request's blocks (the simulator's replay): no
-        # call per hit, and the clock and the count of rereads within the horizon live in
-        # locals, written back before anything else reads them (a miss, a horizon update, the
-        # end). tests/cache/test_prefix_arc.py holds it to access() key by key.
-        t1, t2 = self.t1, self.t2
-        clock, within = self._clock, self._rereads_within
-        hits: list[bool] = []
-        record = hits.append
-        parent = None
-        try:
-            for key in keys:
-                last = t2.get(key)
-                if last is not None:
-                    t2.move_to_end(key)
-                    if clock - last > self._horizon:
-                        self._rereads_within = within
-                        self._horizon = self.reuse_horizon * _HORIZON_UP
-                        within = 0  # (reuse_horizon settled them)
-                    else:
-                        within += 1
-                elif not t1 or t1.pop(key, _ABSENT) is _ABSENT:
-                    self._clock, self._rereads_within = clock, within
-                    try:
-                        self._admit_unpinned(key, parent)
-                    finally:
-                        clock, within = self._clock, self._rereads_within
-                    record(False)
-                    parent = key
-                    continue
-                t2[key] = clock
-                clock += 1
-                record(True)
-                parent = key
-        finally:  # (a key that cannot be hashed stops the loop: keep what came before)
-            self._clock, self._rereads_within = clock, within
-        return hits
 
     def admit(
         self, key: Hashable, can_evict: CanEvict | None = None, *, parent: Hashable | None = None

@@ -6,8 +6,7 @@ through exactly the classes the host cache runs. Keys are any hashable value
 (:class:`~chunkstore.hashing.ChunkKey` in the cache, integer hash ids in a
 trace).
 
-Callers drive a policy with two events (a trace replay uses :meth:`CachePolicy.access`, a hit
-or else an admission, or :meth:`CachePolicy.access_chain` for a whole request):
+Callers drive a policy with two events:
 
 * :meth:`CachePolicy.hit` when a resident key is read (it becomes more recent);
 * :meth:`CachePolicy.admit` when a missing key is brought in. At most one
@@ -124,17 +123,6 @@ class CachePolicy(ABC):
             return True
         self.admit(key, parent=parent)
         return False
-
-    def access_chain(self, keys: Iterable[Hashable]) -> list[bool]:
-        """One request's blocks as a trace replays them: :meth:`access` for each key in order,
-        its parent the key before it (the first key has none). Returns the hits, in order."""
-        access = self.access
-        hits = []
-        parent = None
-        for key in keys:
-            hits.append(access(key, parent))
-            parent = key
-        return hits
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(capacity={self.capacity}, resident={len(self)})"

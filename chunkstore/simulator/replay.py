@@ -134,19 +134,26 @@ def _replay(
     trace: Trace, hits_of: Sequence[bool] | None, policy: str, capacity: int
 ) -> PolicyResult:
     """Count hits and saved tokens; online policies are run here, MIN hits are given."""
-    # Each block's chain parent is the block before it in the prompt: access_chain() says so.
-    access_chain = make_policy(policy, capacity).access_chain if hits_of is None else None
+    access = make_policy(policy, capacity).access if hits_of is None else None
     block_tokens = trace.block_tokens
     position = hits = saved = 0
     for request in trace.requests:
-        flags: Sequence[bool]
-        if access_chain is not None:
-            flags = access_chain(request.blocks)
-        else:
-            flags = hits_of[position : position + len(request.blocks)]  # type: ignore[index]
-        position += len(flags)
-        hits += sum(flags)
-        leading = flags.index(False) if False in flags else len(flags)
+        leading = 0
+        in_prefix = True
+        parent = None  # each block's chain parent is the block before it in the prompt
+        for block in request.blocks:
+            if access is not None:
+                hit = access(block, parent)
+                parent = block
+            else:
+                hit = hits_of[position]  # type: ignore[index]
+            position += 1
+            if hit:
+                hits += 1
+                if in_prefix:
+                    leading += 1
+            else:
+                in_prefix = False
         saved += min(leading * block_tokens, request.input_length)
     return PolicyResult(policy, capacity, position, hits, saved, trace.input_tokens)
 

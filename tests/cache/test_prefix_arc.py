@@ -17,7 +17,6 @@ from hypothesis.stateful import invariant, precondition, rule
 
 from chunkstore.cache import NoEvictableEntry, PrefixARCPolicy
 from chunkstore.errors import ConfigError
-from chunkstore.simulator.generate import WORKLOADS, generate_trace
 from tests.cache.policy_suite import KEYS, ARCPinMachine
 
 
@@ -384,58 +383,3 @@ def test_unpinned_admissions_decide_as_the_careful_path(
         elif action == "remove":
             assert fast.remove(key) == careful.remove(key)
         assert _state(fast) == _state(careful)
-
-
-REQUESTS = st.lists(st.lists(WIDE_KEYS, max_size=12), max_size=40)
-"""Requests of chained blocks over five times the capacity: hits, misses, ghosts, orphans."""
-
-
-@pytest.mark.parametrize("history, margin, floor", [(2, 2.5, 2), (2, 1.0, 0), (0, 2.5, 2)])
-@settings(max_examples=150, deadline=None)
-@given(requests=REQUESTS)
-def test_access_chain_decides_as_access_key_by_key(
-    history: int, margin: float, floor: int, requests: list[list[int]]
-) -> None:
-    # access_chain() is access() inlined into one loop with its counters in locals; a request
-    # must leave exactly the state that access(key, previous key) leaves, with the same hits.
-    batched = PrefixARCPolicy(4, history=history, idle_margin=margin, idle_floor=floor)
-    single = PrefixARCPolicy(4, history=history, idle_margin=margin, idle_floor=floor)
-    for keys in requests:
-        hits = []
-        parent = None
-        for key in keys:
-            hits.append(single.access(key, parent))
-            parent = key
-        assert batched.access_chain(keys) == hits
-        assert _state(batched) == _state(single)
-
-
-def test_access_chain_keeps_its_clock_when_a_key_cannot_be_hashed() -> None:
-    policy = PrefixARCPolicy(4)
-    policy.access_chain([1, 2])
-    with pytest.raises(TypeError):
-        policy.access_chain([1, 2, [3]])  # type: ignore[list-item]
-    reference = PrefixARCPolicy(4)
-    for keys in ([1, 2], [1, 2]):
-        reference.access_chain(keys)
-    assert _state(policy) == _state(reference)
-
-
-@pytest.mark.parametrize("workload", sorted(WORKLOADS))
-@pytest.mark.parametrize("margin, floor", [(2.5, 2), (1.0, 0)])
-def test_access_chain_replays_generated_traces_as_access(
-    workload: str, margin: float, floor: int
-) -> None:
-    # Long requests on small caches: misses settle the horizon between rereads of one request.
-    requests = [r.hash_ids for r in generate_trace(workload, requests=300, seed=0)]
-    for capacity in (20, 200):
-        batched = PrefixARCPolicy(capacity, idle_margin=margin, idle_floor=floor)
-        single = PrefixARCPolicy(capacity, idle_margin=margin, idle_floor=floor)
-        for keys in requests:
-            hits = []
-            parent = None
-            for key in keys:
-                hits.append(single.access(key, parent))
-                parent = key
-            assert batched.access_chain(keys) == hits
-        assert _state(batched) == _state(single)
