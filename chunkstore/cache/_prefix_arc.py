@@ -367,20 +367,27 @@ class PrefixARCPolicy(ARCPolicy):
         """:meth:`_choose_victim` with nothing vetoed: one walk from its first candidate.
 
         That candidate is the oldest orphan, else the LRU entry of T1 (``from_t1``, ARC's
-        choice) or T2; only when its walk loops does the careful search take over. A walk
-        from the same candidate as the last one resumes where that one's only-child steps
-        end (the steps before are the same while no key on them changed children).
+        choice) or T2; only when its walk loops does the careful search take over.
         """
         orphans = self._orphans
         if orphans:
             node = next(iter(orphans))
         else:
             node = next(iter(self.t1 if from_t1 else self.t2))
+        leaf = self._walk_down(node)
+        return leaf if leaf is not None else self._careful_victim(from_t1, None)
+
+    def _walk_down(self, start: Hashable) -> Hashable | None:
+        """The leaf a walk from ``start`` reaches (see :meth:`_coldest`); ``None`` if it loops.
+
+        A walk from the same start as the last one resumes where that one's only-child
+        steps end: the steps before are the same while no key on them changed children.
+        """
         walk, index = self._walk, self._walk_index
-        if not walk or walk[0] != node:
-            walk[:] = (node,)
+        if not walk or walk[0] != start:
+            walk[:] = (start,)
             index.clear()
-            index[node] = 0
+            index[start] = 0
         node = walk[-1]
         children = self._children
         below = children.get(node)
@@ -390,7 +397,7 @@ class PrefixARCPolicy(ARCPolicy):
             if steps >= limit:  # a cycle of recorded parents (colliding keys)
                 walk.clear()
                 index.clear()
-                return self._careful_victim(from_t1, None)
+                return None
             if len(below) == 1:
                 node = next(iter(below))
                 if extending:
@@ -424,8 +431,14 @@ class PrefixARCPolicy(ARCPolicy):
         """:meth:`_choose_victim` once ARC's list is chosen (``from_t1``: T1 first)."""
         order = (self.t1, self.t2) if from_t1 else (self.t2, self.t1)
         dead: set[Hashable] = set()
+        first = True
         for entries in (self._orphans, *order):
             for candidate in entries:
+                if first:  # the fast path's walk (remembered); only a veto or a loop goes on
+                    first = False
+                    leaf = self._walk_down(candidate)
+                    if leaf is not None and (can_evict is None or can_evict(leaf)):
+                        return leaf
                 leaf = self._leaf_below(candidate, can_evict, dead)
                 if leaf is not None:
                     return leaf
