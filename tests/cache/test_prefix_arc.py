@@ -77,6 +77,21 @@ def test_walks_into_a_child_seen_only_once() -> None:
     assert list(policy.b2) == ["a"] and set(policy) == {"r", "x", "z", "w"}
 
 
+def test_a_remembered_walk_turns_into_a_new_sibling() -> None:
+    # c = 6: the chain s-x-y-w with y read twice (T2), and roots a, b; T1 = [s x w a b].
+    policy = PrefixARCPolicy(6)
+    for key, parent in (("s", None), ("x", "s"), ("y", "x"), ("w", "y")):
+        policy.access(key, parent)
+    assert policy.hit("y")
+    policy.admit("a")
+    policy.admit("b")
+    assert policy.admit("c") == "w"  # walked s-x-y-w from T1's LRU s
+    policy.remove("c")  # room for z without an eviction
+    policy.admit("z", parent="x")  # x has two children now: y (T2) and z (T1)
+    # The next walk starts at s again but must not resume at y: z is the child seen once.
+    assert policy.admit("d") == "z"
+
+
 def test_a_chain_longer_than_the_cache_keeps_its_head() -> None:
     # c = 3, one chain 0..5. Admitting 3 (parent 2): the walk from the LRU entry 0 ends at
     # the leaf 2, which goes, and 3 is an orphan. Orphans go first: 3 makes room for 4, 4 for
