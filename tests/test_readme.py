@@ -9,6 +9,7 @@ the site's links, anchors and navigation.
 from __future__ import annotations
 
 import argparse
+import ast
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,6 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 README = ROOT / "README.md"
 README_MAX_LINES = 200
+STORE_COMMANDS = ("ls", "inspect", "show", "verify", "prune", "cp")
 
 # Fenced blocks (language, body) and inline code spans.
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
@@ -76,6 +78,97 @@ def test_every_metric_is_documented() -> None:
     page = _page("metrics.md")
     missing = sorted(n for n in names if f"`{n}" not in page)
     assert not missing, f"metrics missing from docs/metrics.md: {missing}"
+
+
+def test_every_documented_metric_exists() -> None:
+    code = "\n".join(p.read_text() for p in (ROOT / "chunkstore").rglob("*.py"))
+    registered = set(re.findall(r"[\"'](chunkstore_[a-z_]+)[\"']", code))
+    # A counter is registered without `_total` (prometheus-client adds it on export).
+    known = registered | {f"{n}_total" for n in registered}
+    documented = set(re.findall(r"`(chunkstore_[a-z_]+)", _page("metrics.md")))
+    gone = sorted(n for n in documented if n not in known and not n.endswith("_"))
+    assert not gone, f"docs/metrics.md names metrics the code no longer has: {gone}"
+
+
+def _registered_metrics() -> Iterator[tuple[str, tuple[str, ...]]]:
+    """(exported name, label names) of every metric object the metric holders create."""
+    from prometheus_client import CollectorRegistry
+    from prometheus_client.metrics import Counter, MetricWrapperBase
+
+    from chunkstore.metrics import ChunkstoreMetrics
+    from chunkstore.peer._metrics import PeerMetrics
+
+    for holder in (ChunkstoreMetrics(CollectorRegistry()), PeerMetrics(CollectorRegistry())):
+        for metric in vars(holder).values():
+            if isinstance(metric, MetricWrapperBase):
+                suffix = "_total" if isinstance(metric, Counter) else ""
+                yield metric._name + suffix, tuple(metric._labelnames)
+
+
+def test_every_metric_is_documented_with_its_labels() -> None:
+    page = _page("metrics.md")
+    wrong = []
+    for name, labels in _registered_metrics():
+        row = re.search(rf"^\| `{name}` \| \w+ \| ([^|]*) \|", page, re.M)
+        braces = re.search(rf"`{name}\{{([^}}]*)\}}`", page)
+        if row is not None:
+            shown = tuple(label.strip() for label in row.group(1).split(",") if label.strip())
+        elif braces is not None:
+            shown = tuple(label.strip() for label in braces.group(1).split(","))
+        else:
+            wrong.append(f"{name}: no table row or {name}{{labels}}")
+            continue
+        if shown != labels:
+            wrong.append(f"{name}: documented labels {shown}, registered {labels}")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_peer_server_stats_are_documented() -> None:
+    """Every field of a peer server's ``stats`` and every counter it keeps is on the page."""
+    peer = ROOT / "chunkstore" / "peer"
+    tree = ast.parse((peer / "_server.py").read_text())
+    stats = next(
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.FunctionDef) and node.name == "stats"
+    )
+    # The keys of the dict it builds and of the items it sets: every string constant in it.
+    fields = {
+        node.value
+        for node in ast.walk(stats)
+        if isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and node.value.isidentifier()
+    }
+    counters = set()
+    for path in peer.glob("*.py"):
+        counters |= set(re.findall(r"\.count\(f?[\"']([a-z_]+)", path.read_text()))
+    assert {"inline_pins", "counts"} <= fields and "replies_dropped" in counters
+    page = _page("metrics.md")
+    missing = sorted(n for n in fields | counters if f"`{n}" not in page)
+    assert not missing, f"stats fields or counters missing from docs/metrics.md: {missing}"
+
+
+def test_vllm_connector_counters_are_documented() -> None:
+    from chunkstore.vllm.counters import COUNTERS
+
+    page = _page("metrics.md")
+    missing = sorted(n for n in COUNTERS if f"`vllm:chunkstore_{n}_total`" not in page)
+    assert not missing, f"vllm:chunkstore_* counters missing from docs/metrics.md: {missing}"
+
+
+def test_every_cli_flag_is_documented() -> None:
+    """The store commands' flags are on docs/cli.md; the others' on the page of their part."""
+    cli_page = _page("cli.md")
+    manual = "\n".join(path.read_text() for path in DOCS.glob("*.md"))
+    missing = []
+    for command, parser in _subcommands().items():
+        text = cli_page if command in STORE_COMMANDS else manual
+        for action in parser._actions:
+            flags = [f for f in action.option_strings if f not in ("-h", "--help")]
+            if flags and not any(re.search(rf"`[^`]*(?<![\w-]){f}(?![\w-])", text) for f in flags):
+                missing.append(f"chunkstore {command} {'/'.join(flags)}")
+    assert not missing, f"flags missing from the manual: {missing}"
 
 
 def test_every_cli_command_is_documented() -> None:
