@@ -233,6 +233,19 @@ def test_cli_commands_shown_exist_with_their_flags() -> None:
     assert not problems, "\n".join(problems)
 
 
+def test_repository_paths_shown_exist() -> None:
+    """Every file of the repository the manual names (``tests/cli/test_ls.py``, ``tools/...``,
+    ``chunkstore/cache/_guard.py``, ``spec/vectors/``) is there."""
+    path = re.compile(r"(?<![\w/.~-])((?:chunkstore|tests|tools|spec|docs)/[\w/.*-]*(?:\.\w+|/))")
+    missing = []
+    for name, text in _documents():
+        for shown in set(path.findall(text)):
+            found = list(ROOT.glob(shown)) if "*" in shown else [ROOT / shown]
+            if not any(p.exists() for p in found):
+                missing.append(f"{name}: {shown}")
+    assert not missing, f"paths named in the manual that do not exist: {sorted(missing)}"
+
+
 def test_readme_is_short_and_links_stay_in_the_repository() -> None:
     text = README.read_text()
     lines = text.count("\n")
