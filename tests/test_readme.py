@@ -10,9 +10,13 @@ from __future__ import annotations
 
 import argparse
 import ast
+import dataclasses
+import importlib.util
+import inspect
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -169,6 +173,51 @@ def test_every_cli_flag_is_documented() -> None:
             if flags and not any(re.search(rf"`[^`]*(?<![\w-]){f}(?![\w-])", text) for f in flags):
                 missing.append(f"chunkstore {command} {'/'.join(flags)}")
     assert not missing, f"flags missing from the manual: {missing}"
+
+
+def _keyword_options(function: Callable[..., Any], *skip: str) -> list[str]:
+    return [
+        name
+        for name, parameter in inspect.signature(function).parameters.items()
+        if parameter.kind is inspect.Parameter.KEYWORD_ONLY and name not in skip
+    ]
+
+
+def test_every_store_cache_and_peer_option_is_documented() -> None:
+    """Every keyword option of the stores, caches and peers is named in code on its page."""
+    from chunkstore.backends._fs import FsStore
+    from chunkstore.cache import HostCache, TieredStore
+    from chunkstore.cache._assembly import ShardAssembler
+    from chunkstore.cache._assembly_owner import AssemblyOwner
+
+    pages: dict[str, list[str]] = {
+        "stores.md": _keyword_options(FsStore.__init__, "fs"),
+        "cache.md": [
+            *_keyword_options(HostCache.__init__),
+            *_keyword_options(TieredStore.__init__, "clock"),
+            *_keyword_options(AssemblyOwner.__init__, "clock"),
+            *_keyword_options(ShardAssembler.__init__),
+        ],
+    }
+    if importlib.util.find_spec("s3fs") is not None:
+        from chunkstore.backends._s3 import S3Store
+
+        pages["stores.md"] += _keyword_options(S3Store.__init__)
+    if importlib.util.find_spec("zmq") is not None:
+        from chunkstore.peer import PeerClientConfig, PeerServerConfig, PeerStore
+
+        pages["peers.md"] = [
+            *(f.name for f in dataclasses.fields(PeerServerConfig)),
+            *(f.name for f in dataclasses.fields(PeerClientConfig)),
+            *_keyword_options(PeerStore.__init__),
+        ]
+    missing = []
+    for page, options in pages.items():
+        text = _page(page)
+        for option in options:
+            if not re.search(rf"`[^`\n]*(?<![\w.]){option}(?!\w)[^`\n]*`", text):
+                missing.append(f"docs/{page}: {option}")
+    assert not missing, f"options missing from their page: {missing}"
 
 
 def test_every_cli_command_is_documented() -> None:
