@@ -94,6 +94,25 @@ def test_every_documented_metric_exists() -> None:
     assert not gone, f"docs/metrics.md names metrics the code no longer has: {gone}"
 
 
+def test_metric_labels_shown_anywhere_exist() -> None:
+    """``chunkstore_x{label="..."}`` on any page names a metric and labels the code has."""
+    labels = dict(_registered_metrics())
+    # Metrics a collector reports at scrape time have no object to ask; their names are
+    # checked against the code's text, their labels against metrics.md's table.
+    code = "\n".join(p.read_text() for p in (ROOT / "chunkstore").rglob("*.py"))
+    wrong = []
+    for name, text in _documents():
+        for metric, shown in re.findall(r"(chunkstore_[a-z_]+)\{([^}]*)\}", text):
+            names = {part.split("=")[0].strip() for part in shown.split(",")}
+            if metric in labels:
+                ok = names <= set(labels[metric])
+            else:
+                ok = f'"{metric.removesuffix("_total")}"' in code
+            if not ok:
+                wrong.append(f"{name}: {metric}{{{shown}}}")
+    assert not wrong, f"metrics shown with labels the code does not have: {wrong}"
+
+
 def _registered_metrics() -> Iterator[tuple[str, tuple[str, ...]]]:
     """(exported name, label names) of every metric object the metric holders create."""
     from prometheus_client import CollectorRegistry
