@@ -1,9 +1,11 @@
 """README.md and the manual in docs/ stay true.
 
-The Python API example runs; every metric, CLI command and connector option is on its page;
-every `make` target and `chunkstore` command shown exists, with the flags shown; README.md stays a
-README (short, every link inside the repository). `mkdocs build --strict` (in `make test`) checks
-the site's links, anchors and navigation.
+The Python API example runs; every metric (with its labels), peer `stats` field and counter,
+CLI command and flag, connector option and store, cache and peer option is on its page, and
+nothing documented there is gone; every `make` target, `chunkstore` command and repository path
+shown exists, with the flags shown; README.md stays a README (short, every link inside the
+repository). `mkdocs build --strict` (in `make test`) checks the site's links, anchors and
+navigation.
 """
 
 from __future__ import annotations
