@@ -1,17 +1,24 @@
 """README.md and the manual in docs/ stay true.
 
-The Python API example runs; every metric, CLI command and connector option is on its page;
-every `make` target and `chunkstore` command shown exists, with the flags shown; README.md stays a
-README (short, every link inside the repository). `mkdocs build --strict` (in `make test`) checks
-the site's links, anchors and navigation.
+The Python API example runs; every metric (with its labels), peer `stats` field and counter,
+CLI command and flag, connector option and store, cache and peer option is on its page, and
+nothing documented there is gone; every `make` target, `chunkstore` command and repository path
+shown exists, with the flags shown; README.md stays a README (short, every link inside the
+repository). `mkdocs build --strict` (in `make test`) checks the site's links, anchors and
+navigation.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
+import dataclasses
+import importlib.util
+import inspect
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -21,6 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 README = ROOT / "README.md"
 README_MAX_LINES = 200
+STORE_COMMANDS = ("ls", "inspect", "show", "verify", "prune", "cp")
 
 # Fenced blocks (language, body) and inline code spans.
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
@@ -76,6 +84,161 @@ def test_every_metric_is_documented() -> None:
     page = _page("metrics.md")
     missing = sorted(n for n in names if f"`{n}" not in page)
     assert not missing, f"metrics missing from docs/metrics.md: {missing}"
+
+
+def test_every_documented_metric_exists() -> None:
+    code = "\n".join(p.read_text() for p in (ROOT / "chunkstore").rglob("*.py"))
+    registered = set(re.findall(r"[\"'](chunkstore_[a-z_]+)[\"']", code))
+    # A counter is registered without `_total` (prometheus-client adds it on export).
+    known = registered | {f"{n}_total" for n in registered}
+    documented = set(re.findall(r"`(chunkstore_[a-z_]+)", _page("metrics.md")))
+    gone = sorted(n for n in documented if n not in known and not n.endswith("_"))
+    assert not gone, f"docs/metrics.md names metrics the code no longer has: {gone}"
+
+
+def test_metric_labels_shown_anywhere_exist() -> None:
+    """``chunkstore_x{label="..."}`` on any page names a metric and labels the code has."""
+    labels = dict(_registered_metrics())
+    # Metrics a collector reports at scrape time have no object to ask; their names are
+    # checked against the code's text, their labels against metrics.md's table.
+    code = "\n".join(p.read_text() for p in (ROOT / "chunkstore").rglob("*.py"))
+    wrong = []
+    for name, text in _documents():
+        for metric, shown in re.findall(r"(chunkstore_[a-z_]+)\{([^}]*)\}", text):
+            names = {part.split("=")[0].strip() for part in shown.split(",")}
+            if metric in labels:
+                ok = names <= set(labels[metric])
+            else:
+                ok = f'"{metric.removesuffix("_total")}"' in code
+            if not ok:
+                wrong.append(f"{name}: {metric}{{{shown}}}")
+    assert not wrong, f"metrics shown with labels the code does not have: {wrong}"
+
+
+def _registered_metrics() -> Iterator[tuple[str, tuple[str, ...]]]:
+    """(exported name, label names) of every metric object the metric holders create."""
+    from prometheus_client import CollectorRegistry
+    from prometheus_client.metrics import Counter, MetricWrapperBase
+
+    from chunkstore.metrics import ChunkstoreMetrics
+    from chunkstore.peer._metrics import PeerMetrics
+
+    for holder in (ChunkstoreMetrics(CollectorRegistry()), PeerMetrics(CollectorRegistry())):
+        for metric in vars(holder).values():
+            if isinstance(metric, MetricWrapperBase):
+                suffix = "_total" if isinstance(metric, Counter) else ""
+                yield metric._name + suffix, tuple(metric._labelnames)
+
+
+def test_every_metric_is_documented_with_its_labels() -> None:
+    page = _page("metrics.md")
+    wrong = []
+    for name, labels in _registered_metrics():
+        row = re.search(rf"^\| `{name}` \| \w+ \| ([^|]*) \|", page, re.M)
+        braces = re.search(rf"`{name}\{{([^}}]*)\}}`", page)
+        if row is not None:
+            shown = tuple(label.strip() for label in row.group(1).split(",") if label.strip())
+        elif braces is not None:
+            shown = tuple(label.strip() for label in braces.group(1).split(","))
+        else:
+            wrong.append(f"{name}: no table row or {name}{{labels}}")
+            continue
+        if shown != labels:
+            wrong.append(f"{name}: documented labels {shown}, registered {labels}")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_peer_server_stats_are_documented() -> None:
+    """Every field of a peer server's ``stats`` and every counter it keeps is on the page."""
+    peer = ROOT / "chunkstore" / "peer"
+    tree = ast.parse((peer / "_server.py").read_text())
+    stats = next(
+        node
+        for node in ast.walk(tree)
+        if isinstance(node, ast.FunctionDef) and node.name == "stats"
+    )
+    # The keys of the dict it builds and of the items it sets: every string constant in it.
+    fields = {
+        node.value
+        for node in ast.walk(stats)
+        if isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and node.value.isidentifier()
+    }
+    counters = set()
+    for path in peer.glob("*.py"):
+        counters |= set(re.findall(r"\.count\(f?[\"']([a-z_]+)", path.read_text()))
+    assert {"inline_pins", "counts"} <= fields and "replies_dropped" in counters
+    page = _page("metrics.md")
+    missing = sorted(n for n in fields | counters if f"`{n}" not in page)
+    assert not missing, f"stats fields or counters missing from docs/metrics.md: {missing}"
+
+
+def test_vllm_connector_counters_are_documented() -> None:
+    from chunkstore.vllm.counters import COUNTERS
+
+    page = _page("metrics.md")
+    missing = sorted(n for n in COUNTERS if f"`vllm:chunkstore_{n}_total`" not in page)
+    assert not missing, f"vllm:chunkstore_* counters missing from docs/metrics.md: {missing}"
+
+
+def test_every_cli_flag_is_documented() -> None:
+    """The store commands' flags are on docs/cli.md; the others' on the page of their part."""
+    cli_page = _page("cli.md")
+    manual = "\n".join(path.read_text() for path in DOCS.glob("*.md"))
+    missing = []
+    for command, parser in _subcommands().items():
+        text = cli_page if command in STORE_COMMANDS else manual
+        for action in parser._actions:
+            flags = [f for f in action.option_strings if f not in ("-h", "--help")]
+            if flags and not any(re.search(rf"`[^`]*(?<![\w-]){f}(?![\w-])", text) for f in flags):
+                missing.append(f"chunkstore {command} {'/'.join(flags)}")
+    assert not missing, f"flags missing from the manual: {missing}"
+
+
+def _keyword_options(function: Callable[..., Any], *skip: str) -> list[str]:
+    return [
+        name
+        for name, parameter in inspect.signature(function).parameters.items()
+        if parameter.kind is inspect.Parameter.KEYWORD_ONLY and name not in skip
+    ]
+
+
+def test_every_store_cache_and_peer_option_is_documented() -> None:
+    """Every keyword option of the stores, caches and peers is named in code on its page."""
+    from chunkstore.backends._fs import FsStore
+    from chunkstore.cache import HostCache, TieredStore
+    from chunkstore.cache._assembly import ShardAssembler
+    from chunkstore.cache._assembly_owner import AssemblyOwner
+
+    pages: dict[str, list[str]] = {
+        "stores.md": _keyword_options(FsStore.__init__, "fs"),
+        "cache.md": [
+            *_keyword_options(HostCache.__init__),
+            *_keyword_options(TieredStore.__init__, "clock"),
+            *_keyword_options(AssemblyOwner.__init__, "clock"),
+            *_keyword_options(ShardAssembler.__init__),
+        ],
+    }
+    if importlib.util.find_spec("s3fs") is not None:
+        from chunkstore.backends._s3 import S3Store
+
+        pages["stores.md"] += _keyword_options(S3Store.__init__)
+    if importlib.util.find_spec("zmq") is not None:
+        from chunkstore.peer import PeerClientConfig, PeerServerConfig, PeerStore
+
+        pages["peers.md"] = [
+            *(f.name for f in dataclasses.fields(PeerServerConfig)),
+            *(f.name for f in dataclasses.fields(PeerClientConfig)),
+            *_keyword_options(PeerStore.__init__),
+        ]
+    missing = []
+    for page, options in pages.items():
+        text = _page(page)
+        for option in options:
+            if not re.search(rf"`[^`\n]*(?<![\w.]){option}(?!\w)[^`\n]*`", text):
+                missing.append(f"docs/{page}: {option}")
+    assert not missing, f"options missing from their page: {missing}"
 
 
 def test_every_cli_command_is_documented() -> None:
@@ -138,6 +301,19 @@ def test_cli_commands_shown_exist_with_their_flags() -> None:
                         problems.append(f"{name}: chunkstore {command} {flag} (no such flag)")
     assert {"ls", "inspect", "show", "verify", "prune", "cp", "serve", "simulate"} <= seen
     assert not problems, "\n".join(problems)
+
+
+def test_repository_paths_shown_exist() -> None:
+    """Every file of the repository the manual names (``tests/cli/test_ls.py``, ``tools/...``,
+    ``chunkstore/cache/_guard.py``, ``spec/vectors/``) is there."""
+    path = re.compile(r"(?<![\w/.~-])((?:chunkstore|tests|tools|spec|docs)/[\w/.*-]*(?:\.\w+|/))")
+    missing = []
+    for name, text in _documents():
+        for shown in set(path.findall(text)):
+            found = list(ROOT.glob(shown)) if "*" in shown else [ROOT / shown]
+            if not any(p.exists() for p in found):
+                missing.append(f"{name}: {shown}")
+    assert not missing, f"paths named in the manual that do not exist: {sorted(missing)}"
 
 
 def test_readme_is_short_and_links_stay_in_the_repository() -> None:

@@ -160,7 +160,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "serve",
         help="run a host-memory chunk cache in front of stores, with /metrics (and peers)",
         description=(
-            "Keeps a host-memory cache of chunks (ARC or LRU over a preallocated, optionally "
+            "Keeps a host-memory cache of chunks (parc, ARC or LRU over a preallocated, optionally "
             "shared slot pool) in front of zero or more stores, writes behind to them, and "
             "serves it until interrupted (Ctrl-C or SIGTERM flushes pending writes)."
         ),
@@ -195,7 +195,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--policy",
         choices=POLICY_NAMES,
         default=DEFAULT_POLICY,
-        help=f"replacement policy (default: {DEFAULT_POLICY}, prefix-aware ARC; see README)",
+        help=f"replacement policy (default: {DEFAULT_POLICY}, prefix-aware ARC; see docs/cache.md)",
     )
     cache.add_argument(
         "--shm-name",
@@ -220,9 +220,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     tiers.add_argument(
         "--create",
         action="store_true",
-        help="create a --store directory or bucket that does not exist yet "
-        "(default: a missing store is an error, so a typo never starts "
-        "an empty cache)",
+        help="create a --store directory that does not exist yet; an S3 bucket must exist "
+        "(default: a missing store is an error, so a typo never starts an empty cache)",
     )
     tiers.add_argument(
         "--write-tiers",
@@ -235,7 +234,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         metavar="N",
         type=int,
         default=256,
-        help="write-behind queue length; writes beyond it are dropped and counted",
+        help="write-behind queue length (default: 256); writes beyond it are dropped and counted",
     )
     tiers.add_argument(
         "--tier-timeout",

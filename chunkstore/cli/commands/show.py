@@ -35,7 +35,8 @@ EPILOG = """examples:
   chunkstore show /mnt/kvcache abcd1234           (a unique key prefix, 4+ hex digits)
   chunkstore show s3://bucket/kv 3f2a9c0d11e4b6a7/abcd...  --json
 
-Exits 1 when the checksum or a key check fails, 5 when the file is not a chunk at all.
+Exits 1 when the checksum or a key check fails, 5 when the file is not a chunk at all
+(or has a format version this chunkstore cannot read).
 """
 
 
