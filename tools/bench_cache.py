@@ -7,6 +7,7 @@ generated traces of 2000 requests.
     .venv/bin/python tools/bench_cache.py                   # everything
     .venv/bin/python tools/bench_cache.py --only traces --plot docs/policies.png
         [--trace ../shared/traces/mooncake_synthetic_trace.jsonl]
+    .venv/bin/python tools/bench_cache.py --only traces --no-trace --seed 1 --requests 3000
 """
 
 from __future__ import annotations
@@ -179,23 +180,21 @@ def goal_status(entries: dict[str, PolicyResult], bound: float, fraction: float)
     return f"{ours / max(arc, 1):9.3f} {ours / max(best, 1):9.4f}  {verdict}"
 
 
-def bench_traces(plot: Path | None, shared: Path) -> None:
+def bench_traces(plot: Path | None, shared: Path | None, seed: int, requests: int) -> None:
     """Tokens saved by every policy on the shared trace and each generated workload."""
-    from chunkstore.simulator import Trace, load_trace, simulate
+    from chunkstore.simulator import Trace, load_trace, parse_trace, simulate
     from chunkstore.simulator.generate import WORKLOADS, generate_trace
-    from chunkstore.simulator.trace import TraceRequest
 
     traces: list[Trace] = []
-    if shared.exists():
+    if shared is not None and shared.exists():
         traces.append(load_trace(shared))
-    else:
+    elif shared is not None:
         print(f"{shared} not found: generated traces only")
     for workload in WORKLOADS:
-        requests = generate_trace(workload, requests=GENERATED_REQUESTS, seed=0)
-        replayable = tuple(
-            TraceRequest(r.timestamp, r.input_length, r.output_length, r.hash_ids) for r in requests
-        )
-        traces.append(Trace(f"generated {workload} (seed 0)", replayable, 512))
+        generated = generate_trace(workload, requests=requests, seed=seed)
+        # Through the trace reader, as 'simulate' reads gen-trace's file: full blocks only.
+        lines = (r.to_json() for r in generated)
+        traces.append(parse_trace(lines, source=f"generated {workload} (seed {seed})"))
     results = []
     for trace in traces:
         nominal = {max(1, round(trace.unique_blocks * f)): f for f in reversed(GOAL_FRACTIONS)}
@@ -236,6 +235,16 @@ def main() -> int:
     parser.add_argument(
         "--trace", type=Path, default=TRACE, help=f"the Mooncake trace (default: {TRACE})"
     )
+    parser.add_argument(
+        "--no-trace", action="store_true", help="generated traces only (other seeds)"
+    )
+    parser.add_argument("--seed", type=int, default=0, help="generated traces' seed (default: 0)")
+    parser.add_argument(
+        "--requests",
+        type=int,
+        default=GENERATED_REQUESTS,
+        help=f"requests per generated trace (default: {GENERATED_REQUESTS})",
+    )
     args = parser.parse_args()
     if args.only in (None, "hits"):
         print("== host hit copy ==")
@@ -245,7 +254,7 @@ def main() -> int:
         bench_policies()
     if args.only in (None, "traces"):
         print("== tokens saved per policy (goal: default >= max(ARC, LRU), >= 1.2x ARC at 1-5%) ==")
-        bench_traces(args.plot, args.trace)
+        bench_traces(args.plot, None if args.no_trace else args.trace, args.seed, args.requests)
     return 0
 
 

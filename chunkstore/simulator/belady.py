@@ -17,7 +17,9 @@ proven bound on every policy's tokens saved:
 a request saves at most ``block_tokens`` per leading hit, a leading hit is a
 hit, and no policy of the same capacity that admits every miss has more hits
 than MIN (:meth:`~chunkstore.simulator.replay.Simulation.tokens_saved_bound`).
-On the shared and generated traces the two differ by at most 0.1 point.
+On the shared and generated traces the two differ by at most 0.4 point, except
+where a cache of a few blocks meets long shared chains (the generated
+system-prompts trace at 1 % of its blocks: 6.9 points).
 """
 
 from __future__ import annotations

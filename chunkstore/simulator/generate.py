@@ -50,7 +50,8 @@ class GeneratedRequest:
     output_length: int
     """Tokens the engine generates."""
     hash_ids: tuple[int, ...]
-    """Prefix-chained block ids, one per started block of the prompt."""
+    """Prefix-chained block ids, one per started block of the prompt, as in Mooncake traces
+    (the trace reader drops a partial last one: the engine never caches it)."""
 
     def to_json(self) -> str:
         """One Mooncake JSON line (without the newline)."""

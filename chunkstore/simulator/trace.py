@@ -4,12 +4,19 @@ Two JSON Lines formats, one request per line (blank lines are skipped):
 
 * **Mooncake** (``kvcache-ai/Mooncake`` FAST'25 traces): ``timestamp``
   (ms), ``input_length`` and ``output_length`` (tokens), ``hash_ids`` (one
-  integer per block of ``block_tokens`` tokens; equal ids are the same
+  integer per started block of ``block_tokens`` tokens; equal ids are the same
   prefix-chained block). All four fields are required.
 * **Tokens**: ``tokens``, a list of token ids; blocks are keyed with
-  :func:`~chunkstore.hashing.chain_keys` exactly as a store would key chunks
-  (a partial last block gets no key and always counts as recomputed).
+  :func:`~chunkstore.hashing.chain_keys` exactly as a store would key chunks.
   ``timestamp`` and ``output_length`` are optional.
+
+Both formats keep only a request's **full** blocks, as a serving engine does
+(vLLM and chunkstore's connector cache and load whole chunks only): a partial
+last block is never looked up nor admitted, and its tokens always count as
+recomputed. For a Mooncake request these are the first ``input_length //
+block_tokens`` hash ids (the published traces name the partial last block
+too); a request with fewer hash ids than that keeps all of them, and the
+prompt tokens past its last named block count as recomputed.
 
 Every defect is a :class:`TraceError` that names the file and line; a trace with no
 request, or with no block in any request, is one too.
@@ -48,7 +55,7 @@ class TraceRequest:
     output_length: int
     """Generated tokens."""
     blocks: tuple[Hashable, ...]
-    """Block ids in prompt order (hash ids, or chunk keys for token traces)."""
+    """Full blocks' ids in prompt order (hash ids, or chunk keys for token traces)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,8 +124,10 @@ def parse_request(record: object, *, block_tokens: int, root: bytes) -> TraceReq
     hash_ids = record["hash_ids"]
     if not isinstance(hash_ids, list) or not all(_is_int(h) for h in hash_ids):
         raise TraceError("'hash_ids' must be a list of integers")
+    input_length = record["input_length"]
+    full_blocks = hash_ids[: input_length // block_tokens]
     return TraceRequest(
-        float(record["timestamp"]), record["input_length"], record["output_length"], tuple(hash_ids)
+        float(record["timestamp"]), input_length, record["output_length"], tuple(full_blocks)
     )
 
 
@@ -148,8 +157,8 @@ def parse_trace(lines: Iterable[str], *, source: str = "<trace>", block_tokens: 
     if not any(r.blocks for r in requests):
         # Nothing a cache could hold: every capacity would be a share of zero blocks.
         raise TraceError(
-            f"{source}: no request has a block (empty hash_ids, or token lists shorter than "
-            f"one block of {block_tokens} tokens): nothing to cache"
+            f"{source}: no request has a block (empty hash_ids, or prompts shorter than "
+            f"one full block of {block_tokens} tokens): nothing to cache"
         )
     return Trace(source, tuple(requests), block_tokens)
 

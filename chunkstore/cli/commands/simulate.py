@@ -34,7 +34,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
             "next use always precedes its child's), its tokens saved counted the same way; it "
             "does not bound tokens saved, so that gap can be negative. Traces: Mooncake format "
             "(timestamp, input_length, output_length, hash_ids) or one 'tokens' list per "
-            "line; 'chunkstore gen-trace' writes synthetic ones."
+            "line; 'chunkstore gen-trace' writes synthetic ones. Only full blocks are looked "
+            "up and cached, as the engine does: a prompt's partial last block (a Mooncake hash "
+            "id past input_length // block tokens) is always recomputed."
         ),
         epilog=EXAMPLES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -59,7 +61,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         metavar="N",
         type=int,
         default=512,
-        help="tokens per block (Mooncake traces: 512; token traces are cut into blocks of N)",
+        help=(
+            "tokens per block (Mooncake traces: 512, each hash id a block of N; token traces "
+            "are cut into blocks of N; a partial last block is never cached)"
+        ),
     )
     parser.add_argument(
         "--block-bytes",
@@ -191,7 +196,8 @@ def render(result: Simulation, block_bytes: int | None, plot: Path | None) -> st
         "",
         render_table(headers, rows, right=right),
         "",
-        "hit% = block hit ratio; saved% = prompt tokens not recomputed (leading hits per request)",
+        "hit% = block hit ratio (full blocks; a partial last block is always recomputed); "
+        "saved% = prompt tokens not recomputed (leading hits per request)",
     ]
     if with_belady:
         lines.append(
@@ -223,4 +229,6 @@ def _comparisons(result: Simulation) -> list[str]:
     if not behind:
         return [f"{DEFAULT_POLICY} saves at least as many tokens as {against} at every capacity"]
     where = ", ".join(map(str, behind))
-    return [f"{DEFAULT_POLICY} saves fewer tokens than {against} at {where} blocks"]
+    # Behind the better of the two, which need not be behind both.
+    better = f"the better of {against}" if len(rivals) > 1 else against
+    return [f"{DEFAULT_POLICY} saves fewer tokens than {better} at {where} blocks"]
