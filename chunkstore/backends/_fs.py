@@ -40,6 +40,7 @@ from chunkstore.backends._fastread import (
     ChunkFileReader,
     Undecided,
     VerifiedRead,
+    through_page_cache,
 )
 from chunkstore.backends._fsio import FileStat, FsspecIO, LocalIO
 from chunkstore.backends._iopool import IoPool, raise_first
@@ -1041,6 +1042,7 @@ def _refuse_oversized(fd: int, size: int, room: int, expected_key: bytes) -> NoR
 
     Reads the header only (at most 16 MiB), never the file: it may be anything, of any size.
     """
+    through_page_cache(fd)  # the reader may have opened it around the page cache: not aligned
     prefix = os.pread(fd, 8, 0)
     wanted = min(header_bytes_needed(prefix), size, 8 + MAX_HEADER_BYTES)
     parts = [prefix]

@@ -5,12 +5,15 @@ is the caller's mistake (ConfigError)."""
 
 from __future__ import annotations
 
+import mmap
+import os
 import uuid
 from collections.abc import Callable
 
 import fsspec
 import pytest
 
+from chunkstore.backends._fastread import DIRECT, ChunkFileReader
 from chunkstore.backends._fs import FsStore
 from chunkstore.errors import ConfigError
 from chunkstore.format import ChunkLayout
@@ -96,4 +99,39 @@ def test_oversized_chunk_whose_header_names_another_key_is_a_corrupt_miss(
     assert store.get_many_into([c.key for c in CHUNKS], buffers) == [SIZE, None, SIZE, SIZE]
     assert store.corrupt_detected == 1
     assert [q.path.rsplit("/", 1)[-1] for q in store.quarantined()] == [f"{CHUNKS[1].key.hex}.kvc"]
+    store.close()
+
+
+def _around_the_page_cache(tmp_path) -> FsStore:
+    """A store reading around the page cache (skips where the filesystem refuses O_DIRECT)."""
+    probe = tmp_path / "probe"
+    probe.write_bytes(bytes(SIZE))
+    fd = os.open(probe, os.O_RDONLY)
+    try:
+        if not ChunkFileReader(fd, _slot(SIZE), DIRECT).direct:
+            pytest.skip("no O_DIRECT here")
+    finally:
+        os.close(fd)
+    return FsStore(str(tmp_path / "s"), create=True, read_mode=DIRECT)
+
+
+def _slot(size: int) -> memoryview:
+    """A page-aligned buffer, as a host-cache slot is (so reads go around the page cache)."""
+    return memoryview(mmap.mmap(-1, size))
+
+
+def test_oversized_damaged_file_read_around_the_page_cache_is_a_corrupt_miss(tmp_path) -> None:
+    """The header that judges the file is read through an fd the reader switched to
+    O_DIRECT: the verdict is the one a buffered read gives (not a read error, left in place)."""
+    store = _around_the_page_cache(tmp_path)
+    for chunk in CHUNKS:
+        store.put(chunk.key, chunk.data)
+    _damage(store, 1, "appended")
+    buffers = [_slot(SIZE) for _ in CHUNKS]
+    assert store.get_many_into([c.key for c in CHUNKS], buffers) == [SIZE, None, SIZE, SIZE]
+    assert (store.corrupt_detected, store.read_errors) == (1, 0)
+    assert [q.path.rsplit("/", 1)[-1] for q in store.quarantined()] == [f"{CHUNKS[1].key.hex}.kvc"]
+    with pytest.raises(ConfigError, match="smaller than the chunk"):  # the caller's mistake
+        store.get_into(CHUNKS[0].key, _slot(SIZE - 4096))
+    assert store.read_errors == 0
     store.close()
