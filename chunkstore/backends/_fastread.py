@@ -65,6 +65,14 @@ def is_aligned(view: memoryview) -> bool:
     return ctypes.addressof(ctypes.c_char.from_buffer(view)) % ALIGN == 0
 
 
+def through_page_cache(fd: int) -> None:
+    """Take ``O_DIRECT`` off ``fd`` (a :class:`ChunkFileReader` may have set it), so that reads
+    of any length, at any offset, into any memory may follow."""
+    flags = fcntl.fcntl(fd, fcntl.F_GETFL)
+    if flags & O_DIRECT:
+        fcntl.fcntl(fd, fcntl.F_SETFL, flags & ~O_DIRECT)
+
+
 def _read_exact(fd: int, view: memoryview, offset: int) -> int:
     got = 0
     while got < len(view):

@@ -40,6 +40,7 @@ from chunkstore.backends._fastread import (
     ChunkFileReader,
     Undecided,
     VerifiedRead,
+    through_page_cache,
 )
 from chunkstore.backends._fsio import FileStat, FsspecIO, LocalIO
 from chunkstore.backends._iopool import IoPool, raise_first
@@ -53,7 +54,13 @@ from chunkstore.errors import (
     StoreError,
     TruncatedChunk,
 )
-from chunkstore.format import MAX_HEADER_BYTES, ByteRange, header_bytes_needed, read_header
+from chunkstore.format import (
+    MAX_HEADER_BYTES,
+    ByteRange,
+    check_identity,
+    header_bytes_needed,
+    read_header,
+)
 from chunkstore.hashing import ChunkKey, check_namespace, is_namespace
 from chunkstore.units import parse_size
 
@@ -404,7 +411,7 @@ class FsStore(Store):
                     else:
                         return _LocalRead(key, path, fd, None, buffer, quick.target, reader, quick)
             st = self.io.stat_fd(fd, path)
-            out, view = self._sized_view(fd, st, buffer)
+            out, view = self._sized_view(fd, st, buffer, key)
             if reader is None:
                 reader = ChunkFileReader(fd, view)
             check = VerifiedRead(fd, view, key.digest, reader=reader) if self.verify else None
@@ -453,13 +460,15 @@ class FsStore(Store):
         could not vouch for it): the verdict a sized read gives from the start."""
         assert isinstance(self.io, LocalIO)
         read.st = self.io.stat_fd(read.fd, read.path)
-        read.out, read.view = self._sized_view(read.fd, read.st, read.out)
+        read.out, read.view = self._sized_view(read.fd, read.st, read.out, read.key)
         read.check = VerifiedRead(read.fd, read.view, read.key.digest, reader=read.reader)
         read.check.finish()
 
     @staticmethod
-    def _sized_view(fd: int, st: FileStat, buffer: memoryview | None) -> tuple[Any, memoryview]:
-        """What a read of the chunk file open at ``fd`` (of stat ``st``, from
+    def _sized_view(
+        fd: int, st: FileStat, buffer: memoryview | None, key: ChunkKey
+    ) -> tuple[Any, memoryview]:
+        """What a read of ``key``'s chunk file open at ``fd`` (of stat ``st``, from
         ``LocalIO.stat_fd``: a regular file) returns (``buffer``, or a new bytearray of the
         file's size) and the bytes of that the file fills. A file larger than ``buffer`` is
         the format error its header shows, else ConfigError (the buffer is too small)."""
@@ -469,7 +478,7 @@ class FsStore(Store):
         if st.size > len(buffer):
             # a damaged file (bytes appended, a bad header) is a corrupt miss, not the caller's
             # mistake: judged by its header alone
-            _refuse_oversized(fd, st.size, len(buffer))
+            _refuse_oversized(fd, st.size, len(buffer), key.digest)
         return buffer, buffer[: st.size]
 
     def _end_local(self, fd: int, reader: ChunkFileReader | None) -> None:
@@ -1024,14 +1033,16 @@ def _group_size(count: int, buffer_bytes: int, workers: int) -> int:
     return max(1, min(GROUP_MAX, by_bytes, count // workers))
 
 
-def _refuse_oversized(fd: int, size: int, room: int) -> NoReturn:
+def _refuse_oversized(fd: int, size: int, room: int, expected_key: bytes) -> NoReturn:
     """A chunk file of ``size`` bytes larger than the caller's buffer of ``room``: raise the
     :class:`FormatError` its own header shows (bytes appended after its payload, a damaged
-    header: a corrupt chunk, quarantined like any other), else :class:`ConfigError` (a whole
+    header, a header of another key than ``expected_key`` or whose tokens do not hash to its
+    key: a corrupt chunk, quarantined like any other), else :class:`ConfigError` (a whole
     chunk the caller's buffer is too small for: the caller's mistake).
 
     Reads the header only (at most 16 MiB), never the file: it may be anything, of any size.
     """
+    through_page_cache(fd)  # the reader may have opened it around the page cache: not aligned
     prefix = os.pread(fd, 8, 0)
     wanted = min(header_bytes_needed(prefix), size, 8 + MAX_HEADER_BYTES)
     parts = [prefix]
@@ -1050,6 +1061,7 @@ def _refuse_oversized(fd: int, size: int, room: int) -> NoReturn:
         raise TruncatedChunk(
             f"payload has {size - header.data_offset} of {header.stored_size} bytes"
         )
+    check_identity(header, expected_key, None)  # (checked after the sizes, as a sized read)
     raise buffer_too_small(room, size)
 
 

@@ -395,6 +395,26 @@ def write_all(fd: int, view: memoryview, direct: bool = False) -> None:
         done += os.write(fd, view[done:])
 
 
+def read_regular(path: str, limit: int) -> bytes | None:
+    """Up to ``limit`` bytes from the start of the regular file at ``path``; None if nothing
+    is there. ``OSError`` for anything else (EACCES, a directory, a FIFO: opened without
+    waiting for a writer and refused, as :class:`LocalIO` opens a store's files)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | _O_CLOEXEC | _O_NONBLOCK)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    try:
+        _regular_fstat(fd, path)
+        parts: list[bytes] = []
+        got = 0
+        while got < limit and (part := os.read(fd, limit - got)):
+            parts.append(part)
+            got += len(part)
+        return b"".join(parts)
+    finally:
+        os.close(fd)
+
+
 def _regular_fstat(fd: int, path: str) -> os.stat_result:
     """``fstat(fd)``; ``OSError`` (EISDIR or EINVAL) unless ``fd`` is a regular file."""
     st = os.fstat(fd)

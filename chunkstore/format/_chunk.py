@@ -394,7 +394,7 @@ def decode_chunk(
             expected = _mac(mac_key, _zeroed(head, header.checksum_span, header.mac_span), stored)
             if expected != header.mac:
                 raise AuthenticationError(f"chunk {header.key.hex()} has an invalid MAC")
-    _check_identity(header, expected_key, expected_fingerprint)
+    check_identity(header, expected_key, expected_fingerprint)
     if header.compression == "zstd":
         payload = _unzstd(stored, header.payload_size)
         return Chunk(header, memoryview(payload))
@@ -427,7 +427,7 @@ class PayloadVerifier:
     ) -> None:
         if header.compression != "none":
             raise ConfigError("streaming verification covers uncompressed chunks only")
-        _check_identity(header, expected_key, expected_fingerprint)
+        check_identity(header, expected_key, expected_fingerprint)
         self.header = header
         hasher = xxhash.xxh3_128()
         # The header with its checksum digits zeroed, hashed in three pieces straight from
@@ -485,7 +485,7 @@ def decode_into(
         )
     else:
         verifier = None
-        _check_identity(header, expected_key, expected_fingerprint)
+        check_identity(header, expected_key, expected_fingerprint)
     for entry in header.tensors:
         target = arrays.get(entry.name)
         if target is not None and (target.shape != entry.shape or target.nbytes != entry.nbytes):
@@ -504,9 +504,12 @@ def decode_into(
     return header
 
 
-def _check_identity(
+def check_identity(
     header: ChunkHeader, expected_key: bytes | None, expected_fingerprint: bytes | None
 ) -> None:
+    """Raise :class:`KeyMismatch` unless ``header``'s key is BLAKE3(parent || tokens) and
+    ``expected_key`` (if given), :class:`SpecMismatch` unless its fingerprint is
+    ``expected_fingerprint`` (if given): what a header alone says about a chunk's identity."""
     if key_digest(header.parent, header.token_bytes) != header.key:
         raise KeyMismatch(f"chunk {header.key.hex()} is not BLAKE3(parent || tokens)")
     if expected_key is not None and bytes(expected_key) != header.key:

@@ -323,6 +323,12 @@ class PeerClient:
                     pass
                 else:
                     self._give_back_late_lease(reply, authentic)
+                    if self._socket is None:
+                        # Its release was one past the bound: the session was ended on
+                        # purpose, and the reply this request waits for went with the socket.
+                        raise PeerUnavailable(
+                            f"{self.endpoint}: session ended over releases it could not send"
+                        )
                     continue  # a late reply to an earlier, timed-out request
             self.metrics.client_seconds.labels(op, self.plane or "-").observe(
                 time.monotonic() - started

@@ -24,6 +24,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from chunkstore.backends._fsio import read_regular
 from chunkstore.backends._layout import temp_name
 from chunkstore.errors import ConfigError, MissingDependency, StoreError
 
@@ -232,8 +233,12 @@ class FileRegistry:
         now = self._clock()
         for path in paths:
             try:
-                with path.open("rb") as record:  # at most one byte past the limit
-                    info = PeerInfo.from_json(record.read(MAX_RECORD_BYTES + 1))
+                # at most one byte past the limit; a FIFO (anyone who can write the registry
+                # can make one) is refused, never waited on
+                record = read_regular(str(path), MAX_RECORD_BYTES + 1)
+                if record is None:
+                    continue  # withdrawn meanwhile
+                info = PeerInfo.from_json(record)
             except (OSError, ValueError, TypeError):
                 continue
             if info.expires_at and info.expires_at < now:

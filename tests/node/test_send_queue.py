@@ -140,3 +140,30 @@ def test_past_its_bound_of_unsent_releases_the_engine_ends_its_session_saying_so
     key = sample_chunks(1, seed=22)[0].key
     wait_until(lambda: engine.lookup([key]) == 1, "the engine to attach again")
     engine.close()
+
+
+def test_a_late_lease_past_the_bound_fails_the_request_waiting_for_its_reply(
+    node: Node, freezer: Freezer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A request is sent (the service read a little), then, while it waits, a late reply
+    grants a lease whose release finds no room, one past the bound: the session ends on
+    purpose, and the waiting request fails like any unanswered one (the engine sees a miss,
+    never an exception from a socket that was just closed), then attaches again."""
+    engine, metrics, read = _stored_and_held(node, seed=23)
+    engine.release(read)
+    wait_until(lambda: node.host.pool.pinned_slots() == 0, "the held read's release")
+    key = sample_chunks(1, seed=23)[0].key
+    freezer.freeze()
+    assert engine.acquire([key]).views == [None]  # times out: answered late, with a lease
+    freezer.thaw()
+    wait_until(lambda: node.host.pool.pinned_slots() == 1, "the late fetch to pin its chunk")
+    # From here the send queue has room for the next request but none for a release, as
+    # when the service reads one message between the two sends and no more.
+    monkeypatch.setattr(peer_client, "MAX_UNSENT_RELEASES", 0)
+    monkeypatch.setattr(peer_client.PeerClient, "_send_release", lambda self, lease: False)
+    assert engine.lookup([key]) == 0
+    assert not engine.attached
+    monkeypatch.undo()
+    wait_until(lambda: node.host.pool.pinned_slots() == 0, "the session's pins to go")
+    wait_until(lambda: engine.lookup([key]) == 1, "the engine to attach again")
+    engine.close()

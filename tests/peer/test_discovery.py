@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import os
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -323,3 +324,25 @@ def test_an_unreachable_registry_is_not_asked_on_every_read() -> None:
         assert source.reads == 1  # next read after refresh_s, not one (a timeout) per read
     finally:
         store.close()
+
+
+@pytest.mark.parametrize("kind", ["fifo", "directory"])
+def test_a_registry_entry_that_is_no_regular_file_is_skipped_without_waiting(
+    tmp_path: Path, kind: str
+) -> None:
+    """Anyone who can write the registry can leave a FIFO named like a record: opening it
+    waited for a writer, so every refresh of every PeerStore (and `chunkstore peers`) hung."""
+    registry = FileRegistry(tmp_path)
+    registry.announce(PeerInfo("good", "tcp://127.0.0.1:1"), ttl_s=60)
+    odd = tmp_path / "odd.peer.json"
+    os.mkfifo(odd) if kind == "fifo" else odd.mkdir()
+    listed: list[list[PeerInfo]] = []
+    reader = threading.Thread(target=lambda: listed.append(registry.peers()), daemon=True)
+    reader.start()
+    reader.join(timeout=10)
+    waited = reader.is_alive()
+    if waited and kind == "fifo":  # let the blocked open return before failing
+        os.close(os.open(odd, os.O_WRONLY | os.O_NONBLOCK))
+        reader.join(timeout=10)
+    assert not waited, "peers() waited on the FIFO"
+    assert listed and [p.name for p in listed[0]] == ["good"]
