@@ -974,8 +974,13 @@ class S3Store(Store):
         while True:  # pages of up to 1000 uploads
             try:
                 listing = self._run(page, markers)
-            except (_Failed, _NotFound, _Exists):
-                return []
+            except (_Failed, _NotFound, _Exists) as exc:
+                # what the earlier pages found is still true: sweep that, warn about the rest
+                if uploads:
+                    log.warning(
+                        "%s: multipart upload listing failed after a page: %s", self.name, exc
+                    )
+                break
             uploads.extend(listing.get("Uploads", []))
             following = {
                 name: listing[f"Next{name}"]

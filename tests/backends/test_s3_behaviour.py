@@ -455,3 +455,38 @@ def test_orphan_sweep_reads_every_page_of_unfinished_uploads(
     assert store.remove_orphans(grace=0) == 5
     assert client.list_multipart_uploads(Bucket=s3_bucket).get("Uploads", []) == []
     store.close()
+
+
+def test_orphan_sweep_keeps_the_pages_it_read_when_a_later_one_fails(
+    s3_endpoint: str, s3_bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A listing that fails after its first page: the orphans found so far are still swept
+    (the sweep runs again next time for the rest)."""
+    import boto3
+
+    from chunkstore.backends import _s3
+
+    store = S3Store(s3_bucket, "", endpoint_url=s3_endpoint, backoff=0.001)
+    chunks = sample_chunks(3, seed=32)
+    client = boto3.client("s3", endpoint_url=s3_endpoint)
+    for chunk in chunks:
+        client.create_multipart_upload(Bucket=s3_bucket, Key=chunk.key.path)
+    real = store._request
+
+    async def failing_second_page(op: str, **kwargs: Any) -> Any:
+        if op != "list_multipart_uploads":
+            return await real(op, **kwargs)
+        if "KeyMarker" in kwargs:
+            raise _s3._Failed("listing broke")
+        whole = await real(op, **kwargs)
+        ordered = sorted(whole.get("Uploads", []), key=lambda u: (u["Key"], u["UploadId"]))
+        return {
+            "Uploads": ordered[:2],
+            "IsTruncated": True,
+            "NextKeyMarker": ordered[1]["Key"],
+            "NextUploadIdMarker": ordered[1]["UploadId"],
+        }
+
+    monkeypatch.setattr(store, "_request", failing_second_page)
+    assert len(store.orphans(0)) == 2
+    store.close()
