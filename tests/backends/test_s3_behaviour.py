@@ -418,27 +418,23 @@ def test_truncated_listing_without_a_new_token_is_an_error_not_endless(
     store.close()
 
 
-def test_orphan_sweep_reads_every_page_of_unfinished_uploads(
-    s3_endpoint: str, s3_bucket: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """S3 lists at most 1000 uploads a page: the sweep follows the markers to the end (pages
-    of 2 here), or an orphan past the first page would never be aborted."""
-    import boto3
+def paged_uploads(
+    store: S3Store, monkeypatch: pytest.MonkeyPatch, *, fail_after: int | None = None
+) -> list[dict[str, Any]]:
+    """Make ``store``'s multipart-upload listings come in pages of 2, cut from moto's whole
+    answer by the markers as S3 does (moto answers every upload at once); with
+    ``fail_after``, every page after that many fails. Returns the pages' requests."""
+    from chunkstore.backends import _s3
 
-    store = S3Store(s3_bucket, "", endpoint_url=s3_endpoint, backoff=0.001)
-    chunks = sample_chunks(5, seed=31)
-    client = boto3.client("s3", endpoint_url=s3_endpoint)
-    for chunk in chunks:
-        client.create_multipart_upload(Bucket=s3_bucket, Key=chunk.key.path)
     real = store._request
-    pages = []
+    asked: list[dict[str, Any]] = []
 
     async def small_pages(op: str, **kwargs: Any) -> Any:
-        # (moto answers every upload at once: pages of 2 are cut from its whole answer, by
-        # the markers as S3 does)
         if op != "list_multipart_uploads":
             return await real(op, **kwargs)
-        pages.append(kwargs)
+        asked.append(kwargs)
+        if fail_after is not None and len(asked) > fail_after:
+            raise _s3._Failed("listing broke")
         whole = await real(op, **{k: v for k, v in kwargs.items() if not k.endswith("Marker")})
         ordered = sorted(whole.get("Uploads", []), key=lambda u: (u["Key"], u["UploadId"]))
         after = (kwargs.get("KeyMarker", ""), kwargs.get("UploadIdMarker", ""))
@@ -450,9 +446,34 @@ def test_orphan_sweep_reads_every_page_of_unfinished_uploads(
         return page
 
     monkeypatch.setattr(store, "_request", small_pages)
+    return asked
+
+
+def unfinished_uploads(s3_endpoint: str, s3_bucket: str, count: int, seed: int) -> list[str]:
+    """``count`` chunks' multipart uploads begun and never finished; their object names."""
+    import boto3
+
+    client = boto3.client("s3", endpoint_url=s3_endpoint)
+    names = [chunk.key.path for chunk in sample_chunks(count, seed=seed)]
+    for name in names:
+        client.create_multipart_upload(Bucket=s3_bucket, Key=name)
+    return names
+
+
+def test_orphan_sweep_reads_every_page_of_unfinished_uploads(
+    s3_endpoint: str, s3_bucket: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """S3 lists at most 1000 uploads a page: the sweep follows the markers to the end (pages
+    of 2 here), or an orphan past the first page would never be aborted."""
+    import boto3
+
+    store = S3Store(s3_bucket, "", endpoint_url=s3_endpoint, backoff=0.001)
+    names = unfinished_uploads(s3_endpoint, s3_bucket, 5, seed=31)
+    pages = paged_uploads(store, monkeypatch)
     found = sorted(o.path.split("?")[0] for o in store.orphans(0))
-    assert found == sorted(c.key.path for c in chunks) and len(pages) == 3
+    assert found == sorted(names) and len(pages) == 3
     assert store.remove_orphans(grace=0) == 5
+    client = boto3.client("s3", endpoint_url=s3_endpoint)
     assert client.list_multipart_uploads(Bucket=s3_bucket).get("Uploads", []) == []
     store.close()
 
@@ -462,31 +483,8 @@ def test_orphan_sweep_keeps_the_pages_it_read_when_a_later_one_fails(
 ) -> None:
     """A listing that fails after its first page: the orphans found so far are still swept
     (the sweep runs again next time for the rest)."""
-    import boto3
-
-    from chunkstore.backends import _s3
-
     store = S3Store(s3_bucket, "", endpoint_url=s3_endpoint, backoff=0.001)
-    chunks = sample_chunks(3, seed=32)
-    client = boto3.client("s3", endpoint_url=s3_endpoint)
-    for chunk in chunks:
-        client.create_multipart_upload(Bucket=s3_bucket, Key=chunk.key.path)
-    real = store._request
-
-    async def failing_second_page(op: str, **kwargs: Any) -> Any:
-        if op != "list_multipart_uploads":
-            return await real(op, **kwargs)
-        if "KeyMarker" in kwargs:
-            raise _s3._Failed("listing broke")
-        whole = await real(op, **kwargs)
-        ordered = sorted(whole.get("Uploads", []), key=lambda u: (u["Key"], u["UploadId"]))
-        return {
-            "Uploads": ordered[:2],
-            "IsTruncated": True,
-            "NextKeyMarker": ordered[1]["Key"],
-            "NextUploadIdMarker": ordered[1]["UploadId"],
-        }
-
-    monkeypatch.setattr(store, "_request", failing_second_page)
+    unfinished_uploads(s3_endpoint, s3_bucket, 3, seed=32)
+    paged_uploads(store, monkeypatch, fail_after=1)
     assert len(store.orphans(0)) == 2
     store.close()
