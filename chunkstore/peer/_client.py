@@ -243,7 +243,7 @@ class PeerClient:
         """When a request started at ``started`` must have its reply: ``timeout_s`` later, or
         the deadline of the operation it belongs to (:meth:`within`) if that comes first."""
         deadline = started + self.config.timeout_s
-        bound = getattr(self._bound, "at", None)
+        bound: float | None = getattr(self._bound, "at", None)
         if bound is None:
             return deadline
         if expect_reply and bound <= started:
@@ -630,7 +630,7 @@ class PeerClient:
         # Never READ after the lease ends: the server may have reused the memory by then.
         # The READ also ends within the operation's deadline (``within``), if one is set.
         deadline = min(started + self.config.timeout_s, started + lease_s * 0.9)
-        bound = getattr(self._bound, "at", None)
+        bound: float | None = getattr(self._bound, "at", None)
         if bound is not None:
             deadline = min(deadline, bound)
         out: list[Any] = [None] * len(keys)
