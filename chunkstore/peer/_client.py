@@ -338,6 +338,14 @@ class PeerClient:
             if remaining <= 0 or not self._socket.poll(int(remaining * 1000) + 1):
                 if time.monotonic() < deadline:
                     continue
+                if deadline - started < self.config.timeout_s / 2:
+                    # Cut short by the call's deadline (within), which other requests (to this
+                    # peer or, in parallel, to others) used up: a miss, but this peer had too
+                    # little time to be judged, so it is not marked down.
+                    raise PeerUnavailable(
+                        f"{self.endpoint}: {op} ran out of the call's time "
+                        f"({deadline - started:.3g} s left of {self.config.timeout_s:g} s)"
+                    )
                 # A hello that timed out opened no session we know of: nothing to keep.
                 keep = self.config.keep_session_on_timeout and op != "hello"
                 self._mark_down("timeout", keep_session=keep)

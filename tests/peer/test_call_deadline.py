@@ -79,15 +79,14 @@ def test_a_call_to_a_peer_answering_each_request_late_ends_within_one_timeout(
     read, miss = MISSES[call]
     peers, slow = _slow_peer(serve, plane, 0.6 * TIMEOUT_S)
     try:
-        started = time.monotonic()
         assert read(peers) == miss  # hello, then the second request runs out of the call's time
-        elapsed = time.monotonic() - started
-        # A behaviour bound, not a benchmark: three requests would take 1.8 timeouts.
-        assert elapsed < 1.6 * TIMEOUT_S
+        # (three requests would take 1.8 timeouts: the third is never sent)
         assert "fetch" not in slow.asked and len(slow.asked) <= 2
         asked = len(slow.asked)
-        assert read(peers) == miss  # the peer that timed out is down: not asked again
-        assert len(slow.asked) == asked
+        # given 0.4 of a timeout, the peer was not judged: not marked down, asked again
+        assert all(c.available for c in peers.clients())
+        read(peers)  # (with its session open now, a one-request call is answered in time)
+        assert asked < len(slow.asked)
     finally:
         peers.close()
 
