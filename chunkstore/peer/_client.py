@@ -1,5 +1,9 @@
 """PeerClient: one connection to one peer server, every request bounded by a timeout.
 
+A caller making several requests as one operation (a ``PeerStore`` read: ``hello``,
+``exists``, ``fetch``, the NIXL READ) bounds them together with :meth:`PeerClient.within`:
+each request then waits only for what is left of the operation's deadline.
+
 The socket is a ZeroMQ DEALER: requests carry ids and replies are matched by
 id, so a late reply to a timed-out request is recognised and dropped instead of
 being taken for the answer to the next one (the REQ/REP lock-step would wedge
@@ -23,6 +27,7 @@ import socket as _socket
 import threading
 import time
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -98,7 +103,8 @@ class PeerClientConfig:
     """Our chunk size in bytes, sent in ``hello`` for the ``shm`` plane: a node whose pool
     slots differ refuses us (``geometry_mismatch``). ``None``: not sent."""
     timeout_s: float = 2.0
-    """Bound on every request, NIXL transfer included: past it the request is a miss."""
+    """Bound on every request, NIXL transfer included: past it the request is a miss. A
+    ``PeerStore`` call is bounded by it in total, however many requests it makes."""
     retry_after_s: float = 2.0
     """After a timeout the peer counts as down this long (requests fail immediately)."""
     lease_ms: int = 5_000
@@ -162,6 +168,8 @@ class PeerClient:
         self._nixl = nixl
         self._own_nixl = False
         self._lock = threading.RLock()
+        self._bound = threading.local()
+        """Per calling thread: the monotonic deadline of the operation in progress (``within``)."""
         self._ids = itertools.count(1)
         self._ctx = _zmq().Context.instance()
         self._socket: Any = None
@@ -216,6 +224,31 @@ class PeerClient:
     def available(self) -> bool:
         """False while the peer is marked down after a failure."""
         return time.monotonic() >= self._down_until
+
+    @contextmanager
+    def within(self, deadline: float | None) -> Iterator[None]:
+        """Bound every request this thread makes inside the block by ``deadline`` (a
+        ``time.monotonic()`` value) as well as by ``timeout_s``; ``None``: no extra bound.
+
+        A request that would start with no time left fails at once (``PeerUnavailable``)
+        without being sent, and without marking the peer down: the peer was not asked."""
+        outer = getattr(self._bound, "at", None)
+        self._bound.at = deadline
+        try:
+            yield
+        finally:
+            self._bound.at = outer
+
+    def _request_deadline(self, started: float, op: str, expect_reply: bool) -> float:
+        """When a request started at ``started`` must have its reply: ``timeout_s`` later, or
+        the deadline of the operation it belongs to (:meth:`within`) if that comes first."""
+        deadline = started + self.config.timeout_s
+        bound: float | None = getattr(self._bound, "at", None)
+        if bound is None:
+            return deadline
+        if expect_reply and bound <= started:
+            raise PeerUnavailable(f"{self.endpoint}: no time left for {op} in this call")
+        return min(deadline, bound)
 
     def _mark_down(self, reason: str, *, keep_session: bool = False) -> None:
         """Count the peer down for ``retry_after_s``; ``keep_session``: the connection and
@@ -274,10 +307,10 @@ class PeerClient:
             body["s"] = self._session
         frames = self.codec.encode(body, data, reply=False)
         started = time.monotonic()
-        deadline = started + self.config.timeout_s
+        deadline = self._request_deadline(started, op, expect_reply)
         if self.config.immediate and op == "hello":
             # A fresh socket: wait (bounded) until the connection is up before the hello.
-            if not self._socket.poll(int(self.config.timeout_s * 1000) + 1, zmq.POLLOUT):
+            if not self._socket.poll(int((deadline - started) * 1000) + 1, zmq.POLLOUT):
                 self._mark_down("timeout")
                 raise PeerUnavailable(f"{self.endpoint} accepts no connection")
         if op != "hello":
@@ -305,11 +338,19 @@ class PeerClient:
             if remaining <= 0 or not self._socket.poll(int(remaining * 1000) + 1):
                 if time.monotonic() < deadline:
                     continue
+                if deadline - started < self.config.timeout_s / 2:
+                    # Cut short by the call's deadline (within), which other requests (to this
+                    # peer or, in parallel, to others) used up: a miss, but this peer had too
+                    # little time to be judged, so it is not marked down.
+                    raise PeerUnavailable(
+                        f"{self.endpoint}: {op} ran out of the call's time "
+                        f"({deadline - started:.3g} s left of {self.config.timeout_s:g} s)"
+                    )
                 # A hello that timed out opened no session we know of: nothing to keep.
                 keep = self.config.keep_session_on_timeout and op != "hello"
                 self._mark_down("timeout", keep_session=keep)
                 raise PeerUnavailable(
-                    f"{self.endpoint} did not answer {op} within {self.config.timeout_s:g} s"
+                    f"{self.endpoint} did not answer {op} within {deadline - started:.3g} s"
                 )
             reply_frames = self._socket.recv_multipart(copy=False)
             try:
@@ -595,7 +636,11 @@ class PeerClient:
             granted = self.config.lease_ms  # a server that does not say grants what we asked
         lease_s = min(granted, self.config.lease_ms) / 1000
         # Never READ after the lease ends: the server may have reused the memory by then.
+        # The READ also ends within the operation's deadline (``within``), if one is set.
         deadline = min(started + self.config.timeout_s, started + lease_s * 0.9)
+        bound: float | None = getattr(self._bound, "at", None)
+        if bound is not None:
+            deadline = min(deadline, bound)
         out: list[Any] = [None] * len(keys)
         # One READ per round: a batch larger than the receive arena is read in several rounds
         # (each frees its staging space), so NIXL misses no chunk that inline would return.

@@ -1,7 +1,9 @@
 """PeerStore: a Store over one or more peer servers, usable as a tier of a TieredStore.
 
 Reads ask every peer in parallel and take the best answer; a peer that fails
-is a miss (and is skipped for ``retry_after_s``), never an exception. Every
+is a miss (and is skipped for ``retry_after_s``), never an exception. One read
+call is bounded by one ``timeout_s`` in total: its requests to a peer (``hello``,
+``exists``, ``fetch``, the NIXL READ) share a deadline set when the call starts. Every
 chunk that arrives is verified (checksum, key, and fingerprint or MAC when
 configured) before it is returned: a partial or damaged transfer is a miss.
 Writes push chunks to the peer with the most free capacity.
@@ -196,15 +198,24 @@ class PeerStore(Store):
         """The data plane each peer uses (``None`` until its first request)."""
         return {c.endpoint: c.plane for c in self.clients()}
 
+    def _deadline(self) -> float:
+        """When a read call starting now must be over: one ``timeout_s`` from now."""
+        return time.monotonic() + self.config.timeout_s
+
     def _each(
-        self, clients: Sequence[PeerClient], call: Callable[[PeerClient], T]
+        self,
+        clients: Sequence[PeerClient],
+        call: Callable[[PeerClient], T],
+        deadline: float | None = None,
     ) -> list[T | None]:
-        """``call`` on every available client in parallel; ``None`` where it failed."""
+        """``call`` on every available client in parallel; ``None`` where it failed.
+        ``deadline`` (monotonic): every request of ``call`` ends by then (a miss if not)."""
         live = [c for c in clients if c.available]
 
         def safe(client: PeerClient) -> T | None:
             try:
-                return call(client)
+                with client.within(deadline):
+                    return call(client)
             except PeerError as exc:
                 log.info("peer %s: %s", client.endpoint, exc)
                 return None
@@ -231,7 +242,7 @@ class PeerStore(Store):
         if not keys:
             return 0
         clients = self.clients()
-        answers = self._each(clients, lambda c: c.lookup(keys))
+        answers = self._each(clients, lambda c: c.lookup(keys), self._deadline())
         best, best_client = 0, None
         for client, answer in zip(clients, answers):
             if answer is not None and answer > best:
@@ -244,7 +255,7 @@ class PeerStore(Store):
         if not keys:
             return []
         clients = self.clients()
-        answers = self._each(clients, lambda c: c.exists(keys))
+        answers = self._each(clients, lambda c: c.exists(keys), self._deadline())
         out = [False] * len(keys)
         for client, answer in zip(clients, answers):
             if answer is None:
@@ -254,8 +265,9 @@ class PeerStore(Store):
             out = [a or b for a, b in zip(out, answer)]
         return out
 
-    def _locate(self, keys: Sequence[ChunkKey]) -> dict[str, list[int]]:
-        """Which peer to ask for each key: remembered hints first, then one exists round."""
+    def _locate(self, keys: Sequence[ChunkKey], deadline: float) -> dict[str, list[int]]:
+        """Which peer to ask for each key: remembered hints first, then one exists round
+        (ending by ``deadline``)."""
         clients = {c.endpoint: c for c in self.clients()}
         plan: dict[str, list[int]] = {}
         unknown = []
@@ -269,7 +281,7 @@ class PeerStore(Store):
         if unknown:
             asked = [keys[i] for i in unknown]
             ordered = list(clients.values())
-            answers = self._each(ordered, lambda c: c.exists(asked))
+            answers = self._each(ordered, lambda c: c.exists(asked), deadline)
             for pos, i in enumerate(unknown):
                 for client, answer in zip(ordered, answers):
                     if answer is not None and answer[pos]:
@@ -282,20 +294,21 @@ class PeerStore(Store):
         self._senders.of = {}
         if not keys:
             return out
-        self._fetch_into_list(keys, list(range(len(keys))), out)
+        deadline = self._deadline()
+        self._fetch_into_list(keys, list(range(len(keys))), out, deadline)
         missed = [i for i, blob in enumerate(out) if blob is None]
         if missed:  # a remembered location may be stale: forget it and ask everyone once
             with self._lock:
                 stale = [i for i in missed if self._hints.pop(keys[i], None) is not None]
             if stale:
-                self._fetch_into_list(keys, stale, out)
+                self._fetch_into_list(keys, stale, out, deadline)
         return out
 
     def read_unchecked_many(self, keys: Sequence[ChunkKey]) -> list[bytes | None]:
         """Raw bytes per key, unverified, and not a use: peers neither pin nor touch them."""
         out: list[bytes | None] = [None] * len(keys)
         if keys:
-            self._fetch_into_list(keys, list(range(len(keys))), out, use=False)
+            self._fetch_into_list(keys, list(range(len(keys))), out, self._deadline(), use=False)
         return out
 
     def _fetch_into_list(
@@ -303,16 +316,17 @@ class PeerStore(Store):
         keys: Sequence[ChunkKey],
         wanted: list[int],
         out: list[bytes | None],
+        deadline: float,
         *,
         use: bool = True,
     ) -> None:
         subset = [keys[i] for i in wanted]
-        local_plan = self._locate(subset)
+        local_plan = self._locate(subset, deadline)
         plan = {e: [wanted[j] for j in idx] for e, idx in local_plan.items()}
         clients = {c.endpoint: c for c in self.clients()}
         targets = [clients[e] for e in plan if e in clients]
         fetched = self._each(
-            targets, lambda c: c.fetch([keys[i] for i in plan[c.endpoint]], use=use)
+            targets, lambda c: c.fetch([keys[i] for i in plan[c.endpoint]], use=use), deadline
         )
         for client, blobs in zip(targets, fetched):
             if blobs is None:
@@ -372,7 +386,8 @@ class PeerStore(Store):
         out: list[int | None] = [None] * len(keys)
         if not keys:
             return out
-        plan = self._locate(keys)
+        deadline = self._deadline()
+        plan = self._locate(keys, deadline)
         clients = {c.endpoint: c for c in self.clients()}
         targets = [clients[e] for e in plan if e in clients]
 
@@ -381,7 +396,7 @@ class PeerStore(Store):
             return client.fetch_into([keys[i] for i in idx], [buffers[i] for i in idx])
 
         self._senders.of = {}
-        for client, sizes in zip(targets, self._each(targets, fetch)):
+        for client, sizes in zip(targets, self._each(targets, fetch, deadline)):
             if sizes is None:
                 continue
             for i, size in zip(plan[client.endpoint], sizes):

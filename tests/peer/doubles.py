@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -36,3 +37,20 @@ class SlowStore(MemoryStore):
         self.reading.set()
         self.unblock.wait(30)
         return super()._read_many(keys)
+
+
+class SlowAnswers:
+    """Makes a running server answer every request ``delay_s`` late (a peer that answers each
+    request just inside the client's timeout); ``asked`` lists the ops it received, in order."""
+
+    def __init__(self, server: Any, delay_s: float) -> None:
+        self.asked: list[str] = []
+        handlers = server._handlers  # noqa: SLF001 - the server has no hook for slowness
+        handle = handlers.handle
+
+        def answer(body: dict[str, Any], *args: Any) -> Any:
+            self.asked.append(body["op"])
+            time.sleep(delay_s)
+            return handle(body, *args)
+
+        handlers.handle = answer
