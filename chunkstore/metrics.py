@@ -373,7 +373,8 @@ def _io_mode_metrics(stores: list[Any]) -> Iterator[Metric]:
     )
     reads = CounterMetricFamily(
         "chunkstore_tier_reads",
-        "Chunk reads of a filesystem tier, by path: direct (O_DIRECT) or cached (page cache).",
+        "Chunk reads of a filesystem tier, by path: direct (O_DIRECT), cached (page cache) "
+        "or cold (page cache, dropped after).",
         labels=["tier", "path"],
     )
     for store in stores:
@@ -384,6 +385,7 @@ def _io_mode_metrics(stores: list[Any]) -> Iterator[Metric]:
         mode.add_metric([store.name, stats.mode], 1.0)
         reads.add_metric([store.name, "direct"], stats.direct_reads)
         reads.add_metric([store.name, "cached"], stats.cached_reads)
+        reads.add_metric([store.name, "cold"], stats.cold_reads)
     yield from (mode, reads)
 
 

@@ -310,7 +310,8 @@ def bench_fs(
         )
 
     # Cold: every file dropped from the page cache before each pass (read_mode "auto" then
-    # reads around it), against one thread's plain reads of the same cold files.
+    # reads it with readahead and drops it again), against one thread's plain reads of the
+    # same cold files.
     def drop() -> None:
         left = make_cold(paths)
         if left > COLD_LEFT:

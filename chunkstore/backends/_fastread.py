@@ -17,17 +17,22 @@ Bytes reach the buffer one of three ways (:class:`ChunkFileReader`):
   aligned block;
 * ``auto``: one ``RWF_NOWAIT`` read of the file's first page (it never waits
   for the disk) tells whether the page cache holds the file: if it does, the
-  file is read through the page cache, otherwise around it. Chunk files are
-  written and read whole, so the first page stands for the rest; a file only
-  partly cached is still read correctly either way. A warm chunk costs a
-  memory copy; a cold one skips the page-cache copy and does not push hot
-  files out of it. (Readahead is switched off for the probe: a missed
-  ``RWF_NOWAIT`` read would otherwise start reading the file into the page
-  cache in the background, competing with the direct read.)
+  file is read through the page cache. If not (a cold file), a buffer of up
+  to :data:`READAHEAD_FROM` bytes is filled around the page cache (one
+  ``O_DIRECT`` request); a larger one through it with sequential readahead,
+  the file's pages dropped when the read ends
+  (:meth:`ChunkFileReader.release`). Either way a cold chunk that lands in
+  the host cache is not also kept in the page cache and does not push hot
+  files out of it. Chunk files are written and read whole, so the first
+  page stands for the rest; a file only partly cached is still read
+  correctly either way. (Readahead is switched off for the probe: a missed
+  ``RWF_NOWAIT`` read would otherwise start reading the file in the
+  background, competing with the read that follows.)
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import fcntl
@@ -43,6 +48,13 @@ BLOCK = 256 * 1024
 DIRECT_BLOCK = 8 * 1024 * 1024
 """Bytes per read around the page cache: the disk sees few, large requests (DMA lands in RAM,
 not in the CPU cache, so hashing in small steps would gain nothing)."""
+
+READAHEAD_FROM = DIRECT_BLOCK
+"""Buffers larger than this (chunks needing more than one ``O_DIRECT`` request) are read
+through the page cache with readahead when cold in ``auto`` mode, then dropped from it: the
+disk then works ahead while the thread copies and hashes, where ``O_DIRECT`` waits for each
+8 MiB request in turn. Measured on this VM (docs/benchmarks.md, Stores): 1.14-1.17x for cold
+32 MiB batches; 2 MiB chunks stay direct (one request; readahead was no faster there)."""
 
 ALIGN = 4096
 """Alignment O_DIRECT needs for memory, file offsets and lengths (a page; covers 512 and 4K
@@ -95,13 +107,16 @@ class ChunkFileReader:
     the file's end lets its last block be read whole and aligned. ``mode`` is
     one of :data:`READ_MODES`; a buffer that is not page-aligned is always
     read ``buffered``. In ``auto`` mode the constructor asks the page cache
-    (one non-blocking read of the first page) and picks the mode for the
-    file. After the reads, :attr:`went_direct` says whether any bytes
-    bypassed the page cache and :attr:`refused` whether the filesystem
-    rejected O_DIRECT (the reader then finished buffered).
+    (one non-blocking read of the first page): a cold file goes around it,
+    or, into a buffer over :data:`READAHEAD_FROM`, through it with
+    sequential readahead and :attr:`dropping` set, :meth:`release` dropping
+    its pages once the read is over. After the reads,
+    :attr:`went_direct` says whether any bytes bypassed the page cache and
+    :attr:`refused` whether the filesystem rejected O_DIRECT (the reader
+    then finished buffered).
     """
 
-    __slots__ = ("buffer", "direct", "fd", "probed", "refused", "went_direct")
+    __slots__ = ("buffer", "direct", "dropping", "fd", "probed", "refused", "went_direct")
 
     PROBE = ALIGN
     """Bytes the ``auto`` mode reads without waiting to learn whether the file is cached."""
@@ -114,9 +129,16 @@ class ChunkFileReader:
         self.refused = False
         self.probed = 0
         """Bytes from the file's start the ``auto`` probe already put into the buffer."""
+        self.dropping = False
+        """Whether the file was cold (``auto``): read through the page cache, its pages
+        dropped by :meth:`release`."""
         capable = mode != BUFFERED and bool(O_DIRECT) and is_aligned(buffer)
         if capable and mode == AUTO:
             capable = bool(_RWF_NOWAIT) and not self._cached()
+            if capable and len(buffer) > READAHEAD_FROM:
+                capable = False
+                self.dropping = True
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
         if capable:
             self._set_direct(True)
 
@@ -129,6 +151,13 @@ class ChunkFileReader:
         """Fill ``buffer[start:end]`` from file offset ``start``; bytes read (fewer only when
         the file ends first)."""
         return self._read(start, end)
+
+    def release(self) -> None:
+        """The read is over (the fd still open): drop a cold file's pages from the page cache
+        (only clean pages go; a file being written keeps its dirty ones)."""
+        if self.dropping:
+            with contextlib.suppress(OSError):  # only advice: the read itself succeeded
+                os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_DONTNEED)
 
     def _cached(self) -> bool:
         """Whether the page cache holds the file's first page (read into the buffer, never

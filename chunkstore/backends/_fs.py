@@ -85,7 +85,10 @@ class FsIoStats:
     direct_reads: int
     """Chunk reads that bypassed the page cache (O_DIRECT) for some or all of their bytes."""
     cached_reads: int
-    """Chunk reads served through the page cache only."""
+    """Chunk reads served through the page cache only, from files it held (or ``buffered``)."""
+    cold_reads: int
+    """Chunk reads (``auto``) of files the page cache did not hold: through it with
+    sequential readahead, the file's pages dropped after."""
 
 
 class FsStore(Store):
@@ -107,8 +110,9 @@ class FsStore(Store):
             ``io_workers - 1`` of the store's own (started on first use, stopped by
             :meth:`close`); 1 runs everything on the caller's thread.
         read_mode: how reads into page-aligned buffers (host-cache slots) bring bytes in:
-            ``"auto"`` (the page cache while it holds the chunk, O_DIRECT from the first
-            block it does not), ``"direct"`` (always O_DIRECT) or ``"buffered"``. Where the
+            ``"auto"`` (the page cache; a chunk it did not hold is read with sequential
+            readahead and dropped from it after), ``"direct"`` (always O_DIRECT) or
+            ``"buffered"``. Where the
             filesystem refuses O_DIRECT the store reads ``buffered`` (logged once, and
             shown by :meth:`io_stats` and ``repr``). Other buffers are always read buffered.
         write_mode: ``"buffered"`` writes through the page cache (fastest in bursts while
@@ -170,6 +174,7 @@ class FsStore(Store):
         self.write_mode = write_mode if isinstance(self.io, LocalIO) else BUFFERED
         self._direct_reads = 0
         self._cached_reads = 0
+        self._cold_reads = 0
         self._pool = IoPool(io_workers, self.name)
         self._open_root(create)
         for own in (L.STATE_DIR, L.QUARANTINE_DIR):
@@ -482,7 +487,11 @@ class FsStore(Store):
         return buffer, buffer[: st.size]
 
     def _end_local(self, fd: int, reader: ChunkFileReader | None) -> None:
-        os.close(fd)
+        try:
+            if reader is not None:
+                reader.release()
+        finally:
+            os.close(fd)
         if reader is not None:
             self._count_read(reader)
 
@@ -533,6 +542,8 @@ class FsStore(Store):
         with self._corrupt_lock:
             if reader.went_direct:
                 self._direct_reads += 1
+            elif reader.dropping:
+                self._cold_reads += 1
             else:
                 self._cached_reads += 1
 
@@ -545,6 +556,7 @@ class FsStore(Store):
             workers=self._pool.workers,
             direct_reads=self._direct_reads,
             cached_reads=self._cached_reads,
+            cold_reads=self._cold_reads,
         )
 
     def get_into(self, key: ChunkKey, buffer: Buffer) -> int | None:

@@ -176,10 +176,40 @@ def test_auto_follows_the_page_cache(tmp_path: object, monkeypatch: pytest.Monke
         for cached in (True, False):
             monkeypatch.setattr(ChunkFileReader, "_cached", lambda self, c=cached: c)
             reader = ChunkFileReader(fd, buffer, AUTO)
-            assert reader.direct is not cached
+            assert reader.direct is not cached and not reader.dropping
             read_verified_into(fd, buffer, BIG.key.digest, reader=reader)
             assert bytes(buffer) == BIG.data
             assert reader.went_direct is not cached
+    finally:
+        os.close(fd)
+
+
+def test_auto_reads_a_large_cold_file_ahead_and_drops_it(
+    tmp_path: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fd = write_cold(str(tmp_path), BIG.data)
+    advised: list[tuple[int, int, int, int]] = []
+    real_fadvise = os.posix_fadvise
+
+    def record(fd: int, offset: int, length: int, advice: int) -> None:
+        advised.append((fd, offset, length, advice))
+        real_fadvise(fd, offset, length, advice)
+
+    monkeypatch.setattr(fastread, "READAHEAD_FROM", len(BIG.data) - 1)  # BIG counts as large
+    try:
+        buffer = aligned_buffer(len(BIG.data))
+        for cached in (True, False):
+            monkeypatch.setattr(ChunkFileReader, "_cached", lambda self, c=cached: c)
+            monkeypatch.setattr(os, "posix_fadvise", record)
+            advised.clear()
+            reader = ChunkFileReader(fd, buffer, AUTO)
+            assert not reader.direct and reader.dropping is not cached
+            read_verified_into(fd, buffer, BIG.key.digest, reader=reader)
+            assert bytes(buffer) == BIG.data and not reader.went_direct
+            reader.release()
+            expected = [] if cached else [os.POSIX_FADV_SEQUENTIAL, os.POSIX_FADV_DONTNEED]
+            assert [advice for *_, advice in advised] == expected
+            assert all(call[:3] == (fd, 0, 0) for call in advised)  # the whole file
     finally:
         os.close(fd)
 

@@ -14,7 +14,8 @@ from typing import Any
 
 import pytest
 
-from chunkstore.backends._fastread import ALIGN, AUTO, BUFFERED, DIRECT
+from chunkstore.backends import _fastread as fastread
+from chunkstore.backends._fastread import ALIGN, AUTO, BUFFERED, DIRECT, ChunkFileReader
 from chunkstore.backends._fs import GROUP_MAX, FsStore, _group_size, open_fs_store
 from chunkstore.errors import ConfigError
 from chunkstore.testing.factories import MadeChunk, sample_chunks
@@ -91,12 +92,40 @@ def test_every_read_mode_reads_exact_bytes(tmp_path: Path, mode: str) -> None:
     read_all(store, CHUNKS)
     stats = store.io_stats()
     assert stats.requested == stats.mode == mode
-    assert stats.direct_reads + stats.cached_reads == len(CHUNKS)
+    assert stats.direct_reads + stats.cached_reads + stats.cold_reads == len(CHUNKS)
     if mode == DIRECT:
         assert stats.direct_reads == len(CHUNKS)
     if mode == BUFFERED:
         assert stats.direct_reads == 0
     assert f"read_mode={mode!r}" in repr(store)
+    store.close()
+
+
+@pytest.mark.parametrize("large", [False, True], ids=["small-goes-direct", "large-reads-ahead"])
+def test_auto_reads_cold_files_without_keeping_them_in_the_page_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, large: bool
+) -> None:
+    store = stocked(tmp_path, read_mode=AUTO, io_workers=1)
+    monkeypatch.setattr(ChunkFileReader, "_cached", lambda self: False)  # every file cold
+    if large:
+        monkeypatch.setattr(fastread, "READAHEAD_FROM", 0)  # every chunk counts as large
+    dropped: list[int] = []
+    real_fadvise = os.posix_fadvise
+
+    def record(fd: int, offset: int, length: int, advice: int) -> None:
+        if advice == os.POSIX_FADV_DONTNEED:
+            assert os.fstat(fd).st_size > 0  # while the file is still open
+            dropped.append(fd)
+        real_fadvise(fd, offset, length, advice)
+
+    monkeypatch.setattr(os, "posix_fadvise", record)
+    read_all(store, CHUNKS)
+    stats = store.io_stats()
+    n = len(CHUNKS)
+    # around the page cache (O_DIRECT), or through it and dropped after
+    expected = (0, 0, n) if large else (n, 0, 0)
+    assert (stats.direct_reads, stats.cached_reads, stats.cold_reads) == expected
+    assert len(dropped) == (n if large else 0)
     store.close()
 
 
