@@ -40,6 +40,7 @@ from chunkstore.backends._fastread import (
     ChunkFileReader,
     Undecided,
     VerifiedRead,
+    read_into,
     through_page_cache,
 )
 from chunkstore.backends._fsio import FileStat, FsspecIO, LocalIO
@@ -1055,17 +1056,9 @@ def _refuse_oversized(fd: int, size: int, room: int, expected_key: bytes) -> NoR
     Reads the header only (at most 16 MiB), never the file: it may be anything, of any size.
     """
     through_page_cache(fd)  # the reader may have opened it around the page cache: not aligned
-    prefix = os.pread(fd, 8, 0)
-    wanted = min(header_bytes_needed(prefix), size, 8 + MAX_HEADER_BYTES)
-    parts = [prefix]
-    got = len(prefix)
-    while got < wanted:  # short reads happen on network mounts
-        part = os.pread(fd, wanted - got, got)
-        if not part:
-            break
-        parts.append(part)
-        got += len(part)
-    header = read_header(b"".join(parts))
+    head = bytearray(min(header_bytes_needed(os.pread(fd, 8, 0)), size, 8 + MAX_HEADER_BYTES))
+    got = read_into(fd, memoryview(head))
+    header = read_header(bytes(head[:got]))
     declared = header.data_offset + header.stored_size
     if declared < size:
         raise LayoutError(f"{size - declared} trailing bytes after the payload")
