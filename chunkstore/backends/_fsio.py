@@ -227,10 +227,7 @@ class LocalIO:
         try:
             if st.st_size > SMALL_FILE_LIMIT:
                 raise OSError(errno.EFBIG, f"larger than {SMALL_FILE_LIMIT} bytes", path)
-            parts: list[bytes] = []
-            while (part := os.read(fd, 1 << 16)) and len(parts) <= SMALL_FILE_LIMIT >> 16:
-                parts.append(part)
-            return b"".join(parts)
+            return _read_at_most(fd, SMALL_FILE_LIMIT)  # (bounded: it may grow meanwhile)
         finally:
             os.close(fd)
 
@@ -405,14 +402,20 @@ def read_regular(path: str, limit: int) -> bytes | None:
         return None
     try:
         _regular_fstat(fd, path)
-        parts: list[bytes] = []
-        got = 0
-        while got < limit and (part := os.read(fd, limit - got)):
-            parts.append(part)
-            got += len(part)
-        return b"".join(parts)
+        return _read_at_most(fd, limit)
     finally:
         os.close(fd)
+
+
+def _read_at_most(fd: int, limit: int) -> bytes:
+    """The bytes of ``fd`` from its position to its end, at most ``limit`` of them (read in
+    pieces of at most 64 KiB: each read allocates what it asks for, and most files are tiny)."""
+    parts: list[bytes] = []
+    got = 0
+    while got < limit and (part := os.read(fd, min(limit - got, 1 << 16))):
+        parts.append(part)
+        got += len(part)
+    return b"".join(parts)
 
 
 def _regular_fstat(fd: int, path: str) -> os.stat_result:
