@@ -182,9 +182,10 @@ class FileRegistry:
             with os.scandir(self.directory) as entries:
                 next(entries, None)
         except OSError as exc:
-            raise StoreError(
-                f"peer registry {self.directory}: cannot list it ({exc.strerror or exc})"
-            ) from None
+            raise self._cannot_list(exc) from None
+
+    def _cannot_list(self, exc: OSError) -> StoreError:
+        return StoreError(f"peer registry {self.directory}: cannot list it ({exc.strerror or exc})")
 
     def _path(self, name: str) -> Path:
         safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
@@ -227,9 +228,7 @@ class FileRegistry:
         except FileNotFoundError:
             return []  # nobody has announced into it yet
         except OSError as exc:
-            raise StoreError(
-                f"peer registry {self.directory}: cannot list it ({exc.strerror or exc})"
-            ) from None
+            raise self._cannot_list(exc) from None
         now = self._clock()
         for path in paths:
             try:
