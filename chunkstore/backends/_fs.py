@@ -46,7 +46,12 @@ from chunkstore.backends._fastread import (
 from chunkstore.backends._fsio import FileStat, FsspecIO, LocalIO
 from chunkstore.backends._iopool import IoPool, raise_first
 from chunkstore.backends.base import Buffer, ChunkInfo, Judgement, ReadVerdict, Store
-from chunkstore.backends.maintenance import QUARANTINE_MODES, StoredFile, reason_record
+from chunkstore.backends.maintenance import (
+    QUARANTINE_MODES,
+    FileIdent,
+    StoredFile,
+    reason_record,
+)
 from chunkstore.errors import (
     ConfigError,
     FormatError,
@@ -163,7 +168,7 @@ class FsStore(Store):
         self.track_access = track_access
         self.access_resolution = float(access_resolution)
         self._touched: dict[ChunkKey, float] = {}
-        self._suspects: dict[ChunkKey, tuple[int, int] | None] = {}
+        self._suspects: dict[ChunkKey, FileIdent | None] = {}
         self.read_errors = 0
         """Reads that failed with an OS error other than absence (EIO, ESTALE, EACCES, a
         directory at a chunk's path): each was logged and served as a miss."""
@@ -326,15 +331,16 @@ class FsStore(Store):
 
     def read_unchecked_with_idents(
         self, keys: Sequence[ChunkKey]
-    ) -> list[tuple[bytes, tuple[int, int] | None] | None]:
+    ) -> list[tuple[bytes, FileIdent | None] | None]:
         """Like :meth:`read_unchecked_many`, with an ident of the file each read came from.
 
         Hand the ident to :meth:`quarantine_if_unchanged` / :meth:`delete_if_unchanged`
         so that a maintenance tool removes the file it judged, never one another writer
-        put in its place since. Idents are ``None`` on non-local filesystems (no guard).
+        put in its place since: the inode on local paths, the content through fsspec.
         """
         return [
-            None if got is None else (got[0], got[1].ident) for got in self._read_versions(keys)
+            None if got is None else (got[0], self.io.ident_of_read(*got))
+            for got in self._read_versions(keys)
         ]
 
     def get_many(self, keys: Sequence[ChunkKey]) -> list[bytes | None]:
@@ -634,13 +640,16 @@ class FsStore(Store):
         return got
 
     def _valid(self, key: ChunkKey, data: Any, st: FileStat) -> bool:
-        return self._admit_read(key, self._judge(key, data), st)
+        return self._admit_read(key, self._judge(key, data), st, data)
 
-    def _admit_read(self, key: ChunkKey, judgement: Judgement, st: FileStat) -> bool:
-        """:meth:`_admit` for a read of the file ``st`` describes."""
+    def _admit_read(
+        self, key: ChunkKey, judgement: Judgement, st: FileStat, data: Any = None
+    ) -> bool:
+        """:meth:`_admit` for a read of ``data`` from the file ``st`` describes (``data`` is
+        needed only where the stat cannot name the file: fsspec)."""
         if judgement.verdict is ReadVerdict.CORRUPT:
             # remember which file was bad so a concurrent good rewrite is not quarantined
-            self._suspects[key] = st.ident
+            self._suspects[key] = self.io.ident_of_read(data, st)
         return self._admit(key, judgement)
 
     def exists_many(self, keys: Sequence[ChunkKey]) -> list[bool]:
@@ -815,25 +824,25 @@ class FsStore(Store):
         ident = self._suspects.pop(key, None)
         self._set_aside(key, ident, reason)
 
-    def quarantine_if_unchanged(
-        self, key: ChunkKey, ident: tuple[int, int] | None, reason: str
-    ) -> bool:
+    def quarantine_if_unchanged(self, key: ChunkKey, ident: FileIdent | None, reason: str) -> bool:
         """Move ``key``'s chunk to quarantine (or delete it, with ``quarantine="delete"``)
         only if it is still the file ``ident`` names (from :meth:`read_unchecked_with_idents`);
         True if it was set aside. ``ident=None`` sets aside whatever is there."""
         return self._set_aside(key, ident, reason)
 
-    def delete_if_unchanged(self, key: ChunkKey, ident: tuple[int, int] | None) -> bool:
+    def delete_if_unchanged(self, key: ChunkKey, ident: FileIdent | None) -> bool:
         """Delete ``key``'s chunk only if it is still the file ``ident`` names; True if deleted."""
         return self._set_aside(key, ident, None)
 
-    def _set_aside(self, key: ChunkKey, ident: tuple[int, int] | None, reason: str | None) -> bool:
+    def _set_aside(self, key: ChunkKey, ident: FileIdent | None, reason: str | None) -> bool:
         """Quarantine (``reason`` given) or delete the chunk file ``ident`` names.
 
         The file is first renamed away (to quarantine, or to a temp name when deleting), and
         only then compared with ``ident``: a rename moves one inode, so what is checked is
         exactly what left the serving path. A file another writer published in between is
-        put back (unless a yet newer one arrived): nothing good is lost to the race.
+        put back (unless a yet newer one arrived): nothing good is lost to the race. Through
+        fsspec the comparison is of contents (read again: this is the rare path), and a
+        move is only as atomic as the filesystem's ``mv``.
         """
         path = self.path_of(key)
         # The note kept beside a quarantined chunk; None: the chunk is deleted instead.
@@ -844,9 +853,11 @@ class FsStore(Store):
         def remove() -> list[int]:
             nonlocal done
             current = self.io.stat(path)
-            if current is None or not _same_file(current, ident):
+            if current is None:
                 return []
-            guarded = ident is not None and current.ident is not None
+            guarded = ident is not None
+            if guarded and self.io.ident_at(path, current) != ident:
+                return []
             if delete and not guarded:
                 size = self._remove_sized(path)
                 done = size >= 0
@@ -861,7 +872,8 @@ class FsStore(Store):
             if not self.io.move(path, dest):
                 return []
             taken = (self.io.stat(dest) if guarded else None) or current
-            if not _same_file(taken, ident):
+            moved = self.io.ident_at(dest, taken) if guarded else ident
+            if moved is not None and moved != ident:
                 restored = self.io.link_if_absent(dest, path, self.fsync)  # removes dest
                 return [] if restored else [taken.size]
             done = True
@@ -1089,11 +1101,6 @@ class _LocalRead:
     """The header-checked verification, when the store verifies."""
     ended: bool = False
     """Its file is closed (or being closed): nothing may close ``fd`` again."""
-
-
-def _same_file(st: FileStat, ident: tuple[int, int] | None) -> bool:
-    """Whether ``st`` is the file ``ident`` names (always, when either side has no ident)."""
-    return ident is None or st.ident is None or st.ident == ident
 
 
 def _is_local_fs(fs: Any) -> bool:

@@ -12,6 +12,7 @@ import contextlib
 import datetime as _dt
 import errno
 import fcntl
+import hashlib
 import logging
 import os
 import stat as _stat
@@ -47,9 +48,19 @@ class FileStat:
     atime: float
     """Access time as the filesystem reports it (set explicitly by the store), 0 if unknown."""
     ident: tuple[int, int] | None = None
-    """(inode, mtime_ns) on local filesystems: tells a replaced file from the one read."""
+    """(inode, mtime_ns) on local filesystems: tells a replaced file from the one read
+    (through fsspec, None: the store compares contents, :func:`content_ident`)."""
     regular: bool = True
     """A regular file (False: a symlink, FIFO, device or directory where a file is listed)."""
+
+
+def content_ident(data: Any) -> tuple[int, int]:
+    """(size, 64-bit digest) of a file's bytes: which file a read came from where the
+    filesystem offers no identity that a replacement changes (fsspec: a file replaced by
+    another with a different content tells apart; one with the same bytes is the same)."""
+    view = memoryview(data).cast("B")
+    digest = hashlib.blake2b(view, digest_size=8).digest()
+    return view.nbytes, int.from_bytes(digest, "little")
 
 
 class LocalIO:
@@ -193,6 +204,16 @@ class LocalIO:
             return [os.pread(fd, r.length, r.offset) for r in ranges]
         finally:
             os.close(fd)
+
+    @staticmethod
+    def ident_of_read(data: Any, st: FileStat) -> tuple[int, int] | None:
+        """Which file a read of ``data`` (stat ``st``) came from: its inode and mtime."""
+        return st.ident
+
+    @staticmethod
+    def ident_at(path: str, st: FileStat) -> tuple[int, int] | None:
+        """Which file is at ``path`` now (``st``: its stat, just taken)."""
+        return st.ident
 
     def stat(self, path: str) -> FileStat | None:
         try:
@@ -509,6 +530,16 @@ class FsspecIO:
         except (FileNotFoundError, IsADirectoryError):
             return None
         return data, FileStat(len(data), 0.0, 0.0)
+
+    @staticmethod
+    def ident_of_read(data: Any, st: FileStat) -> tuple[int, int] | None:
+        """Which file a read of ``data`` came from: its content (:func:`content_ident`)."""
+        return None if data is None else content_ident(data)
+
+    def ident_at(self, path: str, st: FileStat) -> tuple[int, int] | None:
+        """Which file is at ``path`` now: its content, read again (None if gone)."""
+        got = self.read(path)
+        return None if got is None else content_ident(got[0])
 
     def read_ranges(self, path: str, ranges: Sequence[ByteRange]) -> list[bytes] | None:
         try:
