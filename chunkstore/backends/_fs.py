@@ -45,7 +45,14 @@ from chunkstore.backends._fastread import (
 )
 from chunkstore.backends._fsio import FileStat, FsspecIO, LocalIO
 from chunkstore.backends._iopool import IoPool, raise_first
-from chunkstore.backends.base import Buffer, ChunkInfo, Judgement, ReadVerdict, Store
+from chunkstore.backends.base import (
+    Buffer,
+    ChunkInfo,
+    Judgement,
+    ReadVerdict,
+    Store,
+    judge_oversized,
+)
 from chunkstore.backends.maintenance import (
     QUARANTINE_MODES,
     FileIdent,
@@ -55,17 +62,13 @@ from chunkstore.backends.maintenance import (
 from chunkstore.errors import (
     ConfigError,
     FormatError,
-    LayoutError,
     MissingDependency,
     StoreError,
-    TruncatedChunk,
 )
 from chunkstore.format import (
     MAX_HEADER_BYTES,
     ByteRange,
-    check_identity,
     header_bytes_needed,
-    read_header,
 )
 from chunkstore.hashing import ChunkKey, check_namespace, is_namespace
 from chunkstore.units import parse_size
@@ -490,7 +493,7 @@ class FsStore(Store):
         if st.size > len(buffer):
             # a damaged file (bytes appended, a bad header) is a corrupt miss, not the caller's
             # mistake: judged by its header alone
-            _refuse_oversized(fd, st.size, len(buffer), key.digest)
+            _refuse_oversized(fd, st.size, len(buffer), key)
         return buffer, buffer[: st.size]
 
     def _end_local(self, fd: int, reader: ChunkFileReader | None) -> None:
@@ -611,9 +614,10 @@ class FsStore(Store):
         data, st = whole
         size = len(data)
         if size > len(view):
-            # damaged (bytes appended, a bad header) is a miss set aside; whole, the
-            # caller's buffer is too small
-            if self.verify and not self._valid(key, data, st):
+            # damaged (bytes appended, a bad header) is a miss set aside, with or without
+            # verify (as on local paths, by its header); whole, the caller's buffer is too small
+            judgement = self._judge(key, data) if self.verify else judge_oversized(key, data, size)
+            if not self._admit_read(key, judgement, st, data):
                 return None
             raise buffer_too_small(len(view), size)
         view[:size] = data
@@ -1058,27 +1062,20 @@ def _group_size(count: int, buffer_bytes: int, workers: int) -> int:
     return max(1, min(GROUP_MAX, by_bytes, count // workers))
 
 
-def _refuse_oversized(fd: int, size: int, room: int, expected_key: bytes) -> NoReturn:
+def _refuse_oversized(fd: int, size: int, room: int, key: ChunkKey) -> NoReturn:
     """A chunk file of ``size`` bytes larger than the caller's buffer of ``room``: raise the
-    :class:`FormatError` its own header shows (bytes appended after its payload, a damaged
-    header, a header of another key than ``expected_key`` or whose tokens do not hash to its
-    key: a corrupt chunk, quarantined like any other), else :class:`ConfigError` (a whole
-    chunk the caller's buffer is too small for: the caller's mistake).
+    :class:`FormatError` its own header shows (:func:`judge_oversized`: a corrupt chunk,
+    quarantined like any other), else :class:`ConfigError` (a whole chunk the caller's
+    buffer is too small for: the caller's mistake).
 
     Reads the header only (at most 16 MiB), never the file: it may be anything, of any size.
     """
     through_page_cache(fd)  # the reader may have opened it around the page cache: not aligned
     head = bytearray(min(header_bytes_needed(os.pread(fd, 8, 0)), size, 8 + MAX_HEADER_BYTES))
     got = read_into(fd, memoryview(head))
-    header = read_header(bytes(head[:got]))
-    declared = header.data_offset + header.stored_size
-    if declared < size:
-        raise LayoutError(f"{size - declared} trailing bytes after the payload")
-    if declared > size:
-        raise TruncatedChunk(
-            f"payload has {size - header.data_offset} of {header.stored_size} bytes"
-        )
-    check_identity(header, expected_key, None)  # (checked after the sizes, as a sized read)
+    error = judge_oversized(key, bytes(head[:got]), size).error
+    if error is not None:
+        raise error
     raise buffer_too_small(room, size)
 
 

@@ -31,8 +31,8 @@ from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any
 
 from chunkstore.backends import _layout as L
-from chunkstore.backends._batching import write_once_per_key
-from chunkstore.backends.base import Buffer, ChunkInfo, ReadVerdict, Store
+from chunkstore.backends._batching import buffer_too_small, write_once_per_key
+from chunkstore.backends.base import Buffer, ChunkInfo, ReadVerdict, Store, judge_oversized
 from chunkstore.backends.maintenance import (
     QUARANTINE_MODES,
     FileIdent,
@@ -550,18 +550,10 @@ class S3Store(Store):
         for view in views:
             if view.readonly:
                 raise ConfigError("get_into needs a writable buffer")
-        sizes: list[int | None] = []
-        for data, view in zip(self.get_many(keys), views):
-            if data is None:
-                sizes.append(None)
-                continue
-            if len(data) > len(view):
-                raise ConfigError(
-                    f"buffer of {len(view)} bytes is smaller than the chunk ({len(data)})"
-                )
-            view[: len(data)] = data
-            sizes.append(len(data))
-        return sizes
+        return [
+            None if data is None else self._copy_into(key, data, view)
+            for key, data, view in zip(keys, self.get_many(keys), views)
+        ]
 
     def get_into(self, key: ChunkKey, buffer: Buffer) -> int | None:
         """Read the chunk into ``buffer``; its size, or None."""
@@ -594,14 +586,20 @@ class S3Store(Store):
     def _get_into_whole(self, key: ChunkKey, view: memoryview) -> int | None:
         """:meth:`get_into` through one verified whole-object read."""
         data = self.get(key)
-        if data is None:
-            return None
-        if len(data) > len(view):
-            raise ConfigError(
-                f"buffer of {len(view)} bytes is smaller than the chunk ({len(data)})"
-            )
-        view[: len(data)] = data
-        return len(data)
+        return None if data is None else self._copy_into(key, data, view)
+
+    def _copy_into(self, key: ChunkKey, data: Any, view: memoryview) -> int | None:
+        """``data`` (as :meth:`get_many` served it) into ``view``; its size. An object larger
+        than ``view`` is a miss where it is damaged (judged by its header, as the filesystem
+        store does, when ``verify`` is off and it was served unchecked), else ConfigError
+        (the caller's buffer is too small for a whole chunk)."""
+        size = len(data)
+        if size > len(view):
+            if not self.verify and not self._admit(key, judge_oversized(key, data, size)):
+                return None
+            raise buffer_too_small(len(view), size)
+        view[:size] = data
+        return size
 
     def read_ranges(self, key: ChunkKey, ranges: Sequence[ByteRange]) -> list[bytes] | None:
         """Ranged GETs for each byte range (one TP rank's share); None if missing. Unchecked."""
