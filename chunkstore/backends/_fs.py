@@ -614,8 +614,9 @@ class FsStore(Store):
         data, st = whole
         size = len(data)
         if size > len(view):
-            # damaged (bytes appended, a bad header) is a miss set aside, with or without
-            # verify (as on local paths, by its header); whole, the caller's buffer is too small
+            # damaged (bytes appended, a bad header) is a miss set aside, also without verify
+            # (then judged by its header, as on local paths); whole, the caller's buffer is
+            # too small
             judgement = self._judge(key, data) if self.verify else judge_oversized(key, data, size)
             if not self._admit_read(key, judgement, st, data):
                 return None
