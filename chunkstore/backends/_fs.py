@@ -45,22 +45,30 @@ from chunkstore.backends._fastread import (
 )
 from chunkstore.backends._fsio import FileStat, FsspecIO, LocalIO
 from chunkstore.backends._iopool import IoPool, raise_first
-from chunkstore.backends.base import Buffer, ChunkInfo, Judgement, ReadVerdict, Store
-from chunkstore.backends.maintenance import QUARANTINE_MODES, StoredFile, reason_record
+from chunkstore.backends.base import (
+    Buffer,
+    ChunkInfo,
+    Judgement,
+    ReadVerdict,
+    Store,
+    judge_oversized,
+)
+from chunkstore.backends.maintenance import (
+    QUARANTINE_MODES,
+    FileIdent,
+    StoredFile,
+    reason_record,
+)
 from chunkstore.errors import (
     ConfigError,
     FormatError,
-    LayoutError,
     MissingDependency,
     StoreError,
-    TruncatedChunk,
 )
 from chunkstore.format import (
     MAX_HEADER_BYTES,
     ByteRange,
-    check_identity,
     header_bytes_needed,
-    read_header,
 )
 from chunkstore.hashing import ChunkKey, check_namespace, is_namespace
 from chunkstore.units import parse_size
@@ -163,7 +171,7 @@ class FsStore(Store):
         self.track_access = track_access
         self.access_resolution = float(access_resolution)
         self._touched: dict[ChunkKey, float] = {}
-        self._suspects: dict[ChunkKey, tuple[int, int] | None] = {}
+        self._suspects: dict[ChunkKey, FileIdent | None] = {}
         self.read_errors = 0
         """Reads that failed with an OS error other than absence (EIO, ESTALE, EACCES, a
         directory at a chunk's path): each was logged and served as a miss."""
@@ -326,15 +334,16 @@ class FsStore(Store):
 
     def read_unchecked_with_idents(
         self, keys: Sequence[ChunkKey]
-    ) -> list[tuple[bytes, tuple[int, int] | None] | None]:
+    ) -> list[tuple[bytes, FileIdent | None] | None]:
         """Like :meth:`read_unchecked_many`, with an ident of the file each read came from.
 
         Hand the ident to :meth:`quarantine_if_unchanged` / :meth:`delete_if_unchanged`
         so that a maintenance tool removes the file it judged, never one another writer
-        put in its place since. Idents are ``None`` on non-local filesystems (no guard).
+        put in its place since: the inode on local paths, the content through fsspec.
         """
         return [
-            None if got is None else (got[0], got[1].ident) for got in self._read_versions(keys)
+            None if got is None else (got[0], self.io.ident_of_read(*got))
+            for got in self._read_versions(keys)
         ]
 
     def get_many(self, keys: Sequence[ChunkKey]) -> list[bytes | None]:
@@ -484,7 +493,7 @@ class FsStore(Store):
         if st.size > len(buffer):
             # a damaged file (bytes appended, a bad header) is a corrupt miss, not the caller's
             # mistake: judged by its header alone
-            _refuse_oversized(fd, st.size, len(buffer), key.digest)
+            _refuse_oversized(fd, st.size, len(buffer), key)
         return buffer, buffer[: st.size]
 
     def _end_local(self, fd: int, reader: ChunkFileReader | None) -> None:
@@ -605,9 +614,11 @@ class FsStore(Store):
         data, st = whole
         size = len(data)
         if size > len(view):
-            # damaged (bytes appended, a bad header) is a miss set aside; whole, the
-            # caller's buffer is too small
-            if self.verify and not self._valid(key, data, st):
+            # damaged (bytes appended, a bad header) is a miss set aside, also without verify
+            # (then judged by its header, as on local paths); whole, the caller's buffer is
+            # too small
+            judgement = self._judge(key, data) if self.verify else judge_oversized(key, data, size)
+            if not self._admit_read(key, judgement, st, data):
                 return None
             raise buffer_too_small(len(view), size)
         view[:size] = data
@@ -634,13 +645,16 @@ class FsStore(Store):
         return got
 
     def _valid(self, key: ChunkKey, data: Any, st: FileStat) -> bool:
-        return self._admit_read(key, self._judge(key, data), st)
+        return self._admit_read(key, self._judge(key, data), st, data)
 
-    def _admit_read(self, key: ChunkKey, judgement: Judgement, st: FileStat) -> bool:
-        """:meth:`_admit` for a read of the file ``st`` describes."""
+    def _admit_read(
+        self, key: ChunkKey, judgement: Judgement, st: FileStat, data: Any = None
+    ) -> bool:
+        """:meth:`_admit` for a read of ``data`` from the file ``st`` describes (``data`` is
+        needed only where the stat cannot name the file: fsspec)."""
         if judgement.verdict is ReadVerdict.CORRUPT:
             # remember which file was bad so a concurrent good rewrite is not quarantined
-            self._suspects[key] = st.ident
+            self._suspects[key] = self.io.ident_of_read(data, st)
         return self._admit(key, judgement)
 
     def exists_many(self, keys: Sequence[ChunkKey]) -> list[bool]:
@@ -815,25 +829,25 @@ class FsStore(Store):
         ident = self._suspects.pop(key, None)
         self._set_aside(key, ident, reason)
 
-    def quarantine_if_unchanged(
-        self, key: ChunkKey, ident: tuple[int, int] | None, reason: str
-    ) -> bool:
+    def quarantine_if_unchanged(self, key: ChunkKey, ident: FileIdent | None, reason: str) -> bool:
         """Move ``key``'s chunk to quarantine (or delete it, with ``quarantine="delete"``)
         only if it is still the file ``ident`` names (from :meth:`read_unchecked_with_idents`);
         True if it was set aside. ``ident=None`` sets aside whatever is there."""
         return self._set_aside(key, ident, reason)
 
-    def delete_if_unchanged(self, key: ChunkKey, ident: tuple[int, int] | None) -> bool:
+    def delete_if_unchanged(self, key: ChunkKey, ident: FileIdent | None) -> bool:
         """Delete ``key``'s chunk only if it is still the file ``ident`` names; True if deleted."""
         return self._set_aside(key, ident, None)
 
-    def _set_aside(self, key: ChunkKey, ident: tuple[int, int] | None, reason: str | None) -> bool:
+    def _set_aside(self, key: ChunkKey, ident: FileIdent | None, reason: str | None) -> bool:
         """Quarantine (``reason`` given) or delete the chunk file ``ident`` names.
 
         The file is first renamed away (to quarantine, or to a temp name when deleting), and
         only then compared with ``ident``: a rename moves one inode, so what is checked is
         exactly what left the serving path. A file another writer published in between is
-        put back (unless a yet newer one arrived): nothing good is lost to the race.
+        put back (unless a yet newer one arrived): nothing good is lost to the race. Through
+        fsspec the comparison is of contents (read again: this is the rare path), and a
+        move is only as atomic as the filesystem's ``mv``.
         """
         path = self.path_of(key)
         # The note kept beside a quarantined chunk; None: the chunk is deleted instead.
@@ -844,9 +858,11 @@ class FsStore(Store):
         def remove() -> list[int]:
             nonlocal done
             current = self.io.stat(path)
-            if current is None or not _same_file(current, ident):
+            if current is None:
                 return []
-            guarded = ident is not None and current.ident is not None
+            guarded = ident is not None
+            if guarded and self.io.ident_at(path, current) != ident:
+                return []
             if delete and not guarded:
                 size = self._remove_sized(path)
                 done = size >= 0
@@ -861,7 +877,8 @@ class FsStore(Store):
             if not self.io.move(path, dest):
                 return []
             taken = (self.io.stat(dest) if guarded else None) or current
-            if not _same_file(taken, ident):
+            moved = self.io.ident_at(dest, taken) if guarded else ident
+            if moved is not None and moved != ident:
                 restored = self.io.link_if_absent(dest, path, self.fsync)  # removes dest
                 return [] if restored else [taken.size]
             done = True
@@ -1046,27 +1063,20 @@ def _group_size(count: int, buffer_bytes: int, workers: int) -> int:
     return max(1, min(GROUP_MAX, by_bytes, count // workers))
 
 
-def _refuse_oversized(fd: int, size: int, room: int, expected_key: bytes) -> NoReturn:
+def _refuse_oversized(fd: int, size: int, room: int, key: ChunkKey) -> NoReturn:
     """A chunk file of ``size`` bytes larger than the caller's buffer of ``room``: raise the
-    :class:`FormatError` its own header shows (bytes appended after its payload, a damaged
-    header, a header of another key than ``expected_key`` or whose tokens do not hash to its
-    key: a corrupt chunk, quarantined like any other), else :class:`ConfigError` (a whole
-    chunk the caller's buffer is too small for: the caller's mistake).
+    :class:`FormatError` its own header shows (:func:`judge_oversized`: a corrupt chunk,
+    quarantined like any other), else :class:`ConfigError` (a whole chunk the caller's
+    buffer is too small for: the caller's mistake).
 
     Reads the header only (at most 16 MiB), never the file: it may be anything, of any size.
     """
     through_page_cache(fd)  # the reader may have opened it around the page cache: not aligned
     head = bytearray(min(header_bytes_needed(os.pread(fd, 8, 0)), size, 8 + MAX_HEADER_BYTES))
     got = read_into(fd, memoryview(head))
-    header = read_header(bytes(head[:got]))
-    declared = header.data_offset + header.stored_size
-    if declared < size:
-        raise LayoutError(f"{size - declared} trailing bytes after the payload")
-    if declared > size:
-        raise TruncatedChunk(
-            f"payload has {size - header.data_offset} of {header.stored_size} bytes"
-        )
-    check_identity(header, expected_key, None)  # (checked after the sizes, as a sized read)
+    error = judge_oversized(key, bytes(head[:got]), size).error
+    if error is not None:
+        raise error
     raise buffer_too_small(room, size)
 
 
@@ -1089,11 +1099,6 @@ class _LocalRead:
     """The header-checked verification, when the store verifies."""
     ended: bool = False
     """Its file is closed (or being closed): nothing may close ``fd`` again."""
-
-
-def _same_file(st: FileStat, ident: tuple[int, int] | None) -> bool:
-    """Whether ``st`` is the file ``ident`` names (always, when either side has no ident)."""
-    return ident is None or st.ident is None or st.ident == ident
 
 
 def _is_local_fs(fs: Any) -> bool:

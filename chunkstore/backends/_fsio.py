@@ -12,6 +12,7 @@ import contextlib
 import datetime as _dt
 import errno
 import fcntl
+import hashlib
 import logging
 import os
 import stat as _stat
@@ -45,11 +46,22 @@ class FileStat:
     mtime: float
     """Last write, seconds since the epoch."""
     atime: float
-    """Access time as the filesystem reports it (set explicitly by the store), 0 if unknown."""
+    """Access time as the store set it explicitly: the filesystem's atime, but not past the
+    ctime (a plain read that moved the atime is not a use); 0 if unknown."""
     ident: tuple[int, int] | None = None
-    """(inode, mtime_ns) on local filesystems: tells a replaced file from the one read."""
+    """(inode, mtime_ns) on local filesystems: tells a replaced file from the one read
+    (through fsspec, None: the store compares contents, :func:`content_ident`)."""
     regular: bool = True
     """A regular file (False: a symlink, FIFO, device or directory where a file is listed)."""
+
+
+def content_ident(data: Any) -> tuple[int, int]:
+    """(size, 64-bit digest) of a file's bytes: which file a read came from where the
+    filesystem offers no identity that a replacement changes (fsspec: a file replaced by
+    another with a different content tells apart; one with the same bytes is the same)."""
+    view = memoryview(data).cast("B")
+    digest = hashlib.blake2b(view, digest_size=8).digest()
+    return view.nbytes, int.from_bytes(digest, "little")
 
 
 class LocalIO:
@@ -146,13 +158,8 @@ class LocalIO:
                 if not self._noatime or exc.errno != errno.EPERM:
                     raise
                 self._noatime = 0  # not the owner: O_NOATIME is refused, plain reads still work
-                log.warning(
-                    "cannot read %s with O_NOATIME (not the files' owner): this process's "
-                    "reads may now update access times on mounts without noatime, so "
-                    "verify/cp reads can count as uses for prune and eviction; run "
-                    "maintenance as the store's owner (docs/limits.md)",
-                    path,
-                )
+                # Harmless: the atime such a read moves is not taken for a use (_filestat).
+                log.debug("%s: not the owner, reading without O_NOATIME from now on", path)
                 return os.open(path, flags)
         except (FileNotFoundError, NotADirectoryError):
             return None
@@ -193,6 +200,16 @@ class LocalIO:
             return [os.pread(fd, r.length, r.offset) for r in ranges]
         finally:
             os.close(fd)
+
+    @staticmethod
+    def ident_of_read(data: Any, st: FileStat) -> tuple[int, int] | None:
+        """Which file a read of ``data`` (stat ``st``) came from: its inode and mtime."""
+        return st.ident
+
+    @staticmethod
+    def ident_at(path: str, st: FileStat) -> tuple[int, int] | None:
+        """Which file is at ``path`` now (``st``: its stat, just taken)."""
+        return st.ident
 
     def stat(self, path: str) -> FileStat | None:
         try:
@@ -431,7 +448,12 @@ def _regular_fstat(fd: int, path: str) -> os.stat_result:
 
 
 def _filestat(st: os.stat_result, regular: bool = True) -> FileStat:
-    return FileStat(st.st_size, st.st_mtime, st.st_atime, (st.st_ino, st.st_mtime_ns), regular)
+    # The access time the store set, not a plain read's (spec/FORMAT.md 6.5): setting times
+    # moves the ctime along with the atime, a read that moves the atime (a process that may
+    # not use O_NOATIME: not the files' owner, e.g. an operator's `verify`) leaves the ctime.
+    # So an atime past the ctime was no recorded use; the ctime bounds it.
+    atime = min(st.st_atime, st.st_ctime)
+    return FileStat(st.st_size, st.st_mtime, atime, (st.st_ino, st.st_mtime_ns), regular)
 
 
 def _info_time(info: dict[str, Any], *names: str) -> float:
@@ -509,6 +531,16 @@ class FsspecIO:
         except (FileNotFoundError, IsADirectoryError):
             return None
         return data, FileStat(len(data), 0.0, 0.0)
+
+    @staticmethod
+    def ident_of_read(data: Any, st: FileStat) -> tuple[int, int] | None:
+        """Which file a read of ``data`` came from: its content (:func:`content_ident`)."""
+        return None if data is None else content_ident(data)
+
+    def ident_at(self, path: str, st: FileStat) -> tuple[int, int] | None:
+        """Which file is at ``path`` now: its content, read again (None if gone)."""
+        got = self.read(path)
+        return None if got is None else content_ident(got[0])
 
     def read_ranges(self, path: str, ranges: Sequence[ByteRange]) -> list[bytes] | None:
         try:

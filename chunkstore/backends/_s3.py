@@ -31,9 +31,14 @@ from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any
 
 from chunkstore.backends import _layout as L
-from chunkstore.backends._batching import write_once_per_key
-from chunkstore.backends.base import Buffer, ChunkInfo, ReadVerdict, Store
-from chunkstore.backends.maintenance import QUARANTINE_MODES, StoredFile, reason_record
+from chunkstore.backends._batching import buffer_too_small, write_once_per_key
+from chunkstore.backends.base import Buffer, ChunkInfo, ReadVerdict, Store, judge_oversized
+from chunkstore.backends.maintenance import (
+    QUARANTINE_MODES,
+    FileIdent,
+    StoredFile,
+    reason_record,
+)
 from chunkstore.errors import (
     ConfigError,
     MissingDependency,
@@ -425,14 +430,20 @@ class S3Store(Store):
     # --- reads -------------------------------------------------------------------------
 
     async def _get_one(self, key: ChunkKey) -> bytes | None:
+        got = await self._get_tagged(key)
+        return None if got is None else got[0]
+
+    async def _get_tagged(self, key: ChunkKey) -> tuple[bytes, str] | None:
+        """The object's bytes and its ETag (which object they came from); None if missing
+        or unreadable (logged)."""
         try:
-            body: bytes = (await self._request("get_object", Key=self.object_key(key)))["Body"]
-            return body
+            got = await self._request("get_object", Key=self.object_key(key))
         except _NotFound:
             return None
         except (_Failed, _Exists) as exc:
             log.warning("%s: get %s failed, treated as a miss: %s", self.name, key.hex, exc)
             return None
+        return got["Body"], str(got.get("ETag", ""))
 
     async def _read_many_async(self, keys: Sequence[ChunkKey]) -> list[bytes | None]:
         return await self._gather([self._get_one(k) for k in keys])
@@ -473,6 +484,22 @@ class S3Store(Store):
     def read_unchecked_many(self, keys: Sequence[ChunkKey]) -> list[bytes | None]:
         """Stored bytes per key, unvalidated, not recorded as an access (for verify/cp)."""
         return self._read_many(keys)
+
+    def read_unchecked_with_idents(
+        self, keys: Sequence[ChunkKey]
+    ) -> list[tuple[bytes, FileIdent | None] | None]:
+        """Like :meth:`read_unchecked_many`, with the ETag of the object each read came from.
+
+        Hand it to :meth:`quarantine_if_unchanged` / :meth:`delete_if_unchanged` so that a
+        maintenance tool removes the object it judged, never one a writer put in its place
+        since. (Always plain GETs, also with ``data_path="nixl"``: they carry the ETag.)
+        """
+
+        async def run() -> list[tuple[bytes, str] | None]:
+            return await self._gather([self._get_tagged(k) for k in keys])
+
+        got: list[tuple[bytes, FileIdent | None] | None] = self._run(run)
+        return got
 
     def get_many(self, keys: Sequence[ChunkKey]) -> list[bytes | None]:
         """Chunk bytes per key; ``None`` for missing, corrupt or unreachable chunks.
@@ -523,18 +550,10 @@ class S3Store(Store):
         for view in views:
             if view.readonly:
                 raise ConfigError("get_into needs a writable buffer")
-        sizes: list[int | None] = []
-        for data, view in zip(self.get_many(keys), views):
-            if data is None:
-                sizes.append(None)
-                continue
-            if len(data) > len(view):
-                raise ConfigError(
-                    f"buffer of {len(view)} bytes is smaller than the chunk ({len(data)})"
-                )
-            view[: len(data)] = data
-            sizes.append(len(data))
-        return sizes
+        return [
+            None if data is None else self._copy_into(key, data, view)
+            for key, data, view in zip(keys, self.get_many(keys), views)
+        ]
 
     def get_into(self, key: ChunkKey, buffer: Buffer) -> int | None:
         """Read the chunk into ``buffer``; its size, or None."""
@@ -567,14 +586,20 @@ class S3Store(Store):
     def _get_into_whole(self, key: ChunkKey, view: memoryview) -> int | None:
         """:meth:`get_into` through one verified whole-object read."""
         data = self.get(key)
-        if data is None:
-            return None
-        if len(data) > len(view):
-            raise ConfigError(
-                f"buffer of {len(view)} bytes is smaller than the chunk ({len(data)})"
-            )
-        view[: len(data)] = data
-        return len(data)
+        return None if data is None else self._copy_into(key, data, view)
+
+    def _copy_into(self, key: ChunkKey, data: Any, view: memoryview) -> int | None:
+        """``data`` (as :meth:`get_many` served it) into ``view``; its size. An object larger
+        than ``view`` is a miss where it is damaged (judged by its header, as the filesystem
+        store does, when ``verify`` is off and it was served unchecked), else ConfigError
+        (the caller's buffer is too small for a whole chunk)."""
+        size = len(data)
+        if size > len(view):
+            if not self.verify and not self._admit(key, judge_oversized(key, data, size)):
+                return None
+            raise buffer_too_small(len(view), size)
+        view[:size] = data
+        return size
 
     def read_ranges(self, key: ChunkKey, ranges: Sequence[ByteRange]) -> list[bytes] | None:
         """Ranged GETs for each byte range (one TP rank's share); None if missing. Unchecked."""
@@ -819,32 +844,110 @@ class S3Store(Store):
 
     def quarantine(self, key: ChunkKey, reason: str) -> None:
         """Copy ``key``'s chunk to ``<prefix>/quarantine/`` and delete it (or only delete
-        it, with ``quarantine="delete"``); a maintenance tool's verdict, as a corrupt read's."""
-        self._quarantine(key, reason)
+        it, with ``quarantine="delete"``); a maintenance tool's verdict, on whatever object
+        is there (:meth:`quarantine_if_unchanged` sets aside only the one that was read)."""
+        self._set_aside(key, None, reason)
 
     def _quarantine(self, key: ChunkKey, reason: str) -> None:
-        name = self.object_key(key)
-        dest = self._full(f"{L.QUARANTINE_DIR}/{key.namespace}/{key.hex}{L.CHUNK_SUFFIX}")
+        # A read found damage, but its ETag is not at hand here, and a writer may have put a
+        # good copy in place since: judge the object there now (a rare, second GET) and set
+        # aside only that one, by its ETag.
+        current = self._run(self._get_tagged, key)
+        if current is None:
+            return
+        if self._judge(key, current[0]).verdict is not ReadVerdict.CORRUPT:
+            log.info("%s: %s was replaced since its corrupt read; left", self.name, key.hex)
+            return
+        self._set_aside(key, current[1], reason)
 
-        async def run() -> None:
+    def quarantine_if_unchanged(self, key: ChunkKey, ident: FileIdent | None, reason: str) -> bool:
+        """Move ``key``'s chunk to quarantine (or delete it, with ``quarantine="delete"``)
+        only if it is still the object of ETag ``ident`` (from
+        :meth:`read_unchecked_with_idents`); True if it was set aside. ``ident=None``:
+        whatever object is there."""
+        return self._set_aside(key, ident, reason)
+
+    def delete_if_unchanged(self, key: ChunkKey, ident: FileIdent | None) -> bool:
+        """Delete ``key``'s chunk only if it is still the object of ETag ``ident``; True if
+        deleted."""
+        return self._set_aside(key, ident, None)
+
+    def _set_aside(self, key: ChunkKey, etag: FileIdent | None, reason: str | None) -> bool:
+        """Quarantine (``reason`` given) or delete the object of ETag ``etag``; True if done.
+
+        Both steps are conditional on the ETag: the copy to quarantine
+        (``CopySourceIfMatch``) and the delete (``If-Match``; with
+        ``conditional_writes=False``, a HEAD comparing ETags just before a plain DELETE).
+        If the delete is refused, another object took the key after the copy: the copy
+        is removed again (a server that ignores ``CopySourceIfMatch`` copied the new one)
+        and the key keeps what the writer put there.
+        """
+        name = self.object_key(key)
+        move = reason is not None and self.quarantine_mode == "move"
+        dest = self._full(f"{L.QUARANTINE_DIR}/{key.namespace}/{key.hex}{L.CHUNK_SUFFIX}")
+        etag = etag or None  # (a server that sent no ETag: nothing to compare)
+        match = {} if etag is None else {"CopySourceIfMatch": str(etag)}
+
+        async def run() -> bool:
+            copied = None
             try:
-                if self.quarantine_mode == "move":
-                    await self._request(
-                        "copy_object", Key=dest, CopySource={"Bucket": self.bucket, "Key": name}
+                if move:
+                    got = await self._request(
+                        "copy_object",
+                        Key=dest,
+                        CopySource={"Bucket": self.bucket, "Key": name},
+                        **match,
                     )
-                    await self._request(
-                        "put_object",
-                        Key=dest + L.REASON_SUFFIX,
-                        Body=reason_record(reason),
-                    )
-                await self._request("delete_object", Key=name)
-                await self._request("delete_object", Key=name + ".atime")
-            except (_NotFound, _Exists):
-                pass
+                    copied = got.get("CopyObjectResult", {}).get("ETag")
+                await self._delete_if(name, None if etag is None else str(etag))
+            except _NotFound:
+                return False  # gone already (pruned, or set aside by another reader)
+            except _Exists:  # another object is there now (before the copy, or after it)
+                if copied is not None:
+                    await self._drop_copy(dest, str(copied))
+                return False
             except _Failed as exc:
                 log.warning("%s: cannot quarantine %s: %s", self.name, key.hex, exc)
+                if copied is not None:  # the chunk stays in place: no second copy of it aside
+                    await self._drop_copy(dest, str(copied))
+                return False
+            try:
+                if move and reason is not None:
+                    await self._request(
+                        "put_object", Key=dest + L.REASON_SUFFIX, Body=reason_record(reason)
+                    )
+                await self._request("delete_object", Key=name + ".atime")
+            except (_NotFound, _Exists, _Failed) as exc:  # the chunk itself is aside
+                log.debug("%s: after setting %s aside: %s", self.name, key.hex, exc)
+            return True
 
-        self._run(run)
+        self._touched.pop(key, None)
+        done: bool = self._run(run)
+        return done
+
+    async def _delete_if(self, name: str, etag: str | None) -> None:
+        """Delete ``name`` if its ETag is ``etag`` (any object when None); raises _Exists if
+        another object is there, _NotFound if none is."""
+        if etag is None:
+            await self._request("delete_object", Key=name)
+            return
+        if self.conditional_writes:
+            await self._request("delete_object", Key=name, IfMatch=etag)
+            return
+        # Note: without conditional requests one HEAD's round trip remains for a writer to
+        # replace the object before the DELETE lands.
+        head = await self._request("head_object", Key=name)
+        if str(head.get("ETag", "")) != etag:
+            raise _Exists()
+        await self._request("delete_object", Key=name)
+
+    async def _drop_copy(self, dest: str, etag: str) -> None:
+        """Remove the quarantine copy of ETag ``etag`` made by a set-aside that then did not
+        happen (a copy another tool made since is left)."""
+        try:
+            await self._delete_if(dest, etag)
+        except (_NotFound, _Exists, _Failed) as exc:
+            log.debug("%s: quarantine copy %s left: %s", self.name, dest, exc)
 
     # --- listing -------------------------------------------------------------------------
 

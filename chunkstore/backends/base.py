@@ -31,8 +31,15 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-from chunkstore.errors import AuthenticationError, FormatError, SpecMismatch, UnsupportedVersion
-from chunkstore.format import ByteRange, ChunkHeader, decode_chunk
+from chunkstore.errors import (
+    AuthenticationError,
+    FormatError,
+    LayoutError,
+    SpecMismatch,
+    TruncatedChunk,
+    UnsupportedVersion,
+)
+from chunkstore.format import ByteRange, ChunkHeader, check_identity, decode_chunk, read_header
 from chunkstore.hashing import ChunkKey
 
 log = logging.getLogger(__name__)
@@ -128,6 +135,30 @@ def judge(
     except FormatError as exc:
         return Judgement.of(exc)
     return Judgement(ReadVerdict.OK, header=chunk.header)
+
+
+def judge_oversized(key: ChunkKey, head: Any, size: int) -> Judgement:
+    """The verdict on a stored chunk of ``size`` bytes too large for the buffer it is to be
+    read into, from its header alone (``head``: the file's first bytes, at least the whole
+    header): not OK where the header shows damage (bytes appended after the payload, a
+    truncated payload, a damaged header, another key's chunk); OK for a whole chunk, which
+    the caller's buffer is simply too small for (the caller's mistake, not a miss).
+
+    Every store applies it, with or without ``verify``: damaged bytes are a miss, never an
+    exception, however large (a file of any size may sit under a chunk's name)."""
+    try:
+        header = read_header(head)
+        declared = header.data_offset + header.stored_size
+        if declared < size:
+            raise LayoutError(f"{size - declared} trailing bytes after the payload")
+        if declared > size:
+            raise TruncatedChunk(
+                f"payload has {size - header.data_offset} of {header.stored_size} bytes"
+            )
+        check_identity(header, key.digest, None)  # (checked after the sizes, as a sized read)
+    except FormatError as exc:
+        return Judgement.of(exc)
+    return Judgement(ReadVerdict.OK, header=header)
 
 
 class Store(ABC):

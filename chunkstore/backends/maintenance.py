@@ -4,9 +4,9 @@
 ``prune --max-bytes`` would see every chunk as just used), move corrupt chunks
 aside, and report or sweep files that are not chunks. Stores that keep such
 state (access records, a quarantine area, temp files or unfinished uploads)
-implement :class:`SupportsMaintenance`; the filesystem store also implements
-:class:`SupportsCheckedRemoval`, so that a tool removes exactly the file it
-judged. Like the other ``Supports*`` capabilities (:mod:`chunkstore.backends.base`)
+implement :class:`SupportsMaintenance`; the filesystem and S3 stores also
+implement :class:`SupportsCheckedRemoval`, so that a tool removes exactly the
+file it judged. Like the other ``Supports*`` capabilities (:mod:`chunkstore.backends.base`)
 these are ``runtime_checkable`` protocols, not abstract methods: a store
 without them (memory, peers) simply has nothing to maintain.
 """
@@ -23,8 +23,10 @@ from chunkstore.hashing import ChunkKey
 QUARANTINE_MODES = ("move", "delete")
 """What a store does with a corrupt chunk: move it to its quarantine area, or delete it."""
 
-FileIdent = tuple[int, int]
-"""Which file a read came from (device, inode), for :class:`SupportsCheckedRemoval`."""
+FileIdent = tuple[int, int] | str
+"""Which file a read came from, for :class:`SupportsCheckedRemoval`: (inode, mtime_ns) of a
+local file, (size, digest of the bytes) of a file read through fsspec, the ETag of an S3
+object."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -135,7 +135,7 @@ def test_fsspec_read_errors_are_misses(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.skipif(not _fsio._O_NOATIME, reason="no O_NOATIME on this platform")
-def test_noatime_refused_falls_back_and_warns_once(
+def test_noatime_refused_falls_back_quietly(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     store = FsStore(str(tmp_path / "s"), create=True)
@@ -151,6 +151,7 @@ def test_noatime_refused_falls_back_and_warns_once(
     monkeypatch.setattr(os, "open", open_as_non_owner)
     with caplog.at_level("WARNING", logger="chunkstore.backends._fsio"):
         assert store.read_unchecked_many([CHUNK.key, OTHER.key]) == [CHUNK.data, OTHER.data]
-    warnings = [r for r in caplog.records if "O_NOATIME" in r.getMessage()]
-    assert len(warnings) == 1
+    # nothing to warn about: what such reads do to atimes is not taken for a use
+    # (test_fs_non_owner_reads.py)
+    assert caplog.records == []
     assert store.read_errors == 0

@@ -43,14 +43,13 @@ def test_fs_quarantine_in_delete_mode_deletes(tmp_path: Path) -> None:
     assert store.exists(chunk.key) is False and store.quarantined() == []
 
 
-def test_s3_store_has_maintenance_but_no_checked_removal(s3_endpoint: str, s3_bucket: str) -> None:
+def test_s3_store_has_both_protocols(s3_endpoint: str, s3_bucket: str) -> None:
     pytest.importorskip("s3fs")
     from chunkstore.backends._s3 import S3Store
 
     store = S3Store(s3_bucket, "p", endpoint_url=s3_endpoint, backoff=0.001)
     try:
-        assert isinstance(store, SupportsMaintenance)
-        assert not isinstance(store, SupportsCheckedRemoval)
+        assert isinstance(store, SupportsMaintenance) and isinstance(store, SupportsCheckedRemoval)
         chunk = CHUNKS[0]
         store.put(chunk.key, chunk.data)
         store.quarantine(chunk.key, "ChecksumMismatch: judged by a tool")

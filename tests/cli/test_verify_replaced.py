@@ -49,3 +49,51 @@ def test_verify_leaves_a_chunk_rewritten_while_checking(
     assert [Path(q.path).name for q in writer.quarantined()] == (
         [f"{OTHER.key.hex}.kvc"] if action == "--quarantine" else []
     )
+
+
+@pytest.mark.parametrize("action", ["--quarantine", "--delete"])
+def test_verify_on_s3_leaves_an_object_rewritten_while_checking(
+    cli: Any,
+    s3_endpoint: str,
+    s3_bucket: str,
+    s3_admin: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    action: str,
+) -> None:
+    """The same on S3: verify read the damaged object, a writer put a good one in its place,
+    and the set-aside (conditional on the ETag that was read) leaves the good one."""
+    from chunkstore.backends._s3 import S3Store
+
+    writer = S3Store(s3_bucket, "kv", endpoint_url=s3_endpoint)
+    writer.put(CHUNK.key, corrupt_copies(CHUNK)["bitflip"])
+    writer.put(OTHER.key, corrupt_copies(OTHER)["bitflip"])
+    target = writer.object_key(CHUNK.key)
+    real = S3Store._attempt
+    rewritten: list[str] = []
+
+    async def read_then_rewrite(self: S3Store, op: str, kwargs: dict[str, Any]) -> Any:
+        got = await real(self, op, kwargs)
+        if op == "get_object" and kwargs["Key"] == target and not rewritten:
+            # verify now holds the corrupt bytes; a writer repairs the chunk (a plain boto3
+            # client: a store's calls cannot run inside its own event loop)
+            rewritten.append(target)
+            s3_admin.put_object(Bucket=s3_bucket, Key=target, Body=CHUNK.data)
+        return got
+
+    monkeypatch.setattr(S3Store, "_attempt", read_then_rewrite)
+    result = cli(
+        "verify", f"s3://{s3_bucket}/kv", "-o", f"endpoint_url={s3_endpoint}", action, "--json"
+    )
+    monkeypatch.undo()
+    assert result.rc == FAILURE and rewritten == [target]
+    actions = {c["key"]: c["action"] for c in result.json()["corrupt"]}
+    assert actions == {
+        CHUNK.key.hex: "left (changed while checking)",
+        OTHER.key.hex: "quarantined" if action == "--quarantine" else "deleted",
+    }
+    assert writer.get(CHUNK.key) == CHUNK.data  # the good rewrite survived
+    assert writer.exists(OTHER.key) is False  # the unchanged bad one went
+    assert [q.path.rsplit("/", 1)[-1] for q in writer.quarantined()] == (
+        [f"{OTHER.key.hex}.kvc"] if action == "--quarantine" else []
+    )
+    writer.close()

@@ -41,9 +41,10 @@ EPILOG = """examples:
 
 Exit status 1 when corrupt chunks were found (whatever was done with them).
 Chunks of a format version this chunkstore cannot read (a newer writer) are
-reported as "unsupported" and left alone. On a filesystem store only the very
-file that was judged is set aside: one a writer replaced (or removed) while
-verify was checking it is "left (changed while checking)". Orphan temp files
+reported as "unsupported" and left alone. Only the very chunk that was judged
+is set aside (a file by inode or content, an S3 object by ETag): one a writer
+replaced (or removed) while verify was checking it is "left (changed while
+checking)". Orphan temp files
 of killed writers older than --grace are removed; foreign files are reported,
 never touched.
 """

@@ -1,0 +1,189 @@
+"""Setting a corrupt chunk aside on every store with access to a shared medium (a local
+directory, any fsspec filesystem, S3): what goes to quarantine, or is deleted, is the very
+file or object that was read and judged, never a good copy a writer put in its place since.
+
+Local files are told apart by inode, fsspec files by content, S3 objects by ETag; the
+local store's finer races are in ``test_fs_replaced.py``.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import fsspec
+import pytest
+
+from chunkstore.backends._fs import FsStore
+from chunkstore.backends._fsio import FsspecIO
+from chunkstore.backends.base import Store
+from chunkstore.testing.factories import sample_chunks
+from chunkstore.testing.store_suite import corrupt_copies
+
+CHUNK = sample_chunks(1, seed=53)[0]
+BAD = corrupt_copies(CHUNK)["bitflip"]
+
+
+@dataclass
+class Shared:
+    """A store, and a second writer on the same medium (another process, in real life)."""
+
+    store: Any
+    writer: Store
+
+
+def _local(tmp_path: Path, quarantine: str) -> Shared:
+    root = str(tmp_path / "s")
+    return Shared(FsStore(root, create=True, quarantine=quarantine), FsStore(root))
+
+
+def _fsspec(tmp_path: Path, quarantine: str) -> Shared:
+    fs = fsspec.filesystem("memory")
+    root = f"/replaced-{uuid.uuid4().hex}"
+    store = FsStore(root, fs=fs, create=True, quarantine=quarantine)
+    assert isinstance(store.io, FsspecIO)
+    return Shared(store, FsStore(root, fs=fs))
+
+
+def _s3(request: pytest.FixtureRequest, quarantine: str, **options: Any) -> Shared:
+    pytest.importorskip("s3fs")
+    endpoint = request.getfixturevalue("s3_endpoint")
+    bucket = request.getfixturevalue("s3_bucket")
+    from chunkstore.backends._s3 import S3Store
+
+    def make(**extra: Any) -> S3Store:
+        return S3Store(bucket, "p", endpoint_url=endpoint, backoff=0.001, **extra)
+
+    return Shared(make(quarantine=quarantine, **options), make())
+
+
+KINDS = ["local", "fsspec", "s3", "s3-no-conditional"]
+
+
+@pytest.fixture(params=KINDS)
+def shared_of(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Callable[[str], Shared]]:
+    """``shared_of(quarantine)`` for each kind of store."""
+    made: list[Shared] = []
+
+    def make(quarantine: str = "move") -> Shared:
+        if request.param == "local":
+            pair = _local(tmp_path, quarantine)
+        elif request.param == "fsspec":
+            pair = _fsspec(tmp_path, quarantine)
+        elif request.param == "s3":
+            pair = _s3(request, quarantine)
+        else:
+            pair = _s3(request, quarantine, conditional_writes=False)
+        made.append(pair)
+        return pair
+
+    yield make
+    for pair in made:
+        pair.store.close()
+        pair.writer.close()
+
+
+@pytest.mark.parametrize("mode", ["quarantine", "delete"])
+def test_set_aside_skips_a_chunk_replaced_since_the_read(
+    shared_of: Callable[[str], Shared], mode: str
+) -> None:
+    pair = shared_of("move")
+    pair.writer.put(CHUNK.key, BAD)
+    [(raw, ident)] = pair.store.read_unchecked_with_idents([CHUNK.key])
+    assert bytes(raw) == BAD and ident is not None
+    pair.writer.put(CHUNK.key, CHUNK.data)  # a writer repairs it meanwhile
+    if mode == "quarantine":
+        assert pair.store.quarantine_if_unchanged(CHUNK.key, ident, "bad") is False
+    else:
+        assert pair.store.delete_if_unchanged(CHUNK.key, ident) is False
+    assert bytes(pair.store.get(CHUNK.key) or b"") == CHUNK.data
+    assert pair.store.quarantined() == [] and pair.store.orphans() == []
+
+
+@pytest.mark.parametrize("mode", ["quarantine", "delete"])
+def test_set_aside_takes_the_unchanged_chunk(shared_of: Callable[[str], Shared], mode: str) -> None:
+    pair = shared_of("move")
+    pair.writer.put(CHUNK.key, BAD)
+    [(_, ident)] = pair.store.read_unchecked_with_idents([CHUNK.key])
+    if mode == "quarantine":
+        assert pair.store.quarantine_if_unchanged(CHUNK.key, ident, "ChecksumMismatch") is True
+        assert [Path(q.path).name for q in pair.store.quarantined()] == [f"{CHUNK.key.hex}.kvc"]
+    else:
+        assert pair.store.delete_if_unchanged(CHUNK.key, ident) is True
+        assert pair.store.quarantined() == []
+    assert pair.store.exists(CHUNK.key) is False and pair.store.orphans() == []
+
+
+@pytest.mark.parametrize("quarantine", ["move", "delete"])
+def test_read_quarantine_spares_a_good_rewrite(
+    shared_of: Callable[[str], Shared], monkeypatch: pytest.MonkeyPatch, quarantine: str
+) -> None:
+    """The serving path's quarantine (a verified read found damage, and a writer repaired
+    the chunk before it was set aside) leaves the repaired chunk in place."""
+    pair = shared_of(quarantine)
+    pair.writer.put(CHUNK.key, BAD)
+    real = pair.store._quarantine
+
+    def rewritten_first(key: Any, reason: str) -> None:
+        pair.writer.put(CHUNK.key, CHUNK.data)
+        real(key, reason)
+
+    monkeypatch.setattr(pair.store, "_quarantine", rewritten_first)
+    assert pair.store.get(CHUNK.key) is None
+    assert pair.store.corrupt_detected == 1
+    assert bytes(pair.store.get(CHUNK.key) or b"") == CHUNK.data
+    assert pair.store.quarantined() == []
+
+
+def test_fsspec_replaced_between_check_and_move_is_put_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The narrowest race through fsspec: the file is replaced after the check, just before
+    the move; what was moved is compared afterwards, and the good file goes back."""
+    pair = _fsspec(tmp_path, "move")
+    pair.writer.put(CHUNK.key, BAD)
+    [(_, ident)] = pair.store.read_unchecked_with_idents([CHUNK.key])
+    real = pair.store.io.move
+
+    def replaced_first(src: str, dst: str) -> bool:
+        if src == pair.store.path_of(CHUNK.key):
+            pair.writer.put(CHUNK.key, CHUNK.data)
+        return bool(real(src, dst))
+
+    monkeypatch.setattr(pair.store.io, "move", replaced_first)
+    assert pair.store.quarantine_if_unchanged(CHUNK.key, ident, "bad") is False
+    assert bytes(pair.store.get(CHUNK.key) or b"") == CHUNK.data
+    assert pair.store.quarantined() == [] and pair.store.orphans() == []
+
+
+@pytest.mark.parametrize("conditional_writes", [True, False])
+def test_s3_replaced_between_copy_and_delete_keeps_the_new_object(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, conditional_writes: bool
+) -> None:
+    """The narrowest race on S3: a writer replaces the object after the copy to quarantine
+    and before the delete. The delete is refused (If-Match, or the HEAD before it), the
+    copy is removed again, and the new object stays."""
+    pair = _s3(request, "move", conditional_writes=conditional_writes)
+    pair.writer.put(CHUNK.key, BAD)
+    [(_, ident)] = pair.store.read_unchecked_with_idents([CHUNK.key])
+    admin = request.getfixturevalue("s3_admin")
+    real = type(pair.store)._attempt
+
+    async def rewrite_after_copy(self: Any, op: str, kwargs: dict[str, Any]) -> Any:
+        got = await real(self, op, kwargs)
+        if op == "copy_object" and self is pair.store:
+            # (a plain boto3 client: a store's own calls cannot run inside its event loop)
+            name = pair.store.object_key(CHUNK.key)
+            admin.put_object(Bucket=pair.store.bucket, Key=name, Body=CHUNK.data)
+        return got
+
+    monkeypatch.setattr(type(pair.store), "_attempt", rewrite_after_copy)
+    assert pair.store.quarantine_if_unchanged(CHUNK.key, ident, "bad") is False
+    monkeypatch.undo()
+    assert bytes(pair.store.get(CHUNK.key) or b"") == CHUNK.data
+    assert pair.store.quarantined() == []
+    pair.store.close()
+    pair.writer.close()
