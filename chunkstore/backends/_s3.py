@@ -75,6 +75,13 @@ _AUTH_CODES = {
 _CHUNK_KEY_RE = re.compile(r"([0-9a-f]{16})/([0-9a-f]{2})/([0-9a-f]{2})/([0-9a-f]{64})\.kvc")
 
 
+def _bare_etag(tag: object) -> str:
+    """An ETag's value without its quotes (or a weak ``W/`` prefix): S3-compatible servers
+    quote it in some answers and not in others (a header, an XML body), so ETags are
+    compared bare and sent quoted, as RFC 9110 writes them."""
+    return str(tag).strip().removeprefix("W/").strip('"')
+
+
 def _chunk_key_of(rel: str) -> ChunkKey | None:
     """The key a chunk object name (relative to the prefix) stands for; None for any other
     name, or a chunk whose fan-out directories do not match it (foreign, spec 6.1)."""
@@ -886,7 +893,7 @@ class S3Store(Store):
         move = reason is not None and self.quarantine_mode == "move"
         dest = self._full(f"{L.QUARANTINE_DIR}/{key.namespace}/{key.hex}{L.CHUNK_SUFFIX}")
         etag = etag or None  # (a server that sent no ETag: nothing to compare)
-        match = {} if etag is None else {"CopySourceIfMatch": str(etag)}
+        match = {} if etag is None else {"CopySourceIfMatch": f'"{_bare_etag(etag)}"'}
 
         async def run() -> bool:
             copied = None
@@ -932,12 +939,12 @@ class S3Store(Store):
             await self._request("delete_object", Key=name)
             return
         if self.conditional_writes:
-            await self._request("delete_object", Key=name, IfMatch=etag)
+            await self._request("delete_object", Key=name, IfMatch=f'"{_bare_etag(etag)}"')
             return
         # Note: without conditional requests one HEAD's round trip remains for a writer to
         # replace the object before the DELETE lands.
         head = await self._request("head_object", Key=name)
-        if str(head.get("ETag", "")) != etag:
+        if _bare_etag(head.get("ETag", "")) != _bare_etag(etag):
             raise _Exists()
         await self._request("delete_object", Key=name)
 
