@@ -31,7 +31,13 @@ from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any
 
 from chunkstore.backends import _layout as L
-from chunkstore.backends._batching import buffer_too_small, write_once_per_key
+from chunkstore.backends._batching import (
+    buffer_too_small,
+    first_copies,
+    read_once_per_key,
+    write_once_per_key,
+)
+from chunkstore.backends._iopool import raise_first
 from chunkstore.backends.base import Buffer, ChunkInfo, ReadVerdict, Store, judge_oversized
 from chunkstore.backends.maintenance import (
     QUARANTINE_MODES,
@@ -514,6 +520,11 @@ class S3Store(Store):
         Up to ``concurrency`` GETs are in flight; each body is verified (on the calling
         thread, off the event loop) as soon as it has arrived, while the others download.
         """
+        first = first_copies(keys)
+        if len(first) < len(keys):
+            # each key once: a corrupt chunk asked for twice is counted and set aside once
+            got = dict(zip(first, self.get_many(list(first))))
+            return [got[k] for k in keys]
         if self._plane is not None or not self.verify or len(keys) < 2:
             raw = self._read_many(keys)
             out = [self._checked(k, d) for k, d in zip(keys, raw)]  # off the event loop
@@ -557,10 +568,21 @@ class S3Store(Store):
         for view in views:
             if view.readonly:
                 raise ConfigError("get_into needs a writable buffer")
-        return [
-            None if data is None else self._copy_into(key, data, view)
-            for key, data, view in zip(keys, self.get_many(keys), views)
-        ]
+        # Each key once (a damaged object asked for twice is counted and set aside once).
+        results = read_once_per_key(keys, views, self._read_into_unique)
+        raise_first([got if isinstance(got, BaseException) else None for got in results])
+        return results
+
+    def _read_into_unique(self, keys: list[ChunkKey], views: list[memoryview]) -> list[Any]:
+        """:meth:`get_many_into` for keys given once each; per key its size, None, or the
+        ConfigError its buffer gave (raised, in order, once every buffer is filled)."""
+        out: list[Any] = []
+        for key, data, view in zip(keys, self.get_many(keys), views):
+            try:
+                out.append(None if data is None else self._copy_into(key, data, view))
+            except ConfigError as exc:
+                out.append(exc)
+        return out
 
     def get_into(self, key: ChunkKey, buffer: Buffer) -> int | None:
         """Read the chunk into ``buffer``; its size, or None."""

@@ -20,6 +20,7 @@ from chunkstore.errors import ConfigError, StoreError  # noqa: E402
 from chunkstore.format import ChunkLayout, decode_chunk  # noqa: E402
 from chunkstore.testing.factories import sample_chunks, small_spec  # noqa: E402
 from chunkstore.testing.stateful import store_state_machine  # noqa: E402
+from chunkstore.testing.store_suite import corrupt_copies  # noqa: E402
 from tests.conftest import _free_port  # noqa: E402
 
 
@@ -324,6 +325,30 @@ def test_quarantine_and_foreign(s3_endpoint: str, s3_bucket: str) -> None:
         Bucket=s3_bucket, Key=f"p/{chunks[1].key.namespace}/junk.txt", Body=b"x"
     )
     assert [f.path for f in store.foreign_files()] == [f"p/{chunks[1].key.namespace}/junk.txt"]
+    store.close()
+
+
+@pytest.mark.parametrize("verify", [True, False])
+def test_a_corrupt_chunk_asked_for_twice_in_one_batch_is_counted_once(
+    s3_endpoint: str, s3_bucket: str, verify: bool
+) -> None:
+    """As a loop of single reads would: the first finds it (counted, set aside), the
+    second misses. Without verify, a damaged object larger than the buffer is judged by
+    its header (:func:`~chunkstore.backends.base.judge_oversized`), also once."""
+    good, bad = sample_chunks(2, seed=79)
+    store = make(s3_endpoint, s3_bucket, verify=verify)
+    store.put(good.key, good.data)
+    # (without verify: bytes appended, larger than the buffer)
+    store.put(bad.key, corrupt_copies(bad)["bitflip"] if verify else bad.data + b"x" * 64)
+    keys = [bad.key, good.key, bad.key]
+    if verify:
+        got = store.get_many(keys)
+        assert [g is None for g in got] == [True, False, True]
+    else:
+        buffers = [bytearray(len(bad.data)) for _ in keys]
+        assert store.get_many_into(keys, buffers) == [None, len(good.data), None]
+    assert store.corrupt_detected == 1
+    assert len(store.quarantined()) == 1
     store.close()
 
 
