@@ -20,6 +20,7 @@ import pytest
 from chunkstore.backends._fs import FsStore
 from chunkstore.backends._fsio import FsspecIO
 from chunkstore.backends.base import Store
+from chunkstore.errors import ChecksumMismatch
 from chunkstore.testing.factories import sample_chunks
 from chunkstore.testing.store_suite import corrupt_copies
 
@@ -136,6 +137,27 @@ def test_read_quarantine_spares_a_good_rewrite(
     assert pair.store.corrupt_detected == 1
     assert bytes(pair.store.get(CHUNK.key) or b"") == CHUNK.data
     assert pair.store.quarantined() == []
+
+
+def test_a_reported_damage_spares_a_good_copy_published_since(
+    shared_of: Callable[[str], Shared],
+) -> None:
+    """A caller that checks what it read (the vLLM tier over an unverified store) reports
+    damage; meanwhile another reader set the damaged chunk aside and a writer published a
+    good copy. The report does not set the good copy aside."""
+    pair = shared_of("move")
+    pair.writer.put(CHUNK.key, BAD)
+    pair.store.verify = False
+    assert bytes(pair.store.get(CHUNK.key) or b"") == BAD  # served unchecked: the caller judges
+    assert pair.writer.get(CHUNK.key) is None  # another reader finds it bad, sets it aside
+    pair.writer.put(CHUNK.key, CHUNK.data)
+    pair.store.report_corrupt(CHUNK.key, ChecksumMismatch("found by the caller"))
+    assert pair.store.corrupt_detected == 1
+    assert bytes(pair.writer.get(CHUNK.key) or b"") == CHUNK.data
+    # and a damaged copy still there is set aside, as before
+    pair.writer.put(CHUNK.key, BAD)
+    pair.store.report_corrupt(CHUNK.key, ChecksumMismatch("found by the caller"))
+    assert pair.writer.exists(CHUNK.key) is False
 
 
 def test_fsspec_replaced_between_check_and_move_is_put_back(
