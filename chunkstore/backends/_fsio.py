@@ -12,7 +12,6 @@ import contextlib
 import datetime as _dt
 import errno
 import fcntl
-import hashlib
 import logging
 import os
 import stat as _stat
@@ -20,6 +19,8 @@ import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+import xxhash
 
 from chunkstore.backends._fastread import ALIGN, O_DIRECT, is_aligned
 from chunkstore.backends._layout import temp_name
@@ -63,9 +64,10 @@ def content_ident(data: Any) -> tuple[int, int]:
     """(size, 64-bit digest) of a file's bytes: which file a read came from where the
     filesystem offers no identity that a replacement changes (fsspec: a file replaced by
     another with a different content tells apart; one with the same bytes is the same)."""
+    # (xxh3, the chunk checksum's family: verify computes this for every chunk it reads, so
+    # it must cost a fraction of the check itself; a writer's replacement is no adversary)
     view = memoryview(data).cast("B")
-    digest = hashlib.blake2b(view, digest_size=8).digest()
-    return view.nbytes, int.from_bytes(digest, "little")
+    return view.nbytes, xxhash.xxh3_64_intdigest(view)
 
 
 class LocalIO:
