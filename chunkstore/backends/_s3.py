@@ -961,7 +961,13 @@ class S3Store(Store):
             await self._request("delete_object", Key=name)
             return
         if self.conditional_writes:
-            await self._request("delete_object", Key=name, IfMatch=f'"{_bare_etag(etag)}"')
+            try:
+                await self._request("delete_object", Key=name, IfMatch=f'"{_bare_etag(etag)}"')
+            except _NotFound as exc:
+                if not exc.retried:
+                    raise
+                # an earlier attempt's answer was lost: it deleted the object (or, if it never
+                # arrived, whoever did leaves the same outcome: gone, the copy aside)
             return
         # Note: without conditional requests one HEAD's round trip remains for a writer to
         # replace the object before the DELETE lands.

@@ -290,6 +290,29 @@ def test_put_if_absent_retried_after_a_lost_answer_says_written(
     other.close()
 
 
+def test_set_aside_retried_after_a_lost_answer_says_done(s3_endpoint: str, s3_bucket: str) -> None:
+    """The retry of a conditional DELETE that already landed gets 404: the chunk was set
+    aside, and the set-aside finishes (its reason written, its access record removed)."""
+    import boto3
+
+    chunk = sample_chunks(1, seed=83)[0]
+    store = make(s3_endpoint, s3_bucket)
+    store.put(chunk.key, corrupt_copies(chunk)["bitflip"])
+    name = store.object_key(chunk.key)
+    admin = boto3.client("s3", endpoint_url=s3_endpoint)
+    admin.put_object(Bucket=s3_bucket, Key=name + ".atime", Body=b"1764000000")
+    [(_, ident)] = store.read_unchecked_with_idents([chunk.key])
+    proxy = LostFirstAnswer(store._client, "delete_object")
+    store._client = proxy
+    assert store.quarantine_if_unchanged(chunk.key, ident, "ChecksumMismatch: bad") is True
+    assert proxy.lost == 1
+    assert store.exists(chunk.key) is False
+    names = [o["Key"] for o in admin.list_objects_v2(Bucket=s3_bucket)["Contents"]]
+    aside = f"p/quarantine/{chunk.key.namespace}/{chunk.key.hex}.kvc"
+    assert aside in names and aside + ".reason" in names and name + ".atime" not in names
+    store.close()
+
+
 def test_without_conditional_writes(s3_endpoint: str, s3_bucket: str) -> None:
     chunk = sample_chunks(1)[0]
     store = make(s3_endpoint, s3_bucket, conditional_writes=False)
