@@ -229,6 +229,7 @@ class S3Store(Store):
         self.access_resolution = float(access_resolution)
         self.failed_requests = 0
         """Requests that failed for good (after retries): each became a miss."""
+        self._failed_gets = 0
         self._touched: dict[ChunkKey, float] = {}
         self._pending: set[concurrent.futures.Future[Any]] = set()
         self._pending_lock = threading.Lock()
@@ -454,9 +455,17 @@ class S3Store(Store):
         except _NotFound:
             return None
         except (_Failed, _Exists) as exc:
+            self._failed_gets += 1
             log.warning("%s: get %s failed, treated as a miss: %s", self.name, key.hex, exc)
             return None
         return got["Body"], str(got.get("ETag", ""))
+
+    @property
+    def read_errors(self) -> int:
+        """Whole-object reads that failed for good (after retries) other than by absence,
+        NIXL transfers included: each was logged and served as a miss. (What tells
+        ``verify``/``cp`` a chunk they could not read from one that vanished.)"""
+        return self._failed_gets + (0 if self._plane is None else self._plane.failed_transfers)
 
     async def _read_many_async(self, keys: Sequence[ChunkKey]) -> list[bytes | None]:
         return await self._gather([self._get_one(k) for k in keys])

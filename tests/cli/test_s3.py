@@ -63,3 +63,36 @@ def test_missing_bucket_is_one_line(cli, endpoint) -> None:
     )
     assert result.rc == STORE_UNAVAILABLE
     assert len(result.err.strip().splitlines()) == 1 and "does not exist" in result.err
+
+
+def test_verify_reports_an_object_it_cannot_read(
+    cli, good: GoodStore, endpoint, bucket, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A GET that fails for good (after retries) is an unreadable chunk (exit status 1),
+    not one that vanished while checking: it is still there, unchecked."""
+    from botocore.exceptions import ClientError
+
+    from chunkstore.backends._s3 import S3Store
+
+    url = f"s3://{bucket}/kv"
+    opt = f"endpoint_url={endpoint}"
+    assert cli("cp", good.root, url, "--dst-option", opt).rc == OK
+    victim = good.chunks[3]
+    real = S3Store._attempt
+
+    async def failing(self: S3Store, op: str, kwargs: dict) -> object:
+        if op == "get_object" and kwargs["Key"] == f"kv/{victim.key.path}":
+            error = {
+                "Error": {"Code": "InternalError"},
+                "ResponseMetadata": {"HTTPStatusCode": 500},
+            }
+            raise ClientError(error, op)
+        return await real(self, op, kwargs)
+
+    monkeypatch.setattr(S3Store, "_attempt", failing)
+    checked = cli("verify", url, "-o", opt, "-o", "max_attempts=1", "--json")
+    assert checked.rc == FAILURE
+    assert checked.json()["unreadable"] == [
+        {"key": victim.key.hex, "namespace": victim.key.namespace}
+    ]
+    assert checked.json()["vanished"] == 0 and checked.json()["ok"] == 7
