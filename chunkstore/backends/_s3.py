@@ -883,8 +883,9 @@ class S3Store(Store):
     def quarantine(self, key: ChunkKey, reason: str) -> None:
         """Copy ``key``'s chunk to ``<prefix>/quarantine/`` and delete it (or only delete
         it, with ``quarantine="delete"``); a maintenance tool's verdict, on whatever object
-        is there (:meth:`quarantine_if_unchanged` sets aside only the one that was read)."""
-        self._set_aside(key, None, reason)
+        is there (:meth:`quarantine_if_unchanged` sets aside only the one that was read).
+        Raises StoreError if a request fails (after retries)."""
+        self._set_aside(key, None, reason, strict=True)
 
     def _quarantine(self, key: ChunkKey, reason: str) -> None:
         # A read found damage, but its ETag is not at hand here, and a writer may have put a
@@ -902,16 +903,20 @@ class S3Store(Store):
         """Move ``key``'s chunk to quarantine (or delete it, with ``quarantine="delete"``)
         only if it is still the object of ETag ``ident`` (from
         :meth:`read_unchecked_with_idents`); True if it was set aside. ``ident=None``:
-        whatever object is there."""
-        return self._set_aside(key, ident, reason)
+        whatever object is there. Raises StoreError if a request fails (after retries)."""
+        return self._set_aside(key, ident, reason, strict=True)
 
     def delete_if_unchanged(self, key: ChunkKey, ident: FileIdent | None) -> bool:
         """Delete ``key``'s chunk only if it is still the object of ETag ``ident``; True if
-        deleted."""
-        return self._set_aside(key, ident, None)
+        deleted. Raises StoreError if a request fails (after retries)."""
+        return self._set_aside(key, ident, None, strict=True)
 
-    def _set_aside(self, key: ChunkKey, etag: FileIdent | None, reason: str | None) -> bool:
+    def _set_aside(
+        self, key: ChunkKey, etag: FileIdent | None, reason: str | None, *, strict: bool = False
+    ) -> bool:
         """Quarantine (``reason`` given) or delete the object of ETag ``etag``; True if done.
+        A request that fails for good is StoreError with ``strict`` (a maintenance tool's
+        call: "not done" would read as "replaced meanwhile"), else a warning (a read's).
 
         Both steps are conditional on the ETag: the copy to quarantine
         (``CopySourceIfMatch``) and the delete (``If-Match``; with
@@ -945,9 +950,13 @@ class S3Store(Store):
                     await self._drop_copy(dest, str(copied))
                 return False
             except _Failed as exc:
-                log.warning("%s: cannot quarantine %s: %s", self.name, key.hex, exc)
                 if copied is not None:  # the chunk stays in place: no second copy of it aside
                     await self._drop_copy(dest, str(copied))
+                if strict:
+                    raise StoreError(
+                        f"{self.name}: cannot set aside s3://{self.bucket}/{name}: {exc}"
+                    ) from None
+                log.warning("%s: cannot quarantine %s: %s", self.name, key.hex, exc)
                 return False
             try:
                 if move and reason is not None:
