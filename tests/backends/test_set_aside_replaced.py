@@ -209,3 +209,39 @@ def test_s3_replaced_between_copy_and_delete_keeps_the_new_object(
     assert pair.store.quarantined() == []
     pair.store.close()
     pair.writer.close()
+
+
+def test_s3_copy_refused_by_its_etag_condition_sets_nothing_aside(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """AWS honours ``CopySourceIfMatch`` (moto ignores it: the other tests take the path
+    where the copy is made and removed again): a replaced object's copy is refused with 412,
+    nothing is deleted, nothing goes to quarantine."""
+    from botocore.exceptions import ClientError
+
+    pair = _s3(request, "move")
+    pair.writer.put(CHUNK.key, BAD)
+    [(_, ident)] = pair.store.read_unchecked_with_idents([CHUNK.key])
+    pair.writer.put(CHUNK.key, CHUNK.data)
+    admin = request.getfixturevalue("s3_admin")
+    real = type(pair.store)._attempt
+    calls: list[str] = []
+
+    async def as_aws(self: Any, op: str, kwargs: dict[str, Any]) -> Any:
+        calls.append(op)
+        if op == "copy_object" and "CopySourceIfMatch" in kwargs:
+            source = kwargs["CopySource"]
+            head = admin.head_object(Bucket=source["Bucket"], Key=source["Key"])
+            if head["ETag"].strip('"') != kwargs["CopySourceIfMatch"].strip('"'):
+                error = {"Error": {"Code": "PreconditionFailed"}}
+                raise ClientError({**error, "ResponseMetadata": {"HTTPStatusCode": 412}}, op)
+        return await real(self, op, kwargs)
+
+    monkeypatch.setattr(type(pair.store), "_attempt", as_aws)
+    assert pair.store.quarantine_if_unchanged(CHUNK.key, ident, "bad") is False
+    assert calls == ["copy_object"]
+    monkeypatch.undo()
+    assert bytes(pair.store.get(CHUNK.key) or b"") == CHUNK.data
+    assert pair.store.quarantined() == []
+    pair.store.close()
+    pair.writer.close()
