@@ -462,9 +462,10 @@ class S3Store(Store):
 
     @property
     def read_errors(self) -> int:
-        """Whole-object reads that failed for good (after retries) other than by absence,
-        NIXL transfers included: each was logged and served as a miss. (What tells
-        ``verify``/``cp`` a chunk they could not read from one that vanished.)"""
+        """Reads (whole objects or byte ranges) that failed for good (after retries) other
+        than by absence, NIXL transfers included: each was logged and served as a miss.
+        (What tells ``verify``/``cp``/``inspect`` a chunk they could not read from one that
+        vanished.)"""
         return self._failed_gets + (0 if self._plane is None else self._plane.failed_transfers)
 
     async def _read_many_async(self, keys: Sequence[ChunkKey]) -> list[bytes | None]:
@@ -658,7 +659,11 @@ class S3Store(Store):
                         Range=f"bytes={r.offset}-{r.offset + r.length - 1}",
                     )
                     return bytes(got["Body"])
-                except (_NotFound, _Failed, _Exists):
+                except _NotFound:
+                    return None
+                except (_Failed, _Exists) as exc:
+                    self._failed_gets += 1
+                    log.warning("%s: ranged get %s failed, a miss: %s", self.name, key.hex, exc)
                     return None
 
             return await self._gather([one(r) for r in ranges])

@@ -65,11 +65,12 @@ def test_missing_bucket_is_one_line(cli, endpoint) -> None:
     assert len(result.err.strip().splitlines()) == 1 and "does not exist" in result.err
 
 
-def test_verify_reports_an_object_it_cannot_read(
-    cli, good: GoodStore, endpoint, bucket, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("command", ["verify", "inspect"])
+def test_an_object_that_cannot_be_read_is_unreadable(
+    cli, good: GoodStore, endpoint, bucket, monkeypatch: pytest.MonkeyPatch, command: str
 ) -> None:
-    """A GET that fails for good (after retries) is an unreadable chunk (exit status 1),
-    not one that vanished while checking: it is still there, unchecked."""
+    """A GET (whole, or of the header's range) that fails for good (after retries) is an
+    unreadable chunk (exit status 1), not one that vanished: it is still there, unchecked."""
     from botocore.exceptions import ClientError
 
     from chunkstore.backends._s3 import S3Store
@@ -90,12 +91,13 @@ def test_verify_reports_an_object_it_cannot_read(
         return await real(self, op, kwargs)
 
     monkeypatch.setattr(S3Store, "_attempt", failing)
-    checked = cli("verify", url, "-o", opt, "-o", "max_attempts=1", "--json")
+    checked = cli(command, url, "-o", opt, "-o", "max_attempts=1", "--json")
     assert checked.rc == FAILURE
     assert checked.json()["unreadable"] == [
         {"key": victim.key.hex, "namespace": victim.key.namespace}
     ]
-    assert checked.json()["vanished"] == 0 and checked.json()["ok"] == 7
+    if command == "verify":
+        assert checked.json()["vanished"] == 0 and checked.json()["ok"] == 7
 
 
 @pytest.mark.parametrize("action", ["--quarantine", "--delete"])
