@@ -821,12 +821,24 @@ class FsStore(Store):
 
     def quarantine(self, key: ChunkKey, reason: str) -> None:
         """Move ``key``'s chunk to ``<root>/quarantine/`` (or delete it, with
-        ``quarantine="delete"``); a maintenance tool's verdict, as a corrupt read's."""
-        self._quarantine(key, reason)
+        ``quarantine="delete"``); a maintenance tool's verdict, on whatever file is there
+        (:meth:`quarantine_if_unchanged` sets aside only the one that was read)."""
+        self._suspects.pop(key, None)
+        self._set_aside(key, None, reason)
 
     def _quarantine(self, key: ChunkKey, reason: str) -> None:
         # the ident of the file a read found bad, so a concurrent good rewrite is left alone
         ident = self._suspects.pop(key, None)
+        if ident is None:
+            # Damage reported by a caller that checks what it read itself (the vLLM tier
+            # over an unverified store): which file it read is not known here, and a writer
+            # may have published a good copy since. Judge the file there now (a second read,
+            # on this rare path) and set aside only that one.
+            [current] = self.read_unchecked_with_idents([key])
+            if current is None or self._judge(key, current[0]).verdict is not ReadVerdict.CORRUPT:
+                log.info("%s: %s changed since its corrupt read; left", self.name, key.hex)
+                return
+            ident = current[1]
         self._set_aside(key, ident, reason)
 
     def quarantine_if_unchanged(self, key: ChunkKey, ident: FileIdent | None, reason: str) -> bool:

@@ -12,7 +12,6 @@ import contextlib
 import datetime as _dt
 import errno
 import fcntl
-import hashlib
 import logging
 import os
 import stat as _stat
@@ -20,6 +19,8 @@ import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
+
+import xxhash
 
 from chunkstore.backends._fastread import ALIGN, O_DIRECT, is_aligned
 from chunkstore.backends._layout import temp_name
@@ -35,6 +36,10 @@ _O_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
 
 SMALL_FILE_LIMIT = 1 << 20
 """Largest state file (layout marker, ledger, access record, model record) a store reads."""
+
+_SET_TIME_SLACK = 1.0
+"""Seconds an access time just set may read back earlier than set (a coarse kernel clock
+for the ctime, an NFS server's clock a little behind the client's) and still count as kept."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,9 +64,10 @@ def content_ident(data: Any) -> tuple[int, int]:
     """(size, 64-bit digest) of a file's bytes: which file a read came from where the
     filesystem offers no identity that a replacement changes (fsspec: a file replaced by
     another with a different content tells apart; one with the same bytes is the same)."""
+    # (xxh3, the chunk checksum's family: verify computes this for every chunk it reads, so
+    # it must cost a fraction of the check itself; a writer's replacement is no adversary)
     view = memoryview(data).cast("B")
-    digest = hashlib.blake2b(view, digest_size=8).digest()
-    return view.nbytes, int.from_bytes(digest, "little")
+    return view.nbytes, xxhash.xxh3_64_intdigest(view)
 
 
 class LocalIO:
@@ -74,6 +80,9 @@ class LocalIO:
         # O_NOATIME needs file ownership; after the first EPERM stop trying (shared mounts).
         self._noatime = _O_NOATIME
         self._thread_lock = threading.Lock()
+        # False once a time set did not show as the access time (a mount whose ctime does
+        # not follow utime): uses then go to access records, which every reader honours.
+        self._times_kept = True
 
     # --- paths ---------------------------------------------------------------
 
@@ -344,8 +353,13 @@ class LocalIO:
         Only the file that was read (``st.ident``) is touched, through an fd of it, with its
         mtime kept to the nanosecond: a file another writer put in its place since keeps its
         own times (and ``ident``, which the quarantine guard compares). False when not
-        allowed (another user's file): the caller writes an access record.
+        allowed (another user's file), or where a time set does not show as the access time
+        (a mount whose ctime does not follow ``utime``, e.g. sshfs, which reports the mtime
+        as the ctime: :func:`_filestat` bounds the atime by the ctime): the caller writes an
+        access record.
         """
+        if not self._times_kept:
+            return False
         try:
             opened = self._open_read(path)
         except PermissionError:
@@ -357,6 +371,10 @@ class LocalIO:
             if st.ident is not None and (current.st_ino, current.st_mtime_ns) != st.ident:
                 return True  # replaced since the read: the new file is as fresh as its mtime
             os.utime(fd, ns=(int(now * 1e9), current.st_mtime_ns))
+            if _filestat(os.fstat(fd)).atime < now - _SET_TIME_SLACK:
+                self._times_kept = False
+                log.info("%s: set times do not show on this mount; uses go to records", path)
+                return False
             return True
         except PermissionError:
             return False

@@ -31,7 +31,13 @@ from collections.abc import Awaitable, Callable, Iterator, Sequence
 from typing import Any
 
 from chunkstore.backends import _layout as L
-from chunkstore.backends._batching import buffer_too_small, write_once_per_key
+from chunkstore.backends._batching import (
+    buffer_too_small,
+    first_copies,
+    read_once_per_key,
+    write_once_per_key,
+)
+from chunkstore.backends._iopool import raise_first
 from chunkstore.backends.base import Buffer, ChunkInfo, ReadVerdict, Store, judge_oversized
 from chunkstore.backends.maintenance import (
     QUARANTINE_MODES,
@@ -73,6 +79,13 @@ _AUTH_CODES = {
     "AuthorizationHeaderMalformed",
 }
 _CHUNK_KEY_RE = re.compile(r"([0-9a-f]{16})/([0-9a-f]{2})/([0-9a-f]{2})/([0-9a-f]{64})\.kvc")
+
+
+def _bare_etag(tag: object) -> str:
+    """An ETag's value without its quotes (or a weak ``W/`` prefix): S3-compatible servers
+    quote it in some answers and not in others (a header, an XML body), so ETags are
+    compared bare and sent quoted, as RFC 9110 writes them."""
+    return str(tag).strip().removeprefix("W/").strip('"')
 
 
 def _chunk_key_of(rel: str) -> ChunkKey | None:
@@ -216,6 +229,7 @@ class S3Store(Store):
         self.access_resolution = float(access_resolution)
         self.failed_requests = 0
         """Requests that failed for good (after retries): each became a miss."""
+        self._failed_gets = 0
         self._touched: dict[ChunkKey, float] = {}
         self._pending: set[concurrent.futures.Future[Any]] = set()
         self._pending_lock = threading.Lock()
@@ -441,9 +455,18 @@ class S3Store(Store):
         except _NotFound:
             return None
         except (_Failed, _Exists) as exc:
+            self._failed_gets += 1
             log.warning("%s: get %s failed, treated as a miss: %s", self.name, key.hex, exc)
             return None
         return got["Body"], str(got.get("ETag", ""))
+
+    @property
+    def read_errors(self) -> int:
+        """Reads (whole objects or byte ranges) that failed for good (after retries) other
+        than by absence, NIXL transfers included: each was logged and served as a miss.
+        (What tells ``verify``/``cp``/``inspect`` a chunk they could not read from one that
+        vanished.)"""
+        return self._failed_gets + (0 if self._plane is None else self._plane.failed_transfers)
 
     async def _read_many_async(self, keys: Sequence[ChunkKey]) -> list[bytes | None]:
         return await self._gather([self._get_one(k) for k in keys])
@@ -507,6 +530,11 @@ class S3Store(Store):
         Up to ``concurrency`` GETs are in flight; each body is verified (on the calling
         thread, off the event loop) as soon as it has arrived, while the others download.
         """
+        first = first_copies(keys)
+        if len(first) < len(keys):
+            # each key once: a corrupt chunk asked for twice is counted and set aside once
+            got = dict(zip(first, self.get_many(list(first))))
+            return [got[k] for k in keys]
         if self._plane is not None or not self.verify or len(keys) < 2:
             raw = self._read_many(keys)
             out = [self._checked(k, d) for k, d in zip(keys, raw)]  # off the event loop
@@ -550,10 +578,21 @@ class S3Store(Store):
         for view in views:
             if view.readonly:
                 raise ConfigError("get_into needs a writable buffer")
-        return [
-            None if data is None else self._copy_into(key, data, view)
-            for key, data, view in zip(keys, self.get_many(keys), views)
-        ]
+        # Each key once (a damaged object asked for twice is counted and set aside once).
+        results = read_once_per_key(keys, views, self._read_into_unique)
+        raise_first([got if isinstance(got, BaseException) else None for got in results])
+        return results
+
+    def _read_into_unique(self, keys: list[ChunkKey], views: list[memoryview]) -> list[Any]:
+        """:meth:`get_many_into` for keys given once each; per key its size, None, or the
+        ConfigError its buffer gave (raised, in order, once every buffer is filled)."""
+        out: list[Any] = []
+        for key, data, view in zip(keys, self.get_many(keys), views):
+            try:
+                out.append(None if data is None else self._copy_into(key, data, view))
+            except ConfigError as exc:
+                out.append(exc)
+        return out
 
     def get_into(self, key: ChunkKey, buffer: Buffer) -> int | None:
         """Read the chunk into ``buffer``; its size, or None."""
@@ -620,7 +659,11 @@ class S3Store(Store):
                         Range=f"bytes={r.offset}-{r.offset + r.length - 1}",
                     )
                     return bytes(got["Body"])
-                except (_NotFound, _Failed, _Exists):
+                except _NotFound:
+                    return None
+                except (_Failed, _Exists) as exc:
+                    self._failed_gets += 1
+                    log.warning("%s: ranged get %s failed, a miss: %s", self.name, key.hex, exc)
                     return None
 
             return await self._gather([one(r) for r in ranges])
@@ -845,8 +888,9 @@ class S3Store(Store):
     def quarantine(self, key: ChunkKey, reason: str) -> None:
         """Copy ``key``'s chunk to ``<prefix>/quarantine/`` and delete it (or only delete
         it, with ``quarantine="delete"``); a maintenance tool's verdict, on whatever object
-        is there (:meth:`quarantine_if_unchanged` sets aside only the one that was read)."""
-        self._set_aside(key, None, reason)
+        is there (:meth:`quarantine_if_unchanged` sets aside only the one that was read).
+        Raises StoreError if a request fails (after retries)."""
+        self._set_aside(key, None, reason, strict=True)
 
     def _quarantine(self, key: ChunkKey, reason: str) -> None:
         # A read found damage, but its ETag is not at hand here, and a writer may have put a
@@ -864,16 +908,20 @@ class S3Store(Store):
         """Move ``key``'s chunk to quarantine (or delete it, with ``quarantine="delete"``)
         only if it is still the object of ETag ``ident`` (from
         :meth:`read_unchecked_with_idents`); True if it was set aside. ``ident=None``:
-        whatever object is there."""
-        return self._set_aside(key, ident, reason)
+        whatever object is there. Raises StoreError if a request fails (after retries)."""
+        return self._set_aside(key, ident, reason, strict=True)
 
     def delete_if_unchanged(self, key: ChunkKey, ident: FileIdent | None) -> bool:
         """Delete ``key``'s chunk only if it is still the object of ETag ``ident``; True if
-        deleted."""
-        return self._set_aside(key, ident, None)
+        deleted. Raises StoreError if a request fails (after retries)."""
+        return self._set_aside(key, ident, None, strict=True)
 
-    def _set_aside(self, key: ChunkKey, etag: FileIdent | None, reason: str | None) -> bool:
+    def _set_aside(
+        self, key: ChunkKey, etag: FileIdent | None, reason: str | None, *, strict: bool = False
+    ) -> bool:
         """Quarantine (``reason`` given) or delete the object of ETag ``etag``; True if done.
+        A request that fails for good is StoreError with ``strict`` (a maintenance tool's
+        call: "not done" would read as "replaced meanwhile"), else a warning (a read's).
 
         Both steps are conditional on the ETag: the copy to quarantine
         (``CopySourceIfMatch``) and the delete (``If-Match``; with
@@ -886,7 +934,7 @@ class S3Store(Store):
         move = reason is not None and self.quarantine_mode == "move"
         dest = self._full(f"{L.QUARANTINE_DIR}/{key.namespace}/{key.hex}{L.CHUNK_SUFFIX}")
         etag = etag or None  # (a server that sent no ETag: nothing to compare)
-        match = {} if etag is None else {"CopySourceIfMatch": str(etag)}
+        match = {} if etag is None else {"CopySourceIfMatch": f'"{_bare_etag(etag)}"'}
 
         async def run() -> bool:
             copied = None
@@ -907,9 +955,13 @@ class S3Store(Store):
                     await self._drop_copy(dest, str(copied))
                 return False
             except _Failed as exc:
-                log.warning("%s: cannot quarantine %s: %s", self.name, key.hex, exc)
                 if copied is not None:  # the chunk stays in place: no second copy of it aside
                     await self._drop_copy(dest, str(copied))
+                if strict:
+                    raise StoreError(
+                        f"{self.name}: cannot set aside s3://{self.bucket}/{name}: {exc}"
+                    ) from None
+                log.warning("%s: cannot quarantine %s: %s", self.name, key.hex, exc)
                 return False
             try:
                 if move and reason is not None:
@@ -932,12 +984,18 @@ class S3Store(Store):
             await self._request("delete_object", Key=name)
             return
         if self.conditional_writes:
-            await self._request("delete_object", Key=name, IfMatch=etag)
+            try:
+                await self._request("delete_object", Key=name, IfMatch=f'"{_bare_etag(etag)}"')
+            except _NotFound as exc:
+                if not exc.retried:
+                    raise
+                # an earlier attempt's answer was lost: it deleted the object (or, if it never
+                # arrived, whoever did leaves the same outcome: gone, the copy aside)
             return
         # Note: without conditional requests one HEAD's round trip remains for a writer to
         # replace the object before the DELETE lands.
         head = await self._request("head_object", Key=name)
-        if str(head.get("ETag", "")) != etag:
+        if _bare_etag(head.get("ETag", "")) != _bare_etag(etag):
             raise _Exists()
         await self._request("delete_object", Key=name)
 

@@ -47,6 +47,11 @@ class WrapperStore(Store):
     def corrupt_detected(self) -> int:
         return self.inner.corrupt_detected
 
+    def report_corrupt(self, key: ChunkKey, exc: Exception) -> None:
+        """The inner store counts and sets aside what it holds (a caller that checks what
+        it read reports to the store it was given: this wrapper)."""
+        self.inner.report_corrupt(key, exc)
+
     def _read_many(self, keys: Sequence[ChunkKey]) -> list[bytes | None]:
         return self.inner.get_many(keys)
 

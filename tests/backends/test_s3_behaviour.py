@@ -20,6 +20,7 @@ from chunkstore.errors import ConfigError, StoreError  # noqa: E402
 from chunkstore.format import ChunkLayout, decode_chunk  # noqa: E402
 from chunkstore.testing.factories import sample_chunks, small_spec  # noqa: E402
 from chunkstore.testing.stateful import store_state_machine  # noqa: E402
+from chunkstore.testing.store_suite import corrupt_copies  # noqa: E402
 from tests.conftest import _free_port  # noqa: E402
 
 
@@ -289,6 +290,29 @@ def test_put_if_absent_retried_after_a_lost_answer_says_written(
     other.close()
 
 
+def test_set_aside_retried_after_a_lost_answer_says_done(s3_endpoint: str, s3_bucket: str) -> None:
+    """The retry of a conditional DELETE that already landed gets 404: the chunk was set
+    aside, and the set-aside finishes (its reason written, its access record removed)."""
+    import boto3
+
+    chunk = sample_chunks(1, seed=83)[0]
+    store = make(s3_endpoint, s3_bucket)
+    store.put(chunk.key, corrupt_copies(chunk)["bitflip"])
+    name = store.object_key(chunk.key)
+    admin = boto3.client("s3", endpoint_url=s3_endpoint)
+    admin.put_object(Bucket=s3_bucket, Key=name + ".atime", Body=b"1764000000")
+    [(_, ident)] = store.read_unchecked_with_idents([chunk.key])
+    proxy = LostFirstAnswer(store._client, "delete_object")
+    store._client = proxy
+    assert store.quarantine_if_unchanged(chunk.key, ident, "ChecksumMismatch: bad") is True
+    assert proxy.lost == 1
+    assert store.exists(chunk.key) is False
+    names = [o["Key"] for o in admin.list_objects_v2(Bucket=s3_bucket)["Contents"]]
+    aside = f"p/quarantine/{chunk.key.namespace}/{chunk.key.hex}.kvc"
+    assert aside in names and aside + ".reason" in names and name + ".atime" not in names
+    store.close()
+
+
 def test_without_conditional_writes(s3_endpoint: str, s3_bucket: str) -> None:
     chunk = sample_chunks(1)[0]
     store = make(s3_endpoint, s3_bucket, conditional_writes=False)
@@ -324,6 +348,30 @@ def test_quarantine_and_foreign(s3_endpoint: str, s3_bucket: str) -> None:
         Bucket=s3_bucket, Key=f"p/{chunks[1].key.namespace}/junk.txt", Body=b"x"
     )
     assert [f.path for f in store.foreign_files()] == [f"p/{chunks[1].key.namespace}/junk.txt"]
+    store.close()
+
+
+@pytest.mark.parametrize("verify", [True, False])
+def test_a_corrupt_chunk_asked_for_twice_in_one_batch_is_counted_once(
+    s3_endpoint: str, s3_bucket: str, verify: bool
+) -> None:
+    """As a loop of single reads would: the first finds it (counted, set aside), the
+    second misses. Without verify, a damaged object larger than the buffer is judged by
+    its header (:func:`~chunkstore.backends.base.judge_oversized`), also once."""
+    good, bad = sample_chunks(2, seed=79)
+    store = make(s3_endpoint, s3_bucket, verify=verify)
+    store.put(good.key, good.data)
+    # (without verify: bytes appended, larger than the buffer)
+    store.put(bad.key, corrupt_copies(bad)["bitflip"] if verify else bad.data + b"x" * 64)
+    keys = [bad.key, good.key, bad.key]
+    if verify:
+        got = store.get_many(keys)
+        assert [g is None for g in got] == [True, False, True]
+    else:
+        buffers = [bytearray(len(bad.data)) for _ in keys]
+        assert store.get_many_into(keys, buffers) == [None, len(good.data), None]
+    assert store.corrupt_detected == 1
+    assert len(store.quarantined()) == 1
     store.close()
 
 

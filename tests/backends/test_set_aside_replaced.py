@@ -20,6 +20,7 @@ import pytest
 from chunkstore.backends._fs import FsStore
 from chunkstore.backends._fsio import FsspecIO
 from chunkstore.backends.base import Store
+from chunkstore.errors import ChecksumMismatch
 from chunkstore.testing.factories import sample_chunks
 from chunkstore.testing.store_suite import corrupt_copies
 
@@ -138,6 +139,27 @@ def test_read_quarantine_spares_a_good_rewrite(
     assert pair.store.quarantined() == []
 
 
+def test_a_reported_damage_spares_a_good_copy_published_since(
+    shared_of: Callable[[str], Shared],
+) -> None:
+    """A caller that checks what it read (the vLLM tier over an unverified store) reports
+    damage; meanwhile another reader set the damaged chunk aside and a writer published a
+    good copy. The report does not set the good copy aside."""
+    pair = shared_of("move")
+    pair.writer.put(CHUNK.key, BAD)
+    pair.store.verify = False
+    assert bytes(pair.store.get(CHUNK.key) or b"") == BAD  # served unchecked: the caller judges
+    assert pair.writer.get(CHUNK.key) is None  # another reader finds it bad, sets it aside
+    pair.writer.put(CHUNK.key, CHUNK.data)
+    pair.store.report_corrupt(CHUNK.key, ChecksumMismatch("found by the caller"))
+    assert pair.store.corrupt_detected == 1
+    assert bytes(pair.writer.get(CHUNK.key) or b"") == CHUNK.data
+    # and a damaged copy still there is set aside, as before
+    pair.writer.put(CHUNK.key, BAD)
+    pair.store.report_corrupt(CHUNK.key, ChecksumMismatch("found by the caller"))
+    assert pair.writer.exists(CHUNK.key) is False
+
+
 def test_fsspec_replaced_between_check_and_move_is_put_back(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -182,6 +204,42 @@ def test_s3_replaced_between_copy_and_delete_keeps_the_new_object(
 
     monkeypatch.setattr(type(pair.store), "_attempt", rewrite_after_copy)
     assert pair.store.quarantine_if_unchanged(CHUNK.key, ident, "bad") is False
+    monkeypatch.undo()
+    assert bytes(pair.store.get(CHUNK.key) or b"") == CHUNK.data
+    assert pair.store.quarantined() == []
+    pair.store.close()
+    pair.writer.close()
+
+
+def test_s3_copy_refused_by_its_etag_condition_sets_nothing_aside(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """AWS honours ``CopySourceIfMatch`` (moto ignores it: the other tests take the path
+    where the copy is made and removed again): a replaced object's copy is refused with 412,
+    nothing is deleted, nothing goes to quarantine."""
+    from botocore.exceptions import ClientError
+
+    pair = _s3(request, "move")
+    pair.writer.put(CHUNK.key, BAD)
+    [(_, ident)] = pair.store.read_unchecked_with_idents([CHUNK.key])
+    pair.writer.put(CHUNK.key, CHUNK.data)
+    admin = request.getfixturevalue("s3_admin")
+    real = type(pair.store)._attempt
+    calls: list[str] = []
+
+    async def as_aws(self: Any, op: str, kwargs: dict[str, Any]) -> Any:
+        calls.append(op)
+        if op == "copy_object" and "CopySourceIfMatch" in kwargs:
+            source = kwargs["CopySource"]
+            head = admin.head_object(Bucket=source["Bucket"], Key=source["Key"])
+            if head["ETag"].strip('"') != kwargs["CopySourceIfMatch"].strip('"'):
+                error = {"Error": {"Code": "PreconditionFailed"}}
+                raise ClientError({**error, "ResponseMetadata": {"HTTPStatusCode": 412}}, op)
+        return await real(self, op, kwargs)
+
+    monkeypatch.setattr(type(pair.store), "_attempt", as_aws)
+    assert pair.store.quarantine_if_unchanged(CHUNK.key, ident, "bad") is False
+    assert calls == ["copy_object"]
     monkeypatch.undo()
     assert bytes(pair.store.get(CHUNK.key) or b"") == CHUNK.data
     assert pair.store.quarantined() == []

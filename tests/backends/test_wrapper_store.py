@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
+from chunkstore.backends._fs import FsStore
 from chunkstore.backends._memory import MemoryStore
 from chunkstore.backends._wrapper import WrapperStore
 from chunkstore.backends.base import Store
+from chunkstore.errors import ChecksumMismatch
 from chunkstore.testing.factories import sample_chunks
-from chunkstore.testing.store_suite import StoreSuite
+from chunkstore.testing.store_suite import StoreSuite, corrupt_copies
 
 
 class TestWrapperStore(StoreSuite):
@@ -31,3 +34,17 @@ def test_name_kind_and_capabilities_are_the_inner_stores() -> None:
     assert inner.get(chunk.key) == chunk.data
     store.close()
     assert inner.get(chunk.key) is None  # closing the wrapper closed the memory store
+
+
+def test_damage_reported_through_a_wrapper_is_the_inner_store_s(tmp_path: Path) -> None:
+    """A caller that checks what it read (the vLLM tier) reports damage to the store it
+    holds, a wrapper (ZstdTier): the inner store counts it (its count is the one shown)
+    and sets the chunk aside its own way (quarantine), not by a plain delete."""
+    chunk = sample_chunks(1, seed=89)[0]
+    inner = FsStore(str(tmp_path / "s"), create=True)
+    store = WrapperStore(inner)
+    store.put(chunk.key, corrupt_copies(chunk)["bitflip"])
+    store.report_corrupt(chunk.key, ChecksumMismatch("found by the caller"))
+    assert store.corrupt_detected == 1
+    assert [Path(q.path).name for q in inner.quarantined()] == [f"{chunk.key.hex}.kvc"]
+    store.close()
