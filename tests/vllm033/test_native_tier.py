@@ -9,6 +9,7 @@ blocks the caller; many jobs in flight; shutdown drains.
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -21,12 +22,14 @@ import torch
 from vllm.v1.kv_offload.base import Locality, LookupResult
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
+from chunkstore.backends import _fastread as fastread
 from chunkstore.backends import open_store
 from chunkstore.errors import ConfigError
 from chunkstore.format import decode_chunk
 from chunkstore.metrics import default_metrics
 from chunkstore.vllm.native.tier import CALLS_IN_FLIGHT
 from chunkstore.vllm.testing import sample_prompt_ids
+from tests.backends.test_fastread import refuse_o_direct
 from tests.vllm.harness import BLOCK
 
 from .tier_harness import (
@@ -703,3 +706,102 @@ def test_a_directory_tier_writes_around_the_page_cache_unless_told_otherwise(tie
     url = str(tmp_path / "b")
     tier, _, _ = tier_env(path=url, store_options={url: {"write_mode": "buffered"}})
     assert tier.stores[0].io_stats().write_mode == "buffered"
+
+
+def test_a_directory_refusing_o_direct_still_gets_exact_chunks(tier_env, monkeypatch):
+    # Some FUSE and network mounts refuse O_DIRECT: the tier's direct writes (its default)
+    # then go through the page cache, and the chunks round-trip byte for byte.
+    asked = []
+    real_fcntl = fastread.fcntl.fcntl
+    refuse_o_direct(monkeypatch)
+    refusing_fcntl = fastread.fcntl.fcntl
+
+    def counted(fd, cmd, arg=0):
+        if cmd == fastread.fcntl.F_SETFL and arg & fastread.O_DIRECT:
+            asked.append(fd)
+        return refusing_fcntl(fd, cmd, arg)
+
+    monkeypatch.setattr(fastread.fcntl, "fcntl", counted)
+    tier, mem, _ = tier_env()
+    assert tier.stores[0].io_stats().write_mode == "direct"
+    request = make_request(PROMPT, "no-odirect")
+    ctx, keys, results = _store_prompt(tier, mem, request, [0, 1, 2, 3])
+    assert [r.success for r in results] == [True]
+    assert len(asked) >= 4  # every chunk asked for O_DIRECT and was refused
+    monkeypatch.setattr(fastread.fcntl, "fcntl", real_fcntl)
+    tier.submit_load(job(keys, [8, 9, 10, 11], ctx, promotion=True))
+    (loaded,) = finish(tier)
+    assert loaded.success and torch.equal(mem[8:12], mem[0:4])
+
+
+def test_cold_chunks_load_around_the_page_cache_and_are_scattered_once(
+    tier_env, monkeypatch, tmp_path
+):
+    if not _takes_o_direct(tmp_path):
+        pytest.skip("this filesystem refuses O_DIRECT")
+    tier, mem, _ = tier_env()
+    request = make_request(PROMPT, "cold")
+    ctx, keys, results = _store_prompt(tier, mem, request, [0, 1, 2, 3])
+    assert [r.success for r in results] == [True]
+    scattered = []
+    from_payload = tier.primary.from_payload
+
+    def counted(payload, slot):
+        scattered.append(len(payload))
+        from_payload(payload, slot)
+
+    monkeypatch.setattr(tier.primary, "from_payload", counted)
+    # Written around the page cache, the files are cold: the tier's page-aligned buffers
+    # take them with O_DIRECT (read_mode "auto"), and each payload is scattered once.
+    tier.submit_load(job(keys, [8, 9, 10, 11], ctx, promotion=True))
+    (loaded,) = finish(tier)
+    assert loaded.success and torch.equal(mem[8:12], mem[0:4])
+    stats = tier.stores[0].io_stats()
+    assert (stats.direct_reads, stats.cached_reads) == (4, 0)
+    assert scattered == [tier.primary.layout.payload_size] * 4
+
+
+def _takes_o_direct(directory):
+    """Whether ``directory``'s filesystem accepts O_DIRECT writes (tmpfs before Linux 6.6,
+    some FUSE and network mounts do not)."""
+    path = directory / "probe-o-direct"
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | getattr(os, "O_DIRECT", 0))
+    except OSError:
+        return False
+    os.close(fd)
+    path.unlink()
+    return hasattr(os, "O_DIRECT")
+
+
+@pytest.mark.parametrize(("cores", "at_once"), [(1, 1), (2, 1), (3, 2)])
+def test_conversions_leave_a_core_to_the_threads_writing(tier_env, monkeypatch, cores, at_once):
+    # With as many conversions as cores, the writes of a burst waited for a core to start
+    # (docs/benchmarks.md): one core is left to the stores' threads, where there are two.
+    import chunkstore.vllm.native.tier as tier_module
+
+    monkeypatch.setattr(tier_module, "_cores", lambda: cores)
+    tier, mem, _ = tier_env(slots=16, threads=4)
+    assert tier.max_converting == at_once
+    converting = _Gauge()
+    to_payload = tier.primary.to_payload
+
+    def slow(slot, payload):
+        converting.add(1)
+        try:
+            # Give a second conversion the time to join, once: where the bound allows one,
+            # until it has (however slow the host), else a while (it must not get in).
+            deadline = time.monotonic() + (30 if at_once > 1 else 0.2)
+            while converting.most < 2 and time.monotonic() < deadline:
+                time.sleep(0.005)
+            to_payload(slot, payload)
+        finally:
+            converting.add(-1)
+
+    monkeypatch.setattr(tier.primary, "to_payload", slow)
+    ctx, keys = _twelve_chunks_in_slots(tier, mem, f"cores-{cores}", seed=35)
+    for first in (0, 2):
+        tier.submit_store(job(keys[first : first + 2], [first, first + 1], ctx, promotion=False))
+    results = finish(tier)
+    assert len(results) == 2 and all(r.success for r in results)
+    assert converting.most == at_once

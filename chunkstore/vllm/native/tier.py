@@ -85,6 +85,21 @@ def _cores() -> int:
     return len(affinity(0)) if affinity is not None else os.cpu_count() or 1
 
 
+def _conversions_at_once(threads: int, cores: int) -> int:
+    """How many chunk conversions (gather + checksum) a tier runs at once: one core fewer
+    than the host has (at least one), and no more than its threads.
+
+    The core left over runs the threads that keep the disk busy: the stores' guard threads
+    that start each write. With as many conversions as cores, a burst of store jobs on a
+    2-core host kept both cores converting chunks ahead while the first write waited for a
+    core (or the GIL) to start: it began 1.3-9 ms (median 4.8 ms) into a 70-90 ms burst,
+    against 1.3-9 ms (median 1.6 ms) with one conversion at a time, which still converts a
+    2 MiB chunk (0.4 ms) faster than the disk writes one (1.1 ms). Measured:
+    docs/benchmarks.md, "Native tier".
+    """
+    return max(1, min(threads, cores - 1))
+
+
 __all__ = ["ChunkStoreTier"]
 
 
@@ -209,10 +224,9 @@ class ChunkStoreTier(SecondaryTierManager):
         self._buffers = ChunkBuffers(size, keep=max(2 * threads, IDLE_BUFFER_BYTES // size))
         # Started whole, as vLLM's own tiers start theirs: the first jobs wait for no thread.
         self._pool = started_executor(threads, "chunkstore-tier")
-        # Conversions (gather + checksum) at once: no more than there are cores to run them.
-        # More would only share the cores, each chunk ready later, and the disk idle until
-        # the first is (measured on 2 cores: tools/bench_native_tier.py, docs/benchmarks.md).
-        self._converting = threading.BoundedSemaphore(min(threads, _cores()))
+        self.max_converting = _conversions_at_once(threads, _cores())
+        """Conversions (gather + checksum) running at once (see :func:`_conversions_at_once`)."""
+        self._converting = threading.BoundedSemaphore(self.max_converting)
         self.max_writing = 2 * CALLS_IN_FLIGHT
         """Chunks converted whose writes are neither ended nor settled, at most: enough for
         every guard thread to find its next write queued when one ends, and a bound on the
