@@ -60,6 +60,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Hashable
+from typing import Any
 
 from chunkstore.cache._arc import ARCPolicy
 from chunkstore.cache.policy import CanEvict, NoEvictableEntry, first_evictable
@@ -133,9 +134,12 @@ class PrefixARCPolicy(ARCPolicy):
         """The last ``history * capacity`` evicted keys, oldest first."""
         self._history_limit = history * capacity
         self._parent: dict[Hashable, Hashable] = {}
-        # Children in the order they were linked (a dict, not a set: the walk must not depend
-        # on hash order, which varies between processes for str and bytes keys).
-        self._children: dict[Hashable, dict[Hashable, None]] = {}
+        # Each parent's resident children: the child itself when it is the only one (as along
+        # a chain: no dict to build and free per link), else a _Siblings dict in the order they
+        # were linked (a dict, not a set: the walk must not depend on hash order, which varies
+        # between processes for str and bytes keys). (Typed Any: mypy cannot narrow a union
+        # by `type(x) is not _Siblings`, and isinstance() would cost a call on every miss.)
+        self._children: dict[Hashable, Any] = {}
         self._orphans: OrderedDict[Hashable, None] = OrderedDict()
         # The last walk to a leaf, as far as it went through only children: successive
         # evictions start from the same old chain head and walk it down again, a step per
@@ -150,7 +154,7 @@ class PrefixARCPolicy(ARCPolicy):
 
     def children_of(self, key: Hashable) -> frozenset[Hashable]:
         """Resident keys whose recorded parent is ``key`` (resident or not)."""
-        return frozenset(self._children.get(key, ()))
+        return frozenset(_siblings(self._children.get(key)))
 
     # --- uses ----------------------------------------------------------------------------
 
@@ -177,11 +181,15 @@ class PrefixARCPolicy(ARCPolicy):
     def reuse_horizon(self) -> float:
         """Estimated 99th percentile of the idle times (in lookups) after which T2 chunks are
         read again; never below ``idle_floor * capacity``."""
-        within = self._rereads_within
-        if within:
-            self._rereads_within = 0
-            self._horizon = max(self._horizon * _HORIZON_DOWN**within, self._horizon_floor)
+        if self._rereads_within:
+            self._settle_horizon()
         return self._horizon
+
+    def _settle_horizon(self) -> None:
+        """Apply the down-steps of the T2 rereads counted since the horizon last settled."""
+        within = self._rereads_within
+        self._rereads_within = 0
+        self._horizon = max(self._horizon * _HORIZON_DOWN**within, self._horizon_floor)
 
     def access(self, key: Hashable, parent: Hashable | None = None) -> bool:
         # hit() copied in, then admit() on a miss: the simulator's and the benchmark's hot
@@ -251,7 +259,12 @@ class PrefixARCPolicy(ARCPolicy):
         ghosts nor the long history, so the key leaves them before the victim is chosen (one
         ``pop`` each instead of a test and a delete). Without recorded chains there are no
         orphans and no walk: the victim is the LRU entry of ARC's list, popped off its end.
-        The decision digests (tests/cache/test_policy_decisions.py) and
+        With them, the usual victim is a leaf where REPLACE starts (an orphan just admitted,
+        on a cache full of chains); it is evicted here, line by line as :meth:`_evict_key`
+        and its helpers do it (their three calls cost a tenth of a miss's bytecode). The
+        rest of the admission is :meth:`_enter` (inlined as well: 4 % less bytecode, no
+        difference measurable at 100k entries). The decision digests
+        (tests/cache/test_policy_decisions.py) and
         ``test_unpinned_admissions_decide_as_the_careful_path`` hold it to the careful path.
         """
         c = self.capacity
@@ -273,22 +286,59 @@ class PrefixARCPolicy(ARCPolicy):
         else:
             ghost = False
         # A ghost hit leaves the history too; any other key is frequent if it returns from it.
-        frequent = self.history.pop(key, _ABSENT) is not _ABSENT or ghost
+        history = self.history
+        frequent = history.pop(key, _ABSENT) is not _ABSENT or ghost
+        children, orphans = self._children, self._orphans
         victim = None
         if len(t1) + len(t2) >= c:
-            # (With T1 empty the full cache is all T2: the call would say so and settle nothing.)
-            from_t1 = self._replace_from_t1(p, in_b2) if t1 else False
-            if self._children:
-                victim = self._leaf_to_evict(from_t1)
-                self._evict_key(victim)
-            else:
-                if from_t1:
+            if not children:
+                # (With T1 empty the full cache is all T2: the call would say so, settle nothing.)
+                if self._replace_from_t1(p, in_b2) if t1 else False:
                     victim = t1.popitem(last=False)[0]
                     b1[victim] = None
                 else:
                     victim = t2.popitem(last=False)[0]
                     b2[victim] = None
                 self._remember_evicted(victim)
+            else:
+                # REPLACE's first candidate: the oldest orphan, else the LRU entry of ARC's list.
+                if orphans:
+                    # ARC's choice is not needed then; only the horizon settles as it would.
+                    if t1 and t2 and self._rereads_within:
+                        self._settle_horizon()
+                    victim = next(iter(orphans))
+                else:
+                    from_t1 = self._replace_from_t1(p, in_b2) if t1 else False
+                    victim = next(iter(t1 if from_t1 else t2))
+                # Walked down to a leaf, as _choose_victim does; if that loops, its search.
+                leaf = victim if victim not in children else self._walk_down(victim)
+                if leaf is None:
+                    # (Asked again, ARC's choice is the same: nothing it reads has moved.)
+                    from_t1 = self._replace_from_t1(p, in_b2) if t1 else False
+                    victim = self._careful_victim(from_t1, None)
+                    self._evict_key(victim)
+                else:  # _evict_key, for a leaf: it has no children to orphan
+                    victim = leaf
+                    if not t1 or t1.pop(victim, _ABSENT) is _ABSENT:
+                        del t2[victim]
+                        b2[victim] = None
+                    else:
+                        b1[victim] = None
+                    limit = self._history_limit
+                    if limit:  # (_remember_evicted)
+                        history[victim] = None
+                        if len(history) > limit:
+                            history.popitem(last=False)
+                    if orphans:
+                        orphans.pop(victim, None)
+                    above = self._parent.pop(victim, None)
+                    if above is not None:
+                        if type(children[above]) is _Siblings:
+                            self._unlink(victim, above)
+                        else:  # (_unlink, for an only child)
+                            del children[above]
+                            if above in self._walk_index:
+                                self._children_changed(above)
         self._enter(key, frequent, parent)
         return victim
 
@@ -305,10 +355,13 @@ class PrefixARCPolicy(ARCPolicy):
         children = self._children
         if children:
             below = children.get(key)
-            if below:
+            if below is not None:
                 orphans = self._orphans
-                for child in below:
-                    orphans.pop(child, None)
+                if type(below) is _Siblings:
+                    for child in below:
+                        orphans.pop(child, None)
+                else:
+                    orphans.pop(below, None)
         if parent is not None and parent != key:
             self._record_parent(key, parent)
         n1, n_b1, c = len(t1), len(b1), self.capacity
@@ -332,9 +385,12 @@ class PrefixARCPolicy(ARCPolicy):
         children = self._children
         siblings = children.get(parent)
         if siblings is None:
-            children[parent] = {key: None}
-        else:
+            # (A None key, were there one, could not stand alone: get() answers None for none.)
+            children[parent] = key if key is not None else _Siblings({key: None})
+        elif type(siblings) is _Siblings:
             siblings[key] = None
+        else:
+            children[parent] = _Siblings({siblings: None, key: None})
         if parent in self._walk_index:
             self._children_changed(parent)
         orphans, t1 = self._orphans, self.t1
@@ -366,20 +422,6 @@ class PrefixARCPolicy(ARCPolicy):
 
     # --- REPLACE ---------------------------------------------------------------------------
 
-    def _leaf_to_evict(self, from_t1: bool) -> Hashable:
-        """:meth:`_choose_victim` with nothing vetoed: one walk from its first candidate.
-
-        That candidate is the oldest orphan, else the LRU entry of T1 (``from_t1``, ARC's
-        choice) or T2; only when its walk loops does the careful search take over.
-        """
-        orphans = self._orphans
-        if orphans:
-            node = next(iter(orphans))
-        else:
-            node = next(iter(self.t1 if from_t1 else self.t2))
-        leaf = self._walk_down(node)
-        return leaf if leaf is not None else self._careful_victim(from_t1, None)
-
     def _walk_down(self, start: Hashable) -> Hashable | None:
         """The leaf a walk from ``start`` reaches (see :meth:`_coldest`); ``None`` if it loops.
 
@@ -387,22 +429,29 @@ class PrefixARCPolicy(ARCPolicy):
         steps end: the steps before are the same while no key on them changed children.
         """
         walk, index = self._walk, self._walk_index
-        if not walk or walk[0] != start:
+        children = self._children
+        if walk and walk[0] == start:
+            node = walk[-1]
+            below = children.get(node)
+        else:
+            below = children.get(start)
+            if below is None:
+                # A leaf already: nothing worth remembering, and the last walk stays (it holds
+                # while no key on it changes children, whatever was walked in between).
+                return start
             walk[:] = (start,)
             index.clear()
             index[start] = 0
-        node = walk[-1]
-        children = self._children
-        below = children.get(node)
+            node = start
         steps, limit = len(walk) - 1, len(self.t1) + len(self.t2)  # (no __len__ call)
         extending = True
-        while below:
+        while below is not None:
             if steps >= limit:  # a cycle of recorded parents (colliding keys)
                 walk.clear()
                 index.clear()
                 return None
-            if len(below) == 1:
-                node = next(iter(below))
+            if type(below) is not _Siblings:  # an only child
+                node = below
                 if extending:
                     index[node] = len(walk)
                     walk.append(node)
@@ -483,16 +532,16 @@ class PrefixARCPolicy(ARCPolicy):
             if node in dead:
                 break
             below = children.get(node)
-            if not below:
+            if below is None:
                 if can_evict is None or can_evict(node):
                     return node
                 break
-            node = next(iter(below)) if len(below) == 1 else self._coldest(below)
+            node = self._coldest(below) if type(below) is _Siblings else below
             path.append(node)
         dead.update(path)
         return None
 
-    def _coldest(self, siblings: dict[Hashable, None]) -> Hashable:
+    def _coldest(self, siblings: _Siblings) -> Hashable:
         """The sibling to walk into: the oldest one seen only once (in T1), else the oldest.
 
         (Ordering siblings by last use instead costs a timestamp per hit and made no
@@ -535,17 +584,42 @@ class PrefixARCPolicy(ARCPolicy):
         if parent is not None:
             self._unlink(key, parent)
         below = self._children.get(key)
-        if below:
-            for child in below:
-                orphans[child] = None
+        if below is not None:
+            if type(below) is _Siblings:
+                for child in below:
+                    orphans[child] = None
+            else:
+                orphans[below] = None
 
     def _unlink(self, key: Hashable, parent: Hashable) -> None:
-        siblings = self._children[parent]
-        siblings.pop(key, None)
-        if not siblings:
-            del self._children[parent]
+        children = self._children
+        siblings = children[parent]
+        if type(siblings) is _Siblings:
+            del siblings[key]
+            if not siblings:  # (only a lone None key stands in a _Siblings)
+                del children[parent]
+            elif len(siblings) == 1 and (only := next(iter(siblings))) is not None:
+                children[parent] = only  # back to an only child
+        else:  # key was the only child
+            del children[parent]
         if parent in self._walk_index:
             self._children_changed(parent)
+
+
+class _Siblings(dict[Hashable, None]):
+    """Two or more children of one parent (or a lone ``None`` key), in the order they were linked.
+
+    Its own type so that it can be told from a key (a dict is never hashable, so no key is one).
+    """
+
+    __slots__ = ()
+
+
+def _siblings(below: Any) -> tuple[Hashable, ...] | _Siblings:
+    """The children an entry of ``_children`` stands for (``None``: no entry)."""
+    if below is None:
+        return ()
+    return below if type(below) is _Siblings else (below,)
 
 
 _ABSENT = object()

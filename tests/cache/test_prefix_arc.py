@@ -92,6 +92,23 @@ def test_a_remembered_walk_turns_into_a_new_sibling() -> None:
     assert policy.admit("d") == "z"
 
 
+def test_siblings_keep_their_link_order_through_an_only_child() -> None:
+    # An only child is stored apart from a list of siblings; going from two children to one
+    # and back must keep the order they were linked in, which the walk's choice reads.
+    policy = PrefixARCPolicy(4)
+    policy.admit("r")
+    policy.admit("a", parent="r")
+    policy.admit("b", parent="r")
+    assert policy.remove("a")  # r's only child: b
+    assert policy.children_of("r") == {"b"}
+    policy.admit("c", parent="r")  # r: b, then c; T1 = [r b c], all seen once
+    assert policy.children_of("r") == {"b", "c"}
+    assert policy.evict() == "b"  # from T1's LRU r into its oldest child seen once
+    assert policy.children_of("r") == {"c"}
+    assert policy.evict() == "c"  # r's only child again
+    assert policy.children_of("r") == frozenset() and policy.evict() == "r"
+
+
 def test_a_chain_longer_than_the_cache_keeps_its_head() -> None:
     # c = 3, one chain 0..5. Admitting 3 (parent 2): the walk from the LRU entry 0 ends at
     # the leaf 2, which goes, and 3 is an orphan. Orphans go first: 3 makes room for 4, 4 for
