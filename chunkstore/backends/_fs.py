@@ -879,13 +879,17 @@ class FsStore(Store):
                 size = self._remove_sized(path)
                 done = size >= 0
                 return [size] if done else []
-            if delete:
-                dest = self.io.join(self._dir_of(key), L.temp_name(key.hex))
-            else:
+            staged = self.io.join(self._dir_of(key), L.temp_name(key.hex))
+            aside = None
+            if not delete:
                 self._refuse_link(L.QUARANTINE_DIR, key.namespace)
-                dest = self.io.join(
+                aside = self.io.join(
                     self.root, L.QUARANTINE_DIR, key.namespace, key.hex + L.CHUNK_SUFFIX
                 )
+            # Where quarantine holds an earlier copy of the key, the file goes by way of a
+            # temp name: moved straight there, a file then found to be another than the one
+            # judged would go back to its name, and the earlier copy would be gone.
+            dest = staged if aside is None or (guarded and self.io.exists(aside)) else aside
             if not self.io.move(path, dest):
                 return []
             taken = (self.io.stat(dest) if guarded else None) or current
@@ -894,6 +898,11 @@ class FsStore(Store):
                 restored = self.io.link_if_absent(dest, path, self.fsync)  # removes dest
                 return [] if restored else [taken.size]
             done = True
+            if aside is not None and dest != aside:
+                if not self.io.move(dest, aside):
+                    log.warning("%s: %s set aside, left as %s", self.name, path, dest)
+                    return [taken.size]
+                dest = aside
             with contextlib.suppress(OSError):
                 self.io.remove(path + ".atime")
             with contextlib.suppress(OSError):

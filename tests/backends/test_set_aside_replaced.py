@@ -26,6 +26,7 @@ from chunkstore.testing.store_suite import corrupt_copies
 
 CHUNK = sample_chunks(1, seed=53)[0]
 BAD = corrupt_copies(CHUNK)["bitflip"]
+EARLIER_BAD = corrupt_copies(CHUNK)["truncated"]
 
 
 @dataclass
@@ -102,6 +103,53 @@ def test_set_aside_skips_a_chunk_replaced_since_the_read(
         assert pair.store.delete_if_unchanged(CHUNK.key, ident) is False
     assert bytes(pair.store.get(CHUNK.key) or b"") == CHUNK.data
     assert pair.store.quarantined() == [] and pair.store.orphans() == []
+
+
+def _quarantined_bytes(store: Any) -> list[bytes]:
+    """The contents of every chunk in ``store``'s quarantine area."""
+    if isinstance(store, FsStore):
+        return [bytes(store.io.read(q.path)[0]) for q in store.quarantined()]
+    return [bytes(store._run(store._get_small, q.path)) for q in store.quarantined()]
+
+
+def _quarantine_earlier_damage(pair: Shared) -> None:
+    """An earlier corrupt copy of the chunk, set aside by a verify run: the evidence later
+    set-asides of the same key must not destroy."""
+    pair.writer.put(CHUNK.key, EARLIER_BAD)
+    [(_, ident)] = pair.store.read_unchecked_with_idents([CHUNK.key])
+    assert pair.store.quarantine_if_unchanged(CHUNK.key, ident, "TruncatedChunk") is True
+    assert _quarantined_bytes(pair.store) == [EARLIER_BAD]
+
+
+def test_a_set_aside_that_does_not_happen_keeps_the_earlier_quarantined_copy(
+    shared_of: Callable[[str], Shared],
+) -> None:
+    """The chunk was damaged again, read, and then repaired by a writer before it could be
+    set aside: the set-aside does not happen, and the copy an earlier one put in quarantine
+    stays. (On S3 a server that ignores ``CopySourceIfMatch``, as moto does, copied the
+    repaired object over the earlier copy and then removed that copy again.)"""
+    pair = shared_of("move")
+    _quarantine_earlier_damage(pair)
+    pair.writer.put(CHUNK.key, BAD)
+    [(_, ident)] = pair.store.read_unchecked_with_idents([CHUNK.key])
+    pair.writer.put(CHUNK.key, CHUNK.data)
+    assert pair.store.quarantine_if_unchanged(CHUNK.key, ident, "bad") is False
+    assert bytes(pair.store.get(CHUNK.key) or b"") == CHUNK.data
+    assert _quarantined_bytes(pair.store) == [EARLIER_BAD]
+
+
+def test_a_second_set_aside_of_a_key_replaces_its_earlier_quarantined_copy(
+    shared_of: Callable[[str], Shared],
+) -> None:
+    """One name per key in quarantine (spec 6.1): a chunk damaged again and set aside
+    takes the place of the earlier copy there, as the newest evidence."""
+    pair = shared_of("move")
+    _quarantine_earlier_damage(pair)
+    pair.writer.put(CHUNK.key, BAD)
+    [(_, ident)] = pair.store.read_unchecked_with_idents([CHUNK.key])
+    assert pair.store.quarantine_if_unchanged(CHUNK.key, ident, "bad") is True
+    assert pair.store.exists(CHUNK.key) is False
+    assert _quarantined_bytes(pair.store) == [BAD]
 
 
 @pytest.mark.parametrize("mode", ["quarantine", "delete"])
@@ -181,6 +229,32 @@ def test_fsspec_replaced_between_check_and_move_is_put_back(
     assert pair.store.quarantined() == [] and pair.store.orphans() == []
 
 
+@pytest.mark.parametrize("kind", ["local", "fsspec"])
+def test_replaced_between_check_and_move_keeps_the_earlier_quarantined_copy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str
+) -> None:
+    """The file is replaced after the check, just before the move, and quarantine already
+    holds an earlier copy of the key: the good file goes back, and the earlier copy stays
+    (the move does not land on it before what was moved has been compared)."""
+    pair = _local(tmp_path, "move") if kind == "local" else _fsspec(tmp_path, "move")
+    _quarantine_earlier_damage(pair)
+    pair.writer.put(CHUNK.key, BAD)
+    [(_, ident)] = pair.store.read_unchecked_with_idents([CHUNK.key])
+    real = pair.store.io.move
+
+    def replaced_first(src: str, dst: str) -> bool:
+        if src == pair.store.path_of(CHUNK.key):
+            pair.writer.put(CHUNK.key, CHUNK.data)
+        return bool(real(src, dst))
+
+    monkeypatch.setattr(pair.store.io, "move", replaced_first)
+    assert pair.store.quarantine_if_unchanged(CHUNK.key, ident, "bad") is False
+    monkeypatch.undo()
+    assert bytes(pair.store.get(CHUNK.key) or b"") == CHUNK.data
+    assert _quarantined_bytes(pair.store) == [EARLIER_BAD]
+    assert pair.store.orphans() == []
+
+
 @pytest.mark.parametrize("conditional_writes", [True, False])
 def test_s3_replaced_between_copy_and_delete_keeps_the_new_object(
     request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, conditional_writes: bool
@@ -239,9 +313,42 @@ def test_s3_copy_refused_by_its_etag_condition_sets_nothing_aside(
 
     monkeypatch.setattr(type(pair.store), "_attempt", as_aws)
     assert pair.store.quarantine_if_unchanged(CHUNK.key, ident, "bad") is False
-    assert calls == ["copy_object"]
+    assert calls == ["head_object", "copy_object"]  # (the HEAD: is a copy in quarantine?)
     monkeypatch.undo()
     assert bytes(pair.store.get(CHUNK.key) or b"") == CHUNK.data
     assert pair.store.quarantined() == []
+    pair.store.close()
+    pair.writer.close()
+
+
+def test_s3_copy_does_not_overwrite_a_copy_another_reader_set_aside_meanwhile(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Quarantine held no copy of the key when the store looked, but another reader set a
+    copy aside before the copy landed: with conditional writes the copy carries
+    ``If-None-Match: *`` (AWS honours it; moto ignores it, so it is played here), is refused,
+    and the other reader's copy stays."""
+    from botocore.exceptions import ClientError
+
+    pair = _s3(request, "move")
+    pair.writer.put(CHUNK.key, BAD)
+    [(_, ident)] = pair.store.read_unchecked_with_idents([CHUNK.key])
+    admin = request.getfixturevalue("s3_admin")
+    dest = pair.store._full(f"quarantine/{CHUNK.key.namespace}/{CHUNK.key.hex}.kvc")
+    real = type(pair.store)._attempt
+
+    async def another_reader_first(self: Any, op: str, kwargs: dict[str, Any]) -> Any:
+        if op == "copy_object" and self is pair.store:
+            admin.put_object(Bucket=pair.store.bucket, Key=dest, Body=EARLIER_BAD)
+            if kwargs.get("IfNoneMatch") == "*":
+                error = {"Error": {"Code": "PreconditionFailed"}}
+                raise ClientError({**error, "ResponseMetadata": {"HTTPStatusCode": 412}}, op)
+        return await real(self, op, kwargs)
+
+    monkeypatch.setattr(type(pair.store), "_attempt", another_reader_first)
+    assert pair.store.quarantine_if_unchanged(CHUNK.key, ident, "bad") is False
+    monkeypatch.undo()
+    assert _quarantined_bytes(pair.store) == [EARLIER_BAD]
+    assert bytes(pair.store.read_unchecked_many([CHUNK.key])[0] or b"") == BAD
     pair.store.close()
     pair.writer.close()
