@@ -58,6 +58,7 @@ from chunkstore.backends.maintenance import (
     FileIdent,
     StoredFile,
     reason_record,
+    set_aside_outcome,
 )
 from chunkstore.errors import (
     ConfigError,
@@ -826,7 +827,7 @@ class FsStore(Store):
         self._suspects.pop(key, None)
         self._set_aside(key, None, reason)
 
-    def _quarantine(self, key: ChunkKey, reason: str) -> None:
+    def _quarantine(self, key: ChunkKey, reason: str) -> str:
         # the ident of the file a read found bad, so a concurrent good rewrite is left alone
         ident = self._suspects.pop(key, None)
         if ident is None:
@@ -836,10 +837,9 @@ class FsStore(Store):
             # on this rare path) and set aside only that one.
             [current] = self.read_unchecked_with_idents([key])
             if current is None or self._judge(key, current[0]).verdict is not ReadVerdict.CORRUPT:
-                log.info("%s: %s changed since its corrupt read; left", self.name, key.hex)
-                return
+                return set_aside_outcome(False, self.quarantine_mode)
             ident = current[1]
-        self._set_aside(key, ident, reason)
+        return set_aside_outcome(self._set_aside(key, ident, reason), self.quarantine_mode)
 
     def quarantine_if_unchanged(self, key: ChunkKey, ident: FileIdent | None, reason: str) -> bool:
         """Move ``key``'s chunk to quarantine (or delete it, with ``quarantine="delete"``)

@@ -28,6 +28,7 @@ import secrets
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
+from functools import partial
 from typing import Any
 
 from chunkstore.backends import _layout as L
@@ -44,6 +45,7 @@ from chunkstore.backends.maintenance import (
     FileIdent,
     StoredFile,
     reason_record,
+    set_aside_outcome,
 )
 from chunkstore.errors import (
     ConfigError,
@@ -447,14 +449,21 @@ class S3Store(Store):
         got = await self._get_tagged(key)
         return None if got is None else got[0]
 
-    async def _get_tagged(self, key: ChunkKey) -> tuple[bytes, str] | None:
+    async def _get_tagged(
+        self, key: ChunkKey, *, failure_raises: bool = False
+    ) -> tuple[bytes, str] | None:
         """The object's bytes and its ETag (which object they came from); None if missing
-        or unreadable (logged)."""
+        or unreadable (logged; StoreError instead with ``failure_raises``)."""
+        name = self.object_key(key)
         try:
-            got = await self._request("get_object", Key=self.object_key(key))
+            got = await self._request("get_object", Key=name)
         except _NotFound:
             return None
         except (_Failed, _Exists) as exc:
+            if failure_raises:
+                raise StoreError(
+                    f"{self.name}: cannot read s3://{self.bucket}/{name}: {exc}"
+                ) from None
             self._failed_gets += 1
             log.warning("%s: get %s failed, treated as a miss: %s", self.name, key.hex, exc)
             return None
@@ -890,38 +899,33 @@ class S3Store(Store):
         it, with ``quarantine="delete"``); a maintenance tool's verdict, on whatever object
         is there (:meth:`quarantine_if_unchanged` sets aside only the one that was read).
         Raises StoreError if a request fails (after retries)."""
-        self._set_aside(key, None, reason, strict=True)
+        self._set_aside(key, None, reason)
 
-    def _quarantine(self, key: ChunkKey, reason: str) -> None:
+    def _quarantine(self, key: ChunkKey, reason: str) -> str:
         # A read found damage, but its ETag is not at hand here, and a writer may have put a
         # good copy in place since: judge the object there now (a rare, second GET) and set
         # aside only that one, by its ETag.
-        current = self._run(self._get_tagged, key)
-        if current is None:
-            return
-        if self._judge(key, current[0]).verdict is not ReadVerdict.CORRUPT:
-            log.info("%s: %s was replaced since its corrupt read; left", self.name, key.hex)
-            return
-        self._set_aside(key, current[1], reason)
+        current = self._run(partial(self._get_tagged, key, failure_raises=True))
+        if current is None or self._judge(key, current[0]).verdict is not ReadVerdict.CORRUPT:
+            return set_aside_outcome(False, self.quarantine_mode)
+        return set_aside_outcome(self._set_aside(key, current[1], reason), self.quarantine_mode)
 
     def quarantine_if_unchanged(self, key: ChunkKey, ident: FileIdent | None, reason: str) -> bool:
         """Move ``key``'s chunk to quarantine (or delete it, with ``quarantine="delete"``)
         only if it is still the object of ETag ``ident`` (from
         :meth:`read_unchecked_with_idents`); True if it was set aside. ``ident=None``:
         whatever object is there. Raises StoreError if a request fails (after retries)."""
-        return self._set_aside(key, ident, reason, strict=True)
+        return self._set_aside(key, ident, reason)
 
     def delete_if_unchanged(self, key: ChunkKey, ident: FileIdent | None) -> bool:
         """Delete ``key``'s chunk only if it is still the object of ETag ``ident``; True if
         deleted. Raises StoreError if a request fails (after retries)."""
-        return self._set_aside(key, ident, None, strict=True)
+        return self._set_aside(key, ident, None)
 
-    def _set_aside(
-        self, key: ChunkKey, etag: FileIdent | None, reason: str | None, *, strict: bool = False
-    ) -> bool:
+    def _set_aside(self, key: ChunkKey, etag: FileIdent | None, reason: str | None) -> bool:
         """Quarantine (``reason`` given) or delete the object of ETag ``etag``; True if done.
-        A request that fails for good is StoreError with ``strict`` (a maintenance tool's
-        call: "not done" would read as "replaced meanwhile"), else a warning (a read's).
+        A request that fails for good is StoreError ("not done" would read as "replaced
+        meanwhile"; a read's :meth:`report_corrupt` logs it as the outcome).
 
         The delete is conditional on the ETag (``If-Match``; with
         ``conditional_writes=False``, a HEAD comparing ETags just before a plain DELETE), and
@@ -945,12 +949,9 @@ class S3Store(Store):
                 # is there now: what a writer put in its place stays
                 return False
             except _Failed as exc:
-                if strict:
-                    raise StoreError(
-                        f"{self.name}: cannot set aside s3://{self.bucket}/{name}: {exc}"
-                    ) from None
-                log.warning("%s: cannot quarantine %s: %s", self.name, key.hex, exc)
-                return False
+                raise StoreError(
+                    f"{self.name}: cannot set aside s3://{self.bucket}/{name}: {exc}"
+                ) from None
             try:
                 if move and reason is not None:
                     await self._request(

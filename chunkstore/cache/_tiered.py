@@ -248,9 +248,9 @@ class TieredStore(Store):
             + sum(t.store.corrupt_detected for t in self.tiers)
         )
 
-    def _quarantine(self, key: ChunkKey, reason: str) -> None:
+    def _quarantine(self, key: ChunkKey, reason: str) -> str:
         # A chunk found corrupt in host memory went to the tiers from the same bytes.
-        self.delete_many([key])
+        return "deleted from host memory and every tier" if self.delete_many([key]) else "gone"
 
     # --- writes ---------------------------------------------------------------------------
 

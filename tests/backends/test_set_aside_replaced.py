@@ -8,6 +8,7 @@ local store's finer races are in ``test_fs_replaced.py``.
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -166,25 +167,86 @@ def test_set_aside_takes_the_unchanged_chunk(shared_of: Callable[[str], Shared],
     assert pair.store.exists(CHUNK.key) is False and pair.store.orphans() == []
 
 
+def _corrupt_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "corrupt chunk" in r.getMessage()]
+
+
 @pytest.mark.parametrize("quarantine", ["move", "delete"])
 def test_read_quarantine_spares_a_good_rewrite(
-    shared_of: Callable[[str], Shared], monkeypatch: pytest.MonkeyPatch, quarantine: str
+    shared_of: Callable[[str], Shared],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    quarantine: str,
 ) -> None:
     """The serving path's quarantine (a verified read found damage, and a writer repaired
-    the chunk before it was set aside) leaves the repaired chunk in place."""
+    the chunk before it was set aside) leaves the repaired chunk in place, and its warning
+    says so (not "quarantined")."""
     pair = shared_of(quarantine)
     pair.writer.put(CHUNK.key, BAD)
     real = pair.store._quarantine
 
-    def rewritten_first(key: Any, reason: str) -> None:
+    def rewritten_first(key: Any, reason: str) -> str:
         pair.writer.put(CHUNK.key, CHUNK.data)
-        real(key, reason)
+        return real(key, reason)
 
     monkeypatch.setattr(pair.store, "_quarantine", rewritten_first)
-    assert pair.store.get(CHUNK.key) is None
+    with caplog.at_level(logging.WARNING, logger="chunkstore"):
+        assert pair.store.get(CHUNK.key) is None
     assert pair.store.corrupt_detected == 1
     assert bytes(pair.store.get(CHUNK.key) or b"") == CHUNK.data
     assert pair.store.quarantined() == []
+    [warning] = _corrupt_warnings(caplog)
+    assert CHUNK.key.hex in warning and warning.endswith(
+        ": left (replaced or removed since it was read)"
+    )
+
+
+@pytest.mark.parametrize("quarantine", ["move", "delete"])
+def test_a_read_logs_the_set_aside_that_happened(
+    shared_of: Callable[[str], Shared], caplog: pytest.LogCaptureFixture, quarantine: str
+) -> None:
+    pair = shared_of(quarantine)
+    pair.writer.put(CHUNK.key, BAD)
+    with caplog.at_level(logging.WARNING, logger="chunkstore"):
+        assert pair.store.get(CHUNK.key) is None
+    [warning] = _corrupt_warnings(caplog)
+    assert warning.endswith(": quarantined" if quarantine == "move" else ": deleted")
+    assert pair.writer.exists(CHUNK.key) is False
+
+
+def test_a_read_logs_a_set_aside_that_failed(
+    shared_of: Callable[[str], Shared],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The medium refuses the set-aside (read-only credentials, a read-only mount): the
+    warning says the chunk was not set aside, and why; the read is a miss all the same."""
+    pair = shared_of("move")
+    pair.writer.put(CHUNK.key, BAD)
+    if isinstance(pair.store, FsStore):
+
+        def refused(src: str, dst: str) -> bool:
+            raise PermissionError(13, "Read-only file system")
+
+        monkeypatch.setattr(pair.store.io, "move", refused)
+    else:
+        from botocore.exceptions import ClientError
+
+        real = type(pair.store)._attempt
+
+        async def read_only(self: Any, op: str, kwargs: dict[str, Any]) -> Any:
+            if op in ("copy_object", "delete_object", "put_object"):
+                error = {"Error": {"Code": "AccessDenied", "Message": "read-only"}}
+                raise ClientError({**error, "ResponseMetadata": {"HTTPStatusCode": 403}}, op)
+            return await real(self, op, kwargs)
+
+        monkeypatch.setattr(type(pair.store), "_attempt", read_only)
+    with caplog.at_level(logging.WARNING, logger="chunkstore"):
+        assert pair.store.get(CHUNK.key) is None
+    monkeypatch.undo()
+    [warning] = _corrupt_warnings(caplog)
+    assert ": not set aside: " in warning and "quarantined" not in warning
+    assert bytes(pair.writer.read_unchecked_many([CHUNK.key])[0] or b"") == BAD
 
 
 def test_a_reported_damage_spares_a_good_copy_published_since(
