@@ -276,6 +276,14 @@ def test_fsspec_replaced_between_check_and_move_is_put_back(
     """The narrowest race through fsspec: the file is replaced after the check, just before
     the move; what was moved is compared afterwards, and the good file goes back."""
     pair = _fsspec(tmp_path, "move")
+    assert _set_aside_repaired_just_before_the_move(pair, monkeypatch) is False
+    assert bytes(pair.store.get(CHUNK.key) or b"") == CHUNK.data
+    assert pair.store.quarantined() == [] and pair.store.orphans() == []
+
+
+def _set_aside_repaired_just_before_the_move(pair: Shared, monkeypatch: pytest.MonkeyPatch) -> bool:
+    """A damaged chunk is read and set aside, and a writer repairs it after the check, just
+    before the move; what the set-aside returned."""
     pair.writer.put(CHUNK.key, BAD)
     [(_, ident)] = pair.store.read_unchecked_with_idents([CHUNK.key])
     real = pair.store.io.move
@@ -286,9 +294,10 @@ def test_fsspec_replaced_between_check_and_move_is_put_back(
         return bool(real(src, dst))
 
     monkeypatch.setattr(pair.store.io, "move", replaced_first)
-    assert pair.store.quarantine_if_unchanged(CHUNK.key, ident, "bad") is False
-    assert bytes(pair.store.get(CHUNK.key) or b"") == CHUNK.data
-    assert pair.store.quarantined() == [] and pair.store.orphans() == []
+    try:
+        return bool(pair.store.quarantine_if_unchanged(CHUNK.key, ident, "bad"))
+    finally:
+        monkeypatch.undo()
 
 
 @pytest.mark.parametrize("kind", ["local", "fsspec"])
@@ -300,18 +309,7 @@ def test_replaced_between_check_and_move_keeps_the_earlier_quarantined_copy(
     (the move does not land on it before what was moved has been compared)."""
     pair = _local(tmp_path, "move") if kind == "local" else _fsspec(tmp_path, "move")
     _quarantine_earlier_damage(pair)
-    pair.writer.put(CHUNK.key, BAD)
-    [(_, ident)] = pair.store.read_unchecked_with_idents([CHUNK.key])
-    real = pair.store.io.move
-
-    def replaced_first(src: str, dst: str) -> bool:
-        if src == pair.store.path_of(CHUNK.key):
-            pair.writer.put(CHUNK.key, CHUNK.data)
-        return bool(real(src, dst))
-
-    monkeypatch.setattr(pair.store.io, "move", replaced_first)
-    assert pair.store.quarantine_if_unchanged(CHUNK.key, ident, "bad") is False
-    monkeypatch.undo()
+    assert _set_aside_repaired_just_before_the_move(pair, monkeypatch) is False
     assert bytes(pair.store.get(CHUNK.key) or b"") == CHUNK.data
     assert _quarantined_bytes(pair.store) == [EARLIER_BAD]
     assert pair.store.orphans() == []
