@@ -58,6 +58,7 @@ from chunkstore.backends.maintenance import (
     FileIdent,
     StoredFile,
     reason_record,
+    set_aside_outcome,
 )
 from chunkstore.errors import (
     ConfigError,
@@ -826,7 +827,7 @@ class FsStore(Store):
         self._suspects.pop(key, None)
         self._set_aside(key, None, reason)
 
-    def _quarantine(self, key: ChunkKey, reason: str) -> None:
+    def _quarantine(self, key: ChunkKey, reason: str) -> str:
         # the ident of the file a read found bad, so a concurrent good rewrite is left alone
         ident = self._suspects.pop(key, None)
         if ident is None:
@@ -836,10 +837,9 @@ class FsStore(Store):
             # on this rare path) and set aside only that one.
             [current] = self.read_unchecked_with_idents([key])
             if current is None or self._judge(key, current[0]).verdict is not ReadVerdict.CORRUPT:
-                log.info("%s: %s changed since its corrupt read; left", self.name, key.hex)
-                return
+                return set_aside_outcome(False, self.quarantine_mode)
             ident = current[1]
-        self._set_aside(key, ident, reason)
+        return set_aside_outcome(self._set_aside(key, ident, reason), self.quarantine_mode)
 
     def quarantine_if_unchanged(self, key: ChunkKey, ident: FileIdent | None, reason: str) -> bool:
         """Move ``key``'s chunk to quarantine (or delete it, with ``quarantine="delete"``)
@@ -879,13 +879,17 @@ class FsStore(Store):
                 size = self._remove_sized(path)
                 done = size >= 0
                 return [size] if done else []
-            if delete:
-                dest = self.io.join(self._dir_of(key), L.temp_name(key.hex))
-            else:
+            staged = self.io.join(self._dir_of(key), L.temp_name(key.hex))
+            aside = None
+            if not delete:
                 self._refuse_link(L.QUARANTINE_DIR, key.namespace)
-                dest = self.io.join(
+                aside = self.io.join(
                     self.root, L.QUARANTINE_DIR, key.namespace, key.hex + L.CHUNK_SUFFIX
                 )
+            # Where quarantine holds an earlier copy of the key, the file goes by way of a
+            # temp name: moved straight there, a file then found to be another than the one
+            # judged would go back to its name, and the earlier copy would be gone.
+            dest = staged if aside is None or (guarded and self.io.exists(aside)) else aside
             if not self.io.move(path, dest):
                 return []
             taken = (self.io.stat(dest) if guarded else None) or current
@@ -894,6 +898,11 @@ class FsStore(Store):
                 restored = self.io.link_if_absent(dest, path, self.fsync)  # removes dest
                 return [] if restored else [taken.size]
             done = True
+            if aside is not None and dest != aside:
+                if not self.io.move(dest, aside):
+                    log.warning("%s: %s set aside, left as %s", self.name, path, dest)
+                    return [taken.size]
+                dest = aside
             with contextlib.suppress(OSError):
                 self.io.remove(path + ".atime")
             with contextlib.suppress(OSError):

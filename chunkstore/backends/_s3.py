@@ -28,6 +28,7 @@ import secrets
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator, Sequence
+from functools import partial
 from typing import Any
 
 from chunkstore.backends import _layout as L
@@ -44,6 +45,7 @@ from chunkstore.backends.maintenance import (
     FileIdent,
     StoredFile,
     reason_record,
+    set_aside_outcome,
 )
 from chunkstore.errors import (
     ConfigError,
@@ -447,14 +449,21 @@ class S3Store(Store):
         got = await self._get_tagged(key)
         return None if got is None else got[0]
 
-    async def _get_tagged(self, key: ChunkKey) -> tuple[bytes, str] | None:
+    async def _get_tagged(
+        self, key: ChunkKey, *, failure_raises: bool = False
+    ) -> tuple[bytes, str] | None:
         """The object's bytes and its ETag (which object they came from); None if missing
-        or unreadable (logged)."""
+        or unreadable (logged; StoreError instead with ``failure_raises``)."""
+        name = self.object_key(key)
         try:
-            got = await self._request("get_object", Key=self.object_key(key))
+            got = await self._request("get_object", Key=name)
         except _NotFound:
             return None
         except (_Failed, _Exists) as exc:
+            if failure_raises:
+                raise StoreError(
+                    f"{self.name}: cannot read s3://{self.bucket}/{name}: {exc}"
+                ) from None
             self._failed_gets += 1
             log.warning("%s: get %s failed, treated as a miss: %s", self.name, key.hex, exc)
             return None
@@ -890,79 +899,59 @@ class S3Store(Store):
         it, with ``quarantine="delete"``); a maintenance tool's verdict, on whatever object
         is there (:meth:`quarantine_if_unchanged` sets aside only the one that was read).
         Raises StoreError if a request fails (after retries)."""
-        self._set_aside(key, None, reason, strict=True)
+        self._set_aside(key, None, reason)
 
-    def _quarantine(self, key: ChunkKey, reason: str) -> None:
+    def _quarantine(self, key: ChunkKey, reason: str) -> str:
         # A read found damage, but its ETag is not at hand here, and a writer may have put a
         # good copy in place since: judge the object there now (a rare, second GET) and set
         # aside only that one, by its ETag.
-        current = self._run(self._get_tagged, key)
-        if current is None:
-            return
-        if self._judge(key, current[0]).verdict is not ReadVerdict.CORRUPT:
-            log.info("%s: %s was replaced since its corrupt read; left", self.name, key.hex)
-            return
-        self._set_aside(key, current[1], reason)
+        current = self._run(partial(self._get_tagged, key, failure_raises=True))
+        if current is None or self._judge(key, current[0]).verdict is not ReadVerdict.CORRUPT:
+            return set_aside_outcome(False, self.quarantine_mode)
+        return set_aside_outcome(self._set_aside(key, current[1], reason), self.quarantine_mode)
 
     def quarantine_if_unchanged(self, key: ChunkKey, ident: FileIdent | None, reason: str) -> bool:
         """Move ``key``'s chunk to quarantine (or delete it, with ``quarantine="delete"``)
         only if it is still the object of ETag ``ident`` (from
         :meth:`read_unchecked_with_idents`); True if it was set aside. ``ident=None``:
         whatever object is there. Raises StoreError if a request fails (after retries)."""
-        return self._set_aside(key, ident, reason, strict=True)
+        return self._set_aside(key, ident, reason)
 
     def delete_if_unchanged(self, key: ChunkKey, ident: FileIdent | None) -> bool:
         """Delete ``key``'s chunk only if it is still the object of ETag ``ident``; True if
         deleted. Raises StoreError if a request fails (after retries)."""
-        return self._set_aside(key, ident, None, strict=True)
+        return self._set_aside(key, ident, None)
 
-    def _set_aside(
-        self, key: ChunkKey, etag: FileIdent | None, reason: str | None, *, strict: bool = False
-    ) -> bool:
+    def _set_aside(self, key: ChunkKey, etag: FileIdent | None, reason: str | None) -> bool:
         """Quarantine (``reason`` given) or delete the object of ETag ``etag``; True if done.
-        A request that fails for good is StoreError with ``strict`` (a maintenance tool's
-        call: "not done" would read as "replaced meanwhile"), else a warning (a read's).
+        A request that fails for good is StoreError ("not done" would read as "replaced
+        meanwhile"; a read's :meth:`report_corrupt` logs it as the outcome).
 
-        Both steps are conditional on the ETag: the copy to quarantine
-        (``CopySourceIfMatch``) and the delete (``If-Match``; with
-        ``conditional_writes=False``, a HEAD comparing ETags just before a plain DELETE).
-        If the delete is refused, another object took the key after the copy: the copy
-        is removed again (a server that ignores ``CopySourceIfMatch`` copied the new one)
-        and the key keeps what the writer put there.
+        The delete is conditional on the ETag (``If-Match``; with
+        ``conditional_writes=False``, a HEAD comparing ETags just before a plain DELETE), and
+        so is what goes to quarantine: see :meth:`_copy_aside` and :meth:`_move_over`.
         """
         name = self.object_key(key)
         move = reason is not None and self.quarantine_mode == "move"
         dest = self._full(f"{L.QUARANTINE_DIR}/{key.namespace}/{key.hex}{L.CHUNK_SUFFIX}")
-        etag = etag or None  # (a server that sent no ETag: nothing to compare)
-        match = {} if etag is None else {"CopySourceIfMatch": f'"{_bare_etag(etag)}"'}
+        tag = None if not etag else str(etag)  # (a server that sent no ETag: nothing to compare)
 
         async def run() -> bool:
-            copied = None
             try:
-                if move:
-                    got = await self._request(
-                        "copy_object",
-                        Key=dest,
-                        CopySource={"Bucket": self.bucket, "Key": name},
-                        **match,
-                    )
-                    copied = got.get("CopyObjectResult", {}).get("ETag")
-                await self._delete_if(name, None if etag is None else str(etag))
-            except _NotFound:
-                return False  # gone already (pruned, or set aside by another reader)
-            except _Exists:  # another object is there now (before the copy, or after it)
-                if copied is not None:
-                    await self._drop_copy(dest, str(copied))
+                if not move:
+                    await self._delete_if(name, tag)
+                elif await self._present(dest):
+                    await self._move_over(name, dest, tag)
+                else:
+                    await self._copy_aside(name, dest, tag)
+            except (_NotFound, _Exists):
+                # gone already (pruned, or set aside by another reader), or another object
+                # is there now: what a writer put in its place stays
                 return False
             except _Failed as exc:
-                if copied is not None:  # the chunk stays in place: no second copy of it aside
-                    await self._drop_copy(dest, str(copied))
-                if strict:
-                    raise StoreError(
-                        f"{self.name}: cannot set aside s3://{self.bucket}/{name}: {exc}"
-                    ) from None
-                log.warning("%s: cannot quarantine %s: %s", self.name, key.hex, exc)
-                return False
+                raise StoreError(
+                    f"{self.name}: cannot set aside s3://{self.bucket}/{name}: {exc}"
+                ) from None
             try:
                 if move and reason is not None:
                     await self._request(
@@ -976,6 +965,71 @@ class S3Store(Store):
         self._touched.pop(key, None)
         done: bool = self._run(run)
         return done
+
+    async def _present(self, name: str) -> bool:
+        """Whether object ``name`` exists (a HEAD); raises _Failed if that cannot be told."""
+        try:
+            await self._request("head_object", Key=name)
+        except (_NotFound, _Exists):
+            return False
+        return True
+
+    async def _copy_aside(self, name: str, dest: str, etag: str | None) -> None:
+        """Set ``name`` aside to ``dest``, where quarantine holds no copy of it: copy it
+        there (``CopySourceIfMatch``), then delete it (conditional on ``etag``). If the
+        delete is refused, another object took the key after the copy, or before it on a
+        server that ignores ``CopySourceIfMatch``: the copy is removed again and the key
+        keeps what the writer put there. Raises _NotFound, _Exists or _Failed when the
+        object was not set aside.
+
+        Note: with ``conditional_writes`` the copy also carries ``If-None-Match: *``, so a
+        copy another reader put at ``dest`` since the caller's HEAD is never overwritten;
+        without it (or on a server that ignores it) that round trip's race remains.
+        """
+        conditions: dict[str, str] = {}
+        if etag is not None:
+            conditions["CopySourceIfMatch"] = f'"{_bare_etag(etag)}"'
+        if self.conditional_writes:
+            conditions["IfNoneMatch"] = "*"
+        got = await self._request(
+            "copy_object", Key=dest, CopySource={"Bucket": self.bucket, "Key": name}, **conditions
+        )
+        copied = got.get("CopyObjectResult", {}).get("ETag")
+        try:
+            await self._delete_if(name, etag)
+        except (_Exists, _Failed):
+            if copied is not None:  # the chunk stays in place: no copy of it aside
+                await self._drop_copy(dest, str(copied))
+            raise
+
+    async def _move_over(self, name: str, dest: str, etag: str | None) -> None:
+        """Set ``name`` aside to ``dest``, where quarantine holds an earlier copy of the key.
+
+        A copy made first would land on the earlier copy, and if the set-aside then did not
+        happen (the object replaced meanwhile, copied anyway by a server that ignores
+        ``CopySourceIfMatch``), removing that copy would lose both. So the object is read
+        (its ETag compared with ``etag``), deleted on the ETag read, and only then are the
+        bytes read written over the earlier copy. Raises _NotFound, _Exists or _Failed when
+        the object was not set aside.
+
+        Note: a write to quarantine that fails after the delete loses this copy of the
+        damage (logged); the earlier copy stays.
+        """
+        got = await self._request("get_object", Key=name)
+        read = _bare_etag(got.get("ETag", ""))
+        if etag is not None and read != _bare_etag(etag):
+            raise _Exists()
+        await self._delete_if(name, read or None)
+        try:
+            await self._request("put_object", Key=dest, Body=got["Body"])
+        except (_NotFound, _Exists, _Failed) as exc:
+            log.warning(
+                "%s: %s deleted, but its copy was not written to quarantine (an earlier copy "
+                "stays there): %s",
+                self.name,
+                name,
+                exc,
+            )
 
     async def _delete_if(self, name: str, etag: str | None) -> None:
         """Delete ``name`` if its ETag is ``etag`` (any object when None); raises _Exists if

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import builtins
 from collections.abc import Iterator, Sequence
+from typing import Any
 
 from chunkstore.backends.base import Buffer, ChunkInfo, Store
 from chunkstore.hashing import ChunkKey
@@ -22,14 +23,29 @@ class WrapperStore(Store):
 
     Reads go through the inner store's validated :meth:`~Store.get_many` (the
     inner store verifies and quarantines; the wrapper does not decode chunks a
-    second time). Closing the wrapper closes the inner store.
+    second time), so the wrapper's :attr:`verify` is the inner store's. Closing
+    the wrapper closes the inner store.
     """
 
     def __init__(self, inner: Store, *, name: str | None = None) -> None:
-        super().__init__(name=name or inner.name, verify=False)  # the inner store verifies
         self.inner = inner
         """The wrapped store."""
+        super().__init__(name=name or inner.name, verify=inner.verify)
         self.kind = inner.kind
+
+    @property
+    def verify(self) -> bool:
+        """Whether every chunk read through this wrapper was checked: the inner store's
+        setting (a caller deciding whether to checksum what it got a second time, such
+        as the vLLM native tier, reads this). Setting it sets the inner store's."""
+        return self.inner.verify
+
+    @verify.setter
+    def verify(self, value: bool) -> None:
+        self.inner.verify = value
+
+    def _checked(self, key: ChunkKey, data: Any) -> Any:
+        return data  # the inner store's get_many judged it and acted on the verdict
 
     @property
     def supports_listing(self) -> bool:

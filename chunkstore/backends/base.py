@@ -36,6 +36,7 @@ from chunkstore.errors import (
     FormatError,
     LayoutError,
     SpecMismatch,
+    StoreError,
     TruncatedChunk,
     UnsupportedVersion,
 )
@@ -225,9 +226,10 @@ class Store(ABC):
     def close(self) -> None:  # noqa: B027 - optional hook: stores without resources need nothing
         """Release connections and flush; the store is unusable afterwards."""
 
-    def _quarantine(self, key: ChunkKey, reason: str) -> None:
-        """Move a corrupt chunk out of the serving path. Default: delete it."""
-        self.delete_many([key])
+    def _quarantine(self, key: ChunkKey, reason: str) -> str:
+        """Move a corrupt chunk out of the serving path; what became of it, for the log
+        (raises StoreError where that failed). Default: delete it."""
+        return "deleted" if self.delete_many([key]) else "already gone"
 
     # --- validated reads ---------------------------------------------------------
 
@@ -269,14 +271,24 @@ class Store(ABC):
         return judgement.ok
 
     def report_corrupt(self, key: ChunkKey, exc: Exception) -> None:
-        """Count a corrupt chunk and quarantine it; never raises."""
+        """Count a corrupt chunk and quarantine it; never raises. One warning names the
+        chunk and says what became of it (logged once the set-aside has been tried, so it
+        never claims one that did not happen)."""
         with self._corrupt_lock:
             self._corrupt += 1
-        log.warning("%s: corrupt chunk %s (%s): quarantined", self.name, key.hex, exc)
         try:
-            self._quarantine(key, f"{type(exc).__name__}: {exc}")
+            outcome = self._quarantine(key, f"{type(exc).__name__}: {exc}")
+        except StoreError as failure:
+            outcome = f"not set aside: {failure}"
         except Exception:  # noqa: BLE001 - quarantine is best effort; the read is a miss anyway
-            log.exception("%s: could not quarantine %s", self.name, key.hex)
+            log.exception(
+                "%s: corrupt chunk %s (%s): not set aside, unexpected error",
+                self.name,
+                key.hex,
+                exc,
+            )
+            return
+        log.warning("%s: corrupt chunk %s (%s): %s", self.name, key.hex, exc, outcome)
 
     # --- single-key conveniences ---------------------------------------------------
 

@@ -48,6 +48,15 @@ def reason_record(reason: str) -> bytes:
     return f"{time.time():.3f} {reason}\n".encode()
 
 
+def set_aside_outcome(done: bool, mode: str) -> str:
+    """What became of a corrupt chunk a read found (the end of its log line): set aside
+    the store's way (``mode``, one of :data:`QUARANTINE_MODES`), or left where a writer
+    replaced or someone removed it since the read."""
+    if not done:
+        return "left (replaced or removed since it was read)"
+    return "quarantined" if mode == "move" else "deleted"
+
+
 @runtime_checkable
 class SupportsMaintenance(Protocol):
     """Access records, a quarantine area and stray files (the filesystem and S3 stores)."""

@@ -78,7 +78,7 @@ class Promoter:
 
     def promote_bytes(self, tier: GuardedTier, key: ChunkKey, data: bytes) -> None:
         """Copy ``data``, just read from ``tier``, into host memory (unpinned) if it fits."""
-        if self.host.put(key, hot_bytes(data)):
+        if self.host.put(key, hot_bytes(data, verified=tier.store.verify)):
             tier.count_promotions()
 
     def _promote_copy(self, tier: GuardedTier, key: ChunkKey) -> Lease | object | None:
@@ -91,7 +91,9 @@ class Promoter:
         if data is None:
             tier.count_reads(0, 1)
             return None
-        outcome = self.host.insert(key, hot_bytes(data), keep_pinned=True)
+        outcome = self.host.insert(
+            key, hot_bytes(data, verified=tier.store.verify), keep_pinned=True
+        )
         if outcome.lease is None:
             return NO_ROOM  # the caller reads around host memory
         tier.instruments.record_read(len(data), time.perf_counter() - started)
@@ -122,7 +124,7 @@ class Promoter:
                     slot.view[: len(data)] = data
                     size = len(data)
             if size:
-                size = decompress_in_place(slot.view, size)
+                size = decompress_in_place(slot.view, size, verified=tier.store.verify)
         except TierUnavailable as exc:
             exc.when_settled(lambda: self.host.abort(slot))
             tier.count_reads(0, 1)
@@ -203,7 +205,7 @@ class Promoter:
             arrived = 0
             nbytes = 0
             for slot, size in zip(slots, sizes):
-                size = decompress_in_place(slot.view, size) if size else 0
+                size = decompress_in_place(slot.view, size, verified=store.verify) if size else 0
                 if not size:
                     break
                 self.host.commit(slot, size, keep_pinned=True)
@@ -241,7 +243,9 @@ class Promoter:
                 outcome = (
                     None
                     if data is None
-                    else self.host.insert(key, hot_bytes(data), keep_pinned=True)
+                    else self.host.insert(
+                        key, hot_bytes(data, verified=tier.store.verify), keep_pinned=True
+                    )
                 )
                 if outcome is None or outcome.lease is None:
                     tier.count_reads(0, 1)

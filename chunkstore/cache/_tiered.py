@@ -248,9 +248,9 @@ class TieredStore(Store):
             + sum(t.store.corrupt_detected for t in self.tiers)
         )
 
-    def _quarantine(self, key: ChunkKey, reason: str) -> None:
+    def _quarantine(self, key: ChunkKey, reason: str) -> str:
         # A chunk found corrupt in host memory went to the tiers from the same bytes.
-        self.delete_many([key])
+        return "deleted from host memory and every tier" if self.delete_many([key]) else "gone"
 
     # --- writes ---------------------------------------------------------------------------
 
@@ -324,6 +324,12 @@ class TieredStore(Store):
 
     # --- reads ----------------------------------------------------------------------------
 
+    def get_many(self, keys: Sequence[ChunkKey]) -> list[bytes | None]:
+        """Chunk bytes per key, host memory first, then each tier; ``None`` where no tier
+        has a good copy. Checked once each: with ``verify``, chunks from host memory and
+        from tiers that do not check their own here; the other tiers' by those tiers."""
+        return self._read_many(keys)
+
     def _read_many(self, keys: Sequence[ChunkKey]) -> list[bytes | None]:
         self._check_open()
         started = time.perf_counter()
@@ -348,6 +354,8 @@ class TieredStore(Store):
                 tier.instruments.record_read(nbytes, time.perf_counter() - started)
             still_missing = []
             for i, data in zip(missing, found):
+                if data is not None and self.verify and not tier.store.verify:
+                    data = self._checked(keys[i], data)
                 if data is None:
                     still_missing.append(i)
                     continue

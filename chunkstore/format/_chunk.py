@@ -294,9 +294,16 @@ def _unzstd(stored: memoryview, payload_size: int) -> bytes:
     return payload
 
 
-def recompress(data: Any, compression: str, *, mac_key: bytes | None = None) -> bytes:
-    """Re-encode a valid chunk with another payload compression (``none`` or ``zstd``)."""
-    chunk = decode_chunk(data, mac_key=mac_key)
+def recompress(
+    data: Any, compression: str, *, mac_key: bytes | None = None, verify: bool = True
+) -> bytes:
+    """Re-encode a valid chunk with another payload compression (``none`` or ``zstd``).
+
+    ``verify=False`` skips the checksum of ``data`` (bytes a verifying store has just
+    checked); a zstd payload is still decompressed under its frame's content checksum and
+    size, and the new chunk's checksum is computed over the payload it holds.
+    """
+    chunk = decode_chunk(data, mac_key=mac_key, verify=verify)
     header = chunk.header
     if compression == header.compression:
         return bytes(memoryview(data).cast("B"))

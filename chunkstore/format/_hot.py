@@ -13,24 +13,28 @@ from chunkstore.errors import FormatError
 from chunkstore.format._chunk import read_header, recompress
 
 
-def hot_bytes(data: Any) -> Any:
+def hot_bytes(data: Any, *, verified: bool = False) -> Any:
     """``data`` as host memory should hold it: uncompressed, ready to copy to a device.
 
+    ``verified``: the store that served ``data`` checked its checksum, so decompressing
+    does not hash the compressed chunk again (see :func:`recompress`: the payload is
+    still checked by the zstd frame's own content checksum and size).
     Bytes that do not parse are returned as they are: the tier that served them
     already verified them, and the host cache never interprets them otherwise.
     """
     try:
         if read_header(data).compression == "none":
             return data
-        return recompress(data, "none")
+        return recompress(data, "none", verify=not verified)
     except FormatError:
         return data
 
 
-def decompress_in_place(view: memoryview, size: int) -> int:
+def decompress_in_place(view: memoryview, size: int, *, verified: bool = False) -> int:
     """Decompress a chunk read into ``view[:size]`` in place if it is compressed; its new size.
 
     0 when the uncompressed chunk does not fit in ``view`` (it cannot be held there).
+    ``verified`` as for :func:`hot_bytes`.
     """
     stored = view[:size]
     try:
@@ -41,7 +45,7 @@ def decompress_in_place(view: memoryview, size: int) -> int:
             # Its plain form cannot fit: known from the header, without decompressing
             # (run-length blocks expand 32,768-fold: a slot-sized frame can claim GiBs).
             return 0
-        plain = recompress(stored, "none")
+        plain = recompress(stored, "none", verify=not verified)
     except FormatError:
         return size  # as hot_bytes: bytes that do not parse are left as they are
     if len(plain) > len(view):

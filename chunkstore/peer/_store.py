@@ -351,7 +351,7 @@ class PeerStore(Store):
             self.metrics.client_failures.labels("corrupt").inc()
         return admitted
 
-    def _quarantine(self, key: ChunkKey, reason: str) -> None:
+    def _quarantine(self, key: ChunkKey, reason: str) -> str:
         # A damaged copy at rest must stop being served; if the damage happened in transit
         # (rare: TCP and NIXL check their frames), deleting costs one recompute, nothing more.
         # Only the peer that sent it: the other peers' copies are theirs, and may be intact.
@@ -362,12 +362,12 @@ class PeerStore(Store):
             self._hints.pop(key, None)
         sender = next((c for c in self.clients() if c.endpoint == endpoint), None)
         if sender is None:
-            log.info("%s: corrupt %s: the peer that sent it is gone", self.name, key.hex)
-            return
+            return "left (the peer that sent it is gone)"
         try:
             sender.delete([key])
         except PeerError as exc:  # read-only peers keep it; the read is a miss anyway
-            log.info("could not remove corrupt %s from %s: %s", key.hex, endpoint, exc)
+            return f"left on {endpoint}: {exc}"
+        return f"deleted from {endpoint}"
 
     def get_into(self, key: ChunkKey, buffer: Buffer) -> int | None:
         """Fetch one chunk into ``buffer`` (a host-pool slot) and verify it; size or ``None``.

@@ -290,10 +290,13 @@ class ZstdTier(WrapperStore):
     """
 
     def _read_many(self, keys: Sequence[ChunkKey]) -> list[bytes | None]:
-        return _uncompressed(self.inner.get_many(keys))
+        # A verifying inner store checked each compressed chunk's checksum: decompressing
+        # does not hash it again (the zstd frame's content checksum and size still check the
+        # payload, and the served chunk's checksum is computed over it here).
+        return _uncompressed(self.inner.get_many(keys), verified=self.inner.verify)
 
     def read_unchecked_many(self, keys: Sequence[ChunkKey]) -> builtins.list[bytes | None]:
-        return _uncompressed(self.inner.read_unchecked_many(keys))
+        return _uncompressed(self.inner.read_unchecked_many(keys), verified=False)
 
     def put_many(self, items: Sequence[tuple[ChunkKey, Buffer]]) -> list[bool]:
         return self.inner.put_many([(k, recompress(d, "zstd")) for k, d in items])
@@ -302,8 +305,8 @@ class ZstdTier(WrapperStore):
         return self.inner.put_if_absent_many([(k, recompress(d, "zstd")) for k, d in items])
 
 
-def _uncompressed(found: Sequence[bytes | None]) -> list[bytes | None]:
-    return [None if d is None else hot_bytes(d) for d in found]
+def _uncompressed(found: Sequence[bytes | None], *, verified: bool) -> list[bytes | None]:
+    return [None if d is None else hot_bytes(d, verified=verified) for d in found]
 
 
 @dataclass(frozen=True, slots=True)

@@ -147,9 +147,9 @@ def test_read_quarantine_spares_a_good_rewrite(
     store.put(CHUNK.key, corrupt_copies(CHUNK)["bitflip"])
     real = store._quarantine
 
-    def rewritten_first(key: Any, reason: str) -> None:
+    def rewritten_first(key: Any, reason: str) -> str:
         _replace_with(store, CHUNK, CHUNK.data)
-        real(key, reason)
+        return real(key, reason)
 
     monkeypatch.setattr(store, "_quarantine", rewritten_first)
     assert store.get(CHUNK.key) is None

@@ -105,9 +105,9 @@ class RecordingStore(MemoryStore):
         super().__init__()
         self.quarantined: list[tuple[ChunkKey, str]] = []
 
-    def _quarantine(self, key: ChunkKey, reason: str) -> None:
+    def _quarantine(self, key: ChunkKey, reason: str) -> str:
         self.quarantined.append((key, reason))
-        super()._quarantine(key, reason)
+        return super()._quarantine(key, reason)
 
 
 @pytest.mark.parametrize(

@@ -8,6 +8,7 @@ local store's finer races are in ``test_fs_replaced.py``.
 
 from __future__ import annotations
 
+import logging
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ from chunkstore.testing.store_suite import corrupt_copies
 
 CHUNK = sample_chunks(1, seed=53)[0]
 BAD = corrupt_copies(CHUNK)["bitflip"]
+EARLIER_BAD = corrupt_copies(CHUNK)["truncated"]
 
 
 @dataclass
@@ -104,6 +106,53 @@ def test_set_aside_skips_a_chunk_replaced_since_the_read(
     assert pair.store.quarantined() == [] and pair.store.orphans() == []
 
 
+def _quarantined_bytes(store: Any) -> list[bytes]:
+    """The contents of every chunk in ``store``'s quarantine area."""
+    if isinstance(store, FsStore):
+        return [bytes(store.io.read(q.path)[0]) for q in store.quarantined()]
+    return [bytes(store._run(store._get_small, q.path)) for q in store.quarantined()]
+
+
+def _quarantine_earlier_damage(pair: Shared) -> None:
+    """An earlier corrupt copy of the chunk, set aside by a verify run: the evidence later
+    set-asides of the same key must not destroy."""
+    pair.writer.put(CHUNK.key, EARLIER_BAD)
+    [(_, ident)] = pair.store.read_unchecked_with_idents([CHUNK.key])
+    assert pair.store.quarantine_if_unchanged(CHUNK.key, ident, "TruncatedChunk") is True
+    assert _quarantined_bytes(pair.store) == [EARLIER_BAD]
+
+
+def test_a_set_aside_that_does_not_happen_keeps_the_earlier_quarantined_copy(
+    shared_of: Callable[[str], Shared],
+) -> None:
+    """The chunk was damaged again, read, and then repaired by a writer before it could be
+    set aside: the set-aside does not happen, and the copy an earlier one put in quarantine
+    stays. (On S3 a server that ignores ``CopySourceIfMatch``, as moto does, copied the
+    repaired object over the earlier copy and then removed that copy again.)"""
+    pair = shared_of("move")
+    _quarantine_earlier_damage(pair)
+    pair.writer.put(CHUNK.key, BAD)
+    [(_, ident)] = pair.store.read_unchecked_with_idents([CHUNK.key])
+    pair.writer.put(CHUNK.key, CHUNK.data)
+    assert pair.store.quarantine_if_unchanged(CHUNK.key, ident, "bad") is False
+    assert bytes(pair.store.get(CHUNK.key) or b"") == CHUNK.data
+    assert _quarantined_bytes(pair.store) == [EARLIER_BAD]
+
+
+def test_a_second_set_aside_of_a_key_replaces_its_earlier_quarantined_copy(
+    shared_of: Callable[[str], Shared],
+) -> None:
+    """One name per key in quarantine (spec 6.1): a chunk damaged again and set aside
+    takes the place of the earlier copy there, as the newest evidence."""
+    pair = shared_of("move")
+    _quarantine_earlier_damage(pair)
+    pair.writer.put(CHUNK.key, BAD)
+    [(_, ident)] = pair.store.read_unchecked_with_idents([CHUNK.key])
+    assert pair.store.quarantine_if_unchanged(CHUNK.key, ident, "bad") is True
+    assert pair.store.exists(CHUNK.key) is False
+    assert _quarantined_bytes(pair.store) == [BAD]
+
+
 @pytest.mark.parametrize("mode", ["quarantine", "delete"])
 def test_set_aside_takes_the_unchanged_chunk(shared_of: Callable[[str], Shared], mode: str) -> None:
     pair = shared_of("move")
@@ -118,25 +167,86 @@ def test_set_aside_takes_the_unchanged_chunk(shared_of: Callable[[str], Shared],
     assert pair.store.exists(CHUNK.key) is False and pair.store.orphans() == []
 
 
+def _corrupt_warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [r.getMessage() for r in caplog.records if "corrupt chunk" in r.getMessage()]
+
+
 @pytest.mark.parametrize("quarantine", ["move", "delete"])
 def test_read_quarantine_spares_a_good_rewrite(
-    shared_of: Callable[[str], Shared], monkeypatch: pytest.MonkeyPatch, quarantine: str
+    shared_of: Callable[[str], Shared],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    quarantine: str,
 ) -> None:
     """The serving path's quarantine (a verified read found damage, and a writer repaired
-    the chunk before it was set aside) leaves the repaired chunk in place."""
+    the chunk before it was set aside) leaves the repaired chunk in place, and its warning
+    says so (not "quarantined")."""
     pair = shared_of(quarantine)
     pair.writer.put(CHUNK.key, BAD)
     real = pair.store._quarantine
 
-    def rewritten_first(key: Any, reason: str) -> None:
+    def rewritten_first(key: Any, reason: str) -> str:
         pair.writer.put(CHUNK.key, CHUNK.data)
-        real(key, reason)
+        return real(key, reason)
 
     monkeypatch.setattr(pair.store, "_quarantine", rewritten_first)
-    assert pair.store.get(CHUNK.key) is None
+    with caplog.at_level(logging.WARNING, logger="chunkstore"):
+        assert pair.store.get(CHUNK.key) is None
     assert pair.store.corrupt_detected == 1
     assert bytes(pair.store.get(CHUNK.key) or b"") == CHUNK.data
     assert pair.store.quarantined() == []
+    [warning] = _corrupt_warnings(caplog)
+    assert CHUNK.key.hex in warning and warning.endswith(
+        ": left (replaced or removed since it was read)"
+    )
+
+
+@pytest.mark.parametrize("quarantine", ["move", "delete"])
+def test_a_read_logs_the_set_aside_that_happened(
+    shared_of: Callable[[str], Shared], caplog: pytest.LogCaptureFixture, quarantine: str
+) -> None:
+    pair = shared_of(quarantine)
+    pair.writer.put(CHUNK.key, BAD)
+    with caplog.at_level(logging.WARNING, logger="chunkstore"):
+        assert pair.store.get(CHUNK.key) is None
+    [warning] = _corrupt_warnings(caplog)
+    assert warning.endswith(": quarantined" if quarantine == "move" else ": deleted")
+    assert pair.writer.exists(CHUNK.key) is False
+
+
+def test_a_read_logs_a_set_aside_that_failed(
+    shared_of: Callable[[str], Shared],
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """The medium refuses the set-aside (read-only credentials, a read-only mount): the
+    warning says the chunk was not set aside, and why; the read is a miss all the same."""
+    pair = shared_of("move")
+    pair.writer.put(CHUNK.key, BAD)
+    if isinstance(pair.store, FsStore):
+
+        def refused(src: str, dst: str) -> bool:
+            raise PermissionError(13, "Read-only file system")
+
+        monkeypatch.setattr(pair.store.io, "move", refused)
+    else:
+        from botocore.exceptions import ClientError
+
+        real = type(pair.store)._attempt
+
+        async def read_only(self: Any, op: str, kwargs: dict[str, Any]) -> Any:
+            if op in ("copy_object", "delete_object", "put_object"):
+                error = {"Error": {"Code": "AccessDenied", "Message": "read-only"}}
+                raise ClientError({**error, "ResponseMetadata": {"HTTPStatusCode": 403}}, op)
+            return await real(self, op, kwargs)
+
+        monkeypatch.setattr(type(pair.store), "_attempt", read_only)
+    with caplog.at_level(logging.WARNING, logger="chunkstore"):
+        assert pair.store.get(CHUNK.key) is None
+    monkeypatch.undo()
+    [warning] = _corrupt_warnings(caplog)
+    assert ": not set aside: " in warning and "quarantined" not in warning
+    assert bytes(pair.writer.read_unchecked_many([CHUNK.key])[0] or b"") == BAD
 
 
 def test_a_reported_damage_spares_a_good_copy_published_since(
@@ -166,6 +276,14 @@ def test_fsspec_replaced_between_check_and_move_is_put_back(
     """The narrowest race through fsspec: the file is replaced after the check, just before
     the move; what was moved is compared afterwards, and the good file goes back."""
     pair = _fsspec(tmp_path, "move")
+    assert _set_aside_repaired_just_before_the_move(pair, monkeypatch) is False
+    assert bytes(pair.store.get(CHUNK.key) or b"") == CHUNK.data
+    assert pair.store.quarantined() == [] and pair.store.orphans() == []
+
+
+def _set_aside_repaired_just_before_the_move(pair: Shared, monkeypatch: pytest.MonkeyPatch) -> bool:
+    """A damaged chunk is read and set aside, and a writer repairs it after the check, just
+    before the move; what the set-aside returned."""
     pair.writer.put(CHUNK.key, BAD)
     [(_, ident)] = pair.store.read_unchecked_with_idents([CHUNK.key])
     real = pair.store.io.move
@@ -176,9 +294,25 @@ def test_fsspec_replaced_between_check_and_move_is_put_back(
         return bool(real(src, dst))
 
     monkeypatch.setattr(pair.store.io, "move", replaced_first)
-    assert pair.store.quarantine_if_unchanged(CHUNK.key, ident, "bad") is False
+    try:
+        return bool(pair.store.quarantine_if_unchanged(CHUNK.key, ident, "bad"))
+    finally:
+        monkeypatch.undo()
+
+
+@pytest.mark.parametrize("kind", ["local", "fsspec"])
+def test_replaced_between_check_and_move_keeps_the_earlier_quarantined_copy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str
+) -> None:
+    """The file is replaced after the check, just before the move, and quarantine already
+    holds an earlier copy of the key: the good file goes back, and the earlier copy stays
+    (the move does not land on it before what was moved has been compared)."""
+    pair = _local(tmp_path, "move") if kind == "local" else _fsspec(tmp_path, "move")
+    _quarantine_earlier_damage(pair)
+    assert _set_aside_repaired_just_before_the_move(pair, monkeypatch) is False
     assert bytes(pair.store.get(CHUNK.key) or b"") == CHUNK.data
-    assert pair.store.quarantined() == [] and pair.store.orphans() == []
+    assert _quarantined_bytes(pair.store) == [EARLIER_BAD]
+    assert pair.store.orphans() == []
 
 
 @pytest.mark.parametrize("conditional_writes", [True, False])
@@ -239,9 +373,42 @@ def test_s3_copy_refused_by_its_etag_condition_sets_nothing_aside(
 
     monkeypatch.setattr(type(pair.store), "_attempt", as_aws)
     assert pair.store.quarantine_if_unchanged(CHUNK.key, ident, "bad") is False
-    assert calls == ["copy_object"]
+    assert calls == ["head_object", "copy_object"]  # (the HEAD: is a copy in quarantine?)
     monkeypatch.undo()
     assert bytes(pair.store.get(CHUNK.key) or b"") == CHUNK.data
     assert pair.store.quarantined() == []
+    pair.store.close()
+    pair.writer.close()
+
+
+def test_s3_copy_does_not_overwrite_a_copy_another_reader_set_aside_meanwhile(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Quarantine held no copy of the key when the store looked, but another reader set a
+    copy aside before the copy landed: with conditional writes the copy carries
+    ``If-None-Match: *`` (AWS honours it; moto ignores it, so it is played here), is refused,
+    and the other reader's copy stays."""
+    from botocore.exceptions import ClientError
+
+    pair = _s3(request, "move")
+    pair.writer.put(CHUNK.key, BAD)
+    [(_, ident)] = pair.store.read_unchecked_with_idents([CHUNK.key])
+    admin = request.getfixturevalue("s3_admin")
+    dest = pair.store._full(f"quarantine/{CHUNK.key.namespace}/{CHUNK.key.hex}.kvc")
+    real = type(pair.store)._attempt
+
+    async def another_reader_first(self: Any, op: str, kwargs: dict[str, Any]) -> Any:
+        if op == "copy_object" and self is pair.store:
+            admin.put_object(Bucket=pair.store.bucket, Key=dest, Body=EARLIER_BAD)
+            if kwargs.get("IfNoneMatch") == "*":
+                error = {"Error": {"Code": "PreconditionFailed"}}
+                raise ClientError({**error, "ResponseMetadata": {"HTTPStatusCode": 412}}, op)
+        return await real(self, op, kwargs)
+
+    monkeypatch.setattr(type(pair.store), "_attempt", another_reader_first)
+    assert pair.store.quarantine_if_unchanged(CHUNK.key, ident, "bad") is False
+    monkeypatch.undo()
+    assert _quarantined_bytes(pair.store) == [EARLIER_BAD]
+    assert bytes(pair.store.read_unchecked_many([CHUNK.key])[0] or b"") == BAD
     pair.store.close()
     pair.writer.close()

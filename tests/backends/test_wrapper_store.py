@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from chunkstore.backends import base
 from chunkstore.backends._fs import FsStore
 from chunkstore.backends._memory import MemoryStore
 from chunkstore.backends._wrapper import WrapperStore
@@ -48,3 +49,26 @@ def test_damage_reported_through_a_wrapper_is_the_inner_store_s(tmp_path: Path) 
     assert store.corrupt_detected == 1
     assert [Path(q.path).name for q in inner.quarantined()] == [f"{chunk.key.hex}.kvc"]
     store.close()
+
+
+def test_a_wrapper_verifies_as_its_inner_store_does_and_checks_nothing_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A caller deciding whether to checksum what a store served (the vLLM native tier)
+    reads ``verify``: a wrapper's is the inner store's, which checks every chunk read
+    through it; the wrapper does not judge the chunk a second time."""
+    inner = MemoryStore()
+    store = WrapperStore(inner)
+    assert store.verify is True
+    store.verify = False
+    assert inner.verify is False and WrapperStore(inner).verify is False
+    store.verify = True
+    chunk = sample_chunks(1, seed=97)[0]
+    store.put(chunk.key, chunk.data)
+    judged: list[bytes] = []
+    real = base.judge
+    monkeypatch.setattr(
+        base, "judge", lambda key, data: judged.append(key.digest) or real(key, data)
+    )
+    assert store.get(chunk.key) == chunk.data
+    assert judged == [chunk.key.digest]

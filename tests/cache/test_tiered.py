@@ -401,9 +401,12 @@ def test_lookup_prefix_alternates_between_host_and_tiers() -> None:
 
 
 @pytest.mark.parametrize("path", ["acquire", "prefetch", "get"])
-def test_compressed_tier_chunks_are_uncompressed_in_host_memory(path: str) -> None:
-    """Host slots are read through the layout's views, so they never hold zstd payloads."""
-    from chunkstore.format import decode_chunk, recompress
+def test_compressed_tier_chunks_are_uncompressed_in_host_memory(
+    path: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Host slots are read through the layout's views, so they never hold zstd payloads.
+    The tier verified the compressed chunk: decompressing it does not hash it again."""
+    from chunkstore.format import _chunk, decode_chunk, read_header, recompress
     from chunkstore.testing.factories import sample_chunks
 
     store = _tiered(4, tiers=1)
@@ -412,6 +415,12 @@ def test_compressed_tier_chunks_are_uncompressed_in_host_memory(path: str) -> No
         packed = recompress(chunk.data, "zstd")
         assert len(packed) < len(chunk.data)
         store.tiers[0].store.put(chunk.key, packed)
+        stored = packed[read_header(packed).data_offset :]
+        hashed: list[bytes] = []
+        real = _chunk._checksum
+        monkeypatch.setattr(
+            _chunk, "_checksum", lambda head, data: hashed.append(bytes(data)) or real(head, data)
+        )
         if path == "acquire":
             lease = store.acquire(chunk.key)
             assert lease is not None
@@ -419,7 +428,10 @@ def test_compressed_tier_chunks_are_uncompressed_in_host_memory(path: str) -> No
         elif path == "prefetch":
             assert store.prefetch([chunk.key]).result(timeout=30) == ["memory"]
         else:
-            assert decode_chunk(store.get(chunk.key)).header.key == chunk.key.digest
+            got = store.get(chunk.key)
+        assert hashed.count(stored) == 1  # by the tier's own check
+        if path == "get":
+            assert decode_chunk(got).header.key == chunk.key.digest
         held = store.host.acquire(chunk.key)
         assert held is not None
         try:
@@ -427,5 +439,33 @@ def test_compressed_tier_chunks_are_uncompressed_in_host_memory(path: str) -> No
             assert decode_chunk(held.view[: len(chunk.data)]).header.compression == "none"
         finally:
             store.host.release(held)
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("tier_verifies", [True, False])
+def test_verify_checks_each_chunk_once(
+    monkeypatch: pytest.MonkeyPatch, tier_verifies: bool
+) -> None:
+    """``verify`` checks what host memory serves, once; a chunk from a tier is checked by
+    the tier, or here where the tier does not check its own (damage there is still a miss)."""
+    from chunkstore.backends import base
+    from chunkstore.testing.factories import sample_chunks
+    from chunkstore.testing.store_suite import corrupt_copies
+
+    tier = MemoryStore(name="tier0", verify=tier_verifies)
+    store = TieredStore(HostCache(SLOT, num_slots=4), [tier], verify=True, promote=False)
+    try:
+        held, cold, bad = sample_chunks(3, layout=LAYOUT)
+        store.host.insert(held.key, held.data)
+        tier.put(cold.key, cold.data)
+        tier.put(bad.key, corrupt_copies(bad)["bitflip"])
+        judged: list[bytes] = []
+        real = base.judge
+        monkeypatch.setattr(
+            base, "judge", lambda key, data: judged.append(key.digest) or real(key, data)
+        )
+        assert store.get_many([held.key, cold.key, bad.key]) == [held.data, cold.data, None]
+        assert sorted(judged) == sorted([held.key.digest, cold.key.digest, bad.key.digest])
     finally:
         store.close()

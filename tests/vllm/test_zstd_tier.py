@@ -5,8 +5,10 @@
 
 from __future__ import annotations
 
+import pytest
+
 from chunkstore.backends._memory import MemoryStore
-from chunkstore.format import read_header
+from chunkstore.format import _chunk, read_header
 from chunkstore.testing.factories import sample_chunks
 from chunkstore.vllm.tiers import ZstdTier
 
@@ -36,3 +38,28 @@ def test_a_corrupt_chunk_is_a_miss_the_inner_store_counts() -> None:
     inner.put(chunk.key, damaged)
     assert tier.get(chunk.key) is None
     assert tier.corrupt_detected == inner.corrupt_detected == 1
+
+
+@pytest.mark.parametrize("inner_verifies", [True, False])
+def test_a_compressed_chunk_is_hashed_once_per_read(
+    monkeypatch: pytest.MonkeyPatch, inner_verifies: bool
+) -> None:
+    """A verifying inner store checks the compressed chunk; decompressing it (under the
+    zstd frame's own content checksum and size) does not hash it again, and the tier says
+    it verifies, so a caller does not check the served chunk a third time. Over an inner
+    store that does not verify, decompressing is the one check."""
+    inner = MemoryStore(verify=inner_verifies)
+    tier = ZstdTier(inner)
+    assert tier.verify is inner_verifies
+    chunk = sample_chunks(1, seed=5)[0]
+    tier.put(chunk.key, chunk.data)
+    packed = inner.read_unchecked_many([chunk.key])[0]
+    assert packed is not None
+    stored = bytes(packed[read_header(packed).data_offset :])
+    hashed: list[bytes] = []
+    real = _chunk._checksum
+    monkeypatch.setattr(
+        _chunk, "_checksum", lambda head, data: hashed.append(bytes(data)) or real(head, data)
+    )
+    assert tier.get(chunk.key) == chunk.data
+    assert hashed.count(stored) == 1
