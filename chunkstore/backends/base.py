@@ -194,7 +194,8 @@ class Store(ABC):
 
     @property
     def corrupt_detected(self) -> int:
-        """How many corrupt chunks reads have found (and quarantined) so far."""
+        """How many corrupt chunks reads have found so far (each was a miss, and set aside
+        unless replaced or removed since the read: :meth:`report_corrupt`)."""
         return self._corrupt
 
     # --- primitives ------------------------------------------------------------
