@@ -328,7 +328,7 @@ class _WatchCollector(Collector):
 
         corrupt = CounterMetricFamily(
             "chunkstore_corrupt_chunks",
-            "Corrupt chunks detected (and quarantined) on read.",
+            "Corrupt chunks detected on read (each a miss, set aside where still there).",
             labels=["tier"],
         )
         totals: dict[str, int] = {}

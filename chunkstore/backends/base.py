@@ -145,8 +145,10 @@ def judge_oversized(key: ChunkKey, head: Any, size: int) -> Judgement:
     truncated payload, a damaged header, another key's chunk); OK for a whole chunk, which
     the caller's buffer is simply too small for (the caller's mistake, not a miss).
 
-    Every store applies it, with or without ``verify``: damaged bytes are a miss, never an
-    exception, however large (a file of any size may sit under a chunk's name)."""
+    Every store judges an oversized chunk, with or without ``verify``: by this function
+    (a local file: its header only; any store without ``verify``), or by the full check of
+    bytes it read whole. Damaged bytes are a miss, never an exception, however large (a file
+    of any size may sit under a chunk's name)."""
     try:
         header = read_header(head)
         declared = header.data_offset + header.stored_size
@@ -194,7 +196,8 @@ class Store(ABC):
 
     @property
     def corrupt_detected(self) -> int:
-        """How many corrupt chunks reads have found (and quarantined) so far."""
+        """How many corrupt chunks reads have found so far (each was a miss, and set aside
+        unless replaced or removed since the read: :meth:`report_corrupt`)."""
         return self._corrupt
 
     # --- primitives ------------------------------------------------------------

@@ -120,8 +120,11 @@ class TieredStore(Store):
     :meth:`lookup_prefix_async` (started on first use).
 
     ``verify`` checks chunks served from host memory (a corrupt one is counted
-    and deleted from every tier). Off by default: host memory is trusted, and
-    every secondary tier checks what it returns with its own ``verify``.
+    and deleted from every tier), and, in :meth:`get_many`, chunks from a tier
+    opened without ``verify``; :meth:`get_into`, :meth:`acquire` and
+    :meth:`prefetch` rely on each tier's own ``verify``. Off by default: host
+    memory is trusted, and every secondary tier checks what it returns with its
+    own ``verify``.
     """
 
     kind = "tiered"

@@ -36,8 +36,8 @@ OPTIONS: dict[str, str] = {
     "prefetch_timeout_s": "How long a request waits for a secondary tier to bring its hit into "
     "host memory before the hit is shortened to what arrived: seconds or an age like '30s'. "
     "Default 10.",
-    "verify_host": "Verify checksums of chunks read from host memory too (tiers are always "
-    "verified). Default false.",
+    "verify_host": "Verify checksums of chunks read from host memory too (tiers verify what "
+    "they return unless store_options set their verify to false). Default false.",
     "compression": "Compression of chunks written to secondary tiers: 'none' (default) or 'zstd'.",
     "store_options": "Mapping of URL -> keyword options passed to open_store for that tier.",
     "shared_pool": "Name of the shared host pool the TP ranks of one instance attach to "

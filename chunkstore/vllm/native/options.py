@@ -13,7 +13,8 @@ TIER_OPTIONS: dict[str, str] = {
     "model_id": "Model name in the namespace (default: the engine's); set it as the "
     "connector's model_id when they differ.",
     "namespace": "Extra namespace string (as the connector's option of that name).",
-    "threads": "Threads running stores and loads (default 4, at most 256).",
+    "threads": "Threads running stores and loads (default 4, at most 256); at most one "
+    "fewer chunk conversions than the cores the process may use run at once (at least one).",
     "tier_timeout": "Seconds a store call may take before the store counts as down (default 30).",
     "retry_after": "Seconds a down store is skipped before it is tried again (default 5).",
     "locality": "vLLM's locality of this tier: 'LOCAL' or 'REMOTE' (default unset).",

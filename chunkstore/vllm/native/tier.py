@@ -86,8 +86,9 @@ def _cores() -> int:
 
 
 def _conversions_at_once(threads: int, cores: int) -> int:
-    """How many chunk conversions (gather + checksum) a tier runs at once: one core fewer
-    than the host has (at least one), and no more than its threads.
+    """How many chunk conversions (gather + checksum) a tier runs at once: one fewer than
+    ``cores`` (those the process may run on, :func:`_cores`; at least one), and no more than
+    its threads.
 
     The core left over runs the threads that keep the disk busy: the stores' guard threads
     that start each write. With as many conversions as cores, a burst of store jobs on a
