@@ -37,13 +37,27 @@ class Promoter:
     """Copies chunks from :class:`GuardedTier` tiers into pinned slots of ``host``.
 
     ``check_open`` raises when the owning store has closed; a long pull calls
-    it between chunks so that closing the store ends it early.
+    it between chunks so that closing the store ends it early. ``check`` judges
+    the bytes a tier served before they land in host memory: it answers ``None``
+    where that tier's own ``verify`` vouches for them (or nothing is to be
+    checked), else whether they may be served (a refused chunk was counted and
+    set aside by it); a refused chunk ends the promotion as a miss.
     """
 
-    def __init__(self, host: HostCache, check_open: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        host: HostCache,
+        check_open: Callable[[], None],
+        check: Callable[[GuardedTier, ChunkKey, Any], bool | None] | None = None,
+    ) -> None:
         self.host = host
         """Where promoted chunks go."""
         self._check_open = check_open
+        self._check = check
+
+    def _vouched(self, tier: GuardedTier, key: ChunkKey, data: Any) -> bool | None:
+        """``check``'s answer for ``data`` (``None``: the tier's own ``verify`` stands)."""
+        return None if self._check is None else self._check(tier, key, data)
 
     # --- one chunk, for a read ---------------------------------------------------------------
 
@@ -88,12 +102,12 @@ class Promoter:
             data = tier.call("get", tier.store.get, key)
         except TierUnavailable:
             data = None
-        if data is None:
+        checked = None if data is None else self._vouched(tier, key, data)
+        if data is None or checked is False:
             tier.count_reads(0, 1)
             return None
-        outcome = self.host.insert(
-            key, hot_bytes(data, verified=tier.store.verify), keep_pinned=True
-        )
+        verified = tier.store.verify or bool(checked)
+        outcome = self.host.insert(key, hot_bytes(data, verified=verified), keep_pinned=True)
         if outcome.lease is None:
             return NO_ROOM  # the caller reads around host memory
         tier.instruments.record_read(len(data), time.perf_counter() - started)
@@ -115,6 +129,7 @@ class Promoter:
         """
         started = time.perf_counter()
         size: int | None = None
+        verified = tier.store.verify
         try:
             if isinstance(tier.store, SupportsGetInto):
                 size = tier.call("get", tier.store.get_into, key, slot.view)
@@ -124,7 +139,11 @@ class Promoter:
                     slot.view[: len(data)] = data
                     size = len(data)
             if size:
-                size = decompress_in_place(slot.view, size, verified=tier.store.verify)
+                checked = self._vouched(tier, key, slot.view[:size])
+                verified = verified or bool(checked)
+                size = 0 if checked is False else size
+            if size:
+                size = decompress_in_place(slot.view, size, verified=verified)
         except TierUnavailable as exc:
             exc.when_settled(lambda: self.host.abort(slot))
             tier.count_reads(0, 1)
@@ -205,7 +224,11 @@ class Promoter:
             arrived = 0
             nbytes = 0
             for slot, size in zip(slots, sizes):
-                size = decompress_in_place(slot.view, size, verified=store.verify) if size else 0
+                checked = self._vouched(tier, slot.key, slot.view[:size]) if size else False
+                if checked is False:
+                    break
+                verified = store.verify or bool(checked)
+                size = decompress_in_place(slot.view, size, verified=verified)
                 if not size:
                     break
                 self.host.commit(slot, size, keep_pinned=True)
@@ -240,11 +263,14 @@ class Promoter:
             if nbytes:
                 tier.instruments.record_read(nbytes, time.perf_counter() - started)
             for key, data in zip(wanted, found):
+                checked = None if data is None else self._vouched(tier, key, data)
                 outcome = (
                     None
-                    if data is None
+                    if data is None or checked is False
                     else self.host.insert(
-                        key, hot_bytes(data, verified=tier.store.verify), keep_pinned=True
+                        key,
+                        hot_bytes(data, verified=tier.store.verify or bool(checked)),
+                        keep_pinned=True,
                     )
                 )
                 if outcome is None or outcome.lease is None:

@@ -42,6 +42,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
+from typing import Any
 
 from chunkstore.backends.base import Buffer, ChunkInfo, Store, SupportsGetInto
 from chunkstore.cache._guard import GuardedTier, TierUnavailable
@@ -120,9 +121,10 @@ class TieredStore(Store):
     :meth:`lookup_prefix_async` (started on first use).
 
     ``verify`` checks chunks served from host memory (a corrupt one is counted
-    and deleted from every tier), and, in :meth:`get_many`, chunks from a tier
-    opened without ``verify``; :meth:`get_into`, :meth:`acquire` and
-    :meth:`prefetch` rely on each tier's own ``verify``. Off by default: host
+    and deleted from every tier), and, on every read path (:meth:`get_many`,
+    :meth:`get_into`, :meth:`acquire`, :meth:`prefetch`), chunks from a tier
+    opened without ``verify`` before they are served or promoted (the other
+    tiers' chunks are checked once, by those tiers). Off by default: host
     memory is trusted, and every secondary tier checks what it returns with its
     own ``verify``.
     """
@@ -188,7 +190,7 @@ class TieredStore(Store):
             write_batch=write_batch,
             name=self.name,
         )
-        self._promoter = Promoter(host, self._check_open)
+        self._promoter = Promoter(host, self._check_open, self._check_tier_bytes)
         self._prefetcher = Prefetcher(
             host,
             self.tiers,
@@ -357,8 +359,8 @@ class TieredStore(Store):
                 tier.instruments.record_read(nbytes, time.perf_counter() - started)
             still_missing = []
             for i, data in zip(missing, found):
-                if data is not None and self.verify and not tier.store.verify:
-                    data = self._checked(keys[i], data)
+                if data is not None and self._check_tier_bytes(tier, keys[i], data) is False:
+                    data = None
                 if data is None:
                     still_missing.append(i)
                     continue
@@ -437,6 +439,15 @@ class TieredStore(Store):
                 return promoted, True
         return None, True
 
+    def _check_tier_bytes(self, tier: GuardedTier, key: ChunkKey, data: Any) -> bool | None:
+        """Whether ``data``, which ``tier`` served as ``key``'s chunk, may be served: with
+        ``verify``, a tier that does not check its own reads has them checked here (a
+        corrupt chunk is counted and set aside: False). ``None``: nothing checked here
+        (``verify`` off, or the tier verifies its reads)."""
+        if not self.verify or tier.store.verify:
+            return None
+        return self._checked(key, data) is not None
+
     def _load_from_tiers(self, key: ChunkKey, buffer: Buffer) -> int | None:
         """Without promotion: the first tier's copy straight into ``buffer``.
 
@@ -458,6 +469,8 @@ class TieredStore(Store):
                     size = None if data is None else _copy(buffer, data)
             except TierUnavailable:
                 size = None
+            if size is not None and self._check_tier_bytes(tier, key, _view(buffer, size)) is False:
+                size = None  # counted and set aside: a miss here (and gone from every tier)
             if size is None:
                 tier.count_reads(0, 1)
                 continue
@@ -625,6 +638,11 @@ class TieredStore(Store):
     def __repr__(self) -> str:
         names = ", ".join([self.host.name, *(t.name for t in self.tiers)])
         return f"TieredStore({names}; write_tiers={self.write_tiers!r})"
+
+
+def _view(buffer: Buffer, size: int) -> memoryview:
+    """The first ``size`` bytes of ``buffer``, as bytes."""
+    return memoryview(buffer).cast("B")[:size]
 
 
 def _copy(buffer: Buffer, data: bytes | memoryview) -> int:

@@ -469,3 +469,65 @@ def test_verify_checks_each_chunk_once(
         assert sorted(judged) == sorted([held.key.digest, cold.key.digest, bad.key.digest])
     finally:
         store.close()
+
+
+def _unverified_tier(kind: str, tmp_path: object) -> object:
+    from chunkstore.backends._fs import FsStore
+
+    if kind == "memory":
+        return MemoryStore(name="tier0", verify=False)
+    return FsStore(str(tmp_path), create=True, verify=False)
+
+
+@pytest.mark.parametrize("tier_kind", ["memory", "fs"])
+@pytest.mark.parametrize("path", ["get_into", "get_into promoted", "acquire", "prefetch"])
+def test_verify_checks_a_non_verifying_tier_on_every_read_path(
+    tier_kind: str, path: str, tmp_path: object
+) -> None:
+    """With ``verify``, a chunk from a tier that does not check its own reads is checked
+    here on every path, not only ``get_many``: a flipped bit is a counted miss (set aside),
+    never bytes in the caller's buffer or in host memory; a good chunk is served exactly."""
+    from chunkstore.testing.factories import sample_chunks
+    from chunkstore.testing.store_suite import corrupt_copies
+
+    tier: object = _unverified_tier(tier_kind, tmp_path)
+    store = TieredStore(
+        HostCache(SLOT, num_slots=4),
+        [tier],  # type: ignore[list-item]
+        verify=True,
+        promote=path != "get_into",
+        metrics=ChunkstoreMetrics(CollectorRegistry()),
+    )
+    try:
+        good, bad = sample_chunks(2, layout=LAYOUT)
+        tier.put(good.key, good.data)  # type: ignore[attr-defined]
+        tier.put(bad.key, corrupt_copies(bad)["bitflip"])  # type: ignore[attr-defined]
+
+        def read(key: object) -> bytes | None:
+            if path == "acquire":
+                lease = store.acquire(key)  # type: ignore[arg-type]
+                if lease is None:
+                    return None
+                with lease:
+                    return bytes(lease.view)
+            if path == "prefetch":
+                arrived = store.prefetch([key]).result(timeout=30)  # type: ignore[list-item]
+                if not arrived:
+                    return None
+                lease = store.host.acquire(key)  # type: ignore[arg-type]
+                assert lease is not None
+                with lease:
+                    return bytes(lease.view)
+            buffer = bytearray(SLOT)
+            size = store.get_into(key, buffer)  # type: ignore[arg-type]
+            return None if size is None else bytes(buffer[:size])
+
+        assert read(good.key) == good.data
+        assert read(bad.key) is None
+        assert store.corrupt_detected == 1
+        assert store.host.acquire(bad.key) is None  # nothing corrupt reached host memory
+        assert not tier.exists(bad.key)  # type: ignore[attr-defined]  # set aside
+        assert read(bad.key) is None  # and a plain miss afterwards
+        assert store.corrupt_detected == 1
+    finally:
+        store.close()
