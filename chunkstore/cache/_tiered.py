@@ -123,10 +123,11 @@ class TieredStore(Store):
     ``verify`` checks chunks served from host memory (a corrupt one is counted
     and deleted from every tier), and, on every read path (:meth:`get_many`,
     :meth:`get_into`, :meth:`acquire`, :meth:`prefetch`), chunks from a tier
-    opened without ``verify`` before they are served or promoted (the other
-    tiers' chunks are checked once, by those tiers). Off by default: host
-    memory is trusted, and every secondary tier checks what it returns with its
-    own ``verify``.
+    opened without ``verify`` before they are served or promoted (a corrupt one
+    is counted and set aside by that tier, and a lower tier's copy is read
+    next; the other tiers' chunks are checked once, by those tiers). Off by
+    default: host memory is trusted, and every secondary tier checks what it
+    returns with its own ``verify``.
     """
 
     kind = "tiered"
@@ -443,10 +444,15 @@ class TieredStore(Store):
         """Whether ``data``, which ``tier`` served as ``key``'s chunk, may be served: with
         ``verify``, a tier that does not check its own reads has them checked here (a
         corrupt chunk is counted and set aside: False). ``None``: nothing checked here
-        (``verify`` off, or the tier verifies its reads)."""
+        (``verify`` off, or the tier verifies its reads).
+
+        The verdict is the tier's to act on, as if its own read had judged the chunk: it
+        counts damage and sets aside its copy (its guarded quarantine). Not a delete from
+        every tier, as for a corrupt host chunk: a lower tier's copy is intact and is
+        served next."""
         if not self.verify or tier.store.verify:
             return None
-        return self._checked(key, data) is not None
+        return tier.store._admit(key, self._judge(key, data))
 
     def _load_from_tiers(self, key: ChunkKey, buffer: Buffer) -> int | None:
         """Without promotion: the first tier's copy straight into ``buffer``.

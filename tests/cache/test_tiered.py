@@ -531,3 +531,48 @@ def test_verify_checks_a_non_verifying_tier_on_every_read_path(
         assert store.corrupt_detected == 1
     finally:
         store.close()
+
+
+@pytest.mark.parametrize("path", ["get", "get_into", "acquire", "prefetch"])
+def test_damage_in_a_non_verifying_tier_leaves_a_lower_tiers_copy(path: str) -> None:
+    """A corrupt chunk that ``verify`` finds in a tier that does not check its own reads is
+    that tier's damage: it is counted once and set aside there, and the intact copy a lower
+    tier holds is kept and served (the check used to delete the key from every tier)."""
+    from chunkstore.testing.factories import sample_chunks
+    from chunkstore.testing.store_suite import corrupt_copies
+
+    fast = MemoryStore(name="fast", verify=False)
+    cold = MemoryStore(name="cold", verify=True)
+    store = TieredStore(
+        HostCache(SLOT, num_slots=4),
+        [fast, cold],
+        verify=True,
+        promote=path != "get_into",
+        metrics=ChunkstoreMetrics(CollectorRegistry()),
+    )
+    try:
+        (chunk,) = sample_chunks(1, layout=LAYOUT)
+        fast.put(chunk.key, corrupt_copies(chunk)["bitflip"])
+        cold.put(chunk.key, chunk.data)
+        if path == "get":
+            assert store.get(chunk.key) == chunk.data
+        elif path == "get_into":
+            buffer = bytearray(SLOT)
+            size = store.get_into(chunk.key, buffer)
+            assert size is not None and bytes(buffer[:size]) == chunk.data
+        elif path == "acquire":
+            lease = store.acquire(chunk.key)
+            assert lease is not None
+            with lease:
+                assert bytes(lease.view) == chunk.data
+        else:
+            store.prefetch([chunk.key]).result(timeout=30)
+            lease = store.host.acquire(chunk.key)
+            if lease is not None:  # the prefix stopped at the damage, or came from below
+                with lease:
+                    assert bytes(lease.view) == chunk.data
+        assert cold.get(chunk.key) == chunk.data  # the intact copy is kept
+        assert not fast.exists(chunk.key)  # the damaged one is set aside
+        assert (store.corrupt_detected, fast.corrupt_detected) == (1, 1)
+    finally:
+        store.close()
