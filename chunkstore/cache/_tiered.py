@@ -350,6 +350,7 @@ class TieredStore(Store):
                 break
             wanted = [keys[i] for i in missing]
             started = time.perf_counter()
+            tier_verifies = tier.store.verify  # as it stands when the read begins
             try:
                 found = tier.call("get", tier.store.get_many, wanted)
             except TierUnavailable:
@@ -360,14 +361,17 @@ class TieredStore(Store):
                 tier.instruments.record_read(nbytes, time.perf_counter() - started)
             still_missing = []
             for i, data in zip(missing, found):
-                if data is not None and self._check_tier_bytes(tier, keys[i], data) is False:
-                    data = None
-                if data is None:
+                checked = (
+                    None
+                    if data is None
+                    else self._check_tier_bytes(tier, keys[i], data, tier_verifies)
+                )
+                if data is None or checked is False:
                     still_missing.append(i)
                     continue
                 out[i] = data
                 if self.promote:
-                    self._promoter.promote_bytes(tier, keys[i], data)
+                    self._promoter.promote_bytes(tier, keys[i], data, verified=bool(checked))
             tier.count_reads(len(missing) - len(still_missing), len(still_missing))
             missing = still_missing
         return out
@@ -440,17 +444,23 @@ class TieredStore(Store):
                 return promoted, True
         return None, True
 
-    def _check_tier_bytes(self, tier: GuardedTier, key: ChunkKey, data: Any) -> bool | None:
-        """Whether ``data``, which ``tier`` served as ``key``'s chunk, may be served: with
-        ``verify``, a tier that does not check its own reads has them checked here (a
-        corrupt chunk is counted and set aside: False). ``None``: nothing checked here
-        (``verify`` off, or the tier verifies its reads).
+    def _check_tier_bytes(
+        self, tier: GuardedTier, key: ChunkKey, data: Any, tier_verifies: bool
+    ) -> bool | None:
+        """Whether ``data``, which ``tier`` served as ``key``'s chunk, was checked and may be
+        served: True where the tier's read checked it (``tier_verifies``: its ``verify`` as
+        it stood when the read began; read afterwards, a flag turned on meanwhile would vouch
+        for bytes nobody checked) or, with ``verify``, where it passes the check here (a
+        corrupt chunk is counted and set aside: False). ``None``: nothing checked it
+        (``verify`` off here and in the tier).
 
         The verdict is the tier's to act on, as if its own read had judged the chunk: it
         counts damage and sets aside its copy (its guarded quarantine). Not a delete from
         every tier, as for a corrupt host chunk: a lower tier's copy is intact and is
         served next."""
-        if not self.verify or tier.store.verify:
+        if tier_verifies:
+            return True
+        if not self.verify:
             return None
         return tier.store._admit(key, self._judge(key, data))
 
@@ -467,6 +477,7 @@ class TieredStore(Store):
                 tier.count_reads(0, 1)
                 continue
             started = time.perf_counter()
+            tier_verifies = tier.store.verify
             try:
                 if tier.timeout is None and isinstance(tier.store, SupportsGetInto):
                     size = tier.call("get", tier.store.get_into, key, buffer)
@@ -475,8 +486,11 @@ class TieredStore(Store):
                     size = None if data is None else _copy(buffer, data)
             except TierUnavailable:
                 size = None
-            if size is not None and self._check_tier_bytes(tier, key, _view(buffer, size)) is False:
-                size = None  # counted and set aside: a miss here (and gone from every tier)
+            if (
+                size is not None
+                and self._check_tier_bytes(tier, key, _view(buffer, size), tier_verifies) is False
+            ):
+                size = None  # counted and set aside by the tier: a miss there
             if size is None:
                 tier.count_reads(0, 1)
                 continue

@@ -576,3 +576,45 @@ def test_damage_in_a_non_verifying_tier_leaves_a_lower_tiers_copy(path: str) -> 
         assert (store.corrupt_detected, fast.corrupt_detected) == (1, 1)
     finally:
         store.close()
+
+
+class _VerifyTurnedOnDuringRead(MemoryStore):
+    """A tier whose ``verify`` is turned on while a read that did not check is returning."""
+
+    def get_many(self, keys):  # type: ignore[no-untyped-def]
+        found = super().get_many(keys)
+        self.verify = True
+        return found
+
+
+@pytest.mark.parametrize("path", ["get", "get_into", "acquire", "prefetch"])
+def test_a_tiers_verify_turned_on_during_a_read_does_not_vouch_for_it(path: str) -> None:
+    """Whether a tier checked what it served is its ``verify`` as the read began: a flag
+    turned on while an unchecked read returned used to skip the check here, and a flipped
+    bit was served (and promoted)."""
+    from chunkstore.testing.factories import sample_chunks
+    from chunkstore.testing.store_suite import corrupt_copies
+
+    tier = _VerifyTurnedOnDuringRead(name="tier0", verify=False)
+    store = TieredStore(
+        HostCache(SLOT, num_slots=4),
+        [tier],
+        verify=True,
+        promote=path != "get_into",
+        metrics=ChunkstoreMetrics(CollectorRegistry()),
+    )
+    try:
+        (chunk,) = sample_chunks(1, layout=LAYOUT)
+        tier.put(chunk.key, corrupt_copies(chunk)["bitflip"])
+        if path == "get":
+            assert store.get(chunk.key) is None
+        elif path == "get_into":
+            assert store.get_into(chunk.key, bytearray(SLOT)) is None
+        elif path == "acquire":
+            assert store.acquire(chunk.key) is None
+        else:
+            assert store.prefetch([chunk.key]).result(timeout=30) == []
+        assert store.host.acquire(chunk.key) is None  # nothing corrupt reached host memory
+        assert store.corrupt_detected == 1
+    finally:
+        store.close()
