@@ -442,3 +442,41 @@ def test_a_concurrent_set_aside_keeps_its_quarantined_copy(
     assert _quarantined_bytes(pair.store) == [BAD]
     assert pair.store.orphans() == []
     other.close()
+
+
+def test_s3_a_failed_write_over_the_earlier_copy_leaves_its_reason(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, caplog: Any
+) -> None:
+    """Where quarantine holds an earlier copy and the newer one, read and deleted, cannot be
+    written over it (logged), the earlier copy keeps the reason it was set aside for: the
+    newer reason used to be written beside it, so ``quarantined`` showed the earlier damage
+    under the later verdict."""
+    from botocore.exceptions import ClientError
+
+    pair = _s3(request, "move")
+    _quarantine_earlier_damage(pair)
+    [aside] = pair.store.quarantined()
+    reason_name = aside.path + ".reason"
+
+    def reason_there() -> str:
+        return bytes(pair.store._run(pair.store._get_small, reason_name)).decode()
+
+    assert "TruncatedChunk" in reason_there()
+    pair.writer.put(CHUNK.key, BAD)
+    [(_, ident)] = pair.store.read_unchecked_with_idents([CHUNK.key])
+    real = type(pair.store)._attempt
+
+    async def quarantine_copy_refused(self: Any, op: str, kwargs: dict[str, Any]) -> Any:
+        if op == "put_object" and kwargs.get("Key") == aside.path:
+            error = {"Error": {"Code": "AccessDenied", "Message": "refused"}}
+            raise ClientError({**error, "ResponseMetadata": {"HTTPStatusCode": 403}}, op)
+        return await real(self, op, kwargs)
+
+    monkeypatch.setattr(type(pair.store), "_attempt", quarantine_copy_refused)
+    with caplog.at_level(logging.WARNING, logger="chunkstore"):
+        assert pair.store.quarantine_if_unchanged(CHUNK.key, ident, "ChecksumMismatch") is True
+    monkeypatch.undo()
+    assert any("not written to quarantine" in r.getMessage() for r in caplog.records)
+    assert pair.store.exists(CHUNK.key) is False
+    assert _quarantined_bytes(pair.store) == [EARLIER_BAD]
+    assert "TruncatedChunk" in reason_there() and "ChecksumMismatch" not in reason_there()
