@@ -454,15 +454,16 @@ class TieredStore(Store):
         corrupt chunk is counted and set aside: False). ``None``: nothing checked it
         (``verify`` off here and in the tier).
 
-        The verdict is the tier's to act on, as if its own read had judged the chunk: it
-        counts damage and sets aside its copy (its guarded quarantine). Not a delete from
+        Judged and acted on as the tier's own verifying read would (its MAC key and model,
+        where it knows them): it counts damage and sets aside its copy (its guarded
+        quarantine). Not a delete from
         every tier, as for a corrupt host chunk: a lower tier's copy is intact and is
         served next."""
         if tier_verifies:
             return True
         if not self.verify:
             return None
-        return tier.store._admit(key, self._judge(key, data))
+        return tier.store._admit(key, tier.store._judge(key, data))
 
     def _load_from_tiers(self, key: ChunkKey, buffer: Buffer) -> int | None:
         """Without promotion: the first tier's copy straight into ``buffer``.

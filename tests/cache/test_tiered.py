@@ -618,3 +618,26 @@ def test_a_tiers_verify_turned_on_during_a_read_does_not_vouch_for_it(path: str)
         assert store.corrupt_detected == 1
     finally:
         store.close()
+
+
+def test_a_non_verifying_tiers_chunk_is_judged_as_the_tier_would() -> None:
+    """With ``verify``, a chunk from a tier that does not check its own reads is judged by
+    that tier's own rules (a peer's MAC key and model): one of another model is a plain
+    miss, not served as it was under the bare checksum check."""
+    from chunkstore.backends.base import judge
+    from chunkstore.testing.factories import sample_chunks
+
+    class _OtherModelsTier(MemoryStore):
+        def _judge(self, key, data):  # type: ignore[no-untyped-def]
+            return judge(key, data, expected_fingerprint=b"\x01" * 32)
+
+    tier = _OtherModelsTier(name="tier0", verify=False)
+    store = TieredStore(HostCache(SLOT, num_slots=4), [tier], verify=True)
+    try:
+        (chunk,) = sample_chunks(1, layout=LAYOUT)
+        tier.put(chunk.key, chunk.data)
+        assert store.get(chunk.key) is None
+        assert store.acquire(chunk.key) is None
+        assert tier.exists(chunk.key) and store.corrupt_detected == 0  # refused, not damage
+    finally:
+        store.close()
