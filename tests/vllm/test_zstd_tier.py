@@ -11,6 +11,7 @@ from chunkstore.backends._memory import MemoryStore
 from chunkstore.format import _chunk, read_header
 from chunkstore.testing.factories import sample_chunks
 from chunkstore.vllm.tiers import ZstdTier
+from tests.cache.doubles import VerifyTurnedOnDuringRead
 
 
 def test_the_inner_store_holds_compressed_chunks_the_tier_serves_uncompressed() -> None:
@@ -65,15 +66,6 @@ def test_a_compressed_chunk_is_hashed_once_per_read(
     assert hashed.count(stored) == 1
 
 
-class _VerifyTurnedOnDuringRead(MemoryStore):
-    """A store whose ``verify`` is turned on while a read that did not check is returning."""
-
-    def get_many(self, keys):  # type: ignore[no-untyped-def]
-        found = super().get_many(keys)
-        self.verify = True
-        return found
-
-
 def test_verify_turned_on_during_a_read_does_not_vouch_for_what_it_returned() -> None:
     """Decompressing skips the checksum only for bytes the inner store checked: its
     ``verify`` as the read began. A damaged header read unchecked was re-sealed with a fresh
@@ -81,7 +73,7 @@ def test_verify_turned_on_during_a_read_does_not_vouch_for_what_it_returned() ->
     flag was read after the read."""
     from chunkstore.backends.base import judge
 
-    inner = _VerifyTurnedOnDuringRead(verify=False)
+    inner = VerifyTurnedOnDuringRead(verify=False)
     tier = ZstdTier(inner)
     chunk = sample_chunks(1)[0]
     packed = bytearray(_chunk.recompress(chunk.data, "zstd"))
