@@ -886,10 +886,12 @@ class FsStore(Store):
                 aside = self.io.join(
                     self.root, L.QUARANTINE_DIR, key.namespace, key.hex + L.CHUNK_SUFFIX
                 )
-            # Where quarantine holds an earlier copy of the key, the file goes by way of a
-            # temp name: moved straight there, a file then found to be another than the one
-            # judged would go back to its name, and the earlier copy would be gone.
-            dest = staged if aside is None or (guarded and self.io.exists(aside)) else aside
+            # A guarded move goes by way of a temp name beside the chunk: moved straight to
+            # quarantine, a file then found to be another than the one judged would go back
+            # to its name, and a copy quarantine held would be gone with it (asking whether
+            # quarantine is free first does not help: another verify run may set the same
+            # key aside between the question and the move).
+            dest = staged if aside is None or guarded else aside
             if not self.io.move(path, dest):
                 return []
             taken = (self.io.stat(dest) if guarded else None) or current

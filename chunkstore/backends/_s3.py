@@ -937,11 +937,12 @@ class S3Store(Store):
         tag = None if not etag else str(etag)  # (a server that sent no ETag: nothing to compare)
 
         async def run() -> bool:
+            aside = move  # whether the chunk's copy is in quarantine (its reason goes beside)
             try:
                 if not move:
                     await self._delete_if(name, tag)
                 elif await self._present(dest):
-                    await self._move_over(name, dest, tag)
+                    aside = await self._move_over(name, dest, tag)
                 else:
                     await self._copy_aside(name, dest, tag)
             except (_NotFound, _Exists):
@@ -953,7 +954,7 @@ class S3Store(Store):
                     f"{self.name}: cannot set aside s3://{self.bucket}/{name}: {exc}"
                 ) from None
             try:
-                if move and reason is not None:
+                if aside and reason is not None:
                     await self._request(
                         "put_object", Key=dest + L.REASON_SUFFIX, Body=reason_record(reason)
                     )
@@ -1002,8 +1003,9 @@ class S3Store(Store):
                 await self._drop_copy(dest, str(copied))
             raise
 
-    async def _move_over(self, name: str, dest: str, etag: str | None) -> None:
-        """Set ``name`` aside to ``dest``, where quarantine holds an earlier copy of the key.
+    async def _move_over(self, name: str, dest: str, etag: str | None) -> bool:
+        """Set ``name`` aside to ``dest``, where quarantine holds an earlier copy of the key;
+        whether its copy was written there.
 
         A copy made first would land on the earlier copy, and if the set-aside then did not
         happen (the object replaced meanwhile, copied anyway by a server that ignores
@@ -1013,7 +1015,7 @@ class S3Store(Store):
         the object was not set aside.
 
         Note: a write to quarantine that fails after the delete loses this copy of the
-        damage (logged); the earlier copy stays.
+        damage (logged); the earlier copy stays, and so must the reason beside it.
         """
         got = await self._request("get_object", Key=name)
         read = _bare_etag(got.get("ETag", ""))
@@ -1030,6 +1032,8 @@ class S3Store(Store):
                 name,
                 exc,
             )
+            return False
+        return True
 
     async def _delete_if(self, name: str, etag: str | None) -> None:
         """Delete ``name`` if its ETag is ``etag`` (any object when None); raises _Exists if

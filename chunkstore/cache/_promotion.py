@@ -38,26 +38,33 @@ class Promoter:
 
     ``check_open`` raises when the owning store has closed; a long pull calls
     it between chunks so that closing the store ends it early. ``check`` judges
-    the bytes a tier served before they land in host memory: it answers ``None``
-    where that tier's own ``verify`` vouches for them (or nothing is to be
-    checked), else whether they may be served (a refused chunk was counted and
-    set aside by it); a refused chunk ends the promotion as a miss.
+    the bytes a tier served before they land in host memory, given the tier's
+    ``verify`` as it stood when the read began: True where they were checked
+    (by the tier's read or by it), False where they may not be served (counted
+    and set aside by it; the promotion ends as a miss), ``None`` where nothing
+    checked them (decompressing then hashes a compressed chunk).
     """
 
     def __init__(
         self,
         host: HostCache,
         check_open: Callable[[], None],
-        check: Callable[[GuardedTier, ChunkKey, Any], bool | None] | None = None,
+        check: Callable[[GuardedTier, ChunkKey, Any, bool], bool | None] | None = None,
     ) -> None:
         self.host = host
         """Where promoted chunks go."""
         self._check_open = check_open
         self._check = check
 
-    def _vouched(self, tier: GuardedTier, key: ChunkKey, data: Any) -> bool | None:
-        """``check``'s answer for ``data`` (``None``: the tier's own ``verify`` stands)."""
-        return None if self._check is None else self._check(tier, key, data)
+    def _vouched(
+        self, tier: GuardedTier, key: ChunkKey, data: Any, tier_verifies: bool
+    ) -> bool | None:
+        """``check``'s answer for ``data``; without ``check``, True where the tier's read
+        checked it (``tier_verifies``: its ``verify`` when the read began; read afterwards, a
+        flag turned on meanwhile would vouch for bytes nobody checked), else ``None``."""
+        if self._check is None:
+            return True if tier_verifies else None
+        return self._check(tier, key, data, tier_verifies)
 
     # --- one chunk, for a read ---------------------------------------------------------------
 
@@ -90,24 +97,28 @@ class Promoter:
             return NO_ROOM
         return self._promote_into(tier, key, slot)
 
-    def promote_bytes(self, tier: GuardedTier, key: ChunkKey, data: bytes) -> None:
-        """Copy ``data``, just read from ``tier``, into host memory (unpinned) if it fits."""
-        if self.host.put(key, hot_bytes(data, verified=tier.store.verify)):
+    def promote_bytes(
+        self, tier: GuardedTier, key: ChunkKey, data: bytes, *, verified: bool
+    ) -> None:
+        """Copy ``data``, just read from ``tier``, into host memory (unpinned) if it fits.
+
+        ``verified``: its checksum was checked (by the tier's read or by the caller)."""
+        if self.host.put(key, hot_bytes(data, verified=verified)):
             tier.count_promotions()
 
     def _promote_copy(self, tier: GuardedTier, key: ChunkKey) -> Lease | object | None:
         """Read ``key`` from ``tier`` into private memory, then into host memory (evicting)."""
         started = time.perf_counter()
+        tier_verifies = tier.store.verify
         try:
             data = tier.call("get", tier.store.get, key)
         except TierUnavailable:
             data = None
-        checked = None if data is None else self._vouched(tier, key, data)
+        checked = None if data is None else self._vouched(tier, key, data, tier_verifies)
         if data is None or checked is False:
             tier.count_reads(0, 1)
             return None
-        verified = tier.store.verify or bool(checked)
-        outcome = self.host.insert(key, hot_bytes(data, verified=verified), keep_pinned=True)
+        outcome = self.host.insert(key, hot_bytes(data, verified=bool(checked)), keep_pinned=True)
         if outcome.lease is None:
             return NO_ROOM  # the caller reads around host memory
         tier.instruments.record_read(len(data), time.perf_counter() - started)
@@ -129,7 +140,7 @@ class Promoter:
         """
         started = time.perf_counter()
         size: int | None = None
-        verified = tier.store.verify
+        tier_verifies = tier.store.verify
         try:
             if isinstance(tier.store, SupportsGetInto):
                 size = tier.call("get", tier.store.get_into, key, slot.view)
@@ -138,12 +149,12 @@ class Promoter:
                 if data is not None and len(data) <= len(slot.view):
                     slot.view[: len(data)] = data
                     size = len(data)
+            checked = None
             if size:
-                checked = self._vouched(tier, key, slot.view[:size])
-                verified = verified or bool(checked)
+                checked = self._vouched(tier, key, slot.view[:size], tier_verifies)
                 size = 0 if checked is False else size
             if size:
-                size = decompress_in_place(slot.view, size, verified=verified)
+                size = decompress_in_place(slot.view, size, verified=bool(checked))
         except TierUnavailable as exc:
             exc.when_settled(lambda: self.host.abort(slot))
             tier.count_reads(0, 1)
@@ -210,6 +221,7 @@ class Promoter:
             if not slots:
                 return loaded
             started = time.perf_counter()
+            tier_verifies = store.verify
             try:
                 sizes = tier.call(
                     "get", store.get_many_into, [s.key for s in slots], [s.view for s in slots]
@@ -224,11 +236,14 @@ class Promoter:
             arrived = 0
             nbytes = 0
             for slot, size in zip(slots, sizes):
-                checked = self._vouched(tier, slot.key, slot.view[:size]) if size else False
+                checked = (
+                    self._vouched(tier, slot.key, slot.view[:size], tier_verifies)
+                    if size
+                    else False
+                )
                 if checked is False:
                     break
-                verified = store.verify or bool(checked)
-                size = decompress_in_place(slot.view, size, verified=verified)
+                size = decompress_in_place(slot.view, size, verified=bool(checked))
                 if not size:
                     break
                 self.host.commit(slot, size, keep_pinned=True)
@@ -254,6 +269,7 @@ class Promoter:
             self._check_open()
             wanted = keys[start : start + batch]
             started = time.perf_counter()
+            tier_verifies = tier.store.verify
             try:
                 found: list[Any] = tier.call("get", tier.store.get_many, wanted)
             except TierUnavailable:
@@ -263,13 +279,13 @@ class Promoter:
             if nbytes:
                 tier.instruments.record_read(nbytes, time.perf_counter() - started)
             for key, data in zip(wanted, found):
-                checked = None if data is None else self._vouched(tier, key, data)
+                checked = None if data is None else self._vouched(tier, key, data, tier_verifies)
                 outcome = (
                     None
                     if data is None or checked is False
                     else self.host.insert(
                         key,
-                        hot_bytes(data, verified=tier.store.verify or bool(checked)),
+                        hot_bytes(data, verified=bool(checked)),
                         keep_pinned=True,
                     )
                 )

@@ -123,10 +123,11 @@ class TieredStore(Store):
     ``verify`` checks chunks served from host memory (a corrupt one is counted
     and deleted from every tier), and, on every read path (:meth:`get_many`,
     :meth:`get_into`, :meth:`acquire`, :meth:`prefetch`), chunks from a tier
-    opened without ``verify`` before they are served or promoted (the other
-    tiers' chunks are checked once, by those tiers). Off by default: host
-    memory is trusted, and every secondary tier checks what it returns with its
-    own ``verify``.
+    opened without ``verify`` before they are served or promoted (a corrupt one
+    is counted and set aside by that tier, and a lower tier's copy is read
+    next; the other tiers' chunks are checked once, by those tiers). Off by
+    default: host memory is trusted, and every secondary tier checks what it
+    returns with its own ``verify``.
     """
 
     kind = "tiered"
@@ -349,6 +350,7 @@ class TieredStore(Store):
                 break
             wanted = [keys[i] for i in missing]
             started = time.perf_counter()
+            tier_verifies = tier.store.verify  # as it stands when the read begins
             try:
                 found = tier.call("get", tier.store.get_many, wanted)
             except TierUnavailable:
@@ -359,14 +361,17 @@ class TieredStore(Store):
                 tier.instruments.record_read(nbytes, time.perf_counter() - started)
             still_missing = []
             for i, data in zip(missing, found):
-                if data is not None and self._check_tier_bytes(tier, keys[i], data) is False:
-                    data = None
-                if data is None:
+                checked = (
+                    None
+                    if data is None
+                    else self._check_tier_bytes(tier, keys[i], data, tier_verifies)
+                )
+                if data is None or checked is False:
                     still_missing.append(i)
                     continue
                 out[i] = data
                 if self.promote:
-                    self._promoter.promote_bytes(tier, keys[i], data)
+                    self._promoter.promote_bytes(tier, keys[i], data, verified=bool(checked))
             tier.count_reads(len(missing) - len(still_missing), len(still_missing))
             missing = still_missing
         return out
@@ -439,14 +444,26 @@ class TieredStore(Store):
                 return promoted, True
         return None, True
 
-    def _check_tier_bytes(self, tier: GuardedTier, key: ChunkKey, data: Any) -> bool | None:
-        """Whether ``data``, which ``tier`` served as ``key``'s chunk, may be served: with
-        ``verify``, a tier that does not check its own reads has them checked here (a
-        corrupt chunk is counted and set aside: False). ``None``: nothing checked here
-        (``verify`` off, or the tier verifies its reads)."""
-        if not self.verify or tier.store.verify:
+    def _check_tier_bytes(
+        self, tier: GuardedTier, key: ChunkKey, data: Any, tier_verifies: bool
+    ) -> bool | None:
+        """Whether ``data``, which ``tier`` served as ``key``'s chunk, was checked and may be
+        served: True where the tier's read checked it (``tier_verifies``: its ``verify`` as
+        it stood when the read began; read afterwards, a flag turned on meanwhile would vouch
+        for bytes nobody checked) or, with ``verify``, where it passes the check here (a
+        corrupt chunk is counted and set aside: False). ``None``: nothing checked it
+        (``verify`` off here and in the tier).
+
+        Judged and acted on as the tier's own verifying read would (its MAC key and model,
+        where it knows them): it counts damage and sets aside its copy (its guarded
+        quarantine). Not a delete from
+        every tier, as for a corrupt host chunk: a lower tier's copy is intact and is
+        served next."""
+        if tier_verifies:
+            return True
+        if not self.verify:
             return None
-        return self._checked(key, data) is not None
+        return tier.store._admit(key, tier.store._judge(key, data))
 
     def _load_from_tiers(self, key: ChunkKey, buffer: Buffer) -> int | None:
         """Without promotion: the first tier's copy straight into ``buffer``.
@@ -461,6 +478,7 @@ class TieredStore(Store):
                 tier.count_reads(0, 1)
                 continue
             started = time.perf_counter()
+            tier_verifies = tier.store.verify
             try:
                 if tier.timeout is None and isinstance(tier.store, SupportsGetInto):
                     size = tier.call("get", tier.store.get_into, key, buffer)
@@ -469,8 +487,11 @@ class TieredStore(Store):
                     size = None if data is None else _copy(buffer, data)
             except TierUnavailable:
                 size = None
-            if size is not None and self._check_tier_bytes(tier, key, _view(buffer, size)) is False:
-                size = None  # counted and set aside: a miss here (and gone from every tier)
+            if (
+                size is not None
+                and self._check_tier_bytes(tier, key, _view(buffer, size), tier_verifies) is False
+            ):
+                size = None  # counted and set aside by the tier: a miss there
             if size is None:
                 tier.count_reads(0, 1)
                 continue

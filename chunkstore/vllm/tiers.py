@@ -292,8 +292,11 @@ class ZstdTier(WrapperStore):
     def _read_many(self, keys: Sequence[ChunkKey]) -> list[bytes | None]:
         # A verifying inner store checked each compressed chunk's checksum: decompressing
         # does not hash it again (the zstd frame's content checksum and size still check the
-        # payload, and the served chunk's checksum is computed over it here).
-        return _uncompressed(self.inner.get_many(keys), verified=self.inner.verify)
+        # payload, and the served chunk's checksum is computed over it here). Its ``verify``
+        # as the read begins: a flag turned on meanwhile would vouch for unchecked bytes, and
+        # the fresh checksum would hide their damage from every later check.
+        verified = self.inner.verify
+        return _uncompressed(self.inner.get_many(keys), verified=verified)
 
     def read_unchecked_many(self, keys: Sequence[ChunkKey]) -> builtins.list[bytes | None]:
         return _uncompressed(self.inner.read_unchecked_many(keys), verified=False)

@@ -412,3 +412,71 @@ def test_s3_copy_does_not_overwrite_a_copy_another_reader_set_aside_meanwhile(
     assert bytes(pair.store.read_unchecked_many([CHUNK.key])[0] or b"") == BAD
     pair.store.close()
     pair.writer.close()
+
+
+@pytest.mark.parametrize("kind", ["local", "fsspec"])
+def test_a_concurrent_set_aside_keeps_its_quarantined_copy(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str
+) -> None:
+    """Two verify runs and a writer: after this run found quarantine free for the key,
+    another run set the same damaged file aside and a writer repaired the chunk, before this
+    run's move. The good file goes back, and the other run's quarantined copy stays (the
+    move went straight to the quarantine name when it had been free, so the good file
+    landed on that copy and the copy was removed with it)."""
+    pair = _local(tmp_path, "move") if kind == "local" else _fsspec(tmp_path, "move")
+    pair.writer.put(CHUNK.key, BAD)
+    [(_, ident)] = pair.store.read_unchecked_with_idents([CHUNK.key])
+    other = FsStore(pair.store.root, fs=None if kind == "local" else pair.store.io.fs)
+    real = pair.store.io.move
+
+    def other_run_first(src: str, dst: str) -> bool:
+        if src == pair.store.path_of(CHUNK.key):
+            monkeypatch.setattr(pair.store.io, "move", real)
+            assert other.quarantine_if_unchanged(CHUNK.key, ident, "found by the other run")
+            pair.writer.put(CHUNK.key, CHUNK.data)
+        return bool(real(src, dst))
+
+    monkeypatch.setattr(pair.store.io, "move", other_run_first)
+    assert pair.store.quarantine_if_unchanged(CHUNK.key, ident, "bad") is False
+    assert bytes(pair.store.get(CHUNK.key) or b"") == CHUNK.data
+    assert _quarantined_bytes(pair.store) == [BAD]
+    assert pair.store.orphans() == []
+    other.close()
+
+
+def test_s3_a_failed_write_over_the_earlier_copy_leaves_its_reason(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, caplog: Any
+) -> None:
+    """Where quarantine holds an earlier copy and the newer one, read and deleted, cannot be
+    written over it (logged), the earlier copy keeps the reason it was set aside for: the
+    newer reason used to be written beside it, so ``quarantined`` showed the earlier damage
+    under the later verdict."""
+    from botocore.exceptions import ClientError
+
+    pair = _s3(request, "move")
+    _quarantine_earlier_damage(pair)
+    [aside] = pair.store.quarantined()
+    reason_name = aside.path + ".reason"
+
+    def reason_there() -> str:
+        return bytes(pair.store._run(pair.store._get_small, reason_name)).decode()
+
+    assert "TruncatedChunk" in reason_there()
+    pair.writer.put(CHUNK.key, BAD)
+    [(_, ident)] = pair.store.read_unchecked_with_idents([CHUNK.key])
+    real = type(pair.store)._attempt
+
+    async def quarantine_copy_refused(self: Any, op: str, kwargs: dict[str, Any]) -> Any:
+        if op == "put_object" and kwargs.get("Key") == aside.path:
+            error = {"Error": {"Code": "AccessDenied", "Message": "refused"}}
+            raise ClientError({**error, "ResponseMetadata": {"HTTPStatusCode": 403}}, op)
+        return await real(self, op, kwargs)
+
+    monkeypatch.setattr(type(pair.store), "_attempt", quarantine_copy_refused)
+    with caplog.at_level(logging.WARNING, logger="chunkstore"):
+        assert pair.store.quarantine_if_unchanged(CHUNK.key, ident, "ChecksumMismatch") is True
+    monkeypatch.undo()
+    assert any("not written to quarantine" in r.getMessage() for r in caplog.records)
+    assert pair.store.exists(CHUNK.key) is False
+    assert _quarantined_bytes(pair.store) == [EARLIER_BAD]
+    assert "TruncatedChunk" in reason_there() and "ChecksumMismatch" not in reason_there()

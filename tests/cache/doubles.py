@@ -137,6 +137,15 @@ class StallingStore(DirectStore):
         return super().exists_many(keys)
 
 
+class VerifyTurnedOnDuringRead(MemoryStore):
+    """A store whose ``verify`` is turned on while a read that did not check is returning."""
+
+    def get_many(self, keys: Sequence[ChunkKey]) -> list[bytes | None]:
+        found = super().get_many(keys)
+        self.verify = True
+        return found
+
+
 def wait_until(condition: Callable[[], bool], what: str) -> None:
     """Poll ``condition`` until it holds (a background callback's effect); fail after 30 s."""
     deadline = time.monotonic() + 30

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import numpy as np
 import pytest
@@ -11,6 +12,7 @@ from prometheus_client import CollectorRegistry
 from chunkstore.backends._memory import MemoryStore
 from chunkstore.cache import HostCache, TieredStore
 from chunkstore.errors import ConfigError
+from chunkstore.hashing import ChunkKey
 from chunkstore.metrics import ChunkstoreMetrics
 from chunkstore.testing.factories import MadeChunk
 from chunkstore.testing.stateful import store_state_machine
@@ -20,6 +22,7 @@ from tests.cache.doubles import (
     FlakyStore,
     GatedStore,
     StallingStore,
+    VerifyTurnedOnDuringRead,
     assert_intact,
     cache_chunks,
     wait_until,
@@ -471,7 +474,46 @@ def test_verify_checks_each_chunk_once(
         store.close()
 
 
-def _unverified_tier(kind: str, tmp_path: object) -> object:
+READ_PATHS = ["get", "get_into", "acquire", "prefetch"]
+"""The tiered store's read paths (``get_into`` with promotion off: it reads around host
+memory; any other name than these reads by ``get_into`` with promotion on)."""
+
+
+def _verifying_over(tiers: list[Any], path: str) -> TieredStore:
+    """A tiered store with ``verify`` over ``tiers``, set up for read path ``path``."""
+    return TieredStore(
+        HostCache(SLOT, num_slots=4),
+        tiers,
+        verify=True,
+        promote=path != "get_into",
+        metrics=ChunkstoreMetrics(CollectorRegistry()),
+    )
+
+
+def _read_by(store: TieredStore, path: str, key: ChunkKey) -> bytes | None:
+    """``key``'s chunk as read path ``path`` serves it (a prefetch: as host memory holds it
+    afterwards), or ``None``."""
+    if path == "get":
+        return store.get(key)
+    if path == "acquire":
+        lease = store.acquire(key)
+        if lease is None:
+            return None
+        with lease:
+            return bytes(lease.view)
+    if path == "prefetch":
+        if not store.prefetch([key]).result(timeout=30):
+            return None
+        lease = store.host.acquire(key)
+        assert lease is not None
+        with lease:
+            return bytes(lease.view)
+    buffer = bytearray(SLOT)
+    size = store.get_into(key, buffer)
+    return None if size is None else bytes(buffer[:size])
+
+
+def _unverified_tier(kind: str, tmp_path: object) -> Any:
     from chunkstore.backends._fs import FsStore
 
     if kind == "memory":
@@ -490,44 +532,85 @@ def test_verify_checks_a_non_verifying_tier_on_every_read_path(
     from chunkstore.testing.factories import sample_chunks
     from chunkstore.testing.store_suite import corrupt_copies
 
-    tier: object = _unverified_tier(tier_kind, tmp_path)
-    store = TieredStore(
-        HostCache(SLOT, num_slots=4),
-        [tier],  # type: ignore[list-item]
-        verify=True,
-        promote=path != "get_into",
-        metrics=ChunkstoreMetrics(CollectorRegistry()),
-    )
+    tier = _unverified_tier(tier_kind, tmp_path)
+    store = _verifying_over([tier], path)
     try:
         good, bad = sample_chunks(2, layout=LAYOUT)
-        tier.put(good.key, good.data)  # type: ignore[attr-defined]
-        tier.put(bad.key, corrupt_copies(bad)["bitflip"])  # type: ignore[attr-defined]
-
-        def read(key: object) -> bytes | None:
-            if path == "acquire":
-                lease = store.acquire(key)  # type: ignore[arg-type]
-                if lease is None:
-                    return None
-                with lease:
-                    return bytes(lease.view)
-            if path == "prefetch":
-                arrived = store.prefetch([key]).result(timeout=30)  # type: ignore[list-item]
-                if not arrived:
-                    return None
-                lease = store.host.acquire(key)  # type: ignore[arg-type]
-                assert lease is not None
-                with lease:
-                    return bytes(lease.view)
-            buffer = bytearray(SLOT)
-            size = store.get_into(key, buffer)  # type: ignore[arg-type]
-            return None if size is None else bytes(buffer[:size])
-
-        assert read(good.key) == good.data
-        assert read(bad.key) is None
+        tier.put(good.key, good.data)
+        tier.put(bad.key, corrupt_copies(bad)["bitflip"])
+        assert _read_by(store, path, good.key) == good.data
+        assert _read_by(store, path, bad.key) is None
         assert store.corrupt_detected == 1
         assert store.host.acquire(bad.key) is None  # nothing corrupt reached host memory
-        assert not tier.exists(bad.key)  # type: ignore[attr-defined]  # set aside
-        assert read(bad.key) is None  # and a plain miss afterwards
+        assert not tier.exists(bad.key)  # set aside
+        assert _read_by(store, path, bad.key) is None  # and a plain miss afterwards
         assert store.corrupt_detected == 1
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("path", READ_PATHS)
+def test_damage_in_a_non_verifying_tier_leaves_a_lower_tiers_copy(path: str) -> None:
+    """A corrupt chunk that ``verify`` finds in a tier that does not check its own reads is
+    that tier's damage: it is counted once and set aside there, and the intact copy a lower
+    tier holds is kept and served (the check used to delete the key from every tier)."""
+    from chunkstore.testing.factories import sample_chunks
+    from chunkstore.testing.store_suite import corrupt_copies
+
+    fast = MemoryStore(name="fast", verify=False)
+    cold = MemoryStore(name="cold", verify=True)
+    store = _verifying_over([fast, cold], path)
+    try:
+        (chunk,) = sample_chunks(1, layout=LAYOUT)
+        fast.put(chunk.key, corrupt_copies(chunk)["bitflip"])
+        cold.put(chunk.key, chunk.data)
+        assert _read_by(store, path, chunk.key) == chunk.data
+        assert cold.get(chunk.key) == chunk.data  # the intact copy is kept
+        assert not fast.exists(chunk.key)  # the damaged one is set aside
+        assert (store.corrupt_detected, fast.corrupt_detected) == (1, 1)
+        assert _read_by(store, path, chunk.key) == chunk.data  # and served from below next
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("path", READ_PATHS)
+def test_a_tiers_verify_turned_on_during_a_read_does_not_vouch_for_it(path: str) -> None:
+    """Whether a tier checked what it served is its ``verify`` as the read began: a flag
+    turned on while an unchecked read returned used to skip the check here, and a flipped
+    bit was served (and promoted)."""
+    from chunkstore.testing.factories import sample_chunks
+    from chunkstore.testing.store_suite import corrupt_copies
+
+    tier = VerifyTurnedOnDuringRead(name="tier0", verify=False)
+    store = _verifying_over([tier], path)
+    try:
+        (chunk,) = sample_chunks(1, layout=LAYOUT)
+        tier.put(chunk.key, corrupt_copies(chunk)["bitflip"])
+        assert _read_by(store, path, chunk.key) is None
+        assert store.host.acquire(chunk.key) is None  # nothing corrupt reached host memory
+        assert store.corrupt_detected == 1
+    finally:
+        store.close()
+
+
+def test_a_non_verifying_tiers_chunk_is_judged_as_the_tier_would() -> None:
+    """With ``verify``, a chunk from a tier that does not check its own reads is judged by
+    that tier's own rules (a peer's MAC key and model): one of another model is a plain
+    miss, not served as it was under the bare checksum check."""
+    from chunkstore.backends.base import judge
+    from chunkstore.testing.factories import sample_chunks
+
+    class _OtherModelsTier(MemoryStore):
+        def _judge(self, key, data):  # type: ignore[no-untyped-def]
+            return judge(key, data, expected_fingerprint=b"\x01" * 32)
+
+    tier = _OtherModelsTier(name="tier0", verify=False)
+    store = TieredStore(HostCache(SLOT, num_slots=4), [tier], verify=True)
+    try:
+        (chunk,) = sample_chunks(1, layout=LAYOUT)
+        tier.put(chunk.key, chunk.data)
+        assert store.get(chunk.key) is None
+        assert store.acquire(chunk.key) is None
+        assert tier.exists(chunk.key) and store.corrupt_detected == 0  # refused, not damage
     finally:
         store.close()

@@ -11,6 +11,7 @@ from chunkstore.backends._memory import MemoryStore
 from chunkstore.format import _chunk, read_header
 from chunkstore.testing.factories import sample_chunks
 from chunkstore.vllm.tiers import ZstdTier
+from tests.cache.doubles import VerifyTurnedOnDuringRead
 
 
 def test_the_inner_store_holds_compressed_chunks_the_tier_serves_uncompressed() -> None:
@@ -63,3 +64,22 @@ def test_a_compressed_chunk_is_hashed_once_per_read(
     )
     assert tier.get(chunk.key) == chunk.data
     assert hashed.count(stored) == 1
+
+
+def test_verify_turned_on_during_a_read_does_not_vouch_for_what_it_returned() -> None:
+    """Decompressing skips the checksum only for bytes the inner store checked: its
+    ``verify`` as the read began. A damaged header read unchecked was re-sealed with a fresh
+    checksum (served as a valid chunk, its damage hidden from every later check) when the
+    flag was read after the read."""
+    from chunkstore.backends.base import judge
+
+    inner = VerifyTurnedOnDuringRead(verify=False)
+    tier = ZstdTier(inner)
+    chunk = sample_chunks(1)[0]
+    packed = bytearray(_chunk.recompress(chunk.data, "zstd"))
+    header = read_header(packed)
+    digit = bytes(packed[: header.data_offset]).index(header.fingerprint.hex().encode())
+    packed[digit] = ord("0") if packed[digit] != ord("0") else ord("1")  # damaged, still parses
+    inner.put(chunk.key, bytes(packed))
+    served = tier.get(chunk.key)
+    assert served is None or not judge(chunk.key, served).ok

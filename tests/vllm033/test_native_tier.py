@@ -290,6 +290,37 @@ def test_a_load_job_reads_its_next_chunk_while_one_is_scattered(tier_env, monkey
     assert all(torch.equal(mem[8 + i], mem[i]) for i in range(4))
 
 
+def test_verify_turned_on_during_a_read_does_not_vouch_for_it(tier_env, tmp_path, monkeypatch):
+    # Whether the store checked what it returned is its verify as the read began: turned on
+    # while an unchecked read was returning, it used to skip the tier's own checksum, and a
+    # flipped payload bit reached vLLM's slot.
+    kv = tmp_path / "kv"
+    tier, mem, _ = tier_env(store_options={str(kv): {"verify": False}})
+    request = make_request(PROMPT, "flip")
+    ctx, keys, _ = _store_prompt(tier, mem, request, [0])
+    (info,) = list(open_store(str(kv)).list())
+    path = kv / info.key.path
+    data = bytearray(path.read_bytes())
+    data[-100] ^= 0x01  # one bit of the payload
+    path.write_bytes(bytes(data))
+    (store,) = tier.stores
+    real = store.get_many_into
+
+    def turned_on_while_returning(asked, buffers):
+        sizes = real(asked, buffers)
+        store.verify = True
+        return sizes
+
+    monkeypatch.setattr(store, "get_many_into", turned_on_while_returning)
+    sentinel = torch.full((SLOT_BYTES,), 0xA5, dtype=torch.uint8)
+    mem[6] = sentinel
+    tier.submit_load(job(keys, [6], ctx, promotion=True))
+    (result,) = finish(tier)
+    assert not result.success
+    assert torch.equal(mem[6], sentinel)  # the damaged chunk never reached the slot
+    assert tier.corrupt == 1
+
+
 def test_a_corrupt_chunk_mid_job_fails_only_that_load(tier_env, tmp_path, monkeypatch):
     # Two pipelined load jobs in flight: the one whose third chunk is corrupt keeps its first
     # two chunks and leaves the rest of its slots untouched (the fourth chunk, read ahead, is

@@ -27,7 +27,7 @@ __all__ = ["ChunkLoad", "StoreRead"]
 class StoreRead:
     """One store's read of some of a job's keys, under way (see the module docstring)."""
 
-    __slots__ = ("index", "tier", "asked", "call", "_views")
+    __slots__ = ("index", "tier", "asked", "call", "verified", "_views")
 
     def __init__(
         self,
@@ -36,6 +36,7 @@ class StoreRead:
         asked: list[int],
         call: GuardedCall[Any],
         views: list[memoryview] | None,
+        verified: bool,
     ) -> None:
         self.index = index
         """The store's place in the tier's order (a key it misses is asked of the next)."""
@@ -43,6 +44,9 @@ class StoreRead:
         self.asked = asked
         """Positions of the keys asked for, in the job's list."""
         self.call = call
+        self.verified = verified
+        """The store's ``verify`` as the read began: whether it checked what it returns
+        (read afterwards, a flag turned on meanwhile would vouch for unchecked bytes)."""
         self._views = views
 
     @property

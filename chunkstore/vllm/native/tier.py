@@ -518,14 +518,14 @@ class ChunkStoreTier(SecondaryTierManager):
             tier = self.guarded[index]
             asked = [keys[i] for i in missing]
             store = tier.store
+            verified = store.verify
             try:
                 if isinstance(store, SupportsGetManyInto):
                     views = [memoryview(buffers[i]) for i in missing]
                     call = tier.start("get", store.get_many_into, asked, views)
-                    return StoreRead(index, tier, missing, call, views)
-                return StoreRead(
-                    index, tier, missing, tier.start("get", store.get_many, asked), None
-                )
+                    return StoreRead(index, tier, missing, call, views, verified)
+                whole = tier.start("get", store.get_many, asked)
+                return StoreRead(index, tier, missing, whole, None, verified)
             except TierUnavailable:
                 continue  # in back-off: refused at once
         return None
@@ -556,7 +556,7 @@ class ChunkStoreTier(SecondaryTierManager):
             for i, data in zip(read.asked, got):
                 if data is None:
                     continue  # missing, or corrupt (the store verified it and quarantined it)
-                payloads[i] = self._payload(tier, keys[i], data)
+                payloads[i] = self._payload(tier, keys[i], data, read.verified)
                 nbytes += len(data) if payloads[i] is not None else 0
             if nbytes:
                 tier.instruments.record_read(nbytes, read.call.seconds())
@@ -585,13 +585,14 @@ class ChunkStoreTier(SecondaryTierManager):
         self._buffers.release_after([running], old)
         return True
 
-    def _payload(self, tier: GuardedTier, key: ChunkKey, data: Any) -> Any | None:
+    def _payload(self, tier: GuardedTier, key: ChunkKey, data: Any, verified: bool) -> Any | None:
         """``data``'s payload if it is ``key``'s chunk for this model; the store's own check
-        already covered the checksum when it verifies (structure and identity again here)."""
+        already covered the checksum where it ``verified`` the read (structure and identity
+        again here)."""
         try:
             chunk = decode_chunk(
                 data,
-                verify=not tier.store.verify,
+                verify=not verified,
                 expected_key=key.digest,
                 expected_fingerprint=self.primary.layout.fingerprint,
             )
