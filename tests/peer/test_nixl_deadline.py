@@ -4,6 +4,11 @@ Review finding #7: giving up on a transfer that UCX is still executing hands
 its local memory (a receive-arena block, a host-cache slot) back while a late
 RDMA completion can still land there. A scripted agent stands in for NIXL so
 the "still in progress after the deadline" state is reached deterministically.
+
+The same holds for a peer's agent removed (``forget_remote`` after another request
+timed out, ``remove_remote`` when a session ends) while a transfer with it runs:
+NIXL then fails that transfer at once, and releasing it does not stop the RMA
+(measured with NIXL 1.5.1, UCX over TCP: bytes kept arriving after the release).
 """
 
 from __future__ import annotations
@@ -19,7 +24,9 @@ class _Handle:
         self.agent = agent
 
     def release(self) -> None:
-        self.agent.events.append("release")
+        # Like NIXL's UCX backend: releasing a transfer in progress does not stop its RMA.
+        running = "done" not in self.agent.events
+        self.agent.events.append("release while running" if running else "release")
 
 
 class _ScriptedAgent:
@@ -29,6 +36,18 @@ class _ScriptedAgent:
         self.target = target
         self.busy_polls = busy_polls
         self.events: list[str] = []
+        self.polled = threading.Event()
+        self.finish = threading.Event()
+        """Set: the transfer ends at the next check, however many busy polls are left."""
+        self.removed = False
+
+    def add_remote_agent(self, metadata: bytes) -> bytes:
+        self.removed = False
+        return metadata
+
+    def remove_remote_agent(self, name: str) -> None:
+        self.events.append("remove")
+        self.removed = True
 
     def get_xfer_descs(self, descs: Any, kind: str) -> Any:
         return descs
@@ -40,7 +59,10 @@ class _ScriptedAgent:
         return "PROC"
 
     def check_xfer_state(self, handle: _Handle) -> str:
-        if self.busy_polls > 0:
+        self.polled.set()
+        if self.removed:  # NIXL: "remote agent was invalidated during transfer"
+            raise RuntimeError("NIXL_ERR_NOT_FOUND")
+        if self.busy_polls > 0 and not self.finish.is_set():
             self.busy_polls -= 1
             return "PROC"
         self.target[:] = b"late" * (len(self.target) // 4)  # the RDMA completion lands
@@ -53,7 +75,9 @@ def _endpoint(agent: _ScriptedAgent) -> NixlEndpoint:
     endpoint.name = "scripted"
     endpoint._agent = agent
     endpoint._regions = []
-    endpoint._remotes = {}
+    endpoint._remotes = {"peer": 1}
+    endpoint._running = {}
+    endpoint._unwanted = set()
     endpoint._lock = threading.Lock()
     endpoint._leaked = []
     return endpoint
@@ -75,3 +99,47 @@ def test_transfer_within_its_deadline_succeeds() -> None:
     endpoint = _endpoint(agent)
     assert endpoint.read("peer", [(0, 0, len(target))], deadline=float("inf")) is True
     assert agent.events == ["done", "release"]
+
+
+def _read_in_background(
+    endpoint: NixlEndpoint, target: bytearray
+) -> tuple[threading.Thread, list[bool]]:
+    result: list[bool] = []
+    thread = threading.Thread(
+        target=lambda: result.append(endpoint.read("peer", [(0, 0, len(target))], float("inf")))
+    )
+    thread.start()
+    return thread, result
+
+
+def test_a_peer_forgotten_during_a_transfer_is_removed_once_it_ended() -> None:
+    # Another request to the same peer timed out (PeerClient._mark_down) while this READ
+    # into a host slot runs: removing the agent then would fail the READ at once and hand
+    # the slot back with the RMA still writing into it.
+    target = bytearray(16)
+    agent = _ScriptedAgent(target, busy_polls=10**9)
+    endpoint = _endpoint(agent)
+    thread, result = _read_in_background(endpoint, target)
+    assert agent.polled.wait(10)
+    endpoint.forget_remote("peer")
+    assert "remove" not in agent.events  # deferred: the transfer runs
+    assert endpoint.read("peer", [(0, 0, 4)], float("inf")) is False  # no new one starts
+    agent.finish.set()
+    thread.join(10)
+    assert result == [True]
+    assert agent.events == ["done", "release", "remove"]
+
+
+def test_a_peer_added_again_before_its_transfer_ended_stays() -> None:
+    target = bytearray(16)
+    agent = _ScriptedAgent(target, busy_polls=10**9)
+    endpoint = _endpoint(agent)
+    thread, result = _read_in_background(endpoint, target)
+    assert agent.polled.wait(10)
+    endpoint.remove_remote("peer")  # its last session ended...
+    assert endpoint.add_remote(b"peer") == "peer"  # ...and a new one began
+    agent.finish.set()
+    thread.join(10)
+    assert result == [True] and agent.events == ["done", "release"]
+    endpoint.remove_remote("peer")
+    assert agent.events == ["done", "release", "remove"]
