@@ -140,6 +140,7 @@ class NixlEndpoint:
         self._remotes: dict[str, int] = {}
         self._running: dict[str, int] = {}  # transfers in progress per remote agent
         self._unwanted: set[str] = set()  # agents to remove once their transfers end
+        self._closed = False  # closed: the last running transfer deregisters the memory
         self._lock = threading.Lock()
         self._leaked: list[Any] = []  # transfer handles NIXL refused to release
 
@@ -243,6 +244,8 @@ class NixlEndpoint:
                     if remote in self._unwanted:
                         self._unwanted.discard(remote)
                         self._remove_agent(remote)
+                    if self._closed and not self._running:
+                        self._deregister_all()
 
     def _run(
         self, op: str, remote: str, pairs: Sequence[tuple[int, int, int]], deadline: float
@@ -297,15 +300,20 @@ class NixlEndpoint:
             self._leaked.append(handle)
 
     def close(self) -> None:
-        """Deregister everything; the endpoint is unusable afterwards."""
+        """Deregister everything; the endpoint is unusable afterwards. A transfer still
+        running keeps its peer's agent and the registered memory until it ends (the last
+        one finishes the close): removing either under it would let UCX write on unseen."""
         with self._lock:
-            regions, self._regions = self._regions, []
-            remotes, self._remotes = list(self._remotes), {}
-        for name in remotes:
-            try:
-                self._agent.remove_remote_agent(name)
-            except Exception:  # noqa: BLE001
-                pass
+            self._closed = True
+            for name in list(self._remotes):
+                del self._remotes[name]
+                self._remove_when_idle(name)
+            if not self._running:
+                self._deregister_all()
+
+    def _deregister_all(self) -> None:
+        """Caller holds the lock."""
+        regions, self._regions = self._regions, []
         for _, _, descs in regions:
             try:
                 self._agent.deregister_memory(descs)

@@ -49,6 +49,9 @@ class _ScriptedAgent:
         self.events.append("remove")
         self.removed = True
 
+    def deregister_memory(self, descs: Any) -> None:
+        self.events.append("deregister")
+
     def get_xfer_descs(self, descs: Any, kind: str) -> Any:
         return descs
 
@@ -78,6 +81,7 @@ def _endpoint(agent: _ScriptedAgent) -> NixlEndpoint:
     endpoint._remotes = {"peer": 1}
     endpoint._running = {}
     endpoint._unwanted = set()
+    endpoint._closed = False
     endpoint._lock = threading.Lock()
     endpoint._leaked = []
     return endpoint
@@ -143,3 +147,19 @@ def test_a_peer_added_again_before_its_transfer_ended_stays() -> None:
     assert result == [True] and agent.events == ["done", "release"]
     endpoint.remove_remote("peer")
     assert agent.events == ["done", "release", "remove"]
+
+
+def test_closing_during_a_transfer_finishes_once_it_ended() -> None:
+    # A store closed while another thread's READ into a host slot runs.
+    target = bytearray(16)
+    agent = _ScriptedAgent(target, busy_polls=10**9)
+    endpoint = _endpoint(agent)
+    endpoint._regions = [(0, len(target), "registration")]
+    thread, result = _read_in_background(endpoint, target)
+    assert agent.polled.wait(10)
+    endpoint.close()
+    assert agent.events == []
+    agent.finish.set()
+    thread.join(10)
+    assert result == [True]
+    assert agent.events == ["done", "release", "remove", "deregister"]
