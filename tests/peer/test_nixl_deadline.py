@@ -105,61 +105,54 @@ def test_transfer_within_its_deadline_succeeds() -> None:
     assert agent.events == ["done", "release"]
 
 
-def _read_in_background(
-    endpoint: NixlEndpoint, target: bytearray
-) -> tuple[threading.Thread, list[bool]]:
-    result: list[bool] = []
-    thread = threading.Thread(
-        target=lambda: result.append(endpoint.read("peer", [(0, 0, len(target))], float("inf")))
-    )
-    thread.start()
-    return thread, result
+class _RunningRead:
+    """A READ of 16 bytes from "peer" on another thread, in progress until :meth:`end`."""
+
+    def __init__(self) -> None:
+        self.agent = _ScriptedAgent(bytearray(16), busy_polls=10**9)
+        self.endpoint = _endpoint(self.agent)
+        self.endpoint._regions = [(0, 16, "registration")]
+        self.result: list[bool] = []
+        self._thread = threading.Thread(target=self._read)
+        self._thread.start()
+        assert self.agent.polled.wait(10)
+
+    def _read(self) -> None:
+        self.result.append(self.endpoint.read("peer", [(0, 0, 16)], float("inf")))
+
+    def end(self) -> bool:
+        """Let the transfer finish; what ``read`` returned."""
+        self.agent.finish.set()
+        self._thread.join(10)
+        return self.result == [True]
 
 
 def test_a_peer_forgotten_during_a_transfer_is_removed_once_it_ended() -> None:
     # Another request to the same peer timed out (PeerClient._mark_down) while this READ
     # into a host slot runs: removing the agent then would fail the READ at once and hand
     # the slot back with the RMA still writing into it.
-    target = bytearray(16)
-    agent = _ScriptedAgent(target, busy_polls=10**9)
-    endpoint = _endpoint(agent)
-    thread, result = _read_in_background(endpoint, target)
-    assert agent.polled.wait(10)
-    endpoint.forget_remote("peer")
-    assert "remove" not in agent.events  # deferred: the transfer runs
-    assert endpoint.read("peer", [(0, 0, 4)], float("inf")) is False  # no new one starts
-    agent.finish.set()
-    thread.join(10)
-    assert result == [True]
-    assert agent.events == ["done", "release", "remove"]
+    read = _RunningRead()
+    read.endpoint.forget_remote("peer")
+    assert "remove" not in read.agent.events  # deferred: the transfer runs
+    assert read.endpoint.read("peer", [(0, 0, 4)], float("inf")) is False  # no new one starts
+    assert read.end()
+    assert read.agent.events == ["done", "release", "remove"]
 
 
 def test_a_peer_added_again_before_its_transfer_ended_stays() -> None:
-    target = bytearray(16)
-    agent = _ScriptedAgent(target, busy_polls=10**9)
-    endpoint = _endpoint(agent)
-    thread, result = _read_in_background(endpoint, target)
-    assert agent.polled.wait(10)
-    endpoint.remove_remote("peer")  # its last session ended...
-    assert endpoint.add_remote(b"peer") == "peer"  # ...and a new one began
-    agent.finish.set()
-    thread.join(10)
-    assert result == [True] and agent.events == ["done", "release"]
-    endpoint.remove_remote("peer")
-    assert agent.events == ["done", "release", "remove"]
+    read = _RunningRead()
+    read.endpoint.remove_remote("peer")  # its last session ended...
+    assert read.endpoint.add_remote(b"peer") == "peer"  # ...and a new one began
+    assert read.end()
+    assert read.agent.events == ["done", "release"]
+    read.endpoint.remove_remote("peer")
+    assert read.agent.events == ["done", "release", "remove"]
 
 
 def test_closing_during_a_transfer_finishes_once_it_ended() -> None:
     # A store closed while another thread's READ into a host slot runs.
-    target = bytearray(16)
-    agent = _ScriptedAgent(target, busy_polls=10**9)
-    endpoint = _endpoint(agent)
-    endpoint._regions = [(0, len(target), "registration")]
-    thread, result = _read_in_background(endpoint, target)
-    assert agent.polled.wait(10)
-    endpoint.close()
-    assert agent.events == []
-    agent.finish.set()
-    thread.join(10)
-    assert result == [True]
-    assert agent.events == ["done", "release", "remove", "deregister"]
+    read = _RunningRead()
+    read.endpoint.close()
+    assert read.agent.events == []
+    assert read.end()
+    assert read.agent.events == ["done", "release", "remove", "deregister"]
