@@ -18,7 +18,12 @@ leaves the rest of the buffer untouched), so every read first learns the
 object's size from a HEAD (over s3fs) and asks for exactly that.
 
 Each transfer is waited for until NIXL reports it finished: the AWS SDK may
-still write into (or read from) the buffer until then. Retries and timeouts are
+still write into (or read from) the buffer until then. A transfer stalled past
+``stall_limit`` is abandoned only when its buffer is ours (it stays referenced
+for good); one into or from a caller's buffer (a host-cache slot) is waited for
+however long it takes, since the caller reuses that memory as soon as we return
+(a caller that cannot wait runs us under its own timeout and keeps the slot
+pinned until we return: ``chunkstore.cache._guard``). Retries and timeouts are
 the SDK's, bounded through ``AWS_RETRY_MODE``/``AWS_MAX_ATTEMPTS`` (see
 :func:`_sdk_retry_env`).
 """
@@ -176,7 +181,8 @@ class NixlObjDataPath:
         """``sizes``: the store's HEAD batch; ``where``: the store URL for messages;
         ``probe_name``: an object (present or not) under the store's prefix that the open
         check HEADs; ``stall_limit``: seconds after which a transfer NIXL never finished is
-        abandoned (its buffer stays referenced for good, so no memory is reused under it)."""
+        abandoned if its buffer is this path's own (it stays referenced for good, so no
+        memory is reused under it); one with a caller's buffer is waited for on."""
         api = _import_nixl()
         self.config = config
         self.where = where
@@ -245,7 +251,7 @@ class NixlObjDataPath:
                 out[i] = buffer
             else:
                 jobs.append((i, name, buffer))
-        done = self._transfer("READ", [(name, buf, 0) for _, name, buf in jobs])
+        done = self._transfer("READ", [(name, buf, 0) for _, name, buf in jobs], ours=True)
         for (i, _, buffer), ok in zip(jobs, done):
             if ok:
                 out[i] = buffer
@@ -262,7 +268,7 @@ class NixlObjDataPath:
             raise ConfigError(f"buffer of {len(view)} bytes is smaller than the chunk ({size})")
         if size == 0:
             return 0
-        return size if self._transfer("READ", [(name, view[:size], 0)])[0] else None
+        return size if self._transfer("READ", [(name, view[:size], 0)], ours=False)[0] else None
 
     def read_ranges(self, name: str, ranges: Sequence[tuple[int, int]]) -> list[bytearray] | None:
         """``(offset, length)`` ranges of one object; None if it is missing, shorter than a
@@ -272,23 +278,25 @@ class NixlObjDataPath:
             return None
         parts = [bytearray(n) for _, n in ranges]
         jobs = [(name, part, o) for part, (o, n) in zip(parts, ranges) if n > 0]
-        return parts if all(self._transfer("READ", jobs)) else None
+        return parts if all(self._transfer("READ", jobs, ours=True)) else None
 
     # --- writes --------------------------------------------------------------------------
 
     def write_many(self, items: Sequence[tuple[str, Any]]) -> list[bool]:
         """PUT each ``(object name, contiguous buffer)`` whole; True per object written."""
         return self._transfer(
-            "WRITE", [(name, memoryview(data).cast("B"), 0) for name, data in items]
+            "WRITE", [(name, memoryview(data).cast("B"), 0) for name, data in items], ours=False
         )
 
     # --- transfers -----------------------------------------------------------------------
 
-    def _transfer(self, op: str, jobs: Sequence[tuple[str, Any, int]]) -> list[bool]:
+    def _transfer(self, op: str, jobs: Sequence[tuple[str, Any, int]], *, ours: bool) -> list[bool]:
         """Post one NIXL request per ``(object name, buffer, object offset)`` (so that one
-        failure is that item's alone), then wait for all of them."""
+        failure is that item's alone), then wait for all of them. ``ours``: the buffers are
+        this call's own, so a stalled transfer may be abandoned with them (see the module
+        docstring); else it is waited for until NIXL reports it finished."""
         posted = [self._post(op, name, buffer, offset) for name, buffer, offset in jobs]
-        self._wait(posted)
+        self._wait(posted, may_abandon=ours)
         results = []
         for transfer in posted:
             ok = transfer.state == "DONE"
@@ -333,24 +341,36 @@ class NixlObjDataPath:
             transfer.state = f"ERR: {type(exc).__name__}: {exc}"
         return transfer
 
-    def _wait(self, posted: Sequence[_Transfer]) -> None:
+    def _wait(self, posted: Sequence[_Transfer], *, may_abandon: bool) -> None:
         started = time.monotonic()
         pause = 0.0001
+        stalled = False
         while True:
             pending = [t for t in posted if t.state == "PROC"]
             if not pending:
                 return
-            if time.monotonic() - started > self._stall_limit:
-                with self._lock:
-                    self._abandoned.extend(pending)  # the SDK may still touch their buffers
+            if not stalled and time.monotonic() - started > self._stall_limit:
+                stalled = True
+                if may_abandon:
+                    with self._lock:
+                        self._abandoned.extend(pending)  # the SDK may still touch their buffers
+                    log.error(
+                        "%s: %d NIXL OBJ transfers unfinished after %.0f s; abandoned "
+                        "with their buffers",
+                        self.where,
+                        len(pending),
+                        self._stall_limit,
+                    )
+                    return
+                # The SDK may still write into (or read from) the caller's memory, which
+                # the caller reuses once we return: no give-up is safe here.
                 log.error(
-                    "%s: %d NIXL OBJ transfers unfinished after %.0f s; abandoned "
-                    "with their buffers",
+                    "%s: %d NIXL OBJ transfers with the caller's memory unfinished after "
+                    "%.0f s; still waiting for them",
                     self.where,
                     len(pending),
                     self._stall_limit,
                 )
-                return
             time.sleep(pause)
             pause = min(pause * 2, 0.002)  # the SDK completes on its own threads: just look
             for t in pending:

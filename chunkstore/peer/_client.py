@@ -616,7 +616,7 @@ class PeerClient:
     def _fetch_nixl(
         self, keys: Sequence[ChunkKey], buffers: Sequence[Buffer] | None, *, use: bool = True
     ) -> list[Any]:
-        assert self._nixl is not None and self._remote_agent is not None
+        assert self._nixl is not None
         arena, endpoint = self._nixl.arena, self._nixl.endpoint
         started = time.monotonic()
         body: dict[str, Any] = {
@@ -627,6 +627,10 @@ class PeerClient:
         if not use:
             body["use"] = False
         reply, _ = self.request("fetch", body)
+        # The agent of the server that answered. Another thread may forget it (a request of
+        # its own timed out): its READs then fail as a miss (NixlEndpoint refuses a forgotten
+        # agent), never with the attribute gone under us.
+        remote = self._remote_agent
         items = reply.get("items")
         lease = reply.get("lease")
         if not isinstance(items, list) or len(items) != len(keys) or not isinstance(lease, bytes):
@@ -650,8 +654,7 @@ class PeerClient:
         ok = True
 
         def read_round() -> bool:
-            assert self._remote_agent is not None
-            done = endpoint.read(self._remote_agent, pairs, deadline) if pairs else True
+            done = endpoint.read(remote, pairs, deadline) if pairs and remote else not pairs
             if done:
                 for i, target, size in targets:
                     if isinstance(target, memoryview):

@@ -8,6 +8,12 @@ every NIXL failure becomes ``False`` (a miss), never an exception on the
 serving path. A transfer still running at its deadline fails, but only once
 NIXL reports it ended: until then UCX may still write into (or read from) the
 local memory, which the caller frees or reuses as soon as we return.
+
+For the same reason a peer's agent is not removed while a transfer with it is
+running: NIXL then fails that transfer at once ("invalidated during transfer")
+and releasing it does not stop the RMA UCX already posted (measured with UCX over
+TCP: the bytes kept arriving after the release). The removal waits for the last
+such transfer to end.
 """
 
 from __future__ import annotations
@@ -132,6 +138,9 @@ class NixlEndpoint:
             raise RuntimeError("the NIXL UCX backend could not be created")
         self._regions: list[tuple[int, int, Any]] = []  # (address, size, reg descs)
         self._remotes: dict[str, int] = {}
+        self._running: dict[str, int] = {}  # transfers in progress per remote agent
+        self._unwanted: set[str] = set()  # agents to remove once their transfers end
+        self._closed = False  # closed: the last running transfer deregisters the memory
         self._lock = threading.Lock()
         self._leaked: list[Any] = []  # transfer handles NIXL refused to release
 
@@ -158,38 +167,49 @@ class NixlEndpoint:
 
     def add_remote(self, metadata: bytes) -> str | None:
         """Load a peer's metadata; returns its agent name, or ``None`` if NIXL rejects it."""
-        try:
-            name = self._agent.add_remote_agent(metadata)
-        except Exception as exc:  # noqa: BLE001 - malformed metadata from a peer is a refusal
-            log.warning("NIXL rejected a peer's metadata: %s", exc)
-            return None
-        name = name.decode() if isinstance(name, bytes) else str(name)
-        with self._lock:
+        with self._lock:  # not between another thread's removal decision and its removal
+            try:
+                name = self._agent.add_remote_agent(metadata)
+            except Exception as exc:  # noqa: BLE001 - malformed metadata from a peer is a refusal
+                log.warning("NIXL rejected a peer's metadata: %s", exc)
+                return None
+            name = name.decode() if isinstance(name, bytes) else str(name)
             self._remotes[name] = self._remotes.get(name, 0) + 1
+            self._unwanted.discard(name)  # wanted again before its deferred removal ran
         return name
 
     def remove_remote(self, name: str) -> None:
-        """Forget a peer (after its last user); disconnects it."""
+        """Forget a peer (after its last user); disconnects it once no transfer with it
+        is running (see the module docstring)."""
         with self._lock:
             count = self._remotes.get(name, 0) - 1
             if count > 0:
                 self._remotes[name] = count
                 return
-            self._remotes.pop(name, None)
+            if self._remotes.pop(name, None) is not None:
+                self._remove_when_idle(name)
+
+    def forget_remote(self, name: str) -> None:
+        """Drop a peer whatever its use count (after a failed transfer); disconnects it once
+        no transfer with it is running."""
+        with self._lock:
+            if self._remotes.pop(name, None) is not None:
+                self._remove_when_idle(name)
+
+    def _remove_when_idle(self, name: str) -> None:
+        """Remove the agent ``name`` (no longer used) now, or, while transfers with it run,
+        when the last of them ends. Caller holds the lock."""
+        if self._running.get(name):
+            self._unwanted.add(name)
+        else:
+            self._remove_agent(name)
+
+    def _remove_agent(self, name: str) -> None:
+        """Caller holds the lock: no transfer with ``name`` starts until it is gone."""
         try:
             self._agent.remove_remote_agent(name)
         except Exception as exc:  # noqa: BLE001 - already gone
             log.debug("removing NIXL agent %s: %s", name, exc)
-
-    def forget_remote(self, name: str) -> None:
-        """Drop a peer whatever its use count (after a failed transfer)."""
-        with self._lock:
-            known = self._remotes.pop(name, None) is not None
-        if known:
-            try:
-                self._agent.remove_remote_agent(name)
-            except Exception as exc:  # noqa: BLE001
-                log.debug("removing NIXL agent %s: %s", name, exc)
 
     # --- transfers ------------------------------------------------------------------
 
@@ -208,6 +228,29 @@ class NixlEndpoint:
     ) -> bool:
         if not pairs:
             return True
+        with self._lock:
+            if remote not in self._remotes:  # removed (or removal pending): NIXL may fail it
+                return False
+            self._running[remote] = self._running.get(remote, 0) + 1
+        try:
+            return self._run(op, remote, pairs, deadline)
+        finally:
+            with self._lock:
+                left = self._running[remote] - 1
+                if left:
+                    self._running[remote] = left
+                else:
+                    del self._running[remote]
+                    if remote in self._unwanted:
+                        self._unwanted.discard(remote)
+                        self._remove_agent(remote)
+                    if self._closed and not self._running:
+                        self._deregister_all()
+
+    def _run(
+        self, op: str, remote: str, pairs: Sequence[tuple[int, int, int]], deadline: float
+    ) -> bool:
+        """One transfer, which the caller counts as running with ``remote``."""
         agent = self._agent
         handle = None
         try:
@@ -257,15 +300,20 @@ class NixlEndpoint:
             self._leaked.append(handle)
 
     def close(self) -> None:
-        """Deregister everything; the endpoint is unusable afterwards."""
+        """Deregister everything; the endpoint is unusable afterwards. A transfer still
+        running keeps its peer's agent and the registered memory until it ends (the last
+        one finishes the close): removing either under it would let UCX write on unseen."""
         with self._lock:
-            regions, self._regions = self._regions, []
-            remotes, self._remotes = list(self._remotes), {}
-        for name in remotes:
-            try:
-                self._agent.remove_remote_agent(name)
-            except Exception:  # noqa: BLE001
-                pass
+            self._closed = True
+            for name in list(self._remotes):
+                del self._remotes[name]
+                self._remove_when_idle(name)
+            if not self._running:
+                self._deregister_all()
+
+    def _deregister_all(self) -> None:
+        """Caller holds the lock."""
+        regions, self._regions = self._regions, []
         for _, _, descs in regions:
             try:
                 self._agent.deregister_memory(descs)

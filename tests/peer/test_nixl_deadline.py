@@ -4,6 +4,11 @@ Review finding #7: giving up on a transfer that UCX is still executing hands
 its local memory (a receive-arena block, a host-cache slot) back while a late
 RDMA completion can still land there. A scripted agent stands in for NIXL so
 the "still in progress after the deadline" state is reached deterministically.
+
+The same holds for a peer's agent removed (``forget_remote`` after another request
+timed out, ``remove_remote`` when a session ends) while a transfer with it runs:
+NIXL then fails that transfer at once, and releasing it does not stop the RMA
+(measured with NIXL 1.5.1, UCX over TCP: bytes kept arriving after the release).
 """
 
 from __future__ import annotations
@@ -19,7 +24,9 @@ class _Handle:
         self.agent = agent
 
     def release(self) -> None:
-        self.agent.events.append("release")
+        # Like NIXL's UCX backend: releasing a transfer in progress does not stop its RMA.
+        running = "done" not in self.agent.events
+        self.agent.events.append("release while running" if running else "release")
 
 
 class _ScriptedAgent:
@@ -29,6 +36,21 @@ class _ScriptedAgent:
         self.target = target
         self.busy_polls = busy_polls
         self.events: list[str] = []
+        self.polled = threading.Event()
+        self.finish = threading.Event()
+        """Set: the transfer ends at the next check, however many busy polls are left."""
+        self.removed = False
+
+    def add_remote_agent(self, metadata: bytes) -> bytes:
+        self.removed = False
+        return metadata
+
+    def remove_remote_agent(self, name: str) -> None:
+        self.events.append("remove")
+        self.removed = True
+
+    def deregister_memory(self, descs: Any) -> None:
+        self.events.append("deregister")
 
     def get_xfer_descs(self, descs: Any, kind: str) -> Any:
         return descs
@@ -40,7 +62,10 @@ class _ScriptedAgent:
         return "PROC"
 
     def check_xfer_state(self, handle: _Handle) -> str:
-        if self.busy_polls > 0:
+        self.polled.set()
+        if self.removed:  # NIXL: "remote agent was invalidated during transfer"
+            raise RuntimeError("NIXL_ERR_NOT_FOUND")
+        if self.busy_polls > 0 and not self.finish.is_set():
             self.busy_polls -= 1
             return "PROC"
         self.target[:] = b"late" * (len(self.target) // 4)  # the RDMA completion lands
@@ -53,7 +78,10 @@ def _endpoint(agent: _ScriptedAgent) -> NixlEndpoint:
     endpoint.name = "scripted"
     endpoint._agent = agent
     endpoint._regions = []
-    endpoint._remotes = {}
+    endpoint._remotes = {"peer": 1}
+    endpoint._running = {}
+    endpoint._unwanted = set()
+    endpoint._closed = False
     endpoint._lock = threading.Lock()
     endpoint._leaked = []
     return endpoint
@@ -75,3 +103,56 @@ def test_transfer_within_its_deadline_succeeds() -> None:
     endpoint = _endpoint(agent)
     assert endpoint.read("peer", [(0, 0, len(target))], deadline=float("inf")) is True
     assert agent.events == ["done", "release"]
+
+
+class _RunningRead:
+    """A READ of 16 bytes from "peer" on another thread, in progress until :meth:`end`."""
+
+    def __init__(self) -> None:
+        self.agent = _ScriptedAgent(bytearray(16), busy_polls=10**9)
+        self.endpoint = _endpoint(self.agent)
+        self.endpoint._regions = [(0, 16, "registration")]
+        self.result: list[bool] = []
+        self._thread = threading.Thread(target=self._read)
+        self._thread.start()
+        assert self.agent.polled.wait(10)
+
+    def _read(self) -> None:
+        self.result.append(self.endpoint.read("peer", [(0, 0, 16)], float("inf")))
+
+    def end(self) -> bool:
+        """Let the transfer finish; what ``read`` returned."""
+        self.agent.finish.set()
+        self._thread.join(10)
+        return self.result == [True]
+
+
+def test_a_peer_forgotten_during_a_transfer_is_removed_once_it_ended() -> None:
+    # Another request to the same peer timed out (PeerClient._mark_down) while this READ
+    # into a host slot runs: removing the agent then would fail the READ at once and hand
+    # the slot back with the RMA still writing into it.
+    read = _RunningRead()
+    read.endpoint.forget_remote("peer")
+    assert "remove" not in read.agent.events  # deferred: the transfer runs
+    assert read.endpoint.read("peer", [(0, 0, 4)], float("inf")) is False  # no new one starts
+    assert read.end()
+    assert read.agent.events == ["done", "release", "remove"]
+
+
+def test_a_peer_added_again_before_its_transfer_ended_stays() -> None:
+    read = _RunningRead()
+    read.endpoint.remove_remote("peer")  # its last session ended...
+    assert read.endpoint.add_remote(b"peer") == "peer"  # ...and a new one began
+    assert read.end()
+    assert read.agent.events == ["done", "release"]
+    read.endpoint.remove_remote("peer")
+    assert read.agent.events == ["done", "release", "remove"]
+
+
+def test_closing_during_a_transfer_finishes_once_it_ended() -> None:
+    # A store closed while another thread's READ into a host slot runs.
+    read = _RunningRead()
+    read.endpoint.close()
+    assert read.agent.events == []
+    assert read.end()
+    assert read.agent.events == ["done", "release", "remove", "deregister"]
