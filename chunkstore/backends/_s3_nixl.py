@@ -117,6 +117,10 @@ class _Transfer:
     handle: Any = None
     registrations: list[Any] = field(default_factory=list)
     state: str = "PROC"
+    agent: Any = None
+    """The agent that posted it: waited on and released through it even after
+    :meth:`NixlObjDataPath.close` dropped the path's own reference (which would turn a
+    running transfer into a miss while the SDK still touches the caller's buffer)."""
 
 
 def _import_nixl() -> Any:
@@ -315,8 +319,8 @@ class NixlObjDataPath:
         return results
 
     def _post(self, op: str, name: str, buffer: Any, offset: int) -> _Transfer:
-        transfer = _Transfer(name, buffer)
         agent = self._agent
+        transfer = _Transfer(name, buffer, agent=agent)
         length = len(buffer)
         with self._lock:
             dev_id = next(self._ids)  # the OBJ backend maps devId -> object name
@@ -375,7 +379,7 @@ class NixlObjDataPath:
             pause = min(pause * 2, 0.002)  # the SDK completes on its own threads: just look
             for t in pending:
                 try:
-                    t.state = self._agent.check_xfer_state(t.handle)
+                    t.state = t.agent.check_xfer_state(t.handle)
                 except Exception as exc:  # noqa: BLE001 - an ERR status raises here
                     t.state = f"ERR: {type(exc).__name__}: {exc}"
 
@@ -384,7 +388,7 @@ class NixlObjDataPath:
             if transfer.handle is not None:
                 transfer.handle.release()
             for registration in reversed(transfer.registrations):
-                self._agent.deregister_memory(registration, backends=["OBJ"])
+                transfer.agent.deregister_memory(registration, backends=["OBJ"])
         except Exception:  # noqa: BLE001 - keep what NIXL would not free rather than free twice
             log.debug("%s: releasing a NIXL transfer failed", self.where, exc_info=True)
             with self._lock:
@@ -392,7 +396,8 @@ class NixlObjDataPath:
         transfer.registrations.clear()
 
     def close(self) -> None:
-        """Drop the agent (its destructor stops the SDK's thread pool)."""
+        """Drop the agent (its destructor stops the SDK's thread pool). Transfers still
+        running keep it until they end: their callers still wait for them."""
         self._agent = None
 
     def __repr__(self) -> str:

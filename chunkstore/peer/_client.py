@@ -177,6 +177,9 @@ class PeerClient:
         self._unsent: list[bytes] = []
         """Lease ids of this session's releases the send queue had no room for."""
         self._down_until = 0.0
+        self._closed = False
+        """Set by :meth:`close`: a straggling request (a fetch's release after its store
+        closed) must not open a new session, nor a new NIXL plane nobody would close."""
         self.server_info: dict[str, Any] = {}
         self.plane: str | None = None
         """The data plane in use after ``hello`` (``nixl`` or ``inline``)."""
@@ -281,6 +284,8 @@ class PeerClient:
         wait, and the lease it ends would otherwise be held until the session ends.
         """
         with self._lock:
+            if self._closed:
+                raise PeerUnavailable(f"{self.endpoint}: the client is closed")
             kept = self._session is not None and self._socket is not None
             if not self.available and (expect_reply or not kept):
                 raise PeerUnavailable(f"{self.endpoint} is marked down after a failure")
@@ -510,6 +515,8 @@ class PeerClient:
     def hello(self) -> dict[str, Any]:
         """Open a session now (it is opened lazily otherwise); returns the server's hello reply."""
         with self._lock:
+            if self._closed:
+                raise PeerUnavailable(f"{self.endpoint}: the client is closed")
             if not self.available:
                 raise PeerUnavailable(f"{self.endpoint} is marked down after a failure")
             if self._session is None:
@@ -870,8 +877,10 @@ class PeerClient:
         return stats
 
     def close(self) -> None:
-        """Say goodbye (best effort) and release the socket and NIXL state."""
+        """Say goodbye (best effort) and release the socket and NIXL state; later requests
+        raise :class:`PeerUnavailable`."""
         with self._lock:
+            self._closed = True
             if self._session is not None and self._socket is not None and self.available:
                 try:
                     self._exchange("bye", {}, (), True)  # wait: the server unpins our leases first

@@ -166,8 +166,11 @@ class NixlEndpoint:
     # --- remote agents ------------------------------------------------------------
 
     def add_remote(self, metadata: bytes) -> str | None:
-        """Load a peer's metadata; returns its agent name, or ``None`` if NIXL rejects it."""
+        """Load a peer's metadata; returns its agent name, or ``None`` if NIXL rejects it
+        or the endpoint is closed (a late caller would start transfers after close())."""
         with self._lock:  # not between another thread's removal decision and its removal
+            if self._closed:
+                return None
             try:
                 name = self._agent.add_remote_agent(metadata)
             except Exception as exc:  # noqa: BLE001 - malformed metadata from a peer is a refusal

@@ -98,3 +98,35 @@ def test_a_stalled_put_from_the_callers_buffer_is_waited_for() -> None:
     path = _data_path(agent)
     assert path.write_many([("kv/cache/ab/cd/abcd.kvc", bytearray(4))]) == [True]
     assert agent.events == ["done", "release"] and path._abandoned == []
+
+
+def test_closing_during_a_stalled_read_into_the_callers_buffer_still_waits_for_it() -> None:
+    # store.close() drops the path's agent while another thread waits for a GET into a
+    # host slot: the wait must go on with the agent that posted the transfer, not turn
+    # into a miss that hands the slot back while the SDK may still write it.
+    agent = _StallingAgent(busy_polls=10**9)
+    polled = threading.Event()
+    finish = threading.Event()
+    checks = agent.check_xfer_state
+
+    def check_until_finished(handle: _Handle) -> str:
+        polled.set()
+        if finish.is_set():
+            agent.busy_polls = 0
+        return checks(handle)
+
+    agent.check_xfer_state = check_until_finished  # type: ignore[method-assign]
+    path = _data_path(agent)
+    slot = bytearray(8)
+    result: list[int | None] = []
+    reader = threading.Thread(
+        target=lambda: result.append(path.read_into("kv/cache/ab/cd/abcd.kvc", memoryview(slot)))
+    )
+    reader.start()
+    assert polled.wait(10)
+    path.close()  # returns at once: closing never waits for the SDK
+    assert agent.events == []  # nothing released under the running transfer
+    finish.set()
+    reader.join(10)
+    assert result == [4] and agent.events == ["done", "release"]
+    assert bytes(slot[:4]) == b"late"

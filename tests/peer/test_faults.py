@@ -480,3 +480,18 @@ def test_goodbye_and_idle_sessions_free_pins(serve: Callable[..., PeerServer]) -
     assert cache.stats().pinned_slots == 0
     assert other.lookup(KEYS) == len(KEYS)  # the client says hello again transparently
     other.close()
+
+
+def test_a_closed_client_opens_no_new_session(serve: Callable[..., PeerServer]) -> None:
+    # A fetch still running when its store closed sends its lease's release afterwards:
+    # that must not say hello again (a session, a socket and, for a client owning its NIXL
+    # plane, a whole new agent that nobody closes).
+    server = serve(MemoryStore())
+    client = PeerClient(server.endpoint, plane="inline", use_env_secret=False)
+    assert client.fetch(KEYS[:1]) == [None]
+    client.close()
+    with pytest.raises(PeerUnavailable):
+        client.request("release", {"lease": b"\0" * 16, "ack": False}, expect_reply=False)
+    with pytest.raises(PeerUnavailable):
+        client.hello()
+    assert not client.session_open

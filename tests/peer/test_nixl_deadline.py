@@ -156,3 +156,16 @@ def test_closing_during_a_transfer_finishes_once_it_ended() -> None:
     assert read.agent.events == []
     assert read.end()
     assert read.agent.events == ["done", "release", "remove", "deregister"]
+
+
+def test_a_closed_endpoint_takes_no_new_peer_and_starts_no_transfer() -> None:
+    # A straggler (a fetch's release re-opening its client's session after the store
+    # closed) adds its server again while another READ still keeps the memory registered:
+    # the closed endpoint must refuse it, or READs start after close() and the agent
+    # stays loaded for good.
+    read = _RunningRead()
+    read.endpoint.close()
+    assert read.endpoint.add_remote(b"peer") is None
+    assert read.endpoint.read("peer", [(0, 0, 4)], float("inf")) is False
+    assert read.end()
+    assert read.agent.events == ["done", "release", "remove", "deregister"]
