@@ -49,22 +49,12 @@ class Promoter:
         self,
         host: HostCache,
         check_open: Callable[[], None],
-        check: Callable[[GuardedTier, ChunkKey, Any, bool], bool | None] | None = None,
+        check: Callable[[GuardedTier, ChunkKey, Any, bool], bool | None],
     ) -> None:
         self.host = host
         """Where promoted chunks go."""
         self._check_open = check_open
         self._check = check
-
-    def _vouched(
-        self, tier: GuardedTier, key: ChunkKey, data: Any, tier_verifies: bool
-    ) -> bool | None:
-        """``check``'s answer for ``data``; without ``check``, True where the tier's read
-        checked it (``tier_verifies``: its ``verify`` when the read began; read afterwards, a
-        flag turned on meanwhile would vouch for bytes nobody checked), else ``None``."""
-        if self._check is None:
-            return True if tier_verifies else None
-        return self._check(tier, key, data, tier_verifies)
 
     # --- one chunk, for a read ---------------------------------------------------------------
 
@@ -114,7 +104,7 @@ class Promoter:
             data = tier.call("get", tier.store.get, key)
         except TierUnavailable:
             data = None
-        checked = None if data is None else self._vouched(tier, key, data, tier_verifies)
+        checked = None if data is None else self._check(tier, key, data, tier_verifies)
         if data is None or checked is False:
             tier.count_reads(0, 1)
             return None
@@ -151,7 +141,7 @@ class Promoter:
                     size = len(data)
             checked = None
             if size:
-                checked = self._vouched(tier, key, slot.view[:size], tier_verifies)
+                checked = self._check(tier, key, slot.view[:size], tier_verifies)
                 size = 0 if checked is False else size
             if size:
                 size = decompress_in_place(slot.view, size, verified=bool(checked))
@@ -237,9 +227,7 @@ class Promoter:
             nbytes = 0
             for slot, size in zip(slots, sizes):
                 checked = (
-                    self._vouched(tier, slot.key, slot.view[:size], tier_verifies)
-                    if size
-                    else False
+                    self._check(tier, slot.key, slot.view[:size], tier_verifies) if size else False
                 )
                 if checked is False:
                     break
@@ -279,7 +267,7 @@ class Promoter:
             if nbytes:
                 tier.instruments.record_read(nbytes, time.perf_counter() - started)
             for key, data in zip(wanted, found):
-                checked = None if data is None else self._vouched(tier, key, data, tier_verifies)
+                checked = None if data is None else self._check(tier, key, data, tier_verifies)
                 outcome = (
                     None
                     if data is None or checked is False
