@@ -58,6 +58,7 @@ from chunkstore.backends.maintenance import (
     FileIdent,
     StoredFile,
     reason_record,
+    set_aside_if_still_corrupt,
     set_aside_outcome,
 )
 from chunkstore.errors import (
@@ -836,9 +837,7 @@ class FsStore(Store):
             # may have published a good copy since. Judge the file there now (a second read,
             # on this rare path) and set aside only that one.
             [current] = self.read_unchecked_with_idents([key])
-            if current is None or self._judge(key, current[0]).verdict is not ReadVerdict.CORRUPT:
-                return set_aside_outcome(False, self.quarantine_mode)
-            ident = current[1]
+            return set_aside_if_still_corrupt(self, key, current, reason)
         return set_aside_outcome(self._set_aside(key, ident, reason), self.quarantine_mode)
 
     def quarantine_if_unchanged(self, key: ChunkKey, ident: FileIdent | None, reason: str) -> bool:

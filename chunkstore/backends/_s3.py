@@ -45,7 +45,7 @@ from chunkstore.backends.maintenance import (
     FileIdent,
     StoredFile,
     reason_record,
-    set_aside_outcome,
+    set_aside_if_still_corrupt,
 )
 from chunkstore.errors import (
     ConfigError,
@@ -906,9 +906,7 @@ class S3Store(Store):
         # good copy in place since: judge the object there now (a rare, second GET) and set
         # aside only that one, by its ETag.
         current = self._run(partial(self._get_tagged, key, failure_raises=True))
-        if current is None or self._judge(key, current[0]).verdict is not ReadVerdict.CORRUPT:
-            return set_aside_outcome(False, self.quarantine_mode)
-        return set_aside_outcome(self._set_aside(key, current[1], reason), self.quarantine_mode)
+        return set_aside_if_still_corrupt(self, key, current, reason)
 
     def quarantine_if_unchanged(self, key: ChunkKey, ident: FileIdent | None, reason: str) -> bool:
         """Move ``key``'s chunk to quarantine (or delete it, with ``quarantine="delete"``)

@@ -16,8 +16,9 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
+from chunkstore.backends.base import Judgement, ReadVerdict
 from chunkstore.hashing import ChunkKey
 
 QUARANTINE_MODES = ("move", "delete")
@@ -99,3 +100,27 @@ class SupportsCheckedRemoval(Protocol):
 
     def delete_if_unchanged(self, key: ChunkKey, ident: FileIdent | None) -> bool:
         """Delete ``key``'s chunk only if it is still the file ``ident`` names."""
+
+
+class _JudgingRemover(SupportsCheckedRemoval, Protocol):
+    """A store that judges what it read and sets aside only the file judged."""
+
+    quarantine_mode: str
+
+    def _judge(self, key: ChunkKey, data: Any) -> Judgement: ...
+
+
+def set_aside_if_still_corrupt(
+    store: _JudgingRemover,
+    key: ChunkKey,
+    current: tuple[Any, FileIdent | None] | None,
+    reason: str,
+) -> str:
+    """Set aside ``key``'s chunk as ``current`` (its bytes and ident, read again now; None
+    if gone) shows it, where damage was reported without saying which file was read: a
+    writer may have published a good copy since, so only a copy judged corrupt now, and only
+    that very one, is set aside. What became of it, for the log (:func:`set_aside_outcome`)."""
+    if current is None or store._judge(key, current[0]).verdict is not ReadVerdict.CORRUPT:
+        return set_aside_outcome(False, store.quarantine_mode)
+    done = store.quarantine_if_unchanged(key, current[1], reason)
+    return set_aside_outcome(done, store.quarantine_mode)
