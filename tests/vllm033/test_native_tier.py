@@ -27,7 +27,7 @@ from chunkstore.backends import open_store
 from chunkstore.errors import ConfigError
 from chunkstore.format import decode_chunk
 from chunkstore.metrics import default_metrics
-from chunkstore.vllm.native.tier import CALLS_IN_FLIGHT
+from chunkstore.vllm.native import tier as tier_module
 from chunkstore.vllm.testing import sample_prompt_ids
 from tests.backends.test_fastread import refuse_o_direct
 from tests.vllm.harness import BLOCK
@@ -418,8 +418,11 @@ def _count_buffers(tier, monkeypatch):
 
 def test_chunks_in_flight_stay_within_the_tiers_bound(tier_env, monkeypatch):
     # Every write waits for a gate: jobs convert chunks ahead only up to max_writing, so the
-    # buffers they hold are bounded however many chunks are submitted.
+    # buffers they hold are bounded however many chunks are submitted (a bound of 8 here,
+    # below the twelve chunks submitted).
+    monkeypatch.setattr(tier_module, "CALLS_IN_FLIGHT", 4)
     tier, mem, _ = tier_env(slots=32, threads=2)
+    assert tier.max_writing == 8
     store = tier.stores[0]
     gate = threading.Event()
     held = _count_buffers(tier, monkeypatch)
@@ -447,15 +450,17 @@ def test_chunks_in_flight_stay_within_the_tiers_bound(tier_env, monkeypatch):
     gate.set()
     results = finish(tier)
     assert len(results) == 3 and all(r.success for r in results)
-    assert held.most == tier.max_writing and writes.most <= CALLS_IN_FLIGHT
+    assert held.most == tier.max_writing and writes.most <= 4
     assert held.now == 0
     assert len(list(store.list())) == 12
 
 
 def test_reads_in_flight_stay_within_the_tiers_bound(tier_env, monkeypatch):
     # Every read waits for a gate: load jobs read ahead only up to max_reading chunks, so the
-    # buffers they hold are bounded however many chunks are asked for.
+    # buffers they hold are bounded however many chunks are asked for (8 of twelve here).
+    monkeypatch.setattr(tier_module, "CALLS_IN_FLIGHT", 4)
     tier, mem, _ = tier_env(slots=32, threads=2)
+    assert tier.max_reading == 8
     ctx, keys = _twelve_chunks_in_slots(tier, mem, "read-bound", seed=34)
     tier.submit_store(job(keys, list(range(12)), ctx, promotion=False))
     assert finish(tier)[0].success

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import ctypes
+import mmap
 from concurrent.futures import Future
 
+import pytest
+
+from chunkstore.vllm.native import buffers
 from chunkstore.vllm.native.buffers import PAGE, ChunkBuffers
 
 
@@ -34,4 +38,67 @@ def test_buffers_of_an_abandoned_call_come_back_only_when_it_ends():
     running.set_result(None)
     back = pool.take(2)
     assert all(any(a is b for b in held) for a in back)
+    pool.close()
+
+
+def test_a_buffer_of_a_huge_page_or_more_starts_its_payload_on_one(monkeypatch):
+    huge = buffers.huge_page_size()
+    if huge is None:
+        pytest.skip("no transparent huge pages on this machine")
+    pool = ChunkBuffers(huge + 3 * PAGE, keep=2, huge_at=PAGE)
+    assert pool.huge_pages
+    taken = pool.take(2)
+    for buffer in taken:
+        assert len(buffer) == huge + 3 * PAGE and not buffer.readonly
+        assert _address(buffer) % PAGE == 0  # still page-aligned for O_DIRECT as a whole
+        assert (_address(buffer) + PAGE) % huge == 0  # the payload starts a huge page
+        buffer[:] = b"\x5a" * len(buffer)  # every byte is usable
+    mappings = [b.obj for b in taken]
+    pool.give(taken)
+    assert all(any(a is b for b in taken) for a in pool.take(2))  # reused as they are
+    pool.close()
+    assert all(not m.closed for m in mappings)  # taken again, so not unmapped by close
+
+
+def test_small_buffers_and_hosts_without_huge_pages_get_plain_pages(monkeypatch, tmp_path):
+    huge = buffers.huge_page_size() or 2 << 20
+    small = ChunkBuffers(huge // 2, keep=1, huge_at=PAGE)
+    assert not small.huge_pages
+    (buffer,) = small.take(1)
+    assert len(buffer) == huge // 2 and _address(buffer) % PAGE == 0
+    small.give([buffer])
+    small.close()
+
+    (tmp_path / "enabled").write_text("always madvise [never]\n")
+    (tmp_path / "hpage_pmd_size").write_text(f"{huge}\n")
+    monkeypatch.setattr(buffers, "_THP", tmp_path)
+    buffers.huge_page_size.cache_clear()
+    try:
+        assert buffers.huge_page_size() is None
+        pool = ChunkBuffers(2 * huge, keep=1, huge_at=PAGE)
+        assert not pool.huge_pages
+        (buffer,) = pool.take(1)
+        assert len(buffer) == 2 * huge and _address(buffer) % PAGE == 0
+        pool.close()
+    finally:
+        buffers.huge_page_size.cache_clear()
+
+
+def test_the_kernel_refusing_huge_pages_leaves_a_working_buffer(monkeypatch):
+    if buffers.huge_page_size() is None:
+        pytest.skip("no transparent huge pages on this machine")
+    huge = buffers.huge_page_size()
+    pool = ChunkBuffers(huge + PAGE, keep=1, huge_at=PAGE)
+    real = mmap.mmap
+
+    class Refusing(real):  # type: ignore[misc, valid-type]
+        def madvise(self, option, start=0, length=None):
+            if option == mmap.MADV_HUGEPAGE:
+                raise OSError(22, "Invalid argument")
+            return super().madvise(option, start, length if length is not None else len(self))
+
+    monkeypatch.setattr(buffers.mmap, "mmap", Refusing)
+    (buffer,) = pool.take(1)
+    buffer[:] = b"\x01" * len(buffer)
+    assert bytes(buffer[-1:]) == b"\x01"
     pool.close()

@@ -162,6 +162,7 @@ def test_a_read_never_taken_is_cancelled_if_it_has_not_started():
 def test_buffers_given_back_after_close_are_unmapped():
     pool = ChunkBuffers(PAGE, keep=4)
     (late,) = pool.take(1)
+    mapping = late.obj
     pool.close()
     pool.give([late])  # a call abandoned at shutdown ends afterwards
-    assert late.closed
+    assert mapping.closed

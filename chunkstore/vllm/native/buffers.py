@@ -10,32 +10,81 @@ filesystem store read them with ``O_DIRECT`` where it reads around the page
 cache. A buffer goes back to the free list only once nothing uses it any
 more: a store call that timed out still runs and may still read or write its
 buffers, so those are released when the abandoned call ends (:meth:`ChunkBuffers.release_after`).
+
+Where the kernel offers transparent huge pages (``madvise`` mode or ``always``), a
+buffer of at least one huge page is placed so that a chosen offset in it (the
+chunk's payload) starts a huge page, and the huge pages under it are asked for.
+Then the payload is one physically contiguous piece per huge page, so an
+``O_DIRECT`` transfer of a 2 MiB chunk reaches the device as one request of a
+few segments instead of 513 scattered pages split into three requests (this
+machine's virtio disk takes at most 254 segments a request). Measured on this
+machine, new files of 2 MiB + 4 KiB, 8 threads (docs/benchmarks.md, "Native
+tier"): 2.19 GB/s written and 2.23 GB/s read from huge-page buffers, against
+1.54 and 1.26 from 4 KiB pages. vLLM's own fs tier transfers straight from its
+primary region (4 KiB shared-memory pages); a tier that must copy to convert
+the layout anyway gets this for nothing.
 """
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import mmap
 import threading
 from collections.abc import Iterable, Sequence
 from concurrent.futures import Future
+from functools import cache
+from pathlib import Path
 
 PAGE = mmap.PAGESIZE
 _NEW_BUFFER_FLAGS = mmap.MAP_PRIVATE | getattr(mmap, "MAP_POPULATE", 0)
 """Private (no shared-memory file behind the pages) and populated at mapping time."""
+_HUGE_BUFFER_FLAGS = mmap.MAP_PRIVATE | getattr(mmap, "MAP_ANONYMOUS", 0)
+"""Private, and populated only once the huge pages are asked for (a 4 KiB page faulted in
+first would keep its huge page from forming)."""
+_MADV_POPULATE_WRITE = 23
+"""Linux >= 5.14: fault a range in, writable, in one call (Python 3.11 has no name for it)."""
+_THP = Path("/sys/kernel/mm/transparent_hugepage")
+
+
+@cache
+def huge_page_size() -> int | None:
+    """The transparent huge page size where the kernel gives huge pages to ``madvise``-d
+    anonymous memory; None elsewhere (other systems, THP ``never``)."""
+    if getattr(mmap, "MADV_HUGEPAGE", None) is None:
+        return None
+    try:
+        enabled = (_THP / "enabled").read_text()
+        size = int((_THP / "hpage_pmd_size").read_text())
+    except (OSError, ValueError):
+        return None
+    if "[never]" in enabled or size <= PAGE or size % PAGE:
+        return None
+    return size
 
 
 class ChunkBuffers:
     """A free list of page-aligned buffers of ``size`` bytes, keeping at most ``keep`` idle."""
 
-    def __init__(self, size: int, keep: int) -> None:
+    def __init__(self, size: int, keep: int, huge_at: int = 0) -> None:
         self.size = -(-size // PAGE) * PAGE
         """Bytes per buffer (a whole number of pages)."""
         self._keep = keep
-        self._free: list[mmap.mmap] = []
+        self._huge_at = huge_at
+        """Offset in each buffer that starts a huge page (where huge pages are used)."""
+        huge = huge_page_size()
+        self._huge = huge if huge is not None and self.size - huge_at >= huge else None
+        self._free: list[memoryview] = []
         self._lock = threading.Lock()
         self._closed = False
 
-    def take(self, count: int) -> list[mmap.mmap]:
+    @property
+    def huge_pages(self) -> bool:
+        """Whether new buffers ask for huge pages from ``huge_at`` on (see the module
+        docstring; what the kernel gave shows in /proc/meminfo's ``AnonHugePages``)."""
+        return self._huge is not None
+
+    def take(self, count: int) -> list[memoryview]:
         """``count`` buffers, reused where idle ones exist."""
         with self._lock:
             reused = self._free[len(self._free) - min(count, len(self._free)) :]
@@ -51,10 +100,33 @@ class ChunkBuffers:
         if wanted > 0:
             self.give(self._map(wanted))
 
-    def _map(self, count: int) -> list[mmap.mmap]:
-        return [mmap.mmap(-1, self.size, flags=_NEW_BUFFER_FLAGS) for _ in range(count)]
+    def _map(self, count: int) -> list[memoryview]:
+        return [self._map_one() for _ in range(count)]
 
-    def give(self, buffers: Iterable[mmap.mmap]) -> None:
+    def _map_one(self) -> memoryview:
+        huge = self._huge
+        if huge is None:
+            return memoryview(mmap.mmap(-1, self.size, flags=_NEW_BUFFER_FLAGS))
+        # One huge page more than the buffer, so that the buffer can start where its
+        # ``huge_at`` offset falls on a huge-page boundary (the pages around it are never
+        # touched: they cost address space, not memory).
+        mapping = mmap.mmap(-1, self.size + huge, flags=_HUGE_BUFFER_FLAGS)
+        try:
+            address = ctypes.addressof(ctypes.c_char.from_buffer(mapping))
+            start = (-(address + self._huge_at)) % huge
+            first = start + self._huge_at  # the buffer's first huge-page boundary
+            whole = (start + self.size - first) // huge * huge
+            try:
+                mapping.madvise(mmap.MADV_HUGEPAGE, first, whole)
+            except OSError:
+                pass  # refused (THP switched off since): 4 KiB pages, as without it
+            _populate(mapping, start, self.size)
+        except BaseException:
+            _unmap(memoryview(mapping))
+            raise
+        return memoryview(mapping)[start : start + self.size]
+
+    def give(self, buffers: Iterable[memoryview]) -> None:
         """Return buffers nothing uses any more (those past ``keep`` idle ones are unmapped)."""
         with self._lock:
             for buffer in buffers:
@@ -64,7 +136,7 @@ class ChunkBuffers:
                 else:
                     _unmap(buffer)
 
-    def release_after(self, pending: Sequence[Future[object]], buffers: list[mmap.mmap]) -> None:
+    def release_after(self, pending: Sequence[Future[object]], buffers: list[memoryview]) -> None:
         """Give ``buffers`` back once every call in ``pending`` has ended (now if none)."""
         waiting = [f for f in pending if not f.done()]
         if not waiting:
@@ -92,8 +164,29 @@ class ChunkBuffers:
             _unmap(buffer)
 
 
-def _unmap(buffer: mmap.mmap) -> None:
+def _populate(mapping: mmap.mmap, start: int, length: int) -> None:
+    """Fault ``length`` bytes from ``start`` in now, writable: the first chunk converted into
+    a new buffer then pays no fault per page (or per huge page) on the job's thread."""
     try:
-        buffer.close()
+        mapping.madvise(_MADV_POPULATE_WRITE, start, length)
+        return
+    except OSError as exc:
+        if exc.errno != errno.EINVAL:  # EINVAL: a kernel before 5.14; touch each page
+            raise
+    view = memoryview(mapping)
+    try:
+        for offset in range(start, start + length, PAGE):
+            view[offset] = 0
+    finally:
+        view.release()
+
+
+def _unmap(buffer: memoryview) -> None:
+    """Release a buffer's view and unmap the mapping under it."""
+    mapping = buffer.obj
+    assert isinstance(mapping, mmap.mmap)  # every buffer here is a view of its own mapping
+    buffer.release()
+    try:
+        mapping.close()
     except BufferError:  # a view of it is still alive somewhere: the GC unmaps it later
         pass

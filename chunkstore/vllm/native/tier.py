@@ -69,10 +69,13 @@ from chunkstore.vllm.tiers import seal_save, tier_open_options
 
 MAX_TIER_THREADS = 256
 """Most threads one tier may run (the ``threads`` option)."""
-CALLS_IN_FLIGHT = 4
-"""Calls one store runs at once (reads and writes). The local disk here gives as much with
-4 O_DIRECT writes of 2 MiB in flight as with 8 or 16, and on a busy 2-core host the
-benchmark measured 8 no better, if anything worse (more threads sharing the cores)."""
+CALLS_IN_FLIGHT = 8
+"""Calls one store runs at once (reads and writes). From 4 KiB-page buffers the local disk
+here gave as much with 4 O_DIRECT writes of 2 MiB in flight as with 8 or 16 (the device
+requests, three per chunk, were the limit). From huge-page buffers (buffers.py) each chunk
+is one request, and 8 in flight stored 4-10% faster than 4 in four paired runs
+(tools/bench_native_tier.py, both in one process taking turns; loads within noise):
+docs/benchmarks.md, "Native tier"."""
 IDLE_BUFFER_BYTES = 256 << 20
 """Chunk buffers the tier keeps mapped between jobs (at least two per thread)."""
 
@@ -222,7 +225,11 @@ class ChunkStoreTier(SecondaryTierManager):
         # Room for a zstd chunk a little larger than the raw one (incompressible KV). Idle
         # buffers kept: every thread's job of a few chunks, within IDLE_BUFFER_BYTES.
         size = layout.total_size + layout.total_size // 64 + 65536
-        self._buffers = ChunkBuffers(size, keep=max(2 * threads, IDLE_BUFFER_BYTES // size))
+        # Each chunk's payload on a huge-page boundary, where the kernel gives huge pages:
+        # O_DIRECT moves it in far fewer device requests (see buffers.py).
+        self._buffers = ChunkBuffers(
+            size, keep=max(2 * threads, IDLE_BUFFER_BYTES // size), huge_at=layout.data_offset
+        )
         # Started whole, as vLLM's own tiers start theirs: the first jobs wait for no thread.
         self._pool = started_executor(threads, "chunkstore-tier")
         self.max_converting = _conversions_at_once(threads, _cores())
