@@ -853,12 +853,13 @@ class FsStore(Store):
     def _set_aside(self, key: ChunkKey, ident: FileIdent | None, reason: str | None) -> bool:
         """Quarantine (``reason`` given) or delete the chunk file ``ident`` names.
 
-        The file is first renamed away (to quarantine, or to a temp name when deleting), and
-        only then compared with ``ident``: a rename moves one inode, so what is checked is
-        exactly what left the serving path. A file another writer published in between is
-        put back (unless a yet newer one arrived): nothing good is lost to the race. Through
-        fsspec the comparison is of contents (read again: this is the rare path), and a
-        move is only as atomic as the filesystem's ``mv``.
+        The file is first renamed away (to quarantine, or to a temp name in quarantine or,
+        when deleting, in the state directory), and only then compared with ``ident``: a
+        rename moves one inode, so what is checked is exactly what left the serving path. A
+        file another writer published in between is put back (unless a yet newer one
+        arrived): nothing good is lost to the race. Through fsspec the comparison is of
+        contents (read again: this is the rare path), and a move is only as atomic as the
+        filesystem's ``mv``.
         """
         path = self.path_of(key)
         # The note kept beside a quarantined chunk; None: the chunk is deleted instead.
@@ -878,14 +879,20 @@ class FsStore(Store):
                 size = self._remove_sized(path)
                 done = size >= 0
                 return [size] if done else []
-            staged = self.io.join(self._dir_of(key), L.temp_name(key.hex))
             aside = None
-            if not delete:
+            if delete:
+                self._refuse_link(L.STATE_DIR)
+                staging = self.io.join(self.root, L.STATE_DIR)
+            else:
                 self._refuse_link(L.QUARANTINE_DIR, key.namespace)
-                aside = self.io.join(
-                    self.root, L.QUARANTINE_DIR, key.namespace, key.hex + L.CHUNK_SUFFIX
-                )
-            # A guarded move goes by way of a temp name beside the chunk: moved straight to
+                staging = self.io.join(self.root, L.QUARANTINE_DIR, key.namespace)
+                aside = self.io.join(staging, key.hex + L.CHUNK_SUFFIX)
+            # Staged in a directory of the store's own, never beside the chunk: there a temp
+            # name is an orphan to the sweep of a concurrent prune/verify, and the staged
+            # file keeps the chunk's old mtime, so any grace would let the sweep delete the
+            # evidence on its way to quarantine, or a good rewrite on its way back.
+            staged = self.io.join(staging, L.temp_name(key.hex))
+            # A guarded move goes by way of the temp name staged: moved straight to
             # quarantine, a file then found to be another than the one judged would go back
             # to its name, and a copy quarantine held would be gone with it (asking whether
             # quarantine is free first does not help: another verify run may set the same

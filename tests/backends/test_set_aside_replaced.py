@@ -480,3 +480,74 @@ def test_s3_a_failed_write_over_the_earlier_copy_leaves_its_reason(
     assert pair.store.exists(CHUNK.key) is False
     assert _quarantined_bytes(pair.store) == [EARLIER_BAD]
     assert "TruncatedChunk" in reason_there() and "ChecksumMismatch" not in reason_there()
+
+
+def _sweep_right_after_the_move(pair: Shared, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another process's ``prune``/``verify`` sweeps orphan temp files, with no grace at
+    all, the moment the chunk has left its name. (A file staged beside the chunk kept the
+    chunk's old mtime, so for an old chunk the default grace of an hour did the same.)"""
+    sweeper = FsStore(pair.store.root, fs=pair.store.io.fs if _on_fsspec(pair) else None)
+    real = pair.store.io.move
+
+    def swept_after(src: str, dst: str) -> bool:
+        moved = bool(real(src, dst))
+        if src == pair.store.path_of(CHUNK.key):
+            sweeper.remove_orphans(0.0)
+        return moved
+
+    monkeypatch.setattr(pair.store.io, "move", swept_after)
+
+
+def _on_fsspec(pair: Shared) -> bool:
+    return isinstance(pair.store.io, FsspecIO)
+
+
+@pytest.mark.parametrize("kind", ["local", "fsspec"])
+def test_an_orphan_sweep_during_a_set_aside_keeps_the_quarantined_copy(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    kind: str,
+) -> None:
+    """The damaged chunk on its way to quarantine is no orphan: a sweep between its leaving
+    the chunk's name and its landing in quarantine does not delete it (it used to be staged
+    beside the chunk under a temp name, and the sweep took it: the copy was lost, with a
+    warning)."""
+    pair = _local(tmp_path, "move") if kind == "local" else _fsspec(tmp_path, "move")
+    pair.writer.put(CHUNK.key, BAD)
+    [(_, ident)] = pair.store.read_unchecked_with_idents([CHUNK.key])
+    _sweep_right_after_the_move(pair, monkeypatch)
+    with caplog.at_level(logging.WARNING, logger="chunkstore"):
+        assert pair.store.quarantine_if_unchanged(CHUNK.key, ident, "bad") is True
+    monkeypatch.undo()
+    assert _quarantined_bytes(pair.store) == [BAD]
+    assert pair.store.exists(CHUNK.key) is False
+    assert [r.getMessage() for r in caplog.records] == []
+
+
+@pytest.mark.parametrize("kind", ["local", "fsspec"])
+@pytest.mark.parametrize("mode", ["quarantine", "delete"])
+def test_an_orphan_sweep_during_a_set_aside_keeps_a_good_rewrite(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str, mode: str
+) -> None:
+    """A writer repaired the chunk just before the move, and a sweep runs right after it:
+    what was moved is the good file, and it still goes back to its name."""
+    pair = _local(tmp_path, "move") if kind == "local" else _fsspec(tmp_path, "move")
+    pair.writer.put(CHUNK.key, BAD)
+    [(_, ident)] = pair.store.read_unchecked_with_idents([CHUNK.key])
+    _sweep_right_after_the_move(pair, monkeypatch)
+    swept = pair.store.io.move
+
+    def replaced_first(src: str, dst: str) -> bool:
+        if src == pair.store.path_of(CHUNK.key):
+            pair.writer.put(CHUNK.key, CHUNK.data)
+        return swept(src, dst)
+
+    monkeypatch.setattr(pair.store.io, "move", replaced_first)
+    if mode == "quarantine":
+        assert pair.store.quarantine_if_unchanged(CHUNK.key, ident, "bad") is False
+    else:
+        assert pair.store.delete_if_unchanged(CHUNK.key, ident) is False
+    monkeypatch.undo()
+    assert bytes(pair.store.get(CHUNK.key) or b"") == CHUNK.data
+    assert pair.store.quarantined() == []
