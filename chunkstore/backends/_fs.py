@@ -56,6 +56,7 @@ from chunkstore.backends.base import (
 from chunkstore.backends.maintenance import (
     QUARANTINE_MODES,
     FileIdent,
+    SetAside,
     StoredFile,
     reason_record,
     set_aside_if_still_corrupt,
@@ -844,13 +845,13 @@ class FsStore(Store):
         """Move ``key``'s chunk to quarantine (or delete it, with ``quarantine="delete"``)
         only if it is still the file ``ident`` names (from :meth:`read_unchecked_with_idents`);
         True if it was set aside. ``ident=None`` sets aside whatever is there."""
-        return self._set_aside(key, ident, reason)
+        return self._set_aside(key, ident, reason) is SetAside.DONE
 
     def delete_if_unchanged(self, key: ChunkKey, ident: FileIdent | None) -> bool:
         """Delete ``key``'s chunk only if it is still the file ``ident`` names; True if deleted."""
-        return self._set_aside(key, ident, None)
+        return self._set_aside(key, ident, None) is SetAside.DONE
 
-    def _set_aside(self, key: ChunkKey, ident: FileIdent | None, reason: str | None) -> bool:
+    def _set_aside(self, key: ChunkKey, ident: FileIdent | None, reason: str | None) -> SetAside:
         """Quarantine (``reason`` given) or delete the chunk file ``ident`` names.
 
         The file is first renamed away (to quarantine, or to a temp name in quarantine or,
@@ -929,7 +930,9 @@ class FsStore(Store):
                 remove()
         except OSError as exc:
             raise StoreError(f"{self.name}: cannot set aside {path}: {exc}") from None
-        return done
+        # (a file gone from its name is CHANGED here even where another run set it aside:
+        # only the S3 store looks in quarantine to tell the two apart)
+        return SetAside.DONE if done else SetAside.CHANGED
 
     # --- listing -----------------------------------------------------------------
 
