@@ -595,12 +595,7 @@ def test_s3_a_read_says_when_another_run_set_the_chunk_aside_first(
         return await real(self, op, kwargs)
 
     monkeypatch.setattr(type(pair.store), "_attempt", other_run_first)
-    with caplog.at_level(logging.WARNING, logger="chunkstore"):
-        assert pair.store.get(CHUNK.key) is None
-    monkeypatch.undo()
-    [warning] = _corrupt_warnings(caplog)
-    assert warning.endswith(": left (already set aside by another run)"), warning
-    assert _quarantined_bytes(pair.store) == [BAD]
+    _a_read_says_another_run_set_it_aside(pair, monkeypatch, caplog)
     assert pair.writer.exists(CHUNK.key) is False
     pair.store.close()
     pair.writer.close()
@@ -633,11 +628,19 @@ def test_s3_a_read_says_when_its_copy_was_refused_for_another_runs_copy(
         return await real(self, op, kwargs)
 
     monkeypatch.setattr(type(pair.store), "_attempt", refused_for_the_other_copy)
+    _a_read_says_another_run_set_it_aside(pair, monkeypatch, caplog)
+    pair.store.close()
+    pair.writer.close()
+
+
+def _a_read_says_another_run_set_it_aside(
+    pair: Shared, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A read of the damaged chunk, with the S3 calls patched to play the other run, is a
+    miss whose warning says another run set it aside; quarantine holds the damaged copy."""
     with caplog.at_level(logging.WARNING, logger="chunkstore"):
         assert pair.store.get(CHUNK.key) is None
     monkeypatch.undo()
     [warning] = _corrupt_warnings(caplog)
     assert warning.endswith(": left (already set aside by another run)"), warning
     assert _quarantined_bytes(pair.store) == [BAD]
-    pair.store.close()
-    pair.writer.close()

@@ -30,6 +30,16 @@ def _read_once(
     backing = MemoryStore(verify=False)  # serves what it holds: the client's verdict decides
     backing.put(CHUNK.key, stored)
     server = serve(backing, planes=("inline",))
+    store, registry = _reader(server, **options)
+    try:
+        assert store.get(CHUNK.key) is None
+    finally:
+        store.close()
+    return backing, store, registry
+
+
+def _reader(server: PeerServer, **options: Any) -> tuple[PeerStore, CollectorRegistry]:
+    """A peer store reading from ``server`` inline, with its own metrics registry."""
     registry = CollectorRegistry()
     store = PeerStore(
         [server.endpoint],
@@ -38,11 +48,7 @@ def _read_once(
         metrics=PeerMetrics(registry),
         **options,
     )
-    try:
-        assert store.get(CHUNK.key) is None
-    finally:
-        store.close()
-    return backing, store, registry
+    return store, registry
 
 
 @pytest.mark.parametrize(
@@ -115,15 +121,7 @@ def test_a_compressed_chunk_promoted_on_the_peer_keeps_its_mac(
     cold = MemoryStore()
     cold.put(chunk.key, packed)
     tiered = TieredStore(HostCache(layout, num_slots=4), [cold])
-    server = serve(tiered, planes=("inline",))
-    registry = CollectorRegistry()
-    store = PeerStore(
-        [server.endpoint],
-        plane="inline",
-        use_env_secret=False,
-        metrics=PeerMetrics(registry),
-        mac_key=mac_key,
-    )
+    store, registry = _reader(serve(tiered, planes=("inline",)), mac_key=mac_key)
     try:
         for _ in range(2):  # promoted by the first fetch, a host hit for the second
             assert store.get(chunk.key) == packed
