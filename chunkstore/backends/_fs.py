@@ -56,6 +56,7 @@ from chunkstore.backends.base import (
 from chunkstore.backends.maintenance import (
     QUARANTINE_MODES,
     FileIdent,
+    SetAside,
     StoredFile,
     reason_record,
     set_aside_if_still_corrupt,
@@ -844,21 +845,22 @@ class FsStore(Store):
         """Move ``key``'s chunk to quarantine (or delete it, with ``quarantine="delete"``)
         only if it is still the file ``ident`` names (from :meth:`read_unchecked_with_idents`);
         True if it was set aside. ``ident=None`` sets aside whatever is there."""
-        return self._set_aside(key, ident, reason)
+        return self._set_aside(key, ident, reason) is SetAside.DONE
 
     def delete_if_unchanged(self, key: ChunkKey, ident: FileIdent | None) -> bool:
         """Delete ``key``'s chunk only if it is still the file ``ident`` names; True if deleted."""
-        return self._set_aside(key, ident, None)
+        return self._set_aside(key, ident, None) is SetAside.DONE
 
-    def _set_aside(self, key: ChunkKey, ident: FileIdent | None, reason: str | None) -> bool:
+    def _set_aside(self, key: ChunkKey, ident: FileIdent | None, reason: str | None) -> SetAside:
         """Quarantine (``reason`` given) or delete the chunk file ``ident`` names.
 
-        The file is first renamed away (to quarantine, or to a temp name when deleting), and
-        only then compared with ``ident``: a rename moves one inode, so what is checked is
-        exactly what left the serving path. A file another writer published in between is
-        put back (unless a yet newer one arrived): nothing good is lost to the race. Through
-        fsspec the comparison is of contents (read again: this is the rare path), and a
-        move is only as atomic as the filesystem's ``mv``.
+        The file is first renamed away (to quarantine, or to a temp name in quarantine or,
+        when deleting, in the state directory), and only then compared with ``ident``: a
+        rename moves one inode, so what is checked is exactly what left the serving path. A
+        file another writer published in between is put back (unless a yet newer one
+        arrived): nothing good is lost to the race. Through fsspec the comparison is of
+        contents (read again: this is the rare path), and a move is only as atomic as the
+        filesystem's ``mv``.
         """
         path = self.path_of(key)
         # The note kept beside a quarantined chunk; None: the chunk is deleted instead.
@@ -878,14 +880,20 @@ class FsStore(Store):
                 size = self._remove_sized(path)
                 done = size >= 0
                 return [size] if done else []
-            staged = self.io.join(self._dir_of(key), L.temp_name(key.hex))
             aside = None
-            if not delete:
+            if delete:
+                self._refuse_link(L.STATE_DIR)
+                staging = self.io.join(self.root, L.STATE_DIR)
+            else:
                 self._refuse_link(L.QUARANTINE_DIR, key.namespace)
-                aside = self.io.join(
-                    self.root, L.QUARANTINE_DIR, key.namespace, key.hex + L.CHUNK_SUFFIX
-                )
-            # A guarded move goes by way of a temp name beside the chunk: moved straight to
+                staging = self.io.join(self.root, L.QUARANTINE_DIR, key.namespace)
+                aside = self.io.join(staging, key.hex + L.CHUNK_SUFFIX)
+            # Staged in a directory of the store's own, never beside the chunk: there a temp
+            # name is an orphan to the sweep of a concurrent prune/verify, and the staged
+            # file keeps the chunk's old mtime, so any grace would let the sweep delete the
+            # evidence on its way to quarantine, or a good rewrite on its way back.
+            staged = self.io.join(staging, L.temp_name(key.hex))
+            # A guarded move goes by way of the temp name staged: moved straight to
             # quarantine, a file then found to be another than the one judged would go back
             # to its name, and a copy quarantine held would be gone with it (asking whether
             # quarantine is free first does not help: another verify run may set the same
@@ -922,7 +930,9 @@ class FsStore(Store):
                 remove()
         except OSError as exc:
             raise StoreError(f"{self.name}: cannot set aside {path}: {exc}") from None
-        return done
+        # (a file gone from its name is CHANGED here even where another run set it aside:
+        # only the S3 store looks in quarantine to tell the two apart)
+        return SetAside.DONE if done else SetAside.CHANGED
 
     # --- listing -----------------------------------------------------------------
 

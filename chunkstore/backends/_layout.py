@@ -7,7 +7,9 @@
     <root>/<namespace>/ab/cd/<hex>.kvc.atime  optional access record (decimal seconds)
     <root>/<namespace>/ab/cd/.<hex>.<pid>.<rand>.tmp   a write in progress (or an orphan)
     <root>/quarantine/<namespace>/<hex>.kvc   corrupt chunks moved aside (+ ``.reason``)
+    <root>/quarantine/<namespace>/.<hex>.<pid>.<rand>.tmp   one on its way there
     <root>/.chunkstore/                       lock file and usage ledger (capacity)
+    <root>/.chunkstore/.<hex>.<pid>.<rand>.tmp   a corrupt chunk being deleted
     <root>/.chunkstore/models/<fp>.json       model record: which model a fingerprint names
 """
 

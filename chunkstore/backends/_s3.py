@@ -43,6 +43,7 @@ from chunkstore.backends.base import Buffer, ChunkInfo, ReadVerdict, Store, judg
 from chunkstore.backends.maintenance import (
     QUARANTINE_MODES,
     FileIdent,
+    SetAside,
     StoredFile,
     reason_record,
     set_aside_if_still_corrupt,
@@ -913,16 +914,16 @@ class S3Store(Store):
         only if it is still the object of ETag ``ident`` (from
         :meth:`read_unchecked_with_idents`); True if it was set aside. ``ident=None``:
         whatever object is there. Raises StoreError if a request fails (after retries)."""
-        return self._set_aside(key, ident, reason)
+        return self._set_aside(key, ident, reason) is SetAside.DONE
 
     def delete_if_unchanged(self, key: ChunkKey, ident: FileIdent | None) -> bool:
         """Delete ``key``'s chunk only if it is still the object of ETag ``ident``; True if
         deleted. Raises StoreError if a request fails (after retries)."""
-        return self._set_aside(key, ident, None)
+        return self._set_aside(key, ident, None) is SetAside.DONE
 
-    def _set_aside(self, key: ChunkKey, etag: FileIdent | None, reason: str | None) -> bool:
-        """Quarantine (``reason`` given) or delete the object of ETag ``etag``; True if done.
-        A request that fails for good is StoreError ("not done" would read as "replaced
+    def _set_aside(self, key: ChunkKey, etag: FileIdent | None, reason: str | None) -> SetAside:
+        """Quarantine (``reason`` given) or delete the object of ETag ``etag``; what came of
+        it. A request that fails for good is StoreError ("not done" would read as "replaced
         meanwhile"; a read's :meth:`report_corrupt` logs it as the outcome).
 
         The delete is conditional on the ETag (``If-Match``; with
@@ -934,19 +935,23 @@ class S3Store(Store):
         dest = self._full(f"{L.QUARANTINE_DIR}/{key.namespace}/{key.hex}{L.CHUNK_SUFFIX}")
         tag = None if not etag else str(etag)  # (a server that sent no ETag: nothing to compare)
 
-        async def run() -> bool:
+        async def run() -> SetAside:
             aside = move  # whether the chunk's copy is in quarantine (its reason goes beside)
+            held = True  # whether quarantine held a copy of the key before this set-aside
             try:
                 if not move:
                     await self._delete_if(name, tag)
                 elif await self._present(dest):
                     aside = await self._move_over(name, dest, tag)
                 else:
+                    held = False
                     await self._copy_aside(name, dest, tag)
             except (_NotFound, _Exists):
                 # gone already (pruned, or set aside by another reader), or another object
                 # is there now: what a writer put in its place stays
-                return False
+                if move and await self._set_aside_by_another(dest, tag, held):
+                    return SetAside.TAKEN
+                return SetAside.CHANGED
             except _Failed as exc:
                 raise StoreError(
                     f"{self.name}: cannot set aside s3://{self.bucket}/{name}: {exc}"
@@ -959,11 +964,29 @@ class S3Store(Store):
                 await self._request("delete_object", Key=name + ".atime")
             except (_NotFound, _Exists, _Failed) as exc:  # the chunk itself is aside
                 log.debug("%s: after setting %s aside: %s", self.name, key.hex, exc)
-            return True
+            return SetAside.DONE
 
         self._touched.pop(key, None)
-        done: bool = self._run(run)
-        return done
+        result: SetAside = self._run(run)
+        return result
+
+    async def _set_aside_by_another(self, dest: str, etag: str | None, held: bool) -> bool:
+        """Whether a set-aside to ``dest`` that was refused (the object gone from its name,
+        or the copy refused by ``If-None-Match``) lost to another run that set the same
+        object aside first: quarantine now holds a copy of the key where it held none, or
+        one of the ETag read. One HEAD, on this refused path only.
+
+        Note: a copy of a multipart object has another ETag than its source, so where
+        quarantine held an earlier copy such a refusal reads as "replaced or removed"; and
+        a plain delete (a prune) of the object just after this store's own copy landed
+        reads as another run's set-aside (the copy that stays is this store's)."""
+        try:
+            head = await self._request("head_object", Key=dest)
+        except (_NotFound, _Exists, _Failed):
+            return False  # (the outcome is "not set aside" either way: only its wording)
+        return not held or (
+            etag is not None and _bare_etag(head.get("ETag", "")) == _bare_etag(etag)
+        )
 
     async def _present(self, name: str) -> bool:
         """Whether object ``name`` exists (a HEAD); raises _Failed if that cannot be told."""

@@ -16,6 +16,7 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any, Protocol, runtime_checkable
 
 from chunkstore.backends.base import Judgement, ReadVerdict
@@ -49,12 +50,22 @@ def reason_record(reason: str) -> bytes:
     return f"{time.time():.3f} {reason}\n".encode()
 
 
-def set_aside_outcome(done: bool, mode: str) -> str:
+class SetAside(Enum):
+    """What a store's set-aside of a corrupt chunk came to."""
+
+    DONE = "done"
+    """Moved to quarantine, or deleted (the store's ``quarantine_mode``)."""
+    CHANGED = "left (replaced or removed since it was read)"
+    """Left: another chunk is at its name now (a writer's), or none (removed)."""
+    TAKEN = "left (already set aside by another run)"
+    """Left: another run (a reader, ``verify``) moved this very chunk to quarantine first."""
+
+
+def set_aside_outcome(result: SetAside, mode: str) -> str:
     """What became of a corrupt chunk a read found (the end of its log line): set aside
-    the store's way (``mode``, one of :data:`QUARANTINE_MODES`), or left where a writer
-    replaced or someone removed it since the read."""
-    if not done:
-        return "left (replaced or removed since it was read)"
+    the store's way (``mode``, one of :data:`QUARANTINE_MODES`), or why it was left."""
+    if result is not SetAside.DONE:
+        return str(result.value)
     return "quarantined" if mode == "move" else "deleted"
 
 
@@ -109,6 +120,10 @@ class _JudgingRemover(SupportsCheckedRemoval, Protocol):
 
     def _judge(self, key: ChunkKey, data: Any) -> Judgement: ...
 
+    def _set_aside(
+        self, key: ChunkKey, ident: FileIdent | None, reason: str | None
+    ) -> SetAside: ...
+
 
 def set_aside_if_still_corrupt(
     store: _JudgingRemover,
@@ -121,6 +136,5 @@ def set_aside_if_still_corrupt(
     writer may have published a good copy since, so only a copy judged corrupt now, and only
     that very one, is set aside. What became of it, for the log (:func:`set_aside_outcome`)."""
     if current is None or store._judge(key, current[0]).verdict is not ReadVerdict.CORRUPT:
-        return set_aside_outcome(False, store.quarantine_mode)
-    done = store.quarantine_if_unchanged(key, current[1], reason)
-    return set_aside_outcome(done, store.quarantine_mode)
+        return set_aside_outcome(SetAside.CHANGED, store.quarantine_mode)
+    return set_aside_outcome(store._set_aside(key, current[1], reason), store.quarantine_mode)

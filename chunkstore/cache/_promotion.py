@@ -3,8 +3,9 @@
 One chunk at a time for a read that missed host memory
 (:meth:`Promoter.promote_from`, :meth:`Promoter.promote_bytes`), or a run of
 a chain at a time for a prefetch (:meth:`Promoter.pull`). Every chunk lands
-decompressed (:func:`~chunkstore.format.hot_bytes`) in a host slot that stays
-pinned for the caller.
+decompressed (:func:`~chunkstore.format.hot_bytes`; one that carries a MAC as
+it came, which decompressing would drop) in a host slot that stays pinned for
+the caller.
 
 A tier call that timed out may still write into the slot it was given, so
 such a slot is given back only when that call has ended

@@ -3,6 +3,14 @@
 Cold tiers may keep chunks zstd-compressed (spec/FORMAT.md §4.4); whatever
 brings one into host memory turns it back into the plain form first, so every
 host slot can be read through the layout's views.
+
+Except a compressed chunk that carries a MAC: it stays as it is. Its MAC covers
+the header and the stored payload, both of which decompressing re-encodes, and
+host memory holds no MAC key to compute a new one. Host memory is trusted (it
+never checks a MAC), but its chunks leave it again (served to peers, whose
+readers hold the key and refuse a chunk without one; returned by reads; copied
+by ``cp``), and must leave with the MAC they came with. Its readers decode it
+(``decode_chunk`` decompresses); only such chunks pay that.
 """
 
 from __future__ import annotations
@@ -20,10 +28,12 @@ def hot_bytes(data: Any, *, verified: bool = False) -> Any:
     does not hash the compressed chunk again (see :func:`recompress`: the payload is
     still checked by the zstd frame's own content checksum and size).
     Bytes that do not parse are returned as they are: the tier that served them
-    already verified them, and the host cache never interprets them otherwise.
+    already verified them, and the host cache never interprets them otherwise; so is a
+    chunk that carries a MAC (see the module's docstring).
     """
     try:
-        if read_header(data).compression == "none":
+        header = read_header(data)
+        if header.compression == "none" or header.mac is not None:
             return data
         return recompress(data, "none", verify=not verified)
     except FormatError:
@@ -34,12 +44,12 @@ def decompress_in_place(view: memoryview, size: int, *, verified: bool = False) 
     """Decompress a chunk read into ``view[:size]`` in place if it is compressed; its new size.
 
     0 when the uncompressed chunk does not fit in ``view`` (it cannot be held there).
-    ``verified`` as for :func:`hot_bytes`.
+    ``verified`` as for :func:`hot_bytes`; a chunk that carries a MAC is left compressed.
     """
     stored = view[:size]
     try:
         header = read_header(stored)
-        if header.compression == "none":
+        if header.compression == "none" or header.mac is not None:
             return size
         if header.payload_size > len(view):
             # Its plain form cannot fit: known from the header, without decompressing

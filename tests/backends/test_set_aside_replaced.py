@@ -373,7 +373,8 @@ def test_s3_copy_refused_by_its_etag_condition_sets_nothing_aside(
 
     monkeypatch.setattr(type(pair.store), "_attempt", as_aws)
     assert pair.store.quarantine_if_unchanged(CHUNK.key, ident, "bad") is False
-    assert calls == ["head_object", "copy_object"]  # (the HEAD: is a copy in quarantine?)
+    # (the HEADs: is a copy in quarantine? and, once refused: did another run set it aside?)
+    assert calls == ["head_object", "copy_object", "head_object"]
     monkeypatch.undo()
     assert bytes(pair.store.get(CHUNK.key) or b"") == CHUNK.data
     assert pair.store.quarantined() == []
@@ -480,3 +481,166 @@ def test_s3_a_failed_write_over_the_earlier_copy_leaves_its_reason(
     assert pair.store.exists(CHUNK.key) is False
     assert _quarantined_bytes(pair.store) == [EARLIER_BAD]
     assert "TruncatedChunk" in reason_there() and "ChecksumMismatch" not in reason_there()
+
+
+def _sweep_right_after_the_move(pair: Shared, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another process's ``prune``/``verify`` sweeps orphan temp files, with no grace at
+    all, the moment the chunk has left its name. (A file staged beside the chunk kept the
+    chunk's old mtime, so for an old chunk the default grace of an hour did the same.)"""
+    sweeper = FsStore(pair.store.root, fs=pair.store.io.fs if _on_fsspec(pair) else None)
+    real = pair.store.io.move
+
+    def swept_after(src: str, dst: str) -> bool:
+        moved = bool(real(src, dst))
+        if src == pair.store.path_of(CHUNK.key):
+            sweeper.remove_orphans(0.0)
+        return moved
+
+    monkeypatch.setattr(pair.store.io, "move", swept_after)
+
+
+def _on_fsspec(pair: Shared) -> bool:
+    return isinstance(pair.store.io, FsspecIO)
+
+
+@pytest.mark.parametrize("kind", ["local", "fsspec"])
+def test_an_orphan_sweep_during_a_set_aside_keeps_the_quarantined_copy(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    kind: str,
+) -> None:
+    """The damaged chunk on its way to quarantine is no orphan: a sweep between its leaving
+    the chunk's name and its landing in quarantine does not delete it (it used to be staged
+    beside the chunk under a temp name, and the sweep took it: the copy was lost, with a
+    warning)."""
+    pair = _local(tmp_path, "move") if kind == "local" else _fsspec(tmp_path, "move")
+    pair.writer.put(CHUNK.key, BAD)
+    [(_, ident)] = pair.store.read_unchecked_with_idents([CHUNK.key])
+    _sweep_right_after_the_move(pair, monkeypatch)
+    with caplog.at_level(logging.WARNING, logger="chunkstore"):
+        assert pair.store.quarantine_if_unchanged(CHUNK.key, ident, "bad") is True
+    monkeypatch.undo()
+    assert _quarantined_bytes(pair.store) == [BAD]
+    assert pair.store.exists(CHUNK.key) is False
+    assert [r.getMessage() for r in caplog.records] == []
+
+
+@pytest.mark.parametrize("kind", ["local", "fsspec"])
+@pytest.mark.parametrize("mode", ["quarantine", "delete"])
+def test_an_orphan_sweep_during_a_set_aside_keeps_a_good_rewrite(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kind: str, mode: str
+) -> None:
+    """A writer repaired the chunk just before the move, and a sweep runs right after it:
+    what was moved is the good file, and it still goes back to its name."""
+    pair = _local(tmp_path, "move") if kind == "local" else _fsspec(tmp_path, "move")
+    pair.writer.put(CHUNK.key, BAD)
+    [(_, ident)] = pair.store.read_unchecked_with_idents([CHUNK.key])
+    _sweep_right_after_the_move(pair, monkeypatch)
+    swept = pair.store.io.move
+
+    def replaced_first(src: str, dst: str) -> bool:
+        if src == pair.store.path_of(CHUNK.key):
+            pair.writer.put(CHUNK.key, CHUNK.data)
+        return swept(src, dst)
+
+    monkeypatch.setattr(pair.store.io, "move", replaced_first)
+    if mode == "quarantine":
+        assert pair.store.quarantine_if_unchanged(CHUNK.key, ident, "bad") is False
+    else:
+        assert pair.store.delete_if_unchanged(CHUNK.key, ident) is False
+    monkeypatch.undo()
+    assert bytes(pair.store.get(CHUNK.key) or b"") == CHUNK.data
+    assert pair.store.quarantined() == []
+
+
+def _another_run_sets_it_aside(admin: Any, store: Any) -> None:
+    """Another verify run (or reader) sets the damaged object aside as a store does: a copy
+    to its quarantine name, then the delete. (A plain boto3 client: a store's own calls
+    cannot run inside its event loop.)"""
+    name = store.object_key(CHUNK.key)
+    dest = store._full(f"quarantine/{CHUNK.key.namespace}/{CHUNK.key.hex}.kvc")
+    admin.copy_object(
+        Bucket=store.bucket, Key=dest, CopySource={"Bucket": store.bucket, "Key": name}
+    )
+    admin.delete_object(Bucket=store.bucket, Key=name)
+
+
+@pytest.mark.parametrize("earlier_copy", [False, True])
+def test_s3_a_read_says_when_another_run_set_the_chunk_aside_first(
+    request: pytest.FixtureRequest,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    earlier_copy: bool,
+) -> None:
+    """A read found damage, and another run set the same object aside between this store's
+    look at quarantine and its own copy (or, with an earlier copy of the key in quarantine,
+    its read of the object): the object is gone from its name because it is in quarantine,
+    and the warning says so, not "replaced or removed"."""
+    pair = _s3(request, "move")
+    if earlier_copy:
+        _quarantine_earlier_damage(pair)
+    pair.writer.put(CHUNK.key, BAD)
+    admin = request.getfixturevalue("s3_admin")
+    real = type(pair.store)._attempt
+    first = "get_object" if earlier_copy else "copy_object"
+    gets: list[str] = []
+
+    async def other_run_first(self: Any, op: str, kwargs: dict[str, Any]) -> Any:
+        if op == "get_object" and self is pair.store:
+            gets.append(kwargs["Key"])
+        # the serving read and its judging read again come first; then the set-aside
+        if op == first and self is pair.store and (op == "copy_object" or len(gets) == 3):
+            _another_run_sets_it_aside(admin, pair.store)
+        return await real(self, op, kwargs)
+
+    monkeypatch.setattr(type(pair.store), "_attempt", other_run_first)
+    _a_read_says_another_run_set_it_aside(pair, monkeypatch, caplog)
+    assert pair.writer.exists(CHUNK.key) is False
+    pair.store.close()
+    pair.writer.close()
+
+
+def test_s3_a_read_says_when_its_copy_was_refused_for_another_runs_copy(
+    request: pytest.FixtureRequest,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """As AWS does with ``If-None-Match: *`` (moto ignores it, so it is played here): the
+    copy to quarantine is refused because another run's copy landed there since this store
+    looked; the object itself is still at its name (the other run's delete is yet to come).
+    The warning says it was set aside by another run."""
+    from botocore.exceptions import ClientError
+
+    pair = _s3(request, "move")
+    pair.writer.put(CHUNK.key, BAD)
+    admin = request.getfixturevalue("s3_admin")
+    dest = pair.store._full(f"quarantine/{CHUNK.key.namespace}/{CHUNK.key.hex}.kvc")
+    real = type(pair.store)._attempt
+
+    async def refused_for_the_other_copy(self: Any, op: str, kwargs: dict[str, Any]) -> Any:
+        if op == "copy_object" and self is pair.store:
+            source = kwargs["CopySource"]
+            admin.copy_object(Bucket=pair.store.bucket, Key=dest, CopySource=source)
+            assert kwargs.get("IfNoneMatch") == "*"
+            error = {"Error": {"Code": "PreconditionFailed"}}
+            raise ClientError({**error, "ResponseMetadata": {"HTTPStatusCode": 412}}, op)
+        return await real(self, op, kwargs)
+
+    monkeypatch.setattr(type(pair.store), "_attempt", refused_for_the_other_copy)
+    _a_read_says_another_run_set_it_aside(pair, monkeypatch, caplog)
+    pair.store.close()
+    pair.writer.close()
+
+
+def _a_read_says_another_run_set_it_aside(
+    pair: Shared, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A read of the damaged chunk, with the S3 calls patched to play the other run, is a
+    miss whose warning says another run set it aside; quarantine holds the damaged copy."""
+    with caplog.at_level(logging.WARNING, logger="chunkstore"):
+        assert pair.store.get(CHUNK.key) is None
+    monkeypatch.undo()
+    [warning] = _corrupt_warnings(caplog)
+    assert warning.endswith(": left (already set aside by another run)"), warning
+    assert _quarantined_bytes(pair.store) == [BAD]

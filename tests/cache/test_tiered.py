@@ -407,8 +407,9 @@ def test_lookup_prefix_alternates_between_host_and_tiers() -> None:
 def test_compressed_tier_chunks_are_uncompressed_in_host_memory(
     path: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Host slots are read through the layout's views, so they never hold zstd payloads.
-    The tier verified the compressed chunk: decompressing it does not hash it again."""
+    """Host slots are read through the layout's views, so they hold no zstd payloads (but
+    for chunks with a MAC: below). The tier verified the compressed chunk: decompressing it
+    does not hash it again."""
     from chunkstore.format import _chunk, decode_chunk, read_header, recompress
     from chunkstore.testing.factories import sample_chunks
 
@@ -612,5 +613,59 @@ def test_a_non_verifying_tiers_chunk_is_judged_as_the_tier_would() -> None:
         assert store.get(chunk.key) is None
         assert store.acquire(chunk.key) is None
         assert tier.exists(chunk.key) and store.corrupt_detected == 0  # refused, not damage
+    finally:
+        store.close()
+
+
+MAC_KEY = b"m" * 32
+
+
+def _compressed_with_a_mac() -> tuple[ChunkKey, bytes]:
+    """A zstd chunk carrying a MAC, as a peer's writer keeps one on a cold tier."""
+    from chunkstore.format import ChunkLayout, recompress
+    from chunkstore.testing.factories import conversation_tokens, make_chunks, small_spec
+
+    layout = ChunkLayout(small_spec(), authenticated=True)
+    tokens = conversation_tokens(5, layout.spec.chunk_tokens)
+    [chunk] = make_chunks(layout, tokens, mac_key=MAC_KEY)
+    packed = recompress(chunk.data, "zstd", mac_key=MAC_KEY)
+    assert len(packed) < len(chunk.data)
+    return chunk.key, packed
+
+
+@pytest.mark.parametrize("path", ["acquire", "prefetch", "get", "get_into"])
+def test_a_compressed_chunk_keeps_its_mac_in_host_memory(path: str) -> None:
+    """A zstd chunk that carries a MAC is promoted as it is, compressed: decompressing it
+    re-encodes the header and payload, which the MAC covers, so without the key the MAC
+    was dropped (host memory trusts its bytes and never checks one), and the chunk then left
+    host memory without it: served by ``get``/``get_into``/``acquire`` once resident, read
+    by ``chunkstore cp``, sent to peers (which, holding the key, refuse it)."""
+    from chunkstore.format import decode_chunk
+
+    key, packed = _compressed_with_a_mac()
+    store = _tiered(4, tiers=1)
+    try:
+        store.tiers[0].store.put(key, packed)
+        if path == "acquire":
+            lease = store.acquire(key)
+            assert lease is not None
+            store.release(lease)
+        elif path == "prefetch":
+            assert store.prefetch([key]).result(timeout=30) == ["memory"]
+        elif path == "get":
+            assert store.get(key) == packed
+        else:
+            buffer = bytearray(SLOT)
+            assert store.get_into(key, buffer) == len(packed)
+        held = store.host.acquire(key)
+        assert held is not None
+        try:
+            assert bytes(held.view) == packed
+        finally:
+            store.host.release(held)
+        # and as it leaves host memory again: a host hit, a maintenance read
+        for served in (store.get(key), store.read_unchecked_many([key])[0]):
+            assert served is not None
+            decode_chunk(served, mac_key=MAC_KEY, expected_key=key.digest)
     finally:
         store.close()

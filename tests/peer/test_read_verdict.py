@@ -30,6 +30,16 @@ def _read_once(
     backing = MemoryStore(verify=False)  # serves what it holds: the client's verdict decides
     backing.put(CHUNK.key, stored)
     server = serve(backing, planes=("inline",))
+    store, registry = _reader(server, **options)
+    try:
+        assert store.get(CHUNK.key) is None
+    finally:
+        store.close()
+    return backing, store, registry
+
+
+def _reader(server: PeerServer, **options: Any) -> tuple[PeerStore, CollectorRegistry]:
+    """A peer store reading from ``server`` inline, with its own metrics registry."""
     registry = CollectorRegistry()
     store = PeerStore(
         [server.endpoint],
@@ -38,11 +48,7 @@ def _read_once(
         metrics=PeerMetrics(registry),
         **options,
     )
-    try:
-        assert store.get(CHUNK.key) is None
-    finally:
-        store.close()
-    return backing, store, registry
+    return store, registry
 
 
 @pytest.mark.parametrize(
@@ -96,3 +102,30 @@ def test_a_damaged_copy_is_removed_from_the_peer_that_sent_it_only(
         assert store.get(CHUNK.key) == CHUNK.data
     finally:
         store.close()
+
+
+def test_a_compressed_chunk_promoted_on_the_peer_keeps_its_mac(
+    serve: Callable[..., PeerServer],
+) -> None:
+    """A peer serving a tiered store promotes the chunk from its cold tier into host memory
+    and sends it from there: a zstd chunk keeps its MAC on the way, so a reader holding the
+    key admits it (it used to be decompressed without its MAC, and refused as not ours)."""
+    from chunkstore.cache import HostCache, TieredStore
+    from chunkstore.format import ChunkLayout, recompress
+    from chunkstore.testing.factories import conversation_tokens, make_chunks, small_spec
+
+    mac_key = b"k" * 32
+    layout = ChunkLayout(small_spec(), authenticated=True)
+    [chunk] = make_chunks(layout, conversation_tokens(3, layout.spec.chunk_tokens), mac_key=mac_key)
+    packed = recompress(chunk.data, "zstd", mac_key=mac_key)
+    cold = MemoryStore()
+    cold.put(chunk.key, packed)
+    tiered = TieredStore(HostCache(layout, num_slots=4), [cold])
+    store, registry = _reader(serve(tiered, planes=("inline",)), mac_key=mac_key)
+    try:
+        for _ in range(2):  # promoted by the first fetch, a host hit for the second
+            assert store.get(chunk.key) == packed
+        assert _failures(registry, "refused_chunk") == 0
+    finally:
+        store.close()
+        tiered.close()
