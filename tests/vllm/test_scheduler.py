@@ -125,6 +125,17 @@ def _tier_harness(harness, tier, **extra):
     return h
 
 
+def _step_until_scheduled(h):
+    """Step until a step schedules tokens (a request waits while its tier hit is read); that
+    step's output (the last one after 200 steps)."""
+    for _ in range(200):
+        out = h.step()
+        if out.num_scheduled_tokens:
+            break
+        time.sleep(0.01)
+    return out
+
+
 def test_tier_hit_is_prefetched_before_blocks_are_allocated(harness):
     tier = SlowStore()
     h = _tier_harness(harness, tier)
@@ -141,11 +152,7 @@ def test_tier_hit_is_prefetched_before_blocks_are_allocated(harness):
     assert h.scheduler.requests[req.request_id].num_computed_tokens == 0
     assert h.scheduler.kv_cache_manager.get_block_ids(req.request_id) == ([],)
     tier.gate.set()
-    for _ in range(200):
-        out = h.step()
-        if out.num_scheduled_tokens:
-            break
-        time.sleep(0.01)
+    _step_until_scheduled(h)
     stats = external_hits(h)
     assert stats.hits == 256
     assert stats.hits_by_source == {CacheHitSource.DISK: 256}
@@ -161,11 +168,7 @@ def test_prefetch_timeout_becomes_a_shorter_hit(harness):
     h.connector.store.reset_host()
     h.scheduler.reset_prefix_cache()
     req = h.add(PROMPT)
-    for _ in range(200):
-        out = h.step()
-        if out.num_scheduled_tokens:
-            break
-        time.sleep(0.01)
+    out = _step_until_scheduled(h)
     assert out.num_scheduled_tokens == {req.request_id: 300}
     assert external_hits(h).hits == 0  # nothing arrived in time: a miss, computed normally
     tier.gate.set()
@@ -214,11 +217,7 @@ def test_a_compressed_chunk_with_a_mac_loads_exact_kv_from_host_memory(harness):
     h.scheduler.reset_prefix_cache()
 
     req = h.add(PROMPT)
-    for _ in range(200):
-        out = h.step()
-        if out.num_scheduled_tokens:
-            break
-        time.sleep(0.01)
+    assert _step_until_scheduled(h).num_scheduled_tokens == {req.request_id: 300 - 256}
     with h.connector.store.read_host(keys[0]) as held:
         assert held is not None and read_header(held).compression == "zstd"
     assert external_hits(h).hits == 256
