@@ -80,8 +80,8 @@ from chunkstore.cache._pool import (
     SlotPool,
     StaleSlot,
 )
-from chunkstore.errors import ConfigError, KeyMismatch
-from chunkstore.format import ChunkLayout, key_digest, seal_chunk
+from chunkstore.errors import ConfigError, FormatError, KeyMismatch
+from chunkstore.format import ChunkLayout, decode_chunk, key_digest, read_header, seal_chunk
 from chunkstore.hashing import ChunkKey
 
 log = logging.getLogger(__name__)
@@ -470,17 +470,36 @@ class ShardAssembler:
     def read_shard(self, key: ChunkKey) -> dict[str, np.ndarray] | None:
         """A copy of this rank's heads of every tensor of ``key``; ``None`` on a miss.
 
-        Only the rank's byte ranges are read. A slot whose size is not the
-        layout's (a compressed chunk, another layout) is a miss.
+        Only the rank's byte ranges are read of a plain chunk. A zstd chunk (host memory
+        keeps one that carries a MAC as it came: see :mod:`chunkstore.format._hot`) is
+        decoded first. A chunk of another layout is a miss.
         """
         lease = self.acquire(key)
         if lease is None:
             return None
         with lease:
-            if len(lease.view) != self.layout.total_size:
-                return None
-            views = self.layout.read_shard(lease.view, self.rank, self.tp)
-            return {name: view.copy() for name, view in views.items()}
+            views = self._shard_views(key, lease.view)
+            return None if views is None else {name: v.copy() for name, v in views.items()}
+
+    def _shard_views(self, key: ChunkKey, data: memoryview) -> dict[str, np.ndarray] | None:
+        """Views of this rank's heads in chunk ``data`` (of its decoded payload where it is
+        compressed); None where it is not a chunk of this layout."""
+        try:
+            if read_header(data).compression == "none":
+                if len(data) != self.layout.total_size:
+                    return None
+                return self.layout.read_shard(data, self.rank, self.tp)
+            # Host memory's bytes are trusted (no checksum, no MAC), as for a plain chunk.
+            chunk = decode_chunk(
+                data,
+                verify=False,
+                expected_key=key.digest,
+                expected_fingerprint=self.layout.fingerprint,
+            )
+        except FormatError:
+            return None
+        whole = {slot.name: chunk.tensor(slot.name) for slot in self.layout.tensors}
+        return self.layout.shard_of(whole, self.rank, self.tp)
 
     # --- lifetime ---------------------------------------------------------------------------
 

@@ -321,6 +321,38 @@ def test_read_shard_returns_exactly_the_ranks_heads(
         assert assemblers(host, gqa, 2)[0].read_shard(made[2].key) is None
 
 
+def test_read_shard_decodes_a_compressed_chunk_kept_with_its_mac() -> None:
+    """Host memory keeps a zstd chunk that carries a MAC as it came (decompressing it
+    without the key would drop the MAC): a rank reading its heads of such a chunk decodes it,
+    as every reader of host memory must. The size of the slot told it apart and made it a
+    miss, though the chunk was there, promoted into the engine's shared pool."""
+    from chunkstore.backends._memory import MemoryStore
+    from chunkstore.format import recompress
+    from chunkstore.testing.factories import conversation_tokens
+
+    mac_key = b"k" * 32
+    layout = ChunkLayout(small_spec(num_kv_heads=4), authenticated=True)
+    [chunk] = make_chunks(layout, conversation_tokens(7, layout.spec.chunk_tokens), mac_key=mac_key)
+    packed = recompress(chunk.data, "zstd", mac_key=mac_key)
+    cold = MemoryStore()
+    cold.put(chunk.key, packed)
+    full = kv_tensors(layout, chunk.tokens)
+    store = TieredStore(HostCache(layout, num_slots=4), [cold])
+    try:
+        lease = store.acquire(chunk.key)  # promoted into host memory, compressed
+        assert lease is not None and bytes(lease.view) == packed
+        store.release(lease)
+        for tp in TPS:
+            for asm in assemblers(store.host, layout, tp, mac_key=mac_key):
+                got = asm.read_shard(chunk.key)
+                assert got is not None
+                for name, tensor in layout.shard_of(full, asm.rank, tp).items():
+                    assert got[name].tobytes() == tensor.tobytes()
+        assert store.host.stats().pinned_slots == 0
+    finally:
+        store.close()
+
+
 def test_claims_check_key_tokens_and_tp(gqa: ChunkLayout, made: list[MadeChunk]) -> None:
     with HostCache(gqa, num_slots=4) as host:
         AssemblyOwner(host, lend_slots=2)

@@ -125,6 +125,17 @@ def _tier_harness(harness, tier, **extra):
     return h
 
 
+def _step_until_scheduled(h):
+    """Step until a step schedules tokens (a request waits while its tier hit is read); that
+    step's output (the last one after 200 steps)."""
+    for _ in range(200):
+        out = h.step()
+        if out.num_scheduled_tokens:
+            break
+        time.sleep(0.01)
+    return out
+
+
 def test_tier_hit_is_prefetched_before_blocks_are_allocated(harness):
     tier = SlowStore()
     h = _tier_harness(harness, tier)
@@ -141,11 +152,7 @@ def test_tier_hit_is_prefetched_before_blocks_are_allocated(harness):
     assert h.scheduler.requests[req.request_id].num_computed_tokens == 0
     assert h.scheduler.kv_cache_manager.get_block_ids(req.request_id) == ([],)
     tier.gate.set()
-    for _ in range(200):
-        out = h.step()
-        if out.num_scheduled_tokens:
-            break
-        time.sleep(0.01)
+    _step_until_scheduled(h)
     stats = external_hits(h)
     assert stats.hits == 256
     assert stats.hits_by_source == {CacheHitSource.DISK: 256}
@@ -161,14 +168,60 @@ def test_prefetch_timeout_becomes_a_shorter_hit(harness):
     h.connector.store.reset_host()
     h.scheduler.reset_prefix_cache()
     req = h.add(PROMPT)
-    for _ in range(200):
-        out = h.step()
-        if out.num_scheduled_tokens:
-            break
-        time.sleep(0.01)
+    out = _step_until_scheduled(h)
     assert out.num_scheduled_tokens == {req.request_id: 300}
     assert external_hits(h).hits == 0  # nothing arrived in time: a miss, computed normally
     tier.gate.set()
+
+
+def _sealed_with_a_mac_and_compressed(spec, data):
+    """An engine's plain chunk ``data`` as a writer holding a MAC key keeps it on a cold tier:
+    sealed with a MAC, then zstd-compressed (the MAC kept)."""
+    import numpy as np
+
+    from chunkstore.format import ChunkLayout, decode_chunk, encode_chunk, recompress
+
+    mac_key = b"q" * 32
+    chunk = decode_chunk(data)
+    header = chunk.header
+    sealed = encode_chunk(
+        ChunkLayout(spec, authenticated=True),
+        key=header.key,
+        parent=header.parent,
+        namespace=header.namespace,
+        tokens=np.frombuffer(header.token_bytes, dtype=np.uint32),
+        tensors={t.name: chunk.tensor(t.name) for t in header.tensors},
+        mac_key=mac_key,
+    )
+    packed = recompress(sealed, "zstd", mac_key=mac_key)
+    assert len(packed) < len(data)  # (it fits a slot of the engine's layout)
+    return packed
+
+
+def test_a_compressed_chunk_with_a_mac_loads_exact_kv_from_host_memory(harness):
+    """Host memory keeps a zstd chunk that carries a MAC compressed (decompressing it without
+    the key would drop the MAC): the worker's load decodes what it pins there, so such chunks
+    load the same KV as plain ones."""
+    from chunkstore.format import read_header
+
+    tier = MemoryStore(name="cold")
+    h = _tier_harness(harness, tier)
+    h.add(PROMPT)
+    h.run()
+    h.connector.store.flush()
+    keys = h.connector.engine.keys(PROMPT, h.connector.engine.root())
+    spec = h.connector.engine.layout.spec
+    for key in keys:
+        tier.put(key, _sealed_with_a_mac_and_compressed(spec, tier.get(key)))
+    h.connector.store.reset_host()
+    h.scheduler.reset_prefix_cache()
+
+    req = h.add(PROMPT)
+    assert _step_until_scheduled(h).num_scheduled_tokens == {req.request_id: 300 - 256}
+    with h.connector.store.read_host(keys[0]) as held:
+        assert held is not None and read_header(held).compression == "zstd"
+    assert external_hits(h).hits == 256
+    assert h.device_kv_matches(req, 256)
 
 
 @pytest.mark.parametrize("policy", ["recompute", "fail"])
