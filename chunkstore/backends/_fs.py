@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
+import errno
 import logging
 import os
 import threading
@@ -77,6 +78,8 @@ from chunkstore.hashing import ChunkKey, check_namespace, is_namespace
 from chunkstore.units import parse_size
 
 log = logging.getLogger(__name__)
+_STAGING_REFUSED = frozenset({errno.EACCES, errno.EPERM, errno.EROFS, errno.EXDEV})
+"""Errors of a rename into the state directory after which a delete stages beside the chunk."""
 
 _TOUCH_MEMO_LIMIT = 65536
 
@@ -899,8 +902,18 @@ class FsStore(Store):
             # quarantine is free first does not help: another verify run may set the same
             # key aside between the question and the move).
             dest = staged if aside is None or guarded else aside
-            if not self.io.move(path, dest):
-                return []
+            try:
+                if not self.io.move(path, dest):
+                    return []
+            except OSError as exc:
+                if not delete or exc.errno not in _STAGING_REFUSED:
+                    raise
+                # The state directory is another user's on a shared mount, read-only or on
+                # another filesystem: a delete stages beside the chunk, as it did before it
+                # staged there (a sweep at that moment could then take a good rewrite).
+                dest = self.io.join(self._dir_of(key), L.temp_name(key.hex))
+                if not self.io.move(path, dest):
+                    return []
             taken = (self.io.stat(dest) if guarded else None) or current
             moved = self.io.ident_at(dest, taken) if guarded else ident
             if moved is not None and moved != ident:

@@ -8,7 +8,9 @@ local store's finer races are in ``test_fs_replaced.py``.
 
 from __future__ import annotations
 
+import errno
 import logging
+import os
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -644,3 +646,53 @@ def _a_read_says_another_run_set_it_aside(
     [warning] = _corrupt_warnings(caplog)
     assert warning.endswith(": left (already set aside by another run)"), warning
     assert _quarantined_bytes(pair.store) == [BAD]
+
+
+@pytest.mark.parametrize("refusal", [errno.EACCES, errno.EXDEV, errno.EROFS])
+def test_a_delete_the_state_directory_refuses_stages_beside_the_chunk(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, refusal: int
+) -> None:
+    """Where ``.chunkstore/`` is another user's (a shared mount), read-only or on another
+    filesystem, a damaged chunk is still deleted: the delete stages it beside the chunk, as
+    it did before staging moved there (it used to be logged "not set aside" and left)."""
+    pair = _local(tmp_path, "delete")
+    pair.writer.put(CHUNK.key, BAD)
+    [(_, ident)] = pair.store.read_unchecked_with_idents([CHUNK.key])
+    state = os.path.join(pair.store.root, ".chunkstore")
+    real = pair.store.io.move
+
+    def state_dir_refused(src: str, dst: str) -> bool:
+        if dst.startswith(state + os.sep):
+            raise OSError(refusal, os.strerror(refusal), dst)
+        return bool(real(src, dst))
+
+    monkeypatch.setattr(pair.store.io, "move", state_dir_refused)
+    assert pair.store.delete_if_unchanged(CHUNK.key, ident) is True
+    monkeypatch.undo()
+    assert pair.store.exists(CHUNK.key) is False
+    assert pair.store.orphans() == []  # nothing left beside the chunk either
+    assert _quarantined_bytes(pair.store) == []
+
+
+def test_a_delete_beside_the_chunk_still_puts_a_good_rewrite_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fallback keeps the guard: a good copy written over the damaged one between the
+    read and the delete is put back, not deleted."""
+    pair = _local(tmp_path, "delete")
+    pair.writer.put(CHUNK.key, BAD)
+    [(_, ident)] = pair.store.read_unchecked_with_idents([CHUNK.key])
+    pair.writer.put(CHUNK.key, CHUNK.data)  # a writer repaired it meanwhile
+    state = os.path.join(pair.store.root, ".chunkstore")
+    real = pair.store.io.move
+
+    def state_dir_refused(src: str, dst: str) -> bool:
+        if dst.startswith(state + os.sep):
+            raise PermissionError(errno.EACCES, "Permission denied", dst)
+        return bool(real(src, dst))
+
+    monkeypatch.setattr(pair.store.io, "move", state_dir_refused)
+    assert pair.store.delete_if_unchanged(CHUNK.key, ident) is False
+    monkeypatch.undo()
+    assert bytes(pair.store.get(CHUNK.key) or b"") == CHUNK.data
+    assert pair.store.orphans() == []
