@@ -5,8 +5,9 @@ bytes (chunkstore chunk files of 2 MiB and 32 MiB), in sibling directories of
 one parent directory (one filesystem), rounds interleaved (the order rotates
 every round):
 
-* ``chunkstore``: ``FsStore.put_many`` / ``get_many_into`` into page-aligned
-  host slots, verified (the default) and ``verify=False``;
+* ``chunkstore``: ``FsStore.put_many`` / ``get_many_into`` from and into the
+  slots of a host-cache pool (``SlotPool``, page-aligned, on huge pages where
+  the kernel has them), verified (the default) and ``verify=False``;
 * ``vllm-odirect`` / ``vllm-buffered``: vLLM 0.33's ``FileSystemTierManager``
   (its built-in fs tier), driven through the ``SecondaryTierManager`` API
   (``submit_store`` / ``submit_load`` jobs of one chunk each, so its 16+16 I/O
@@ -50,7 +51,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
-from bench_store import make, make_cold, make_warm
+from bench_store import host_slots, make, make_cold, make_warm
 
 from chunkstore.backends._fs import FsStore
 from chunkstore.hashing import ChunkKey
@@ -105,12 +106,6 @@ class Workload:
             hashlib.blake2b(bytes(v[: self.size]), digest_size=16).digest() == d
             for v, d in zip(views, self.digests)
         ]
-
-
-def host_slots(count: int, size: int) -> list[memoryview]:
-    """Page-aligned slots, like chunkstore's host pool."""
-    pool = mmap.mmap(-1, count * size)
-    return [memoryview(pool)[i * size : (i + 1) * size] for i in range(count)]
 
 
 class Contender:

@@ -42,10 +42,24 @@ What is shared, and how races are avoided:
 Pinning (page-locking for fast device copies) uses ``cudaHostRegister``
 through torch when torch and CUDA are present; otherwise the pool is plain
 memory and everything else works the same.
+
+Huge pages (:mod:`chunkstore._hugepages`): a pool without a name is private
+anonymous memory, nothing but its own process maps it. Where the kernel gives
+transparent huge pages to ``madvise``-d memory, the mapping is one huge page
+larger and the pool is placed in it so that its slot data starts a huge page,
+and the slot data is advised before anything touches it; the header and table
+stay on 4 KiB pages in front of it. Slots then lie on a few physically
+contiguous pieces, so the filesystem store's ``O_DIRECT`` reads into a slot and
+writes from it reach the disk as one request per chunk instead of several
+(see docs/benchmarks.md, "Host pool on huge pages"). The header records the
+same offsets either way. A named pool keeps its layout (other processes read
+it); its slot data is advised too, which only matters where ``/dev/shm`` gets
+huge pages at all (``shmem_enabled``).
 """
 
 from __future__ import annotations
 
+import ctypes
 import fcntl
 import logging
 import mmap
@@ -60,6 +74,12 @@ from types import TracebackType
 
 import numpy as np
 
+from chunkstore._hugepages import (
+    PRIVATE_ANONYMOUS,
+    advise_huge_pages,
+    huge_page_size,
+    map_huge_aligned,
+)
 from chunkstore.errors import ConfigError, MissingDependency, StoreError
 from chunkstore.hashing import ChunkKey
 
@@ -126,7 +146,10 @@ class SlotPool:
         name: str | None,
         owner: bool,
         pin_memory: bool | None,
+        offset: int = 0,
     ) -> None:
+        # ``offset``: where the pool starts in ``mapping`` (a private pool is placed so that
+        # its slot data starts a huge page; a shared one always starts the mapping).
         self._mmap = mapping
         self._fd = fd
         self.name = name
@@ -134,7 +157,7 @@ class SlotPool:
         self.owner = owner
         """Whether this process created the pool (and unlinks it on close)."""
         magic, version, _, slot_size, stride, num_slots, table_off, data_off, owner_pid = (
-            _HEADER.unpack_from(mapping, 0)
+            _HEADER.unpack_from(mapping, offset)
         )
         if magic != MAGIC:
             raise StoreError(f"shared memory {name!r} is not a chunkstore slot pool")
@@ -150,14 +173,14 @@ class SlotPool:
         """Number of slots."""
         self.owner_pid: int = owner_pid
         """Process id of the creator."""
-        self._data_offset = data_off
+        self._data_offset = offset + data_off
         self._buf = memoryview(mapping)
-        table = np.ndarray((num_slots,), dtype=ENTRY, buffer=mapping, offset=table_off)
+        table = np.ndarray((num_slots,), dtype=ENTRY, buffer=mapping, offset=offset + table_off)
         self.table = table
         """The shared slot table (structured array, one :data:`ENTRY` per slot).
         Read it under the pool lock; only the owner and the assembly protocol write it."""
         self.rank_pids = np.ndarray(
-            (MAX_RANKS,), dtype="<i8", buffer=mapping, offset=RANK_TABLE_OFFSET
+            (MAX_RANKS,), dtype="<i8", buffer=mapping, offset=offset + RANK_TABLE_OFFSET
         )
         """Process id of each attached TP rank (0: none), for detecting crashed writers."""
         # Per-field views, taken once: scalar reads on them cost ~100 ns, not a dict lookup.
@@ -174,7 +197,9 @@ class SlotPool:
         self.pinned = False
         """Whether the pool is page-locked for the accelerator."""
         if pin_memory is not False:
-            self._unpin = _page_lock(mapping, required=pin_memory is True)
+            address = ctypes.addressof(ctypes.c_char.from_buffer(mapping, offset))
+            size = data_off + num_slots * stride  # the pool, not the slack around a private one
+            self._unpin = _page_lock(address, size, required=pin_memory is True)
             self.pinned = self._unpin is not None
         # The owner's name must not outlive its process: an owner that is garbage-collected or
         # exits without close() still removes /dev/shm/<name> (kill -9 is left to `replace`).
@@ -212,8 +237,9 @@ class SlotPool:
         data_offset = _round_up(table_offset + num_slots * ENTRY.itemsize, PAGE)
         size = data_offset + num_slots * stride
         fd: int | None = None
+        offset = 0
         if name is None:
-            mapping = mmap.mmap(-1, size)
+            mapping, offset = _private_mapping(size, data_offset)
         else:
             path = _shm_path(name)
             if replace:
@@ -230,6 +256,10 @@ class SlotPool:
                 # clear error instead of SIGBUS on the first write into a late slot.
                 os.posix_fallocate(fd, 0, size)
                 mapping = mmap.mmap(fd, size, mmap.MAP_SHARED)
+                # Huge pages for the slot data where /dev/shm gives them to advised memory
+                # (shmem_enabled "advise"; with "always" it does anyway, with "never" not at
+                # all). Untested on a host that has them: see docs/limits.md.
+                advise_huge_pages(mapping, data_offset, size - data_offset)
             except OSError as exc:
                 os.close(fd)
                 path.unlink(missing_ok=True)
@@ -239,7 +269,7 @@ class SlotPool:
                 ) from None
         _HEADER.pack_into(
             mapping,
-            0,
+            offset,
             MAGIC,
             VERSION,
             0,
@@ -250,7 +280,7 @@ class SlotPool:
             data_offset,
             os.getpid(),
         )
-        return cls(mapping, fd=fd, name=name, owner=True, pin_memory=pin_memory)
+        return cls(mapping, fd=fd, name=name, owner=True, pin_memory=pin_memory, offset=offset)
 
     @classmethod
     def attach(cls, name: str, *, pin_memory: bool | None = False) -> SlotPool:
@@ -499,8 +529,25 @@ def _shm_path(name: str) -> Path:
     return SHM_DIR / name
 
 
-def _page_lock(mapping: mmap.mmap, *, required: bool) -> Callable[[], None] | None:
-    """Register the mapping with CUDA as pinned host memory; returns the undo, or None."""
+def _private_mapping(size: int, data_offset: int) -> tuple[mmap.mmap, int]:
+    """Memory for an unnamed pool of ``size`` bytes and where the pool starts in it: private
+    (only this process maps it), placed so that its slot data, from ``data_offset``, starts a
+    huge page where the kernel has them for advised memory (:mod:`chunkstore._hugepages`).
+
+    Private, not shared anonymous memory: that is shmem, which gets no huge pages where
+    ``shmem_enabled`` is ``never``; and a process forked from the owner gets a copy of the
+    pool, not a second writer into its slots (nothing shares an unnamed pool across a
+    fork: processes that share a pool attach it by name).
+    """
+    huge = huge_page_size()
+    if huge is None or size - data_offset < huge:
+        return mmap.mmap(-1, size, flags=PRIVATE_ANONYMOUS), 0
+    return map_huge_aligned(size, data_offset, huge)
+
+
+def _page_lock(address: int, size: int, *, required: bool) -> Callable[[], None] | None:
+    """Register ``size`` bytes at ``address`` with CUDA as pinned host memory; returns the
+    undo, or None."""
     try:
         import torch
     except ImportError:
@@ -513,8 +560,6 @@ def _page_lock(mapping: mmap.mmap, *, required: bool) -> Callable[[], None] | No
         if required:
             raise ConfigError("pin_memory=True but torch sees no CUDA device")
         return None
-    address = np.frombuffer(mapping, np.uint8).ctypes.data
-    size = len(mapping)
     cudart = torch.cuda.cudart()  # type: ignore[no-untyped-call]  # untyped in torch's stubs
     status = cudart.cudaHostRegister(address, size, 0)
     if int(status) != 0:

@@ -8,6 +8,7 @@ from concurrent.futures import Future
 
 import pytest
 
+from chunkstore import _hugepages
 from chunkstore.vllm.native import buffers
 from chunkstore.vllm.native.buffers import PAGE, ChunkBuffers
 
@@ -71,8 +72,8 @@ def test_small_buffers_and_hosts_without_huge_pages_get_plain_pages(monkeypatch,
 
     (tmp_path / "enabled").write_text("always madvise [never]\n")
     (tmp_path / "hpage_pmd_size").write_text(f"{huge}\n")
-    monkeypatch.setattr(buffers, "_THP", tmp_path)
-    buffers.huge_page_size.cache_clear()
+    monkeypatch.setattr(_hugepages, "_THP", tmp_path)
+    _hugepages.huge_page_size.cache_clear()
     try:
         assert buffers.huge_page_size() is None
         pool = ChunkBuffers(2 * huge, keep=1, huge_at=PAGE)
@@ -81,7 +82,7 @@ def test_small_buffers_and_hosts_without_huge_pages_get_plain_pages(monkeypatch,
         assert len(buffer) == 2 * huge and _address(buffer) % PAGE == 0
         pool.close()
     finally:
-        buffers.huge_page_size.cache_clear()
+        _hugepages.huge_page_size.cache_clear()
 
 
 def test_the_kernel_refusing_huge_pages_leaves_a_working_buffer(monkeypatch):

@@ -27,40 +27,20 @@ the layout anyway gets this for nothing.
 
 from __future__ import annotations
 
-import ctypes
 import errno
 import mmap
 import threading
 from collections.abc import Iterable, Sequence
 from concurrent.futures import Future
-from functools import cache
-from pathlib import Path
 
-PAGE = mmap.PAGESIZE
+from chunkstore._hugepages import PAGE, huge_page_size, map_huge_aligned
+
+__all__ = ["PAGE", "ChunkBuffers", "huge_page_size"]
+
 _NEW_BUFFER_FLAGS = mmap.MAP_PRIVATE | getattr(mmap, "MAP_POPULATE", 0)
 """Private (no shared-memory file behind the pages) and populated at mapping time."""
-_HUGE_BUFFER_FLAGS = mmap.MAP_PRIVATE | getattr(mmap, "MAP_ANONYMOUS", 0)
-"""Private, and populated only once the huge pages are asked for (a 4 KiB page faulted in
-first would keep its huge page from forming)."""
 _MADV_POPULATE_WRITE = 23
 """Linux >= 5.14: fault a range in, writable, in one call (Python 3.11 has no name for it)."""
-_THP = Path("/sys/kernel/mm/transparent_hugepage")
-
-
-@cache
-def huge_page_size() -> int | None:
-    """The transparent huge page size where the kernel gives huge pages to ``madvise``-d
-    anonymous memory; None elsewhere (other systems, THP ``never``)."""
-    if getattr(mmap, "MADV_HUGEPAGE", None) is None:
-        return None
-    try:
-        enabled = (_THP / "enabled").read_text()
-        size = int((_THP / "hpage_pmd_size").read_text())
-    except (OSError, ValueError):
-        return None
-    if "[never]" in enabled or size <= PAGE or size % PAGE:
-        return None
-    return size
 
 
 class ChunkBuffers:
@@ -107,19 +87,10 @@ class ChunkBuffers:
         huge = self._huge
         if huge is None:
             return memoryview(mmap.mmap(-1, self.size, flags=_NEW_BUFFER_FLAGS))
-        # One huge page more than the buffer, so that the buffer can start where its
-        # ``huge_at`` offset falls on a huge-page boundary (the pages around it are never
-        # touched: they cost address space, not memory).
-        mapping = mmap.mmap(-1, self.size + huge, flags=_HUGE_BUFFER_FLAGS)
+        # Populated only once the huge pages are asked for (map_huge_aligned did): a 4 KiB
+        # page faulted in first would keep its huge page from forming.
+        mapping, start = map_huge_aligned(self.size, self._huge_at, huge)
         try:
-            address = ctypes.addressof(ctypes.c_char.from_buffer(mapping))
-            start = (-(address + self._huge_at)) % huge
-            first = start + self._huge_at  # the buffer's first huge-page boundary
-            whole = (start + self.size - first) // huge * huge
-            try:
-                mapping.madvise(mmap.MADV_HUGEPAGE, first, whole)
-            except OSError:
-                pass  # refused (THP switched off since): 4 KiB pages, as without it
             _populate(mapping, start, self.size)
         except BaseException:
             _unmap(memoryview(mapping))
