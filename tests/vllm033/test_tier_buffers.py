@@ -100,6 +100,34 @@ def test_small_buffers_and_hosts_without_huge_pages_get_plain_pages(monkeypatch,
 
 
 @pytest.mark.skipif(not hasattr(mmap, "MADV_HUGEPAGE"), reason="no huge pages on this system")
+@pytest.mark.parametrize(
+    ("overall", "own", "given"),
+    [
+        ("always madvise [never]", "always inherit [madvise] never", True),
+        ("always [madvise] never", "always inherit madvise [never]", False),
+        ("always [madvise] never", "always [inherit] madvise never", True),
+        ("always madvise [never]", "always [inherit] madvise never", False),
+    ],
+)
+def test_the_huge_page_size_has_its_own_setting_where_the_kernel_has_one(
+    monkeypatch, tmp_path, overall, own, given
+):
+    # Linux 6.8 and later set each huge page size apart, and the line for the size (unless
+    # "inherit") is the one the kernel follows: huge pages are given with THP "never" above
+    # it, and none with "madvise" above a size set to "never".
+    (tmp_path / "enabled").write_text(f"{overall}\n")
+    (tmp_path / "hpage_pmd_size").write_text("2097152\n")
+    (tmp_path / "hugepages-2048kB").mkdir()
+    (tmp_path / "hugepages-2048kB" / "enabled").write_text(f"{own}\n")
+    monkeypatch.setattr(buffers, "_THP", tmp_path)
+    buffers.huge_page_size.cache_clear()
+    try:
+        assert buffers.huge_page_size() == (2 << 20 if given else None)
+    finally:
+        buffers.huge_page_size.cache_clear()
+
+
+@pytest.mark.skipif(not hasattr(mmap, "MADV_HUGEPAGE"), reason="no huge pages on this system")
 def test_the_kernel_refusing_huge_pages_leaves_a_working_buffer(monkeypatch):
     # Refused where THP was switched off after start-up, or for this process (prctl): on any
     # host, whatever its own THP mode, as the pool is told there are huge pages.

@@ -57,6 +57,10 @@ def huge_page_size() -> int | None:
     try:
         enabled = (_THP / "enabled").read_text()
         size = int((_THP / "hpage_pmd_size").read_text())
+        # Linux >= 6.8 sets each size apart; the kernel follows that line unless "inherit".
+        own = _THP / f"hugepages-{size // 1024}kB" / "enabled"
+        if own.is_file() and "[inherit]" not in (mode := own.read_text()):
+            enabled = mode
     except (OSError, ValueError):
         return None
     if "[never]" in enabled or size <= PAGE or size % PAGE:
