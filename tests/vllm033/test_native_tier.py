@@ -746,20 +746,26 @@ def test_a_directory_tier_writes_around_the_page_cache_unless_told_otherwise(tie
     assert tier.stores[0].io_stats().write_mode == "buffered"
 
 
-def test_a_directory_refusing_o_direct_still_gets_exact_chunks(tier_env, monkeypatch):
-    # Some FUSE and network mounts refuse O_DIRECT: the tier's direct writes (its default)
-    # then go through the page cache, and the chunks round-trip byte for byte.
+def _o_direct_asked(monkeypatch):
+    """The descriptors O_DIRECT is asked for from now on (through whatever fcntl is in place)."""
     asked = []
-    real_fcntl = fastread.fcntl.fcntl
-    refuse_o_direct(monkeypatch)
-    refusing_fcntl = fastread.fcntl.fcntl
+    fcntl = fastread.fcntl.fcntl
 
     def counted(fd, cmd, arg=0):
         if cmd == fastread.fcntl.F_SETFL and arg & fastread.O_DIRECT:
             asked.append(fd)
-        return refusing_fcntl(fd, cmd, arg)
+        return fcntl(fd, cmd, arg)
 
     monkeypatch.setattr(fastread.fcntl, "fcntl", counted)
+    return asked
+
+
+def test_a_directory_refusing_o_direct_still_gets_exact_chunks(tier_env, monkeypatch):
+    # Some FUSE and network mounts refuse O_DIRECT: the tier's direct writes (its default)
+    # then go through the page cache, and the chunks round-trip byte for byte.
+    real_fcntl = fastread.fcntl.fcntl
+    refuse_o_direct(monkeypatch)
+    asked = _o_direct_asked(monkeypatch)
     tier, mem, _ = tier_env()
     assert tier.stores[0].io_stats().write_mode == "direct"
     request = make_request(PROMPT, "no-odirect")
@@ -821,15 +827,7 @@ def test_chunks_go_around_the_page_cache_from_either_kind_of_buffer(
         return buffer
 
     monkeypatch.setattr(buffers_module.ChunkBuffers, "_map_one", recorded)
-    direct_writes = []
-    fcntl = fastread.fcntl.fcntl
-
-    def counted(fd, cmd, arg=0):
-        if cmd == fastread.fcntl.F_SETFL and arg & fastread.O_DIRECT:
-            direct_writes.append(fd)
-        return fcntl(fd, cmd, arg)
-
-    monkeypatch.setattr(fastread.fcntl, "fcntl", counted)
+    direct_writes = _o_direct_asked(monkeypatch)
     tier, mem, _ = tier_env()
     assert tier._buffers.huge_pages is huge_pages
     (buffer,) = tier._buffers.take(1)
