@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import mmap
+import sys
 from concurrent.futures import Future
 from pathlib import Path
 
@@ -119,7 +120,8 @@ def test_the_huge_page_size_has_its_own_setting_where_the_kernel_has_one(
     (tmp_path / "hpage_pmd_size").write_text("2097152\n")
     (tmp_path / "hugepages-2048kB").mkdir()
     (tmp_path / "hugepages-2048kB" / "enabled").write_text(f"{own}\n")
-    monkeypatch.setattr(buffers, "_THP", tmp_path)
+    # (The module that reads the settings, wherever huge_page_size lives.)
+    monkeypatch.setattr(sys.modules[buffers.huge_page_size.__module__], "_THP", tmp_path)
     buffers.huge_page_size.cache_clear()
     try:
         assert buffers.huge_page_size() == (2 << 20 if given else None)
