@@ -18,6 +18,7 @@ huge pages only under ``shmem_enabled`` (often ``never``).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import mmap
 from functools import cache
@@ -41,6 +42,10 @@ def huge_page_size() -> int | None:
     try:
         enabled = (_THP / "enabled").read_text()
         size = int((_THP / "hpage_pmd_size").read_text())
+        # Linux >= 6.8 sets each size apart; the kernel follows that line unless "inherit".
+        own = _THP / f"hugepages-{size // 1024}kB" / "enabled"
+        if own.is_file() and "[inherit]" not in (mode := own.read_text()):
+            enabled = mode
     except (OSError, ValueError):
         return None
     if "[never]" in enabled or size <= PAGE or size % PAGE:
@@ -74,7 +79,14 @@ def map_huge_aligned(size: int, aligned_at: int, huge: int) -> tuple[mmap.mmap, 
         address = ctypes.addressof(ctypes.c_char.from_buffer(mapping))
         start = (-(address + aligned_at)) % huge
         first = start + aligned_at
-        advise_huge_pages(mapping, first, (start + size - first) // huge * huge)
+        whole = (start + size - first) // huge * huge
+        if advise_huge_pages(mapping, first, whole):
+            # Never a huge page around those (the region's first part and last part, the
+            # room left by the placement): under THP "always" touching the region's last
+            # part would fault in a whole one there, mostly outside the region.
+            for around, length in ((0, first), (first + whole, size + huge - first - whole)):
+                with contextlib.suppress(OSError):  # advice only, as above
+                    mapping.madvise(mmap.MADV_NOHUGEPAGE, around, length)
     except BaseException:
         mapping.close()
         raise

@@ -8,6 +8,7 @@ blocks the caller; many jobs in flight; shutdown drains.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import re
@@ -27,6 +28,7 @@ from chunkstore.backends import open_store
 from chunkstore.errors import ConfigError
 from chunkstore.format import decode_chunk
 from chunkstore.metrics import default_metrics
+from chunkstore.vllm.native import buffers as buffers_module
 from chunkstore.vllm.native import tier as tier_module
 from chunkstore.vllm.testing import sample_prompt_ids
 from tests.backends.test_fastread import refuse_o_direct
@@ -744,20 +746,26 @@ def test_a_directory_tier_writes_around_the_page_cache_unless_told_otherwise(tie
     assert tier.stores[0].io_stats().write_mode == "buffered"
 
 
-def test_a_directory_refusing_o_direct_still_gets_exact_chunks(tier_env, monkeypatch):
-    # Some FUSE and network mounts refuse O_DIRECT: the tier's direct writes (its default)
-    # then go through the page cache, and the chunks round-trip byte for byte.
+def _o_direct_asked(monkeypatch):
+    """The descriptors O_DIRECT is asked for from now on (through whatever fcntl is in place)."""
     asked = []
-    real_fcntl = fastread.fcntl.fcntl
-    refuse_o_direct(monkeypatch)
-    refusing_fcntl = fastread.fcntl.fcntl
+    fcntl = fastread.fcntl.fcntl
 
     def counted(fd, cmd, arg=0):
         if cmd == fastread.fcntl.F_SETFL and arg & fastread.O_DIRECT:
             asked.append(fd)
-        return refusing_fcntl(fd, cmd, arg)
+        return fcntl(fd, cmd, arg)
 
     monkeypatch.setattr(fastread.fcntl, "fcntl", counted)
+    return asked
+
+
+def test_a_directory_refusing_o_direct_still_gets_exact_chunks(tier_env, monkeypatch):
+    # Some FUSE and network mounts refuse O_DIRECT: the tier's direct writes (its default)
+    # then go through the page cache, and the chunks round-trip byte for byte.
+    real_fcntl = fastread.fcntl.fcntl
+    refuse_o_direct(monkeypatch)
+    asked = _o_direct_asked(monkeypatch)
     tier, mem, _ = tier_env()
     assert tier.stores[0].io_stats().write_mode == "direct"
     request = make_request(PROMPT, "no-odirect")
@@ -795,6 +803,50 @@ def test_cold_chunks_load_around_the_page_cache_and_are_scattered_once(
     stats = tier.stores[0].io_stats()
     assert (stats.direct_reads, stats.cached_reads) == (4, 0)
     assert scattered == [tier.primary.layout.payload_size] * 4
+
+
+@pytest.mark.parametrize("huge_pages", [False, True], ids=["plain-pages", "placed-for-huge-pages"])
+def test_chunks_go_around_the_page_cache_from_either_kind_of_buffer(
+    tier_env, monkeypatch, tmp_path, huge_pages
+):
+    # The test model's chunks (36 KiB) are smaller than a real huge page, and hosts
+    # without THP map no huge-page buffers: a "huge page" of 4 pages here places every buffer
+    # as a huge one is placed (payload on its boundary, the buffer part-way into its mapping)
+    # on any host. Either way the chunks go around the page cache both ways and, once the
+    # tier is shut down, every mapping it made is unmapped (no view of one outlives its job).
+    if not _takes_o_direct(tmp_path):
+        pytest.skip("this filesystem refuses O_DIRECT")
+    fake_huge = 4 * buffers_module.PAGE
+    monkeypatch.setattr(buffers_module, "huge_page_size", lambda: fake_huge if huge_pages else None)
+    mappings = []
+    map_one = buffers_module.ChunkBuffers._map_one
+
+    def recorded(pool):
+        buffer = map_one(pool)
+        mappings.append(buffer.obj)
+        return buffer
+
+    monkeypatch.setattr(buffers_module.ChunkBuffers, "_map_one", recorded)
+    direct_writes = _o_direct_asked(monkeypatch)
+    tier, mem, _ = tier_env()
+    assert tier._buffers.huge_pages is huge_pages
+    (buffer,) = tier._buffers.take(1)
+    start = ctypes.addressof(ctypes.c_char.from_buffer(buffer))
+    if huge_pages:
+        assert (start + tier.primary.layout.data_offset) % fake_huge == 0
+    else:
+        assert len(buffer) == len(buffer.obj)  # the buffer is its whole mapping
+    tier._buffers.give([buffer])
+    request = make_request(PROMPT, f"either-{huge_pages}")
+    ctx, keys, results = _store_prompt(tier, mem, request, [0, 1, 2, 3])
+    assert [r.success for r in results] == [True]
+    assert len(direct_writes) == 4  # each chunk written with O_DIRECT from its buffer
+    tier.submit_load(job(keys, [8, 9, 10, 11], ctx, promotion=True))
+    (loaded,) = finish(tier)
+    assert loaded.success and torch.equal(mem[8:12], mem[0:4])
+    assert tier.stores[0].io_stats().direct_reads == 4
+    tier.shutdown()
+    assert mappings and all(m.closed for m in mappings)
 
 
 def _takes_o_direct(directory):

@@ -13,7 +13,8 @@ buffers, so those are released when the abandoned call ends (:meth:`ChunkBuffers
 
 Where the kernel offers transparent huge pages (``madvise`` mode or ``always``), a
 buffer of at least one huge page is placed so that a chosen offset in it (the
-chunk's payload) starts a huge page, and the huge pages under it are asked for.
+chunk's payload) starts a huge page, and the huge pages under it are asked for (the
+rest of the mapping is asked never to be one: it costs address space, not memory).
 Then the payload is one physically contiguous piece per huge page, so an
 ``O_DIRECT`` transfer of a 2 MiB chunk reaches the device as one request of a
 few segments instead of 513 scattered pages split into three requests (this
