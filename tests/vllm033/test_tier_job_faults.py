@@ -166,3 +166,30 @@ def test_buffers_given_back_after_close_are_unmapped():
     pool.close()
     pool.give([late])  # a call abandoned at shutdown ends afterwards
     assert mapping.closed
+
+
+def test_a_start_up_without_memory_for_buffers_leaves_no_threads_or_stores(
+    harness, tmp_path, monkeypatch
+):
+    # Reserving the tier's buffers is the last thing start-up does; where it fails (no
+    # memory) the stores already opened and the threads already started used to stay behind.
+    from chunkstore.backends._fs import FsStore
+    from chunkstore.vllm.native.buffers import ChunkBuffers
+
+    def no_memory(self, count):
+        raise MemoryError("no memory for the tier's buffers")
+
+    closed = []
+    close = FsStore.close
+    monkeypatch.setattr(ChunkBuffers, "reserve", no_memory)
+    monkeypatch.setattr(FsStore, "close", lambda self: (closed.append(self), close(self))[1])
+    before = {t.name for t in threading.enumerate()}
+    with pytest.raises(MemoryError):
+        make_tier(harness(), primary(4), [str(tmp_path / "kv")])
+    started = [
+        t for t in threading.enumerate() if t.name not in before and t.name.startswith("chunkstore")
+    ]
+    for thread in started:  # idle workers told to stop end at once (none is left waiting)
+        thread.join(timeout=10)
+    assert [t.name for t in started if t.is_alive()] == []
+    assert len(closed) == 1

@@ -245,7 +245,13 @@ class ChunkStoreTier(SecondaryTierManager):
         self.max_reading = 2 * CALLS_IN_FLIGHT
         """Chunk reads started and not yet scattered, at most (the same bound as writes)."""
         self._reading = threading.BoundedSemaphore(self.max_reading)
-        self._buffers.reserve(self.max_writing + self.max_reading)
+        try:
+            self._buffers.reserve(self.max_writing + self.max_reading)
+        except BaseException:  # no memory for them: the threads and stores opened go too
+            self._pool.shutdown(wait=True)
+            self._buffers.close()
+            self._close_stores()
+            raise
         self._lookup_pool = ThreadPoolExecutor(2, thread_name_prefix="chunkstore-tier-lookup")
         self._jobs: dict[int, Future[None]] = {}
         self._loads: dict[int, tuple[str, list[ChunkKey]]] = {}
