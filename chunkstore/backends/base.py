@@ -27,7 +27,9 @@ import enum
 import logging
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -164,6 +166,32 @@ def judge_oversized(key: ChunkKey, head: Any, size: int) -> Judgement:
     return Judgement(ReadVerdict.OK, header=header)
 
 
+SetAsideRunner = Callable[[Callable[[], None]], str | None]
+"""Takes the set-aside of one corrupt chunk (a call that quarantines it and logs what
+became of it; it never raises) and runs it or has it run; returns ``None`` once it has
+taken it, else why it will not run it (then the chunk is left where it is)."""
+
+_set_aside_runner: ContextVar[SetAsideRunner | None] = ContextVar("set_aside_runner", default=None)
+
+
+@contextmanager
+def set_asides_handed_to(runner: SetAsideRunner) -> Iterator[None]:
+    """Inside the block, a corrupt chunk any store reports (:meth:`Store.report_corrupt`,
+    also through :meth:`Store._admit`) in this thread is counted at once and set aside by
+    ``runner`` (other threads are not affected).
+
+    For a caller that judges a store's chunk on its own thread and must not wait for the
+    store's set-aside, which is I/O on that store (a rename on a mount, requests to S3 or a
+    peer) that may stall: the tiered store hands it to the tier's guard. A context variable
+    rather than a parameter, so that every store's own ``_admit`` (its counters, its log
+    lines) runs unchanged."""
+    token = _set_aside_runner.set(runner)
+    try:
+        yield
+    finally:
+        _set_aside_runner.reset(token)
+
+
 class Store(ABC):
     """Abstract chunk store. Subclasses implement the ``_``-prefixed batched primitives."""
 
@@ -276,9 +304,23 @@ class Store(ABC):
     def report_corrupt(self, key: ChunkKey, exc: Exception) -> None:
         """Count a corrupt chunk and quarantine it; never raises. One warning names the
         chunk and says what became of it (logged once the set-aside has been tried, so it
-        never claims one that did not happen)."""
+        never claims one that did not happen). Inside :func:`set_asides_handed_to` it is
+        counted here and set aside by the runner, later."""
         with self._corrupt_lock:
             self._corrupt += 1
+        runner = _set_aside_runner.get()
+        if runner is None:
+            self._set_aside_reported(key, exc)
+            return
+        refused = runner(lambda: self._set_aside_reported(key, exc))
+        if refused is not None:
+            log.warning(
+                "%s: corrupt chunk %s (%s): not set aside: %s", self.name, key.hex, exc, refused
+            )
+
+    def _set_aside_reported(self, key: ChunkKey, exc: Exception) -> None:
+        """Quarantine a chunk :meth:`report_corrupt` counted and log what became of it;
+        never raises."""
         try:
             outcome = self._quarantine(key, f"{type(exc).__name__}: {exc}")
         except StoreError as failure:

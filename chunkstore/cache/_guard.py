@@ -217,6 +217,35 @@ class GuardedTier:
         assert self.timeout is not None
         return GuardedCall(self, op, future, time.monotonic() + self.timeout, began)
 
+    def hand_off(self, op: str, fn: Callable[..., Any], *args: Any) -> str | None:
+        """Begin ``fn(*args)`` as :meth:`start` does, and let nobody wait for it: for work
+        whose outcome the caller does not need (setting aside a damaged copy a read found),
+        so that a tier stalling in it holds one of its own workers, not the caller.
+
+        What it raises is judged as :meth:`call` judges it (logged, counted, the tier backed
+        off) when it ends. It has no deadline to miss: the tier's next call that someone
+        waits for finds a tier that stalls. Without a timeout it runs here, before returning.
+        ``None`` once it is made; else why it was not (the tier is in back-off for ``op``,
+        or closed), and ``fn`` is not called."""
+        try:
+            call = self.start(op, fn, *args)
+        except TierUnavailable:
+            return f"tier {self.name} is in back-off"
+        except RuntimeError:  # its workers were shut down: the tier is closed
+            return f"tier {self.name} is closed"
+
+        def settle(future: Future[Any]) -> None:
+            if future.cancelled():  # still queued when the tier closed: it never ran
+                log.info("tier %s: %s dropped at close", self.name, op)
+                return
+            try:
+                call.result()  # done: returns or judges its failure at once
+            except TierUnavailable:
+                pass  # judged and logged by result(); nobody to tell
+
+        call.future.add_done_callback(settle)
+        return None
+
     def _settle(self, op: str, future: Future[R], deadline: float | None) -> R:
         """The result of a started call, judged as :meth:`call` describes."""
         write = op in WRITE_OPS

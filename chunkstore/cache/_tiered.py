@@ -44,7 +44,13 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
-from chunkstore.backends.base import Buffer, ChunkInfo, Store, SupportsGetInto
+from chunkstore.backends.base import (
+    Buffer,
+    ChunkInfo,
+    Store,
+    SupportsGetInto,
+    set_asides_handed_to,
+)
 from chunkstore.cache._guard import GuardedTier, TierUnavailable
 from chunkstore.cache._host import HostCache, HostCacheStats
 from chunkstore.cache._lease import Lease
@@ -124,8 +130,9 @@ class TieredStore(Store):
     and deleted from every tier), and, on every read path (:meth:`get_many`,
     :meth:`get_into`, :meth:`acquire`, :meth:`prefetch`), chunks from a tier
     opened without ``verify`` before they are served or promoted (a corrupt one
-    is counted and set aside by that tier, and a lower tier's copy is read
-    next; the other tiers' chunks are checked once, by those tiers). Off by
+    is counted and set aside by that tier, through its guard and not waited
+    for, and a lower tier's copy is read next; the other tiers' chunks are
+    checked once, by those tiers). Off by
     default: host memory is trusted, and every secondary tier checks what it
     returns with its own ``verify``.
     """
@@ -458,12 +465,19 @@ class TieredStore(Store):
         where it knows them): it counts damage and sets aside its copy (its guarded
         quarantine). Not a delete from
         every tier, as for a corrupt host chunk: a lower tier's copy is intact and is
-        served next."""
+        served next.
+
+        The set-aside is I/O on the tier (a rename on a mount, requests to S3 or a peer),
+        which may stall: it is handed to the tier's guard and not waited for, so the read
+        goes on to its miss or the next tier's copy at once. A tier in back-off for writes
+        is not asked (the copy stays, logged; a later read finds it again)."""
         if tier_verifies:
             return True
         if not self.verify:
             return None
-        return tier.store._admit(key, tier.store._judge(key, data))
+        judgement = tier.store._judge(key, data)
+        with set_asides_handed_to(lambda set_aside: tier.hand_off("delete", set_aside)):
+            return tier.store._admit(key, judgement)
 
     def _load_from_tiers(self, key: ChunkKey, buffer: Buffer) -> int | None:
         """Without promotion: the first tier's copy straight into ``buffer``.

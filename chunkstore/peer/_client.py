@@ -186,6 +186,11 @@ class PeerClient:
         self.plane_reason = ""
         """Why the plane was chosen (e.g. why NIXL is not used)."""
         self._remote_agent: str | None = None
+        """The server's NIXL agent as loaded into our plane's endpoint: one hold on it,
+        which :meth:`_hold_remote` swaps and lets go."""
+        self._remote_lock = threading.Lock()
+        """Guards the swap of :attr:`_remote_agent` alone: a failed READ marks the peer down
+        outside :attr:`_lock`, and the same hold must never be let go twice."""
         self._curve: tuple[bytes, bytes] | None = None
         if self.config.curve_server_key is not None:
             if self.config.curve_public_key and self.config.curve_secret_key:
@@ -262,11 +267,20 @@ class PeerClient:
             return
         self._unsent.clear()  # the session ends with the connection: its leases with it
         self._reset()
-        if self._remote_agent is not None and self._nixl is not None:
-            # The peer may have restarted; NIXL must forget its old memory keys.
-            self._nixl.endpoint.forget_remote(self._remote_agent)
-            self._remote_agent = None
+        # The peer may have restarted (a new agent, loaded by the next hello) or its
+        # connection broken: let go of our hold on its agent. Only our hold: another client
+        # sharing the plane may still read from the same agent, which goes with its last user.
+        self._hold_remote(None)
         self._session = None
+
+    def _hold_remote(self, name: str | None) -> None:
+        """Make ``name`` (an agent :meth:`NixlEndpoint.add_remote` just loaded for us, or
+        ``None``) the server's agent we use, letting go of the one held before. Agents are
+        counted per user in the shared endpoint, so each hold is let go exactly once."""
+        with self._remote_lock:
+            held, self._remote_agent = self._remote_agent, name
+        if held is not None and self._nixl is not None:
+            self._nixl.endpoint.remove_remote(held)
 
     def request(
         self,
@@ -498,7 +512,9 @@ class PeerClient:
             assert self._nixl is not None
             remote = self._nixl.endpoint.add_remote(reply["nixl_md"])
             if remote is not None:
-                self._remote_agent = remote
+                # Loaded before the earlier hold goes: the same server's agent (a session
+                # the server dropped) is then never removed and loaded again in between.
+                self._hold_remote(remote)
                 self.plane, self.plane_reason = P.PLANE_NIXL, "both sides offer NIXL"
                 return
             why = "NIXL rejected the peer's agent metadata"
@@ -507,6 +523,7 @@ class PeerClient:
                 why
                 or f"the peer does not offer NIXL ({reply.get('nixl_reason') or 'not configured'})"
             )
+        self._hold_remote(None)  # this session reads no NIXL
         if P.PLANE_INLINE not in offered:
             raise PeerRefused(P.DATAPLANE_UNAVAILABLE, f"no common data plane ({why})")
         self.plane, self.plane_reason = P.PLANE_INLINE, why
@@ -634,9 +651,10 @@ class PeerClient:
         if not use:
             body["use"] = False
         reply, _ = self.request("fetch", body)
-        # The agent of the server that answered. Another thread may forget it (a request of
-        # its own timed out): its READs then fail as a miss (NixlEndpoint refuses a forgotten
-        # agent), never with the attribute gone under us.
+        # The agent of the server that answered. Another thread may let go of it (a request
+        # of its own timed out): if no other client sharing the plane holds it, its READs then
+        # fail as a miss (NixlEndpoint refuses a removed agent), never with the attribute gone
+        # under us.
         remote = self._remote_agent
         items = reply.get("items")
         lease = reply.get("lease")
@@ -888,9 +906,7 @@ class PeerClient:
                     pass
             self._session = None
             self._reset()
-            if self._nixl is not None and self._remote_agent is not None:
-                self._nixl.endpoint.remove_remote(self._remote_agent)
-                self._remote_agent = None
+            self._hold_remote(None)
             if self._own_nixl and self._nixl is not None:
                 self._nixl.close()
                 self._nixl = None

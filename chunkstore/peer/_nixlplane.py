@@ -182,20 +182,15 @@ class NixlEndpoint:
         return name
 
     def remove_remote(self, name: str) -> None:
-        """Forget a peer (after its last user); disconnects it once no transfer with it
+        """Let go of one use of a peer's agent (one per :meth:`add_remote`: a client's hold,
+        a server's session). Clients sharing a plane may load the same server's agent, so
+        it is removed only after its last user lets go, and then once no transfer with it
         is running (see the module docstring)."""
         with self._lock:
             count = self._remotes.get(name, 0) - 1
             if count > 0:
                 self._remotes[name] = count
                 return
-            if self._remotes.pop(name, None) is not None:
-                self._remove_when_idle(name)
-
-    def forget_remote(self, name: str) -> None:
-        """Drop a peer whatever its use count (after a failed transfer); disconnects it once
-        no transfer with it is running."""
-        with self._lock:
             if self._remotes.pop(name, None) is not None:
                 self._remove_when_idle(name)
 

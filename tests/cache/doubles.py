@@ -137,6 +137,24 @@ class StallingStore(DirectStore):
         return super().exists_many(keys)
 
 
+class StallingSetAside(MemoryStore):
+    """An unverified store whose set-aside of a corrupt chunk waits for ``release``: a tier
+    that stalls in it. ``began`` is set when one is waiting; ``events`` gets ``"set aside"``
+    when one goes on (tests add their own entries to order it against)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(name=name, verify=False)
+        self.release = threading.Event()
+        self.began = threading.Event()
+        self.events: list[str] = []
+
+    def _quarantine(self, key: ChunkKey, reason: str) -> str:
+        self.began.set()
+        self.release.wait(timeout=10)  # bounded: a read that waits for it fails, not hangs
+        self.events.append("set aside")
+        return super()._quarantine(key, reason)
+
+
 class VerifyTurnedOnDuringRead(MemoryStore):
     """A store whose ``verify`` is turned on while a read that did not check is returning."""
 

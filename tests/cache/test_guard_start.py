@@ -100,3 +100,58 @@ def test_a_started_calls_duration_ends_when_the_call_does_not_when_it_is_taken(
     finally:
         store.gate.set()
         tier.close()
+
+
+# --- hand_off: begun under the guard, waited for by nobody ------------------------------------
+
+
+def test_a_handed_off_call_runs_on_the_tier_while_the_caller_goes_on(
+    chain: list[MadeChunk], metrics: ChunkstoreMetrics
+) -> None:
+    store = GatedStore("disk")
+    tier = _guarded(store, metrics, workers=1)
+    try:
+        assert tier.hand_off("put", store.put_many, [(chain[0].key, chain[0].data)]) is None
+        assert store.entered.wait(timeout=30)  # running on the tier's thread...
+        assert not store.finished.is_set()  # ...stalled, and the caller already back
+        store.gate.set()
+        assert store.finished.wait(timeout=30)
+        assert store.get(chain[0].key) == chain[0].data
+    finally:
+        store.gate.set()
+        tier.close()
+
+
+def test_a_handed_off_call_is_not_made_while_the_tier_is_in_back_off(
+    metrics: ChunkstoreMetrics,
+) -> None:
+    store = GatedStore("disk")
+    store.gate.set()
+    tier = _guarded(store, metrics)
+    made: list[str] = []
+    try:
+        with pytest.raises(TierUnavailable):
+            tier.call("delete", _raise, OSError("disk gone"))
+        assert tier.hand_off("delete", made.append, "set aside") == "tier disk is in back-off"
+        assert made == []
+    finally:
+        tier.close()
+    closed = _guarded(store, metrics)
+    closed.close()
+    assert closed.hand_off("delete", made.append, "set aside") == "tier disk is closed"
+    assert made == []
+
+
+def test_a_handed_off_failure_is_judged_not_raised(
+    metrics: ChunkstoreMetrics, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = GatedStore("disk")
+    tier = _guarded(store, metrics, timeout=None)  # runs here: judged before hand_off returns
+    with caplog.at_level("WARNING"):
+        assert tier.hand_off("delete", _raise, OSError("disk gone")) is None
+    assert not tier.up and not tier.writable  # backed off, as a waited-for call would be
+    assert "tier disk: delete OSError: disk gone" in caplog.text
+
+
+def _raise(exc: Exception) -> None:
+    raise exc

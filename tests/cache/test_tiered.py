@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+import logging
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -11,6 +13,7 @@ from prometheus_client import CollectorRegistry
 
 from chunkstore.backends._memory import MemoryStore
 from chunkstore.cache import HostCache, TieredStore
+from chunkstore.cache._guard import TierUnavailable
 from chunkstore.errors import ConfigError
 from chunkstore.hashing import ChunkKey
 from chunkstore.metrics import ChunkstoreMetrics
@@ -21,6 +24,7 @@ from tests.cache.conftest import LAYOUT, SLOT
 from tests.cache.doubles import (
     FlakyStore,
     GatedStore,
+    StallingSetAside,
     StallingStore,
     VerifyTurnedOnDuringRead,
     assert_intact,
@@ -543,11 +547,28 @@ def test_verify_checks_a_non_verifying_tier_on_every_read_path(
         assert _read_by(store, path, bad.key) is None
         assert store.corrupt_detected == 1
         assert store.host.acquire(bad.key) is None  # nothing corrupt reached host memory
-        assert not tier.exists(bad.key)  # set aside
+        wait_until(lambda: not tier.exists(bad.key), "set aside (by the tier's guard)")
         assert _read_by(store, path, bad.key) is None  # and a plain miss afterwards
         assert store.corrupt_detected == 1
     finally:
         store.close()
+
+
+def _damaged_above_intact(
+    fast: MemoryStore, path: str
+) -> tuple[TieredStore, MemoryStore, MadeChunk]:
+    """A verifying tiered store for read path ``path`` over ``fast`` (opened without
+    ``verify``), holding a chunk with a flipped bit, and a verifying ``cold`` tier below it
+    holding that chunk intact: (store, cold, chunk)."""
+    from chunkstore.testing.factories import sample_chunks
+    from chunkstore.testing.store_suite import corrupt_copies
+
+    cold = MemoryStore(name="cold", verify=True)
+    store = _verifying_over([fast, cold], path)
+    (chunk,) = sample_chunks(1, layout=LAYOUT)
+    fast.put(chunk.key, corrupt_copies(chunk)["bitflip"])
+    cold.put(chunk.key, chunk.data)
+    return store, cold, chunk
 
 
 @pytest.mark.parametrize("path", READ_PATHS)
@@ -555,21 +576,62 @@ def test_damage_in_a_non_verifying_tier_leaves_a_lower_tiers_copy(path: str) -> 
     """A corrupt chunk that ``verify`` finds in a tier that does not check its own reads is
     that tier's damage: it is counted once and set aside there, and the intact copy a lower
     tier holds is kept and served (the check used to delete the key from every tier)."""
-    from chunkstore.testing.factories import sample_chunks
-    from chunkstore.testing.store_suite import corrupt_copies
-
     fast = MemoryStore(name="fast", verify=False)
-    cold = MemoryStore(name="cold", verify=True)
-    store = _verifying_over([fast, cold], path)
+    store, cold, chunk = _damaged_above_intact(fast, path)
     try:
-        (chunk,) = sample_chunks(1, layout=LAYOUT)
-        fast.put(chunk.key, corrupt_copies(chunk)["bitflip"])
-        cold.put(chunk.key, chunk.data)
         assert _read_by(store, path, chunk.key) == chunk.data
         assert cold.get(chunk.key) == chunk.data  # the intact copy is kept
-        assert not fast.exists(chunk.key)  # the damaged one is set aside
+        wait_until(lambda: not fast.exists(chunk.key), "the damaged one set aside")
         assert (store.corrupt_detected, fast.corrupt_detected) == (1, 1)
         assert _read_by(store, path, chunk.key) == chunk.data  # and served from below next
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize("path", READ_PATHS)
+def test_a_tier_stalling_in_its_set_aside_does_not_stall_the_read(path: str) -> None:
+    """Setting aside the damaged copy that ``verify`` found in a tier that does not check
+    its own reads is that tier's call, made through its guard and not waited for: a tier
+    stalling in it (a hung mount's rename) used to stall the read on the reading thread.
+    The read serves the lower tier's copy at once; the damage is counted at once, and the
+    copy is set aside once the tier goes on."""
+    fast = StallingSetAside("fast")
+    store, cold, chunk = _damaged_above_intact(fast, path)
+    try:
+        assert _read_by(store, path, chunk.key) == chunk.data
+        fast.events.append("read returned")
+        assert (store.corrupt_detected, fast.corrupt_detected) == (1, 1)
+        assert fast.began.wait(timeout=30)  # the set-aside waits in the tier...
+        assert fast.exists(chunk.key)
+        fast.release.set()  # ...and goes on once the tier does
+        wait_until(lambda: not fast.exists(chunk.key), "the damaged copy set aside")
+        assert fast.events == ["read returned", "set aside"]
+        assert cold.get(chunk.key) == chunk.data
+    finally:
+        fast.release.set()
+        store.close()
+
+
+def test_a_tier_in_back_off_is_not_asked_to_set_aside(caplog: pytest.LogCaptureFixture) -> None:
+    """A tier whose writes are in back-off (it said it is full) is not called to set aside
+    the damaged copy a read found there: the read is still served from below, the damage
+    counted, and the warning says the copy was not set aside."""
+    fast = StallingSetAside("fast")
+    fast.release.set()
+    store, _, chunk = _damaged_above_intact(fast, "get")
+    try:
+
+        def full() -> None:
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        with pytest.raises(TierUnavailable):
+            store.tiers[0].call("put", full)
+        assert store.tiers[0].up and not store.tiers[0].writable
+        with caplog.at_level(logging.WARNING):
+            assert store.get(chunk.key) == chunk.data
+        assert fast.corrupt_detected == 1
+        assert not fast.began.is_set() and fast.exists(chunk.key)
+        assert "not set aside: tier fast is in back-off" in caplog.text
     finally:
         store.close()
 

@@ -5,8 +5,8 @@ its local memory (a receive-arena block, a host-cache slot) back while a late
 RDMA completion can still land there. A scripted agent stands in for NIXL so
 the "still in progress after the deadline" state is reached deterministically.
 
-The same holds for a peer's agent removed (``forget_remote`` after another request
-timed out, ``remove_remote`` when a session ends) while a transfer with it runs:
+The same holds for a peer's agent removed (its last user let go: a client's request
+timed out or it closed, a session ended on a server) while a transfer with it runs:
 NIXL then fails that transfer at once, and releasing it does not stop the RMA
 (measured with NIXL 1.5.1, UCX over TCP: bytes kept arriving after the release).
 """
@@ -127,14 +127,28 @@ class _RunningRead:
         return self.result == [True]
 
 
-def test_a_peer_forgotten_during_a_transfer_is_removed_once_it_ended() -> None:
+def test_a_peer_let_go_during_a_transfer_is_removed_once_it_ended() -> None:
     # Another request to the same peer timed out (PeerClient._mark_down) while this READ
     # into a host slot runs: removing the agent then would fail the READ at once and hand
     # the slot back with the RMA still writing into it.
     read = _RunningRead()
-    read.endpoint.forget_remote("peer")
+    read.endpoint.remove_remote("peer")
     assert "remove" not in read.agent.events  # deferred: the transfer runs
     assert read.endpoint.read("peer", [(0, 0, 4)], float("inf")) is False  # no new one starts
+    assert read.end()
+    assert read.agent.events == ["done", "release", "remove"]
+
+
+def test_a_peer_stays_while_another_user_holds_it() -> None:
+    # Two clients sharing one plane loaded the same server's agent; one lets go (it was
+    # marked down, or closed): the other's READs go on, and the agent goes with the last.
+    read = _RunningRead()
+    assert read.endpoint.add_remote(b"peer") == "peer"
+    read.endpoint.remove_remote("peer")
+    assert read.endpoint._remotes == {"peer": 1}  # new transfers with it still start
+    read.endpoint.remove_remote("peer")
+    assert "peer" not in read.endpoint._remotes  # none starts now...
+    assert "remove" not in read.agent.events  # ...but the running READ keeps the agent
     assert read.end()
     assert read.agent.events == ["done", "release", "remove"]
 
