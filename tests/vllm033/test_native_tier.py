@@ -893,3 +893,42 @@ def test_conversions_leave_a_core_to_the_threads_writing(tier_env, monkeypatch, 
     results = finish(tier)
     assert len(results) == 2 and all(r.success for r in results)
     assert converting.most == at_once
+
+
+def test_a_store_stalling_in_its_set_aside_does_not_hold_the_load_job(tier_env, tmp_path):
+    # A store opened with verify=False returns a damaged chunk unchecked; the tier's own
+    # check finds it and the store sets its copy aside. That set-aside (a rename on a mount,
+    # requests to S3 or a peer) used to run on the load job's thread: a store stalling in it
+    # held the job, and its permits, however long it stalled.
+    kv = tmp_path / "kv"
+    tier, mem, _ = tier_env(store_options={str(kv): {"verify": False}})
+    request = make_request(PROMPT, "stalled-aside")
+    ctx, keys, _ = _store_prompt(tier, mem, request, [0])
+    (info,) = list(open_store(str(kv)).list())
+    path = kv / info.key.path
+    data = bytearray(path.read_bytes())
+    data[-100] ^= 0x01  # one bit of the payload
+    path.write_bytes(bytes(data))
+    (store,) = tier.stores
+    release = threading.Event()
+    entered = threading.Event()
+    real = store._quarantine
+
+    def stalled(*args, **kwargs):
+        entered.set()
+        assert release.wait(30)
+        return real(*args, **kwargs)
+
+    store._quarantine = stalled  # type: ignore[method-assign]
+    sentinel = torch.full((SLOT_BYTES,), 0xA5, dtype=torch.uint8)
+    mem[6] = sentinel
+    tier.submit_load(job(keys, [6], ctx, promotion=True))
+    (result,) = finish(tier)  # returns while the set-aside still waits
+    assert not result.success and tier.corrupt == 1
+    assert torch.equal(mem[6], sentinel)
+    assert entered.wait(10) and path.exists()  # set aside later, on the store's guard
+    release.set()
+    deadline = time.monotonic() + 10
+    while path.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert not path.exists()

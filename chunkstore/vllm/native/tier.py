@@ -44,7 +44,12 @@ from chunkstore._threads import started_executor
 from chunkstore.backends import Store
 from chunkstore.backends._models import record_model
 from chunkstore.backends._registry import open_for_option
-from chunkstore.backends.base import ReadVerdict, SupportsGetManyInto, verdict_of
+from chunkstore.backends.base import (
+    ReadVerdict,
+    SupportsGetManyInto,
+    set_asides_handed_to,
+    verdict_of,
+)
 from chunkstore.cache._guard import GuardedTier, TierUnavailable
 from chunkstore.errors import ConfigError, FormatError
 from chunkstore.format import decode_chunk, recompress
@@ -613,7 +618,11 @@ class ChunkStoreTier(SecondaryTierManager):
             # A newer writer's chunk or another model's is a plain miss; only damage is reported.
             if verdict_of(exc) is ReadVerdict.CORRUPT:
                 self.corrupt += 1
-                tier.store.report_corrupt(key, exc)
+                # The store's set-aside (a rename on a mount, requests to S3 or a peer) runs
+                # on the store's guard, not on this job's thread: a store stalling in it
+                # must not hold a load job (and its permits) past the store's timeout.
+                with set_asides_handed_to(lambda set_aside: tier.hand_off("delete", set_aside)):
+                    tier.store.report_corrupt(key, exc)
             return None
         return chunk.payload
 
