@@ -292,19 +292,25 @@ def test_a_load_job_reads_its_next_chunk_while_one_is_scattered(tier_env, monkey
     assert all(torch.equal(mem[8 + i], mem[i]) for i in range(4))
 
 
-def test_verify_turned_on_during_a_read_does_not_vouch_for_it(tier_env, tmp_path, monkeypatch):
-    # Whether the store checked what it returned is its verify as the read began: turned on
-    # while an unchecked read was returning, it used to skip the tier's own checksum, and a
-    # flipped payload bit reached vLLM's slot.
+def _one_flipped_chunk_unverified(tier_env, tmp_path, req_id):
+    """A tier over a store opened with verify=False, holding one chunk with one payload
+    bit flipped on disk: (tier, primary, request context, keys, the chunk's file)."""
     kv = tmp_path / "kv"
     tier, mem, _ = tier_env(store_options={str(kv): {"verify": False}})
-    request = make_request(PROMPT, "flip")
-    ctx, keys, _ = _store_prompt(tier, mem, request, [0])
+    ctx, keys, _ = _store_prompt(tier, mem, make_request(PROMPT, req_id), [0])
     (info,) = list(open_store(str(kv)).list())
     path = kv / info.key.path
     data = bytearray(path.read_bytes())
     data[-100] ^= 0x01  # one bit of the payload
     path.write_bytes(bytes(data))
+    return tier, mem, ctx, keys, path
+
+
+def test_verify_turned_on_during_a_read_does_not_vouch_for_it(tier_env, tmp_path, monkeypatch):
+    # Whether the store checked what it returned is its verify as the read began: turned on
+    # while an unchecked read was returning, it used to skip the tier's own checksum, and a
+    # flipped payload bit reached vLLM's slot.
+    tier, mem, ctx, keys, _ = _one_flipped_chunk_unverified(tier_env, tmp_path, "flip")
     (store,) = tier.stores
     real = store.get_many_into
 
@@ -900,15 +906,7 @@ def test_a_store_stalling_in_its_set_aside_does_not_hold_the_load_job(tier_env, 
     # check finds it and the store sets its copy aside. That set-aside (a rename on a mount,
     # requests to S3 or a peer) used to run on the load job's thread: a store stalling in it
     # held the job, and its permits, however long it stalled.
-    kv = tmp_path / "kv"
-    tier, mem, _ = tier_env(store_options={str(kv): {"verify": False}})
-    request = make_request(PROMPT, "stalled-aside")
-    ctx, keys, _ = _store_prompt(tier, mem, request, [0])
-    (info,) = list(open_store(str(kv)).list())
-    path = kv / info.key.path
-    data = bytearray(path.read_bytes())
-    data[-100] ^= 0x01  # one bit of the payload
-    path.write_bytes(bytes(data))
+    tier, mem, ctx, keys, path = _one_flipped_chunk_unverified(tier_env, tmp_path, "aside")
     (store,) = tier.stores
     release = threading.Event()
     entered = threading.Event()
