@@ -79,6 +79,7 @@ from chunkstore._hugepages import (
     advise_huge_pages,
     huge_page_size,
     map_huge_aligned,
+    unregister_mapping,
 )
 from chunkstore.errors import ConfigError, MissingDependency, StoreError
 from chunkstore.hashing import ChunkKey
@@ -491,6 +492,8 @@ class SlotPool:
             "rank_pids",
         ):
             setattr(self, attr, None)
+        # Before the unmap: the registry must not vouch for whatever is mapped here next.
+        unregister_mapping(self._mmap)
         self._buf.release()
         try:
             self._mmap.close()
