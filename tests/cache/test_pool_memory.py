@@ -12,6 +12,8 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from chunkstore import _hugepages
+from chunkstore.backends import _fastread as fastread
+from chunkstore.backends._fastread import ChunkFileReader
 from chunkstore.backends._fs import FsStore
 from chunkstore.cache import HostCache, SlotPool, TieredStore
 from chunkstore.cache._pool import ENTRY, HEADER_SIZE, PAGE, SHM_DIR
@@ -201,3 +203,74 @@ def test_direct_io_moves_chunks_between_host_slots_and_disk(
             assert stats.direct_reads == 4
     finally:
         store.close()
+
+
+def _covered(view: memoryview) -> bool:
+    return _hugepages.covers(_address(view), len(view))
+
+
+@needs_thp
+def test_a_private_pool_lists_its_slots_as_on_huge_pages_until_closed() -> None:
+    pool = SlotPool.create(SLOT, 3, pin_memory=False)
+    try:
+        region = pool.data_region()
+        assert _covered(region) and all(_covered(pool.view(s)) for s in range(3))
+        header = memoryview(pool._mmap)[: _address(region) - _address(pool._mmap)]
+        assert not _covered(header)  # the header and table are not on huge pages
+        spans = [(_address(region), len(region))]
+        region.release()
+        header.release()
+    finally:
+        pool.close()
+    assert not any(_hugepages.covers(*span) for span in spans)
+
+
+def test_pools_not_on_huge_pages_are_not_listed(without_thp: None) -> None:
+    pool = SlotPool.create(SLOT, 3, pin_memory=False)
+    try:
+        assert not any(_covered(pool.view(s)) for s in range(3))
+    finally:
+        pool.close()
+
+
+@pytest.mark.skipif(not SHM_DIR.is_dir(), reason="needs /dev/shm (Linux)")
+def test_a_named_pool_is_not_listed_as_on_huge_pages() -> None:
+    # /dev/shm memory is shmem: no huge pages where shmem_enabled is "never" (here).
+    name = f"chunkstore-test-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    pool = SlotPool.create(SLOT, 3, name=name, pin_memory=False)
+    try:
+        assert not any(_covered(pool.view(s)) for s in range(3))
+    finally:
+        pool.close()
+        (SHM_DIR / name).unlink(missing_ok=True)
+
+
+@pytest.mark.parametrize("thp", [True, False], ids=["huge-pages", "without"])
+def test_auto_reads_large_cold_chunks_direct_only_into_slots_on_huge_pages(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    request: pytest.FixtureRequest,
+    thp: bool,
+    chain: list[MadeChunk],
+) -> None:
+    if not thp:
+        request.getfixturevalue("without_thp")
+    elif HUGE is None:
+        pytest.skip("no transparent huge pages on this machine")
+    monkeypatch.setattr(fastread, "READAHEAD_FROM", 0)  # every chunk counts as large (32 MiB)
+    monkeypatch.setattr(ChunkFileReader, "_cached", lambda self: False)  # every file cold
+    slots = (2 << 20) // LAYOUT.total_size + 2  # the slot data spans a huge page
+    pool = SlotPool.create(LAYOUT.total_size, slots, pin_memory=False)
+    disk = FsStore(str(tmp_path / "disk"), create=True, read_mode="auto", io_workers=2)
+    try:
+        disk.put_many([(c.key, c.data) for c in chain[:4]])
+        views = [pool.view(s) for s in range(4)]
+        assert disk.get_many_into([c.key for c in chain[:4]], views) == [LAYOUT.total_size] * 4
+        assert [bytes(v) for v in views] == [c.data for c in chain[:4]]
+        stats = disk.io_stats()
+        if stats.mode == "auto":  # the filesystem takes O_DIRECT (tmpfs does not)
+            # Around the page cache into huge pages; else through it with readahead.
+            assert (stats.direct_reads, stats.cold_reads) == ((4, 0) if thp else (0, 4))
+    finally:
+        disk.close()
+        pool.close()
