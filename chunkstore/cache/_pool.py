@@ -281,7 +281,13 @@ class SlotPool:
             data_offset,
             os.getpid(),
         )
-        return cls(mapping, fd=fd, name=name, owner=True, pin_memory=pin_memory, offset=offset)
+        try:
+            return cls(mapping, fd=fd, name=name, owner=True, pin_memory=pin_memory, offset=offset)
+        except BaseException:
+            # (Pinning that is required and fails, say.) The mapping goes with the GC; the
+            # registry must not outlive it.
+            unregister_mapping(mapping)
+            raise
 
     @classmethod
     def attach(cls, name: str, *, pin_memory: bool | None = False) -> SlotPool:
