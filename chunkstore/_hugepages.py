@@ -14,17 +14,33 @@ The kernel gives huge pages only to *private* anonymous memory in THP
 before its first touch: a 4 KiB page faulted in first keeps its huge page from
 forming. Shared anonymous memory and ``/dev/shm`` files are shmem, which gets
 huge pages only under ``shmem_enabled`` (often ``never``).
+
+Memory mapped here whose huge pages were asked for is listed in a process-wide
+registry (:func:`covers`) until its owner unmaps it (:func:`unregister`): the
+filesystem store reads a large cold chunk around the page cache only into
+such memory, where one request per huge page beats readahead (see
+:data:`chunkstore.backends._fastread.READAHEAD_FROM`).
 """
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import ctypes
 import mmap
+import threading
 from functools import cache
 from pathlib import Path
 
-__all__ = ["advise_huge_pages", "huge_page_size", "map_huge_aligned"]
+__all__ = [
+    "advise_huge_pages",
+    "covers",
+    "huge_page_size",
+    "map_huge_aligned",
+    "register",
+    "unregister",
+    "unregister_mapping",
+]
 
 PAGE = mmap.PAGESIZE
 PRIVATE_ANONYMOUS = mmap.MAP_PRIVATE | getattr(mmap, "MAP_ANONYMOUS", 0)
@@ -73,6 +89,9 @@ def map_huge_aligned(size: int, aligned_at: int, huge: int) -> tuple[mmap.mmap, 
 
     The mapping is one huge page larger than ``size`` so that the region can be placed
     where it aligns; the bytes around it are never touched and cost address space only.
+    Where the kernel took the advice, the region from byte ``aligned_at`` to its end is
+    registered (:func:`covers`); the caller takes it out (:func:`unregister_mapping`)
+    before it unmaps the mapping.
     """
     mapping = mmap.mmap(-1, size + huge, flags=PRIVATE_ANONYMOUS)
     try:
@@ -87,7 +106,55 @@ def map_huge_aligned(size: int, aligned_at: int, huge: int) -> tuple[mmap.mmap, 
             for around, length in ((0, first), (first + whole, size + huge - first - whole)):
                 with contextlib.suppress(OSError):  # advice only, as above
                     mapping.madvise(mmap.MADV_NOHUGEPAGE, around, length)
+            # Up to the region's end, not only its whole huge pages: a buffer in the last
+            # one has at most its final partial huge page in 4 KiB pages.
+            register(address + first, size - aligned_at)
     except BaseException:
         mapping.close()
         raise
     return mapping, start
+
+
+# The registry: the starts and ends of address ranges, sorted by start, none overlapping while
+# each owner unregisters its memory before unmapping it (only then can the address be reused).
+_starts: list[int] = []
+_ends: list[int] = []
+_registry_lock = threading.Lock()
+
+
+def register(address: int, length: int) -> None:
+    """List ``length`` bytes at ``address`` as memory whose huge pages were asked for."""
+    if length <= 0:
+        return
+    with _registry_lock:
+        at = bisect.bisect_right(_starts, address)
+        _starts.insert(at, address)
+        _ends.insert(at, address + length)
+
+
+def unregister(address: int, length: int) -> None:
+    """Take every registered range that lies within ``length`` bytes at ``address`` out of the
+    registry (call it before unmapping that memory: the address may be reused); none is no
+    error."""
+    end = address + length
+    with _registry_lock:
+        low = bisect.bisect_left(_starts, address)
+        high = bisect.bisect_left(_starts, end, lo=low)
+        keep = [i for i in range(low, high) if _ends[i] > end]
+        _starts[low:high] = [_starts[i] for i in keep]
+        _ends[low:high] = [_ends[i] for i in keep]
+
+
+def unregister_mapping(mapping: mmap.mmap) -> None:
+    """:func:`unregister` the whole of ``mapping`` (still open: call it before closing it)."""
+    address = ctypes.addressof(ctypes.c_char.from_buffer(mapping))
+    unregister(address, len(mapping))
+
+
+def covers(address: int, length: int) -> bool:
+    """Whether ``length`` bytes at ``address`` lie within one registered range: memory whose
+    huge pages were asked for (the kernel may still back some of it with 4 KiB pages where
+    it found no free huge page)."""
+    with _registry_lock:
+        at = bisect.bisect_right(_starts, address) - 1
+        return at >= 0 and _ends[at] >= address + length

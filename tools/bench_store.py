@@ -314,8 +314,9 @@ def bench_fs(
         )
 
     # Cold: every file dropped from the page cache before each pass (read_mode "auto" then
-    # reads it with readahead and drops it again), against one thread's plain reads of the
-    # same cold files.
+    # reads it around the page cache, O_DIRECT: a 2 MiB chunk, or a 32 MiB one into slots on
+    # huge pages; into 4 KiB pages a 32 MiB one with readahead, dropped again), against one
+    # thread's plain reads of the same cold files.
     def drop() -> None:
         left = make_cold(paths)
         if left > COLD_LEFT:

@@ -18,10 +18,10 @@ Bytes reach the buffer one of three ways (:class:`ChunkFileReader`):
 * ``auto``: one ``RWF_NOWAIT`` read of the file's first page (it never waits
   for the disk) tells whether the page cache holds the file: if it does, the
   file is read through the page cache. If not (a cold file), a buffer of up
-  to :data:`READAHEAD_FROM` bytes is filled around the page cache (one
-  ``O_DIRECT`` request); a larger one through it with sequential readahead,
-  the file's pages dropped when the read ends
-  (:meth:`ChunkFileReader.release`). Either way a cold chunk that lands in
+  to :data:`READAHEAD_FROM` bytes, or a larger one in memory chunkstore mapped
+  on huge pages, is filled around the page cache (``O_DIRECT``); any other
+  larger one through it with sequential readahead, the file's pages dropped
+  when the read ends (:meth:`ChunkFileReader.release`). Either way a cold chunk that lands in
   the host cache is not also kept in the page cache and does not push hot
   files out of it. Chunk files are written and read whole, so the first
   page stands for the rest; a file only partly cached is still read
@@ -39,6 +39,7 @@ import fcntl
 import os
 from typing import Any
 
+from chunkstore._hugepages import covers
 from chunkstore.errors import FormatError, LayoutError, TruncatedChunk
 from chunkstore.format import PayloadVerifier, decode_chunk, header_bytes_needed, read_header
 
@@ -50,11 +51,15 @@ DIRECT_BLOCK = 8 * 1024 * 1024
 not in the CPU cache, so hashing in small steps would gain nothing)."""
 
 READAHEAD_FROM = DIRECT_BLOCK
-"""Buffers larger than this (chunks needing more than one ``O_DIRECT`` request) are read
-through the page cache with readahead when cold in ``auto`` mode, then dropped from it: the
-disk then works ahead while the thread copies and hashes, where ``O_DIRECT`` waits for each
-8 MiB request in turn. Measured on this VM (docs/benchmarks.md, Stores): 1.14-1.17x for cold
-32 MiB batches; 2 MiB chunks stay direct (one request; readahead was no faster there)."""
+"""Buffers larger than this (chunks needing more than one ``O_DIRECT`` request) in 4 KiB pages
+are read through the page cache with readahead when cold in ``auto`` mode, then dropped from
+it: the disk then works ahead while the thread copies and hashes, where ``O_DIRECT`` waits for
+each 8 MiB request in turn, split into several by the scattered pages. Measured on this VM
+(docs/benchmarks.md, Stores): 1.14-1.17x for cold 32 MiB batches; 2 MiB chunks stay direct
+(one request; readahead was no faster there). A buffer in memory chunkstore mapped on huge
+pages (:func:`chunkstore._hugepages.covers`: host cache slots of a private pool, the native
+tier's chunk buffers) stays direct at any size: there each 2 MiB is one request, and direct
+measured faster than readahead (docs/benchmarks.md, "Host pool on huge pages")."""
 
 ALIGN = 4096
 """Alignment O_DIRECT needs for memory, file offsets and lengths (a page; covers 512 and 4K
@@ -74,7 +79,18 @@ def is_aligned(view: memoryview) -> bool:
     """Whether ``view`` starts on an :data:`ALIGN` boundary (needs a writable view)."""
     if len(view) == 0 or view.readonly:
         return False
-    return ctypes.addressof(ctypes.c_char.from_buffer(view)) % ALIGN == 0
+    return _address(view) % ALIGN == 0
+
+
+def _address(view: memoryview) -> int:
+    """Where a writable, non-empty ``view`` starts in memory."""
+    return ctypes.addressof(ctypes.c_char.from_buffer(view))
+
+
+def on_huge_pages(view: memoryview) -> bool:
+    """Whether a writable, non-empty ``view`` lies in memory chunkstore mapped on huge pages
+    (:func:`chunkstore._hugepages.covers`)."""
+    return covers(_address(view), len(view))
 
 
 def through_page_cache(fd: int) -> None:
@@ -108,7 +124,8 @@ class ChunkFileReader:
     one of :data:`READ_MODES`; a buffer that is not page-aligned is always
     read ``buffered``. In ``auto`` mode the constructor asks the page cache
     (one non-blocking read of the first page): a cold file goes around it,
-    or, into a buffer over :data:`READAHEAD_FROM`, through it with
+    or, into a buffer over :data:`READAHEAD_FROM` not on huge pages
+    (:func:`on_huge_pages`), through it with
     sequential readahead and :attr:`dropping` set, :meth:`release` dropping
     its pages once the read is over. After the reads,
     :attr:`went_direct` says whether any bytes bypassed the page cache and
@@ -135,7 +152,7 @@ class ChunkFileReader:
         capable = mode != BUFFERED and bool(O_DIRECT) and is_aligned(buffer)
         if capable and mode == AUTO:
             capable = bool(_RWF_NOWAIT) and not self._cached()
-            if capable and len(buffer) > READAHEAD_FROM:
+            if capable and len(buffer) > READAHEAD_FROM and not on_huge_pages(buffer):
                 capable = False
                 self.dropping = True
                 os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)

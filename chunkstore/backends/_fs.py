@@ -125,8 +125,10 @@ class FsStore(Store):
             ``io_workers - 1`` of the store's own (started on first use, stopped by
             :meth:`close`); 1 runs everything on the caller's thread.
         read_mode: how reads into page-aligned buffers (host-cache slots) bring bytes in:
-            ``"auto"`` (the page cache; a chunk it did not hold is read with sequential
-            readahead and dropped from it after), ``"direct"`` (always O_DIRECT) or
+            ``"auto"`` (the page cache; a chunk it did not hold is read around it with
+            O_DIRECT, or, over ``READAHEAD_FROM`` into memory not on huge pages, with
+            sequential readahead and dropped from it after: see
+            :mod:`chunkstore.backends._fastread`), ``"direct"`` (always O_DIRECT) or
             ``"buffered"``. Where the
             filesystem refuses O_DIRECT the store reads ``buffered`` (logged once, and
             shown by :meth:`io_stats` and ``repr``). Other buffers are always read buffered.

@@ -79,6 +79,7 @@ from chunkstore._hugepages import (
     advise_huge_pages,
     huge_page_size,
     map_huge_aligned,
+    unregister_mapping,
 )
 from chunkstore.errors import ConfigError, MissingDependency, StoreError
 from chunkstore.hashing import ChunkKey
@@ -280,7 +281,13 @@ class SlotPool:
             data_offset,
             os.getpid(),
         )
-        return cls(mapping, fd=fd, name=name, owner=True, pin_memory=pin_memory, offset=offset)
+        try:
+            return cls(mapping, fd=fd, name=name, owner=True, pin_memory=pin_memory, offset=offset)
+        except BaseException:
+            # (Pinning that is required and fails, say.) The mapping goes with the GC; the
+            # registry must not outlive it.
+            unregister_mapping(mapping)
+            raise
 
     @classmethod
     def attach(cls, name: str, *, pin_memory: bool | None = False) -> SlotPool:
@@ -491,6 +498,8 @@ class SlotPool:
             "rank_pids",
         ):
             setattr(self, attr, None)
+        # Before the unmap: the registry must not vouch for whatever is mapped here next.
+        unregister_mapping(self._mmap)
         self._buf.release()
         try:
             self._mmap.close()

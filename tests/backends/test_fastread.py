@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import mmap
 import os
@@ -11,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from chunkstore import _hugepages
 from chunkstore.backends import _fastread as fastread
 from chunkstore.backends._fastread import (
     ALIGN,
@@ -211,6 +213,31 @@ def test_auto_reads_a_large_cold_file_ahead_and_drops_it(
             assert [advice for *_, advice in advised] == expected
             assert all(call[:3] == (fd, 0, 0) for call in advised)  # the whole file
     finally:
+        os.close(fd)
+
+
+def test_auto_reads_a_large_cold_file_direct_into_memory_on_huge_pages(
+    tmp_path: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fd = write_cold(str(tmp_path), BIG.data)
+    monkeypatch.setattr(fastread, "READAHEAD_FROM", len(BIG.data) - 1)  # BIG counts as large
+    monkeypatch.setattr(ChunkFileReader, "_cached", lambda self: False)
+    buffer = aligned_buffer(len(BIG.data))
+    address = ctypes.addressof(ctypes.c_char.from_buffer(buffer))
+    try:
+        _hugepages.register(address, len(buffer))  # as a private pool's slots are
+        reader = ChunkFileReader(fd, buffer, AUTO)
+        assert reader.direct and not reader.dropping
+        read_verified_into(fd, buffer, BIG.key.digest, reader=reader)
+        assert bytes(buffer) == BIG.data and reader.went_direct
+        _hugepages.unregister(address, len(buffer))  # now plain pages: read ahead
+        reader = ChunkFileReader(fd, buffer, AUTO)
+        assert not reader.direct and reader.dropping
+        # Memory on huge pages that ends before the buffer does is not enough.
+        _hugepages.register(address, len(buffer) - ALIGN)
+        assert not ChunkFileReader(fd, buffer, AUTO).direct
+    finally:
+        _hugepages.unregister(address, len(buffer))
         os.close(fd)
 
 

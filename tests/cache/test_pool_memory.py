@@ -12,9 +12,12 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from chunkstore import _hugepages
+from chunkstore.backends import _fastread as fastread
+from chunkstore.backends._fastread import ChunkFileReader
 from chunkstore.backends._fs import FsStore
 from chunkstore.cache import HostCache, SlotPool, TieredStore
 from chunkstore.cache._pool import ENTRY, HEADER_SIZE, PAGE, SHM_DIR
+from chunkstore.errors import ChunkStoreError
 from chunkstore.metrics import ChunkstoreMetrics
 from chunkstore.testing.factories import MadeChunk
 from tests.cache.conftest import LAYOUT
@@ -27,6 +30,11 @@ SLOT = (2 << 20) + PAGE
 
 def _address(buffer: object) -> int:
     return ctypes.addressof(ctypes.c_char.from_buffer(buffer))
+
+
+def _covered(view: memoryview) -> bool:
+    """Whether ``view`` is listed as on huge pages (read O_DIRECT however large)."""
+    return _hugepages.covers(_address(view), len(view))
 
 
 def _data_offset(num_slots: int) -> int:
@@ -131,6 +139,9 @@ def test_a_named_pool_keeps_its_layout_and_advises_its_slot_data() -> None:
         assert start - _address(pool._mmap) == _data_offset(3)
         if HUGE is not None:
             assert "hg" in _vm_flags(start)
+        # Not listed as on huge pages (large cold chunks read ahead into it): /dev/shm is
+        # shmem, with no huge pages where shmem_enabled is "never" (here).
+        assert not any(_covered(pool.view(s)) for s in range(3))
         pool.view(1)[:3] = b"abc"
         other = SlotPool.attach(name)
         try:
@@ -201,3 +212,67 @@ def test_direct_io_moves_chunks_between_host_slots_and_disk(
             assert stats.direct_reads == 4
     finally:
         store.close()
+
+
+@needs_thp
+def test_a_private_pool_lists_its_slots_as_on_huge_pages_until_closed() -> None:
+    pool = SlotPool.create(SLOT, 3, pin_memory=False)
+    try:
+        region = pool.data_region()
+        assert _covered(region) and all(_covered(pool.view(s)) for s in range(3))
+        header = memoryview(pool._mmap)[: _address(region) - _address(pool._mmap)]
+        assert not _covered(header)  # the header and table are not on huge pages
+        spans = [(_address(region), len(region))]
+        region.release()
+        header.release()
+    finally:
+        pool.close()
+    assert not any(_hugepages.covers(*span) for span in spans)
+
+
+@needs_thp
+def test_a_private_pool_that_fails_to_start_is_not_left_listed() -> None:
+    listed = list(_hugepages._starts)
+    # Required pinning fails here (no CUDA, or no torch) after the memory was mapped.
+    with pytest.raises(ChunkStoreError):
+        SlotPool.create(SLOT, 3, pin_memory=True)
+    assert _hugepages._starts == listed
+
+
+def test_pools_not_on_huge_pages_are_not_listed(without_thp: None) -> None:
+    pool = SlotPool.create(SLOT, 3, pin_memory=False)
+    try:
+        assert not any(_covered(pool.view(s)) for s in range(3))
+    finally:
+        pool.close()
+
+
+@pytest.mark.parametrize("thp", [True, False], ids=["huge-pages", "without"])
+def test_auto_reads_large_cold_chunks_direct_only_into_slots_on_huge_pages(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    request: pytest.FixtureRequest,
+    thp: bool,
+    chain: list[MadeChunk],
+) -> None:
+    if not thp:
+        request.getfixturevalue("without_thp")
+    elif HUGE is None:
+        pytest.skip("no transparent huge pages on this machine")
+    monkeypatch.setattr(fastread, "READAHEAD_FROM", 0)  # every chunk counts as large (32 MiB)
+    monkeypatch.setattr(ChunkFileReader, "_cached", lambda self: False)  # every file cold
+    slots = (2 << 20) // LAYOUT.total_size + 2  # the slot data spans a huge page
+    pool = SlotPool.create(LAYOUT.total_size, slots, pin_memory=False)
+    disk = FsStore(str(tmp_path / "disk"), create=True, read_mode="auto", io_workers=2)
+    try:
+        disk.put_many([(c.key, c.data) for c in chain[:4]])
+        views = [pool.view(s) for s in range(4)]
+        assert disk.get_many_into([c.key for c in chain[:4]], views) == [LAYOUT.total_size] * 4
+        assert [bytes(v) for v in views] == [c.data for c in chain[:4]]
+        stats = disk.io_stats()
+        if stats.mode == "auto":  # the filesystem takes O_DIRECT (tmpfs does not)
+            # Around the page cache into huge pages; else through it with readahead.
+            assert (stats.direct_reads, stats.cold_reads) == ((4, 0) if thp else (0, 4))
+    finally:
+        disk.close()
+        pool.close()

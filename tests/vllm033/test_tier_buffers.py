@@ -77,6 +77,27 @@ def test_a_buffer_of_a_huge_page_or_more_starts_its_payload_on_one(monkeypatch):
     assert all(not m.closed for m in mappings)  # taken again, so not unmapped by close
 
 
+def test_buffers_on_huge_pages_are_listed_until_unmapped():
+    # The fs store reads a large cold chunk O_DIRECT only into listed memory.
+    huge = buffers.huge_page_size()
+    if huge is None:
+        pytest.skip("no transparent huge pages on this machine")
+    pool = ChunkBuffers(huge + PAGE, keep=1, huge_at=PAGE)
+    taken = pool.take(2)
+    payloads = [(_address(b) + PAGE, huge) for b in taken]
+    assert all(_hugepages.covers(*span) for span in payloads)
+    assert not any(_hugepages.covers(_address(b), PAGE) for b in taken)  # the header page
+    pool.give(taken)  # one kept idle, one unmapped
+    assert [_hugepages.covers(*span) for span in payloads] == [True, False]
+    pool.close()
+    assert not any(_hugepages.covers(*span) for span in payloads)
+
+    plain = ChunkBuffers(huge // 2, keep=1)
+    (buffer,) = plain.take(1)
+    assert not _hugepages.covers(_address(buffer), len(buffer))
+    plain.close()
+
+
 def test_small_buffers_and_hosts_without_huge_pages_get_plain_pages(monkeypatch, tmp_path):
     huge = buffers.huge_page_size() or 2 << 20
     small = ChunkBuffers(huge // 2, keep=1, huge_at=PAGE)

@@ -34,7 +34,7 @@ import threading
 from collections.abc import Iterable, Sequence
 from concurrent.futures import Future
 
-from chunkstore._hugepages import PAGE, huge_page_size, map_huge_aligned
+from chunkstore._hugepages import PAGE, huge_page_size, map_huge_aligned, unregister_mapping
 
 __all__ = ["PAGE", "ChunkBuffers", "huge_page_size"]
 
@@ -157,6 +157,8 @@ def _unmap(buffer: memoryview) -> None:
     """Release a buffer's view and unmap the mapping under it."""
     mapping = buffer.obj
     assert isinstance(mapping, mmap.mmap)  # every buffer here is a view of its own mapping
+    # Before the unmap: the registry must not vouch for whatever is mapped here next.
+    unregister_mapping(mapping)
     buffer.release()
     try:
         mapping.close()

@@ -1,0 +1,102 @@
+"""The registry of memory on huge pages: buffers the fs store reads O_DIRECT at any size."""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from chunkstore import _hugepages
+from chunkstore._hugepages import covers, register, unregister, unregister_mapping
+
+BASE = 1 << 50
+"""Addresses past any user-space mapping (x86-64 and arm64 stop at 2**47-2**48), so that the
+ranges the tests register never meet real ones the process holds."""
+MIB = 1 << 20
+
+
+@pytest.fixture(autouse=True)
+def registry_left_as_found() -> Iterator[None]:
+    before = (list(_hugepages._starts), list(_hugepages._ends))
+    yield
+    unregister(BASE, 1 << 40)
+    assert (_hugepages._starts, _hugepages._ends) == before
+
+
+def test_a_buffer_is_covered_only_within_one_registered_range() -> None:
+    assert not covers(BASE, MIB)
+    register(BASE, 4 * MIB)
+    assert covers(BASE, 4 * MIB)
+    assert covers(BASE + MIB, MIB)
+    assert covers(BASE + 4 * MIB - 1, 1)  # its last byte
+    assert not covers(BASE, 4 * MIB + 1)  # one byte past its end
+    assert not covers(BASE - 1, 2)  # one byte before its start
+    assert not covers(BASE + 4 * MIB, 1)  # the end is not in it
+
+
+def test_a_buffer_across_two_ranges_is_not_covered() -> None:
+    register(BASE + 4 * MIB, 4 * MIB)  # registered out of order
+    register(BASE, 4 * MIB)
+    assert covers(BASE, 4 * MIB) and covers(BASE + 4 * MIB, 4 * MIB)
+    assert not covers(BASE + 3 * MIB, 2 * MIB)  # two mappings, not one
+
+
+def test_nothing_is_registered_for_no_bytes() -> None:
+    register(BASE, 0)
+    assert not covers(BASE, 0)
+    assert _hugepages._starts.count(BASE) == 0
+
+
+def test_unregister_takes_out_the_ranges_within_and_nothing_else() -> None:
+    register(BASE, MIB)
+    register(BASE + 2 * MIB, MIB)
+    register(BASE + 8 * MIB, 4 * MIB)
+    unregister(BASE, 4 * MIB)  # the first two lie within
+    assert not covers(BASE, MIB) and not covers(BASE + 2 * MIB, MIB)
+    unregister(BASE + 8 * MIB, 2 * MIB)  # only part of the third: it stays
+    assert covers(BASE + 8 * MIB, 4 * MIB)
+    unregister(BASE + 8 * MIB, 4 * MIB)
+    assert not covers(BASE + 8 * MIB, MIB)
+    unregister(BASE + 8 * MIB, 4 * MIB)  # nothing left there: no error
+
+
+def test_unregister_mapping_takes_out_what_lies_in_the_mapping() -> None:
+    mapping = mmap.mmap(-1, 4 * mmap.PAGESIZE)
+    address = ctypes.addressof(ctypes.c_char.from_buffer(mapping))
+    try:
+        register(address + mmap.PAGESIZE, 2 * mmap.PAGESIZE)
+        assert covers(address + mmap.PAGESIZE, mmap.PAGESIZE)
+        unregister_mapping(mapping)
+        assert not covers(address + mmap.PAGESIZE, mmap.PAGESIZE)
+    finally:
+        mapping.close()
+
+
+def test_threads_registering_and_unregistering_at_once_leave_it_consistent() -> None:
+    wrong: list[int] = []  # (an assert in a thread would not fail the test)
+
+    def churn(lane: int) -> None:
+        for i in range(300):
+            start = BASE + (lane * 1000 + i) * MIB
+            register(start, MIB)
+            if not covers(start, MIB):
+                wrong.append(start)
+            if i % 2:
+                unregister(start, MIB)
+                if covers(start, MIB):
+                    wrong.append(start)
+
+    threads = [threading.Thread(target=churn, args=(lane,)) for lane in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert wrong == []
+    left = [s for s in _hugepages._starts if s >= BASE]
+    assert left == sorted(
+        BASE + (lane * 1000 + i) * MIB for lane in range(4) for i in range(0, 300, 2)
+    )
+    assert all(covers(s, MIB) for s in left)
