@@ -56,9 +56,11 @@ from chunkstore.backends.base import (
 )
 from chunkstore.backends.maintenance import (
     QUARANTINE_MODES,
+    STRANDED_NOTE,
     FileIdent,
     SetAside,
     StoredFile,
+    StrandedFile,
     reason_record,
     set_aside_if_still_corrupt,
     set_aside_outcome,
@@ -1009,6 +1011,62 @@ class FsStore(Store):
     def remove_orphans(self, grace: float = 3600.0) -> int:
         """Delete temp files older than ``grace`` seconds (live writers finish far sooner)."""
         return sum(self.io.remove(f.path) for f in self.orphans(grace))
+
+    # --- stranded set-asides (SupportsStagingSweep) --------------------------------
+
+    def _staging_places(self) -> Iterator[tuple[str, str]]:
+        """(namespace, directory) where ``_set_aside`` stages: ``quarantine/<ns>/`` ("" for
+        the state directory). Only real directories: through a link, a sweep would move or
+        delete someone else's files."""
+        qdir = self.io.join(self.root, L.QUARANTINE_DIR)
+        if not self.io.is_link(qdir):
+            for ns, is_dir in sorted(self.io.listdir(qdir) or []):
+                if is_dir and is_namespace(ns):
+                    yield ns, self.io.join(qdir, ns)
+        state = self.io.join(self.root, L.STATE_DIR)
+        if not self.io.is_link(state):
+            yield "", state
+
+    def _staged(self, older_than: float) -> Iterator[tuple[str, str, StrandedFile]]:
+        # Age by the ctime: the staged file keeps the chunk's old mtime (an mtime grace would
+        # take a set-aside in progress at once); the rename that staged it set the ctime. A
+        # filesystem without one (fsspec: 0) lists none.
+        cutoff = time.time() - older_than
+        for ns, directory in self._staging_places():
+            for name, st in self.io.scan_files(directory):
+                hex_digest = L.staged_hex(name)
+                if hex_digest is None or not st.regular or not 0 < st.ctime <= cutoff:
+                    continue
+                path = self.io.join(directory, name)
+                yield directory, hex_digest, StrandedFile(path, ns, st.size, st.ctime)
+
+    def stranded(self, older_than: float = 0.0) -> builtins.list[StrandedFile]:
+        """Files a set-aside staged (``quarantine/<ns>/.<hex>.<pid>.<rand>.tmp``, the same in
+        the state directory) at least ``older_than`` seconds ago: a process killed between
+        its two renames left them. None through fsspec (no ctime to tell their age by)."""
+        return [f for _, _, f in self._staged(older_than)]
+
+    def settle_stranded(self, grace: float = 3600.0) -> builtins.list[StrandedFile]:
+        """Finish the set-asides staged more than ``grace`` seconds ago: a chunk in quarantine
+        gets its quarantine name, the evidence (or is deleted where a copy already holds that
+        name: quarantine keeps one per key); one in the state directory (a delete) is
+        deleted. The files settled."""
+        settled = []
+        for directory, hex_digest, f in self._staged(grace):
+            try:
+                if f.into_quarantine:
+                    aside = self.io.join(directory, hex_digest + L.CHUNK_SUFFIX)
+                    if self.io.link_if_absent(f.path, aside, self.fsync):  # removes f.path
+                        self.io.write_small(aside + L.REASON_SUFFIX, reason_record(STRANDED_NOTE))
+                elif not self.io.remove(f.path):
+                    continue  # gone meanwhile (another sweep)
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                log.warning("%s: cannot settle the staged %s: %s", self.name, f.path, exc)
+                continue
+            settled.append(f)
+        return settled
 
     # --- model records (SupportsModelRecords) -------------------------------------
 

@@ -58,6 +58,9 @@ class FileStat:
     (through fsspec, None: the store compares contents, :func:`content_ident`)."""
     regular: bool = True
     """A regular file (False: a symlink, FIFO, device or directory where a file is listed)."""
+    ctime: float = 0.0
+    """Last change of the inode (a rename sets it: when a file was moved to its name); 0 if
+    unknown (fsspec: its filesystems report no such time, or one with another meaning)."""
 
 
 def content_ident(data: Any) -> tuple[int, int]:
@@ -471,7 +474,8 @@ def _filestat(st: os.stat_result, regular: bool = True) -> FileStat:
     # not use O_NOATIME: not the files' owner, e.g. an operator's `verify`) leaves the ctime.
     # So an atime past the ctime was no recorded use; the ctime bounds it.
     atime = min(st.st_atime, st.st_ctime)
-    return FileStat(st.st_size, st.st_mtime, atime, (st.st_ino, st.st_mtime_ns), regular)
+    ident = (st.st_ino, st.st_mtime_ns)
+    return FileStat(st.st_size, st.st_mtime, atime, ident, regular, st.st_ctime)
 
 
 def _info_time(info: dict[str, Any], *names: str) -> float:

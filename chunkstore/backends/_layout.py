@@ -39,6 +39,9 @@ FANOUT_RE = re.compile(r"[0-9a-f]{2}")
 _CHUNK_RE = re.compile(r"[0-9a-f]{64}\.kvc")
 _ACCESS_RE = re.compile(r"[0-9a-f]{64}\.kvc\.atime")
 _TEMP_RE = re.compile(r"\..+\.tmp")
+# Exactly what temp_name() makes of a chunk's hex: a set-aside's staged file (the state
+# directory's ledger and model-record temps and a note's temp are named after other names).
+_STAGED_RE = re.compile(r"\.([0-9a-f]{64})\.[0-9]+\.[0-9a-f]{12}\.tmp")
 
 
 class FileKind(str, Enum):
@@ -76,6 +79,13 @@ def classify(name: str) -> FileKind:
     if _TEMP_RE.fullmatch(name):
         return TEMP
     return FOREIGN
+
+
+def staged_hex(name: str) -> str | None:
+    """The chunk hex in a set-aside's staged temp name (:func:`temp_name` of a chunk's hex);
+    None for any other name."""
+    match = _STAGED_RE.fullmatch(name)
+    return match.group(1) if match else None
 
 
 def temp_name(hex_digest: str) -> str:

@@ -45,6 +45,31 @@ class StoredFile:
     """Last modification, seconds since the epoch."""
 
 
+@dataclass(frozen=True, slots=True)
+class StrandedFile:
+    """A set-aside's staged temp file that a process killed between its two renames left
+    behind: in ``quarantine/<ns>/`` (a corrupt chunk on its way to its quarantine name) or
+    in the state directory (a chunk being deleted)."""
+
+    path: str
+    """Full path."""
+    namespace: str
+    """The quarantine namespace it sits in; "" in the state directory."""
+    size: int
+    """Bytes."""
+    staged: float
+    """When it was moved there (its ctime: a rename sets it), seconds since the epoch."""
+
+    @property
+    def into_quarantine(self) -> bool:
+        """Whether a sweep finishes its move to quarantine (else it deletes the file)."""
+        return bool(self.namespace)
+
+
+STRANDED_NOTE = "stranded set-aside finished by a sweep (the first reason was lost)"
+"""The ``.reason`` note of a chunk a sweep moved to its quarantine name."""
+
+
 def reason_record(reason: str) -> bytes:
     """The note stored beside a quarantined chunk: when and why it was set aside."""
     return f"{time.time():.3f} {reason}\n".encode()
@@ -95,6 +120,20 @@ class SupportsMaintenance(Protocol):
 
     def relative_path(self, path: str) -> str:
         """A :class:`StoredFile` path as shown to a user (relative to the store's root)."""
+
+
+@runtime_checkable
+class SupportsStagingSweep(Protocol):
+    """Finish what a killed set-aside left staged (the filesystem store: its staged files
+    sit outside the chunk directories, where the orphan sweep does not look)."""
+
+    def stranded(self, older_than: float = 0.0) -> list[StrandedFile]:
+        """Staged files moved there at least ``older_than`` seconds ago."""
+
+    def settle_stranded(self, grace: float = 3600.0) -> list[StrandedFile]:
+        """Move those older than ``grace`` seconds in quarantine to their quarantine name
+        (delete them where a copy already holds it), delete those in the state directory;
+        the files settled."""
 
 
 @runtime_checkable

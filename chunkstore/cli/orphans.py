@@ -4,6 +4,11 @@ A writer killed mid-write leaves its unique temp file behind; a live writer's
 temp file looks the same, so only files older than the grace period (default
 one hour, far longer than any single chunk write) are removed. Foreign files
 may be someone's data and are only reported; quarantined chunks are counted.
+
+A set-aside killed between its two renames leaves its staged file in
+``quarantine/<ns>/`` or ``.chunkstore/``; past the grace period (by the time it
+was staged, its ctime) the sweep finishes it: a corrupt chunk gets its quarantine
+name, a delete is done.
 """
 
 from __future__ import annotations
@@ -18,10 +23,13 @@ from chunkstore.cli.storeaccess import (
     foreign_files,
     quarantined,
     remove_orphans,
+    settle_stranded,
+    stranded_files,
     temp_files,
 )
 
 DEFAULT_GRACE = "1h"
+_INTO_QUARANTINE = "staged-quarantine"
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +44,11 @@ class StraySweep:
     """Files that are not chunkstore's: reported, never touched."""
     quarantined: list[Stray] = field(default_factory=list)
     """Chunks previously moved to quarantine."""
+    stranded: list[Stray] = field(default_factory=list)
+    """Staged files of killed set-asides past the grace period: moved to their quarantine
+    name or deleted (or that would be, in a dry run)."""
+    staged_young: list[Stray] = field(default_factory=list)
+    """Staged files within the grace period (possibly a set-aside in progress): kept."""
 
     def as_json(self) -> dict[str, Any]:
         """JSON-friendly summary with the paths."""
@@ -45,22 +58,36 @@ class StraySweep:
             "temp_in_grace": [s.path for s in self.young],
             "foreign": [s.path for s in self.foreign],
             "quarantined": len(self.quarantined),
+            "stranded_quarantined": [s.path for s in self.stranded if s.kind == _INTO_QUARANTINE],
+            "stranded_removed": [s.path for s in self.stranded if s.kind != _INTO_QUARANTINE],
+            "staged_in_grace": [s.path for s in self.staged_young],
         }
 
 
 def sweep(store: Store, *, grace: float, dry_run: bool) -> StraySweep:
-    """Classify the store's strays and remove orphan temp files older than ``grace`` seconds."""
+    """Classify the store's strays; remove orphan temp files and finish stranded set-asides
+    older than ``grace`` seconds."""
     # One walk for temp files (split by age here), one for foreign files: on a large tree
     # each walk costs as much as the listing itself.
     cutoff = time.time() - grace
     temps = temp_files(store, 0.0)
     old = [s for s in temps if s.mtime <= cutoff]
     young = [s for s in temps if s.mtime > cutoff]
+    staged = stranded_files(store)
+    if not dry_run:
+        stranded = settle_stranded(store, grace)
+    else:
+        stranded = [s for s in staged if s.mtime <= cutoff]
+    settled = {s.path for s in stranded}
     result = StraySweep(
         removed=sorted(old, key=lambda s: s.path),
         young=sorted(young, key=lambda s: s.path),
         foreign=sorted(foreign_files(store), key=lambda s: s.path),
         quarantined=sorted(quarantined(store), key=lambda s: s.path),
+        stranded=sorted(stranded, key=lambda s: s.path),
+        staged_young=sorted(
+            (s for s in staged if s.mtime > cutoff and s.path not in settled), key=lambda s: s.path
+        ),
     )
     if not dry_run and old:
         remove_orphans(store, grace)
@@ -79,6 +106,17 @@ def describe(result: StraySweep, *, dry_run: bool) -> list[str]:
         shown = ", ".join(s.path for s in result.foreign[:5])
         more = f" and {len(result.foreign) - 5} more" if len(result.foreign) > 5 else ""
         lines.append(f"left {len(result.foreign)} foreign file(s) alone: {shown}{more}")
+    into = [s for s in result.stranded if s.kind == _INTO_QUARANTINE]
+    if into:
+        verb = "would finish" if dry_run else "finished"
+        lines.append(f"{verb} moving {len(into)} stranded staged chunk(s) into quarantine")
+    if len(into) < len(result.stranded):
+        verb = "would remove" if dry_run else "removed"
+        count = len(result.stranded) - len(into)
+        lines.append(f"{verb} {count} stranded staged delete(s) from .chunkstore")
+    if result.staged_young:
+        count = len(result.staged_young)
+        lines.append(f"kept {count} staged set-aside file(s) younger than the grace period")
     if result.quarantined:
         lines.append(f"{len(result.quarantined)} chunk(s) in quarantine")
     return lines

@@ -17,7 +17,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from chunkstore.backends.base import Store, SupportsRangedRead
-from chunkstore.backends.maintenance import StoredFile, SupportsMaintenance
+from chunkstore.backends.maintenance import (
+    StoredFile,
+    StrandedFile,
+    SupportsMaintenance,
+    SupportsStagingSweep,
+)
 from chunkstore.errors import FormatError
 from chunkstore.format import (
     MAX_HEADER_BYTES,
@@ -43,7 +48,9 @@ class Stray:
     mtime: float
     """Last modification, seconds since the epoch."""
     kind: str
-    """``temp`` (a writer's unfinished temp file), ``quarantine`` or ``foreign``."""
+    """``temp`` (a writer's unfinished temp file), ``quarantine``, ``foreign``, or a killed
+    set-aside's staged file: ``staged-quarantine`` (a corrupt chunk on its way to quarantine)
+    or ``staged-delete`` (a chunk being deleted)."""
 
 
 def read_raw_many(store: Store, keys: Sequence[ChunkKey]) -> list[Any]:
@@ -116,6 +123,26 @@ def temp_files(store: Store, older_than: float = 0.0) -> list[Stray]:
 def remove_orphans(store: Store, grace: float) -> int:
     """Delete temp files older than ``grace`` seconds; returns how many went."""
     return int(store.remove_orphans(grace)) if isinstance(store, SupportsMaintenance) else 0
+
+
+def _staged_stray(store: Store, item: StrandedFile) -> Stray:
+    shown = store.relative_path(item.path) if isinstance(store, SupportsMaintenance) else item.path
+    kind = "staged-quarantine" if item.into_quarantine else "staged-delete"
+    return Stray(path=shown, size=item.size, mtime=item.staged, kind=kind)
+
+
+def stranded_files(store: Store) -> list[Stray]:
+    """Files a killed set-aside left staged (``mtime``: when staged, their ctime)."""
+    if not isinstance(store, SupportsStagingSweep):
+        return []
+    return [_staged_stray(store, f) for f in store.stranded(0.0)]
+
+
+def settle_stranded(store: Store, grace: float) -> list[Stray]:
+    """Finish the set-asides staged more than ``grace`` seconds ago; the files settled."""
+    if not isinstance(store, SupportsStagingSweep):
+        return []
+    return [_staged_stray(store, f) for f in store.settle_stranded(grace)]
 
 
 def foreign_files(store: Store) -> list[Stray]:
