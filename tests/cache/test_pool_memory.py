@@ -276,3 +276,18 @@ def test_auto_reads_large_cold_chunks_direct_only_into_slots_on_huge_pages(
     finally:
         disk.close()
         pool.close()
+
+
+@pytest.mark.skipif(not SHM_DIR.is_dir(), reason="needs /dev/shm (Linux)")
+def test_a_named_pool_that_fails_to_start_leaves_no_name_and_no_fd() -> None:
+    name = f"chunkstore-test-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    fds = set(os.listdir("/proc/self/fd"))
+    try:
+        # Required pinning fails here (no CUDA, or no torch) after the name was created.
+        with pytest.raises(ChunkStoreError):
+            SlotPool.create(SLOT, 3, name=name, pin_memory=True)
+        assert not (SHM_DIR / name).exists()  # the next start would find it "already exists"
+        assert set(os.listdir("/proc/self/fd")) <= fds
+        SlotPool.create(SLOT, 3, name=name, pin_memory=False).close()  # the name is free
+    finally:
+        (SHM_DIR / name).unlink(missing_ok=True)
