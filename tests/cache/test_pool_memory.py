@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import gc
 import os
 import uuid
 from collections.abc import Iterator
@@ -236,6 +237,19 @@ def test_a_private_pool_that_fails_to_start_is_not_left_listed() -> None:
     # Required pinning fails here (no CUDA, or no torch) after the memory was mapped.
     with pytest.raises(ChunkStoreError):
         SlotPool.create(SLOT, 3, pin_memory=True)
+    assert _hugepages._starts == listed
+
+
+@needs_thp
+def test_a_private_pool_dropped_unclosed_is_not_left_listed() -> None:
+    listed = list(_hugepages._starts)
+    pool = SlotPool.create(SLOT, 3, pin_memory=False)
+    region = pool.data_region()
+    span = (_address(region), len(region))
+    region.release()
+    del pool  # never closed: the garbage collector unmaps it
+    gc.collect()
+    assert not _hugepages.covers(*span)
     assert _hugepages._starts == listed
 
 
