@@ -92,8 +92,8 @@ def map_huge_aligned(size: int, aligned_at: int, huge: int) -> tuple[mmap.mmap, 
 
     The mapping is one huge page larger than ``size`` so that the region can be placed
     where it aligns; the bytes around it are never touched and cost address space only.
-    Where the kernel took the advice, the region from byte ``aligned_at`` to its end is
-    registered (:func:`covers`); the caller takes it out (:func:`unregister_mapping`)
+    Where the kernel took the advice, the whole region is registered (:func:`covers`);
+    the caller takes it out (:func:`unregister_mapping`)
     before it unmaps the mapping, or the registry does once the mapping is collected
     unclosed (its address may then be reused by memory on 4 KiB pages).
     """
@@ -110,13 +110,16 @@ def map_huge_aligned(size: int, aligned_at: int, huge: int) -> tuple[mmap.mmap, 
             for around, length in ((0, first), (first + whole, size + huge - first - whole)):
                 with contextlib.suppress(OSError):  # advice only, as above
                     mapping.madvise(mmap.MADV_NOHUGEPAGE, around, length)
-            # Up to the region's end, not only its whole huge pages: a buffer in the last
-            # one has at most its final partial huge page in 4 KiB pages.
-            register(address + first, size - aligned_at)
+            # The whole region, not only its whole huge pages: a buffer in it has at most
+            # its head before ``aligned_at`` (a chunk's header page, where the native tier
+            # reads a whole chunk file into it) and its final partial huge page in 4 KiB
+            # pages.
+            listed = address + start
+            register(listed, size)
             _registered[id(mapping)] = (
-                weakref.finalize(mapping, _collected, id(mapping), address + first),
-                address + first,
-                size - aligned_at,
+                weakref.finalize(mapping, _collected, id(mapping), listed),
+                listed,
+                size,
             )
     except BaseException:
         mapping.close()
