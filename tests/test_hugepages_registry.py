@@ -139,3 +139,16 @@ def test_a_mapping_unregistered_then_collected_leaves_later_ranges_alone() -> No
         assert covers(address, 4 * HUGE)
     finally:
         unregister(address, 4 * HUGE)
+
+
+@needs_thp
+def test_a_mapping_collected_while_the_registry_is_busy_on_this_thread_does_not_block() -> None:
+    assert HUGE is not None
+    mapping, start = map_huge_aligned(2 * HUGE, 0, HUGE)
+    address = ctypes.addressof(ctypes.c_char.from_buffer(mapping)) + start
+    # The garbage collector may run inside a registry call (any allocation there): what it
+    # does for a collected mapping must not wait for the lock that call holds.
+    with _hugepages._registry_lock:
+        del mapping
+        gc.collect()
+    assert not covers(address, 2 * HUGE)
