@@ -16,7 +16,8 @@ forming. Shared anonymous memory and ``/dev/shm`` files are shmem, which gets
 huge pages only under ``shmem_enabled`` (often ``never``).
 
 Memory mapped here whose huge pages were asked for is listed in a process-wide
-registry (:func:`covers`) until its owner unmaps it (:func:`unregister`): the
+registry (:func:`covers`) until its owner unmaps it (:func:`unregister`), or,
+where an owner drops it unclosed, until the garbage collector takes it: the
 filesystem store reads a large cold chunk around the page cache only into
 such memory, where one request per huge page beats readahead (see
 :data:`chunkstore.backends._fastread.READAHEAD_FROM`).
@@ -25,10 +26,12 @@ such memory, where one request per huge page beats readahead (see
 from __future__ import annotations
 
 import bisect
+import collections
 import contextlib
 import ctypes
 import mmap
 import threading
+import weakref
 from functools import cache
 from pathlib import Path
 
@@ -89,9 +92,10 @@ def map_huge_aligned(size: int, aligned_at: int, huge: int) -> tuple[mmap.mmap, 
 
     The mapping is one huge page larger than ``size`` so that the region can be placed
     where it aligns; the bytes around it are never touched and cost address space only.
-    Where the kernel took the advice, the region from byte ``aligned_at`` to its end is
-    registered (:func:`covers`); the caller takes it out (:func:`unregister_mapping`)
-    before it unmaps the mapping.
+    Where the kernel took the advice, the whole region is registered (:func:`covers`);
+    the caller takes it out (:func:`unregister_mapping`)
+    before it unmaps the mapping, or the registry does once the mapping is collected
+    unclosed (its address may then be reused by memory on 4 KiB pages).
     """
     mapping = mmap.mmap(-1, size + huge, flags=PRIVATE_ANONYMOUS)
     try:
@@ -106,9 +110,17 @@ def map_huge_aligned(size: int, aligned_at: int, huge: int) -> tuple[mmap.mmap, 
             for around, length in ((0, first), (first + whole, size + huge - first - whole)):
                 with contextlib.suppress(OSError):  # advice only, as above
                     mapping.madvise(mmap.MADV_NOHUGEPAGE, around, length)
-            # Up to the region's end, not only its whole huge pages: a buffer in the last
-            # one has at most its final partial huge page in 4 KiB pages.
-            register(address + first, size - aligned_at)
+            # The whole region, not only its whole huge pages: a buffer in it has at most
+            # its head before ``aligned_at`` (a chunk's header page, where the native tier
+            # reads a whole chunk file into it) and its final partial huge page in 4 KiB
+            # pages.
+            listed = address + start
+            register(listed, size)
+            _registered[id(mapping)] = (
+                weakref.finalize(mapping, _collected, id(mapping), listed),
+                listed,
+                size,
+            )
     except BaseException:
         mapping.close()
         raise
@@ -120,6 +132,28 @@ def map_huge_aligned(size: int, aligned_at: int, huge: int) -> tuple[mmap.mmap, 
 _starts: list[int] = []
 _ends: list[int] = []
 _registry_lock = threading.Lock()
+_registered: dict[int, tuple[weakref.finalize[[int, int], mmap.mmap], int, int]] = {}
+"""What :func:`map_huge_aligned` registered, by ``id`` of its mapping: the finalizer that
+takes the range out if the mapping is collected unclosed, and the range."""
+_collected_ranges: collections.deque[int] = collections.deque()
+"""Starts of ranges whose mappings the garbage collector took (with the range still
+registered), taken out of the registry by its next call."""
+
+
+def _collected(key: int, start: int) -> None:
+    # The mapping was collected unclosed. This runs wherever the garbage collector does,
+    # possibly inside a registry call on this thread holding the lock: it only queues.
+    _registered.pop(key, None)
+    _collected_ranges.append(start)
+
+
+def _take_out_collected() -> None:
+    """Take the ranges of collected mappings out (the caller holds the lock)."""
+    while _collected_ranges:
+        start = _collected_ranges.popleft()
+        at = bisect.bisect_left(_starts, start)
+        if at < len(_starts) and _starts[at] == start:
+            del _starts[at], _ends[at]
 
 
 def register(address: int, length: int) -> None:
@@ -127,6 +161,7 @@ def register(address: int, length: int) -> None:
     if length <= 0:
         return
     with _registry_lock:
+        _take_out_collected()
         at = bisect.bisect_right(_starts, address)
         _starts.insert(at, address)
         _ends.insert(at, address + length)
@@ -138,6 +173,7 @@ def unregister(address: int, length: int) -> None:
     error."""
     end = address + length
     with _registry_lock:
+        _take_out_collected()
         low = bisect.bisect_left(_starts, address)
         high = bisect.bisect_left(_starts, end, lo=low)
         keep = [i for i in range(low, high) if _ends[i] > end]
@@ -146,9 +182,16 @@ def unregister(address: int, length: int) -> None:
 
 
 def unregister_mapping(mapping: mmap.mmap) -> None:
-    """:func:`unregister` the whole of ``mapping`` (still open: call it before closing it)."""
-    address = ctypes.addressof(ctypes.c_char.from_buffer(mapping))
-    unregister(address, len(mapping))
+    """:func:`unregister` the whole of ``mapping`` (call it before closing it; a mapping
+    already closed loses what :func:`map_huge_aligned` registered for it)."""
+    registration = _registered.pop(id(mapping), None)
+    if registration is not None:
+        finalizer, start, length = registration
+        finalizer.detach()
+        unregister(start, length)
+    if not mapping.closed:
+        address = ctypes.addressof(ctypes.c_char.from_buffer(mapping))
+        unregister(address, len(mapping))
 
 
 def covers(address: int, length: int) -> bool:
@@ -156,5 +199,6 @@ def covers(address: int, length: int) -> bool:
     huge pages were asked for (the kernel may still back some of it with 4 KiB pages where
     it found no free huge page)."""
     with _registry_lock:
+        _take_out_collected()
         at = bisect.bisect_right(_starts, address) - 1
         return at >= 0 and _ends[at] >= address + length

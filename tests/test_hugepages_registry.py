@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import gc
 import mmap
 import threading
 from collections.abc import Iterator
@@ -10,12 +11,20 @@ from collections.abc import Iterator
 import pytest
 
 from chunkstore import _hugepages
-from chunkstore._hugepages import covers, register, unregister, unregister_mapping
+from chunkstore._hugepages import (
+    covers,
+    map_huge_aligned,
+    register,
+    unregister,
+    unregister_mapping,
+)
 
 BASE = 1 << 50
 """Addresses past any user-space mapping (x86-64 and arm64 stop at 2**47-2**48), so that the
 ranges the tests register never meet real ones the process holds."""
 MIB = 1 << 20
+HUGE = _hugepages.huge_page_size()
+needs_thp = pytest.mark.skipif(HUGE is None, reason="no transparent huge pages on this machine")
 
 
 @pytest.fixture(autouse=True)
@@ -100,3 +109,46 @@ def test_threads_registering_and_unregistering_at_once_leave_it_consistent() -> 
         BASE + (lane * 1000 + i) * MIB for lane in range(4) for i in range(0, 300, 2)
     )
     assert all(covers(s, MIB) for s in left)
+
+
+@needs_thp
+def test_a_mapping_collected_unclosed_is_taken_out() -> None:
+    assert HUGE is not None
+    listed = list(_hugepages._starts)
+    mapping, start = map_huge_aligned(4 * HUGE, 0, HUGE)
+    address = ctypes.addressof(ctypes.c_char.from_buffer(mapping)) + start
+    assert covers(address, 4 * HUGE)
+    del mapping  # dropped by an owner that never unregistered it
+    gc.collect()
+    # Its address may now hold memory on 4 KiB pages: the registry no longer vouches for it.
+    assert not covers(address, 4 * HUGE)
+    assert _hugepages._starts == listed
+
+
+@needs_thp
+def test_a_mapping_unregistered_then_collected_leaves_later_ranges_alone() -> None:
+    assert HUGE is not None
+    mapping, start = map_huge_aligned(4 * HUGE, 0, HUGE)
+    address = ctypes.addressof(ctypes.c_char.from_buffer(mapping)) + start
+    unregister_mapping(mapping)
+    mapping.close()
+    register(address, 4 * HUGE)  # a later mapping at the same address (here: listed by hand)
+    try:
+        del mapping
+        gc.collect()
+        assert covers(address, 4 * HUGE)
+    finally:
+        unregister(address, 4 * HUGE)
+
+
+@needs_thp
+def test_a_mapping_collected_while_the_registry_is_busy_on_this_thread_does_not_block() -> None:
+    assert HUGE is not None
+    mapping, start = map_huge_aligned(2 * HUGE, 0, HUGE)
+    address = ctypes.addressof(ctypes.c_char.from_buffer(mapping)) + start
+    # The garbage collector may run inside a registry call (any allocation there): what it
+    # does for a collected mapping must not wait for the lock that call holds.
+    with _hugepages._registry_lock:
+        del mapping
+        gc.collect()
+    assert not covers(address, 2 * HUGE)

@@ -238,6 +238,7 @@ class SlotPool:
         data_offset = _round_up(table_offset + num_slots * ENTRY.itemsize, PAGE)
         size = data_offset + num_slots * stride
         fd: int | None = None
+        path: Path | None = None
         offset = 0
         if name is None:
             mapping, offset = _private_mapping(size, data_offset)
@@ -285,8 +286,13 @@ class SlotPool:
             return cls(mapping, fd=fd, name=name, owner=True, pin_memory=pin_memory, offset=offset)
         except BaseException:
             # (Pinning that is required and fails, say.) The mapping goes with the GC; the
-            # registry must not outlive it.
+            # registry must not outlive it, nor a named pool its descriptor and name (the
+            # next start would find the name taken).
             unregister_mapping(mapping)
+            if fd is not None:
+                os.close(fd)
+            if path is not None:
+                path.unlink(missing_ok=True)
             raise
 
     @classmethod

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import gc
 import os
 import uuid
 from collections.abc import Iterator
@@ -220,11 +221,13 @@ def test_a_private_pool_lists_its_slots_as_on_huge_pages_until_closed() -> None:
     try:
         region = pool.data_region()
         assert _covered(region) and all(_covered(pool.view(s)) for s in range(3))
-        header = memoryview(pool._mmap)[: _address(region) - _address(pool._mmap)]
-        assert not _covered(header)  # the header and table are not on huge pages
+        # Listed from the pool's start (its header and table in 4 KiB pages, as a tier
+        # buffer's header page is), not the room in front of it left by the placement.
+        pool_start = _address(region) - _data_offset(3)
+        assert _hugepages.covers(pool_start, _data_offset(3) + len(region))
+        assert not _hugepages.covers(pool_start - 1, 1)
         spans = [(_address(region), len(region))]
         region.release()
-        header.release()
     finally:
         pool.close()
     assert not any(_hugepages.covers(*span) for span in spans)
@@ -236,6 +239,19 @@ def test_a_private_pool_that_fails_to_start_is_not_left_listed() -> None:
     # Required pinning fails here (no CUDA, or no torch) after the memory was mapped.
     with pytest.raises(ChunkStoreError):
         SlotPool.create(SLOT, 3, pin_memory=True)
+    assert _hugepages._starts == listed
+
+
+@needs_thp
+def test_a_private_pool_dropped_unclosed_is_not_left_listed() -> None:
+    listed = list(_hugepages._starts)
+    pool = SlotPool.create(SLOT, 3, pin_memory=False)
+    region = pool.data_region()
+    span = (_address(region), len(region))
+    region.release()
+    del pool  # never closed: the garbage collector unmaps it
+    gc.collect()
+    assert not _hugepages.covers(*span)
     assert _hugepages._starts == listed
 
 
@@ -276,3 +292,18 @@ def test_auto_reads_large_cold_chunks_direct_only_into_slots_on_huge_pages(
     finally:
         disk.close()
         pool.close()
+
+
+@pytest.mark.skipif(not SHM_DIR.is_dir(), reason="needs /dev/shm (Linux)")
+def test_a_named_pool_that_fails_to_start_leaves_no_name_and_no_fd() -> None:
+    name = f"chunkstore-test-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    fds = set(os.listdir("/proc/self/fd"))
+    try:
+        # Required pinning fails here (no CUDA, or no torch) after the name was created.
+        with pytest.raises(ChunkStoreError):
+            SlotPool.create(SLOT, 3, name=name, pin_memory=True)
+        assert not (SHM_DIR / name).exists()  # the next start would find it "already exists"
+        assert set(os.listdir("/proc/self/fd")) <= fds
+        SlotPool.create(SLOT, 3, name=name, pin_memory=False).close()  # the name is free
+    finally:
+        (SHM_DIR / name).unlink(missing_ok=True)

@@ -84,9 +84,9 @@ def test_buffers_on_huge_pages_are_listed_until_unmapped():
         pytest.skip("no transparent huge pages on this machine")
     pool = ChunkBuffers(huge + PAGE, keep=1, huge_at=PAGE)
     taken = pool.take(2)
-    payloads = [(_address(b) + PAGE, huge) for b in taken]
+    # Whole: the fs store reads a chunk file (header page and payload) into the buffer.
+    payloads = [(_address(b), huge + PAGE) for b in taken]
     assert all(_hugepages.covers(*span) for span in payloads)
-    assert not any(_hugepages.covers(_address(b), PAGE) for b in taken)  # the header page
     pool.give(taken)  # one kept idle, one unmapped
     assert [_hugepages.covers(*span) for span in payloads] == [True, False]
     pool.close()
@@ -202,3 +202,35 @@ def test_the_room_around_a_buffers_huge_pages_never_becomes_one(monkeypatch):
     for outside in (base, start, payload + huge, base + len(mapping) - PAGE):
         assert not _huge_page_eligible(outside), hex(outside - base)
     pool.close()
+
+
+def test_the_fs_store_reads_large_cold_chunks_direct_into_buffers_on_huge_pages(
+    tmp_path, monkeypatch
+):
+    huge = buffers.huge_page_size()
+    if huge is None:
+        pytest.skip("no transparent huge pages on this machine")
+    from chunkstore.backends import _fastread as fastread
+    from chunkstore.backends._fastread import ChunkFileReader
+    from chunkstore.backends._fs import FsStore
+    from chunkstore.testing.factories import sample_chunks
+    from tests.cache.conftest import LAYOUT
+
+    monkeypatch.setattr(fastread, "READAHEAD_FROM", 0)  # every chunk counts as large
+    monkeypatch.setattr(ChunkFileReader, "_cached", lambda self: False)  # every file cold
+    chunks = sample_chunks(2, seed=5, layout=LAYOUT)
+    # As the tier maps them: the payload, after the header page, starts a huge page.
+    pool = ChunkBuffers(huge + PAGE, keep=2, huge_at=LAYOUT.data_offset)
+    disk = FsStore(str(tmp_path / "disk"), create=True, read_mode="auto", io_workers=1)
+    try:
+        disk.put_many([(c.key, c.data) for c in chunks])
+        taken = pool.take(2)
+        assert disk.get_many_into([c.key for c in chunks], taken) == [LAYOUT.total_size] * 2
+        assert [bytes(b[: LAYOUT.total_size]) for b in taken] == [c.data for c in chunks]
+        stats = disk.io_stats()
+        if stats.mode == "auto":  # the filesystem takes O_DIRECT (tmpfs does not)
+            assert (stats.direct_reads, stats.cold_reads) == (2, 0)  # not read ahead
+        pool.give(taken)
+    finally:
+        disk.close()
+        pool.close()
