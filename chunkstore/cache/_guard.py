@@ -28,10 +28,11 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
+from contextlib import AbstractContextManager
 from typing import Any, Generic, TypeVar
 
 from chunkstore._threads import started_executor
-from chunkstore.backends.base import Store
+from chunkstore.backends.base import Store, set_asides_handed_to
 from chunkstore.errors import ConfigError, FormatError, KeyParseError
 from chunkstore.hashing import ChunkKey
 from chunkstore.metrics import TierInstruments
@@ -245,6 +246,12 @@ class GuardedTier:
 
         call.future.add_done_callback(settle)
         return None
+
+    def handing_off_set_asides(self) -> AbstractContextManager[None]:
+        """Within the block, a corrupt chunk this thread reports to a store is set aside by
+        this tier's guard (:meth:`hand_off`, as a ``delete``), not on this thread: for a
+        caller that judged this tier's chunk itself (:func:`set_asides_handed_to`)."""
+        return set_asides_handed_to(lambda set_aside: self.hand_off("delete", set_aside))
 
     def _settle(self, op: str, future: Future[R], deadline: float | None) -> R:
         """The result of a started call, judged as :meth:`call` describes."""

@@ -44,13 +44,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
-from chunkstore.backends.base import (
-    Buffer,
-    ChunkInfo,
-    Store,
-    SupportsGetInto,
-    set_asides_handed_to,
-)
+from chunkstore.backends.base import Buffer, ChunkInfo, Store, SupportsGetInto
 from chunkstore.cache._guard import GuardedTier, TierUnavailable
 from chunkstore.cache._host import HostCache, HostCacheStats
 from chunkstore.cache._lease import Lease
@@ -476,7 +470,7 @@ class TieredStore(Store):
         if not self.verify:
             return None
         judgement = tier.store._judge(key, data)
-        with set_asides_handed_to(lambda set_aside: tier.hand_off("delete", set_aside)):
+        with tier.handing_off_set_asides():
             return tier.store._admit(key, judgement)
 
     def _load_from_tiers(self, key: ChunkKey, buffer: Buffer) -> int | None:

@@ -44,12 +44,7 @@ from chunkstore._threads import started_executor
 from chunkstore.backends import Store
 from chunkstore.backends._models import record_model
 from chunkstore.backends._registry import open_for_option
-from chunkstore.backends.base import (
-    ReadVerdict,
-    SupportsGetManyInto,
-    set_asides_handed_to,
-    verdict_of,
-)
+from chunkstore.backends.base import ReadVerdict, SupportsGetManyInto, verdict_of
 from chunkstore.cache._guard import GuardedTier, TierUnavailable
 from chunkstore.errors import ConfigError, FormatError
 from chunkstore.format import decode_chunk, recompress
@@ -621,7 +616,7 @@ class ChunkStoreTier(SecondaryTierManager):
                 # The store's set-aside (a rename on a mount, requests to S3 or a peer) runs
                 # on the store's guard, not on this job's thread: a store stalling in it
                 # must not hold a load job (and its permits) past the store's timeout.
-                with set_asides_handed_to(lambda set_aside: tier.hand_off("delete", set_aside)):
+                with tier.handing_off_set_asides():
                     tier.store.report_corrupt(key, exc)
             return None
         return chunk.payload
