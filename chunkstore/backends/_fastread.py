@@ -40,8 +40,21 @@ import os
 from typing import Any
 
 from chunkstore._hugepages import covers
-from chunkstore.errors import FormatError, LayoutError, TruncatedChunk
-from chunkstore.format import PayloadVerifier, decode_chunk, header_bytes_needed, read_header
+from chunkstore.errors import (
+    FormatError,
+    LayoutError,
+    TruncatedChunk,
+    UnknownCompression,
+    UnknownDType,
+    UnsupportedFeature,
+)
+from chunkstore.format import (
+    ChunkHeader,
+    PayloadVerifier,
+    decode_chunk,
+    header_bytes_needed,
+    read_header,
+)
 
 BLOCK = 256 * 1024
 """Bytes read and hashed per step through the page cache: small enough to stay in L2."""
@@ -311,6 +324,7 @@ class VerifiedRead:
         "_reader",
         "_sized",
         "expected_key",
+        "expected_namespace",
         "header",
         "target",
         "verifier",
@@ -324,6 +338,7 @@ class VerifiedRead:
         *,
         reader: Any = None,
         sized: bool = True,
+        expected_namespace: str | None = None,
     ) -> None:
         src: ChunkFileReader = reader if reader is not None else ChunkFileReader(fd, target)
         self._fd = fd
@@ -331,7 +346,9 @@ class VerifiedRead:
         self._sized = sized
         self.target = target
         self.expected_key = expected_key
+        self.expected_namespace = expected_namespace
         self.verifier: PayloadVerifier | None = None
+        self.header: ChunkHeader | None = None
         if sized:
             self._start()
             return
@@ -360,7 +377,17 @@ class VerifiedRead:
             fill(first, header_len)
             first = header_len
         self._first = first
-        header = read_header(target[:first])  # raises BadMagic/TruncatedChunk/... like decode_chunk
+        try:
+            header = read_header(
+                target[:first]
+            )  # raises BadMagic/TruncatedChunk/... like decode_chunk
+        except (UnknownCompression, UnknownDType, UnsupportedFeature):
+            # A newer minor's chunk is unsupported only if intact: the whole-file check of
+            # _finish (decode_chunk) tests its checksum first (spec section 3.4).
+            if not self._sized:
+                raise Undecided("a newer minor's chunk: judged by a whole read") from None
+            self.header = None
+            return
         self.header = header
         if not self._sized:
             size = header.data_offset + header.stored_size
@@ -373,7 +400,12 @@ class VerifiedRead:
         if stored != header.stored_size:
             error = TruncatedChunk if stored < header.stored_size else LayoutError
             raise error(f"payload has {stored} bytes, header says {header.stored_size}")
-        self.verifier = PayloadVerifier(header, target, expected_key=self.expected_key)
+        self.verifier = PayloadVerifier(
+            header,
+            target,
+            expected_key=self.expected_key,
+            expected_namespace=self.expected_namespace,
+        )
 
     def finish(self) -> None:
         """Read and hash the payload; raises unless the whole chunk is valid."""
@@ -388,12 +420,16 @@ class VerifiedRead:
     def _finish(self) -> None:
         target, first = self.target, self._first
         size = len(target)
-        verifier = self.verifier
-        if verifier is None:  # compressed: decode_chunk checks the whole file
+        verifier, header = self.verifier, self.header
+        if verifier is None or header is None:  # compressed or newer: decode_chunk judges all
             self._fill(first, size)
-            decode_chunk(target, expected_key=self.expected_key)
+            decode_chunk(
+                target,
+                expected_key=self.expected_key,
+                expected_namespace=self.expected_namespace,
+            )
             return
-        data_offset = self.header.data_offset
+        data_offset = header.data_offset
         if first > data_offset:
             verifier.update(target[data_offset:first])
         pos = max(first, data_offset)
@@ -425,7 +461,12 @@ class VerifiedRead:
 
 
 def read_verified_into(
-    fd: int, target: memoryview, expected_key: bytes | None, *, reader: Any = None
+    fd: int,
+    target: memoryview,
+    expected_key: bytes | None,
+    *,
+    reader: Any = None,
+    expected_namespace: str | None = None,
 ) -> None:
     """Fill ``target`` (exactly the file's size) from ``fd`` and validate it as a chunk.
 
@@ -433,4 +474,6 @@ def read_verified_into(
     :class:`~chunkstore.errors.FormatError` subclass if the bytes are not a
     valid chunk (or not the one asked for); ``target`` then holds garbage.
     """
-    VerifiedRead(fd, target, expected_key, reader=reader).finish()
+    VerifiedRead(
+        fd, target, expected_key, reader=reader, expected_namespace=expected_namespace
+    ).finish()

@@ -27,12 +27,15 @@ from chunkstore.errors import (
     MissingDependency,
     SpecMismatch,
     TruncatedChunk,
+    UnsupportedVersion,
 )
 from chunkstore.format._dtypes import dtype_named
 from chunkstore.format._header import (
     FORMAT_VERSION,
     ChunkHeader,
     _meta_fields,
+    complete_header,
+    open_header,
     parse_header,
     render_header,
 )
@@ -375,6 +378,7 @@ def decode_chunk(
     mac_key: bytes | None = None,
     expected_key: bytes | None = None,
     expected_fingerprint: bytes | None = None,
+    expected_namespace: str | None = None,
 ) -> Chunk:
     """Validate ``data`` (bytes, bytearray, memoryview, mmap) and return views into it.
 
@@ -385,23 +389,27 @@ def decode_chunk(
     view = memoryview(data).cast("B") if not isinstance(data, memoryview) else data
     if view.format != "B" or view.ndim != 1:
         view = view.cast("B")
-    header = parse_header(view)
-    stored = view[header.data_offset :]
-    if len(stored) < header.stored_size:
-        raise TruncatedChunk(f"payload has {len(stored)} of {header.stored_size} bytes")
-    if len(stored) > header.stored_size:
-        raise LayoutError(f"{len(stored) - header.stored_size} trailing bytes after the payload")
+    # Spec section 3.4: what major 1 freezes first, then the stored length, checksum and MAC,
+    # and only then what a newer minor may add. So a damaged chunk is corrupt even where it
+    # also names a compression, dtype or role this reader lacks (it is not left in place).
+    opened = open_header(view)
+    stored = view[opened.data_offset :]
+    if len(stored) < opened.stored_size:
+        raise TruncatedChunk(f"payload has {len(stored)} of {opened.stored_size} bytes")
+    if len(stored) > opened.stored_size:
+        raise LayoutError(f"{len(stored) - opened.stored_size} trailing bytes after the payload")
     if verify or mac_key is not None:
-        head = bytes(view[: header.data_offset])
-        if verify and _checksum(_zeroed(head, header.checksum_span), stored) != header.checksum:
-            raise ChecksumMismatch(f"chunk {header.key.hex()} failed its xxh3-128 checksum")
+        head = bytes(view[: opened.data_offset])
+        if verify and _checksum(_zeroed(head, opened.checksum_span), stored) != opened.checksum:
+            raise ChecksumMismatch(f"chunk {opened.key.hex()} failed its xxh3-128 checksum")
         if mac_key is not None:
-            if header.mac is None:
+            if opened.mac is None:
                 raise AuthenticationError("chunk carries no MAC but the reader requires one")
-            expected = _mac(mac_key, _zeroed(head, header.checksum_span, header.mac_span), stored)
-            if expected != header.mac:
-                raise AuthenticationError(f"chunk {header.key.hex()} has an invalid MAC")
-    check_identity(header, expected_key, expected_fingerprint)
+            expected = _mac(mac_key, _zeroed(head, opened.checksum_span, opened.mac_span), stored)
+            if expected != opened.mac:
+                raise AuthenticationError(f"chunk {opened.key.hex()} has an invalid MAC")
+    header = complete_header(opened)
+    check_identity(header, expected_key, expected_fingerprint, expected_namespace)
     if header.compression == "zstd":
         payload = _unzstd(stored, header.payload_size)
         return Chunk(header, memoryview(payload))
@@ -431,10 +439,11 @@ class PayloadVerifier:
         *,
         expected_key: bytes | None = None,
         expected_fingerprint: bytes | None = None,
+        expected_namespace: str | None = None,
     ) -> None:
         if header.compression != "none":
             raise ConfigError("streaming verification covers uncompressed chunks only")
-        check_identity(header, expected_key, expected_fingerprint)
+        check_identity(header, expected_key, expected_fingerprint, expected_namespace)
         self.header = header
         hasher = xxhash.xxh3_128()
         # The header with its checksum digits zeroed, hashed in three pieces straight from
@@ -461,6 +470,7 @@ def decode_into(
     mac_key: bytes | None = None,
     expected_key: bytes | None = None,
     expected_fingerprint: bytes | None = None,
+    expected_namespace: str | None = None,
 ) -> ChunkHeader:
     """Validate ``data`` and copy its tensors into caller-provided ``arrays`` in one pass.
 
@@ -471,7 +481,12 @@ def decode_into(
     view = memoryview(data).cast("B") if not isinstance(data, memoryview) else data
     if view.format != "B" or view.ndim != 1:
         view = view.cast("B")
-    header = parse_header(view)
+    try:
+        header = parse_header(view)
+    except UnsupportedVersion:
+        # From the header alone; the full check calls a damaged chunk corrupt instead.
+        decode_chunk(view, verify=verify, mac_key=mac_key)
+        raise
     if header.compression != "none" or mac_key is not None:
         chunk = decode_chunk(
             view,
@@ -479,6 +494,7 @@ def decode_into(
             mac_key=mac_key,
             expected_key=expected_key,
             expected_fingerprint=expected_fingerprint,
+            expected_namespace=expected_namespace,
         )
         chunk.copy_into(arrays)
         return chunk.header
@@ -488,11 +504,15 @@ def decode_into(
         raise error(f"payload has {len(stored)} bytes, header says {header.stored_size}")
     if verify:
         verifier: PayloadVerifier | None = PayloadVerifier(
-            header, view, expected_key=expected_key, expected_fingerprint=expected_fingerprint
+            header,
+            view,
+            expected_key=expected_key,
+            expected_fingerprint=expected_fingerprint,
+            expected_namespace=expected_namespace,
         )
     else:
         verifier = None
-        check_identity(header, expected_key, expected_fingerprint)
+        check_identity(header, expected_key, expected_fingerprint, expected_namespace)
     for entry in header.tensors:
         target = arrays.get(entry.name)
         if target is not None and (target.shape != entry.shape or target.nbytes != entry.nbytes):
@@ -512,15 +532,25 @@ def decode_into(
 
 
 def check_identity(
-    header: ChunkHeader, expected_key: bytes | None, expected_fingerprint: bytes | None
+    header: ChunkHeader,
+    expected_key: bytes | None,
+    expected_fingerprint: bytes | None,
+    expected_namespace: str | None = None,
 ) -> None:
-    """Raise :class:`KeyMismatch` unless ``header``'s key is BLAKE3(parent || tokens) and
-    ``expected_key`` (if given), :class:`SpecMismatch` unless its fingerprint is
-    ``expected_fingerprint`` (if given): what a header alone says about a chunk's identity."""
+    """What a header alone says about a chunk's identity (spec section 4.3).
+
+    Raises :class:`KeyMismatch` unless the key is BLAKE3(parent || tokens), is
+    ``expected_key`` (if given) and the header's namespace is ``expected_namespace`` (if
+    given: the namespace the reader looked in). Raises :class:`SpecMismatch` unless the
+    fingerprint is ``expected_fingerprint`` (if given)."""
     if key_digest(header.parent, header.token_bytes) != header.key:
         raise KeyMismatch(f"chunk {header.key.hex()} is not BLAKE3(parent || tokens)")
     if expected_key is not None and bytes(expected_key) != header.key:
         raise KeyMismatch(f"asked for {bytes(expected_key).hex()}, chunk holds {header.key.hex()}")
+    if expected_namespace is not None and expected_namespace != header.namespace:
+        raise KeyMismatch(
+            f"asked in namespace {expected_namespace}, chunk names namespace {header.namespace}"
+        )
     if expected_fingerprint is not None and bytes(expected_fingerprint) != header.fingerprint:
         raise SpecMismatch("chunk was written for another model fingerprint")
 

@@ -418,24 +418,28 @@ def _span(raw: bytes, marker: bytes, width: int) -> tuple[int, int]:
     return start, start + width
 
 
-def _version_of(data: memoryview) -> tuple[str, int, int]:
+def _version_of(data: memoryview, header_len: int) -> tuple[str, int, int]:
     """The version string right after the magic, and its major and minor numbers.
 
     Read from fixed bytes before anything else is checked: every major version keeps the
     length prefix, the magic and the version there, so a chunk of an unknown major is
     recognised as such (unsupported, not damaged) whatever else a later major changes.
+    Input that ends before the closing quote is truncated; a ``header_len`` that ends the
+    header before it is malformed in every major (spec section 2.2).
     """
     start = 8 + len(MAGIC)
     window = bytes(data[start : start + _MAX_VERSION_CHARS + 1])
     end = window.find(b'"')
     if end < 0:
         if len(window) <= _MAX_VERSION_CHARS:
-            raise TruncatedChunk(f"chunk is {len(data)} bytes, shorter than its header")
+            raise TruncatedChunk(f"chunk is {len(data)} bytes and ends inside its version")
         raise MalformedHeader("format version is not a short quoted string")
     text = window[:end]
     match = _VERSION.fullmatch(text)
     if match is None:
         raise MalformedHeader(f"bad format version {text.decode('ascii', 'replace')!r}")
+    if header_len < len(MAGIC) + end + 1:
+        raise MalformedHeader(f"header_len {header_len} ends the header inside its version")
     major, minor = int(match.group(1)), int(match.group(2))
     if major not in READABLE_MAJORS:
         raise UnsupportedVersion(
@@ -518,12 +522,25 @@ _MAX_KNOWN_TABLES = 64
 _MAX_KNOWN_TABLE_BYTES = 256 * 1024
 
 
-def _tensor_table(text: bytes, newer: bool) -> tuple[tuple[TensorEntry, ...], int | None]:
-    """The tensor members' text (``"name":{...},...}``) validated; see :func:`_tensor_entries`."""
+def _tensor_members(text: bytes) -> dict[str, Any] | None:
+    """The tensor members' text (``"name":{...},...}``) parsed as JSON (spec section 3.4
+    group 4); None for a table already validated (its text is known)."""
+    if text in _KNOWN_TABLES:
+        return None
+    return _json_object(b"{" + text)
+
+
+def _tensor_table(
+    text: bytes, members: dict[str, Any] | None, newer: bool
+) -> tuple[tuple[TensorEntry, ...], int | None]:
+    """The tensor table validated (group 9); see :func:`_tensor_entries`. ``members`` is
+    :func:`_tensor_members` of ``text``."""
     known = _KNOWN_TABLES.get(text)
     if known is not None:
         return known
-    entries, chunk_tokens = _tensor_entries(_json_object(b"{" + text), newer)
+    entries, chunk_tokens = _tensor_entries(
+        members if members is not None else _json_object(b"{" + text), newer
+    )
     table = (tuple(entries), chunk_tokens)
     if len(text) > _MAX_KNOWN_TABLE_BYTES:
         return table  # bounds the cache's memory whatever a store holds
@@ -642,14 +659,49 @@ def _tensor_entries(tensors: dict[str, Any], newer: bool) -> tuple[list[TensorEn
     return entries, chunk_tokens
 
 
-def parse_header(data: memoryview) -> ChunkHeader:
-    """Validate and parse the header at the start of ``data`` (the whole chunk file or more).
+@dataclass(frozen=True, slots=True)
+class OpenHeader:
+    """A header past the checks that are frozen for its major version (spec section 3.4,
+    groups 1-5): everything needed to check the stored payload's length, checksum and MAC,
+    but not yet the compression, dtypes or tensor roles a newer minor may add."""
 
-    Raises a :class:`~chunkstore.errors.FormatError` subclass for every defect
-    (spec/FORMAT.md section 3): short input, foreign bytes, oversized or malformed
-    header, tensor tables with holes or overlaps. A chunk of an unknown major
-    version, or one of a newer minor using what this reader lacks, raises an
-    :class:`~chunkstore.errors.UnsupportedVersion` (a miss, not damage).
+    raw: bytes
+    """Length prefix and header (with padding)."""
+    version: str
+    """Format version string."""
+    newer: bool
+    """Whether the minor is newer than this reader knows (unknown additions are unsupported)."""
+    meta: dict[str, Any]
+    """The ``__metadata__`` members."""
+    tensors_text: bytes
+    """The tensor members' JSON text (everything after ``__metadata__``)."""
+    tensor_members: dict[str, Any] | None
+    """That text parsed; None when it is a table already validated."""
+    fingerprint: bytes
+    namespace: str
+    key: bytes
+    parent: bytes
+    token_bytes: bytes
+    payload_size: int
+    stored_size: int
+    checksum: bytes
+    mac: bytes | None
+    checksum_span: tuple[int, int]
+    mac_span: tuple[int, int] | None
+
+    @property
+    def data_offset(self) -> int:
+        """Byte offset of the stored payload in the file."""
+        return len(self.raw)
+
+
+def open_header(data: memoryview) -> ChunkHeader | OpenHeader:
+    """Run the checks of spec section 3.4 groups 1-5 on the header at the start of ``data``.
+
+    Returns a complete :class:`ChunkHeader` when the header is one of a layout this process
+    knows (read by position), else an :class:`OpenHeader` for :func:`complete_header`.
+    Raises a :class:`~chunkstore.errors.FormatError` subclass for a defect of those groups,
+    and :class:`~chunkstore.errors.UnsupportedVersion` for an unknown major.
     """
     size = len(data)
     probe = bytes(data[8 : 8 + len(MAGIC)])
@@ -663,7 +715,7 @@ def parse_header(data: memoryview) -> ChunkHeader:
         known = _parse_known(bytes(data[:data_offset]))
         if known is not None:
             return known
-    version, _, minor = _version_of(data)
+    version, _, minor = _version_of(data, header_len)
     if header_len > MAX_HEADER_BYTES:
         raise HeaderTooLarge(f"header announces {header_len} bytes (limit {MAX_HEADER_BYTES})")
     if size < data_offset:
@@ -671,21 +723,12 @@ def parse_header(data: memoryview) -> ChunkHeader:
     raw = bytes(data[:data_offset])
     newer = minor > KNOWN_MINOR
     meta, tensors_text = _split_document(raw[8:])
+    tensor_members = _tensor_members(tensors_text)
     for name, value in meta.items():
         if not isinstance(value, str):
             raise MalformedHeader(f"header field {name!r} must be a string")
         if name not in _META_FIELDS and not newer:
             raise MalformedHeader(f"unknown header field {name!r} in a {version} chunk")
-    compression = meta.get("compression")
-    if compression not in COMPRESSIONS:
-        if not isinstance(compression, str):
-            raise MalformedHeader("header field 'compression' is missing")
-        raise _unknown(newer, UnknownCompression, f"unknown compression {compression!r}")
-    entries, chunk_tokens = _tensor_table(tensors_text, newer)
-    fingerprint = _hex_field(meta, "fingerprint", 64)
-    namespace_bytes = _hex_field(meta, "namespace", 16)
-    key = _hex_field(meta, "key", 64)
-    parent = _hex_field(meta, "parent", 64)
     tokens_text = meta.get("tokens")
     token_bytes = (
         _unhex(tokens_text.encode())
@@ -694,41 +737,85 @@ def parse_header(data: memoryview) -> ChunkHeader:
     )
     if token_bytes is None:
         raise MalformedHeader("header field 'tokens' must be 8 lower-case hex digits per token")
-    if chunk_tokens is not None and len(token_bytes) != 4 * chunk_tokens:
-        raise MalformedHeader(
-            f"header field 'tokens' holds {len(token_bytes) // 4} tokens, "
-            f"the tensors {chunk_tokens}"
-        )
-    payload_size = _int_field(meta, "payload_size")
-    stored_size = _int_field(meta, "stored_size")
-    if compression == "none" and stored_size != payload_size:
-        raise MalformedHeader("uncompressed chunk with stored_size != payload_size")
-    checksum = _hex_field(meta, "checksum", 32, f"{CHECKSUM_ALGORITHM}:")
-    checksum_span = _span(raw, f'"checksum":"{CHECKSUM_ALGORITHM}:'.encode(), 32)
+    if not isinstance(meta.get("compression"), str):
+        raise MalformedHeader("header field 'compression' is missing or not a string")
     mac = None
     mac_span = None
     if "mac" in meta:
         mac = _hex_field(meta, "mac", 64, f"{MAC_ALGORITHM}:")
         mac_span = _span(raw, f'"mac":"{MAC_ALGORITHM}:'.encode(), 64)
-    cursor = entries[-1].offset + entries[-1].nbytes
-    if cursor != payload_size:
-        raise LayoutError(f"tensors cover {cursor} bytes, payload_size says {payload_size}")
-    header = ChunkHeader(
+    return OpenHeader(
+        raw=raw,
         version=version,
-        fingerprint=fingerprint,
-        namespace=namespace_bytes.hex(),
-        key=key,
-        parent=parent,
+        newer=newer,
+        meta=meta,
+        tensors_text=tensors_text,
+        tensor_members=tensor_members,
+        fingerprint=_hex_field(meta, "fingerprint", 64),
+        namespace=_hex_field(meta, "namespace", 16).hex(),
+        key=_hex_field(meta, "key", 64),
+        parent=_hex_field(meta, "parent", 64),
         token_bytes=token_bytes,
-        compression=compression,
-        payload_size=payload_size,
-        stored_size=stored_size,
-        checksum=checksum,
+        payload_size=_int_field(meta, "payload_size"),
+        stored_size=_int_field(meta, "stored_size"),
+        checksum=_hex_field(meta, "checksum", 32, f"{CHECKSUM_ALGORITHM}:"),
         mac=mac,
-        tensors=entries,
-        data_offset=data_offset,
-        checksum_span=checksum_span,
+        checksum_span=_span(raw, f'"checksum":"{CHECKSUM_ALGORITHM}:'.encode(), 32),
         mac_span=mac_span,
     )
-    _learn(raw, header)
+
+
+def complete_header(opened: ChunkHeader | OpenHeader) -> ChunkHeader:
+    """Finish what :func:`open_header` began: spec section 3.4 group 9 (compression, tensor
+    table, tokens against the shapes). A chunk of a newer minor that uses an addition this
+    reader lacks raises an :class:`~chunkstore.errors.UnsupportedVersion` kind."""
+    if isinstance(opened, ChunkHeader):
+        return opened
+    newer = opened.newer
+    compression = opened.meta["compression"]
+    if compression not in COMPRESSIONS:
+        raise _unknown(newer, UnknownCompression, f"unknown compression {compression!r}")
+    entries, chunk_tokens = _tensor_table(opened.tensors_text, opened.tensor_members, newer)
+    if chunk_tokens is not None and len(opened.token_bytes) != 4 * chunk_tokens:
+        raise MalformedHeader(
+            f"header field 'tokens' holds {len(opened.token_bytes) // 4} tokens, "
+            f"the tensors {chunk_tokens}"
+        )
+    if compression == "none" and opened.stored_size != opened.payload_size:
+        raise MalformedHeader("uncompressed chunk with stored_size != payload_size")
+    cursor = entries[-1].offset + entries[-1].nbytes
+    if cursor != opened.payload_size:
+        raise LayoutError(f"tensors cover {cursor} bytes, payload_size says {opened.payload_size}")
+    header = ChunkHeader(
+        version=opened.version,
+        fingerprint=opened.fingerprint,
+        namespace=opened.namespace,
+        key=opened.key,
+        parent=opened.parent,
+        token_bytes=opened.token_bytes,
+        compression=compression,
+        payload_size=opened.payload_size,
+        stored_size=opened.stored_size,
+        checksum=opened.checksum,
+        mac=opened.mac,
+        tensors=entries,
+        data_offset=opened.data_offset,
+        checksum_span=opened.checksum_span,
+        mac_span=opened.mac_span,
+    )
+    _learn(opened.raw, header)
     return header
+
+
+def parse_header(data: memoryview) -> ChunkHeader:
+    """Validate and parse the header at the start of ``data`` (the whole chunk file or more).
+
+    Runs every header check of spec/FORMAT.md section 3.4 (groups 1-5 and 9), but not the
+    stored payload's length, checksum or MAC. Raises a
+    :class:`~chunkstore.errors.FormatError` subclass for every defect. A chunk of an unknown
+    major version, or one of a newer minor using what this reader lacks, raises an
+    :class:`~chunkstore.errors.UnsupportedVersion`: from the header alone that is
+    "unsupported, unverified" (a damaged chunk can look so; :func:`decode_chunk` checks the
+    checksum first for a known major).
+    """
+    return complete_header(open_header(data))

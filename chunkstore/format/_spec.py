@@ -39,10 +39,17 @@ KINDS: tuple[LayerKind, ...] = tuple(LayerKind)
 """Every layer-group kind, in spec order."""
 
 
+MAX_SPEC_INT = 2**63 - 1
+"""Largest integer a KVSpec may hold: every implementation can hash it as a signed 64-bit."""
+
+
 def _require_int(name: str, value: Any) -> None:
-    # The canonical JSON must not depend on a language's number printing: integers only.
+    # The canonical JSON must not depend on a language's number printing: integers only,
+    # and none that a reader with 64-bit integers could not represent (spec section 5.1).
     if not isinstance(value, int) or isinstance(value, bool):
         raise ConfigError(f"{name} must be an integer, got {value!r}")
+    if not -MAX_SPEC_INT <= value <= MAX_SPEC_INT:
+        raise ConfigError(f"{name} must be below 2**63 in magnitude, got {value}")
 
 
 def _require_text(name: str, value: Any) -> None:
@@ -52,6 +59,12 @@ def _require_text(name: str, value: Any) -> None:
         value.encode("utf-8")
     except UnicodeEncodeError:
         raise ConfigError(f"{name} is not valid Unicode (a lone surrogate): {value!r}") from None
+
+
+def _extra_pair(pair: Any) -> tuple[Any, ...]:
+    if not isinstance(pair, (list, tuple)):
+        raise ConfigError(f"KVSpec extra entries are [name, value] pairs, got {pair!r}")
+    return tuple(pair)
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,8 +110,16 @@ class LayerGroup:
                 raise ConfigError("a state group needs a positive state_shape")
         elif self.num_kv_heads <= 0 or self.head_dim <= 0:
             raise ConfigError(f"{self.kind} group needs positive num_kv_heads and head_dim")
+        # Fields a kind does not use have one fixed value (spec section 5.1): they are hashed
+        # into the fingerprint, so any other value would give the same model other keys.
         if self.kind in (MLA, STATE) and self.num_kv_heads != 1:
             raise ConfigError(f"{self.kind} groups have exactly one (unsplit) head")
+        if self.kind == STATE and self.head_dim != 0:
+            raise ConfigError(f"a state group has head_dim 0, got {self.head_dim}")
+        if self.kind != STATE and self.state_shape:
+            raise ConfigError(f"a {self.kind} group has no state_shape, got {self.state_shape}")
+        if self.kind != SLIDING_WINDOW and self.sliding_window is not None:
+            raise ConfigError(f"a {self.kind} group has no sliding_window")
 
     def to_dict(self) -> dict[str, Any]:
         """Canonical dict (fixed keys) used for the fingerprint."""
@@ -136,6 +157,9 @@ class KVSpec:
             for text in pair:
                 _require_text("KVSpec extra names and values", text)
         object.__setattr__(self, "extra", tuple(sorted(tuple(p) for p in self.extra)))
+        names = [name for name, _ in self.extra]
+        if len(set(names)) != len(names):
+            raise ConfigError(f"KVSpec extra names must be distinct, got {names}")
         _require_int("chunk_tokens", self.chunk_tokens)
         if self.chunk_tokens <= 0:
             raise ConfigError(f"chunk_tokens must be positive, got {self.chunk_tokens}")
@@ -180,26 +204,28 @@ class KVSpec:
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> KVSpec:
         """Rebuild a spec from :meth:`to_dict` output (or hand-written JSON/YAML)."""
+        # Values pass through unconverted: the constructors refuse what is not an integer
+        # or a string, where int() or str() here would silently give another fingerprint.
         try:
             groups = tuple(
                 LayerGroup(
                     kind=g["kind"],
-                    layers=tuple(int(x) for x in g["layers"]),
-                    num_kv_heads=int(g.get("num_kv_heads", 1)),
-                    head_dim=int(g.get("head_dim", 0)),
+                    layers=tuple(g["layers"]),
+                    num_kv_heads=g.get("num_kv_heads", 1),
+                    head_dim=g.get("head_dim", 0),
                     sliding_window=g.get("sliding_window"),
-                    state_shape=tuple(int(x) for x in g.get("state_shape", ())),
+                    state_shape=tuple(g.get("state_shape", ())),
                 )
                 for g in data["groups"]
             )
             return cls(
-                model_id=str(data["model_id"]),
-                dtype=str(data["dtype"]),
-                chunk_tokens=int(data["chunk_tokens"]),
+                model_id=data["model_id"],
+                dtype=data["dtype"],
+                chunk_tokens=data["chunk_tokens"],
                 groups=groups,
-                extra=tuple((str(k), str(v)) for k, v in data.get("extra", ())),
+                extra=tuple(_extra_pair(pair) for pair in data.get("extra", ())),
             )
-        except (KeyError, TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
             if isinstance(exc, ConfigError):
                 raise
             raise ConfigError(f"invalid KV spec: {exc!r}") from exc

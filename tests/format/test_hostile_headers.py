@@ -43,8 +43,25 @@ def test_deeply_nested_json_is_malformed(body: bytes) -> None:
 
 
 def _state_chunk(dims: bytes, end: int = 1) -> bytes:
+    """A header whose metadata is well formed, with one U8 state tensor of shape ``dims``
+    ending at ``end`` (the table is checked after the metadata: spec section 3.4)."""
+    parent, tokens = bytes(32), bytes(16)
+    meta = _meta_fields(
+        version="1.0",
+        fingerprint="0" * 64,
+        namespace="0" * 16,
+        key=key_digest(parent, tokens).hex(),
+        parent=parent.hex(),
+        tokens=tokens.hex(),
+        compression="none",
+        payload_size=end,
+        stored_size=end,
+        mac=None,
+        checksum="0" * 32,
+    )
+    text = render_header(meta, [], 1)[8:].rstrip(b" ")[:-1]  # the metadata object only
     return _padded(
-        META + b',"layers.0.state":{"dtype":"U8","shape":[' + dims + b'],"data_offsets":[0,'
+        text + b',"layers.0.state":{"dtype":"U8","shape":[' + dims + b'],"data_offsets":[0,'
         b"%d]}}" % end
     )
 
@@ -52,7 +69,7 @@ def _state_chunk(dims: bytes, end: int = 1) -> bytes:
 def test_shape_whose_size_passes_any_offset_is_a_layout_error() -> None:
     huge = b",".join([b"999999999999999999"] * 3)
     with pytest.raises(LayoutError, match="do not fit"):
-        decode_chunk(_state_chunk(huge, end=999_999_999_999_999_999))
+        read_header(_state_chunk(huge, end=999_999_999_999_999_999))
 
 
 def test_tensor_size_stops_at_the_first_dimension_past_the_bound() -> None:
