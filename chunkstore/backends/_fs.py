@@ -47,6 +47,7 @@ from chunkstore.backends._fastread import (
 from chunkstore.backends._fsio import FileStat, FsspecIO, LocalIO
 from chunkstore.backends._iopool import IoPool, raise_first
 from chunkstore.backends.base import (
+    UNSUPPORTED_GRACE,
     Buffer,
     ChunkInfo,
     Judgement,
@@ -142,6 +143,7 @@ class FsStore(Store):
     """
 
     kind = "fs"
+    unsupported_grace: float | None = UNSUPPORTED_GRACE
 
     def __init__(
         self,
@@ -430,7 +432,14 @@ class FsStore(Store):
                 reader = ChunkFileReader(fd, buffer, self.read_mode)
                 if self.verify and not reader.direct:
                     try:
-                        quick = VerifiedRead(fd, buffer, key.digest, reader=reader, sized=False)
+                        quick = VerifiedRead(
+                            fd,
+                            buffer,
+                            key.digest,
+                            reader=reader,
+                            sized=False,
+                            expected_namespace=key.namespace,
+                        )
                     except Undecided:
                         pass  # judged below, with the file's size
                     else:
@@ -439,7 +448,11 @@ class FsStore(Store):
             out, view = self._sized_view(fd, st, buffer, key)
             if reader is None:
                 reader = ChunkFileReader(fd, view)
-            check = VerifiedRead(fd, view, key.digest, reader=reader) if self.verify else None
+            check = (
+                VerifiedRead(fd, view, key.digest, reader=reader, expected_namespace=key.namespace)
+                if self.verify
+                else None
+            )
             return _LocalRead(key, path, fd, st, out, view, reader, check)
         except FormatError as exc:
             self._end_local(fd, reader)
@@ -486,7 +499,13 @@ class FsStore(Store):
         assert isinstance(self.io, LocalIO)
         read.st = self.io.stat_fd(read.fd, read.path)
         read.out, read.view = self._sized_view(read.fd, read.st, read.out, read.key)
-        read.check = VerifiedRead(read.fd, read.view, read.key.digest, reader=read.reader)
+        read.check = VerifiedRead(
+            read.fd,
+            read.view,
+            read.key.digest,
+            reader=read.reader,
+            expected_namespace=read.key.namespace,
+        )
         read.check.finish()
 
     @staticmethod
@@ -720,7 +739,14 @@ class FsStore(Store):
         return self._put_batch(items, replace=True)
 
     def put_if_absent_many(self, items: Sequence[tuple[ChunkKey, Buffer]]) -> list[bool]:
-        return self._put_batch(items, replace=False)
+        return self._replacing_unusable(items, self._put_batch(items, replace=False))
+
+    def _written_at(self, key: ChunkKey) -> float | None:
+        try:
+            st = self.io.stat(self.path_of(key))
+        except OSError:
+            return None
+        return None if st is None else st.mtime
 
     def _put_batch(self, items: Sequence[tuple[ChunkKey, Buffer]], *, replace: bool) -> list[bool]:
         """Write ``items`` several at a time, with the results a loop over them would give."""

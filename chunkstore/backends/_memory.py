@@ -6,7 +6,7 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 
-from chunkstore.backends.base import Buffer, ChunkInfo, Store
+from chunkstore.backends.base import UNSUPPORTED_GRACE, Buffer, ChunkInfo, Judgement, Store
 from chunkstore.hashing import ChunkKey, check_namespace
 
 
@@ -14,6 +14,7 @@ class MemoryStore(Store):
     """Chunks in a dict, guarded by one lock. Lost when the process ends."""
 
     kind = "memory"
+    unsupported_grace: float | None = UNSUPPORTED_GRACE
 
     def __init__(
         self, *, name: str | None = None, verify: bool = True, create: bool = True
@@ -26,17 +27,26 @@ class MemoryStore(Store):
         self._lock = threading.Lock()
 
     def _read_many(self, keys: Sequence[ChunkKey]) -> list[bytes | None]:
-        now = time.time()
-        out: list[bytes | None] = []
         with self._lock:
-            for key in keys:
-                entry = self._data.get(key)
-                if entry is None:
-                    out.append(None)
-                else:
-                    self._data[key] = (entry[0], entry[1], now)
-                    out.append(entry[0])
+            out = [None if (entry := self._data.get(k)) is None else entry[0] for k in keys]
+        if not self.verify:  # nothing is judged: every read is a use
+            for key, data in zip(keys, out):
+                if data is not None:
+                    self._touch(key)
         return out
+
+    def _admit(self, key: ChunkKey, judgement: Judgement) -> bool:
+        # A read is a use only if it served the chunk: one this store cannot use ages out.
+        served = super()._admit(key, judgement)
+        if served:
+            self._touch(key)
+        return served
+
+    def _touch(self, key: ChunkKey) -> None:
+        with self._lock:
+            entry = self._data.get(key)
+            if entry is not None:
+                self._data[key] = (entry[0], entry[1], time.time())
 
     def read_unchecked_many(self, keys: Sequence[ChunkKey]) -> list[bytes | None]:
         """Stored bytes per key; not a use, so access times (LRU order for prune) stay put."""
@@ -64,7 +74,12 @@ class MemoryStore(Store):
                 else:
                     self._data[key] = (bytes(memoryview(data).cast("B")), now, now)
                     written.append(True)
-        return written
+        return self._replacing_unusable(items, written)
+
+    def _written_at(self, key: ChunkKey) -> float | None:
+        with self._lock:
+            entry = self._data.get(key)
+        return None if entry is None else entry[1]
 
     def delete_many(self, keys: Sequence[ChunkKey]) -> int:
         with self._lock:

@@ -39,7 +39,14 @@ from chunkstore.backends._batching import (
     write_once_per_key,
 )
 from chunkstore.backends._iopool import raise_first
-from chunkstore.backends.base import Buffer, ChunkInfo, ReadVerdict, Store, judge_oversized
+from chunkstore.backends.base import (
+    UNSUPPORTED_GRACE,
+    Buffer,
+    ChunkInfo,
+    ReadVerdict,
+    Store,
+    judge_oversized,
+)
 from chunkstore.backends.maintenance import (
     QUARANTINE_MODES,
     FileIdent,
@@ -174,6 +181,7 @@ class S3Store(Store):
     """
 
     kind = "s3"
+    unsupported_grace: float | None = UNSUPPORTED_GRACE
 
     def __init__(
         self,
@@ -847,7 +855,18 @@ class S3Store(Store):
         return self._put_batch(items, False)
 
     def put_if_absent_many(self, items: Sequence[tuple[ChunkKey, Buffer]]) -> list[bool]:
-        return self._put_batch(items, True)
+        return self._replacing_unusable(items, self._put_batch(items, True))
+
+    def _written_at(self, key: ChunkKey) -> float | None:
+        async def head() -> float | None:
+            try:
+                found = await self._request("head_object", Key=self.object_key(key))
+            except (_NotFound, _Failed, _Exists):
+                return None
+            return _timestamp(found.get("LastModified"))
+
+        written: float | None = self._run(head)
+        return written
 
     _marker_ok = False
 

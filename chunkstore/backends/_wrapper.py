@@ -48,6 +48,15 @@ class WrapperStore(Store):
         return data  # the inner store's get_many judged it and acted on the verdict
 
     @property
+    def unsupported_grace(self) -> float | None:
+        """The inner store's (it is the one whose put-if-absent replaces)."""
+        return self.inner.unsupported_grace
+
+    @unsupported_grace.setter
+    def unsupported_grace(self, value: float | None) -> None:
+        self.inner.unsupported_grace = value
+
+    @property
     def supports_listing(self) -> bool:
         return self.inner.supports_listing
 

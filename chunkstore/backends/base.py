@@ -26,6 +26,7 @@ import builtins
 import enum
 import logging
 import threading
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -46,6 +47,10 @@ from chunkstore.format import ByteRange, ChunkHeader, check_identity, decode_chu
 from chunkstore.hashing import ChunkKey
 
 log = logging.getLogger(__name__)
+
+UNSUPPORTED_GRACE = 3600.0
+"""Default :attr:`Store.unsupported_grace` of shared stores: an hour, far longer than a
+rolling upgrade leaves a newer writer's chunk unread by the newer readers it serves."""
 
 Buffer = Any
 """Anything exposing the buffer protocol (bytes, bytearray, memoryview, numpy array, mmap)."""
@@ -132,6 +137,7 @@ def judge(
         chunk = decode_chunk(
             data,
             expected_key=key.digest,
+            expected_namespace=key.namespace,
             mac_key=mac_key,
             expected_fingerprint=expected_fingerprint,
         )
@@ -160,7 +166,7 @@ def judge_oversized(key: ChunkKey, head: Any, size: int) -> Judgement:
             raise TruncatedChunk(
                 f"payload has {size - header.data_offset} of {header.stored_size} bytes"
             )
-        check_identity(header, key.digest, None)  # (checked after the sizes, as a sized read)
+        check_identity(header, key.digest, None, key.namespace)  # after the sizes, as a sized read
     except FormatError as exc:
         return Judgement.of(exc)
     return Judgement(ReadVerdict.OK, header=header)
@@ -256,6 +262,55 @@ class Store(ABC):
 
     def close(self) -> None:  # noqa: B027 - optional hook: stores without resources need nothing
         """Release connections and flush; the store is unusable afterwards."""
+
+    # --- keys held by chunks this reader cannot use (spec section 6.7) --------------
+
+    unsupported_grace: float | None = None
+    """Seconds after its write that a chunk this store cannot use (unsupported, corrupt, or
+    failing its MAC) may be replaced by :meth:`put_if_absent`; ``None``: never (a store that
+    keeps no write times). Stores shared by many writers set ``UNSUPPORTED_GRACE``."""
+
+    def _written_at(self, key: ChunkKey) -> float | None:
+        """When the chunk stored under ``key`` was written (seconds since the epoch), or
+        ``None`` if it is absent or the store cannot tell."""
+        return None
+
+    def _replaces_unusable(self, key: ChunkKey) -> bool:
+        """Whether :meth:`put_if_absent` may overwrite the chunk that holds ``key``: this
+        store cannot use it and it was written more than :attr:`unsupported_grace` ago.
+
+        Without this, a chunk of an unknown major (a bit flip of its version digit, or a
+        planted file) would keep its key a miss for good: it is never quarantined, and
+        put-if-absent never replaces it. What replaces it is a chunk every later reader
+        reads (spec section 2.8). Costs a stat on every collision and a read of the chunk
+        only when it is older than the grace."""
+        grace = self.unsupported_grace
+        if grace is None:
+            return False
+        written = self._written_at(key)
+        if written is None or time.time() - written <= grace:
+            return False
+        data = self.read_unchecked_many([key])[0]
+        if data is None:
+            return False
+        judgement = self._judge(key, data)
+        if judgement.verdict in (ReadVerdict.NEWER, ReadVerdict.CORRUPT):
+            return True
+        return isinstance(judgement.error, AuthenticationError)
+
+    def _replacing_unusable(
+        self, items: Sequence[tuple[ChunkKey, Buffer]], written: builtins.list[bool]
+    ) -> builtins.list[bool]:
+        """``written`` (a put-if-absent's results), with each item whose key holds a chunk
+        :meth:`_replaces_unusable` allows overwriting written over it."""
+        for index, done in enumerate(written):
+            key = items[index][0]
+            if not done and self._replaces_unusable(key):
+                log.info(
+                    "%s: replacing the unusable chunk %s (older than the grace)", self.name, key.hex
+                )
+                written[index] = self.put_many([items[index]])[0]
+        return written
 
     def _quarantine(self, key: ChunkKey, reason: str) -> str:
         """Move a corrupt chunk out of the serving path; what became of it, for the log

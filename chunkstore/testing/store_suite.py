@@ -235,6 +235,48 @@ class StoreSuite:
         assert bytes(store.read_unchecked_many([newer.key])[0] or b"") == data
         assert {i.key for i in store.list()} == {newer.key, good.key}
 
+    def test_unsupported_reads_leave_access_time(
+        self, make_store: Callable[..., Store], chunks: list[MadeChunk]
+    ) -> None:
+        """A chunk this reader cannot use ages out (spec section 6.7): missing it is not a
+        use, so ``prune`` and capacity eviction see it as old as its last real use."""
+        store = make_store()
+        try:
+            if store.unsupported_grace is None:
+                pytest.skip(f"{type(store).__name__} holds no other writers' chunks")
+            if hasattr(store, "access_resolution"):
+                store.access_resolution = 0.0
+            newer = chunks[0]
+            store.put(newer.key, newer_major_copy(newer))
+            first = {i.key: i.atime for i in store.list()}
+            time.sleep(self.time_resolution)
+            assert store.get(newer.key) is None
+            flush = getattr(store, "flush", None)
+            if flush is not None:
+                flush()
+            assert {i.key: i.atime for i in store.list()} == first
+        finally:
+            store.close()
+
+    def test_put_if_absent_replaces_an_old_unsupported_chunk(
+        self, store: Store, chunks: list[MadeChunk]
+    ) -> None:
+        """spec section 6.7: a chunk of an unknown major keeps its key a miss only for the
+        grace after its write; then put-if-absent writes a chunk every reader reads."""
+        if store.unsupported_grace is None:
+            pytest.skip(f"{type(store).__name__} keeps no write times of other writers")
+        chunk = chunks[0]
+        newer = newer_major_copy(chunk)
+        store.put(chunk.key, newer)
+        assert store.put_if_absent(chunk.key, chunk.data) is False  # within the grace
+        assert bytes(store.read_unchecked_many([chunk.key])[0] or b"") == newer
+        store.unsupported_grace = 0.0
+        time.sleep(self.time_resolution)
+        assert store.put_if_absent_many([(chunk.key, chunk.data)]) == [True]
+        assert bytes(store.get(chunk.key) or b"") == chunk.data
+        assert store.put_if_absent(chunk.key, chunk.data) is False  # a usable chunk stays
+        assert store.corrupt_detected == 0
+
     def test_wrong_key_is_a_miss(self, store: Store, chunks: list[MadeChunk]) -> None:
         a, b = chunks[:2]
         store.put(a.key, b.data)  # valid chunk stored under another key
