@@ -54,13 +54,16 @@ VECTORS = Path(__file__).resolve().parent.parent / "spec" / "vectors"
 TOKEN_LENGTHS = (0, 1, 15, 16, 17, 31, 32, 48, 100)
 ALIGNMENT = 4096
 MAC_SECRET = "vector secret"
+UTF8_SECRET = "clé ü 秘密"
+"""A secret outside ASCII: its MAC key is derived from the UTF-8 bytes of the text."""
 TOKENS_RULE = "t[i] = (i * 2654435761) mod 2**32 (uint32, little-endian when hashed or stored)"
 KEY_COMMENT = (
     f"Key derivation vectors (spec section 5). Input tokens for case length L are {TOKENS_RULE} "
     "for i in 0..L-1. 'canonical_json' is the exact text whose BLAKE3-256 is 'fingerprint' "
     "(5.1); the namespace root is derived from it and 'extra' (plain JSON: strings and lists "
     "of strings; typed values are in extra.json). 'keys' lists one chain key per full chunk "
-    "of chunk_tokens tokens; a partial tail has none."
+    "of chunk_tokens tokens; a partial tail has none. 'refused' lists KVSpecs a reader or "
+    "writer must refuse (ConfigError here), each with the rule of section 5.1 it breaks."
 )
 EXTRA_COMMENT = (
     "encode_extra vectors (spec section 5.2). Values are tagged by type: {'str': text}, "
@@ -80,13 +83,16 @@ CHUNK_COMMENT = (
 )
 READER_COMMENT = (
     "Reader vectors (spec sections 2, 3, 4): decode each reader/<file> with the options given "
-    "('mac_secret': the reader holds that secret; 'expected_key' / 'expected_fingerprint': the "
-    "reader asked for that key / model) and verify the checksum. 'verdict' is what a reader "
-    "must conclude: 'ok' (error null), 'unsupported' (a plain miss, never quarantined or "
-    "deleted: written by a newer version) or 'corrupt'; 'error' names the error class "
-    "(spec section 3.4) a reader must raise. Each file has exactly one defect: it was made "
-    "from the golden chunk named in 'from' by the edit described in 'defect', then sealed "
-    "again (correct checksum and MAC) unless the checksum or MAC is the defect."
+    "('mac_secret': the reader holds that secret, as the UTF-8 bytes of the text; "
+    "'expected_key' / 'expected_fingerprint' / 'expected_namespace': the reader asked for "
+    "that key / model / namespace) and verify the checksum. 'verdict' is what a reader must "
+    "conclude (spec section 3.4): 'ok' (error null), 'unsupported' (a plain miss, never "
+    "quarantined or deleted: written by a newer version), 'refused' (intact but not for this "
+    "reader: a miss that leaves the stored copy alone) or 'corrupt' (a miss; quarantined); "
+    "'error' names the error class a reader must raise. Each file has exactly one defect "
+    "unless 'defect' says otherwise (then the order of section 3.4 decides): it was made from "
+    "the golden chunk named in 'from' by the edit described in 'defect', then sealed again "
+    "(correct checksum and MAC) unless the checksum or MAC is the defect."
 )
 TP_COMMENT = (
     "TP byte ranges (spec section 3.3): for each spec and TP size, per rank, the [offset, "
@@ -184,6 +190,93 @@ def key_cases() -> list[dict[str, Any]]:
 
 
 # --- extra.json -----------------------------------------------------------------------------
+
+
+def refused_spec_cases() -> list[dict[str, Any]]:
+    """KVSpecs section 5.1 refuses: one rule broken each, the rest as vectors/tiny."""
+
+    def spec(*, groups: list[dict[str, Any]] | None = None, **fields: Any) -> dict[str, Any]:
+        base: dict[str, Any] = {
+            "model_id": "vectors/tiny",
+            "dtype": "BF16",
+            "chunk_tokens": 16,
+            "groups": groups
+            or [{"kind": "attention", "layers": [0, 1], "num_kv_heads": 2, "head_dim": 4}],
+            "extra": [],
+        }
+        base.update(fields)
+        return base
+
+    def group(**fields: Any) -> list[dict[str, Any]]:
+        attention = {"kind": "attention", "layers": [0], "num_kv_heads": 2, "head_dim": 4}
+        return [attention, {"layers": [1], **fields}]
+
+    return [
+        {"why": "chunk_tokens 0", "spec": spec(chunk_tokens=0)},
+        {"why": "chunk_tokens a string", "spec": spec(chunk_tokens="16")},
+        {"why": "chunk_tokens 2^63", "spec": spec(chunk_tokens=2**63)},
+        {
+            "why": "head_dim a fraction",
+            "spec": spec(groups=group(kind="attention", num_kv_heads=2, head_dim=4.5)),
+        },
+        {
+            "why": "num_kv_heads negative",
+            "spec": spec(groups=group(kind="attention", num_kv_heads=-2, head_dim=4)),
+        },
+        {
+            "why": "head_dim 2^63 (at most 2^63 - 1)",
+            "spec": spec(groups=group(kind="attention", num_kv_heads=2, head_dim=2**63)),
+        },
+        {
+            "why": "a negative layer",
+            "spec": spec(
+                groups=[{"kind": "attention", "layers": [-1], "num_kv_heads": 2, "head_dim": 4}]
+            ),
+        },
+        {
+            "why": "layer 0 twice in one group",
+            "spec": spec(
+                groups=[{"kind": "attention", "layers": [0, 0], "num_kv_heads": 2, "head_dim": 4}]
+            ),
+        },
+        {"why": "an unknown group kind", "spec": spec(groups=group(kind="conv", head_dim=4))},
+        {"why": "an unknown dtype", "spec": spec(dtype="F8_E8M0")},
+        {
+            "why": "layer 0 in two groups",
+            "spec": spec(groups=group(kind="attention", layers=[0], num_kv_heads=2, head_dim=4)),
+        },
+        {
+            "why": "a state group with head_dim 4 (unused: must be 0)",
+            "spec": spec(groups=group(kind="state", num_kv_heads=1, head_dim=4, state_shape=[8])),
+        },
+        {
+            "why": "a state group with num_kv_heads 0 (unused: must be 1)",
+            "spec": spec(groups=group(kind="state", num_kv_heads=0, head_dim=0, state_shape=[8])),
+        },
+        {
+            "why": "an mla group with num_kv_heads 2 (unsplit: must be 1)",
+            "spec": spec(groups=group(kind="mla", num_kv_heads=2, head_dim=8)),
+        },
+        {
+            "why": "an attention group with a state_shape (unused: must be [])",
+            "spec": spec(
+                groups=group(kind="attention", num_kv_heads=2, head_dim=4, state_shape=[8])
+            ),
+        },
+        {
+            "why": "an attention group with a sliding_window (only sliding_window groups have one)",
+            "spec": spec(
+                groups=group(kind="attention", num_kv_heads=2, head_dim=4, sliding_window=64)
+            ),
+        },
+        {
+            "why": "a state group with a non-positive state_shape entry",
+            "spec": spec(groups=group(kind="state", state_shape=[8, 0])),
+        },
+        {"why": "extra names twice", "spec": spec(extra=[["revision", "a"], ["revision", "b"]])},
+        {"why": "an extra value that is not a string", "spec": spec(extra=[["revision", 7]])},
+        {"why": "an extra entry that is not a pair", "spec": spec(extra=[["revision"]])},
+    ]
 
 
 def tagged(value: Any) -> Any:
@@ -681,10 +774,12 @@ def reader_cases() -> list[tuple[dict[str, Any], bytes]]:
     case(
         "header-too-large",
         "3",
-        "header_len = 16 MiB + 1",
+        "header_len = 16 MiB + 1, so the input is also shorter than its header: group 3 "
+        "checks the limit before the length",
         _LEN.pack(16 * 1024 * 1024 + 1) + base[8:],
         "HeaderTooLarge",
     )
+    out.extend(readings_cases(base, text, payload, mac_text, hybrid_text, hybrid_payload))
     # section 4
     case(
         "checksum-payload-bit",
@@ -714,6 +809,7 @@ def reader_cases() -> list[tuple[dict[str, Any], bytes]]:
         "none; the reader expects the fingerprint of vectors/hybrid",
         base,
         "SpecMismatch",
+        verdict="refused",
         options={"expected_fingerprint": other_fp},
     )
     case(
@@ -722,6 +818,7 @@ def reader_cases() -> list[tuple[dict[str, Any], bytes]]:
         "none; the reader holds a MAC secret and the chunk has no mac",
         base,
         "AuthenticationError",
+        verdict="refused",
         options={"mac_secret": MAC_SECRET},
     )
     case(
@@ -730,6 +827,7 @@ def reader_cases() -> list[tuple[dict[str, Any], bytes]]:
         "MAC computed with another secret, checksum correct",
         seal(mac_text, payload, mac_secret="another secret"),
         "AuthenticationError",
+        verdict="refused",
         origin="tiny-bf16-mac.kvc",
         options={"mac_secret": MAC_SECRET},
     )
@@ -754,6 +852,221 @@ def reader_cases() -> list[tuple[dict[str, Any], bytes]]:
         "the frame twice (stored_size counts both)",
         seal(zstd_text(two_frames), two_frames),
         "CompressionError",
+    )
+    return out
+
+
+def readings_cases(
+    base: bytes,
+    text: bytes,
+    payload: bytes,
+    mac_text: bytes,
+    hybrid_text: bytes,
+    hybrid_payload: bytes,
+) -> list[tuple[dict[str, Any], bytes]]:
+    """Text revision 3 (issue #23): one vector per reading settled there."""
+    out: list[tuple[dict[str, Any], bytes]] = []
+
+    def case(
+        name: str,
+        section: str,
+        defect: str,
+        data: bytes,
+        error: str | None,
+        *,
+        verdict: str = "corrupt",
+        origin: str = "tiny-bf16.kvc",
+        options: dict[str, Any] | None = None,
+    ) -> None:
+        entry = {
+            "file": f"{name}.kvc",
+            "from": origin,
+            "section": section,
+            "defect": defect,
+            "options": options or {},
+            "verdict": "ok" if error is None else verdict,
+            "error": error,
+            "sha256": hashlib.sha256(data).hexdigest(),
+        }
+        out.append((entry, data))
+
+    def flip_last_bit(data: bytes) -> bytes:
+        damaged = bytearray(data)
+        damaged[-1] ^= 0x01
+        return bytes(damaged)
+
+    v11 = edit(text, b'"chunkstore":"1.0"', b'"chunkstore":"1.1"')
+    version_end = 8 + len(b'{"__metadata__":{"chunkstore":"1.0')
+    # section 2.2 / 3.4 group 2: the version field
+    case(
+        "truncated-inside-version",
+        "2",
+        'the input ends inside the version string (after "1."): input that ends before the '
+        "closing quote is truncated, whatever the bytes so far",
+        base[: version_end - 1],
+        "TruncatedChunk",
+    )
+    case(
+        "header-len-inside-version",
+        "2",
+        "header_len = 33: the header would end inside the version string (nothing else changed)",
+        _LEN.pack(33) + base[8:],
+        "MalformedHeader",
+    )
+    case(
+        "header-len-below-magic",
+        "2",
+        "header_len = 20: magic and version lie past the header's end",
+        _LEN.pack(20) + base[8:],
+        "MalformedHeader",
+    )
+    major2 = seal(edit(text, b'"chunkstore":"1.0"', b'"chunkstore":"2.0"'), payload)
+    case(
+        "header-len-inside-version-major-2",
+        "2",
+        'version "2.0" and header_len = 33: malformed in every major, so not unsupported',
+        _LEN.pack(33) + major2[8:],
+        "MalformedHeader",
+    )
+    flipped_major = bytearray(base)
+    flipped_major[version_end - 3] ^= 0x02  # "1.0" -> "3.0": one bit of the major digit
+    case(
+        "unsupported-major-bit-flip",
+        "2",
+        'one bit of the major digit flipped ("1.0" becomes "3.0"), not resealed: an unknown '
+        "major cannot be checked (a store ages it out or a writer replaces it, section 6.7)",
+        bytes(flipped_major),
+        "UnsupportedVersion",
+        verdict="unsupported",
+    )
+    # section 3.4: a known major's seal is checked before its unknown additions
+    for label, edited, error_origin in (
+        ("compression", edit(v11, b'"compression":"none"', b'"compression":"lz4"'), None),
+        ("dtype", edit(v11, b'"dtype":"BF16"', b'"dtype":"F8_E8M0"', 4), None),
+        (
+            "tensor-role",
+            edit(
+                edit(hybrid_text, b'"chunkstore":"1.0"', b'"chunkstore":"1.1"'),
+                b'"layers.4.state"',
+                b'"layers.4.conv"',
+            ),
+            "hybrid-bf16.kvc",
+        ),
+    ):
+        stored = hybrid_payload if error_origin else payload
+        case(
+            f"checksum-minor-1.1-{label}",
+            "3.4",
+            f"the unsupported-minor-1.1-{label} chunk with its last payload bit flipped: "
+            "the checksum is checked before the unknown addition, so it is corrupt",
+            flip_last_bit(seal(edited, stored)),
+            "ChecksumMismatch",
+            origin=error_origin or "tiny-bf16.kvc",
+        )
+    mac_v11 = edit(
+        edit(mac_text, b'"chunkstore":"1.0"', b'"chunkstore":"1.1"'),
+        b'"compression":"none"',
+        b'"compression":"lz4"',
+    )
+    case(
+        "mac-wrong-minor-1.1-compression",
+        "3.4",
+        'version "1.1" with compression "lz4", MAC computed with another secret: the MAC is '
+        "checked before the unknown compression",
+        seal(mac_v11, payload, mac_secret="another secret"),
+        "AuthenticationError",
+        verdict="refused",
+        origin="tiny-bf16-mac.kvc",
+        options={"mac_secret": MAC_SECRET},
+    )
+    # section 3.1: field formats before the tensor table; compression none sizes
+    case(
+        "payload-size-not-decimal",
+        "3.1",
+        'payload_size written "abc": field formats are checked before the tensor table',
+        seal(edit(text, b'"payload_size":"1024"', b'"payload_size":"abc"'), payload),
+        "MalformedHeader",
+    )
+    case(
+        "stored-size-not-payload-size",
+        "3.1",
+        'compression "none" with stored_size "1025" and one more stored byte',
+        seal(edit(text, b'"stored_size":"1024"', b'"stored_size":"1025"'), payload + b"\0"),
+        "MalformedHeader",
+    )
+    meta_only = text[: text.index(b',"layers.0.k"')] + b"}"
+    meta_only = edit(meta_only, b'"payload_size":"1024"', b'"payload_size":"0"')
+    meta_only = edit(meta_only, b'"stored_size":"1024"', b'"stored_size":"0"')
+    case(
+        "no-tensors",
+        "3.1",
+        "a header with __metadata__ only (payload_size and stored_size 0, no payload): a "
+        "chunk has at least one tensor",
+        seal(meta_only, b""),
+        "MalformedHeader",
+    )
+    # section 3.2: sizes in exact arithmetic
+    wrapped = b"[4294967296,16,4294967296]"
+    huge = edit(
+        edit(
+            text,
+            b'"shape":[2,16,4],"data_offsets":[512,768]',
+            b'"shape":%s,"data_offsets":[512,512]' % wrapped,
+        ),
+        b'"shape":[2,16,4],"data_offsets":[768,1024]',
+        b'"shape":%s,"data_offsets":[512,512]' % wrapped,
+    )
+    huge = edit(
+        edit(huge, b'"payload_size":"1024"', b'"payload_size":"512"'),
+        b'"stored_size":"1024"',
+        b'"stored_size":"512"',
+    )
+    case(
+        "layout-size-wraps-u64",
+        "3.2",
+        "layers.1.k and layers.1.v of shape [2^32, 16, 2^32] BF16 (2^69 bytes, 0 modulo 2^64) "
+        "with empty data_offsets [512,512], payload cut to 512 bytes",
+        seal(huge, payload[:512]),
+        "LayoutError",
+    )
+    # section 3: padding
+    case(
+        "ok-padding-not-minimal",
+        "3",
+        "4096 more spaces of padding than needed (writers pad minimally, readers accept more)",
+        seal(text, payload, padding=b" " * 4096),
+        None,
+    )
+    # section 4.2: the secret's bytes
+    utf8_chunk, _, _ = golden_chunk(tiny(), {"mac_secret": UTF8_SECRET})
+    case(
+        "ok-mac-utf8-secret",
+        "4.2",
+        f"none: authenticated with the secret {UTF8_SECRET!r}, read by a reader holding it "
+        "(the key is derived from the UTF-8 bytes of the text)",
+        utf8_chunk,
+        None,
+        origin="tiny-bf16-mac.kvc",
+        options={"mac_secret": UTF8_SECRET},
+    )
+    # section 4.3: the namespace field
+    other_ns = edit(text, b'"namespace":"c3e3247db5e503f3"', b'"namespace":"0123456789abcdef"')
+    moved = seal(other_ns, payload)
+    case(
+        "ok-namespace-not-known",
+        "4.3",
+        'namespace field changed to "0123456789abcdef": a reader that was not told the '
+        "namespace it looked in cannot check it",
+        moved,
+        None,
+    )
+    case(
+        "namespace-not-the-expected",
+        "4.3",
+        'the same chunk read by a reader that looked in namespace "c3e3247db5e503f3"',
+        moved,
+        "KeyMismatch",
+        options={"expected_namespace": "c3e3247db5e503f3"},
     )
     return out
 
@@ -815,7 +1128,9 @@ def main() -> int:
     chunks = chunk_cases()
     readers = reader_cases()
     files = {
-        VECTORS / "keys.json": _dump({"_comment": KEY_COMMENT, "cases": key_cases()}),
+        VECTORS / "keys.json": _dump(
+            {"_comment": KEY_COMMENT, "cases": key_cases(), "refused": refused_spec_cases()}
+        ),
         VECTORS / "extra.json": _dump({"_comment": EXTRA_COMMENT, **extra_cases()}),
         VECTORS / "chunks.json": _dump(
             {"_comment": CHUNK_COMMENT, "cases": [c for c, _ in chunks]}

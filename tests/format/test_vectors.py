@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 
 from chunkstore import errors
-from chunkstore.errors import ConfigError, UnsupportedVersion
+from chunkstore.backends.base import verdict_of
+from chunkstore.errors import ConfigError
 from chunkstore.format import (
     ChunkLayout,
     KVSpec,
@@ -32,6 +33,7 @@ from chunkstore.hashing import chain_keys, encode_extra, namespace_of, namespace
 
 VECTORS = Path(__file__).resolve().parents[2] / "spec" / "vectors"
 KEY_CASES = json.loads((VECTORS / "keys.json").read_text())["cases"]
+REFUSED_SPECS = json.loads((VECTORS / "keys.json").read_text())["refused"]
 EXTRA = json.loads((VECTORS / "extra.json").read_text())
 CHUNK_CASES = json.loads((VECTORS / "chunks.json").read_text())["cases"]
 READER_CASES = json.loads((VECTORS / "reader.json").read_text())["cases"]
@@ -51,7 +53,8 @@ def test_vector_corpus_is_present() -> None:
         "BF16", "F16", "F32", "I8", "U8", "F8_E4M3", "F8_E5M2"
     }  # fmt: skip
     assert len(READER_CASES) >= 40
-    assert {c["verdict"] for c in READER_CASES} == {"ok", "unsupported", "corrupt"}
+    assert {c["verdict"] for c in READER_CASES} == {"ok", "unsupported", "refused", "corrupt"}
+    assert len(REFUSED_SPECS) >= 15
     assert {c["tp"] for c in TP_CASES} == {1, 2, 3, 4, 8}
     for case in CHUNK_CASES:
         assert (VECTORS / "chunks" / case["file"]).is_file()
@@ -281,6 +284,8 @@ def test_reader_vectors(case: dict[str, Any]) -> None:
         kwargs["expected_key"] = bytes.fromhex(options["expected_key"])
     if "expected_fingerprint" in options:
         kwargs["expected_fingerprint"] = bytes.fromhex(options["expected_fingerprint"])
+    if "expected_namespace" in options:
+        kwargs["expected_namespace"] = options["expected_namespace"]
     if case["error"] is None:
         decode_chunk(data, **kwargs)
         return
@@ -288,7 +293,17 @@ def test_reader_vectors(case: dict[str, Any]) -> None:
     with pytest.raises(error) as raised:
         decode_chunk(data, **kwargs)
     assert type(raised.value) is error
-    assert isinstance(raised.value, UnsupportedVersion) == (case["verdict"] == "unsupported")
+    assert verdict_of(raised.value).value == READ_VERDICTS[case["verdict"]]
+
+
+READ_VERDICTS = {"unsupported": "newer", "refused": "refused", "corrupt": "corrupt"}
+"""The spec's verdict words and the library's (:class:`~chunkstore.backends.ReadVerdict`)."""
+
+
+@pytest.mark.parametrize("case", REFUSED_SPECS, ids=lambda c: c["why"])
+def test_refused_spec_vectors(case: dict[str, Any]) -> None:
+    with pytest.raises(ConfigError):
+        KVSpec.from_dict(case["spec"])
 
 
 # --- TP ranges ------------------------------------------------------------------------------
