@@ -1,11 +1,11 @@
 """README.md and the manual in docs/ stay true.
 
-The Python API example runs; every metric (with its labels), peer `stats` field and counter,
-CLI command and flag, connector option and store, cache and peer option is on its page, and
-nothing documented there is gone; every `make` target, `chunkstore` command and repository path
-shown exists, with the flags shown; README.md stays a README (short, every link inside the
-repository). `mkdocs build --strict` (in `make test`) checks the site's links, anchors and
-navigation.
+README's Python example and the Python API page's run; every metric (with its labels), peer
+`stats` field and counter, CLI command and flag, connector option and store, cache and peer
+option is on its page, and nothing documented there is gone; every `make` target, `chunkstore`
+command and repository path shown exists, with the flags shown; README.md stays a README
+(short, every link inside the repository). `mkdocs build --strict` (in `make test`) checks the
+site's links, anchors and navigation.
 """
 
 from __future__ import annotations
@@ -74,6 +74,15 @@ def test_python_api_example_runs() -> None:
     block = re.search(r"```python\n(.*?)```", _page("python-api.md"), re.S)
     assert block is not None
     exec(compile(block.group(1), "docs/python-api.md", "exec"), {})
+
+
+def test_readme_python_example_runs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """README's Python example runs as shown (its store is a directory under the cwd)."""
+    blocks = [body for lang, body in FENCE.findall(README.read_text()) if lang == "python"]
+    assert len(blocks) == 1, "README.md should have one short Python example"
+    monkeypatch.chdir(tmp_path)
+    exec(compile(blocks[0], "README.md", "exec"), {})
+    assert list(tmp_path.rglob("*.kvc")), "README's example stored no chunk"
 
 
 def test_every_metric_is_documented() -> None:
