@@ -6,7 +6,7 @@ generated traces of 2000 requests.
 
     .venv/bin/python tools/bench_cache.py                   # everything
     .venv/bin/python tools/bench_cache.py --only traces --plot docs/policies.png
-        [--trace ../shared/traces/mooncake_synthetic_trace.jsonl]
+        [--trace mooncake_synthetic_trace.jsonl]
     .venv/bin/python tools/bench_cache.py --only traces --no-trace --seed 1 --requests 3000
 """
 
@@ -39,7 +39,6 @@ CHUNKS = 16
 ROUNDS = 20
 POLICY_ENTRIES = 100_000
 LOOKUPS = 1_000_000
-TRACE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "mooncake_synthetic_trace.jsonl"
 GENERATED_REQUESTS = 2000
 GOAL_FRACTIONS = (0.01, 0.02, 0.03, 0.05, 0.1, 0.2, 0.3, 0.5, 0.75)
 """Capacities the goal is checked at: 1%..75% of each trace's unique blocks."""
@@ -233,7 +232,10 @@ def main() -> int:
     parser.add_argument("--only", choices=("hits", "policies", "traces"), default=None)
     parser.add_argument("--plot", type=Path, default=None, help="tokens-saved plot (traces)")
     parser.add_argument(
-        "--trace", type=Path, default=TRACE, help=f"the Mooncake trace (default: {TRACE})"
+        "--trace",
+        type=Path,
+        default=None,
+        help="a recorded trace in Mooncake's JSONL format, beside the generated ones",
     )
     parser.add_argument(
         "--no-trace", action="store_true", help="generated traces only (other seeds)"
