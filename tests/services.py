@@ -23,7 +23,7 @@ import sysconfig
 import time
 import uuid
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -156,6 +156,8 @@ class JuiceFsVolume:
 
     mounts: tuple[Path, Path]
     """The two mount points of the one volume."""
+    turns: Iterator[int] = field(default_factory=itertools.count)
+    """How many times :meth:`alternate` was called."""
 
     def fresh(self, name: str = "t") -> tuple[Path, Path]:
         """A new, empty directory of the volume: its path through each mount."""
@@ -165,10 +167,10 @@ class JuiceFsVolume:
         self.await_same([first], [second])
         return first, second
 
-    def cycle(self) -> Callable[[], Path]:
-        """A function that returns the mounts in turn, the first mount first."""
-        turn = itertools.count()
-        return lambda: self.mounts[next(turn) % 2]
+    def alternate(self, paths: tuple[Path, Path]) -> Path:
+        """One of ``paths`` (the same place through each mount), the other one than last time:
+        successive calls in a session take the two mounts in turn."""
+        return paths[next(self.turns) % 2]
 
     def await_same(self, written: Sequence[Path], seen: Sequence[Path]) -> None:
         """Wait until each path of ``seen`` (through one mount) shows what its counterpart in
@@ -336,11 +338,16 @@ def seaweedfs_s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Service
         "-s3.port.lance=0",
         "-master.telemetry=false",
         "-master.volumeSizeLimitMB=64",  # small volume files: the data directory stays small
+        "-volume.max=200",
         "-volume.preStopSeconds=0",
     ]
     # Its own logs and sockets in the session's directory, not in /tmp (the gRPC sockets
     # go there whatever the options say: removed below once it has stopped).
     options += [f"-{part}.localSocket={base / part}.sock" for part in ("filer", "s3")]
+    # Each bucket is a collection of its own, which takes 7 of the server's 8 volumes by
+    # default: the second bucket would find no room. One volume each (master.toml is read
+    # from the working directory), 200 in all.
+    (base / "master.toml").write_text("[master.volume_growth]\ncopy_1 = 1\n")
     log = base / "weed.log"
     with log.open("wb") as out:
         proc = subprocess.Popen(
@@ -349,6 +356,7 @@ def seaweedfs_s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[S3Service
             stdout=out,
             stderr=subprocess.STDOUT,
             env=dict(os.environ, TMPDIR=str(base)),
+            cwd=base,
         )
     try:
         endpoint = f"http://127.0.0.1:{s3}"
