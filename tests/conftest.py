@@ -1,16 +1,21 @@
-"""Shared test settings (Hypothesis profiles, CI dependency check) and the moto S3 server."""
+"""Shared test settings (Hypothesis profiles, CI dependency check) and the moto S3 server.
+
+The real servers (redis-server, JuiceFS, SeaweedFS) are fixtures of ``tests/services.py``.
+"""
 
 from __future__ import annotations
 
 import logging
 import os
-import socket
 import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, settings
+
+# A plugin, not an import: imported here first, its asserts would not be rewritten.
+pytest_plugins = ["tests.services"]
 
 settings.register_profile(
     "ci",
@@ -39,17 +44,15 @@ REQUIRED_IN_CI = {
 }
 
 
-def _in_ci() -> bool:
-    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
-
-
 def pytest_sessionstart(session) -> None:  # noqa: ANN001 - pytest hook signature
     import importlib.util
 
     import pytest
 
+    from tests.services import in_ci
+
     # A test may run a child pytest under CI=true to check per-test rules in isolation.
-    if not _in_ci() or os.environ.get("CHUNKSTORE_CHECK_TEST_DEPENDENCIES") == "0":
+    if not in_ci() or os.environ.get("CHUNKSTORE_CHECK_TEST_DEPENDENCIES") == "0":
         return
     required = dict(REQUIRED_IN_CI)
     if os.environ.get("CHUNKSTORE_REQUIRE_VLLM033") == "1":
@@ -70,24 +73,15 @@ def pytest_sessionstart(session) -> None:  # noqa: ANN001 - pytest hook signatur
 # --- a moto S3 server on 127.0.0.1 (one per session, random free port) -------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 @pytest.fixture(scope="session")
 def s3_endpoint() -> Iterator[str]:
     """URL of a ThreadedMotoServer; AWS credentials are dummies set in the environment."""
     pytest.importorskip("s3fs")
     moto_server = pytest.importorskip("moto.server")
-    for name, value in {
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_DEFAULT_REGION": "us-east-1",
-    }.items():
-        os.environ.setdefault(name, value)
-    port = _free_port()
+    from tests.services import dummy_aws_credentials, free_port
+
+    dummy_aws_credentials()
+    port = free_port()
     # werkzeug logs every request and, with no handler configured, binds one to whatever
     # sys.stderr is at that moment (a test capture that is closed later): keep it quiet.
     logging.getLogger("werkzeug").setLevel(logging.ERROR)

@@ -297,10 +297,18 @@ class FsStore(Store):
         with self._marker_lock:
             path = self.io.join(self.root, L.MARKER_NAME)
             existing = self.io.read_small(path)
+            if existing is None:
+                # Note: published only if still absent, never replacing the marker another
+                # creator wrote meanwhile: on a shared mount (JuiceFS) a file replaced through
+                # another node vanishes under a reader's open descriptor (ENOENT, EBADF), and
+                # that node could not open the store.
+                tmp = self.io.write_temp(
+                    self.root, L.temp_name(L.MARKER_NAME), L.marker_bytes(), False
+                )
+                if not self.io.link_if_absent(tmp, path, False):
+                    existing = self.io.read_small(path)
             if existing is not None:
                 L.check_marker(existing, self.root)
-            else:
-                self.io.write_small(path, L.marker_bytes())
             self._marker_ok = True
 
     # --- paths -------------------------------------------------------------------

@@ -1,38 +1,20 @@
-"""Fixtures for the peer tests: in-process servers, data planes, a throwaway redis-server.
+"""Fixtures for the peer tests: in-process servers and data planes.
 
 Optional pieces (pyzmq/msgpack, NIXL, redis-server) skip their tests on a developer
 machine that lacks them, but FAIL them in CI (``$CI`` set, as ``.ci/run`` runs): issue 5
 requires the NIXL and Redis tests to run there, so a broken install must turn CI red,
-not green with skips.
+not green with skips. The throwaway redis-server is ``tests/services.py``'s.
 """
 
 from __future__ import annotations
 
 import importlib
-import os
-import shutil
-import socket
-import subprocess
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
 
-
-def in_ci() -> bool:
-    """Whether this run is CI's: ``$CI`` set to anything but empty/0/false/no."""
-    return os.environ.get("CI", "").strip().lower() not in ("", "0", "false", "no")
-
-
-def unavailable(what: str, install: str) -> None:
-    """Skip the current test because ``what`` is missing here; in CI, fail it instead."""
-    if in_ci():
-        pytest.fail(
-            f"{what}; CI must run this test, not skip it. Install it: {install}", pytrace=False
-        )
-    pytest.skip(f"{what} (install: {install})")
-
+from tests.services import in_ci, unavailable
 
 for _module in ("zmq", "msgpack"):
     try:
@@ -85,53 +67,3 @@ def serve() -> Iterator[Callable[..., PeerServer]]:
     yield start
     for server in servers:
         server.stop()
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@pytest.fixture(scope="session")
-def redis_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A private redis-server on a random loopback port (skipped without it, failed in CI)."""
-    binary = shutil.which("redis-server")
-    if binary is None:
-        unavailable("redis-server is not installed", "apt-get install -y redis-server")
-    port = free_port()
-    workdir = tmp_path_factory.mktemp("redis")
-    proc = subprocess.Popen(
-        [
-            binary,
-            "--port",
-            str(port),
-            "--bind",
-            "127.0.0.1",
-            "--save",
-            "",
-            "--appendonly",
-            "no",
-            "--dir",
-            str(workdir),
-        ],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                with socket.create_connection(("127.0.0.1", port), timeout=0.2) as conn:
-                    conn.sendall(b"PING\r\n")
-                    if conn.recv(16).startswith(b"+PONG"):
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline or proc.poll() is not None:
-                pytest.fail("redis-server did not start")
-            time.sleep(0.05)
-        yield f"redis://127.0.0.1:{port}/0"
-    finally:
-        proc.terminate()
-        proc.wait(timeout=10)
