@@ -25,7 +25,7 @@ import json
 import logging
 import time
 from collections import deque
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -195,11 +195,12 @@ class CapacityLimiter:
             self._save(usage)
             return written
 
-    def removed(self, remove: Callable[[], list[int]]) -> None:
-        """Run ``remove`` (returns the sizes it deleted) under the lock and update the ledger."""
+    def removed(self, remove: Callable[[], Sequence[tuple[str, int]]]) -> None:
+        """Run ``remove`` (returns the path and size of each chunk it deleted) under the lock
+        and update the ledger."""
         with self.io.lock(self.lock_path):
             usage = self._load()
-            sizes = remove()
+            sizes = [size for _, size in remove()]
             usage.bytes -= sum(sizes)
             usage.chunks -= len(sizes)
             self._save(usage)

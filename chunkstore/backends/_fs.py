@@ -45,6 +45,7 @@ from chunkstore.backends._fastread import (
     through_page_cache,
 )
 from chunkstore.backends._fsio import FileStat, FsspecIO, LocalIO
+from chunkstore.backends._index import CapacityIndex, connect, store_identity
 from chunkstore.backends._iopool import IoPool, raise_first
 from chunkstore.backends.base import (
     UNSUPPORTED_GRACE,
@@ -120,7 +121,11 @@ class FsStore(Store):
         quarantine: ``"move"`` corrupt chunks to ``<root>/quarantine/`` or ``"delete"`` them.
         max_bytes: cap on chunk bytes; least recently used chunks are evicted. Held across
             writer processes on local and kernel-mounted paths (flock); through fsspec only
-            within one process (a warning is logged at open).
+            within one process (a warning is logged at open). With ``index``, held by the
+            index for every writer of the cluster, with no lock.
+        index: a capacity index for a store shared by many machines: a Redis or Valkey URL
+            (``redis://host:6379/0``) or a client. Usage and LRU order live there; publishes
+            take no lock (:mod:`chunkstore.backends._index`, spec section 6.8).
         track_access: record reads as access times (off for tools like ``verify``).
         access_resolution: seconds; an access is recorded at most this often per chunk.
         io_workers: threads that keep several chunk reads/writes of one batched call
@@ -161,6 +166,7 @@ class FsStore(Store):
         io_workers: int = 4,
         read_mode: str = AUTO,
         write_mode: str = BUFFERED,
+        index: Any = None,
     ) -> None:
         super().__init__(name=name, verify=verify)
         if read_mode not in READ_MODES:
@@ -200,7 +206,8 @@ class FsStore(Store):
         self._open_root(create)
         for own in (L.STATE_DIR, L.QUARANTINE_DIR):
             self._refuse_link(own)
-        self.capacity: CapacityLimiter | None = None
+        self.capacity: CapacityLimiter | CapacityIndex | None = None
+        self.index: CapacityIndex | None = None
         limiter = CapacityLimiter(
             self.io,
             self.io.join(self.root, L.STATE_DIR),
@@ -211,7 +218,10 @@ class FsStore(Store):
         )
         # Without a cap: the ledger-only limiter, used while a capped writer's ledger exists.
         self._ledger_keeper = limiter
-        if max_bytes is not None:
+        if index is not None:
+            self.index = self._open_index(index, limiter.max_bytes)
+            self.capacity = self.index
+        elif max_bytes is not None:
             self.capacity = limiter
             if isinstance(self.io, FsspecIO):
                 # fsspec has no cross-process lock: the ledger update is atomic per process only
@@ -225,6 +235,33 @@ class FsStore(Store):
                 )
 
     # --- opening -----------------------------------------------------------------
+
+    def _open_index(self, index: Any, max_bytes: int | None) -> CapacityIndex:
+        """The capacity index named by ``index``, keyed by this store's identity: a hash of
+        its layout marker, which every mount of one volume reads alike."""
+        client = connect(index) if isinstance(index, str) else index
+        self._ensure_marker()
+        try:
+            marker = self.io.read_small(self.io.join(self.root, L.MARKER_NAME))
+        except OSError as exc:
+            raise StoreError(f"{self.name}: cannot read the layout marker: {exc}") from None
+        if marker is None:
+            raise StoreError(f"{self.name}: no layout marker to name the capacity index by")
+        return CapacityIndex(
+            client,
+            store_identity(marker),
+            max_bytes,
+            name_of=self._index_name,
+            path_of=lambda name: self.io.join(self.root, *name.split("/")),
+            evict=self._evict_path,
+            scan=self._scan_shard,
+            exists=lambda path: self.io.stat(path) is not None,
+            label=self.name,
+        )
+
+    def _index_name(self, path: str) -> str:
+        """``path`` relative to the root, with ``/``: the chunk's name in the index."""
+        return path[len(self._prefix) :].replace(os.sep, "/")
 
     def _open_root(self, create: bool) -> None:
         where = self.root
@@ -726,6 +763,8 @@ class FsStore(Store):
                 return
             if not self.io.set_access(path, now, st):
                 self.io.write_small(path + ".atime", L.access_bytes(now))
+            if self.index is not None:
+                self.index.touch([path])
         except OSError as exc:  # access times are advisory; a read never fails over them
             log.debug("%s: cannot record access to %s: %s", self.name, path, exc)
 
@@ -818,9 +857,9 @@ class FsStore(Store):
         for k in keys:
             self._touched.pop(k, None)
         failures: list[tuple[str, OSError]] = []
-        sizes: list[int] = []
+        sizes: list[tuple[str, int]] = []
 
-        def remove() -> list[int]:
+        def remove() -> list[tuple[str, int]]:
             # one path that may not be deleted (EACCES, EROFS) does not stop the others,
             # and the ledger counts exactly what went
             for path in paths:
@@ -830,7 +869,7 @@ class FsStore(Store):
                     failures.append((path, exc))
                     continue
                 if size >= 0:
-                    sizes.append(size)
+                    sizes.append((path, size))
             return sizes
 
         limiter = self._limiter()
@@ -909,7 +948,7 @@ class FsStore(Store):
         delete = note is None
         done = False
 
-        def remove() -> list[int]:
+        def remove() -> list[tuple[str, int]]:
             nonlocal done
             current = self.io.stat(path)
             if current is None:
@@ -920,7 +959,7 @@ class FsStore(Store):
             if delete and not guarded:
                 size = self._remove_sized(path)
                 done = size >= 0
-                return [size] if done else []
+                return [(path, size)] if done else []
             aside = None
             if delete:
                 self._refuse_link(L.STATE_DIR)
@@ -956,12 +995,12 @@ class FsStore(Store):
             moved = self.io.ident_at(dest, taken) if guarded else ident
             if moved is not None and moved != ident:
                 restored = self.io.link_if_absent(dest, path, self.fsync)  # removes dest
-                return [] if restored else [taken.size]
+                return [] if restored else [(path, taken.size)]
             done = True
             if aside is not None and dest != aside:
                 if not self.io.move(dest, aside):
                     log.warning("%s: %s set aside, left as %s", self.name, path, dest)
-                    return [taken.size]
+                    return [(path, taken.size)]
                 dest = aside
             with contextlib.suppress(OSError):
                 self.io.remove(path + ".atime")
@@ -970,7 +1009,7 @@ class FsStore(Store):
                     self.io.remove(dest)
                 else:
                     self.io.write_small(dest + L.REASON_SUFFIX, note)
-            return [taken.size]
+            return [(path, taken.size)]
 
         self._touched.pop(key, None)
         limiter = self._limiter()
@@ -992,8 +1031,11 @@ class FsStore(Store):
         entries = self.io.listdir(self.root) or []
         return sorted(n for n, is_dir in entries if is_dir and is_namespace(n))
 
-    def _walk(self, namespace: str | None) -> Iterator[tuple[str, str, list[tuple[str, FileStat]]]]:
-        """(namespace, directory, files) for every fan-out leaf directory."""
+    def _walk(
+        self, namespace: str | None, shard: tuple[int, int] | None = None
+    ) -> Iterator[tuple[str, str, list[tuple[str, FileStat]]]]:
+        """(namespace, directory, files) for every fan-out leaf directory (of one shard
+        ``(i, n)``: those whose first fan-out byte is ``i`` modulo ``n``)."""
         spaces = self.namespaces()
         if namespace is not None:
             # Only a real directory, as without a name: a namespace that is a symlink to
@@ -1003,6 +1045,8 @@ class FsStore(Store):
             ns_dir = self.io.join(self.root, ns)
             for ab, ab_is_dir in sorted(self.io.listdir(ns_dir) or []):
                 if not ab_is_dir or not L.FANOUT_RE.fullmatch(ab):
+                    continue
+                if shard is not None and int(ab, 16) % shard[1] != shard[0]:
                     continue
                 ab_dir = self.io.join(ns_dir, ab)
                 for cd, cd_is_dir in sorted(self.io.listdir(ab_dir) or []):
@@ -1014,7 +1058,15 @@ class FsStore(Store):
     def list(self, namespace: str | None = None) -> Iterator[ChunkInfo]:
         if namespace is not None:
             check_namespace(namespace)  # it becomes a path below the root
-        for ns, leaf, files in self._walk(namespace):
+        return self._chunks(namespace, None)
+
+    def list_shard(self, shard: tuple[int, int]) -> Iterator[ChunkInfo]:
+        """The chunks of shard ``(i, n)``: whole fan-out directories, ``i`` of ``n`` by the
+        key's first byte. The shards of a store together are :meth:`list`, once each."""
+        return self._chunks(None, shard)
+
+    def _chunks(self, namespace: str | None, shard: tuple[int, int] | None) -> Iterator[ChunkInfo]:
+        for ns, leaf, files in self._walk(namespace, shard):
             records = {
                 n[: -len(".atime")] for n, st in files if st.regular and L.classify(n) == L.ACCESS
             }
@@ -1156,7 +1208,7 @@ class FsStore(Store):
 
     # --- capacity hooks ------------------------------------------------------------
 
-    def _limiter(self) -> CapacityLimiter | None:
+    def _limiter(self) -> CapacityLimiter | CapacityIndex | None:
         """What publishes and deletes go through: the cap, or, without one, the ledger-only
         limiter while a capped writer's ledger exists (so that it stays true); else None."""
         if self.capacity is not None:
@@ -1164,6 +1216,10 @@ class FsStore(Store):
         if self.io.exists(self._ledger_keeper.ledger_path):
             return self._ledger_keeper
         return None
+
+    def _scan_shard(self, shard: tuple[int, int] | None) -> Iterator[tuple[str, int, float]]:
+        for info in self._chunks(None, shard):
+            yield self.path_of(info.key), info.size, info.atime
 
     def _scan_for_capacity(self) -> Iterator[tuple[str, int, float]]:
         for info in self.list():
@@ -1253,6 +1309,7 @@ _FS_OPTIONS = {
     "fsync",
     "quarantine",
     "max_bytes",
+    "index",
     "track_access",
     "access_resolution",
     "verify",

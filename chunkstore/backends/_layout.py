@@ -100,6 +100,9 @@ def marker_bytes() -> bytes:
         "format": "chunkstore",
         "created": round(time.time(), 3),
         "path": "<namespace>/<ab>/<cd>/<hex>.kvc",
+        # Names the store in a capacity index (spec 6.8): two stores made in the same
+        # millisecond must not share one.
+        "id": secrets.token_hex(16),
     }
     return (json.dumps(doc, sort_keys=True) + "\n").encode()
 

@@ -38,6 +38,7 @@ from chunkstore.backends._batching import (
     read_once_per_key,
     write_once_per_key,
 )
+from chunkstore.backends._index import CapacityIndex, connect, shard_of, store_identity
 from chunkstore.backends._iopool import raise_first
 from chunkstore.backends.base import (
     UNSUPPORTED_GRACE,
@@ -211,6 +212,8 @@ class S3Store(Store):
         name: str | None = None,
         data_path: str = "s3fs",
         nixl_params: dict[str, str] | None = None,
+        max_bytes: int | str | None = None,
+        index: Any = None,
     ) -> None:
         super().__init__(name=name, verify=verify)
         if not bucket:
@@ -281,6 +284,53 @@ class S3Store(Store):
             self._plane = self._open_nixl(
                 endpoint_url, region, key, secret, token, nixl_params or {}
             )
+        self.index: CapacityIndex | None = None
+        if max_bytes is not None and index is None:
+            raise ConfigError(
+                f"s3://{bucket}: max_bytes needs a capacity index (index='redis://host:6379/0'): "
+                "an object store has no lock that its writers could share"
+            )
+        if index is not None:
+            self.index = self._open_index(
+                index, None if max_bytes is None else parse_size(max_bytes)
+            )
+
+    def _open_index(self, index: Any, max_bytes: int | None) -> CapacityIndex:
+        """The capacity index named by ``index``, keyed by a hash of the layout marker."""
+        client = connect(index) if isinstance(index, str) else index
+        self._ensure_marker()
+        marker: bytes | None = self._run(self._get_small, self._full(L.MARKER_NAME))
+        if marker is None:
+            raise StoreError(f"{self.name}: no layout marker to name the capacity index by")
+        return CapacityIndex(
+            client,
+            store_identity(marker),
+            max_bytes,
+            name_of=self._relative,
+            path_of=self._full,
+            evict=self._evict_object,
+            scan=self._scan_shard,
+            exists=lambda name: bool(self._object_sizes([name])[0] is not None),
+            label=self.name,
+        )
+
+    def _evict_object(self, name: str) -> int:
+        """Delete the chunk object ``name`` and its access record; 1 if it was there."""
+        key = _chunk_key_of(self._relative(name))
+        return 0 if key is None else self.delete_many([key])
+
+    def _scan_shard(self, shard: tuple[int, int] | None) -> Iterator[tuple[str, int, float]]:
+        for info in self.list():
+            name = f"{info.key.namespace}/{info.key.hex[:2]}/{info.key.hex[2:4]}/{info.key.hex}"
+            if shard is None or shard_of(name, shard[1]) == shard[0]:
+                yield self.object_key(info.key), info.size, info.atime
+
+    def list_shard(self, shard: tuple[int, int]) -> Iterator[ChunkInfo]:
+        """The chunks of shard ``(i, n)`` (by the key's first byte), as :meth:`list` finds
+        them: the listing is whole, the work on what it yields is split."""
+        for info in self.list():
+            if int(info.key.hex[:2], 16) % shard[1] == shard[0]:
+                yield info
 
     def _open_nixl(
         self,
@@ -721,6 +771,8 @@ class S3Store(Store):
             self._touched.clear()
         for k in due:
             self._touched[k] = now
+        if self.index is not None:
+            self.index.touch([self.object_key(k) for k in due])
 
         async def write() -> None:
             async def one(k: ChunkKey) -> None:
@@ -831,13 +883,22 @@ class S3Store(Store):
             return await self._gather([self._put_one(k, d, if_absent) for k, d in items])
 
         self._ensure_marker()
+        index = self.index
+        if index is not None:
+            fits = [index.fits(len(memoryview(d).cast("B"))) for _, d in items]
+            if not all(fits):
+                taken = [item for item, ok in zip(items, fits) if ok]
+                done = iter(self._put_unique(taken, if_absent) if taken else [])
+                return [next(done) if ok else False for ok in fits]
         if self._plane is not None and not (if_absent and self.conditional_writes):
             written = self._plane_put(items, if_absent)
         else:  # NIXL's PUT has no If-None-Match: conditional writes stay on s3fs
             written = self._run(run)
-        for (key, _), ok in zip(items, written):
+        for (key, data), ok in zip(items, written):
             if ok:
                 self._touched.pop(key, None)
+                if index is not None:
+                    index.account(self.object_key(key), len(memoryview(data).cast("B")))
         return written
 
     def _plane_put(self, items: Sequence[tuple[ChunkKey, Buffer]], if_absent: bool) -> list[bool]:
@@ -912,7 +973,11 @@ class S3Store(Store):
 
         for k in keys:
             self._touched.pop(k, None)
-        return sum(self._run(run))
+        deleted: list[bool] = self._run(run)
+        if self.index is not None:
+            gone = [(self.object_key(k), 0) for k, ok in zip(keys, deleted) if ok]
+            self.index.removed(lambda: gone)
+        return sum(deleted)
 
     def quarantine(self, key: ChunkKey, reason: str) -> None:
         """Copy ``key``'s chunk to ``<prefix>/quarantine/`` and delete it (or only delete
@@ -987,6 +1052,8 @@ class S3Store(Store):
 
         self._touched.pop(key, None)
         result: SetAside = self._run(run)
+        if result is SetAside.DONE and self.index is not None:
+            self.index.removed(lambda: [(name, 0)])
         return result
 
     async def _set_aside_by_another(self, dest: str, etag: str | None, held: bool) -> bool:

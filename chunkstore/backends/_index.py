@@ -1,0 +1,440 @@
+"""Capacity index of a shared store in Redis or Valkey: usage and LRU order, no lock.
+
+A store shared by many machines (a mount, a bucket) cannot hold a cap with a lock file:
+every capped writer of the cluster would wait its turn on the metadata server. Here the
+agreement lives in a server built for it (spec/FORMAT.md section 6.8):
+
+- a hash of the store's usage (``bytes``, ``chunks``);
+- a sorted set of chunk names scored by last use, and a hash of their sizes;
+- each change is one Lua script, so two writers never pick the same victim and the
+  counters never drift from the set.
+
+The files stay the truth. A writer publishes first and accounts after, so a writer killed
+in between leaves a chunk the index lacks; :meth:`CapacityIndex.reconcile` walks the files
+and repairs every such difference. When the server is down, writes and reads go on
+(a warning, :attr:`CapacityIndex.errors`), the index is marked stale when it answers
+again, and the next reconcile restores the cap.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+from chunkstore.backends._capacity import Usage
+from chunkstore.errors import ConfigError, MissingDependency
+
+log = logging.getLogger(__name__)
+
+RETRY_AFTER = 5.0
+"""Seconds an index that failed is left alone before the next try (writes go on)."""
+SOCKET_TIMEOUT = 2.0
+"""Seconds one request to the index may take before it counts as failed."""
+MAX_VICTIMS = 256
+"""Chunks one admit may evict (a chunk as large as the cap evicts at most this many)."""
+
+# KEYS: usage, lru, sizes. ARGV: member, size, now, cap (-1: none), max victims.
+# Accounts a published chunk (new, or replacing one of another size), then takes the least
+# recently used others out of the index until usage fits the cap, and returns them: the
+# caller deletes their files. The new chunk itself is never a victim.
+_ADD = """
+local old = redis.call('HGET', KEYS[3], ARGV[1])
+local size = tonumber(ARGV[2])
+if old then
+  redis.call('HINCRBY', KEYS[1], 'bytes', size - tonumber(old))
+else
+  redis.call('HINCRBY', KEYS[1], 'bytes', size)
+  redis.call('HINCRBY', KEYS[1], 'chunks', 1)
+end
+redis.call('HSET', KEYS[3], ARGV[1], size)
+redis.call('ZADD', KEYS[2], ARGV[3], ARGV[1])
+local cap = tonumber(ARGV[4])
+local victims = {}
+if cap < 0 then return victims end
+local used = tonumber(redis.call('HGET', KEYS[1], 'bytes'))
+while used > cap and #victims < tonumber(ARGV[5]) do
+  local oldest = redis.call('ZRANGE', KEYS[2], 0, 1)
+  local pick = oldest[1]
+  if pick == ARGV[1] then pick = oldest[2] end
+  if not pick then break end
+  local freed = tonumber(redis.call('HGET', KEYS[3], pick) or '0')
+  redis.call('ZREM', KEYS[2], pick)
+  redis.call('HDEL', KEYS[3], pick)
+  redis.call('HINCRBY', KEYS[1], 'bytes', -freed)
+  redis.call('HINCRBY', KEYS[1], 'chunks', -1)
+  used = used - freed
+  victims[#victims + 1] = pick
+end
+return victims
+"""
+
+# KEYS: usage, lru, sizes. ARGV: member, size, last use. Adds a chunk a walk found, unless
+# the index has it (a writer accounted it meanwhile). Returns 1 if it was added.
+_ADD_FOUND = """
+if redis.call('HEXISTS', KEYS[3], ARGV[1]) == 1 then return 0 end
+redis.call('HSET', KEYS[3], ARGV[1], ARGV[2])
+redis.call('ZADD', KEYS[2], ARGV[3], ARGV[1])
+redis.call('HINCRBY', KEYS[1], 'bytes', tonumber(ARGV[2]))
+redis.call('HINCRBY', KEYS[1], 'chunks', 1)
+return 1
+"""
+
+# KEYS: usage, lru, sizes. ARGV: members. Takes chunks out; returns how many it held.
+_REMOVE = """
+local taken = 0
+for i = 1, #ARGV do
+  local size = redis.call('HGET', KEYS[3], ARGV[i])
+  if size then
+    redis.call('HDEL', KEYS[3], ARGV[i])
+    redis.call('ZREM', KEYS[2], ARGV[i])
+    redis.call('HINCRBY', KEYS[1], 'bytes', -tonumber(size))
+    redis.call('HINCRBY', KEYS[1], 'chunks', -1)
+    taken = taken + 1
+  end
+end
+return taken
+"""
+
+# KEYS: usage, lru, sizes. ARGV: cap, max victims, oldest last use kept (-1: any). Takes out
+# the least recently used chunks while usage is over the cap or their last use is older.
+_EVICT = """
+local cap = tonumber(ARGV[1])
+local before = tonumber(ARGV[3])
+local victims = {}
+local used = tonumber(redis.call('HGET', KEYS[1], 'bytes') or '0')
+while #victims < tonumber(ARGV[2]) do
+  local oldest = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
+  local pick = oldest[1]
+  if not pick then break end
+  local over = cap >= 0 and used > cap
+  local stale = before >= 0 and tonumber(oldest[2]) < before
+  if not over and not stale then break end
+  local freed = tonumber(redis.call('HGET', KEYS[3], pick) or '0')
+  redis.call('ZREM', KEYS[2], pick)
+  redis.call('HDEL', KEYS[3], pick)
+  redis.call('HINCRBY', KEYS[1], 'bytes', -freed)
+  redis.call('HINCRBY', KEYS[1], 'chunks', -1)
+  used = used - freed
+  victims[#victims + 1] = pick
+end
+return victims
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class Reconciled:
+    """What one reconcile pass changed in the index."""
+
+    walked: int
+    """Chunk files the walk found (in this shard)."""
+    added: int
+    """Chunks on disk the index lacked, now added."""
+    removed: int
+    """Index entries whose files were gone, now taken out."""
+
+
+def connect(url: str) -> Any:
+    """A Redis client for ``url`` (``redis://``, ``rediss://``, ``unix://``; Valkey speaks
+    the same protocol). Raises :class:`MissingDependency` without the ``redis`` package."""
+    try:
+        import redis
+    except ImportError as exc:
+        raise MissingDependency(
+            "a capacity index needs the redis package: pip install 'chunkstore[peer]'"
+        ) from exc
+    try:
+        return redis.Redis.from_url(
+            url, socket_timeout=SOCKET_TIMEOUT, socket_connect_timeout=SOCKET_TIMEOUT
+        )
+    except ValueError as exc:
+        raise ConfigError(f"capacity index URL {url!r}: {exc}") from None
+
+
+class CapacityIndex:
+    """The cap, usage and LRU order of one store, kept in Redis; see the module docstring.
+
+    Offers what a :class:`~chunkstore.backends._capacity.CapacityLimiter` offers
+    (:meth:`admit`, :meth:`removed`, :meth:`usage`, :meth:`recount`), with no lock: a
+    writer's publish, accounting and eviction never wait for another writer.
+
+    ``name_of(path)`` gives a chunk's name in the index (relative to the store's root, so
+    that every mount of one volume agrees) and ``path_of(name)`` inverts it.
+    ``evict(path)`` deletes a chunk and its access record and returns its size or 0.
+    ``scan()`` yields ``(path, size, access_time)`` for every chunk (of one shard, given
+    ``shard=(i, n)``); ``exists(path)`` says whether a chunk file is there.
+    """
+
+    def __init__(
+        self,
+        client: Any,
+        store_id: str,
+        max_bytes: int | None,
+        *,
+        name_of: Callable[[str], str],
+        path_of: Callable[[str], str],
+        evict: Callable[[str], int],
+        scan: Callable[[tuple[int, int] | None], Iterable[tuple[str, int, float]]],
+        exists: Callable[[str], bool],
+        label: str = "store",
+    ) -> None:
+        self.client = client
+        self.max_bytes = max_bytes
+        self.store_id = store_id
+        # One hash tag: the keys of one store share a Redis Cluster slot, as the scripts need.
+        prefix = f"chunkstore:{{{store_id}}}"
+        self._keys = (f"{prefix}:usage", f"{prefix}:lru", f"{prefix}:sizes")
+        self._meta = f"{prefix}:meta"
+        self._name_of = name_of
+        self._path_of = path_of
+        self._evict = evict
+        self._scan = scan
+        self._exists = exists
+        self._label = label
+        self._add = client.register_script(_ADD)
+        self._add_found = client.register_script(_ADD_FOUND)
+        self._remove = client.register_script(_REMOVE)
+        self._evict_script = client.register_script(_EVICT)
+        self._lock = threading.Lock()
+        self._down_until = 0.0
+        self._missed = False
+        self.errors = 0
+        """Requests to the index that failed (each a write or read that went on without it)."""
+        self.evicted = 0
+        """Chunks this process evicted."""
+
+    # --- talking to the server -----------------------------------------------------
+
+    def _call(self, what: str, call: Callable[[], Any]) -> tuple[bool, Any]:
+        """``(True, result)``, or ``(False, None)`` when the index is down or failed now.
+
+        A failure is logged and counted, the index is left alone for :data:`RETRY_AFTER`
+        seconds, and the first call that succeeds after it marks the index stale: the
+        changes made meanwhile are the next reconcile's to count.
+        """
+        import redis
+
+        now = time.monotonic()
+        with self._lock:
+            if now < self._down_until:
+                self._missed = True
+                self.errors += 1
+                return False, None
+        try:
+            if self._missed:
+                self.client.hset(self._meta, "stale", int(time.time()))
+            result = call()
+        except (redis.RedisError, OSError) as exc:
+            with self._lock:
+                self._down_until = time.monotonic() + RETRY_AFTER
+                self._missed = True
+                self.errors += 1
+            log.warning(
+                "%s: capacity index unreachable (%s: %s); writes go on, the cap is restored by "
+                "the next reconcile",
+                self._label,
+                what,
+                exc,
+            )
+            return False, None
+        with self._lock:
+            self._missed = False
+        return True, result
+
+    # --- the limiter's interface ---------------------------------------------------
+
+    def admit(self, final: str, size: int, publish: Callable[[], bool], *, replace: bool) -> bool:
+        """Publish a chunk of ``size`` bytes at ``final``, account it, and delete the least
+        recently used chunks the index chose to bring usage back under the cap.
+
+        Returns what ``publish`` returned, or False for a chunk larger than the cap.
+        """
+        del replace  # publish() decides; the index learns the outcome either way
+        if not self.fits(size):
+            return False
+        written = publish()
+        if written:
+            self.account(final, size)
+        return written
+
+    def fits(self, size: int) -> bool:
+        """Whether one chunk of ``size`` bytes may be stored at all (not larger than the cap)."""
+        if self.max_bytes is not None and size > self.max_bytes:
+            log.warning(
+                "chunk of %d bytes exceeds the store cap of %d; not stored", size, self.max_bytes
+            )
+            return False
+        return True
+
+    def account(self, path: str, size: int) -> None:
+        """Count a chunk just published at ``path`` and delete the least recently used
+        chunks the index chose to bring usage back under the cap (never this one)."""
+        cap = -1 if self.max_bytes is None else self.max_bytes
+        name = self._name_of(path)
+        ok, victims = self._call(
+            "account",
+            lambda: self._add(keys=self._keys, args=[name, size, time.time(), cap, MAX_VICTIMS]),
+        )
+        if ok:
+            self._delete(victims)
+
+    def removed(self, remove: Callable[[], Sequence[tuple[str, int]]]) -> None:
+        """Run ``remove`` (returns the ``(path, size)`` of each chunk it deleted) and take
+        those chunks out of the index."""
+        gone = remove()
+        if gone:
+            names = [self._name_of(path) for path, _ in gone]
+            self._call("remove", lambda: self._remove(keys=self._keys, args=names))
+
+    def usage(self) -> Usage:
+        """Usage as the index counts it (zero where it holds nothing yet)."""
+        ok, raw = self._call("usage", lambda: self.client.hmget(self._keys[0], "bytes", "chunks"))
+        if not ok:
+            raise ConnectionError(f"{self._label}: capacity index unreachable")
+        return Usage(int(raw[0] or 0), int(raw[1] or 0))
+
+    def recount(self) -> Usage:
+        """Reconcile the whole store, then report usage."""
+        self.reconcile()
+        return self.usage()
+
+    def touch(self, paths: Sequence[str]) -> None:
+        """Record uses of these chunks now (LRU order); a chunk the index lacks stays out."""
+        if not paths:
+            return
+        now = time.time()
+
+        def record() -> None:
+            pipe = self.client.pipeline(transaction=False)
+            for path in paths:
+                pipe.zadd(self._keys[1], {self._name_of(path): now}, xx=True, gt=True)
+            pipe.execute()
+
+        self._call("touch", record)
+
+    # --- maintenance ---------------------------------------------------------------
+
+    def evict(self, *, max_bytes: int | None = None, older_than: float | None = None) -> int:
+        """Delete least recently used chunks until usage fits ``max_bytes`` (default: the
+        store's cap) and none was last used more than ``older_than`` seconds ago.
+
+        Costs what is evicted, not what is stored. Returns how many chunks went.
+        """
+        cap = self.max_bytes if max_bytes is None else max_bytes
+        before = -1.0 if older_than is None else time.time() - older_than
+        total = 0
+        while True:
+            ok, victims = self._call(
+                "evict",
+                lambda: self._evict_script(
+                    keys=self._keys, args=[-1 if cap is None else cap, MAX_VICTIMS, before]
+                ),
+            )
+            if not ok:
+                raise ConnectionError(f"{self._label}: capacity index unreachable")
+            total += self._delete(victims)
+            if len(victims) < MAX_VICTIMS:
+                return total
+
+    def reconcile(
+        self,
+        shard: tuple[int, int] | None = None,
+        progress: Callable[[int], None] | None = None,
+    ) -> Reconciled:
+        """Make the index agree with the files (of one shard, ``(i, n)``): add what a walk
+        finds and the index lacks, take out entries whose files are gone.
+
+        Safe beside live writers: each repair is one script that leaves entries a writer
+        made meanwhile alone. Shards of one store may run on several machines at once.
+        ``progress(n)`` is told of every 1,000 chunks walked.
+        """
+        walked = added = 0
+        found: set[str] = set()
+        for path, size, atime in self._scan(shard):
+            name = self._name_of(path)
+            found.add(name)
+            ok, fresh = self._call(
+                "reconcile", partial(self._add_found, keys=self._keys, args=[name, size, atime])
+            )
+            if not ok:
+                raise ConnectionError(f"{self._label}: capacity index unreachable")
+            added += int(fresh)
+            walked += 1
+            if progress is not None and walked % 1000 == 0:
+                progress(1000)
+        removed = 0
+        for name in self._names(shard):
+            if name in found or self._exists(self._path_of(name)):
+                continue
+            ok, taken = self._call("reconcile", partial(self._remove, keys=self._keys, args=[name]))
+            if ok:
+                removed += int(taken)
+        if shard is None:
+            self._call("reconcile", lambda: self.client.hdel(self._meta, "stale"))
+        self._call("reconcile", lambda: self.client.hset(self._meta, "reconciled", time.time()))
+        return Reconciled(walked, added, removed)
+
+    def stale(self) -> bool:
+        """Whether writes went on without the index since the last full reconcile."""
+        ok, value = self._call("stale", lambda: self.client.hexists(self._meta, "stale"))
+        return bool(value) if ok else True
+
+    def _names(self, shard: tuple[int, int] | None) -> Iterable[str]:
+        for raw, _ in self.client.zscan_iter(self._keys[1], count=1000):
+            name = raw.decode() if isinstance(raw, bytes) else str(raw)
+            if shard is None or shard_of(name, shard[1]) == shard[0]:
+                yield name
+
+    def _delete(self, victims: Sequence[Any]) -> int:
+        deleted = 0
+        for raw in victims:
+            name = raw.decode() if isinstance(raw, bytes) else str(raw)
+            try:
+                if self._evict(self._path_of(name)):
+                    deleted += 1
+            except OSError as exc:
+                # Out of the index but still on disk: the next reconcile counts it again.
+                log.warning("%s: cannot evict %s: %s", self._label, name, exc)
+        self.evicted += deleted
+        return deleted
+
+
+def store_identity(marker: bytes) -> str:
+    """A store's name in the index: BLAKE3 of its layout marker's bytes, 16 hex digits. The
+    marker is written once, put-if-absent, so every mount and node reads the same bytes;
+    a store whose marker was lost and written anew starts a new index (reconcile fills it)."""
+    import blake3
+
+    return blake3.blake3(marker).hexdigest()[:16]
+
+
+def shard_of(name: str, shards: int) -> int:
+    """Which of ``shards`` shards the chunk name ``<ns>/<ab>/<cd>/<hex>.kvc`` falls in: by its
+    first fan-out byte, so a shard is whole fan-out directories."""
+    parts = name.split("/")
+    return int(parts[1], 16) % shards if len(parts) > 1 else 0
+
+
+def chunks_of_shard(store: Any, shard: tuple[int, int]) -> Iterable[Any]:
+    """The :class:`~chunkstore.backends.base.ChunkInfo` of shard ``(i, n)`` of ``store``:
+    its own ``list_shard`` where it has one (a filesystem walks only those directories),
+    else its listing filtered by the key's first byte."""
+    own = getattr(store, "list_shard", None)
+    if own is not None:
+        return own(shard)  # type: ignore[no-any-return]
+    return (i for i in store.list() if int(i.key.hex[:2], 16) % shard[1] == shard[0])
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """``"i/n"`` (0 <= i < n) as ``(i, n)``; ConfigError otherwise."""
+    try:
+        index, total = (int(part) for part in text.split("/"))
+    except ValueError:
+        raise ConfigError(f"shard {text!r} must be i/n, e.g. 0/4") from None
+    if not 0 <= index < total or total > 256:
+        raise ConfigError(f"shard {text!r}: need 0 <= i < n <= 256")
+    return index, total
