@@ -30,11 +30,20 @@ EPILOG = """examples:
   chunkstore prune /mnt/kvcache --namespace 3f2a9c0d11e4b6a7   (a whole namespace)
   chunkstore prune /mnt/kvcache --namespace 3f2a9c0d11e4b6a7 --max-bytes 50G
 
+  chunkstore prune /mnt/kvcache -o index=redis://10.0.0.5:6379/0 --max-bytes 500G
+  chunkstore prune /mnt/kvcache -o index=redis://10.0.0.5:6379/0 --reconcile --shard 0/4
+
 Criteria combine: --namespace limits what is considered; --older-than removes
 chunks whose last use (read or write) is older than AGE; --max-bytes then
 removes least recently used chunks until the rest fits. --namespace alone
 removes the whole namespace. Orphan temp files of killed writers older than
 --grace are removed too. Sizes: 500G, 1.5T, 800MB; ages: 30m, 12h, 7d, 2w.
+
+With a capacity index (-o index=URL: Redis or Valkey), --max-bytes and
+--older-than evict through the index and walk nothing: the pass costs what it
+removes. --reconcile walks the store (or one shard of it, --shard i/n, so that
+several machines share the walk) and repairs the index from the files; it also
+sweeps orphans when it walks the whole store.
 """
 
 
@@ -62,6 +71,17 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     parser.add_argument(
         "--dry-run", action="store_true", help="print what would be removed, remove nothing"
+    )
+    parser.add_argument(
+        "--reconcile",
+        action="store_true",
+        help="with a capacity index: walk the files and repair the index from them",
+    )
+    parser.add_argument(
+        "--shard",
+        metavar="I/N",
+        type=shard_arg,
+        help="with --reconcile: walk only shard I of N (fan-out directories I mod N)",
     )
     add_maintenance_options(parser, batch_default=256, batch_unit="deleted")
     add_output_options(parser)
@@ -128,10 +148,26 @@ def _victim_json(info: ChunkInfo, reason: str) -> dict[str, Any]:
     }
 
 
+def shard_arg(text: str) -> tuple[int, int]:
+    """argparse ``type=`` for ``--shard I/N``: one-line errors."""
+    from chunkstore.backends._index import parse_shard
+
+    try:
+        return parse_shard(text)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def run(args: argparse.Namespace) -> int:
-    """Plan, then (unless --dry-run) delete in batches."""
+    """Plan, then (unless --dry-run) delete in batches; through the index when there is one."""
+    if args.shard is not None and not args.reconcile:
+        raise ConfigError("--shard applies to --reconcile")
+    if args.reconcile:
+        return _run_indexed(args)
     if args.max_bytes is None and args.older_than is None and args.namespace is None:
-        raise ConfigError("prune needs at least one of --max-bytes, --older-than, --namespace")
+        raise ConfigError(
+            "prune needs at least one of --max-bytes, --older-than, --namespace, --reconcile"
+        )
     if args.batch <= 0:
         raise ConfigError(f"--batch must be positive, got {args.batch}")
     max_bytes = parse_size(args.max_bytes) if args.max_bytes is not None else None
@@ -140,6 +176,12 @@ def run(args: argparse.Namespace) -> int:
     started = time.monotonic()
     removed = 0
     with open_cli_store(args.url, args) as store:
+        if (
+            getattr(store, "index", None) is not None
+            and args.namespace is None
+            and not args.dry_run
+        ):
+            return _run_indexed(args, store)
         now = time.time()
         infos = list(store.list(args.namespace))
         plan = plan_prune(
@@ -202,5 +244,48 @@ def run(args: argparse.Namespace) -> int:
     if not args.dry_run and removed < len(plan.victims):
         lines.append(f"{len(plan.victims) - removed} chunk(s) were already gone")
     lines.extend(describe(strays, dry_run=args.dry_run))
+    emit_text("\n".join(lines))
+    return 0
+
+
+def _run_indexed(args: argparse.Namespace, store: Any = None) -> int:
+    """Evict through the store's capacity index, and reconcile it (``--reconcile``)."""
+    if store is None:
+        with open_cli_store(args.url, args) as opened:
+            return _run_indexed(args, opened)
+    index = getattr(store, "index", None)
+    if index is None:
+        raise ConfigError("--reconcile needs a capacity index: -o index=redis://HOST:6379/0")
+    if args.namespace is not None or args.dry_run:
+        raise ConfigError("--reconcile takes neither --namespace nor --dry-run")
+    started = time.monotonic()
+    report: dict[str, Any] = {"url": args.url, "index": index.store_id}
+    lines = []
+    if args.reconcile:
+        with Progress("reconcile", None, quiet=args.quiet) as progress:
+            done = index.reconcile(shard=args.shard, progress=progress.advance)
+        report["reconciled"] = {"walked": done.walked, "added": done.added, "removed": done.removed}
+        where = "" if args.shard is None else f" (shard {args.shard[0]}/{args.shard[1]})"
+        lines.append(
+            f"reconciled{where}: walked {done.walked} chunks, added {done.added} the index "
+            f"lacked, removed {done.removed} whose files were gone"
+        )
+    max_bytes = parse_size(args.max_bytes) if args.max_bytes is not None else None
+    older_than = parse_age(args.older_than) if args.older_than is not None else None
+    if max_bytes is not None or older_than is not None:
+        evicted = index.evict(max_bytes=max_bytes, older_than=older_than)
+        report["removed"] = evicted
+        lines.append(f"evicted {evicted} chunks through the index")
+    if args.reconcile and args.shard is None:
+        strays = sweep(store, grace=parse_age(args.grace), dry_run=False)
+        report.update(strays.as_json())
+        lines.extend(describe(strays, dry_run=False))
+    usage = index.usage()
+    report.update(bytes_after=usage.bytes, chunks_after=usage.chunks)
+    report["seconds"] = round(time.monotonic() - started, 3)
+    if args.json:
+        emit_json(report)
+        return 0
+    lines.append(f"the index counts {usage.chunks} chunks, {format_size(usage.bytes)}")
     emit_text("\n".join(lines))
     return 0

@@ -7,9 +7,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from chunkstore.backends._index import chunks_of_shard
 from chunkstore.backends.base import ChunkInfo, Store
 from chunkstore.backends.maintenance import SupportsCheckedRemoval
 from chunkstore.cli import integrity
+from chunkstore.cli.commands.prune import shard_arg
 from chunkstore.cli.exitcodes import FAILURE, OK
 from chunkstore.cli.orphans import StraySweep, describe, sweep
 from chunkstore.cli.output import emit_json, emit_text
@@ -88,6 +90,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     parser.set_defaults(action="quarantine")
     parser.add_argument("--namespace", metavar="NS", type=namespace_arg, help="only this namespace")
+    parser.add_argument(
+        "--shard",
+        metavar="I/N",
+        type=shard_arg,
+        help="only shard I of N (fan-out directories I mod N): N machines share one store's "
+        "pass; the orphan sweep runs only without --shard",
+    )
     add_maintenance_options(parser, batch_default=64, batch_unit="read")
     add_output_options(parser)
     add_store_options(parser)
@@ -160,14 +169,24 @@ def run(args: argparse.Namespace) -> int:
     tally = Tally()
     with open_cli_store(args.url, args) as store:
         stop_access_tracking(store)
-        infos = sorted(store.list(args.namespace), key=lambda i: (i.key.namespace, i.key.hex))
+        if args.shard is not None and args.namespace is not None:
+            raise ConfigError("--shard and --namespace do not combine")
+        listed = (
+            store.list(args.namespace) if args.shard is None else chunks_of_shard(store, args.shard)
+        )
+        infos = sorted(listed, key=lambda i: (i.key.namespace, i.key.hex))
         with Progress("verify", len(infos), quiet=args.quiet) as progress:
             for start in range(0, len(infos), args.batch):
                 batch = infos[start : start + args.batch]
                 bad = _judge_batch(store, batch, tally)
                 tally.findings.extend(_act(store, bad, args.action))
                 progress.advance(len(batch))
-        strays = sweep(store, grace=grace, dry_run=args.action == "report")
+        # The sweep walks the whole store: a sharded pass leaves it to the unsharded one.
+        strays = (
+            StraySweep()
+            if args.shard is not None
+            else sweep(store, grace=grace, dry_run=args.action == "report")
+        )
     elapsed = time.monotonic() - started
     if args.json:
         emit_json(_document(args, tally, strays, elapsed))

@@ -1,0 +1,70 @@
+"""``prune`` and ``verify`` with a capacity index: eviction through it, reconcile, shards."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from chunkstore.backends._fs import FsStore
+from chunkstore.cli.exitcodes import USAGE
+from chunkstore.testing.factories import sample_chunks
+
+CHUNKS = sample_chunks(12, seed=23)
+SIZE = len(CHUNKS[0].data)
+
+
+def _store(root: Path) -> str:
+    store = FsStore(str(root), create=True)
+    for chunk in CHUNKS:
+        store.put(chunk.key, chunk.data)
+        time.sleep(0.002)
+    return str(root)
+
+
+def test_reconcile_fills_the_index_then_prune_evicts_through_it(
+    cli, tmp_path: Path, redis_url: str
+) -> None:
+    root = _store(tmp_path / "s")
+    index = f"index={redis_url}"
+    result = cli("prune", root, "-o", index, "--reconcile", "--json")
+    assert result.rc == 0, result.err
+    doc = result.json()
+    assert doc["reconciled"] == {"walked": 12, "added": 12, "removed": 0}
+    assert (doc["chunks_after"], doc["bytes_after"]) == (12, 12 * SIZE)
+    result = cli("prune", root, "-o", index, "--max-bytes", str(8 * SIZE), "--json")
+    assert result.rc == 0, result.err
+    assert result.json()["removed"] == 4 and result.json()["chunks_after"] == 8
+    left = {i.key for i in FsStore(root).list()}
+    assert left == {c.key for c in CHUNKS[4:]}  # the four written first went
+    result = cli("prune", root, "-o", index, "--older-than", "1h")
+    assert result.rc == 0 and "evicted 0 chunks through the index" in result.out
+
+
+def test_sharded_reconciles_and_verify_cover_the_store_once(
+    cli, tmp_path: Path, redis_url: str
+) -> None:
+    root = _store(tmp_path / "s")
+    index = f"index={redis_url}"
+    walked = verified = 0
+    for shard in range(3):
+        result = cli("prune", root, "-o", index, "--reconcile", "--shard", f"{shard}/3", "--json")
+        assert result.rc == 0, result.err
+        walked += result.json()["reconciled"]["walked"]
+        result = cli("verify", root, "--shard", f"{shard}/3", "--json")
+        assert result.rc == 0, result.err
+        verified += result.json()["ok"]
+    assert walked == verified == 12
+
+
+def test_bad_shards_and_flags_are_one_line_errors(cli, tmp_path: Path, redis_url: str) -> None:
+    root = _store(tmp_path / "s")
+    for args in (
+        ("prune", root, "--reconcile", "--shard", "3/3"),
+        ("prune", root, "--max-bytes", "1M", "--shard", "0/2"),
+        ("prune", root, "--reconcile"),
+        ("verify", root, "--shard", "a/b"),
+    ):
+        result = cli(*args)
+        assert result.rc == USAGE, (args, result.out, result.err)
+        last = result.err.strip().splitlines()[-1]
+        assert last.startswith("chunkstore ") and "Traceback" not in result.err
