@@ -5,23 +5,13 @@ from __future__ import annotations
 import argparse
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from chunkstore.backends.base import ChunkInfo, Store
-from chunkstore.backends.maintenance import SupportsCheckedRemoval
 from chunkstore.cli import integrity
 from chunkstore.cli.exitcodes import FAILURE, OK
 from chunkstore.cli.orphans import StraySweep, describe, sweep
 from chunkstore.cli.output import emit_json, emit_text
 from chunkstore.cli.progress import Progress
-from chunkstore.cli.storeaccess import (
-    has_quarantine,
-    quarantine,
-    read_error_count,
-    read_raw_many,
-    stop_access_tracking,
-    unreadable_among,
-)
 from chunkstore.cli.storeargs import (
     add_maintenance_options,
     add_output_options,
@@ -31,8 +21,11 @@ from chunkstore.cli.storeargs import (
 )
 from chunkstore.cli.table import render_table
 from chunkstore.errors import ConfigError
-from chunkstore.hashing import ChunkKey
 from chunkstore.units import format_size, parse_age
+
+if TYPE_CHECKING:
+    from chunkstore.backends.base import ChunkInfo, Store
+    from chunkstore.hashing import ChunkKey
 
 EPILOG = """examples:
   chunkstore verify /mnt/kvcache                 (corrupt chunks go to <root>/quarantine/)
@@ -153,6 +146,8 @@ class Judged:
 
 def run(args: argparse.Namespace) -> int:
     """Verify every chunk, act on corrupt ones, sweep orphans, report."""
+    from chunkstore.cli.storeaccess import stop_access_tracking
+
     grace = parse_age(args.grace)
     if args.batch <= 0:
         raise ConfigError(f"--batch must be positive, got {args.batch}")
@@ -182,6 +177,9 @@ def run(args: argparse.Namespace) -> int:
 def _read_batch(store: Store, keys: list[ChunkKey]) -> tuple[list[Any], list[Any]]:
     """Raw bytes per key (None if gone) and, where the store can tell, an ident of each file
     read (so only that very file is set aside if it is bad)."""
+    from chunkstore.backends.maintenance import SupportsCheckedRemoval
+    from chunkstore.cli.storeaccess import read_raw_many
+
     if not isinstance(store, SupportsCheckedRemoval):
         return read_raw_many(store, keys), [None] * len(keys)
     pairs = store.read_unchecked_with_idents(keys)
@@ -193,6 +191,8 @@ def _read_batch(store: Store, keys: list[ChunkKey]) -> tuple[list[Any], list[Any
 
 def _judge_batch(store: Store, batch: list[ChunkInfo], tally: Tally) -> list[Judged]:
     """Read and judge ``batch``; counts go to ``tally``, the chunks that failed come back."""
+    from chunkstore.cli.storeaccess import read_error_count, unreadable_among
+
     keys = [i.key for i in batch]
     errors_before = read_error_count(store)
     raws, idents = _read_batch(store, keys)
@@ -220,6 +220,9 @@ def _judge_batch(store: Store, batch: list[ChunkInfo], tally: Tally) -> list[Jud
 
 def _act(store: Store, bad: list[Judged], action: str) -> list[Finding]:
     """Apply ``action`` (quarantine, delete or report) to the chunks judged bad."""
+    from chunkstore.backends.maintenance import SupportsCheckedRemoval
+    from chunkstore.cli.storeaccess import has_quarantine, quarantine
+
     done_label = {
         "quarantine": "quarantined" if has_quarantine(store) else "deleted (no quarantine)",
         "delete": "deleted",
