@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from chunkstore import _lazy
 from chunkstore._version import __version__
 from chunkstore.errors import ChunkStoreError, FormatError
 
@@ -73,12 +74,7 @@ _LAZY = {
 
 
 def __getattr__(name: str) -> object:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'chunkstore' has no attribute {name!r}")
-    import importlib
-
-    return getattr(importlib.import_module(module), name)
+    return _lazy.lazy_attribute(__name__, _LAZY, name)
 
 
 def __dir__() -> list[str]:

@@ -18,6 +18,7 @@ The policies are pure bookkeeping (no I/O), so the trace simulator
 
 from typing import TYPE_CHECKING
 
+from chunkstore import _lazy
 from chunkstore.cache._arc import ARCPolicy
 from chunkstore.cache._lru import LRUPolicy
 from chunkstore.cache._prefix_arc import PrefixARCPolicy
@@ -62,16 +63,7 @@ _LAZY = {
 
 
 def __getattr__(name: str) -> object:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'chunkstore.cache' has no attribute {name!r}")
-    import importlib
-
-    return getattr(importlib.import_module(module), name)
-
-
-def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+    return _lazy.lazy_attribute(__name__, _LAZY, name)
 
 
 __all__ = [
