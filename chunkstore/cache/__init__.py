@@ -19,17 +19,17 @@ The policies are pure bookkeeping (no I/O), so the trace simulator
 from typing import TYPE_CHECKING
 
 from chunkstore import _lazy
-from chunkstore.cache._arc import ARCPolicy
-from chunkstore.cache._lru import LRUPolicy
-from chunkstore.cache._prefix_arc import PrefixARCPolicy
 from chunkstore.cache.policy import DEFAULT_POLICY, POLICY_NAMES, CachePolicy, make_policy
 
 # isort: split
 from chunkstore.cache.policy import NoEvictableEntry as NoEvictableEntry
 
 if TYPE_CHECKING:
+    from chunkstore.cache._arc import ARCPolicy
     from chunkstore.cache._host import HostCache, HostCacheStats
     from chunkstore.cache._lease import Lease
+    from chunkstore.cache._lru import LRUPolicy
+    from chunkstore.cache._prefix_arc import PrefixARCPolicy
     from chunkstore.cache._tiered import TieredStats, TieredStore, TierStats
 
     # isort: split
@@ -43,9 +43,12 @@ if TYPE_CHECKING:
     from chunkstore.cache._pool import StaleSlot as StaleSlot
 
 # Note: the host cache, its pool and the tiered store pull in numpy, the backends and
-# prometheus_client; they load on first use so that the policies alone (the simulator,
-# `chunkstore simulate`, the CLI's --policy choices) stay cheap to import.
+# prometheus_client; they load on first use, as do the policy classes (make_policy imports
+# them itself), so that `chunkstore --help` reads POLICY_NAMES at the cost of policy.py alone.
 _LAZY = {
+    "ARCPolicy": "chunkstore.cache._arc",
+    "LRUPolicy": "chunkstore.cache._lru",
+    "PrefixARCPolicy": "chunkstore.cache._prefix_arc",
     "HostCache": "chunkstore.cache._host",
     "HostCacheStats": "chunkstore.cache._host",
     "Adoption": "chunkstore.cache._host",
