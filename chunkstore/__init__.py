@@ -11,16 +11,28 @@ bytes raise a :class:`FormatError`.
 
 Everything else lives in the subpackages (``chunkstore.format``,
 ``chunkstore.hashing``, ``chunkstore.backends``, ``chunkstore.cache``,
-``chunkstore.vllm``). Stores and caches load on first use, so
-``import chunkstore`` stays cheap and never needs fsspec, S3, peers or vLLM.
+``chunkstore.vllm``). Each name loads its subpackage on first use, so
+``import chunkstore`` stays cheap: no numpy, fsspec, S3, peers or vLLM.
 """
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+from chunkstore import _lazy
 from chunkstore._version import __version__
 from chunkstore.errors import ChunkStoreError, FormatError
-from chunkstore.format import ChunkLayout, KVSpec, LayerGroup, LayerKind, decode_chunk, encode_chunk
-from chunkstore.hashing import ChunkKey, chain_keys, namespace_root
+
+if TYPE_CHECKING:
+    from chunkstore.format import (
+        ChunkLayout,
+        KVSpec,
+        LayerGroup,
+        LayerKind,
+        decode_chunk,
+        encode_chunk,
+    )
+    from chunkstore.hashing import ChunkKey, chain_keys, namespace_root
 
 __all__ = [
     "ChunkKey",
@@ -41,9 +53,19 @@ __all__ = [
     "open_store",
 ]
 
-# Note: these pull in the backends (fsspec) and the host cache (numpy pools); keep them off
-# the import path of `import chunkstore` so format-only users pay nothing for them.
+# Note: the format and hashing need numpy, the backends fsspec, the host cache numpy pools;
+# keeping them off the import path of `import chunkstore` lets `chunkstore --help` start
+# without any of them, and format-only users pay nothing for stores and caches.
 _LAZY = {
+    "ChunkLayout": "chunkstore.format",
+    "KVSpec": "chunkstore.format",
+    "LayerGroup": "chunkstore.format",
+    "LayerKind": "chunkstore.format",
+    "decode_chunk": "chunkstore.format",
+    "encode_chunk": "chunkstore.format",
+    "ChunkKey": "chunkstore.hashing",
+    "chain_keys": "chunkstore.hashing",
+    "namespace_root": "chunkstore.hashing",
     "open_store": "chunkstore.backends",
     "Store": "chunkstore.backends",
     "HostCache": "chunkstore.cache",
@@ -52,12 +74,7 @@ _LAZY = {
 
 
 def __getattr__(name: str) -> object:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'chunkstore' has no attribute {name!r}")
-    import importlib
-
-    return getattr(importlib.import_module(module), name)
+    return _lazy.lazy_attribute(__name__, _LAZY, name)
 
 
 def __dir__() -> list[str]:

@@ -8,11 +8,9 @@ and finally reloads the shared prefix and checks it byte for byte.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import numpy as np
 
@@ -28,12 +26,6 @@ DEMO_SPEC = KVSpec.simple(
     "chunkstore/demo-8l", num_layers=8, num_kv_heads=4, head_dim=64, dtype="BF16", chunk_tokens=64
 )
 """The demo's model: 8 layers, 4 KV heads of 64, bf16, 64-token chunks (512 KiB each)."""
-
-
-def default_store_path() -> Path:
-    """Where the demo keeps its store by default: ``$XDG_CACHE_HOME/chunkstore/demo``."""
-    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(base) / "chunkstore" / "demo"
 
 
 @dataclass

@@ -55,8 +55,8 @@ def test_every_subpackage_export_resolves(package: str) -> None:
 def test_import_chunkstore_loads_no_store_or_cache() -> None:
     code = (
         "import sys, chunkstore; "
-        "print([m for m in ('fsspec', 'chunkstore.backends', 'chunkstore.cache') "
-        "if m in sys.modules])"
+        "print([m for m in ('fsspec', 'numpy', 'chunkstore.backends', 'chunkstore.cache', "
+        "'chunkstore.format') if m in sys.modules])"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

@@ -16,24 +16,58 @@ The policies are pure bookkeeping (no I/O), so the trace simulator
 (:mod:`chunkstore.simulator`) replays traces through the very same classes.
 """
 
-from chunkstore.cache._arc import ARCPolicy
-from chunkstore.cache._host import HostCache, HostCacheStats
-from chunkstore.cache._lease import Lease
-from chunkstore.cache._lru import LRUPolicy
-from chunkstore.cache._prefix_arc import PrefixARCPolicy
-from chunkstore.cache._tiered import TieredStats, TieredStore, TierStats
+from typing import TYPE_CHECKING
+
+from chunkstore import _lazy
 from chunkstore.cache.policy import DEFAULT_POLICY, POLICY_NAMES, CachePolicy, make_policy
 
 # isort: split
-# Importable here, not curated: the shared pool and TP assembly the vLLM adapter builds on.
-from chunkstore.cache._assembly import AssemblerStats as AssemblerStats
-from chunkstore.cache._assembly import ShardAssembler as ShardAssembler
-from chunkstore.cache._assembly_owner import AssemblyOwner as AssemblyOwner
-from chunkstore.cache._assembly_owner import AssemblyStats as AssemblyStats
-from chunkstore.cache._host import Adoption as Adoption
-from chunkstore.cache._pool import SlotPool as SlotPool
-from chunkstore.cache._pool import StaleSlot as StaleSlot
 from chunkstore.cache.policy import NoEvictableEntry as NoEvictableEntry
+
+if TYPE_CHECKING:
+    from chunkstore.cache._arc import ARCPolicy
+    from chunkstore.cache._host import HostCache, HostCacheStats
+    from chunkstore.cache._lease import Lease
+    from chunkstore.cache._lru import LRUPolicy
+    from chunkstore.cache._prefix_arc import PrefixARCPolicy
+    from chunkstore.cache._tiered import TieredStats, TieredStore, TierStats
+
+    # isort: split
+    # Importable here, not curated: the shared pool and TP assembly the vLLM adapter builds on.
+    from chunkstore.cache._assembly import AssemblerStats as AssemblerStats
+    from chunkstore.cache._assembly import ShardAssembler as ShardAssembler
+    from chunkstore.cache._assembly_owner import AssemblyOwner as AssemblyOwner
+    from chunkstore.cache._assembly_owner import AssemblyStats as AssemblyStats
+    from chunkstore.cache._host import Adoption as Adoption
+    from chunkstore.cache._pool import SlotPool as SlotPool
+    from chunkstore.cache._pool import StaleSlot as StaleSlot
+
+# Note: the host cache, its pool and the tiered store pull in numpy, the backends and
+# prometheus_client; they load on first use, as do the policy classes (make_policy imports
+# them itself), so that `chunkstore --help` reads POLICY_NAMES at the cost of policy.py alone.
+_LAZY = {
+    "ARCPolicy": "chunkstore.cache._arc",
+    "LRUPolicy": "chunkstore.cache._lru",
+    "PrefixARCPolicy": "chunkstore.cache._prefix_arc",
+    "HostCache": "chunkstore.cache._host",
+    "HostCacheStats": "chunkstore.cache._host",
+    "Adoption": "chunkstore.cache._host",
+    "Lease": "chunkstore.cache._lease",
+    "TieredStats": "chunkstore.cache._tiered",
+    "TieredStore": "chunkstore.cache._tiered",
+    "TierStats": "chunkstore.cache._tiered",
+    "AssemblerStats": "chunkstore.cache._assembly",
+    "ShardAssembler": "chunkstore.cache._assembly",
+    "AssemblyOwner": "chunkstore.cache._assembly_owner",
+    "AssemblyStats": "chunkstore.cache._assembly_owner",
+    "SlotPool": "chunkstore.cache._pool",
+    "StaleSlot": "chunkstore.cache._pool",
+}
+
+
+def __getattr__(name: str) -> object:
+    return _lazy.lazy_attribute(__name__, _LAZY, name)
+
 
 __all__ = [
     "DEFAULT_POLICY",

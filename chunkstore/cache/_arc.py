@@ -1,5 +1,5 @@
 """Adaptive Replacement Cache (Megiddo & Modha, FAST 2003, "ARC: a self-tuning, low
-overhead replacement cache", Fig. 4), the host cache's default policy.
+overhead replacement cache", Fig. 4); ``parc``, the host cache's default, builds on it.
 
 Four lists, each oldest first:
 

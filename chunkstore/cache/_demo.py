@@ -21,6 +21,7 @@ from chunkstore.backends._models import record_model
 from chunkstore.backends._registry import open_store
 from chunkstore.cache._host import HostCache
 from chunkstore.cache._tiered import TieredStore
+from chunkstore.cache.policy import DEFAULT_POLICY
 from chunkstore.format import ChunkLayout, KVSpec, encode_chunk
 from chunkstore.hashing import chain_keys, namespace_root, parent_of
 from chunkstore.metrics import ChunkstoreMetrics
@@ -81,7 +82,7 @@ def run_tiered_demo(
     host_chunks: int = 12,
     conversations: int = 4,
     turns: int = 4,
-    policy: str = "arc",
+    policy: str = DEFAULT_POLICY,
 ) -> TieredDemoReport:
     """Run the workload: ``host_chunks`` of host memory in front of the store at ``store_url``."""
     layout = ChunkLayout(TIERED_DEMO_SPEC)
@@ -98,7 +99,7 @@ def run_tiered_demo(
     chats = _conversations(step, conversations, turns)
     seen: set[bytes] = set()
     out(
-        f"tiered demo: {host_chunks} chunks of host memory ({policy.upper()}, "
+        f"tiered demo: {host_chunks} chunks of host memory ({policy} policy, "
         f"{host_chunks * layout.total_size / 2**20:.1f} MiB) in front of {store_url}"
     )
     out(f"{'turn':<12} {'prompt':>6} {'host':>5} {'store':>5} {'computed':>8}")

@@ -3,7 +3,7 @@
 A :class:`HostCache` is a :class:`~chunkstore.backends.base.Store` (so the
 conformance suite applies) whose capacity is ``num_slots`` chunks of at most
 ``slot_size`` bytes. Which chunks stay is decided by a
-:class:`~chunkstore.cache.policy.CachePolicy` (ARC by default); which bytes
+:class:`~chunkstore.cache.policy.CachePolicy` (``parc`` by default); which bytes
 live where is the :class:`~chunkstore.cache._pool.SlotPool`'s business.
 
 Besides the store methods it offers the host-slot fast paths that device

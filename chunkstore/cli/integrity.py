@@ -9,11 +9,10 @@ quarantined or deleted, only reported (spec/FORMAT.md section 2).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from chunkstore.backends.base import ReadVerdict
-from chunkstore.backends.base import judge as judge_read
-from chunkstore.hashing import ChunkKey
+if TYPE_CHECKING:
+    from chunkstore.hashing import ChunkKey
 
 OK = "ok"
 CORRUPT = "corrupt"
@@ -32,6 +31,9 @@ class Verdict:
 
 def judge(data: Any, key: ChunkKey) -> Verdict:
     """Decode with checksum verification and check the key and namespace it was stored under."""
+    from chunkstore.backends.base import ReadVerdict
+    from chunkstore.backends.base import judge as judge_read
+
     # The serving path's rule decides: a newer writer's chunk is reported, never damage.
     judged = judge_read(key, data)
     if judged.error is not None:

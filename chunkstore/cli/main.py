@@ -4,6 +4,11 @@ Each subcommand is a module in :mod:`chunkstore.cli.commands` with
 ``register(subparsers)`` that adds its parser and sets ``func`` to a callable
 ``(args) -> int``. User mistakes surface as one line on stderr and a non-zero
 exit code (see :mod:`chunkstore.cli.exitcodes`), never as a traceback.
+
+Every command's parser is built on every run, ``--help`` included, so a command
+module imports at its top only what its parser needs; stores, the format, caches,
+peers and their dependencies (numpy, ml_dtypes, prometheus_client, pyzmq) are
+imported where the command runs.
 """
 
 from __future__ import annotations

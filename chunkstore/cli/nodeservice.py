@@ -10,7 +10,6 @@ A shared secret is optional: only the socket's owner can connect anyway.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import os
 from typing import TYPE_CHECKING, Any
 
@@ -54,6 +53,8 @@ def shared_pool(args: argparse.Namespace) -> tuple[str | None, bool]:
     if args.shm_name:
         return str(args.shm_name), bool(args.shm_replace)
     if getattr(args, "node", None):
+        import hashlib  # here: it loads OpenSSL, which every `chunkstore --help` would pay for
+
         endpoint = _options(args)["bind"]
         digest = hashlib.blake2b(endpoint.encode(), digest_size=6).hexdigest()
         return f"chunkstore-node-{digest}", True

@@ -15,18 +15,11 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from chunkstore.backends.base import Store
-from chunkstore.cli.storeaccess import (
-    Stray,
-    foreign_files,
-    quarantined,
-    remove_orphans,
-    settle_stranded,
-    stranded_files,
-    temp_files,
-)
+if TYPE_CHECKING:
+    from chunkstore.backends.base import Store
+    from chunkstore.cli.storeaccess import Stray
 
 DEFAULT_GRACE = "1h"
 _INTO_QUARANTINE = "staged-quarantine"
@@ -67,6 +60,15 @@ class StraySweep:
 def sweep(store: Store, *, grace: float, dry_run: bool) -> StraySweep:
     """Classify the store's strays; remove orphan temp files and finish stranded set-asides
     older than ``grace`` seconds."""
+    from chunkstore.cli.storeaccess import (
+        foreign_files,
+        quarantined,
+        remove_orphans,
+        settle_stranded,
+        stranded_files,
+        temp_files,
+    )
+
     # One walk for temp files (split by age here), one for foreign files: on a large tree
     # each walk costs as much as the listing itself.
     cutoff = time.time() - grace

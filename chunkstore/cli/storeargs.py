@@ -12,13 +12,13 @@ import argparse
 import json
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from chunkstore.backends._registry import check_url, load_options, open_for_option, open_store
-from chunkstore.backends.base import Store
 from chunkstore.errors import ConfigError, StoreError
-from chunkstore.hashing import check_namespace
 from chunkstore.units import parse_size
+
+if TYPE_CHECKING:
+    from chunkstore.backends.base import Store
 
 
 def add_output_options(parser: argparse.ArgumentParser) -> None:
@@ -96,6 +96,8 @@ def size_arg(text: str) -> int:
 
 def namespace_arg(text: str) -> str:
     """argparse ``type=`` for ``--namespace``: 16 lower-case hex digits."""
+    from chunkstore.hashing import check_namespace
+
     try:
         return check_namespace(text)
     except ConfigError as exc:
@@ -149,6 +151,8 @@ def open_cli_store(
     the flag it came from, when given); an unreachable store is a ``StoreError``
     (exit code 4).
     """
+    from chunkstore.backends._registry import check_url, load_options, open_for_option, open_store
+
     # memory:// is refused: the registry gives each open a fresh MemoryStore, so a CLI run
     # would read an empty store or write into one that vanishes when the command exits.
     if option is None:

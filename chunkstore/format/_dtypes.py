@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import ml_dtypes
 import numpy as np
 
 from chunkstore.errors import ConfigError
@@ -22,15 +21,35 @@ class DType:
     """The numpy dtype used for views (ml_dtypes supplies bf16 and fp8)."""
 
 
-_TABLE = {
-    "BF16": DType("BF16", 2, np.dtype(ml_dtypes.bfloat16)),
-    "F16": DType("F16", 2, np.dtype(np.float16)),
-    "F32": DType("F32", 4, np.dtype(np.float32)),
-    "F8_E4M3": DType("F8_E4M3", 1, np.dtype(ml_dtypes.float8_e4m3fn)),
-    "F8_E5M2": DType("F8_E5M2", 1, np.dtype(ml_dtypes.float8_e5m2)),
-    "I8": DType("I8", 1, np.dtype(np.int8)),
-    "U8": DType("U8", 1, np.dtype(np.uint8)),
+_NUMPY_NAMES = {
+    "BF16": "bfloat16",
+    "F16": "float16",
+    "F32": "float32",
+    "F8_E4M3": "float8_e4m3fn",
+    "F8_E5M2": "float8_e5m2",
+    "I8": "int8",
+    "U8": "uint8",
 }
+"""Each safetensors name's numpy type name, in numpy or else in ml_dtypes."""
+_FROM_ML_DTYPES = frozenset({"BF16", "F8_E4M3", "F8_E5M2"})
+# Note: importing ml_dtypes takes about a second, so it loads on the first lookup of a type it
+# supplies: `chunkstore --help` and `ls` never need it (tools/bench_cli_startup.py).
+_TABLE: dict[str, DType] = {}
+"""The types looked up so far, by safetensors name."""
+
+
+def _entry(name: str) -> DType:
+    """The :class:`DType` of safetensors name ``name``, built on first use."""
+    if name in _FROM_ML_DTYPES:
+        import ml_dtypes
+
+        numpy = np.dtype(getattr(ml_dtypes, _NUMPY_NAMES[name]))
+    else:
+        numpy = np.dtype(_NUMPY_NAMES[name])
+    # Two threads may build the same entry; both are equal, so either may stay.
+    return _TABLE.setdefault(name, DType(name, numpy.itemsize, numpy))
+
+
 _ALIASES = {
     "bf16": "BF16",
     "bfloat16": "BF16",
@@ -63,12 +82,12 @@ _ALIASES = {
 
 def dtype_named(name: str) -> DType:
     """Look a dtype up by safetensors name or common alias (``bf16``, ``torch.float16``)."""
-    key = name if name in _TABLE else _ALIASES.get(str(name).lower())
+    key = name if name in _NUMPY_NAMES else _ALIASES.get(str(name).lower())
     if key is None:
-        raise ConfigError(f"unknown dtype {name!r}; known: {', '.join(sorted(_TABLE))}")
-    return _TABLE[key]
+        raise ConfigError(f"unknown dtype {name!r}; known: {', '.join(sorted(_NUMPY_NAMES))}")
+    return _TABLE.get(key) or _entry(key)
 
 
 def is_known_dtype(name: str) -> bool:
     """Whether ``name`` is a safetensors dtype string this version can read."""
-    return name in _TABLE
+    return name in _NUMPY_NAMES

@@ -29,10 +29,7 @@ from collections.abc import Hashable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
-
 from chunkstore.errors import ConfigError
-from chunkstore.hashing import chain_keys, namespace_root
 
 MOONCAKE_FIELDS = ("timestamp", "input_length", "output_length", "hash_ids")
 TOKEN_TRACE_FINGERPRINT = bytes(32)
@@ -107,6 +104,11 @@ def parse_request(record: object, *, block_tokens: int, root: bytes) -> TraceReq
             raise TraceError("'timestamp' must be a number")
         if not _is_int(output_length) or output_length < 0:
             raise TraceError("'output_length' must be a non-negative integer")
+        # Imported here: Mooncake traces, and the CLI's parser for --help, need no numpy.
+        import numpy as np
+
+        from chunkstore.hashing import chain_keys
+
         array = np.asarray(tokens, dtype=np.uint32)
         keys = chain_keys(array, root=root, chunk_tokens=block_tokens)
         return TraceRequest(float(timestamp), len(tokens), int(output_length), tuple(keys))
@@ -135,6 +137,8 @@ def parse_trace(lines: Iterable[str], *, source: str = "<trace>", block_tokens: 
     """Parse JSON Lines text; errors name ``source`` and the 1-based line number."""
     if block_tokens < 1:
         raise ConfigError(f"block_tokens must be positive, got {block_tokens}")
+    from chunkstore.hashing import namespace_root
+
     root = namespace_root(TOKEN_TRACE_FINGERPRINT)
     requests: list[TraceRequest] = []
     for number, line in enumerate(lines, start=1):

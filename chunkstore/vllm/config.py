@@ -200,9 +200,18 @@ def parse_config(
     """Validate ``kv_connector_extra_config`` against the engine's ``block_size``.
 
     ``kv_role`` (``kv_producer``/``kv_consumer``/``kv_both``) sets the defaults
-    of ``load`` and ``save``.
+    of ``load`` and ``save``. ``extra`` must be a mapping (or None: all defaults).
     """
-    extra = dict(extra or {})
+    if extra is None:
+        extra = {}
+    if not isinstance(extra, Mapping):
+        # A string such as "host_cache=2G" is the usual mistake; dict() of it fails with a
+        # ValueError about "update sequence elements" that names no option.
+        raise ConfigError(
+            "kv_connector_extra_config: expected a JSON object of options, e.g. "
+            f'{{"host_cache": "8G", "tiers": ["/mnt/kv"]}}, got {shown(extra)}'
+        )
+    extra = dict(extra)
     unknown = sorted(map(str, set(extra) - set(OPTIONS)))
     if unknown:
         raise ConfigError(

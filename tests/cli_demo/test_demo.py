@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from chunkstore.backends._registry import open_store
+from chunkstore.cache import DEFAULT_POLICY
 from chunkstore.cli.main import main
 from chunkstore.demo import DEMO_SPEC, conversations, run_store_demo
 from chunkstore.format import ChunkLayout, decode_chunk
@@ -30,6 +31,7 @@ def test_demo_command_prints_what_it_did(tmp_path, capsys) -> None:
     assert main(["demo", "--store", str(tmp_path / "d")]) == 0
     out = capsys.readouterr().out
     assert "computed and written" in out and "verified byte for byte" in out
+    assert f"host memory ({DEFAULT_POLICY} policy," in out  # the tiered part runs the default
     chunk_files = list((tmp_path / "d").rglob("*.kvc"))
     assert chunk_files
     # The tiered demo writes chunks of its own spec into the same store: look for ours.

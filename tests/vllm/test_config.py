@@ -62,6 +62,16 @@ def test_invalid_options_name_themselves(extra, option):
         parse_config(extra, block_size=32)
 
 
+@pytest.mark.parametrize("extra", ["host_cache=2G", '{"host_cache": "2G"}', ["host_cache"], 8])
+def test_extra_config_that_is_not_a_mapping_is_one_error_line(extra):
+    with pytest.raises(ConfigError) as info:
+        parse_config(extra, block_size=16)
+    message = str(info.value)
+    assert message.startswith("kv_connector_extra_config: expected a JSON object")
+    assert '{"host_cache": "8G"' in message and repr(extra)[:10] in message
+    assert "\n" not in message
+
+
 def test_sizes():
     assert parse_size("512MiB") == 512 << 20
     assert parse_size("8g") == 8 << 30

@@ -5,20 +5,12 @@ from __future__ import annotations
 import argparse
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from chunkstore.backends._models import read_model, record_model
-from chunkstore.backends.base import ChunkInfo, Store
 from chunkstore.cli import integrity
 from chunkstore.cli.exitcodes import FAILURE, OK
 from chunkstore.cli.output import emit_json, emit_text
 from chunkstore.cli.progress import Progress
-from chunkstore.cli.storeaccess import (
-    read_error_count,
-    read_raw_many,
-    stop_access_tracking,
-    unreadable_among,
-)
 from chunkstore.cli.storeargs import (
     add_output_options,
     add_store_options,
@@ -28,8 +20,10 @@ from chunkstore.cli.storeargs import (
 )
 from chunkstore.cli.table import render_table
 from chunkstore.errors import ConfigError
-from chunkstore.format import read_header
 from chunkstore.units import format_size
+
+if TYPE_CHECKING:
+    from chunkstore.backends.base import ChunkInfo, Store
 
 EPILOG = """examples:
   chunkstore cp /mnt/kvcache s3://new-cluster-bucket/kv    (seed a bucket from a shared mount)
@@ -122,6 +116,8 @@ def _same_store(src: str, dst: str) -> bool:
 def _copy_model_records(src: Store, dst: Store, fingerprints: set[bytes]) -> None:
     """The source's model records of the copied chunks' models, so that ``inspect`` names them
     in DST too (best effort, like every record write)."""
+    from chunkstore.backends._models import read_model, record_model
+
     for fingerprint in sorted(fingerprints):
         spec = read_model(src, fingerprint)
         if spec is not None:
@@ -130,6 +126,14 @@ def _copy_model_records(src: Store, dst: Store, fingerprints: set[bytes]) -> Non
 
 def run(args: argparse.Namespace) -> int:
     """Copy in batches: ask DST which keys it lacks, read and verify those, put_if_absent."""
+    from chunkstore.cli.storeaccess import (
+        read_error_count,
+        read_raw_many,
+        stop_access_tracking,
+        unreadable_among,
+    )
+    from chunkstore.format import read_header
+
     if args.batch <= 0:
         raise ConfigError(f"--batch must be positive, got {args.batch}")
     if _same_store(args.src, args.dst):

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
+from pathlib import Path
 
-from chunkstore.backends._registry import open_store
-from chunkstore.cache._demo import run_tiered_demo
-from chunkstore.demo import default_store_path, run_store_demo
 from chunkstore.errors import MissingDependency
-from chunkstore.peer._demo import run_peer_demo
+
+
+def default_store_path() -> Path:
+    """Where the demo keeps its store by default: ``$XDG_CACHE_HOME/chunkstore/demo``."""
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "chunkstore" / "demo"
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -43,6 +47,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 def run(args: argparse.Namespace) -> int:
     if args.vllm:
         return _run_vllm(args.store)
+    from chunkstore.backends._registry import open_store
+    from chunkstore.cache._demo import run_tiered_demo
+    from chunkstore.demo import run_store_demo
+    from chunkstore.peer._demo import run_peer_demo
+
     url = args.store or str(default_store_path())
     print(f"chunkstore demo: store {url}")
     with open_store(url, create=True) as store:

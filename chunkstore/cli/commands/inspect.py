@@ -6,23 +6,11 @@ import argparse
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from chunkstore.backends._models import read_model
-from chunkstore.backends.base import ChunkInfo, ReadVerdict, Store, verdict_of
 from chunkstore.cli.exitcodes import FAILURE, OK
 from chunkstore.cli.output import emit_json, emit_text
 from chunkstore.cli.progress import Progress
-from chunkstore.cli.storeaccess import (
-    Stray,
-    foreign_files,
-    quarantined,
-    read_error_count,
-    read_header_of,
-    stop_access_tracking,
-    temp_files,
-    unreadable_among,
-)
 from chunkstore.cli.storeargs import (
     add_output_options,
     add_store_options,
@@ -32,6 +20,10 @@ from chunkstore.cli.storeargs import (
 from chunkstore.cli.table import render_table
 from chunkstore.errors import FormatError
 from chunkstore.units import format_size
+
+if TYPE_CHECKING:
+    from chunkstore.backends.base import ChunkInfo, Store
+    from chunkstore.cli.storeaccess import Stray
 
 AGE_BUCKETS: tuple[tuple[str, float], ...] = (
     ("< 1h", 3600.0),
@@ -163,6 +155,15 @@ def run(args: argparse.Namespace) -> int:
 
 def _collect(store: Store, args: argparse.Namespace) -> Summary:
     """List the store (reading each chunk's header unless ``--no-headers``) and its strays."""
+    from chunkstore.cli.storeaccess import (
+        foreign_files,
+        quarantined,
+        read_error_count,
+        stop_access_tracking,
+        temp_files,
+        unreadable_among,
+    )
+
     summary = Summary()
     namespaces, models = summary.namespaces, summary.models
     written, used = summary.written, summary.used
@@ -342,6 +343,8 @@ def _render(args: argparse.Namespace, summary: Summary) -> str:
 
 def _model_id(store: Store, fingerprint: str) -> str | None:
     """The model id the store's record gives for a fingerprint (None: no valid record)."""
+    from chunkstore.backends._models import read_model
+
     spec = read_model(store, bytes.fromhex(fingerprint))
     return None if spec is None else spec.model_id
 
@@ -354,6 +357,9 @@ def _read_header(
     corrupt: list[Problem],
     unsupported: list[Problem],
 ) -> None:
+    from chunkstore.backends.base import ReadVerdict, verdict_of
+    from chunkstore.cli.storeaccess import read_header_of
+
     try:
         header = read_header_of(store, info.key)
     except FormatError as exc:

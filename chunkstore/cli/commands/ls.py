@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import argparse
 import time
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from chunkstore.backends.base import ChunkInfo
 from chunkstore.cli.output import emit_json, emit_text
 from chunkstore.cli.storeargs import (
     add_output_options,
@@ -16,6 +15,9 @@ from chunkstore.cli.storeargs import (
 )
 from chunkstore.cli.table import render_table
 from chunkstore.units import format_age, format_size
+
+if TYPE_CHECKING:
+    from chunkstore.backends.base import ChunkInfo
 
 _SORTS = {
     "key": lambda i: (i.key.namespace, i.key.hex),

@@ -5,9 +5,8 @@ from __future__ import annotations
 import argparse
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from chunkstore.backends.base import ChunkInfo
 from chunkstore.cli.orphans import describe, sweep
 from chunkstore.cli.output import emit_json, emit_text
 from chunkstore.cli.progress import Progress
@@ -21,6 +20,9 @@ from chunkstore.cli.storeargs import (
 from chunkstore.cli.table import render_table
 from chunkstore.errors import ConfigError
 from chunkstore.units import format_age, format_size, parse_age, parse_size
+
+if TYPE_CHECKING:
+    from chunkstore.backends.base import ChunkInfo
 
 _SHOWN = 20
 

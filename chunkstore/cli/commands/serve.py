@@ -36,13 +36,16 @@ import sys
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from chunkstore.cache import DEFAULT_POLICY, POLICY_NAMES, HostCache, TieredStore
+from chunkstore.cache import DEFAULT_POLICY, POLICY_NAMES
 from chunkstore.cli.storeargs import local_path, open_cli_store, size_arg
 from chunkstore.errors import ConfigError, StoreError
-from chunkstore.metrics import ChunkstoreMetrics, default_metrics, start_metrics_server
 from chunkstore.units import MAX_SECONDS, format_size, parse_size, shown
+
+if TYPE_CHECKING:
+    from chunkstore.cache import TieredStore
+    from chunkstore.metrics import ChunkstoreMetrics
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,6 +134,8 @@ def _start_metrics(context: ServeContext) -> Stop | None:
     port = context.args.metrics_port
     if port is None:
         return None
+    from chunkstore.metrics import start_metrics_server
+
     server = start_metrics_server(port, host=context.args.metrics_host, metrics=context.metrics)
     context.announce(f"metrics: {server.url}")
     return server.close
@@ -295,6 +300,8 @@ def _check_stores_exist(args: argparse.Namespace) -> None:
 
 def build_store(args: argparse.Namespace, metrics: ChunkstoreMetrics) -> TieredStore:
     """The tiered store the options describe (missing stores are made only with --create)."""
+    from chunkstore.cache import HostCache, TieredStore
+
     _check_stores_exist(args)
     shm_name, shm_replace = shared_pool(args)
     host = HostCache(
@@ -331,6 +338,8 @@ def run(args: argparse.Namespace, *, stop_event: threading.Event | None = None) 
         print(line, flush=True)
 
     check_options(args)
+    from chunkstore.metrics import default_metrics
+
     metrics = default_metrics()
     store = build_store(args, metrics)
     stops: list[Stop] = []

@@ -6,13 +6,10 @@ import argparse
 import os
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from chunkstore.backends._fsio import LocalIO
-from chunkstore.backends.base import Store
 from chunkstore.cli.exitcodes import FAILURE, OK
 from chunkstore.cli.output import emit_json, emit_text
-from chunkstore.cli.storeaccess import read_raw_many
 from chunkstore.cli.storeargs import add_output_options, add_store_options, open_cli_store
 from chunkstore.cli.table import render_fields, render_table
 from chunkstore.errors import (
@@ -22,9 +19,12 @@ from chunkstore.errors import (
     KeyMismatch,
     StoreError,
 )
-from chunkstore.format import ChunkHeader, decode_chunk, key_digest, read_header
-from chunkstore.hashing import ChunkKey, is_namespace
 from chunkstore.units import format_size
+
+if TYPE_CHECKING:
+    from chunkstore.backends.base import Store
+    from chunkstore.format import ChunkHeader
+    from chunkstore.hashing import ChunkKey
 
 _KEY_ARG = re.compile(r"(?:([0-9a-f]{16})/)?([0-9a-f]{4,64})")
 _CHUNK_NAME = re.compile(r"([0-9a-f]{64})\.kvc")
@@ -98,6 +98,8 @@ class Expected:
 
 def check_chunk(data: Any, header: ChunkHeader, expected: Expected | None) -> Checks:
     """Run the checks independently, so one failure does not hide the others."""
+    from chunkstore.format import decode_chunk, key_digest
+
     try:
         decode_chunk(data, verify=True)
         payload, checksum = "ok", "ok"
@@ -123,6 +125,8 @@ def check_chunk(data: Any, header: ChunkHeader, expected: Expected | None) -> Ch
 
 
 def _find_key(store: Store, text: str) -> ChunkKey:
+    from chunkstore.hashing import ChunkKey
+
     match = _KEY_ARG.fullmatch(text)
     if match is None:
         raise ConfigError(
@@ -144,6 +148,8 @@ def _expected_from_path(path: str) -> Expected | None:
     """The key a chunk file must hold, from its name ``<hex>.kvc``, and its namespace from the
     nearest 16-hex directory (``<ns>/ab/cd/`` in a store, ``quarantine/<ns>/``); a file named
     anything else is still showable, with no expectation."""
+    from chunkstore.hashing import is_namespace
+
     name = _CHUNK_NAME.fullmatch(os.path.basename(path))
     if name is None:
         return None
@@ -159,6 +165,9 @@ def _expected_from_path(path: str) -> Expected | None:
 
 def _load(args: argparse.Namespace) -> tuple[str, bytes, Expected | None]:
     """(what was read, its bytes, the key it should hold if known)."""
+    from chunkstore.backends._fsio import LocalIO
+    from chunkstore.cli.storeaccess import read_raw_many
+
     if args.key is None:
         path = args.target
         if os.path.isdir(path):
@@ -211,6 +220,8 @@ def _yes_no(value: bool | None, good: str, bad: str, unknown: str) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """Load the chunk, check it, print it."""
+    from chunkstore.format import read_header
+
     source, data, expected = _load(args)
     try:
         header = read_header(data)

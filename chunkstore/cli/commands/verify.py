@@ -5,25 +5,14 @@ from __future__ import annotations
 import argparse
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from chunkstore.backends._index import chunks_of_shard
-from chunkstore.backends.base import ChunkInfo, Store
-from chunkstore.backends.maintenance import SupportsCheckedRemoval
 from chunkstore.cli import integrity
 from chunkstore.cli.commands.prune import shard_arg
 from chunkstore.cli.exitcodes import FAILURE, OK
 from chunkstore.cli.orphans import StraySweep, describe, sweep
 from chunkstore.cli.output import emit_json, emit_text
 from chunkstore.cli.progress import Progress
-from chunkstore.cli.storeaccess import (
-    has_quarantine,
-    quarantine,
-    read_error_count,
-    read_raw_many,
-    stop_access_tracking,
-    unreadable_among,
-)
 from chunkstore.cli.storeargs import (
     add_maintenance_options,
     add_output_options,
@@ -33,8 +22,11 @@ from chunkstore.cli.storeargs import (
 )
 from chunkstore.cli.table import render_table
 from chunkstore.errors import ConfigError
-from chunkstore.hashing import ChunkKey
 from chunkstore.units import format_size, parse_age
+
+if TYPE_CHECKING:
+    from chunkstore.backends.base import ChunkInfo, Store
+    from chunkstore.hashing import ChunkKey
 
 EPILOG = """examples:
   chunkstore verify /mnt/kvcache                 (corrupt chunks go to <root>/quarantine/)
@@ -162,6 +154,8 @@ class Judged:
 
 def run(args: argparse.Namespace) -> int:
     """Verify every chunk, act on corrupt ones, sweep orphans, report."""
+    from chunkstore.cli.storeaccess import stop_access_tracking
+
     grace = parse_age(args.grace)
     if args.batch <= 0:
         raise ConfigError(f"--batch must be positive, got {args.batch}")
@@ -171,9 +165,12 @@ def run(args: argparse.Namespace) -> int:
         stop_access_tracking(store)
         if args.shard is not None and args.namespace is not None:
             raise ConfigError("--shard and --namespace do not combine")
-        listed = (
-            store.list(args.namespace) if args.shard is None else chunks_of_shard(store, args.shard)
-        )
+        if args.shard is None:
+            listed: Any = store.list(args.namespace)
+        else:
+            from chunkstore.backends._index import chunks_of_shard
+
+            listed = chunks_of_shard(store, args.shard)
         infos = sorted(listed, key=lambda i: (i.key.namespace, i.key.hex))
         with Progress("verify", len(infos), quiet=args.quiet) as progress:
             for start in range(0, len(infos), args.batch):
@@ -201,6 +198,9 @@ def run(args: argparse.Namespace) -> int:
 def _read_batch(store: Store, keys: list[ChunkKey]) -> tuple[list[Any], list[Any]]:
     """Raw bytes per key (None if gone) and, where the store can tell, an ident of each file
     read (so only that very file is set aside if it is bad)."""
+    from chunkstore.backends.maintenance import SupportsCheckedRemoval
+    from chunkstore.cli.storeaccess import read_raw_many
+
     if not isinstance(store, SupportsCheckedRemoval):
         return read_raw_many(store, keys), [None] * len(keys)
     pairs = store.read_unchecked_with_idents(keys)
@@ -212,6 +212,8 @@ def _read_batch(store: Store, keys: list[ChunkKey]) -> tuple[list[Any], list[Any
 
 def _judge_batch(store: Store, batch: list[ChunkInfo], tally: Tally) -> list[Judged]:
     """Read and judge ``batch``; counts go to ``tally``, the chunks that failed come back."""
+    from chunkstore.cli.storeaccess import read_error_count, unreadable_among
+
     keys = [i.key for i in batch]
     errors_before = read_error_count(store)
     raws, idents = _read_batch(store, keys)
@@ -239,6 +241,9 @@ def _judge_batch(store: Store, batch: list[ChunkInfo], tally: Tally) -> list[Jud
 
 def _act(store: Store, bad: list[Judged], action: str) -> list[Finding]:
     """Apply ``action`` (quarantine, delete or report) to the chunks judged bad."""
+    from chunkstore.backends.maintenance import SupportsCheckedRemoval
+    from chunkstore.cli.storeaccess import has_quarantine, quarantine
+
     done_label = {
         "quarantine": "quarantined" if has_quarantine(store) else "deleted (no quarantine)",
         "delete": "deleted",
