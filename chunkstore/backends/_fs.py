@@ -804,8 +804,11 @@ class FsStore(Store):
         )
 
     def close(self) -> None:
-        """Stop the I/O threads (after the batches under way)."""
+        """Stop the I/O threads (after the batches under way) and finish the index's
+        accounting."""
         self._pool.close()
+        if self.index is not None:
+            self.index.close()
 
     def _put(self, key: ChunkKey, data: Buffer, *, replace: bool) -> bool:
         final = self.path_of(key)

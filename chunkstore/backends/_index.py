@@ -18,6 +18,7 @@ again, and the next reconcile restores the cap.
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import threading
 import time
@@ -200,6 +201,12 @@ class CapacityIndex:
         self._remove = client.register_script(_REMOVE)
         self._evict_script = client.register_script(_EVICT)
         self._lock = threading.Lock()
+        # Accounting runs behind the writer, on one thread of the index's own: a writer's
+        # next publish waits for its previous chunk to be accounted (and its victims gone),
+        # so a writer is at most one chunk ahead of the cap while the round trip to the
+        # server overlaps the writing of its next chunk.
+        self._behind: concurrent.futures.ThreadPoolExecutor | None = None
+        self._mine = threading.local()
         self._down_until = 0.0
         self._missed = False
         self.errors = 0
@@ -256,10 +263,39 @@ class CapacityIndex:
         del replace  # publish() decides; the index learns the outcome either way
         if not self.fits(size):
             return False
+        self._settle_mine()
         written = publish()
         if written:
-            self.account(final, size)
+            self._mine.pending = self._accountant().submit(self.account, final, size)
         return written
+
+    def _accountant(self) -> concurrent.futures.ThreadPoolExecutor:
+        with self._lock:
+            if self._behind is None:
+                self._behind = concurrent.futures.ThreadPoolExecutor(
+                    1, thread_name_prefix=f"{self._label}-index"
+                )
+            return self._behind
+
+    def _settle_mine(self) -> None:
+        pending = getattr(self._mine, "pending", None)
+        if pending is not None:
+            self._mine.pending = None
+            pending.result()  # account() logs and counts its own failures; it never raises
+
+    def flush(self) -> None:
+        """Wait until every chunk published so far is accounted and its victims deleted."""
+        with self._lock:
+            behind = self._behind
+        if behind is not None:
+            behind.submit(lambda: None).result()
+
+    def close(self) -> None:
+        """Finish the accounting under way and stop its thread."""
+        with self._lock:
+            behind, self._behind = self._behind, None
+        if behind is not None:
+            behind.shutdown(wait=True)
 
     def fits(self, size: int) -> bool:
         """Whether one chunk of ``size`` bytes may be stored at all (not larger than the cap)."""
@@ -291,7 +327,9 @@ class CapacityIndex:
             self._call("remove", lambda: self._remove(keys=self._keys, args=names))
 
     def usage(self) -> Usage:
-        """Usage as the index counts it (zero where it holds nothing yet)."""
+        """Usage as the index counts it (zero where it holds nothing yet), once the chunks
+        published so far are accounted."""
+        self.flush()
         ok, raw = self._call("usage", lambda: self.client.hmget(self._keys[0], "bytes", "chunks"))
         if not ok:
             raise ConnectionError(f"{self._label}: capacity index unreachable")
@@ -324,6 +362,7 @@ class CapacityIndex:
 
         Costs what is evicted, not what is stored. Returns how many chunks went.
         """
+        self.flush()
         cap = self.max_bytes if max_bytes is None else max_bytes
         before = -1.0 if older_than is None else time.time() - older_than
         total = 0
@@ -352,6 +391,7 @@ class CapacityIndex:
         made meanwhile alone. Shards of one store may run on several machines at once.
         ``progress(n)`` is told of every 1,000 chunks walked.
         """
+        self.flush()
         walked = added = 0
         found: set[str] = set()
         for path, size, atime in self._scan(shard):

@@ -1361,6 +1361,8 @@ class S3Store(Store):
     def close(self) -> None:
         """Wait for background access records, then drop the connection pool."""
         self.flush()
+        if self.index is not None:
+            self.index.close()
         if self._plane is not None:
             self._plane.close()
         try:
