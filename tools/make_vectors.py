@@ -455,6 +455,35 @@ def with_meta(text: bytes, member: bytes) -> bytes:
     return edit(text, b',"checksum":', b"," + member + b',"checksum":')
 
 
+def _collector(out: list[tuple[dict[str, Any], bytes]]) -> Callable[..., None]:
+    """A function that appends one reader case (its JSON entry and file bytes) to ``out``."""
+
+    def case(
+        name: str,
+        section: str,
+        defect: str,
+        data: bytes,
+        error: str | None,
+        *,
+        verdict: str = "corrupt",
+        origin: str = "tiny-bf16.kvc",
+        options: dict[str, Any] | None = None,
+    ) -> None:
+        entry = {
+            "file": f"{name}.kvc",
+            "from": origin,
+            "section": section,
+            "defect": defect,
+            "options": options or {},
+            "verdict": "ok" if error is None else verdict,
+            "error": error,
+            "sha256": hashlib.sha256(data).hexdigest(),
+        }
+        out.append((entry, data))
+
+    return case
+
+
 def reader_cases() -> list[tuple[dict[str, Any], bytes]]:
     base, base_key, base_root = golden_chunk(tiny(), {})
     mac_chunk, _, _ = golden_chunk(tiny(), {"mac_secret": MAC_SECRET})
@@ -487,28 +516,7 @@ def reader_cases() -> list[tuple[dict[str, Any], bytes]]:
     v11 = edit(text, b'"chunkstore":"1.0"', b'"chunkstore":"1.1"')
     out: list[tuple[dict[str, Any], bytes]] = []
 
-    def case(
-        name: str,
-        section: str,
-        defect: str,
-        data: bytes,
-        error: str | None,
-        *,
-        verdict: str = "corrupt",
-        origin: str = "tiny-bf16.kvc",
-        options: dict[str, Any] | None = None,
-    ) -> None:
-        entry = {
-            "file": f"{name}.kvc",
-            "from": origin,
-            "section": section,
-            "defect": defect,
-            "options": options or {},
-            "verdict": "ok" if error is None else verdict,
-            "error": error,
-            "sha256": hashlib.sha256(data).hexdigest(),
-        }
-        out.append((entry, data))
+    case = _collector(out)
 
     # accepted
     case("ok-golden", "3", "none: the golden chunk as written", base, None)
@@ -867,28 +875,7 @@ def readings_cases(
     """Text revision 3 (issue #23): one vector per reading settled there."""
     out: list[tuple[dict[str, Any], bytes]] = []
 
-    def case(
-        name: str,
-        section: str,
-        defect: str,
-        data: bytes,
-        error: str | None,
-        *,
-        verdict: str = "corrupt",
-        origin: str = "tiny-bf16.kvc",
-        options: dict[str, Any] | None = None,
-    ) -> None:
-        entry = {
-            "file": f"{name}.kvc",
-            "from": origin,
-            "section": section,
-            "defect": defect,
-            "options": options or {},
-            "verdict": "ok" if error is None else verdict,
-            "error": error,
-            "sha256": hashlib.sha256(data).hexdigest(),
-        }
-        out.append((entry, data))
+    case = _collector(out)
 
     def flip_last_bit(data: bytes) -> bytes:
         damaged = bytearray(data)

@@ -45,7 +45,7 @@ from chunkstore.backends._fastread import (
     through_page_cache,
 )
 from chunkstore.backends._fsio import FileStat, FsspecIO, LocalIO
-from chunkstore.backends._index import CapacityIndex, connect, store_identity
+from chunkstore.backends._index import CapacityIndex, open_index
 from chunkstore.backends._iopool import IoPool, raise_first
 from chunkstore.backends.base import (
     UNSUPPORTED_GRACE,
@@ -239,17 +239,14 @@ class FsStore(Store):
     def _open_index(self, index: Any, max_bytes: int | None) -> CapacityIndex:
         """The capacity index named by ``index``, keyed by this store's identity: a hash of
         its layout marker, which every mount of one volume reads alike."""
-        client = connect(index) if isinstance(index, str) else index
         self._ensure_marker()
         try:
             marker = self.io.read_small(self.io.join(self.root, L.MARKER_NAME))
         except OSError as exc:
             raise StoreError(f"{self.name}: cannot read the layout marker: {exc}") from None
-        if marker is None:
-            raise StoreError(f"{self.name}: no layout marker to name the capacity index by")
-        return CapacityIndex(
-            client,
-            store_identity(marker),
+        return open_index(
+            index,
+            marker,
             max_bytes,
             name_of=self._index_name,
             path_of=lambda name: self.io.join(self.root, *name.split("/")),

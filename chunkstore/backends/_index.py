@@ -28,7 +28,7 @@ from functools import partial
 from typing import Any
 
 from chunkstore.backends._capacity import Usage
-from chunkstore.errors import ConfigError, MissingDependency
+from chunkstore.errors import ConfigError, MissingDependency, StoreError
 
 log = logging.getLogger(__name__)
 
@@ -39,11 +39,26 @@ SOCKET_TIMEOUT = 2.0
 MAX_VICTIMS = 256
 """Chunks one admit may evict (a chunk as large as the cap evicts at most this many)."""
 
+# Shared by the scripts below (KEYS: usage, lru, sizes): takes one chunk out of the index
+# and returns the bytes it held.
+_TAKE_OUT = """
+local function take_out(name)
+  local freed = tonumber(redis.call('HGET', KEYS[3], name) or '0')
+  redis.call('ZREM', KEYS[2], name)
+  redis.call('HDEL', KEYS[3], name)
+  redis.call('HINCRBY', KEYS[1], 'bytes', -freed)
+  redis.call('HINCRBY', KEYS[1], 'chunks', -1)
+  return freed
+end
+"""
+
 # KEYS: usage, lru, sizes. ARGV: member, size, now, cap (-1: none), max victims.
 # Accounts a published chunk (new, or replacing one of another size), then takes the least
 # recently used others out of the index until usage fits the cap, and returns them: the
 # caller deletes their files. The new chunk itself is never a victim.
-_ADD = """
+_ADD = (
+    _TAKE_OUT
+    + """
 local old = redis.call('HGET', KEYS[3], ARGV[1])
 local size = tonumber(ARGV[2])
 if old then
@@ -63,16 +78,12 @@ while used > cap and #victims < tonumber(ARGV[5]) do
   local pick = oldest[1]
   if pick == ARGV[1] then pick = oldest[2] end
   if not pick then break end
-  local freed = tonumber(redis.call('HGET', KEYS[3], pick) or '0')
-  redis.call('ZREM', KEYS[2], pick)
-  redis.call('HDEL', KEYS[3], pick)
-  redis.call('HINCRBY', KEYS[1], 'bytes', -freed)
-  redis.call('HINCRBY', KEYS[1], 'chunks', -1)
-  used = used - freed
+  used = used - take_out(pick)
   victims[#victims + 1] = pick
 end
 return victims
 """
+)
 
 # KEYS: usage, lru, sizes. ARGV: member, size, last use. Adds a chunk a walk found, unless
 # the index has it (a writer accounted it meanwhile). Returns 1 if it was added.
@@ -86,24 +97,25 @@ return 1
 """
 
 # KEYS: usage, lru, sizes. ARGV: members. Takes chunks out; returns how many it held.
-_REMOVE = """
+_REMOVE = (
+    _TAKE_OUT
+    + """
 local taken = 0
 for i = 1, #ARGV do
-  local size = redis.call('HGET', KEYS[3], ARGV[i])
-  if size then
-    redis.call('HDEL', KEYS[3], ARGV[i])
-    redis.call('ZREM', KEYS[2], ARGV[i])
-    redis.call('HINCRBY', KEYS[1], 'bytes', -tonumber(size))
-    redis.call('HINCRBY', KEYS[1], 'chunks', -1)
+  if redis.call('HEXISTS', KEYS[3], ARGV[i]) == 1 then
+    take_out(ARGV[i])
     taken = taken + 1
   end
 end
 return taken
 """
+)
 
 # KEYS: usage, lru, sizes. ARGV: cap, max victims, oldest last use kept (-1: any). Takes out
 # the least recently used chunks while usage is over the cap or their last use is older.
-_EVICT = """
+_EVICT = (
+    _TAKE_OUT
+    + """
 local cap = tonumber(ARGV[1])
 local before = tonumber(ARGV[3])
 local victims = {}
@@ -115,16 +127,12 @@ while #victims < tonumber(ARGV[2]) do
   local over = cap >= 0 and used > cap
   local stale = before >= 0 and tonumber(oldest[2]) < before
   if not over and not stale then break end
-  local freed = tonumber(redis.call('HGET', KEYS[3], pick) or '0')
-  redis.call('ZREM', KEYS[2], pick)
-  redis.call('HDEL', KEYS[3], pick)
-  redis.call('HINCRBY', KEYS[1], 'bytes', -freed)
-  redis.call('HINCRBY', KEYS[1], 'chunks', -1)
-  used = used - freed
+  used = used - take_out(pick)
   victims[#victims + 1] = pick
 end
 return victims
 """
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,6 +162,17 @@ def connect(url: str) -> Any:
         )
     except ValueError as exc:
         raise ConfigError(f"capacity index URL {url!r}: {exc}") from None
+
+
+def open_index(
+    index: Any, marker: bytes | None, max_bytes: int | None, **hooks: Any
+) -> CapacityIndex:
+    """The capacity index ``index`` (a URL or a client) of the store whose layout marker is
+    ``marker``, with the store's ``hooks`` (see :class:`CapacityIndex`)."""
+    if marker is None:
+        raise StoreError(f"{hooks.get('label', 'store')}: no layout marker to name its index by")
+    client = connect(index) if isinstance(index, str) else index
+    return CapacityIndex(client, store_identity(marker), max_bytes, **hooks)
 
 
 class CapacityIndex:

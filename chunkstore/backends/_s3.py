@@ -38,7 +38,7 @@ from chunkstore.backends._batching import (
     read_once_per_key,
     write_once_per_key,
 )
-from chunkstore.backends._index import CapacityIndex, connect, shard_of, store_identity
+from chunkstore.backends._index import CapacityIndex, open_index, shard_of
 from chunkstore.backends._iopool import raise_first
 from chunkstore.backends.base import (
     UNSUPPORTED_GRACE,
@@ -297,20 +297,17 @@ class S3Store(Store):
 
     def _open_index(self, index: Any, max_bytes: int | None) -> CapacityIndex:
         """The capacity index named by ``index``, keyed by a hash of the layout marker."""
-        client = connect(index) if isinstance(index, str) else index
         self._ensure_marker()
         marker: bytes | None = self._run(self._get_small, self._full(L.MARKER_NAME))
-        if marker is None:
-            raise StoreError(f"{self.name}: no layout marker to name the capacity index by")
-        return CapacityIndex(
-            client,
-            store_identity(marker),
+        return open_index(
+            index,
+            marker,
             max_bytes,
             name_of=self._relative,
             path_of=self._full,
             evict=self._evict_object,
             scan=self._scan_shard,
-            exists=lambda name: bool(self._object_sizes([name])[0] is not None),
+            exists=lambda name: self._object_sizes([name])[0] is not None,
             label=self.name,
         )
 

@@ -160,10 +160,7 @@ class StoreSuite:
             first = {i.key: i.atime for i in store.list()}
             time.sleep(self.time_resolution)
             assert store.get(chunks[0].key) is not None
-            flush = getattr(store, "flush", None)
-            if flush is not None:
-                flush()  # access records may be written in the background
-            after = {i.key: i.atime for i in store.list()}
+            after = access_times(store)
             assert after[chunks[0].key] > first[chunks[0].key]
             assert after[chunks[1].key] == pytest.approx(first[chunks[1].key], abs=1e-3)
         finally:
@@ -183,10 +180,7 @@ class StoreSuite:
             time.sleep(0.05)  # a recorded access would now carry a later time
             got = store.read_unchecked_many([chunks[0].key, chunks[2].key])
             assert bytes(got[0] or b"") == chunks[0].data and got[1] is None
-            flush = getattr(store, "flush", None)
-            if flush is not None:
-                flush()
-            assert {i.key: i.atime for i in store.list()} == first
+            assert access_times(store) == first
         finally:
             store.close()
 
@@ -251,10 +245,7 @@ class StoreSuite:
             first = {i.key: i.atime for i in store.list()}
             time.sleep(self.time_resolution)
             assert store.get(newer.key) is None
-            flush = getattr(store, "flush", None)
-            if flush is not None:
-                flush()
-            assert {i.key: i.atime for i in store.list()} == first
+            assert access_times(store) == first
         finally:
             store.close()
 
@@ -422,6 +413,14 @@ class StoreSuite:
             assert isinstance(s, Store)
             assert s.supports_listing in (True, False)
             assert s.atomic_put is True
+
+
+def access_times(store: Store) -> dict[Any, float]:
+    """Each stored chunk's access time, once access records written in the background are."""
+    flush = getattr(store, "flush", None)
+    if flush is not None:
+        flush()
+    return {i.key: i.atime for i in store.list()}
 
 
 def newer_major_copy(chunk: MadeChunk) -> bytes:

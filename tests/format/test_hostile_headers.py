@@ -42,23 +42,28 @@ def test_deeply_nested_json_is_malformed(body: bytes) -> None:
         read_header(_padded(body))
 
 
-def _state_chunk(dims: bytes, end: int = 1) -> bytes:
-    """A header whose metadata is well formed, with one U8 state tensor of shape ``dims``
-    ending at ``end`` (the table is checked after the metadata: spec section 3.4)."""
+def _state_meta(compression: str, *, payload_size: int, stored_size: int) -> list[tuple[str, str]]:
+    """Well-formed metadata of a chunk of 4 zero tokens, parented by a zero root."""
     parent, tokens = bytes(32), bytes(16)
-    meta = _meta_fields(
+    return _meta_fields(
         version="1.0",
         fingerprint="0" * 64,
         namespace="0" * 16,
         key=key_digest(parent, tokens).hex(),
         parent=parent.hex(),
         tokens=tokens.hex(),
-        compression="none",
-        payload_size=end,
-        stored_size=end,
+        compression=compression,
+        payload_size=payload_size,
+        stored_size=stored_size,
         mac=None,
         checksum="0" * 32,
     )
+
+
+def _state_chunk(dims: bytes, end: int = 1) -> bytes:
+    """A header whose metadata is well formed, with one U8 state tensor of shape ``dims``
+    ending at ``end`` (the table is checked after the metadata: spec section 3.4)."""
+    meta = _state_meta("none", payload_size=end, stored_size=end)
     text = render_header(meta, [], 1)[8:].rstrip(b" ")[:-1]  # the metadata object only
     return _padded(
         text + b',"layers.0.state":{"dtype":"U8","shape":[' + dims + b'],"data_offsets":[0,'
@@ -92,20 +97,7 @@ def _rle_zstd_chunk(declared: int, blocks: int = 1) -> bytes:
     for last in [False] * (blocks - 1) + [True]:
         frame += ((131072 << 3) | (1 << 1) | last).to_bytes(3, "little") + b"\x00"  # RLE
     frame += struct.pack("<I", content.intdigest() & 0xFFFFFFFF)
-    parent, tokens = bytes(32), bytes(16)
-    meta = _meta_fields(
-        version="1.0",
-        fingerprint="0" * 64,
-        namespace="0" * 16,
-        key=key_digest(parent, tokens).hex(),
-        parent=parent.hex(),
-        tokens=tokens.hex(),
-        compression="zstd",
-        payload_size=declared,
-        stored_size=len(frame),
-        mac=None,
-        checksum="0" * 32,
-    )
+    meta = _state_meta("zstd", payload_size=declared, stored_size=len(frame))
     state = [("layers.0.state", "U8", (declared,), 0, declared)]
     head = bytearray(render_header(meta, state, 4096))
     start, stop = read_header(bytes(head)).checksum_span
