@@ -36,7 +36,7 @@ TEST_EXTRA = "pip install 'chunkstore[test]'"
 # defaults: a volume shared between nodes runs with them, and chunkstore must be correct
 # there, so the tests use them too rather than turning them off. A mount then sees another
 # mount's changes to a path it looked at up to this long later; a test that looks across
-# the two mounts waits for them to agree (``JuiceFsVolume.await_same`` / ``settle``).
+# the two mounts waits for them to agree (``await_same``, ``JuiceFsVolume.settle``).
 JUICEFS_CACHE_SECONDS = 1.0
 START_TIMEOUT = 60.0
 """Bound on each server's start-up poll (a loaded 2-core machine needs a few seconds)."""
@@ -164,7 +164,7 @@ class JuiceFsVolume:
         relative = f"{name}-{uuid.uuid4().hex[:12]}"
         first, second = (mount / relative for mount in self.mounts)
         first.mkdir()
-        self.await_same([first], [second])
+        await_same([first], [second])
         return first, second
 
     def alternate(self, paths: tuple[Path, Path]) -> Path:
@@ -172,21 +172,22 @@ class JuiceFsVolume:
         successive calls in a session take the two mounts in turn."""
         return paths[next(self.turns) % 2]
 
-    def await_same(self, written: Sequence[Path], seen: Sequence[Path]) -> None:
-        """Wait until each path of ``seen`` (through one mount) shows what its counterpart in
-        ``written`` (through the other, where it was just changed) shows: existence, size and
-        times. Immediate for a path that mount never looked at; else up to the attribute cache
-        timeout. Fails past ``START_TIMEOUT``."""
-        deadline = time.monotonic() + START_TIMEOUT
-        for left, right in zip(written, seen, strict=True):
-            while _attributes(left) != _attributes(right):
-                assert time.monotonic() < deadline, f"{right} never came to show {left}"
-                time.sleep(0.02)
-
     def settle(self) -> None:
         """Wait out the kernel caches: afterwards each mount shows every change made through
         either one before the call. For checks over a whole tree that both mounts changed."""
         time.sleep(JUICEFS_CACHE_SECONDS + 0.2)
+
+
+def await_same(written: Sequence[Path], seen: Sequence[Path]) -> None:
+    """Wait until each path of ``seen`` (through one mount) shows what its counterpart in
+    ``written`` (through the other, where it was just changed) shows: existence, size and
+    times. Immediate for a path that mount never looked at; else up to the attribute cache
+    timeout. Fails past ``START_TIMEOUT``."""
+    deadline = time.monotonic() + START_TIMEOUT
+    for left, right in zip(written, seen, strict=True):
+        while _attributes(left) != _attributes(right):
+            assert time.monotonic() < deadline, f"{right} never came to show {left}"
+            time.sleep(0.02)
 
 
 def _attributes(path: Path) -> tuple[int, ...] | None:
