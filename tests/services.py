@@ -235,7 +235,7 @@ def _unmount(juicefs: str, mount: Path, proc: subprocess.Popen[Any]) -> None:
 
 @pytest.fixture(scope="session")
 def juicefs(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, redis_port: int
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> JuiceFsVolume:
     """A JuiceFS volume (metadata in redis-server, data in a local directory) on two mounts.
 
@@ -248,6 +248,7 @@ def juicefs(
     reason = _fuse_unavailable_reason()
     if reason is not None:
         unavailable(*reason)
+    redis_port = request.getfixturevalue("redis_port")  # after the checks: theirs is the message
     base = tmp_path_factory.mktemp("juicefs")
     meta = f"redis://127.0.0.1:{redis_port}/1"
     formatted = subprocess.run(
