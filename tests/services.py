@@ -13,9 +13,11 @@ scripts of a virtual environment) and then on ``$PATH``.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -199,10 +201,13 @@ def _attributes(path: Path) -> tuple[int, ...] | None:
 
 
 def _is_mounted(path: Path) -> bool:
+    """Whether the kernel's mount table lists ``path`` (a mount whose client hangs or died
+    included, where a stat of it would block or fail)."""
     try:
+        with open("/proc/self/mounts") as table:
+            return any(line.split()[1] == str(path) for line in table)
+    except OSError:
         return os.path.ismount(path)
-    except OSError:  # a mount whose daemon died: ENOTCONN
-        return True
 
 
 def _fuse_unavailable_reason() -> tuple[str, str] | None:
@@ -217,7 +222,7 @@ def _fuse_unavailable_reason() -> tuple[str, str] | None:
 
 
 def _unmount(juicefs: str, mount: Path, proc: subprocess.Popen[Any]) -> None:
-    """Unmount ``mount`` and reap its client; forced, then lazy, if a plain unmount fails (a
+    """Unmount ``mount`` and end its client; forced, then lazy, if a plain unmount fails (a
     process still holding a file there). A session that errored still leaves no mount."""
     attempts = [[juicefs, "umount", str(mount)], [juicefs, "umount", "--force", str(mount)]]
     if shutil.which("umount"):
@@ -225,11 +230,16 @@ def _unmount(juicefs: str, mount: Path, proc: subprocess.Popen[Any]) -> None:
     for command in attempts:
         if not _is_mounted(mount):
             break
-        subprocess.run(command, capture_output=True, timeout=60, check=False)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            subprocess.run(command, capture_output=True, timeout=20, check=False, cwd="/")
+    # The client is a supervisor and the FUSE server it forks, in a process group of their
+    # own: end both (once unmounted they exit by themselves; this is for one that hangs).
     try:
-        proc.wait(timeout=30)
+        proc.wait(timeout=10)
     except subprocess.TimeoutExpired:
-        stop(proc)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
     assert not _is_mounted(mount), f"{mount} is still mounted"
 
 
@@ -276,7 +286,7 @@ def juicefs(
                 start_new_session=True,  # a ^C reaches pytest, which unmounts in order
             )
         request.addfinalizer(lambda m=mount, p=proc: _unmount(binary, m, p))
-        wait_for(lambda m=mount: os.path.ismount(m), f"juicefs mount {mount}", proc, log)
+        wait_for(lambda m=mount: _is_mounted(m), f"juicefs mount {mount}", proc, log)
         mounts.append(mount)
     return JuiceFsVolume((mounts[0], mounts[1]))
 
