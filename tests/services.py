@@ -58,6 +58,37 @@ def unavailable(what: str, install: str) -> NoReturn:
     pytest.skip(f"{what} (install: {install})")
 
 
+def run_child_pytest(
+    nodes: Sequence[str], env: dict[str, str], *, ci: str | None, timeout: float
+) -> tuple[int, str]:
+    """Run test ``nodes`` in a child pytest at the repository root, as CI (``ci="true"``) or
+    as a developer (None), to check the skip-or-fail rule: this environment less pytest's and
+    CI's variables, plus ``env``, the session-start dependency check off. Exit code, output."""
+    child = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "CI"))}
+    child.update(env)
+    child["CHUNKSTORE_CHECK_TEST_DEPENDENCIES"] = "0"  # only the per-test rule is under test
+    if ci is not None:
+        child["CI"] = ci
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rfEs", *nodes],
+        cwd=Path(__file__).resolve().parents[1],
+        env=child,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    return result.returncode, result.stdout + result.stderr
+
+
+def assert_all_failed_in_ci(code: int, output: str, nodes: Sequence[str]) -> None:
+    """A child run as CI (:func:`run_child_pytest`) failed each of ``nodes``, skipped none."""
+    assert code == 1, output
+    assert "skipped" not in output, output
+    for node in nodes:
+        assert f"FAILED {node}" in output or f"ERROR {node}" in output, (node, output)
+    assert "CI must run this test" in output
+
+
 def find_binary(name: str) -> str | None:
     """Path of executable ``name`` on the tests' search path (see the module docstring)."""
     search = os.environ.get(BINARIES_ENV)
