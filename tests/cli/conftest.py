@@ -18,6 +18,7 @@ import pytest
 from chunkstore.backends._fs import FsStore
 from chunkstore.cli.main import main
 from chunkstore.testing.factories import MadeChunk, sample_chunks
+from tests.services import await_same
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 HOUR = 3600.0
@@ -110,13 +111,23 @@ class DamagedStore:
         return {n for n, c in self.manifest["chunks"].items() if c["status"] == status}
 
 
+def make_damaged(base: Path, seen: Path | None = None) -> DamagedStore:
+    """The damaged-store fixture extracted under ``base``, times shifted so its newest file is
+    an hour old. ``seen``: ``base`` through another mount of a shared volume, where the tests
+    then look at the store (once that mount shows what was written)."""
+    extract("damaged-store.tar.gz", base)
+    rebase_times(base / "store")
+    if seen is not None:
+        files = sorted(p.relative_to(base) for p in base.rglob("*") if p.is_file())
+        await_same([base / p for p in files], [seen / p for p in files])
+    manifest = json.loads((base / "manifest.json").read_text())
+    return DamagedStore((seen or base) / "store", manifest)
+
+
 @pytest.fixture
 def damaged(tmp_path: Path) -> DamagedStore:
     """The damaged-store fixture, times shifted so its newest file is an hour old."""
-    base = extract("damaged-store.tar.gz", tmp_path / "fx")
-    rebase_times(base / "store")
-    manifest = json.loads((base / "manifest.json").read_text())
-    return DamagedStore(base / "store", manifest)
+    return make_damaged(tmp_path / "fx")
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,23 +136,34 @@ class GoodStore:
 
     root: Path
     chunks: list[MadeChunk]
+    written_at: Path | None = None
+    """The same store through another mount of a shared volume, where the fixture writes and
+    backdates it; None: at ``root``."""
 
     def set_times(self, index: int, *, written_ago: float, used_ago: float) -> None:
         """Backdate chunk ``index``: written and last used that many seconds ago."""
         now = time.time()
-        path = self.root / self.chunks[index].key.path
+        relative = self.chunks[index].key.path
+        path = (self.written_at or self.root) / relative
         os.utime(path, (now - used_ago, now - written_ago))
+        if self.written_at is not None:
+            await_same([path], [self.root / relative])
+
+
+def make_good(root: Path, written_at: Path | None = None) -> GoodStore:
+    """Eight valid 8 KiB chunks of one conversation, chunk i written and used (8 - i) days
+    ago, written through ``written_at`` when given (``root`` through another mount)."""
+    chunks = sample_chunks(8)
+    with FsStore(str(written_at or root), create=True) as store:
+        for chunk in chunks:
+            store.put(chunk.key, chunk.data)
+    made = GoodStore(root, chunks, written_at)
+    for i in range(len(chunks)):
+        made.set_times(i, written_ago=(8 - i) * DAY, used_ago=(8 - i) * DAY)
+    return made
 
 
 @pytest.fixture
 def good(tmp_path: Path) -> GoodStore:
     """Eight valid 8 KiB chunks of one conversation, chunk i written and used (8 - i) days ago."""
-    root = tmp_path / "good"
-    chunks = sample_chunks(8)
-    with FsStore(str(root), create=True) as store:
-        for chunk in chunks:
-            store.put(chunk.key, chunk.data)
-    made = GoodStore(root, chunks)
-    for i in range(len(chunks)):
-        made.set_times(i, written_ago=(8 - i) * DAY, used_ago=(8 - i) * DAY)
-    return made
+    return make_good(tmp_path / "good")
