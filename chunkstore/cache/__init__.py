@@ -7,7 +7,8 @@
   write-behind, promotion and tier fail-over;
 * :class:`SlotPool` - the pool itself, which other processes can attach by name;
 * :class:`AssemblyOwner` / :class:`ShardAssembler` - TP rank processes write
-  their head shards into one shared slot per chunk, published once.
+  their head shards into one shared slot per chunk, published once (TP shard
+  assembly, all of it in :mod:`chunkstore.cache.assembly`).
 
 ``__all__`` is the cache as users drive it; the pool and assembly classes are
 importable from here too (not curated), for the vLLM adapter and advanced use.
@@ -26,13 +27,13 @@ from chunkstore.cache.policy import DEFAULT_POLICY, POLICY_NAMES, CachePolicy, m
 
 # isort: split
 # Importable here, not curated: the shared pool and TP assembly the vLLM adapter builds on.
-from chunkstore.cache._assembly import AssemblerStats as AssemblerStats
-from chunkstore.cache._assembly import ShardAssembler as ShardAssembler
-from chunkstore.cache._assembly_owner import AssemblyOwner as AssemblyOwner
-from chunkstore.cache._assembly_owner import AssemblyStats as AssemblyStats
 from chunkstore.cache._host import Adoption as Adoption
 from chunkstore.cache._pool import SlotPool as SlotPool
 from chunkstore.cache._pool import StaleSlot as StaleSlot
+from chunkstore.cache.assembly import AssemblerStats as AssemblerStats
+from chunkstore.cache.assembly import AssemblyOwner as AssemblyOwner
+from chunkstore.cache.assembly import AssemblyStats as AssemblyStats
+from chunkstore.cache.assembly import ShardAssembler as ShardAssembler
 from chunkstore.cache.policy import NoEvictableEntry as NoEvictableEntry
 
 __all__ = [

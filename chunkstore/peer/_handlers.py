@@ -19,13 +19,13 @@ from typing import Any
 import numpy as np
 
 from chunkstore.backends.base import Store, SupportsPinning, SupportsReserve, judge
+from chunkstore.cache.assembly import RankPart, ShardAssemblies
 from chunkstore.hashing import ChunkKey
 from chunkstore.peer import _protocol as P
 from chunkstore.peer._accounting import ServerAccounting
 from chunkstore.peer._errors import ProtocolViolation
 from chunkstore.peer._serverconfig import PeerServerConfig
 from chunkstore.peer._sessions import Session, SessionTable
-from chunkstore.peer._shmassembly import RankPart, ShardAssemblies
 from chunkstore.peer._shmplane import ShmPlane
 from chunkstore.peer._staging import NixlStaging
 

@@ -1,4 +1,4 @@
-"""The owner side of TP shard assembly (see :mod:`chunkstore.cache._assembly`).
+"""The owner side of TP shard assembly (see :mod:`chunkstore.cache.assembly._assembler`).
 
 The process that owns the host cache lends free slots to the rank processes,
 adopts each sealed chunk into its index exactly once (and queues it for
@@ -17,10 +17,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from chunkstore.cache._assembly import process_alive, ranks_in, wake_address
 from chunkstore.cache._host import HostCache
 from chunkstore.cache._pool import ABORTED, CLAIMED, SEALED, SEALING
 from chunkstore.cache._tiered import TieredStore
+from chunkstore.cache.assembly._assembler import process_alive, ranks_in, wake_address
 from chunkstore.errors import ConfigError
 from chunkstore.hashing import ChunkKey
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from chunkstore.cache._lease import Lease
+from chunkstore.cache.assembly._node import MAX_AGE_S, RankPart, ShardAssemblies
 from chunkstore.format import ChunkLayout
-from chunkstore.peer._shmassembly import MAX_AGE_S, RankPart, ShardAssemblies
 from chunkstore.testing.factories import MadeChunk, sample_chunks, small_spec
 
 
