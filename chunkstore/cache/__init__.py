@@ -30,10 +30,10 @@ from chunkstore.cache.policy import DEFAULT_POLICY, POLICY_NAMES, CachePolicy, m
 from chunkstore.cache._host import Adoption as Adoption
 from chunkstore.cache._pool import SlotPool as SlotPool
 from chunkstore.cache._pool import StaleSlot as StaleSlot
-from chunkstore.cache.assembly import AssemblerStats as AssemblerStats
 from chunkstore.cache.assembly import AssemblyOwner as AssemblyOwner
-from chunkstore.cache.assembly import AssemblyStats as AssemblyStats
+from chunkstore.cache.assembly import AssemblyOwnerStats as AssemblyOwnerStats
 from chunkstore.cache.assembly import ShardAssembler as ShardAssembler
+from chunkstore.cache.assembly import ShardAssemblerStats as ShardAssemblerStats
 from chunkstore.cache.policy import NoEvictableEntry as NoEvictableEntry
 
 __all__ = [

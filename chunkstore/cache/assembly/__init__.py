@@ -13,15 +13,15 @@ Two places run it:
   and publishes the chunk when every part is committed.
 """
 
-from chunkstore.cache.assembly._assembler import AssemblerStats, ShardAssembler
+from chunkstore.cache.assembly._assembler import ShardAssembler, ShardAssemblerStats
 from chunkstore.cache.assembly._node import RankPart, ShardAssemblies
-from chunkstore.cache.assembly._owner import AssemblyOwner, AssemblyStats
+from chunkstore.cache.assembly._owner import AssemblyOwner, AssemblyOwnerStats
 
 __all__ = [
-    "AssemblerStats",
     "AssemblyOwner",
-    "AssemblyStats",
+    "AssemblyOwnerStats",
     "RankPart",
     "ShardAssemblies",
     "ShardAssembler",
+    "ShardAssemblerStats",
 ]

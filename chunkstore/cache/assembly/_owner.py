@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
-class AssemblyStats:
+class AssemblyOwnerStats:
     """Counters of an :class:`AssemblyOwner`."""
 
     published: int
@@ -216,11 +216,11 @@ class AssemblyOwner:
                 self._counts["writers_lost"] += 1
         return inside == 0
 
-    def stats(self) -> AssemblyStats:
+    def stats(self) -> AssemblyOwnerStats:
         """A snapshot of the counters."""
         with self._lock:
             counts = dict(self._counts)
-        return AssemblyStats(**counts, lent=len(self.host.loans.lent()))
+        return AssemblyOwnerStats(**counts, lent=len(self.host.loans.lent()))
 
     def close(self) -> None:
         """Stop the thread after one last pass (so sealed chunks are published). Idempotent.
