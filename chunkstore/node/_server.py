@@ -9,7 +9,9 @@ the pool and read or write chunks in place (spec/PROTOCOL.md, plane ``shm``).
 
 from __future__ import annotations
 
+from chunkstore.node._clientseries import NodeClientSeries
 from chunkstore.node._shmplane import ShmPlane
+from chunkstore.peer._accounting import ClientSeries
 from chunkstore.peer._handlers import SlotPlane
 from chunkstore.peer._server import PeerServer
 
@@ -22,6 +24,9 @@ class NodeServer(PeerServer):
     With ``seal_layout`` (the served model's chunk layout) it seals the chunks whose parts
     the ranks of TP engines write.
     """
+
+    def _client_series(self) -> ClientSeries | None:
+        return NodeClientSeries(self.metrics, lambda: self.name)
 
     def _open_slot_plane(self) -> tuple[SlotPlane | None, str | None]:
         return ShmPlane.open(self.store, valid=self._valid, seal_layout=self.config.seal_layout)

@@ -23,7 +23,7 @@ from typing import Any
 from chunkstore.backends.base import Store
 from chunkstore.errors import ConfigError, MissingDependency
 from chunkstore.peer import _protocol as P
-from chunkstore.peer._accounting import ServerAccounting
+from chunkstore.peer._accounting import ClientSeries, ServerAccounting
 from chunkstore.peer._discovery import PeerInfo
 from chunkstore.peer._errors import ProtocolViolation
 from chunkstore.peer._handlers import RequestHandlers, SlotPlane, push_check
@@ -92,7 +92,9 @@ class PeerServer:
         self.codec = P.Codec(self._secret, config.limits)
         self.metrics = metrics or default_peer_metrics()
         """Where the ``chunkstore_peer_server_*`` metrics go (labelled by :attr:`name`)."""
-        self._accounting = ServerAccounting(self.metrics, lambda: self.name)
+        self._accounting = ServerAccounting(
+            self.metrics, lambda: self.name, client_series=self._client_series()
+        )
         self._valid = push_check(config, self._accounting, lambda: self.name)
         """The check of every chunk a client sends (push, commit)."""
         self._sessions = SessionTable(config, self._accounting, self._forget)
@@ -188,6 +190,11 @@ class PeerServer:
         if not self.planes:
             reasons = "; ".join(r for r in (self.shm_reason, self.nixl_reason) if r)
             raise ConfigError(f"no data plane left to offer: {reasons}")
+
+    def _client_series(self) -> ClientSeries | None:
+        """Where each client's chunk counts go: only a node service counts them (its
+        clients are the engines of the machine, fetching over ``shm``)."""
+        return None
 
     def _open_slot_plane(self) -> tuple[SlotPlane | None, str | None]:
         """The ``shm`` plane, or ``None`` and why it cannot be offered: only the node

@@ -314,7 +314,8 @@ class SessionTable:
             self._accounting.leases_open(open_leases)
         if dropped:
             self._sessions_changed()
-        self._accounting.client_series.retire()
+        if self._accounting.client_series is not None:
+            self._accounting.client_series.retire()
 
     def clear(self) -> None:
         """End every session and release every lease (the server stops)."""
