@@ -9,7 +9,7 @@ connection closes, so a killed client leaks nothing) and replies
 A write reserves slots the client fills in place; on commit the server
 checks every chunk (the socket is the trust boundary: a client may be buggy)
 before it is published and queued for write-behind. The ranks of a TP engine
-reserve the same slot, one part each (:class:`~chunkstore.cache.assembly.ShardAssemblies`).
+reserve the same slot, one part each (:class:`~chunkstore.cache.assembly.NodeAssemblies`).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import numpy as np
 from chunkstore.backends.base import Store, SupportsPinning, SupportsReserve
 from chunkstore.cache._lease import Lease
 from chunkstore.cache._pool import SlotPool
-from chunkstore.cache.assembly import RankPart, ShardAssemblies
+from chunkstore.cache.assembly import NodeAssemblies, RankPart
 from chunkstore.format import ChunkLayout
 from chunkstore.hashing import ChunkKey
 from chunkstore.peer import _protocol as P
@@ -68,7 +68,7 @@ class ShmPlane:
         self._reserving: SupportsReserve = store
         self._valid = valid
         self._assemblies = (
-            ShardAssemblies(store, seal_layout, valid) if seal_layout is not None else None
+            NodeAssemblies(store, seal_layout, valid) if seal_layout is not None else None
         )
         self.pool = pool
         """The shared pool clients map."""
