@@ -217,8 +217,8 @@ def test_every_store_cache_and_peer_option_is_documented() -> None:
     """Every keyword option of the stores, caches and peers is named in code on its page."""
     from chunkstore.backends._fs import FsStore
     from chunkstore.cache import HostCache, TieredStore
-    from chunkstore.cache._assembly import ShardAssembler
-    from chunkstore.cache._assembly_owner import AssemblyOwner
+    from chunkstore.cache.assembly._assembler import ShardAssembler
+    from chunkstore.cache.assembly._owner import AssemblyOwner
 
     pages: dict[str, list[str]] = {
         "stores.md": _keyword_options(FsStore.__init__, "fs"),

@@ -1,6 +1,6 @@
 """Node service benchmark: eight engine processes sharing one host cache vs one in-process cache.
 
-A node service (a PeerServer on a unix socket, plane ``shm``, over a HostCache in
+A node service (a NodeServer on a unix socket, plane ``shm``, over a HostCache in
 ``/dev/shm``) holds a conversation of 256-token chunks; ``--clients`` processes
 attach with :class:`~chunkstore.node.NodeStore` and, each for ``--seconds``:
 
@@ -84,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
         print("skipped: the node service needs pyzmq (pip install 'chunkstore[peer]')")
         return 0
     from chunkstore.cache import HostCache
-    from chunkstore.peer import PeerServer
+    from chunkstore.node import NodeServer
 
     chunks = _chunks(args.chunks)
     size = len(chunks[0].data)
@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
     host.put_many([(c.key, c.data) for c in chunks])
     with tempfile.TemporaryDirectory() as tmp:
         socket = os.path.join(tmp, "node.sock")
-        server = PeerServer(
+        server = NodeServer(
             host, bind=f"ipc://{socket}", planes=("shm",), use_env_secret=False
         ).start()
         ctx = mp.get_context("spawn")

@@ -1,14 +1,16 @@
 """Chunk stores: the interface (``base``) and its implementations, one module each.
 
 ``__all__`` is what users of stores need: open one by URL, the interface, its
-optional capabilities, the in-process store and the wrapper base. The filesystem
-and S3 stores are reached through :func:`open_store` (or their modules,
-``chunkstore.backends._fs`` / ``.s3``, for their options).
+optional capabilities, the in-process store, the wrapper base and the wrappers
+built on it (zstd compression). The filesystem and S3 stores are reached
+through :func:`open_store` (or their modules, ``chunkstore.backends._fs`` /
+``.s3``, for their options).
 """
 
 from chunkstore.backends._memory import MemoryStore
 from chunkstore.backends._registry import open_store, register_scheme
 from chunkstore.backends._wrapper import WrapperStore
+from chunkstore.backends._zstd import ZstdStore
 from chunkstore.backends.base import (
     ChunkInfo,
     Store,
@@ -31,6 +33,7 @@ __all__ = [
     "SupportsModelRecords",
     "SupportsRangedRead",
     "WrapperStore",
+    "ZstdStore",
     "open_store",
     "register_scheme",
 ]

@@ -7,7 +7,8 @@
   write-behind, promotion and tier fail-over;
 * :class:`SlotPool` - the pool itself, which other processes can attach by name;
 * :class:`AssemblyOwner` / :class:`ShardAssembler` - TP rank processes write
-  their head shards into one shared slot per chunk, published once.
+  their head shards into one shared slot per chunk, published once (TP shard
+  assembly, all of it in :mod:`chunkstore.cache.assembly`).
 
 ``__all__`` is the cache as users drive it; the pool and assembly classes are
 importable from here too (not curated), for the vLLM adapter and advanced use.
@@ -34,13 +35,13 @@ if TYPE_CHECKING:
 
     # isort: split
     # Importable here, not curated: the shared pool and TP assembly the vLLM adapter builds on.
-    from chunkstore.cache._assembly import AssemblerStats as AssemblerStats
-    from chunkstore.cache._assembly import ShardAssembler as ShardAssembler
-    from chunkstore.cache._assembly_owner import AssemblyOwner as AssemblyOwner
-    from chunkstore.cache._assembly_owner import AssemblyStats as AssemblyStats
     from chunkstore.cache._host import Adoption as Adoption
     from chunkstore.cache._pool import SlotPool as SlotPool
     from chunkstore.cache._pool import StaleSlot as StaleSlot
+    from chunkstore.cache.assembly import AssemblyOwner as AssemblyOwner
+    from chunkstore.cache.assembly import AssemblyOwnerStats as AssemblyOwnerStats
+    from chunkstore.cache.assembly import ShardAssembler as ShardAssembler
+    from chunkstore.cache.assembly import ShardAssemblerStats as ShardAssemblerStats
 
 # Note: the host cache, its pool and the tiered store pull in numpy, the backends and
 # prometheus_client; they load on first use, as do the policy classes (make_policy imports
@@ -56,10 +57,10 @@ _LAZY = {
     "TieredStats": "chunkstore.cache._tiered",
     "TieredStore": "chunkstore.cache._tiered",
     "TierStats": "chunkstore.cache._tiered",
-    "AssemblerStats": "chunkstore.cache._assembly",
-    "ShardAssembler": "chunkstore.cache._assembly",
-    "AssemblyOwner": "chunkstore.cache._assembly_owner",
-    "AssemblyStats": "chunkstore.cache._assembly_owner",
+    "ShardAssembler": "chunkstore.cache.assembly",
+    "ShardAssemblerStats": "chunkstore.cache.assembly",
+    "AssemblyOwner": "chunkstore.cache.assembly",
+    "AssemblyOwnerStats": "chunkstore.cache.assembly",
     "SlotPool": "chunkstore.cache._pool",
     "StaleSlot": "chunkstore.cache._pool",
 }

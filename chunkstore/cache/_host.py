@@ -162,7 +162,7 @@ class HostCache(Store):
         self._rejected = 0
         self._closed = False
         self.loans = SlotLoans(self)
-        """Slots on loan to TP rank processes (:mod:`chunkstore.cache._assembly`): out of the
+        """Slots on loan to TP rank processes (:mod:`chunkstore.cache.assembly`): out of the
         free list and of the index until adopted (sealed chunk) or recalled."""
 
     # --- capabilities / stats -------------------------------------------------------------

@@ -3,7 +3,7 @@
 A :class:`~chunkstore.cache._host.HostCache` stores chunks; its
 :class:`SlotLoans` (``cache.loans``) keeps a few of its slots out of the cache,
 in state ``LENT``, so rank processes can claim them without a round trip
-(:mod:`chunkstore.cache._assembly`). A lent slot comes back by adoption (the
+(:mod:`chunkstore.cache.assembly`). A lent slot comes back by adoption (the
 ranks sealed a chunk in it: it is published as a cached chunk), by being taken
 back (its claim was aborted: it is lent again) or by a recall (nobody claimed
 it: it is free again).
@@ -35,7 +35,7 @@ class SlotLoans:
 
         Lends free slots first and evicts (by policy, never a pinned or
         unpersisted chunk) when there are none. Used by
-        :class:`~chunkstore.cache._assembly_owner.AssemblyOwner`.
+        :class:`~chunkstore.cache.assembly._owner.AssemblyOwner`.
         """
         cache = self._cache
         pool = cache.pool

@@ -33,9 +33,9 @@ What is shared, and how races are avoided:
 * Limit: read pins held by a process that crashes are never released; such
   slots stay out of use until the pool is recreated. (Shard writers of a TP
   claim are tracked per rank instead, so a crashed writer is detected; see
-  :mod:`chunkstore.cache._assembly`.)
+  :mod:`chunkstore.cache.assembly`.)
 * The claim fields (``tp`` .. ``claimed_at``) and the states ``LENT`` ..
-  ``ABORTED`` belong to TP shard assembly (:mod:`chunkstore.cache._assembly`):
+  ``ABORTED`` belong to TP shard assembly (:mod:`chunkstore.cache.assembly`):
   the owner lends free slots, rank processes claim one per key, write their
   shards into it and seal it, and the owner adopts the sealed chunk.
 

@@ -117,10 +117,10 @@ def start_node(context: ServeContext) -> Stop | None:
     args = context.args
     if args.node is None:
         return None
-    from chunkstore.peer import PeerServer
+    from chunkstore.node import NodeServer
 
     options = _options(args)
-    server = PeerServer(context.store, **options).start()
+    server = NodeServer(context.store, **options).start()
     host = context.store.host
     context.announce(
         f"node: {options['bind'].removeprefix('ipc://')} (pool /dev/shm/{host.pool.name}, "

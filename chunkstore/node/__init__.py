@@ -1,7 +1,8 @@
 """One host cache per machine: engines attach to the node service of ``chunkstore serve --node``.
 
-The service (a :class:`~chunkstore.peer.PeerServer` on a unix socket, plane
-``shm``) owns the host slot pool in ``/dev/shm``, the replacement policy, the
+Both halves of the service are here. :class:`NodeServer` (a
+:class:`~chunkstore.peer.PeerServer` on a unix socket that offers the ``shm``
+plane) owns the host slot pool in ``/dev/shm``, the replacement policy, the
 tiers and the write-behind; every engine of the machine maps the pool and
 reads or writes chunks in place. :class:`NodeClient` is one engine's
 attachment; :class:`NodeStore` is the Store over it. See docs/cache.md
@@ -17,6 +18,7 @@ from chunkstore.node._client import (
     engine_identity,
     node_endpoint,
 )
+from chunkstore.node._server import NodeServer
 from chunkstore.node._store import NodeStore
 
 __all__ = [
@@ -24,6 +26,7 @@ __all__ = [
     "NodeRead",
     "NodeRefused",
     "NodeReservation",
+    "NodeServer",
     "NodeStore",
     "RankShare",
     "engine_identity",

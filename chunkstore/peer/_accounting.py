@@ -8,10 +8,27 @@ from __future__ import annotations
 
 import threading
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
+from typing import Protocol
 
-from chunkstore.peer._clientseries import NodeClientSeries
 from chunkstore.peer._metrics import PeerMetrics
+
+
+class ClientSeries(Protocol):
+    """The per-client chunk counts of a node service
+    (:class:`chunkstore.node._clientseries.NodeClientSeries`)."""
+
+    def attached(self, clients: Iterable[str]) -> None:
+        """The clients attached now, by name."""
+        ...
+
+    def served(self, client: str, hits: int, misses: int) -> None:
+        """Client ``client`` asked for ``hits + misses`` chunks."""
+        ...
+
+    def retire(self) -> int:
+        """Drop the series of clients long gone; how many."""
+        ...
 
 
 class ServerAccounting:
@@ -23,7 +40,7 @@ class ServerAccounting:
         metrics: PeerMetrics,
         name: Callable[[], str],
         *,
-        client_series: NodeClientSeries | None = None,
+        client_series: ClientSeries | None = None,
     ) -> None:
         self.metrics = metrics
         """Where the ``chunkstore_peer_server_*`` metrics go."""
@@ -31,8 +48,9 @@ class ServerAccounting:
         self._counts: Counter[str] = Counter()
         self._lock = threading.Lock()
         self._clients: set[str] = set()
-        self.client_series = client_series or NodeClientSeries(metrics, name)
-        """The per-client chunk counts of a node service (bounded over detached clients)."""
+        self.client_series = client_series
+        """The per-client chunk counts of a node service (bounded over detached clients);
+        ``None`` for other servers, whose clients get no chunk counts of their own."""
 
     def count(self, what: str, n: int = 1) -> None:
         """Add ``n`` to the ``stats`` counter ``what``."""
@@ -88,7 +106,7 @@ class ServerAccounting:
     def node_clients(self, attached: dict[str, int]) -> None:
         """The node clients now attached (client name -> connections); clients that left
         lose their per-client lease gauge at once, and their chunk counts after a grace
-        period (:class:`NodeClientSeries`)."""
+        period (:attr:`client_series`)."""
         name = self._name()
         self.metrics.node_clients.labels(name).set(sum(attached.values()))
         with self._lock:
@@ -98,7 +116,8 @@ class ServerAccounting:
                 self.metrics.node_client_leases.remove(name, client)
             except KeyError:
                 pass
-        self.client_series.attached(attached)
+        if self.client_series is not None:
+            self.client_series.attached(attached)
 
     def client_leases(self, client: str, count: int) -> None:
         """Node client ``client`` now holds ``count`` leases."""
@@ -106,4 +125,5 @@ class ServerAccounting:
 
     def client_served(self, client: str, hits: int, misses: int) -> None:
         """Node client ``client`` asked for ``hits + misses`` chunks."""
-        self.client_series.served(client, hits, misses)
+        if self.client_series is not None:
+            self.client_series.served(client, hits, misses)

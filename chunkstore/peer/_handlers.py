@@ -14,9 +14,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from functools import partial
-from typing import Any
-
-import numpy as np
+from typing import Any, Protocol
 
 from chunkstore.backends.base import Store, SupportsPinning, SupportsReserve, judge
 from chunkstore.hashing import ChunkKey
@@ -25,8 +23,6 @@ from chunkstore.peer._accounting import ServerAccounting
 from chunkstore.peer._errors import ProtocolViolation
 from chunkstore.peer._serverconfig import PeerServerConfig
 from chunkstore.peer._sessions import Session, SessionTable
-from chunkstore.peer._shmassembly import RankPart, ShardAssemblies
-from chunkstore.peer._shmplane import ShmPlane
 from chunkstore.peer._staging import NixlStaging
 
 log = logging.getLogger(__name__)
@@ -34,13 +30,68 @@ log = logging.getLogger(__name__)
 Result = tuple[dict[str, Any], Sequence[Any], Callable[[], None] | None]
 """Reply fields, data frames, and what to call once the frames are sent."""
 
+Validity = Callable[[ChunkKey, Any], bool]
+"""Whether a chunk a client sent may be stored under its key (see :func:`push_check`)."""
+
+
+class SlotPlane(Protocol):
+    """A data plane lending the slots of a pool its clients map: the node service's ``shm``
+    (:class:`chunkstore.node.NodeServer`). Reads name pinned slots; writes reserve slots
+    the client fills in place. Each call answers a request of a session offered the plane."""
+
+    def hello_fields(self, slot_size: int | None) -> dict[str, Any]:
+        """What a client needs to map the pool; ProtocolViolation when its chunks, of
+        ``slot_size`` bytes, are not the pool's."""
+        ...
+
+    def lend(self, keys: Sequence[ChunkKey]) -> tuple[list[Any], list[Callable[[], None]]]:
+        """Pin each held chunk in its slot: the reply items and the calls that unpin."""
+        ...
+
+    def reserve(
+        self, body: dict[str, Any], keys: list[ChunkKey], present: list[bool], owner: Session
+    ) -> tuple[list[Any], list[Any], list[Callable[[], None]]]:
+        """A writable slot per key not ``present``, for the ``reserve`` request ``body`` of
+        ``owner``: the reply items, what the lease holds, and the calls that abort."""
+        ...
+
+    def commit(self, held: list[Any], sizes: list[int]) -> list[bool]:
+        """Publish (or give back, size 0) what a lease holds; per key: stored."""
+        ...
+
+    def session_ended(self, session: Session) -> None:
+        """Give up what ``session`` was still writing."""
+        ...
+
+
+def push_check(
+    config: PeerServerConfig, accounting: ServerAccounting, name: Callable[[], str]
+) -> Validity:
+    """The check every chunk a client sends (push, commit) passes before it is stored."""
+
+    def valid(key: ChunkKey, blob: Any) -> bool:
+        if not config.verify_push:
+            return True
+        # Every verdict but OK turns a push away: the server stores only chunks it can check
+        # as the one named (not a newer chunkstore's, not another model's, not damaged).
+        judgement = judge(key, blob, expected_fingerprint=config.fingerprint)
+        if not judgement.ok:
+            log.warning(
+                "peer server %s: pushed chunk %s refused: %s", name(), key.hex, judgement.error
+            )
+            accounting.count("pushed_corrupt")
+        return judgement.ok
+
+    return valid
+
 
 class RequestHandlers:
     """Answers the requests of one peer server over ``store``.
 
     ``planes`` and ``nixl_reason`` are what the server offers after starting NIXL
-    (``staging`` is its NIXL side, ``None`` without NIXL); ``name`` and ``stats``
-    give the server's name and ``stats`` record.
+    (``staging`` is its NIXL side, ``None`` without NIXL; ``shm`` its slot plane, ``None``
+    without one); ``name`` and ``stats`` give the server's name and ``stats`` record;
+    ``valid`` checks what clients send (:func:`push_check`).
     """
 
     def __init__(
@@ -55,7 +106,8 @@ class RequestHandlers:
         nixl_reason: str | None,
         name: Callable[[], str],
         stats: Callable[[], dict[str, Any]],
-        shm: ShmPlane | None = None,
+        valid: Validity,
+        shm: SlotPlane | None = None,
     ) -> None:
         self.store = store
         self.config = config
@@ -67,13 +119,7 @@ class RequestHandlers:
         self._name = name
         self._stats = stats
         self._shm = shm
-        self._assemblies = (
-            ShardAssemblies(store, config.seal_layout, self._valid)
-            if shm is not None
-            and config.seal_layout is not None
-            and isinstance(store, SupportsReserve)
-            else None
-        )
+        self._valid = valid
         self._pinning = store if isinstance(store, SupportsPinning) else None
         self._reserving = store if isinstance(store, SupportsReserve) else None
         self._ops: dict[str, Callable[[dict[str, Any], list[Any]], Result | None]] = {
@@ -125,8 +171,10 @@ class RequestHandlers:
                 f"this peer serves {cfg.chunk_tokens}-token chunks, the client uses {tokens}",
             )
         planes = tuple(p for p in self._planes if p in body["planes"])
+        shm_fields: dict[str, Any] = {}
         if P.PLANE_SHM in planes:
-            self._check_geometry(body.get("slot_size"))
+            assert self._shm is not None  # shm is offered only with its plane
+            shm_fields = self._shm.hello_fields(body.get("slot_size"))
         nixl_reason = self._nixl_reason
         staging = self._staging
         remote = None
@@ -165,29 +213,18 @@ class RequestHandlers:
         if staging is not None and P.PLANE_NIXL in planes:
             reply["nixl_md"] = staging.endpoint.metadata()
             reply["nixl_agent"] = staging.endpoint.name
-        if self._shm is not None and P.PLANE_SHM in planes:
-            reply.update(self._shm.hello_fields())
+        reply.update(shm_fields)
         return reply, (), None
-
-    def _check_geometry(self, slot_size: int | None) -> None:
-        """A node client's chunks must be the size of the pool's slots (one chunk per slot)."""
-        assert self._shm is not None  # shm is offered only with its plane
-        served = self._shm.pool.slot_size
-        if slot_size is not None and slot_size != served:
-            raise ProtocolViolation(
-                P.GEOMETRY_MISMATCH,
-                f"this node's pool has {served}-byte slots, the client's chunks are "
-                f"{slot_size} bytes (other model, dtype or chunk size)",
-            )
 
     def _op_bye(self, body: dict[str, Any], data: list[Any]) -> Result:
         self._sessions.end(body["s"])
         return {}, (), None
 
     def session_ended(self, session: Session) -> None:
-        """Give up the TP chunks ``session``'s rank joined and that are not whole yet."""
-        if self._assemblies is not None:
-            self._assemblies.owner_gone(session)
+        """Give up what ``session`` was still writing over the slot plane (the TP chunks
+        its rank joined and that are not whole yet)."""
+        if self._shm is not None:
+            self._shm.session_ended(session)
 
     def _session_with_plane(self, session_id: bytes, plane: str) -> Session:
         session = self._sessions.get(session_id)
@@ -394,27 +431,11 @@ class RequestHandlers:
             count=self._accounting.count,
         )
 
-    def _valid(self, key: ChunkKey, blob: Any) -> bool:
-        if not self.config.verify_push:
-            return True
-        # Every verdict but OK turns a push away: the server stores only chunks it can check
-        # as the one named (not a newer chunkstore's, not another model's, not damaged).
-        judgement = judge(key, blob, expected_fingerprint=self.config.fingerprint)
-        if not judgement.ok:
-            log.warning(
-                "peer server %s: pushed chunk %s refused: %s",
-                self._name(),
-                key.hex,
-                judgement.error,
-            )
-            self._accounting.count("pushed_corrupt")
-        return judgement.ok
-
     def _op_reserve(self, body: dict[str, Any], data: list[Any]) -> Result:
         if self.config.read_only:
             raise ProtocolViolation(P.READ_ONLY, "this node does not accept chunks")
         keys = P.unpack_keys(body["keys"], self.config.limits)
-        self._session_with_plane(body["s"], body["plane"])
+        session = self._session_with_plane(body["s"], body["plane"])
         if body["plane"] != P.PLANE_SHM:
             raise ProtocolViolation(P.DATAPLANE_UNAVAILABLE, "reserve is for the shm plane only")
         assert self._shm is not None
@@ -423,53 +444,9 @@ class RequestHandlers:
             if body["mode"] == "if_absent" and keys
             else [False] * len(keys)
         )
-        if body.get("tp", 1) > 1:
-            items, held, releases = self._reserve_parts(body, keys, present)
-        else:
-            items, leases, releases = self._shm.reserve(keys, present)
-            held = list(leases)
+        items, held, releases = self._shm.reserve(body, keys, present, session)
         lease_id = self._sessions.open_lease(body["s"], releases, None, held=held)
         return {"lease": lease_id, "items": items, "present": list(present)}, (), None
-
-    def _reserve_parts(
-        self, body: dict[str, Any], keys: list[ChunkKey], present: list[bool]
-    ) -> tuple[list[Any], list[Any], list[Callable[[], None]]]:
-        """A TP rank's reservations: the shared slot of each chunk it writes a part of."""
-        if self._assemblies is None:
-            raise ProtocolViolation(
-                P.DATAPLANE_UNAVAILABLE,
-                "this node cannot assemble TP chunks (start it with the model's --spec)",
-            )
-        tp, rank = body["tp"], body.get("rank", -1)
-        parents, tokens = body.get("parents"), body.get("tokens")
-        if not 0 <= rank < tp or parents is None or tokens is None:
-            raise ProtocolViolation(P.MALFORMED, "reserve: tp needs a rank below it")
-        if len(parents) != 32 * len(keys) or len(tokens) != len(keys):
-            raise ProtocolViolation(P.MALFORMED, "reserve: one parent and token list per key")
-        session = self._sessions.get(body["s"])
-        engine = body.get("engine")
-        items: list[Any] = []
-        held: list[Any] = []
-        releases: list[Callable[[], None]] = []
-        for i, (key, here) in enumerate(zip(keys, present)):
-            part = RankPart(key, rank, engine)
-            ids = np.frombuffer(tokens[i], dtype="<u4").tolist()
-            item = (
-                None
-                if here
-                else self._assemblies.join(
-                    part,
-                    tp=tp,
-                    parent=parents[32 * i : 32 * i + 32],
-                    tokens=ids,
-                    owner=session,
-                )
-            )
-            items.append(item)
-            held.append(part if item is not None else None)
-            if item is not None:
-                releases.append(partial(self._assemblies.leave, part))
-        return items, held, releases
 
     def _op_commit(self, body: dict[str, Any], data: list[Any]) -> Result:
         lease = self._sessions.take_lease(body["s"], body["lease"])
@@ -483,27 +460,10 @@ class RequestHandlers:
                 P.MALFORMED, "commit: names a reservation and one size per reserved key"
             )
         assert self._shm is not None  # reservations exist only with the shm plane
-        if any(isinstance(part, RankPart) for part in lease.held):
-            stored = self._commit_parts(lease.held, sizes)
-        else:
-            stored = self._shm.commit(lease.held, sizes, self._valid)
+        stored = self._shm.commit(lease.held, sizes)
         nbytes = sum(size for size, ok in zip(sizes, stored) if ok)
         self._accounting.taken_in(P.PLANE_SHM, nbytes, sum(stored))
         return {"stored": stored}, (), None
-
-    def _commit_parts(self, parts: list[Any], sizes: list[int]) -> list[bool]:
-        """A TP rank's parts are written (size > 0) or given up (0); per part: accepted."""
-        assert self._assemblies is not None  # parts exist only with assemblies
-        stored = []
-        for part, size in zip(parts, sizes):
-            if not isinstance(part, RankPart):
-                stored.append(False)
-            elif size == 0:
-                self._assemblies.leave(part)
-                stored.append(False)
-            else:
-                stored.append(self._assemblies.part_done(part))
-        return stored
 
     def _op_delete(self, body: dict[str, Any], data: list[Any]) -> Result:
         if self.config.read_only:

@@ -23,15 +23,14 @@ from typing import Any
 from chunkstore.backends.base import Store
 from chunkstore.errors import ConfigError, MissingDependency
 from chunkstore.peer import _protocol as P
-from chunkstore.peer._accounting import ServerAccounting
+from chunkstore.peer._accounting import ClientSeries, ServerAccounting
 from chunkstore.peer._discovery import PeerInfo
 from chunkstore.peer._errors import ProtocolViolation
-from chunkstore.peer._handlers import RequestHandlers
+from chunkstore.peer._handlers import RequestHandlers, SlotPlane, push_check
 from chunkstore.peer._localsocket import BoundSocket, bind_owner_only
 from chunkstore.peer._metrics import PeerMetrics, default_peer_metrics
 from chunkstore.peer._serverconfig import PeerServerConfig, check_server_config, is_local
 from chunkstore.peer._sessions import Session, SessionTable
-from chunkstore.peer._shmplane import ShmPlane
 from chunkstore.peer._staging import NixlStaging
 
 log = logging.getLogger(__name__)
@@ -93,7 +92,11 @@ class PeerServer:
         self.codec = P.Codec(self._secret, config.limits)
         self.metrics = metrics or default_peer_metrics()
         """Where the ``chunkstore_peer_server_*`` metrics go (labelled by :attr:`name`)."""
-        self._accounting = ServerAccounting(self.metrics, lambda: self.name)
+        self._accounting = ServerAccounting(
+            self.metrics, lambda: self.name, client_series=self._client_series()
+        )
+        self._valid = push_check(config, self._accounting, lambda: self.name)
+        """The check of every chunk a client sends (push, commit)."""
         self._sessions = SessionTable(config, self._accounting, self._forget)
         self._handlers: RequestHandlers | None = None
         # Replies for the I/O thread: (frames, on_sent, on_dropped); see _queue_reply.
@@ -109,7 +112,7 @@ class PeerServer:
         self._start_error: BaseException | None = None
         self._pool: ThreadPoolExecutor | None = None
         self._staging: NixlStaging | None = None
-        self._shm: ShmPlane | None = None
+        self._shm: SlotPlane | None = None
         self._local = is_local(config)
         self._bound: BoundSocket | None = None
         self._monitor: Any = None
@@ -149,6 +152,7 @@ class PeerServer:
             nixl_reason=self.nixl_reason,
             name=lambda: self.name,
             stats=self.stats,
+            valid=self._valid,
             shm=self._shm,
         )
         self._pool = ThreadPoolExecutor(self.config.workers, thread_name_prefix="peer-worker")
@@ -175,7 +179,7 @@ class PeerServer:
         """Open each data plane asked for; drop (with its reason) one that cannot start."""
         planes = tuple(self.config.planes)
         if P.PLANE_SHM in planes:
-            self._shm, self.shm_reason = ShmPlane.open(self.store)
+            self._shm, self.shm_reason = self._open_slot_plane()
             planes = tuple(p for p in planes if p != P.PLANE_SHM or self._shm is not None)
         if P.PLANE_NIXL in planes:
             self._staging, self.nixl_reason = NixlStaging.open(
@@ -186,6 +190,16 @@ class PeerServer:
         if not self.planes:
             reasons = "; ".join(r for r in (self.shm_reason, self.nixl_reason) if r)
             raise ConfigError(f"no data plane left to offer: {reasons}")
+
+    def _client_series(self) -> ClientSeries | None:
+        """Where each client's chunk counts go: only a node service counts them (its
+        clients are the engines of the machine, fetching over ``shm``)."""
+        return None
+
+    def _open_slot_plane(self) -> tuple[SlotPlane | None, str | None]:
+        """The ``shm`` plane, or ``None`` and why it cannot be offered: only the node
+        service (:class:`chunkstore.node.NodeServer`) lends slots of a shared pool."""
+        return None, "the shm plane is the node service's (serve with chunkstore.node.NodeServer)"
 
     def stop(self) -> None:
         """Stop serving; releases every lease and pin. Idempotent."""

@@ -48,7 +48,7 @@ class Session:
 
 
 @dataclass
-class Lease:
+class SessionLease:
     """Pins a session holds until release or expiry."""
 
     session: bytes
@@ -61,7 +61,7 @@ class Lease:
     """What the lease holds, for the operation that finishes it (a reservation's slots)."""
 
 
-def release_pins(lease: Lease) -> None:
+def release_pins(lease: SessionLease) -> None:
     """Give back every pin of ``lease``; one failing unpin does not keep the others."""
     for release in lease.releases:
         try:
@@ -87,7 +87,7 @@ class SessionTable:
         self._accounting = accounting
         self._forget = forget
         self._sessions: dict[bytes, Session] = {}
-        self._leases: dict[bytes, Lease] = {}
+        self._leases: dict[bytes, SessionLease] = {}
         self._lock = threading.Lock()
 
     # --- sessions -------------------------------------------------------------------------
@@ -212,7 +212,7 @@ class SessionTable:
         lease_id = P.new_token(P.LEASE_BYTES)
         if releases:
             expires = float("inf") if lease_ms is None else time.monotonic() + lease_ms / 1000
-            lease = Lease(session_id, expires, releases, held or [])
+            lease = SessionLease(session_id, expires, releases, held or [])
             with self._lock:
                 # The session may have ended while its request ran (its connection closed):
                 # a lease stored now would never be released.
@@ -226,7 +226,7 @@ class SessionTable:
             self._leases_changed(open_leases, [session_id])
         return lease_id
 
-    def take_lease(self, session_id: bytes, lease_id: bytes) -> Lease | None:
+    def take_lease(self, session_id: bytes, lease_id: bytes) -> SessionLease | None:
         """Remove a lease of this session without releasing it (its holder finishes it);
         ``None`` when it is unknown, ended or another session's."""
         with self._lock:
@@ -279,7 +279,7 @@ class SessionTable:
         self._leases_changed(open_leases, [session_id])
         return True
 
-    def _pop_leases_of(self, session_id: bytes | None) -> list[Lease]:
+    def _pop_leases_of(self, session_id: bytes | None) -> list[SessionLease]:
         """Remove the leases of one session (caller holds the lock)."""
         return [
             self._leases.pop(k) for k, v in list(self._leases.items()) if v.session == session_id
@@ -291,7 +291,7 @@ class SessionTable:
         """Release expired leases, end sessions idle longer than ``session_idle_s``, and
         retire the chunk counts of node clients detached past their grace period."""
         now = time.monotonic()
-        expired: list[Lease] = []
+        expired: list[SessionLease] = []
         dropped: list[Session] = []
         with self._lock:
             for lease_id in [k for k, v in self._leases.items() if v.expires <= now]:
@@ -314,7 +314,8 @@ class SessionTable:
             self._accounting.leases_open(open_leases)
         if dropped:
             self._sessions_changed()
-        self._accounting.client_series.retire()
+        if self._accounting.client_series is not None:
+            self._accounting.client_series.retire()
 
     def clear(self) -> None:
         """End every session and release every lease (the server stops)."""

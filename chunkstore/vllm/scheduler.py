@@ -23,7 +23,7 @@ from typing import Any
 
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
-from chunkstore.hashing import ChunkKey, chain_digest, namespace_of, tokens_as_le_u32
+from chunkstore.hashing import ChunkKey
 from chunkstore.vllm.config import ConnectorConfig
 from chunkstore.vllm.counters import Counters
 from chunkstore.vllm.engine import EngineKV
@@ -96,12 +96,8 @@ class ChunkStoreScheduler:
         # (and is cached for the rest of the request).
         want = min(num_tokens, len(tokens)) // c
         if want > len(st.keys):
-            namespace = namespace_of(st.root)
-            parent = st.keys[-1].digest if st.keys else st.root
-            data = tokens_as_le_u32(list(tokens[len(st.keys) * c : want * c])).tobytes()
-            for i in range(want - len(st.keys)):
-                parent = chain_digest(parent, data[i * c * 4 : (i + 1) * c * 4])
-                st.keys.append(ChunkKey(parent, namespace))
+            after = st.keys[-1] if st.keys else None
+            st.keys += self.engine.keys(list(tokens[len(st.keys) * c : want * c]), st.root, after)
         return st.keys[:want]
 
     # --- lookups ----------------------------------------------------------------

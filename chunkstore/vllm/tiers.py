@@ -15,7 +15,6 @@ and only then does the scheduler let vLLM allocate device blocks for it.
 
 from __future__ import annotations
 
-import builtins
 import logging
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -24,11 +23,9 @@ from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar, cast
 
-from chunkstore.backends import Store
+from chunkstore.backends import Store, ZstdStore
 from chunkstore.backends._models import record_model
 from chunkstore.backends._registry import open_for_option
-from chunkstore.backends._wrapper import WrapperStore
-from chunkstore.backends.base import Buffer
 from chunkstore.cache import (
     DEFAULT_POLICY,
     AssemblyOwner,
@@ -38,7 +35,7 @@ from chunkstore.cache import (
 )
 from chunkstore.cache._lease import Lease
 from chunkstore.errors import StoreError
-from chunkstore.format import ChunkLayout, hot_bytes, recompress, seal_chunk
+from chunkstore.format import ChunkLayout, seal_chunk
 from chunkstore.hashing import ChunkKey
 from chunkstore.node import NodeReservation
 from chunkstore.vllm.metadata import ChunkSave
@@ -53,7 +50,6 @@ __all__ = [
     "RankStore",
     "SaveSlot",
     "WorkerStore",
-    "ZstdTier",
     "flush_shared",
     "seal_save",
     "acquire_shared",
@@ -103,10 +99,10 @@ class ConnectorStore:
     """Host memory plus secondary tiers, as the connector uses them. Thread-safe.
 
     ``stores`` replaces ``tiers`` with already open stores (tests).
-    ``compression="zstd"`` compresses what is written to the tiers (host memory
-    holds chunks uncompressed, ready to copy). ``shm_name`` shares the host pool
-    with TP rank processes and runs the assembly owner that publishes the chunks
-    they write.
+    ``compression="zstd"`` puts a :class:`~chunkstore.backends.ZstdStore` in front of
+    each tier (host memory holds chunks uncompressed, ready to copy). ``shm_name``
+    shares the host pool with TP rank processes and runs the assembly owner that
+    publishes the chunks they write.
     """
 
     def __init__(
@@ -140,7 +136,7 @@ class ConnectorStore:
         cache = HostCache(
             layout, capacity_bytes=host_bytes, policy=policy, name="host", shm_name=shm_name
         )
-        written = [ZstdTier(t) for t in opened] if compression == "zstd" else opened
+        written = [ZstdStore(t) for t in opened] if compression == "zstd" else opened
         self.tiered = TieredStore(cache, written, metrics=metrics)
         """Host memory in front of the tiers: write-behind, promotion, metrics."""
         self.host = _HostView(cache)
@@ -280,36 +276,6 @@ def seal_save(layout: ChunkLayout, view: Any, save: ChunkIdentity) -> None:
         tokens=list(save.tokens),
         verify_key=False,
     )
-
-
-class ZstdTier(WrapperStore):
-    """A tier that stores chunks zstd-compressed and serves them uncompressed.
-
-    Compression happens on the write-behind thread, decompression on the
-    prefetch threads: host memory only ever holds chunks ready to copy.
-    """
-
-    def _read_many(self, keys: Sequence[ChunkKey]) -> list[bytes | None]:
-        # A verifying inner store checked each compressed chunk's checksum: decompressing
-        # does not hash it again (the zstd frame's content checksum and size still check the
-        # payload, and the served chunk's checksum is computed over it here). Its ``verify``
-        # as the read begins: a flag turned on meanwhile would vouch for unchecked bytes, and
-        # the fresh checksum would hide their damage from every later check.
-        verified = self.inner.verify
-        return _uncompressed(self.inner.get_many(keys), verified=verified)
-
-    def read_unchecked_many(self, keys: Sequence[ChunkKey]) -> builtins.list[bytes | None]:
-        return _uncompressed(self.inner.read_unchecked_many(keys), verified=False)
-
-    def put_many(self, items: Sequence[tuple[ChunkKey, Buffer]]) -> list[bool]:
-        return self.inner.put_many([(k, recompress(d, "zstd")) for k, d in items])
-
-    def put_if_absent_many(self, items: Sequence[tuple[ChunkKey, Buffer]]) -> list[bool]:
-        return self.inner.put_if_absent_many([(k, recompress(d, "zstd")) for k, d in items])
-
-
-def _uncompressed(found: Sequence[bytes | None], *, verified: bool) -> list[bytes | None]:
-    return [None if d is None else hot_bytes(d, verified=verified) for d in found]
 
 
 @dataclass(frozen=True, slots=True)

@@ -39,7 +39,7 @@ def test_name_kind_and_capabilities_are_the_inner_stores() -> None:
 
 def test_damage_reported_through_a_wrapper_is_the_inner_store_s(tmp_path: Path) -> None:
     """A caller that checks what it read (the vLLM tier) reports damage to the store it
-    holds, a wrapper (ZstdTier): the inner store counts it (its count is the one shown)
+    holds, a wrapper (ZstdStore): the inner store counts it (its count is the one shown)
     and sets the chunk aside its own way (quarantine), not by a plain delete."""
     chunk = sample_chunks(1, seed=89)[0]
     inner = FsStore(str(tmp_path / "s"), create=True)

@@ -23,8 +23,8 @@ from chunkstore.cache import (
     ShardAssembler,
     TieredStore,
 )
-from chunkstore.cache._assembly import process_alive, writer_mask
 from chunkstore.cache._pool import ABORTED, CLAIMED, LENT, SHM_DIR
+from chunkstore.cache.assembly._assembler import process_alive, writer_mask
 from chunkstore.errors import ConfigError, KeyMismatch
 from chunkstore.format import ChunkLayout, encode_chunk, mac_key_from_secret
 from chunkstore.hashing import ChunkKey

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import struct
 import subprocess
 import sys
 
+import blake3
 import numpy as np
 import pytest
 from hypothesis import given
@@ -25,6 +27,25 @@ def test_one_key_per_full_chunk_and_prefix_property(tokens: list[int], chunk: in
     # a prefix of the tokens yields a prefix of the keys: what makes reuse work
     cut = len(tokens) // 2
     assert chain_keys(tokens[:cut], root=ROOT, chunk_tokens=chunk) == keys[: cut // chunk]
+
+
+@given(st.lists(st.integers(0, 2**32 - 1), max_size=200), st.integers(1, 64), st.integers(0, 8))
+def test_a_chain_goes_on_after_a_key_digest_for_digest(
+    tokens: list[int], chunk: int, done: int
+) -> None:
+    """``after`` extends a chain already computed (as the vLLM scheduler does while a request
+    grows): the rest is the whole chain's tail, each key BLAKE3(parent || LE uint32 tokens)."""
+    keys = chain_keys(tokens, root=ROOT, chunk_tokens=chunk)
+    done = min(done, len(keys))
+    after = keys[done - 1] if done else None
+    rest = chain_keys(tokens[done * chunk :], root=ROOT, chunk_tokens=chunk, after=after)
+    assert rest == keys[done:]
+    parent = ROOT if after is None else after.digest
+    for i, key in enumerate(rest):
+        start = (done + i) * chunk
+        link = struct.pack(f"<{chunk}I", *tokens[start : start + chunk])
+        parent = blake3.blake3(parent + link).digest()
+        assert key == ChunkKey(parent, namespace_of(ROOT))
 
 
 @given(st.lists(st.integers(0, 2**32 - 1), min_size=2, max_size=64))

@@ -22,7 +22,8 @@ from chunkstore.backends._memory import MemoryStore  # noqa: E402
 from chunkstore.cache import HostCache, TieredStore  # noqa: E402
 from chunkstore.cache._pool import WRITING  # noqa: E402
 from chunkstore.format import ATTENTION, ChunkLayout, KVSpec, LayerGroup  # noqa: E402
-from chunkstore.peer import PeerMetrics, PeerServer  # noqa: E402
+from chunkstore.node import NodeServer  # noqa: E402
+from chunkstore.peer import PeerMetrics  # noqa: E402
 from chunkstore.testing.factories import sample_chunks, small_spec  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
@@ -98,7 +99,7 @@ def spawn(*args: str) -> Child:
 class Node:
     """An in-process node service."""
 
-    server: PeerServer
+    server: NodeServer
     store: TieredStore
     tier: MemoryStore
     socket: str
@@ -124,7 +125,7 @@ def start_node(tmp_path: Path, slot_size: int = SLOT_SIZE, **config: Any) -> Nod
     metrics = PeerMetrics(CollectorRegistry())
     socket = str(tmp_path / "node.sock")
     config.setdefault("use_env_secret", False)
-    server = PeerServer(
+    server = NodeServer(
         store, bind=f"ipc://{socket}", planes=("shm",), name="node", metrics=metrics, **config
     ).start()
     return Node(server, store, tier, socket, metrics)

@@ -124,11 +124,26 @@ def test_the_socket_is_owner_only_and_a_live_one_is_not_taken_over(
     mode = os.stat(node.socket).st_mode
     assert stat.S_ISSOCK(mode) and stat.S_IMODE(mode) == 0o600
     from chunkstore.errors import ConfigError
-    from chunkstore.peer import PeerServer
+    from chunkstore.node import NodeServer
 
     with pytest.raises(ConfigError, match="another node service"):
-        PeerServer(node.store, bind=f"ipc://{node.socket}", planes=("shm",)).start()
+        NodeServer(node.store, bind=f"ipc://{node.socket}", planes=("shm",)).start()
     assert stat.S_ISSOCK(os.stat(node.socket).st_mode)  # still the live service's
+
+
+def test_only_the_node_server_lends_slots_over_the_shm_plane(node: Node, tmp_path: Path) -> None:
+    """The ``shm`` plane is the node service's: a plain peer server over the same shared
+    pool does not offer it, and says which server does."""
+    from chunkstore.errors import ConfigError
+    from chunkstore.peer import PeerServer
+
+    plain = PeerServer(
+        node.store, bind=f"ipc://{tmp_path / 'plain.sock'}", planes=("shm",), use_env_secret=False
+    )
+    with pytest.raises(ConfigError, match=r"no data plane left.*chunkstore\.node\.NodeServer"):
+        plain.start()
+    assert plain.shm_reason is not None and "node service" in plain.shm_reason
+    assert node.server.planes == ("shm",) and node.server.shm_reason is None
 
 
 def test_engines_attached_are_counted(node: Node) -> None:

@@ -12,7 +12,7 @@ import torch
 
 import chunkstore.vllm.native.tier as tier_module
 from chunkstore.vllm.native.buffers import PAGE, ChunkBuffers
-from chunkstore.vllm.native.reading import ChunkLoad
+from chunkstore.vllm.native.reading import LoadJobChunk
 from chunkstore.vllm.native.tier import CALLS_IN_FLIGHT
 from chunkstore.vllm.testing import sample_prompt_ids
 
@@ -141,7 +141,7 @@ def test_work_queued_on_the_stores_does_not_grow_with_the_cores(tier_env, monkey
 def test_a_read_never_taken_is_cancelled_if_it_has_not_started():
     pool = ChunkBuffers(PAGE, keep=4)
     given = threading.Semaphore(0)
-    load = ChunkLoad(key=None, pool=pool, give_permit=given.release)  # type: ignore[arg-type]
+    load = LoadJobChunk(key=None, pool=pool, give_permit=given.release)  # type: ignore[arg-type]
     queued: Future[None] = Future()
 
     class _Call:

@@ -1,4 +1,4 @@
-"""Reads started on the tier's stores and taken later: :class:`StoreRead`, :class:`ChunkLoad`.
+"""Reads started on the tier's stores and taken later: :class:`StoreRead`, :class:`LoadJobChunk`.
 
 A load job of :class:`~chunkstore.vllm.native.tier.ChunkStoreTier` starts the
 reads of its next chunks (guarded calls, on the stores' guard threads, where the
@@ -7,7 +7,7 @@ primary slot, and takes each read's :meth:`StoreRead.result` in turn. A
 :class:`StoreRead` is one such call: which keys it asked for, where their
 bytes land, and when it ended (its duration for the read metrics is the
 store's, not the time the job spent scattering before it looked). A
-:class:`ChunkLoad` is one chunk of a load job: its key, its buffer, and the
+:class:`LoadJobChunk` is one chunk of a load job: its key, its buffer, and the
 calls that may still write into that buffer.
 """
 
@@ -21,7 +21,7 @@ from chunkstore.cache._guard import GuardedCall, GuardedTier
 from chunkstore.hashing import ChunkKey
 from chunkstore.vllm.native.buffers import ChunkBuffers
 
-__all__ = ["ChunkLoad", "StoreRead"]
+__all__ = ["LoadJobChunk", "StoreRead"]
 
 
 class StoreRead:
@@ -63,7 +63,7 @@ class StoreRead:
         return [None if n is None else view[:n] for n, view in zip(got, self._views)]
 
 
-class ChunkLoad:
+class LoadJobChunk:
     """One chunk of a load job: read into a buffer of the tier's, then scattered."""
 
     __slots__ = ("key", "buffers", "pending", "read", "_pool", "_give_permit")

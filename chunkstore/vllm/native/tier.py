@@ -57,7 +57,7 @@ from chunkstore.vllm.engine import describe_engine
 from chunkstore.vllm.native.buffers import ChunkBuffers
 from chunkstore.vllm.native.options import TIER_OPTIONS
 from chunkstore.vllm.native.primary import PrimaryLayout
-from chunkstore.vllm.native.reading import ChunkLoad, StoreRead
+from chunkstore.vllm.native.reading import LoadJobChunk, StoreRead
 from chunkstore.vllm.native.requests import (
     ChunkAddress,
     RequestKeys,
@@ -449,7 +449,7 @@ class ChunkStoreTier(SecondaryTierManager):
         # load fills a prefix of its keys: it ends at the first chunk no store has (reads
         # already started past it are dropped; their slots are never written).
         wanted = next((i for i, a in enumerate(addresses) if a is None), len(addresses))
-        started: deque[ChunkLoad | None] = deque()
+        started: deque[LoadJobChunk | None] = deque()
         try:
             try:
                 for index, slot in enumerate(slots[:wanted]):
@@ -479,7 +479,7 @@ class ChunkStoreTier(SecondaryTierManager):
             nbytes = loaded * self.block_size_bytes
             self._finished.append(JobResult(job_id, ok, kept, time.perf_counter() - t0, nbytes))
 
-    def _start_load(self, job_id: int, address: ChunkAddress | None) -> ChunkLoad | None:
+    def _start_load(self, job_id: int, address: ChunkAddress | None) -> LoadJobChunk | None:
         """Start reading ``address``'s chunk from the first store that takes calls (the
         caller holds a permit of ``_reading``, handed to the result); None when it could
         not start (permit given back)."""
@@ -487,7 +487,7 @@ class ChunkStoreTier(SecondaryTierManager):
             self._reading.release()
             return None
         try:
-            load = ChunkLoad(address.key, self._buffers, self._reading.release)
+            load = LoadJobChunk(address.key, self._buffers, self._reading.release)
         except Exception:  # noqa: BLE001 - no buffer: a failed load, recomputed by vLLM
             log.exception("chunkstore tier: load job %d failed", job_id)
             self._reading.release()
@@ -500,7 +500,7 @@ class ChunkStoreTier(SecondaryTierManager):
             return None
         return load
 
-    def _finish_load(self, job_id: int, load: ChunkLoad) -> Any | None:
+    def _finish_load(self, job_id: int, load: LoadJobChunk) -> Any | None:
         """The verified payload of a started load (asking the later stores where the first
         has no good copy); None when no store has one."""
         try:

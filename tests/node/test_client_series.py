@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry
 
+from chunkstore.node._clientseries import DETACHED, NodeClientSeries
 from chunkstore.peer import PeerMetrics
 from chunkstore.peer._accounting import ServerAccounting
-from chunkstore.peer._clientseries import DETACHED, NodeClientSeries
 
 FAMILY = "chunkstore_node_client_chunks_total"
 
@@ -24,7 +24,9 @@ def clients_counted(metrics: PeerMetrics) -> dict[str, float]:
 
 def test_many_short_lived_engines_leave_a_bounded_number_of_series() -> None:
     metrics = PeerMetrics(CollectorRegistry())
-    accounting = ServerAccounting(metrics, lambda: "node")
+    accounting = ServerAccounting(
+        metrics, lambda: "node", client_series=NodeClientSeries(metrics, lambda: "node")
+    )
     for i in range(200):  # engines that each attach, read one chunk, and go
         accounting.node_clients({"long-lived": 1, f"engine-{i}": 1})
         accounting.client_served(f"engine-{i}", 1, 0)

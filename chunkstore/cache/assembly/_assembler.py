@@ -136,7 +136,7 @@ def ranks_in(mask: int) -> list[int]:
 
 
 @dataclass(frozen=True, slots=True)
-class AssemblerStats:
+class ShardAssemblerStats:
     """Counters of one rank's :class:`ShardAssembler`."""
 
     claimed: int
@@ -209,7 +209,7 @@ class ShardAssembler:
         """Whether this rank writes anything (False for head replicas, and MLA ranks > 0)."""
         self._bit = 1 << rank
         self._heads = _key_heads(self.pool)
-        self._counts = dict.fromkeys(AssemblerStats.__slots__, 0)
+        self._counts = dict.fromkeys(ShardAssemblerStats.__slots__, 0)
         self._counts_lock = threading.Lock()
         self._sock: socket.socket | None = None
         self._wake: bytes | None = None
@@ -503,10 +503,10 @@ class ShardAssembler:
 
     # --- lifetime ---------------------------------------------------------------------------
 
-    def stats(self) -> AssemblerStats:
+    def stats(self) -> ShardAssemblerStats:
         """A snapshot of this rank's counters."""
         with self._counts_lock:
-            return AssemblerStats(**self._counts)
+            return ShardAssemblerStats(**self._counts)
 
     def close(self) -> None:
         """Unregister this rank and detach the pool (when attached here). Idempotent."""
@@ -553,8 +553,8 @@ class ShardAssembler:
 
 
 __all__ = [
-    "AssemblerStats",
     "ShardAssembler",
+    "ShardAssemblerStats",
     "process_alive",
     "ranks_in",
     "wake_address",

@@ -1,4 +1,4 @@
-"""The connector's zstd tier: chunks stored compressed, served uncompressed, byte for byte.
+"""ZstdStore: chunks stored compressed, served uncompressed, byte for byte.
 
 (Not the store suite: it stores chunks, not arbitrary bytes, and lists compressed sizes.)
 """
@@ -7,38 +7,38 @@ from __future__ import annotations
 
 import pytest
 
+from chunkstore.backends import ZstdStore
 from chunkstore.backends._memory import MemoryStore
 from chunkstore.format import _chunk, read_header
 from chunkstore.testing.factories import sample_chunks
-from chunkstore.vllm.tiers import ZstdTier
 from tests.cache.doubles import VerifyTurnedOnDuringRead
 
 
-def test_the_inner_store_holds_compressed_chunks_the_tier_serves_uncompressed() -> None:
+def test_the_inner_store_holds_compressed_chunks_the_wrapper_serves_uncompressed() -> None:
     inner = MemoryStore(name="cold")
-    tier = ZstdTier(inner)
-    assert (tier.name, tier.kind) == ("cold", "memory")
+    store = ZstdStore(inner)
+    assert (store.name, store.kind) == ("cold", "memory")
     chunks = sample_chunks(3)
-    assert tier.put_many([(c.key, c.data) for c in chunks[:2]]) == [True] * 2
-    assert tier.put_if_absent_many([(c.key, c.data) for c in chunks]) == [False, False, True]
+    assert store.put_many([(c.key, c.data) for c in chunks[:2]]) == [True] * 2
+    assert store.put_if_absent_many([(c.key, c.data) for c in chunks]) == [False, False, True]
     for chunk in chunks:
         assert read_header(inner.get(chunk.key)).compression == "zstd"
-    assert tier.get_many([c.key for c in chunks]) == [c.data for c in chunks]
-    assert tier.read_unchecked_many([chunks[0].key]) == [chunks[0].data]
-    assert tier.lookup_prefix([c.key for c in chunks]) == 3
-    assert sorted(i.key for i in tier.list()) == sorted(c.key for c in chunks)
+    assert store.get_many([c.key for c in chunks]) == [c.data for c in chunks]
+    assert store.read_unchecked_many([chunks[0].key]) == [chunks[0].data]
+    assert store.lookup_prefix([c.key for c in chunks]) == 3
+    assert sorted(i.key for i in store.list()) == sorted(c.key for c in chunks)
 
 
 def test_a_corrupt_chunk_is_a_miss_the_inner_store_counts() -> None:
     inner = MemoryStore()
-    tier = ZstdTier(inner)
+    store = ZstdStore(inner)
     chunk = sample_chunks(1)[0]
-    tier.put(chunk.key, chunk.data)
+    store.put(chunk.key, chunk.data)
     damaged = bytearray(inner.get(chunk.key))
     damaged[-1] ^= 0x01
     inner.put(chunk.key, damaged)
-    assert tier.get(chunk.key) is None
-    assert tier.corrupt_detected == inner.corrupt_detected == 1
+    assert store.get(chunk.key) is None
+    assert store.corrupt_detected == inner.corrupt_detected == 1
 
 
 @pytest.mark.parametrize("inner_verifies", [True, False])
@@ -46,14 +46,14 @@ def test_a_compressed_chunk_is_hashed_once_per_read(
     monkeypatch: pytest.MonkeyPatch, inner_verifies: bool
 ) -> None:
     """A verifying inner store checks the compressed chunk; decompressing it (under the
-    zstd frame's own content checksum and size) does not hash it again, and the tier says
+    zstd frame's own content checksum and size) does not hash it again, and the wrapper says
     it verifies, so a caller does not check the served chunk a third time. Over an inner
     store that does not verify, decompressing is the one check."""
     inner = MemoryStore(verify=inner_verifies)
-    tier = ZstdTier(inner)
-    assert tier.verify is inner_verifies
+    store = ZstdStore(inner)
+    assert store.verify is inner_verifies
     chunk = sample_chunks(1, seed=5)[0]
-    tier.put(chunk.key, chunk.data)
+    store.put(chunk.key, chunk.data)
     packed = inner.read_unchecked_many([chunk.key])[0]
     assert packed is not None
     stored = bytes(packed[read_header(packed).data_offset :])
@@ -62,7 +62,7 @@ def test_a_compressed_chunk_is_hashed_once_per_read(
     monkeypatch.setattr(
         _chunk, "_checksum", lambda head, data: hashed.append(bytes(data)) or real(head, data)
     )
-    assert tier.get(chunk.key) == chunk.data
+    assert store.get(chunk.key) == chunk.data
     assert hashed.count(stored) == 1
 
 
@@ -74,12 +74,12 @@ def test_verify_turned_on_during_a_read_does_not_vouch_for_what_it_returned() ->
     from chunkstore.backends.base import judge
 
     inner = VerifyTurnedOnDuringRead(verify=False)
-    tier = ZstdTier(inner)
+    store = ZstdStore(inner)
     chunk = sample_chunks(1)[0]
     packed = bytearray(_chunk.recompress(chunk.data, "zstd"))
     header = read_header(packed)
     digit = bytes(packed[: header.data_offset]).index(header.fingerprint.hex().encode())
     packed[digit] = ord("0") if packed[digit] != ord("0") else ord("1")  # damaged, still parses
     inner.put(chunk.key, bytes(packed))
-    served = tier.get(chunk.key)
+    served = store.get(chunk.key)
     assert served is None or not judge(chunk.key, served).ok

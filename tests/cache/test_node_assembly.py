@@ -1,4 +1,4 @@
-"""ShardAssemblies: a TP chunk some rank never joins is given up, not held for ever, and parts
+"""NodeAssemblies: a TP chunk some rank never joins is given up, not held for ever, and parts
 of two engines never make one chunk."""
 
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 from chunkstore.cache._lease import Lease
+from chunkstore.cache.assembly._node import MAX_AGE_S, NodeAssemblies, RankPart
 from chunkstore.format import ChunkLayout
-from chunkstore.peer._shmassembly import MAX_AGE_S, RankPart, ShardAssemblies
 from chunkstore.testing.factories import MadeChunk, sample_chunks, small_spec
 
 
@@ -34,7 +34,7 @@ class _Reserving:
         pass
 
 
-def join(tracker: ShardAssemblies, part: RankPart, chunk: MadeChunk, owner: object) -> Any:
+def join(tracker: NodeAssemblies, part: RankPart, chunk: MadeChunk, owner: object) -> Any:
     """``part``'s rank reserves its share of ``chunk`` (of TP 2) for session ``owner``."""
     return tracker.join(part, tp=2, parent=chunk.parent, tokens=list(chunk.tokens), owner=owner)
 
@@ -42,7 +42,7 @@ def join(tracker: ShardAssemblies, part: RankPart, chunk: MadeChunk, owner: obje
 def test_a_chunk_a_rank_never_joins_is_given_up_after_its_deadline() -> None:
     now = [0.0]
     reserving = _Reserving()
-    tracker = ShardAssemblies(
+    tracker = NodeAssemblies(
         reserving, ChunkLayout(small_spec()), lambda _k, _v: True, clock=lambda: now[0]
     )
     stuck, later = sample_chunks(2, seed=3)
@@ -64,7 +64,7 @@ def test_a_chunk_a_rank_never_joins_is_given_up_after_its_deadline() -> None:
 
 def test_parts_of_two_engines_assemble_in_a_slot_each() -> None:
     reserving = _Reserving()
-    tracker = ShardAssemblies(reserving, ChunkLayout(small_spec()), lambda _k, _v: True)
+    tracker = NodeAssemblies(reserving, ChunkLayout(small_spec()), lambda _k, _v: True)
     chunk = sample_chunks(1, seed=4)[0]
     a0, a1 = (RankPart(chunk.key, r, b"engine-a") for r in range(2))
     b0, b1 = (RankPart(chunk.key, r, b"engine-b") for r in range(2))
@@ -85,7 +85,7 @@ def test_parts_of_two_engines_assemble_in_a_slot_each() -> None:
 
 def test_a_rank_that_ends_gives_up_only_its_own_engines_chunk() -> None:
     reserving = _Reserving()
-    tracker = ShardAssemblies(reserving, ChunkLayout(small_spec()), lambda _k, _v: True)
+    tracker = NodeAssemblies(reserving, ChunkLayout(small_spec()), lambda _k, _v: True)
     chunk = sample_chunks(1, seed=5)[0]
     engine_a, engine_b = object(), object()
     for engine, owner in ((b"engine-a", engine_a), (b"engine-b", engine_b)):

@@ -1,4 +1,4 @@
-"""The owner side of TP shard assembly (see :mod:`chunkstore.cache._assembly`).
+"""The owner side of TP shard assembly (see :mod:`chunkstore.cache.assembly._assembler`).
 
 The process that owns the host cache lends free slots to the rank processes,
 adopts each sealed chunk into its index exactly once (and queues it for
@@ -17,10 +17,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from chunkstore.cache._assembly import process_alive, ranks_in, wake_address
 from chunkstore.cache._host import HostCache
 from chunkstore.cache._pool import ABORTED, CLAIMED, SEALED, SEALING
 from chunkstore.cache._tiered import TieredStore
+from chunkstore.cache.assembly._assembler import process_alive, ranks_in, wake_address
 from chunkstore.errors import ConfigError
 from chunkstore.hashing import ChunkKey
 
@@ -28,7 +28,7 @@ log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
-class AssemblyStats:
+class AssemblyOwnerStats:
     """Counters of an :class:`AssemblyOwner`."""
 
     published: int
@@ -216,11 +216,11 @@ class AssemblyOwner:
                 self._counts["writers_lost"] += 1
         return inside == 0
 
-    def stats(self) -> AssemblyStats:
+    def stats(self) -> AssemblyOwnerStats:
         """A snapshot of the counters."""
         with self._lock:
             counts = dict(self._counts)
-        return AssemblyStats(**counts, lent=len(self.host.loans.lent()))
+        return AssemblyOwnerStats(**counts, lent=len(self.host.loans.lent()))
 
     def close(self) -> None:
         """Stop the thread after one last pass (so sealed chunks are published). Idempotent.

@@ -73,7 +73,7 @@ class _Assembly:
     up (a rank that died after its part, before a slower rank joined)."""
 
 
-class ShardAssemblies:
+class NodeAssemblies:
     """The chunks TP ranks are writing through the node service; thread-safe."""
 
     def __init__(
@@ -185,4 +185,4 @@ class ShardAssemblies:
         self._reserving.abort(assembly.lease)
 
 
-__all__ = ["RankPart", "ShardAssemblies"]
+__all__ = ["NodeAssemblies", "RankPart"]
