@@ -22,6 +22,7 @@ LAYERS: dict[str, int] = {
     "_version": 1,
     "_hugepages": 1,
     "_threads": 1,
+    "_lazy": 0,
     "format": 2,
     "hashing": 3,
     "backends": 4,
