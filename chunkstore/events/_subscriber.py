@@ -1,0 +1,240 @@
+"""A subscriber of KV event batches that notices gaps, replays them and sees restarts.
+
+:class:`EventSubscriber` reads a vLLM-style publisher (vLLM's own or
+:class:`~chunkstore.events.EventPublisher`). :class:`PrefixIndex` keeps what
+the batches say is held, per publisher and medium, and answers "how many
+leading blocks of this request are cached, and where".
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from chunkstore.events._publisher import END_OF_REPLAY, _zmq
+from chunkstore.events._wire import EventBatch, decode_batch
+
+__all__ = ["EventSubscriber", "PrefixIndex", "Received"]
+
+
+@dataclass(frozen=True, slots=True)
+class Received:
+    """One batch, in publishing order."""
+
+    seq: int
+    """Its sequence number."""
+    batch: EventBatch
+    """What it says."""
+    restarted: bool = False
+    """The publisher started again before this batch: forget what it said before."""
+    payload: bytes = b""
+    """The batch as sent (msgpack), for decoders of their own."""
+
+
+class EventSubscriber:
+    """Reads batches from ``endpoint``; asks ``replay_endpoint`` for the ones it missed.
+
+    Batches come out of :meth:`receive` once each, in sequence order. Missed
+    batches the replay buffer no longer has are counted in :attr:`lost`.
+    """
+
+    def __init__(
+        self,
+        endpoint: str,
+        *,
+        replay_endpoint: str | None = None,
+        topic: str = "",
+        replay_timeout: float = 2.0,
+    ) -> None:
+        self._zmq = _zmq()
+        self.endpoint = endpoint
+        self.replay_endpoint = replay_endpoint
+        self.topic = topic.encode()
+        self.replay_timeout = replay_timeout
+        self.expected: int | None = None
+        """The next sequence number (None before the first batch)."""
+        self.lost = 0
+        """Batches missed that no replay could supply."""
+        self.replayed = 0
+        """Batches recovered by replay."""
+        self.restarts = 0
+        """Times the publisher was seen starting again."""
+        self._seen_to = -1
+        """Last batch :meth:`catch_up` delivered: the live socket's copies are skipped."""
+        self._ctx = self._zmq.Context()
+        self._sub: Any = None
+        self.connect()
+
+    def connect(self) -> None:
+        """(Re)open the subscription; sequence state is kept, so a gap is replayed."""
+        zmq = self._zmq
+        if self._sub is not None:
+            self._sub.close(0)
+        self._sub = self._ctx.socket(zmq.SUB)
+        self._sub.setsockopt(zmq.LINGER, 0)
+        self._sub.setsockopt(zmq.RCVHWM, 1_000_000)
+        self._sub.setsockopt(zmq.SUBSCRIBE, self.topic)
+        self._sub.connect(self.endpoint)
+
+    def close(self) -> None:
+        if self._sub is not None:
+            self._sub.close(0)
+            self._sub = None
+        self._ctx.term()
+
+    def __enter__(self) -> EventSubscriber:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def receive(self, timeout: float = 0.1, max_batches: int = 10_000) -> list[Received]:
+        """Batches that arrived within ``timeout`` seconds (those missed, replayed first)."""
+        out: list[Received] = []
+        deadline = time.monotonic() + timeout
+        while len(out) < max_batches:
+            left = max(0.0, deadline - time.monotonic())
+            if not self._sub.poll(int(left * 1000) if not out else 0):
+                break
+            frames = self._sub.recv_multipart()
+            if len(frames) != 3 or len(frames[1]) != 8:
+                continue
+            self._accept(int.from_bytes(frames[1], "big", signed=True), frames[2], out)
+        return out
+
+    def catch_up(self) -> list[Received]:
+        """Every batch the publisher still buffers from :attr:`expected` on (from 0 at
+        first): what a subscriber that joins late, or slowly, asks for."""
+        out: list[Received] = []
+        start = self.expected or 0
+        if self.replay_endpoint is None:
+            return out
+        for seq, payload in self._request_replay(start):
+            if seq < start:
+                continue
+            if self.expected is not None:
+                self.lost += seq - self.expected
+            out.append(Received(seq, _decoded(payload), payload=payload))
+            self.replayed += 1
+            self.expected = seq + 1
+            self._seen_to = seq
+        return out
+
+    def _accept(self, seq: int, payload: bytes, out: list[Received]) -> None:
+        restarted = False
+        if seq <= self._seen_to and self.expected is not None and seq < self.expected:
+            return  # delivered by catch_up already
+        self._seen_to = -1
+        if self.expected is not None:
+            if seq < self.expected:
+                # Sequence numbers only grow while a publisher lives (replays stop short of
+                # the live batch, so none arrives twice): a smaller one is a new publisher.
+                restarted = True
+                self.restarts += 1
+            elif seq > self.expected:
+                self._replay(self.expected, seq, out)
+        out.append(Received(seq, _decoded(payload), restarted, payload))
+        self.expected = seq + 1
+
+    def _replay(self, start: int, stop: int, out: list[Received]) -> None:
+        """Fetch batches ``[start, stop)``; count those the publisher no longer has."""
+        got = start
+        if self.replay_endpoint is not None:
+            for seq, payload in self._request_replay(start):
+                if seq >= stop or seq < got:
+                    continue  # from stop on, the live socket delivers them
+                self.lost += seq - got
+                out.append(Received(seq, _decoded(payload), payload=payload))
+                self.replayed += 1
+                got = seq + 1
+        self.lost += stop - got
+
+    def _request_replay(self, start: int) -> Iterable[tuple[int, bytes]]:
+        zmq = self._zmq
+        sock = self._ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        try:
+            sock.connect(self.replay_endpoint)
+            sock.send_multipart((b"", start.to_bytes(8, "big")))
+            deadline = time.monotonic() + self.replay_timeout
+            answers: list[tuple[int, bytes]] = []
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0 or not sock.poll(int(left * 1000)):
+                    break
+                frames = sock.recv_multipart()
+                if len(frames) != 4:
+                    continue
+                if frames[2] == END_OF_REPLAY:
+                    break
+                answers.append((int.from_bytes(frames[2], "big"), frames[3]))
+            return answers
+        finally:
+            sock.close(0)
+
+
+def _decoded(payload: bytes) -> EventBatch:
+    """The batch, or an empty one for a payload that is not a batch (its number counts)."""
+    try:
+        return decode_batch(payload)
+    except ValueError:
+        return EventBatch(0.0, [])
+
+
+class PrefixIndex:
+    """What each publisher holds, per medium, by block hash.
+
+    Feed it with :meth:`apply`; ask :meth:`longest_prefix`. A publisher's
+    restart forgets everything it said. ``AllBlocksCleared`` forgets its GPU
+    blocks: vLLM sends it when it resets its prefix cache, which chunkstore's
+    tiers survive (host memory's own removals come as ``BlockRemoved``).
+    """
+
+    def __init__(self) -> None:
+        self._held: dict[tuple[str, str], set[Any]] = {}
+
+    def apply(self, source: str, received: Received) -> None:
+        """Apply one batch from publisher ``source``."""
+        if received.restarted:
+            self.clear(source)
+        for event in received.batch.events:
+            kind = event["type"]
+            if kind == "AllBlocksCleared":
+                self._held.pop((source, "GPU"), None)
+                continue
+            where = (source, str(event.get("medium") or "GPU"))
+            if kind == "BlockStored":
+                self._held.setdefault(where, set()).update(event["block_hashes"])
+            else:
+                held = self._held.get(where)
+                if held is not None:
+                    held.difference_update(event["block_hashes"])
+
+    def clear(self, source: str) -> None:
+        """Forget what ``source`` announced."""
+        for where in [w for w in self._held if w[0] == source]:
+            del self._held[where]
+
+    def holders(self) -> list[tuple[str, str]]:
+        """Every (publisher, medium) holding something."""
+        return sorted(w for w, held in self._held.items() if held)
+
+    def count(self, source: str, medium: str) -> int:
+        """How many blocks ``source`` holds in ``medium``."""
+        return len(self._held.get((source, medium), ()))
+
+    def longest_prefix(self, block_hashes: Sequence[Any]) -> list[tuple[int, str, str]]:
+        """(leading blocks held, publisher, medium), longest first, for every holder of at
+        least the first block."""
+        found = []
+        for where, held in self._held.items():
+            n = 0
+            for h in block_hashes:
+                if h not in held:
+                    break
+                n += 1
+            if n:
+                found.append((n, where[0], where[1]))
+        return sorted(found, key=lambda t: (-t[0], t[1], t[2]))
