@@ -84,6 +84,7 @@ class EventPublisher:
         self._max_queue = max_queue
         self._cond = threading.Condition()
         self._next_seq = 0
+        self._in_flight = 0
         self.dropped = 0
         """Batches dropped from a full queue, never sent."""
         self._closing = False
@@ -112,7 +113,7 @@ class EventPublisher:
         """Wait until every queued batch was sent; False if ``timeout`` passed first."""
         deadline = time.monotonic() + timeout
         with self._cond:
-            while self._queue:
+            while self._queue or self._in_flight:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return False
@@ -145,10 +146,13 @@ class EventPublisher:
                     self._cond.wait(_POLL_MS / 1000)
                 batches = list(self._queue)
                 self._queue.clear()
+                self._in_flight = len(batches)
                 closing = self._closing
-                self._cond.notify_all()
             for batch in batches:
                 self._send(batch)
+            with self._cond:
+                self._in_flight = 0
+                self._cond.notify_all()
             self._serve_replays()
             if closing and not batches:
                 return

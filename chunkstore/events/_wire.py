@@ -152,3 +152,6 @@ def _check_event(event: Any) -> None:
         tokens = event.get("token_ids")
         if not isinstance(tokens, list) or not isinstance(event.get("block_size"), int):
             raise ValueError("BlockStored: token_ids and block_size are required")
+        extra = event.get("extra_keys")
+        if isinstance(extra, list):  # msgpack has no tuples: vLLM's are tuples
+            event["extra_keys"] = [tuple(k) if isinstance(k, list) else k for k in extra]
