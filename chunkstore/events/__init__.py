@@ -9,12 +9,15 @@
 * :class:`EventSubscriber` and :class:`PrefixIndex` are the other end: a
   subscriber that replays what it missed, and an index that answers "longest
   cached prefix, and where".
+* :class:`StoreAnnouncer` publishes what shared stores hold (``chunkstore serve
+  --events``); :class:`ChunkQuery` answers "which of these chunks exist".
 
 pyzmq and msgpack are imported when a publisher, subscriber or codec is used.
 """
 
 from __future__ import annotations
 
+from chunkstore.events._announcer import ChunkQuery, StoreAnnouncer
 from chunkstore.events._publisher import EventPublisher
 from chunkstore.events._records import ChunkEvent, ChunkListener, EventBuffer
 from chunkstore.events._subscriber import EventSubscriber, PrefixIndex, Received
@@ -29,6 +32,7 @@ from chunkstore.events._wire import (
 
 __all__ = [
     "ChunkEvent",
+    "ChunkQuery",
     "ChunkListener",
     "EventBatch",
     "EventBuffer",
@@ -36,6 +40,7 @@ __all__ = [
     "EventSubscriber",
     "PrefixIndex",
     "Received",
+    "StoreAnnouncer",
     "all_blocks_cleared",
     "block_removed",
     "block_stored",

@@ -61,8 +61,8 @@ class EventSubscriber:
         """Batches recovered by replay."""
         self.restarts = 0
         """Times the publisher was seen starting again."""
-        self._seen_to = -1
-        """Last batch :meth:`catch_up` delivered: the live socket's copies are skipped."""
+        self._caught_up: dict[int, bytes] = {}
+        """What :meth:`catch_up` delivered, by seq: the live socket's copies are skipped."""
         self._ctx = self._zmq.Context()
         self._sub: Any = None
         self.connect()
@@ -119,14 +119,15 @@ class EventSubscriber:
             out.append(Received(seq, _decoded(payload), payload=payload))
             self.replayed += 1
             self.expected = seq + 1
-            self._seen_to = seq
+            self._caught_up[seq] = payload
         return out
 
     def _accept(self, seq: int, payload: bytes, out: list[Received]) -> None:
         restarted = False
-        if seq <= self._seen_to and self.expected is not None and seq < self.expected:
-            return  # delivered by catch_up already
-        self._seen_to = -1
+        if self._caught_up:
+            if self._caught_up.get(seq) == payload:
+                return  # delivered by catch_up already (a restarted publisher's differs)
+            self._caught_up.clear()
         if self.expected is not None:
             if seq < self.expected:
                 # Sequence numbers only grow while a publisher lives (replays stop short of
@@ -187,13 +188,18 @@ class PrefixIndex:
     """What each publisher holds, per medium, by block hash.
 
     Feed it with :meth:`apply`; ask :meth:`longest_prefix`. A publisher's
-    restart forgets everything it said. ``AllBlocksCleared`` forgets its GPU
-    blocks: vLLM sends it when it resets its prefix cache, which chunkstore's
-    tiers survive (host memory's own removals come as ``BlockRemoved``).
+    restart forgets everything it said. ``AllBlocksCleared`` forgets what it
+    said except blocks of an engine's own tiers (stored with an ``ownership``
+    other than ``shared``): vLLM sends it when it resets its GPU prefix cache,
+    which chunkstore's host memory and tiers survive (their removals come as
+    ``BlockRemoved``). A shared-store announcer's (``ownership="shared"``) are
+    forgotten: it sends ``AllBlocksCleared`` when it starts.
     """
 
     def __init__(self) -> None:
         self._held: dict[tuple[str, str], set[Any]] = {}
+        self._tiers: set[tuple[str, str]] = set()
+        """(publisher, medium) pairs of an engine's own tiers, which survive AllBlocksCleared."""
 
     def apply(self, source: str, received: Received) -> None:
         """Apply one batch from publisher ``source``."""
@@ -202,11 +208,15 @@ class PrefixIndex:
         for event in received.batch.events:
             kind = event["type"]
             if kind == "AllBlocksCleared":
-                self._held.pop((source, "GPU"), None)
+                for where in [w for w in self._held if w[0] == source]:
+                    if where not in self._tiers:
+                        del self._held[where]
                 continue
             where = (source, str(event.get("medium") or "GPU"))
             if kind == "BlockStored":
                 self._held.setdefault(where, set()).update(event["block_hashes"])
+                if event.get("ownership") not in (None, "shared"):
+                    self._tiers.add(where)
             else:
                 held = self._held.get(where)
                 if held is not None:
@@ -216,6 +226,7 @@ class PrefixIndex:
         """Forget what ``source`` announced."""
         for where in [w for w in self._held if w[0] == source]:
             del self._held[where]
+            self._tiers.discard(where)
 
     def holders(self) -> list[tuple[str, str]]:
         """Every (publisher, medium) holding something."""
