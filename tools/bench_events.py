@@ -1,11 +1,12 @@
 """KV events benchmark: lag from a store into host memory to a subscriber, under a burst.
 
-A writer thread puts ``--rate`` chunks a second, a millisecond's worth per call, into a :class:`~chunkstore.cache.HostCache`
-(LRU, small slots, so evictions add ``BlockRemoved`` events to the stream) for
-``--seconds``. The cache's listener is an :class:`~chunkstore.events.EventBuffer`;
-a step thread drains it every ``--step-ms`` milliseconds (the cadence of an engine's
-scheduler step, where vLLM collects ``take_events``) into one batch of
-``BlockStored`` / ``BlockRemoved`` events for an :class:`~chunkstore.events.EventPublisher`.
+A writer thread puts ``--rate`` chunks a second, a millisecond's worth per call,
+into a :class:`~chunkstore.cache.HostCache` (LRU, small slots, so evictions add
+``BlockRemoved`` events to the stream) for ``--seconds``. The cache's listener is
+an :class:`~chunkstore.events.EventBuffer`. A step thread drains it every
+``--step-ms`` milliseconds (the cadence of an engine's scheduler step, where vLLM
+collects ``take_events``) into one batch for an
+:class:`~chunkstore.events.EventPublisher`.
 An :class:`~chunkstore.events.EventSubscriber` in another process reads them. (The
 benchmark's events carry the put time, in nanoseconds, in their first two token ids.)
 
