@@ -61,6 +61,9 @@ class EventSubscriber:
         """Batches recovered by replay."""
         self.restarts = 0
         """Times the publisher was seen starting again."""
+        self._last: tuple[int, bytes] | None = None
+        """The last batch delivered: a replay that sends another one under its number comes
+        from a restarted publisher."""
         self._caught_up: dict[int, bytes] = {}
         """What :meth:`catch_up` delivered, by seq: the live socket's copies are skipped."""
         self._ctx = self._zmq.Context()
@@ -108,19 +111,38 @@ class EventSubscriber:
         """Every batch the publisher still buffers from :attr:`expected` on (from 0 at
         first): what a subscriber that joins late, or slowly, asks for."""
         out: list[Received] = []
-        start = self.expected or 0
         if self.replay_endpoint is None:
             return out
-        for seq, payload in self._request_replay(start):
-            if seq < start:
-                continue
+        answers, restarted = self._fetch()
+        if restarted:
+            self.restarts += 1
+            self.expected = 0
+        for seq, payload in answers:
             if self.expected is not None:
-                self.lost += seq - self.expected
-            out.append(Received(seq, _decoded(payload), payload=payload))
+                self.lost += max(0, seq - self.expected)
+            out.append(Received(seq, _decoded(payload), restarted, payload))
+            restarted = False
             self.replayed += 1
             self.expected = seq + 1
+            self._last = (seq, payload)
             self._caught_up[seq] = payload
         return out
+
+    def _fetch(self) -> tuple[list[tuple[int, bytes]], bool]:
+        """Replay from :attr:`expected`: (the batches, whether the publisher restarted).
+
+        The replay starts one batch early: if the publisher sends another batch under the
+        number of the last one delivered, it is a new publisher, and its batches from 0 are
+        the answer. (Sequence numbers alone cannot tell a restart from a gap.)
+        """
+        start = self.expected or 0
+        if self._last is None or start == 0:
+            return [a for a in self._request_replay(start) if a[0] >= start], False
+        answers = list(self._request_replay(start - 1))
+        last_seq, last_payload = self._last
+        if answers and answers[0][0] == last_seq and answers[0][1] != last_payload:
+            return list(self._request_replay(0)), True
+        return [a for a in answers if a[0] >= start], False
 
     def _accept(self, seq: int, payload: bytes, out: list[Received]) -> None:
         restarted = False
@@ -135,22 +157,33 @@ class EventSubscriber:
                 restarted = True
                 self.restarts += 1
             elif seq > self.expected:
-                self._replay(self.expected, seq, out)
+                restarted = self._replay(seq, out)
         out.append(Received(seq, _decoded(payload), restarted, payload))
         self.expected = seq + 1
+        self._last = (seq, payload)
 
-    def _replay(self, start: int, stop: int, out: list[Received]) -> None:
-        """Fetch batches ``[start, stop)``; count those the publisher no longer has."""
-        got = start
+    def _replay(self, stop: int, out: list[Received]) -> bool:
+        """Fetch the batches before ``stop`` that were missed; count those the publisher no
+        longer has. True: the publisher restarted and no replayed batch says so."""
+        assert self.expected is not None
+        got = self.expected
+        restarted = False
         if self.replay_endpoint is not None:
-            for seq, payload in self._request_replay(start):
+            answers, restarted = self._fetch()
+            if restarted:
+                self.restarts += 1
+                got = 0
+            for seq, payload in answers:
                 if seq >= stop or seq < got:
                     continue  # from stop on, the live socket delivers them
                 self.lost += seq - got
-                out.append(Received(seq, _decoded(payload), payload=payload))
+                out.append(Received(seq, _decoded(payload), restarted, payload))
+                restarted = False
                 self.replayed += 1
                 got = seq + 1
-        self.lost += stop - got
+                self._last = (seq, payload)
+        self.lost += max(0, stop - got)
+        return restarted
 
     def _request_replay(self, start: int) -> Iterable[tuple[int, bytes]]:
         zmq = self._zmq

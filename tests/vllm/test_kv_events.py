@@ -156,3 +156,51 @@ def test_no_events_without_kv_events_config(harness):
     h.run()
     assert h.connector.events is None
     assert list(h.connector.take_events()) == []
+
+
+def test_a_dropped_subscriber_replays_what_it_missed(harness, events):
+    config, sub = events
+    h = harness(kv_events=config)
+    first = h.add(PROMPT)
+    h.run()
+    index, decoded = PrefixIndex(), []
+    collect(sub, index, decoded, lambda: index.count("engine", "CPU") >= 4 * BPC)
+    sub._sub.close(0)  # the subscriber drops off while the engine goes on
+    other = sample_prompt_ids(300, seed=2)
+    missed = h.add(other)
+    h.run()
+    sub.connect()
+    later = h.add(sample_prompt_ids(300, seed=3))  # live batches after the gap reveal it
+    h.run()
+    collect(sub, index, decoded, lambda: cpu_run(index, hashes(later)) == 4 * BPC)
+    assert sub.replayed > 0 and sub.lost == 0
+    for request in (first, missed, later):
+        assert cpu_run(index, hashes(request)) == 4 * BPC
+
+
+def test_a_restarted_engine_is_seen_and_its_old_blocks_forgotten(harness, events):
+    config, sub = events
+    h = harness(kv_events=config)
+    first = h.add(PROMPT)
+    h.run()
+    index, decoded = PrefixIndex(), []
+    collect(sub, index, decoded, lambda: index.count("engine", "CPU") >= 4 * BPC)
+    h.worker.shutdown()
+    h.connector.shutdown()
+    h.scheduler.shutdown()  # the engine stops: its publisher goes, with its sequence
+    h = harness(kv_events=config)
+    # The subscriber is connected when the new engine publishes its first batches (PUB drops
+    # batches sent before it is): empty ones until one arrives, as a quiet engine's would.
+    for _ in range(100):
+        h.scheduler.kv_event_publisher.publish(KVEventBatch(ts=0.0, events=[]))
+        got = sub.receive(timeout=0.1)
+        for received in got:
+            index.apply("engine", received)
+        if got:
+            break
+    second = h.add(sample_prompt_ids(300, seed=4))
+    h.run()
+    collect(sub, index, decoded, lambda: cpu_run(index, hashes(second)) == 4 * BPC)
+    assert sub.restarts == 1, (sub.expected, sub.lost, sub.replayed)
+    assert cpu_run(index, hashes(first)) == 0
+    assert cpu_run(index, hashes(second)) == 4 * BPC
