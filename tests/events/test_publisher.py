@@ -155,3 +155,25 @@ def test_publish_after_close_is_refused(ends):
     pub.close()
     with pytest.raises(RuntimeError):
         pub.publish(EventBatch(0.0, []))
+
+
+def test_a_restart_hidden_behind_a_gap_is_told_by_replay(ends):
+    index = PrefixIndex()
+    with EventSubscriber(ends[0], replay_endpoint=ends[1]) as sub:
+        with EventPublisher(ends[0], replay_endpoint=ends[1]) as pub:
+            joined(pub, sub, index)
+            for _ in range(3):
+                pub.publish(stored(1, 2))
+            pub.flush()
+            read_until(sub, index, pub.sent - 1)
+        seen = sub.expected
+        sub._sub.close(0)
+        with EventPublisher(ends[0], replay_endpoint=ends[1]) as pub:
+            for h in range(seen + 5):  # more batches than the first publisher sent
+                pub.publish(stored(100 + h))
+            pub.flush()
+            sub.connect()
+            joined(pub, sub, index)  # a live batch past the gap
+    assert sub.restarts == 1 and sub.lost == 0
+    assert index.longest_prefix([1]) == []
+    assert index.count("store", "STORAGE") == seen + 5
