@@ -3,7 +3,8 @@
 Benchmarks report numbers; they never fail on a threshold. A benchmark whose
 optional dependency is missing says so and is skipped. ``bench_native_tier.py`` needs vLLM 0.33:
 it re-runs itself in ``.venv-vllm033`` when that exists (``make test-vllm033`` builds it) and
-otherwise prints how to get it.
+otherwise prints how to get it. ``bench_events.py`` (KV event lag and loss) needs pyzmq and
+msgpack.
 """
 
 from __future__ import annotations

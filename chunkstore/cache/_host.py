@@ -35,6 +35,7 @@ from chunkstore.cache._lending import SlotLoans
 from chunkstore.cache._pool import DOOMED, READY, SlotPool, StaleSlot
 from chunkstore.cache.policy import DEFAULT_POLICY, CachePolicy, NoEvictableEntry, make_policy
 from chunkstore.errors import ConfigError
+from chunkstore.events import ChunkListener
 from chunkstore.format import ChunkLayout
 from chunkstore.hashing import ChunkKey, check_namespace
 
@@ -164,6 +165,9 @@ class HostCache(Store):
         self.loans = SlotLoans(self)
         """Slots on loan to TP rank processes (:mod:`chunkstore.cache.assembly`): out of the
         free list and of the index until adopted (sealed chunk) or recalled."""
+        self.listener: ChunkListener | None = None
+        """Told of every chunk published here and every one evicted or deleted (the caller
+        holds this cache's lock meanwhile); None: nobody listens."""
 
     # --- capabilities / stats -------------------------------------------------------------
 
@@ -270,6 +274,8 @@ class HostCache(Store):
                 # The old slot was deleted meanwhile: re-admit (the reservation's room is gone).
                 self._readmit(lease.key)
             self._link_parent(lease.key, slot)
+            if self.listener is not None:
+                self.listener.chunk_stored(lease.key, self.name)
             lease.writing = False
             lease.view = lease.view[:size]
             if not keep_pinned:
@@ -467,6 +473,8 @@ class HostCache(Store):
                 self._policy.remove(key)
                 self._retire(slot)
                 deleted += 1
+                if self.listener is not None:
+                    self.listener.chunk_removed(key, self.name)
         return deleted
 
     def list(self, namespace: str | None = None) -> Iterator[ChunkInfo]:
@@ -517,6 +525,8 @@ class HostCache(Store):
         if key not in self._policy:
             self._readmit(key)
         self._link_parent(key, slot)
+        if self.listener is not None:
+            self.listener.chunk_stored(key, self.name)
         if not keep_pinned:
             return Adoption(key, True, None)
         generation, view = self._pin_for_reading(slot)
@@ -559,6 +569,8 @@ class HostCache(Store):
         slot = self._index.pop(victim)
         self._evictions += 1
         self._retire(slot)
+        if self.listener is not None:
+            self.listener.chunk_removed(victim, self.name)
 
     def _steal_slot(self, exclude: ChunkKey | None) -> bool:
         """Evict one more resident key to free a slot; False if every one is pinned.

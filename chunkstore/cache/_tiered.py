@@ -52,6 +52,7 @@ from chunkstore.cache._prefetch import Prefetcher
 from chunkstore.cache._promotion import NO_ROOM, Promoter
 from chunkstore.cache._tierwrites import TierWriter
 from chunkstore.errors import ConfigError
+from chunkstore.events import ChunkListener
 from chunkstore.hashing import ChunkKey
 from chunkstore.metrics import ChunkstoreMetrics, default_metrics
 
@@ -208,6 +209,12 @@ class TieredStore(Store):
         for tier in tiers:
             self.metrics.watch_store(tier)
         self.metrics.watch_tiered(self)
+
+    def watch(self, listener: ChunkListener | None) -> None:
+        """Tell ``listener`` what host memory publishes and drops, and what write-back and
+        write-through store in the tiers (None: stop). One listener at a time."""
+        self.host.listener = listener
+        self._writer.listener = listener
 
     # --- reporting ------------------------------------------------------------------------
 

@@ -27,6 +27,7 @@ from chunkstore.cache._guard import GuardedTier, TierUnavailable
 from chunkstore.cache._host import HostCache
 from chunkstore.cache._lease import Lease
 from chunkstore.cache._writeback import WriteBehindQueue
+from chunkstore.events import ChunkListener
 from chunkstore.hashing import ChunkKey
 
 log = logging.getLogger(__name__)
@@ -73,6 +74,8 @@ class TierWriter:
         self._recent_drops: deque[ChunkKey] = deque(maxlen=RECENT_DROPS)
         self._drops_unreported = 0
         self._last_drop_log = float("-inf")
+        self.listener: ChunkListener | None = None
+        """Told of every chunk a write here stored in a tier (not of one the tier had)."""
 
     # --- reporting ------------------------------------------------------------------------
 
@@ -220,6 +223,10 @@ class TierWriter:
             return False
         tier.instruments.record_write(nbytes, time.perf_counter() - started)
         tier.count_writes(sum(1 for ok in written if ok))
+        if self.listener is not None:
+            for (key, _), ok in zip(items, written, strict=True):
+                if ok:
+                    self.listener.chunk_stored(key, tier.name)
         if not if_absent:
             # A plain put answers False for an item it could not store (S3 after its
             # retries, a failed NIXL write): that write-back is lost, so count it. For

@@ -17,7 +17,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, cast
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
@@ -33,6 +33,7 @@ from chunkstore.errors import ConfigError
 from chunkstore.metrics import MetricsServer, start_metrics_server
 from chunkstore.vllm.config import ConnectorConfig, parse_config
 from chunkstore.vllm.engine import EngineKV, describe_engine
+from chunkstore.vllm.events import ConnectorEvents, tier_mediums
 from chunkstore.vllm.metadata import ChunkStoreMetadata
 from chunkstore.vllm.nodestore import NodeConnectorStore, NodeRankStore
 from chunkstore.vllm.scheduler import ChunkStoreScheduler
@@ -107,9 +108,14 @@ class ChunkStoreConnector(KVConnectorBase_V1, SupportsHMA):
         self.shut_down = False
         """Whether :meth:`shutdown` ran (it releases this connector's hold on the store once)."""
         self.metrics_server: MetricsServer | None = None
+        self.events: ConnectorEvents | None = None
+        """KV events for vLLM's publisher (scheduler side, ``--kv-events-config`` on)."""
         if role == KVConnectorRole.SCHEDULER:
             assert isinstance(self.store, (ConnectorStore, NodeConnectorStore))
             self.scheduler = ChunkStoreScheduler(self.engine, self.cfg, self.store)
+            if _kv_events_enabled(vllm_config) and isinstance(self.store, ConnectorStore):
+                self.events = self._watch_store(self.store)
+                self.scheduler.events = self.events
             if self.cfg.metrics_port is not None:
                 self.metrics_server = start_metrics_server(self.cfg.metrics_port)
                 log.info("chunkstore: metrics at %s", self.metrics_server.url)
@@ -146,6 +152,19 @@ class ChunkStoreConnector(KVConnectorBase_V1, SupportsHMA):
             )
         except ConfigError as exc:
             raise ConfigError(f"ChunkStoreConnector: {exc}") from None
+
+    def _watch_store(self, store: ConnectorStore) -> ConnectorEvents:
+        """Events for what ``store``'s host memory and tiers hold, fed by the tiered store."""
+        cache = store.host.cache
+        events = ConnectorEvents(
+            block_size=self.engine.block_size,
+            blocks_per_chunk=self.engine.blocks_per_chunk,
+            mediums=tier_mediums(cache.name, store.tiers),
+            # Every chunk host memory holds, and as many again on their way to the tiers.
+            identities=2 * cache.num_slots + 4096,
+        )
+        store.tiered.watch(events.buffer)
+        return events
 
     def _make_store(self) -> ConnectorStore:
         return ConnectorStore(
@@ -230,6 +249,8 @@ class ChunkStoreConnector(KVConnectorBase_V1, SupportsHMA):
         if self.shut_down:
             return
         self.shut_down = True
+        if self.events is not None and isinstance(self.store, ConnectorStore):
+            self.store.tiered.watch(None)
         try:
             if self.worker is not None:
                 self.worker.drain()
@@ -280,6 +301,10 @@ class ChunkStoreConnector(KVConnectorBase_V1, SupportsHMA):
         assert self.scheduler is not None
         return self.scheduler.request_finished(request)
 
+    def take_events(self) -> Iterable[Any]:
+        # vLLM's scheduler publishes these with its own events, each step.
+        return self.events.take() if self.events is not None else ()
+
     def reset_cache(self) -> bool | None:
         return self.scheduler.reset_cache() if self.scheduler is not None else None
 
@@ -294,6 +319,11 @@ class ChunkStoreConnector(KVConnectorBase_V1, SupportsHMA):
         cls, vllm_config: Any, metric_types: Any, labelnames: Any, per_engine_labelvalues: Any
     ) -> ChunkStorePromMetrics:
         return ChunkStorePromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
+
+
+def _kv_events_enabled(vllm_config: Any) -> bool:
+    config = getattr(vllm_config, "kv_events_config", None)
+    return bool(config is not None and config.enable_kv_cache_events)
 
 
 def _tp_rank() -> int:

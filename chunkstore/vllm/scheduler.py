@@ -27,6 +27,7 @@ from chunkstore.hashing import ChunkKey
 from chunkstore.vllm.config import ConnectorConfig
 from chunkstore.vllm.counters import Counters
 from chunkstore.vllm.engine import EngineKV
+from chunkstore.vllm.events import ConnectorEvents
 from chunkstore.vllm.metadata import ChunkLoad, ChunkSave, ChunkStoreMetadata
 from chunkstore.vllm.nodestore import NodeConnectorStore
 from chunkstore.vllm.tiers import ConnectorStore, PrefetchResult
@@ -78,6 +79,8 @@ class ChunkStoreScheduler:
         self._reqs: dict[str, _Request] = {}
         self._loads: dict[str, list[ChunkLoad]] = {}
         self.stats = Counters()
+        self.events: ConnectorEvents | None = None
+        """Told which vLLM blocks each saved or prefetched chunk stands for (KV events on)."""
 
     # --- keys ------------------------------------------------------------------
 
@@ -135,6 +138,8 @@ class ChunkStoreScheduler:
                 st.prefetch_done = True
                 return self._hit(st, start, end, num_computed_tokens)
             # Device blocks only for chunks already in host memory: fetch first, ask later.
+            if self.events is not None:
+                self.events.remember(request, end, keys[end:])
             st.prefetch = self.store.submit_prefetch(keys[end:])
             st.prefetch_from = end
             st.prefetch_deadline = time.monotonic() + self.cfg.prefetch_timeout_s
@@ -272,6 +277,8 @@ class ChunkStoreScheduler:
             meta.saves.append(
                 ChunkSave(req_id, keys[i], parent, tuple(tokens[i * c : (i + 1) * c]), per_group)
             )
+            if self.events is not None:
+                self.events.remember(request, i, keys[i : i + 1])
         st.saved = full
 
     # --- lifecycle --------------------------------------------------------------

@@ -223,6 +223,7 @@ def make_harness(
     policy: str = "recompute",
     sliding_window: int | None = None,
     max_batched: int = 512,
+    kv_events: Any = None,
 ) -> Harness:
     init_none_hash(sha256)
     model = ModelConfig(model=str(model_dir), dtype="bfloat16", seed=0, max_model_len=2048)
@@ -248,6 +249,7 @@ def make_harness(
         cache_config=cache,
         kv_transfer_config=transfer,
         device_config=DeviceConfig("cpu"),
+        kv_events_config=kv_events,
     )
     full = FullAttentionSpec(
         block_size=BLOCK, num_kv_heads=HEADS, head_size=DIM, dtype=torch.bfloat16

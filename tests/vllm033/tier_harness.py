@@ -40,12 +40,12 @@ NUM_SLOTS = 16
 _jobs = itertools.count(1)
 
 
-def offloading_spec(tp_size: int = 1, layout: str = "LBNHC") -> Any:
+def offloading_spec(tp_size: int = 1, layout: str = "LBNHC", events: bool = False) -> Any:
     """What TieringOffloadingSpec hands a tier: its normalized config and chunk size."""
     config = OffloadingConfig(
         groups=(OffloadingGroupConfig(tokens_per_block=BLOCK, layer_names=LAYERS, group_id=0),),
         worker_kv_bytes_per_block=SLOT_BYTES // BLOCKS_PER_CHUNK // tp_size,
-        enable_kv_cache_events=False,
+        enable_kv_cache_events=events,
         extra_config={},
         engine_id="test-engine",
         model=OffloadingModelConfig(name="tiny", dtype="bfloat16"),
@@ -67,7 +67,7 @@ def offloading_spec(tp_size: int = 1, layout: str = "LBNHC") -> Any:
     return SimpleNamespace(
         config=config,
         blocks_per_chunk=BLOCKS_PER_CHUNK,
-        kv_events_config=OffloadingKVEventsConfig(False, False),
+        kv_events_config=OffloadingKVEventsConfig(events, False),
     )
 
 
@@ -76,8 +76,16 @@ def primary(num_slots: int = NUM_SLOTS) -> torch.Tensor:
     return torch.zeros(num_slots, SLOT_BYTES, dtype=torch.uint8)
 
 
-def make_tier(harness: Any, primary_kv: torch.Tensor, tiers: list[str], **options: Any) -> Any:
-    """The tier as vLLM's factory builds it from one JSON entry."""
+def make_tier(
+    harness: Any,
+    primary_kv: torch.Tensor,
+    tiers: list[str],
+    *,
+    events: bool = False,
+    **options: Any,
+) -> Any:
+    """The tier as vLLM's factory builds it from one JSON entry (``events``: vLLM's KV events
+    are on)."""
     # The tier reads the engine's description from its caller, as it does under
     # OffloadingConnectorScheduler.__init__ (these two locals).
     vllm_config = harness.scheduler.vllm_config
@@ -90,7 +98,7 @@ def make_tier(harness: Any, primary_kv: torch.Tensor, tiers: list[str], **option
         **options,
     }
     return SecondaryTierFactory.create_secondary_tier(
-        entry, memoryview(primary_kv.numpy()), offloading_spec()
+        entry, memoryview(primary_kv.numpy()), offloading_spec(events=events)
     )
 
 

@@ -159,6 +159,10 @@ from chunkstore.cli.nodeservice import (  # noqa: E402
 
 SERVICES.append(Service("node", add_node_arguments, start_node, check_node))
 
+from chunkstore.cli.eventsservice import add_events_arguments, check_events, start_events  # noqa: E402
+
+SERVICES.append(Service("events", add_events_arguments, start_events, check_events))
+
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     parser = subparsers.add_parser(

@@ -18,4 +18,6 @@ TIER_OPTIONS: dict[str, str] = {
     "tier_timeout": "Seconds a store call may take before the store counts as down (default 30).",
     "retry_after": "Seconds a down store is skipped before it is tried again (default 5).",
     "locality": "vLLM's locality of this tier: 'LOCAL' or 'REMOTE' (default unset).",
+    "enable_kv_events": "Announce the chunks this tier stores as KV events (BlockStored, "
+    "medium STORAGE), when vLLM's --kv-events-config is on too (default false).",
 }

@@ -55,6 +55,7 @@ from chunkstore.metrics import default_metrics
 from chunkstore.vllm.config import parse_config, positive_int_option, seconds_option
 from chunkstore.vllm.engine import describe_engine
 from chunkstore.vllm.native.buffers import ChunkBuffers
+from chunkstore.vllm.native.events import TierEvents
 from chunkstore.vllm.native.options import TIER_OPTIONS
 from chunkstore.vllm.native.primary import PrimaryLayout
 from chunkstore.vllm.native.reading import LoadJobChunk, StoreRead
@@ -256,6 +257,14 @@ class ChunkStoreTier(SecondaryTierManager):
         self._jobs: dict[int, Future[None]] = {}
         self._loads: dict[int, tuple[str, list[ChunkKey]]] = {}
         self._stores: dict[int, tuple[str, list[ChunkKey]]] = {}
+        self.events: TierEvents | None = None
+        """BlockStored events of finished store jobs (``enable_kv_events`` and vLLM's
+        KV events both on)."""
+        if (
+            options.get("enable_kv_events")
+            and offloading_spec.kv_events_config.enable_kv_cache_events
+        ):
+            self.events = TierEvents(locality=self.locality, ownership=tier_type)
         self._finished: deque[JobResult] = deque()
         self._verdicts: dict[str, dict[ChunkKey, bool | Future[bool]]] = {}
         self.corrupt = 0
@@ -322,6 +331,8 @@ class ChunkStoreTier(SecondaryTierManager):
         slots = [int(c) for c in job_metadata.chunk_ids]
         job_id = job_metadata.job_id
         self._stores[job_id] = (ctx.req_id, [a.key for a in addresses if a is not None])
+        if self.events is not None:
+            self.events.submitted(job_id, job_metadata.keys)
         self._jobs[job_id] = self._pool.submit(self._run_store, job_id, addresses, slots)
 
     def _slot(self, chunk_id: int) -> memoryview:
@@ -637,8 +648,14 @@ class ChunkStoreTier(SecondaryTierManager):
             store = self._stores.pop(result.job_id, None)
             if store is not None and result.success:
                 self._remember(*store, True)  # a later lookup of this request finds them
+            if store is not None and self.events is not None:
+                self.events.finished(result.job_id, result.success)
             results.append(result)
         return results
+
+    def take_events(self) -> Iterable[Any]:
+        # vLLM's OffloadingConnector publishes them as BlockStored under its block hashes.
+        return self.events.take() if self.events is not None else ()
 
     def _remember(self, req_id: str, keys: Sequence[ChunkKey], held: bool) -> None:
         verdicts = self._verdicts.get(req_id)

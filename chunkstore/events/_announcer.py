@@ -1,0 +1,228 @@
+"""Announce what shared stores hold, and answer "which of these chunks exist".
+
+:class:`StoreAnnouncer` speaks for the stores themselves, not for one engine:
+it lists them, and publishes the difference from its last listing. So a chunk
+any writer stored is announced (``BlockStored``), and a chunk that left every
+store (pruned, deleted, set aside as corrupt) is announced gone
+(``BlockRemoved``). A new announcer starts with ``AllBlocksCleared``, then
+announces everything listed, in pages.
+
+Events name chunks by chunkstore's keys: ``block_hashes`` is the chunk's
+32-byte key, ``parent_block_hash`` its parent's (the namespace root for a
+first chunk), ``token_ids`` the tokens it covers and ``block_size`` their
+number. ``extra_keys`` carries ``("namespace", <16 hex digits>)``: keys derive
+from the namespace (model, LoRA, cache salt), so one tenant's chunks never
+appear under another's keys. ``medium`` is ``STORAGE``, ``ownership`` ``shared``.
+
+:class:`ChunkQuery` answers routers that ask instead of listen, over a ZeroMQ
+REP socket: a msgpack map ``{"namespace": str, "keys": [32-byte digests]}``
+gets ``{"exists": [bool, ...], "prefix": int}`` (how many leading keys are
+stored), or ``{"error": str}``.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from chunkstore.events._publisher import EventPublisher, _zmq
+from chunkstore.events._wire import (
+    EventBatch,
+    _msgpack,
+    all_blocks_cleared,
+    block_removed,
+    block_stored,
+)
+from chunkstore.hashing import ChunkKey
+
+__all__ = ["ChunkQuery", "StoreAnnouncer"]
+
+Describe = Callable[[ChunkKey], "tuple[bytes, list[int]] | None"]
+"""A chunk's parent digest and token ids, read from its header (None: gone or unreadable)."""
+
+MAX_QUERY_KEYS = 4096
+"""Most keys one query may ask about."""
+_NAMESPACE = re.compile(r"[0-9a-f]{16}")
+
+
+class StoreAnnouncer:
+    """Publishes what ``stores`` hold on ``publisher``, every ``interval`` seconds.
+
+    At most ``max_chunks`` chunks are tracked (beyond that, new ones are counted
+    in :attr:`untracked`, not announced); ``page`` events go in one batch.
+    """
+
+    def __init__(
+        self,
+        stores: Sequence[Any],
+        publisher: EventPublisher,
+        describe: Describe,
+        *,
+        interval: float = 10.0,
+        page: int = 512,
+        max_chunks: int = 1_000_000,
+    ) -> None:
+        self.stores = list(stores)
+        self.publisher = publisher
+        self.describe = describe
+        self.interval = interval
+        self.page = page
+        self.max_chunks = max_chunks
+        self.untracked = 0
+        """Chunks seen past ``max_chunks`` in the last listing (not announced)."""
+        self._held: set[ChunkKey] = set()
+        self._started = False
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    @property
+    def held(self) -> int:
+        """Chunks announced as stored, and not since as removed."""
+        return len(self._held)
+
+    def scan(self) -> tuple[int, int]:
+        """List the stores once and publish the change; (stored, removed) announced."""
+        listed: set[ChunkKey] = set()
+        self.untracked = 0
+        for store in self.stores:
+            for info in store.list():
+                if info.key in listed:
+                    continue
+                if len(listed) >= self.max_chunks:
+                    self.untracked += 1
+                    continue
+                listed.add(info.key)
+        if not self._started:
+            self._started = True
+            self._publish([all_blocks_cleared()])
+        new = [k for k in listed if k not in self._held]
+        gone = [k for k in self._held if k not in listed]
+        stored = 0
+        events: list[dict[str, Any]] = []
+        for key in new:
+            described = self.describe(key)
+            if described is None:
+                continue
+            parent, tokens = described
+            events.append(_stored(key, parent, tokens))
+            self._held.add(key)
+            stored += 1
+            if len(events) >= self.page:
+                self._publish(events)
+                events = []
+        for key in gone:
+            events.append(block_removed([key.digest], "STORAGE", ownership="shared"))
+            self._held.discard(key)
+            if len(events) >= self.page:
+                self._publish(events)
+                events = []
+        if events:
+            self._publish(events)
+        return stored, len(gone)
+
+    def _publish(self, events: list[dict[str, Any]]) -> None:
+        self.publisher.publish(EventBatch(time.time(), events))
+
+    def start(self) -> StoreAnnouncer:
+        """Scan now, then every ``interval`` seconds on a thread, until :meth:`close`."""
+        self.scan()
+        self._thread = threading.Thread(
+            target=self._run, name="chunkstore-store-announcer", daemon=True
+        )
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self.scan()
+            except Exception:  # noqa: BLE001 - a failing listing is retried next time
+                continue
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(self.interval + 5)
+
+
+def _stored(key: ChunkKey, parent: bytes, tokens: list[int]) -> dict[str, Any]:
+    return block_stored(
+        [key.digest],
+        parent,
+        tokens,
+        len(tokens),
+        "STORAGE",
+        extra_keys=[("namespace", key.namespace)],
+        ownership="shared",
+    )
+
+
+class ChunkQuery:
+    """Answers batch existence queries about ``store`` on a REP socket at ``endpoint``."""
+
+    def __init__(self, store: Any, endpoint: str) -> None:
+        zmq = _zmq()
+        self._zmq = zmq
+        self.store = store
+        self._ctx = zmq.Context()
+        self._sock = self._ctx.socket(zmq.REP)
+        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.setsockopt(zmq.MAXMSGSIZE, 64 + MAX_QUERY_KEYS * 40)
+        self._sock.bind(endpoint)
+        self.endpoint = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
+        """The bound address."""
+        self.errors = 0
+        """Requests refused (malformed, too many keys)."""
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="chunkstore-query", daemon=True)
+        self._thread.start()
+
+    def answer(self, request: bytes) -> dict[str, Any]:
+        """The reply to one request (also what the socket sends)."""
+        try:
+            keys = _parse_query(request)
+        except ValueError as exc:
+            self.errors += 1
+            return {"error": str(exc)}
+        exists = [bool(x) for x in self.store.exists_many(keys)] if keys else []
+        prefix = 0
+        for found in exists:
+            if not found:
+                break
+            prefix += 1
+        return {"exists": exists, "prefix": prefix}
+
+    def _run(self) -> None:
+        pack = _msgpack().packb
+        while not self._stop.is_set():
+            if not self._sock.poll(50):
+                continue
+            request = self._sock.recv()
+            self._sock.send(pack(self.answer(request), use_bin_type=True))
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(2)
+        self._sock.close(0)
+        self._ctx.term()
+
+
+def _parse_query(request: bytes) -> list[ChunkKey]:
+    """The keys a query names; ``ValueError`` for anything but the grammar."""
+    try:
+        body = _msgpack().unpackb(request, raw=False)
+    except Exception:  # noqa: BLE001 - malformed input is one error
+        raise ValueError("a query is a msgpack map") from None
+    if not isinstance(body, dict):
+        raise ValueError("a query is a msgpack map")
+    namespace, digests = body.get("namespace"), body.get("keys")
+    if not isinstance(namespace, str) or not _NAMESPACE.fullmatch(namespace):
+        raise ValueError("namespace must be 16 lower-case hex digits")
+    if not isinstance(digests, list) or len(digests) > MAX_QUERY_KEYS:
+        raise ValueError(f"keys must be a list of at most {MAX_QUERY_KEYS} digests")
+    if not all(isinstance(d, bytes) and len(d) == 32 for d in digests):
+        raise ValueError("every key is a 32-byte digest")
+    return [ChunkKey(d, namespace) for d in digests]

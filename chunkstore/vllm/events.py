@@ -1,0 +1,219 @@
+"""vLLM KV events for what chunkstore holds: ``BlockStored`` / ``BlockRemoved`` per chunk.
+
+The connector's scheduler side owns one :class:`ConnectorEvents`. The tiered
+store tells it which chunks host memory published or dropped, and which ones
+write-back stored in a tier (:meth:`~chunkstore.cache.TieredStore.watch`). The
+scheduler tells it, when it plans a save or a prefetch, which of vLLM's block
+hashes a chunk key stands for. :meth:`ConnectorEvents.take` joins the two, and
+vLLM's scheduler publishes the result with its own GPU events (through
+``ChunkStoreConnector.take_events``), so ``--kv-events-config`` works unchanged.
+
+Rules:
+
+* a chunk in host memory is ``medium="CPU"``, ``locality="LOCAL"``; one stored
+  in a filesystem or S3 tier is ``medium="STORAGE"``; ``ownership`` names the tier;
+* removals are announced for host memory only, and only for chunks announced
+  before: a shared tier's chunk may still serve other engines, so this engine
+  never claims it is gone;
+* a peer tier's chunks are the peer's to announce; none are published here;
+* a chunk whose vLLM block hashes are not known (another engine's, or a key
+  forgotten past ``identities``) is counted in :attr:`ConnectorEvents.unmapped`.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from chunkstore.events import EventBuffer
+from chunkstore.hashing import ChunkKey
+
+__all__ = ["ConnectorEvents", "TierMedium", "tier_mediums"]
+
+MEDIUM_CPU = "CPU"
+MEDIUM_STORAGE = "STORAGE"
+_REMOTE_KINDS = frozenset({"s3"})
+"""Tier kinds whose storage is reached over the network (``locality="REMOTE"``)."""
+_SILENT_KINDS = frozenset({"peer"})
+"""Tier kinds whose chunks another process announces."""
+
+
+@dataclass(frozen=True, slots=True)
+class TierMedium:
+    """How one of chunkstore's tiers is named in vLLM events."""
+
+    medium: str
+    """``CPU`` or ``STORAGE``."""
+    locality: str | None
+    """``LOCAL``, ``REMOTE`` or None (unknown: a mount may be local or shared)."""
+    ownership: str
+    """The tier's name."""
+    announces_removals: bool
+    """Whether removals from this tier are published (host memory only)."""
+
+
+def tier_mediums(host_name: str, tiers: Iterable[Any]) -> dict[str, TierMedium]:
+    """Tier name -> how it is named in events, for host memory and the ``tiers`` (stores)."""
+    mediums = {host_name: TierMedium(MEDIUM_CPU, "LOCAL", host_name, True)}
+    for tier in tiers:
+        kind = str(getattr(tier, "kind", ""))
+        if kind in _SILENT_KINDS:
+            continue
+        locality = "REMOTE" if kind in _REMOTE_KINDS else None
+        mediums[tier.name] = TierMedium(MEDIUM_STORAGE, locality, tier.name, False)
+    return mediums
+
+
+@dataclass(frozen=True, slots=True)
+class _Identity:
+    """What vLLM calls one chunk: its blocks' hashes and what went into them."""
+
+    block_hashes: list[Any]
+    parent: Any
+    token_ids: list[int]
+    lora_id: int | None
+    lora_name: str | None
+    extra_keys: list[tuple[Any, ...] | None] | None
+    session_id: str | None
+
+
+class ConnectorEvents:
+    """Chunkstore's residency events, as vLLM ``KVCacheEvent`` objects. Thread-safe.
+
+    ``mediums`` maps tier names (see :func:`tier_mediums`); events of other
+    tiers are ignored. At most ``capacity`` events wait between two
+    :meth:`take` calls (older ones are dropped and counted); at most
+    ``identities`` chunk keys are remembered.
+    """
+
+    def __init__(
+        self,
+        *,
+        block_size: int,
+        blocks_per_chunk: int,
+        mediums: Mapping[str, TierMedium],
+        capacity: int = 65536,
+        identities: int = 65536,
+    ) -> None:
+        self.block_size = block_size
+        self.blocks_per_chunk = blocks_per_chunk
+        self.mediums = dict(mediums)
+        self.buffer = EventBuffer(capacity)
+        """Where the tiered store's listener calls land."""
+        self.identities = identities
+        self.unmapped = 0
+        """Events not published because the chunk's vLLM block hashes were not known."""
+        self._ids: OrderedDict[ChunkKey, _Identity] = OrderedDict()
+        self._held: dict[ChunkKey, set[str]] = {}
+        """Chunk -> tiers announcing removals where a store was published."""
+        self._lock = threading.Lock()
+
+    # --- what the scheduler tells ------------------------------------------------------
+
+    def remember(self, request: Any, first: int, keys: Sequence[ChunkKey]) -> None:
+        """``keys`` are the request's chunks ``first``, ``first + 1``, ...: note their vLLM
+        block hashes, so that events about them can name the blocks."""
+        bpc, bs = self.blocks_per_chunk, self.block_size
+        hashes = list(request.block_hashes)
+        if len(hashes) * bs > request.num_tokens + bs:
+            return  # hashes finer than blocks (a hybrid model's): no 1:1 view, leave unmapped
+        for j, key in enumerate(keys):
+            index = first + j
+            with self._lock:
+                if key in self._ids:
+                    self._ids.move_to_end(key)
+                    continue
+            if len(hashes) < (index + 1) * bpc:
+                return
+            identity = _identity(request, hashes, index, bpc, bs)
+            with self._lock:
+                self._ids[key] = identity
+                while len(self._ids) > self.identities:
+                    old, _ = self._ids.popitem(last=False)
+                    self._held.pop(old, None)
+
+    # --- what vLLM publishes ------------------------------------------------------------
+
+    def take(self) -> list[Any]:
+        """vLLM events for everything that changed since the last call, oldest first."""
+        from vllm.distributed.kv_events import BlockRemoved, BlockStored
+
+        out: list[Any] = []
+        for event in self.buffer.take():
+            tier = self.mediums.get(event.where)
+            if tier is None:
+                continue
+            with self._lock:
+                identity = self._ids.get(event.key)
+                if identity is None:
+                    if event.stored:
+                        self.unmapped += 1
+                    continue
+                held = self._held.get(event.key)
+                if event.stored:
+                    if tier.announces_removals:
+                        if held is not None and tier.ownership in held:
+                            continue  # a replaced copy: announced already
+                        self._held.setdefault(event.key, set()).add(tier.ownership)
+                elif held is None or tier.ownership not in held:
+                    continue
+                else:
+                    held.discard(tier.ownership)
+                    if not held:
+                        del self._held[event.key]
+            if event.stored:
+                out.append(
+                    BlockStored(
+                        block_hashes=list(identity.block_hashes),
+                        parent_block_hash=identity.parent,
+                        token_ids=list(identity.token_ids),
+                        block_size=self.block_size,
+                        lora_id=identity.lora_id,
+                        medium=tier.medium,
+                        lora_name=identity.lora_name,
+                        extra_keys=identity.extra_keys,
+                        group_idx=0,
+                        locality=tier.locality,
+                        ownership=tier.ownership,
+                        session_id=identity.session_id,
+                    )
+                )
+            else:
+                out.append(
+                    BlockRemoved(
+                        block_hashes=list(identity.block_hashes),
+                        medium=tier.medium,
+                        group_idx=0,
+                        locality=tier.locality,
+                        ownership=tier.ownership,
+                    )
+                )
+        return out
+
+
+def _identity(request: Any, hashes: list[Any], index: int, bpc: int, bs: int) -> _Identity:
+    """Chunk ``index`` of ``request`` as vLLM's block pool describes its blocks."""
+    from vllm.v1.core.kv_cache_utils import (
+        generate_block_hash_extra_keys,
+        maybe_convert_block_hash,
+        to_event_extra_keys,
+    )
+
+    start = index * bpc
+    extra = [
+        generate_block_hash_extra_keys(request, b * bs, (b + 1) * bs, 0)[0]
+        for b in range(start, start + bpc)
+    ]
+    lora = getattr(request, "lora_request", None)
+    return _Identity(
+        block_hashes=[maybe_convert_block_hash(h) for h in hashes[start : start + bpc]],
+        parent=maybe_convert_block_hash(hashes[start - 1]) if start else None,
+        token_ids=list(request.all_token_ids[start * bs : (start + bpc) * bs]),
+        lora_id=lora.adapter_id if lora is not None else None,
+        lora_name=lora.name if lora is not None else None,
+        extra_keys=to_event_extra_keys(extra),
+        session_id=getattr(request, "session_id", None),
+    )

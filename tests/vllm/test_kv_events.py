@@ -1,0 +1,206 @@
+"""ChunkStoreConnector's KV events through vLLM's own publisher (``--kv-events-config``)."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("vllm")
+
+import msgspec  # noqa: E402
+from vllm.config.kv_events import KVEventsConfig  # noqa: E402
+from vllm.distributed.kv_events import BlockRemoved, BlockStored, KVEventBatch  # noqa: E402
+from vllm.v1.core.kv_cache_utils import maybe_convert_block_hash  # noqa: E402
+
+from chunkstore.events import EventSubscriber, PrefixIndex  # noqa: E402
+from chunkstore.vllm.testing import sample_prompt_ids  # noqa: E402
+
+from .harness import harnesses  # noqa: E402
+
+PROMPT = sample_prompt_ids(300, seed=1)  # 4 full chunks of 64 tokens, 2 blocks of 32 each
+BPC = 2
+
+
+@pytest.fixture
+def harness(tiny_model):
+    with harnesses(tiny_model) as make:
+        yield make
+
+
+@pytest.fixture
+def events(tmp_path):
+    config = KVEventsConfig(
+        enable_kv_cache_events=True,
+        publisher="zmq",
+        endpoint=f"ipc://{tmp_path}/kv-events",
+        replay_endpoint=f"ipc://{tmp_path}/kv-replay",
+        topic="kv",
+    )
+    sub = EventSubscriber(config.endpoint, replay_endpoint=config.replay_endpoint, topic="kv")
+    yield config, sub
+    sub.close()
+
+
+def collect(sub, index, decoded, until, rounds=50):
+    """Read batches (catching up first) until ``until()`` holds or ``rounds`` reads passed."""
+    for received in sub.catch_up():
+        index.apply("engine", received)
+        decoded.append(msgspec.msgpack.decode(received.payload, type=KVEventBatch))
+    for _ in range(rounds):
+        if until():
+            return
+        for received in sub.receive(timeout=0.1):
+            index.apply("engine", received)
+            decoded.append(msgspec.msgpack.decode(received.payload, type=KVEventBatch))
+
+
+def hashes(request):
+    return [maybe_convert_block_hash(h) for h in request.block_hashes]
+
+
+def cpu_run(index, blocks):
+    """Leading ``blocks`` the index says the engine holds in CPU memory."""
+    return max([n for n, _, where in index.longest_prefix(blocks) if where == "CPU"], default=0)
+
+
+def events_of(decoded, kind, medium):
+    return [e for b in decoded for e in b.events if isinstance(e, kind) and e.medium == medium]
+
+
+def test_saved_chunks_are_announced_in_cpu_with_vllm_block_hashes(harness, events):
+    config, sub = events
+    h = harness(kv_events=config)
+    request = h.add(PROMPT)
+    h.run()
+    index, decoded = PrefixIndex(), []
+    collect(sub, index, decoded, lambda: index.count("engine", "CPU") >= 4 * BPC)
+    stored = events_of(decoded, BlockStored, "CPU")
+    assert len(stored) == 4  # one event per chunk
+    blocks = hashes(request)
+    for i, event in enumerate(stored):
+        assert event.block_hashes == blocks[BPC * i : BPC * (i + 1)]
+        assert event.parent_block_hash == (blocks[BPC * i - 1] if i else None)
+        assert event.token_ids == PROMPT[64 * i : 64 * (i + 1)]
+        assert event.block_size == 32
+        assert event.locality == "LOCAL" and event.ownership == "host"
+    # The router's join: the GPU's blocks and chunkstore's, under the same hashes.
+    found = {(where, n) for n, _, where in index.longest_prefix(blocks)}
+    assert ("CPU", 4 * BPC) in found
+    assert any(where == "GPU" for where, _ in found)
+    assert sub.lost == 0
+
+
+def test_host_evictions_are_removals_and_the_index_matches_host_memory(harness, events):
+    config, sub = events
+    probe = harness()
+    slot = probe.connector.engine.layout.total_size
+    h = harness(kv_events=config, extra={"host_cache": str(2 * slot)})
+    request = h.add(PROMPT)
+    h.run()
+    index, decoded = PrefixIndex(), []
+    collect(sub, index, decoded, lambda: bool(events_of(decoded, BlockRemoved, "CPU")))
+    removed = events_of(decoded, BlockRemoved, "CPU")
+    assert removed
+    blocks = hashes(request)
+    store = h.connector.store
+    keys = h.connector.engine.keys(PROMPT, h.connector.engine.root())
+    held = {
+        tuple(blocks[BPC * i : BPC * (i + 1)]) for i, k in enumerate(keys) if store.host.contains(k)
+    }
+    assert len(held) == 2
+    announced = {
+        tuple(blocks[BPC * i : BPC * (i + 1)])
+        for i in range(4)
+        if cpu_run(index, blocks[BPC * i : BPC * (i + 1)]) == BPC
+    }
+    assert announced == held
+
+
+def test_reset_cache_removes_what_was_announced(harness, events):
+    config, sub = events
+    h = harness(kv_events=config)
+    request = h.add(PROMPT)
+    h.run()
+    index, decoded = PrefixIndex(), []
+    collect(sub, index, decoded, lambda: index.count("engine", "CPU") >= 4 * BPC)
+    assert h.scheduler.reset_prefix_cache(reset_connector=True)
+    h.step()  # the step that publishes what the reset did
+    collect(sub, index, decoded, lambda: bool(events_of(decoded, BlockRemoved, "CPU")))
+    assert index.count("engine", "CPU") == 0
+    assert cpu_run(index, hashes(request)) == 0
+
+
+def test_tier_writes_are_announced_in_storage_and_never_removed(harness, events, tmp_path):
+    config, sub = events
+    h = harness(kv_events=config, extra={"tiers": [f"file://{tmp_path}/kv"]})
+    request = h.add(PROMPT)
+    h.run()
+    h.connector.store.flush(timeout=30)
+    h.step()  # publishes the write-backs that finished
+    index, decoded = PrefixIndex(), []
+    collect(sub, index, decoded, lambda: index.count("engine", "STORAGE") >= 4 * BPC)
+    stored = events_of(decoded, BlockStored, "STORAGE")
+    assert [e.block_hashes for e in stored] == [
+        hashes(request)[BPC * i : BPC * (i + 1)] for i in range(4)
+    ]
+    assert len({e.ownership for e in stored}) == 1 and stored[0].locality is None
+    assert h.scheduler.reset_prefix_cache(reset_connector=True)
+    h.step()
+    collect(sub, index, decoded, lambda: bool(events_of(decoded, BlockRemoved, "CPU")))
+    assert not events_of(decoded, BlockRemoved, "STORAGE")
+    assert index.count("engine", "STORAGE") == 4 * BPC
+
+
+def test_no_events_without_kv_events_config(harness):
+    h = harness()
+    h.add(PROMPT)
+    h.run()
+    assert h.connector.events is None
+    assert list(h.connector.take_events()) == []
+
+
+def test_a_dropped_subscriber_replays_what_it_missed(harness, events):
+    config, sub = events
+    h = harness(kv_events=config)
+    first = h.add(PROMPT)
+    h.run()
+    index, decoded = PrefixIndex(), []
+    collect(sub, index, decoded, lambda: index.count("engine", "CPU") >= 4 * BPC)
+    sub._sub.close(0)  # the subscriber drops off while the engine goes on
+    other = sample_prompt_ids(300, seed=2)
+    missed = h.add(other)
+    h.run()
+    sub.connect()
+    later = h.add(sample_prompt_ids(300, seed=3))  # live batches after the gap reveal it
+    h.run()
+    collect(sub, index, decoded, lambda: cpu_run(index, hashes(later)) == 4 * BPC)
+    assert sub.replayed > 0 and sub.lost == 0
+    for request in (first, missed, later):
+        assert cpu_run(index, hashes(request)) == 4 * BPC
+
+
+def test_a_restarted_engine_is_seen_and_its_old_blocks_forgotten(harness, events):
+    config, sub = events
+    h = harness(kv_events=config)
+    first = h.add(PROMPT)
+    h.run()
+    index, decoded = PrefixIndex(), []
+    collect(sub, index, decoded, lambda: index.count("engine", "CPU") >= 4 * BPC)
+    h.worker.shutdown()
+    h.connector.shutdown()
+    h.scheduler.shutdown()  # the engine stops: its publisher goes, with its sequence
+    h = harness(kv_events=config)
+    # The subscriber is connected when the new engine publishes its first batches (PUB drops
+    # batches sent before it is): empty ones until one arrives, as a quiet engine's would.
+    for _ in range(100):
+        h.scheduler.kv_event_publisher.publish(KVEventBatch(ts=0.0, events=[]))
+        got = sub.receive(timeout=0.1)
+        for received in got:
+            index.apply("engine", received)
+        if got:
+            break
+    second = h.add(sample_prompt_ids(300, seed=4))
+    h.run()
+    collect(sub, index, decoded, lambda: cpu_run(index, hashes(second)) == 4 * BPC)
+    assert sub.restarts == 1, (sub.expected, sub.lost, sub.replayed)
+    assert cpu_run(index, hashes(first)) == 0
+    assert cpu_run(index, hashes(second)) == 4 * BPC
