@@ -25,6 +25,7 @@ LAYERS: dict[str, int] = {
     "_lazy": 0,
     "format": 2,
     "hashing": 3,
+    "events": 4,
     "backends": 4,
     "testing": 5,
     "cache": 6,
