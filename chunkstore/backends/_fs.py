@@ -814,6 +814,13 @@ class FsStore(Store):
         view = memoryview(data).cast("B")
         tmp = None
         published = False
+        limiter = self._limiter()
+        reserved = None
+        if isinstance(limiter, CapacityIndex):
+            if not limiter.fits(len(view)):
+                return False
+            # The index makes the room while the temp file is written (no lock to wait on).
+            reserved = limiter.reserve(final, len(view))
         try:
             self._ensure_marker()
             tmp = self._write_temp(key, view)
@@ -828,8 +835,12 @@ class FsStore(Store):
                 published = True  # link_if_absent removed tmp either way
                 return written
 
-            limiter = self._limiter()
-            if limiter is not None:
+            if isinstance(limiter, CapacityIndex):
+                admitting, reserved = reserved, None
+                written = limiter.admit(
+                    final, len(view), publish, replace=replace, reserved=admitting
+                )
+            elif limiter is not None:
                 written = limiter.admit(final, len(view), publish, replace=replace)
             else:
                 written = publish()
@@ -844,6 +855,9 @@ class FsStore(Store):
             if tmp is not None and not published:
                 with contextlib.suppress(OSError):
                     self.io.remove(tmp)
+            if reserved is not None:  # the temp write failed before admit took it over
+                assert isinstance(limiter, CapacityIndex)
+                limiter.release(final, reserved)
 
     def _write_temp(self, key: ChunkKey, view: memoryview) -> str:
         name = L.temp_name(key.hex)

@@ -9,9 +9,10 @@ agreement lives in a server built for it (spec/FORMAT.md section 6.8):
 - each change is one Lua script, so two writers never pick the same victim and the
   counters never drift from the set.
 
-The files stay the truth. A writer publishes first and accounts after, so a writer killed
-in between leaves a chunk the index lacks; :meth:`CapacityIndex.reconcile` walks the files
-and repairs every such difference. When the server is down, writes and reads go on
+The files stay the truth. While a writer writes its temp file, the index reserves the
+chunk's room and the writer deletes the victims; then it publishes and commits the chunk
+into the LRU order. A writer killed anywhere in between leaves a difference that
+:meth:`CapacityIndex.reconcile` repairs from a walk of the files. When the server is down, writes and reads go on
 (a warning, :attr:`CapacityIndex.errors`), the index is marked stale when it answers
 again, and the next reconcile restores the cap.
 """
@@ -52,10 +53,12 @@ local function take_out(name)
 end
 """
 
-# KEYS: usage, lru, sizes. ARGV: member, size, now, cap (-1: none), max victims.
-# Accounts a published chunk (new, or replacing one of another size), then takes the least
-# recently used others out of the index until usage fits the cap, and returns them: the
-# caller deletes their files. The new chunk itself is never a victim.
+# KEYS: usage, lru, sizes. ARGV: member, size, now, cap (-1: none), max victims, mode.
+# Accounts a chunk just published, or (mode 'reserve') about to be: new, or replacing one
+# of another size. Then takes the least recently used others out of the index until usage
+# fits the cap. Returns 1 if the entry is new (0 if the index had it), then the victims:
+# the caller deletes their files. A reserved chunk is counted but out of the LRU order
+# until its publish commits it, so no writer evicts a chunk that is not on disk yet.
 _ADD = (
     _TAKE_OUT
     + """
@@ -68,32 +71,48 @@ else
   redis.call('HINCRBY', KEYS[1], 'chunks', 1)
 end
 redis.call('HSET', KEYS[3], ARGV[1], size)
-redis.call('ZADD', KEYS[2], ARGV[3], ARGV[1])
+if ARGV[6] == 'reserve' then
+  redis.call('ZREM', KEYS[2], ARGV[1])
+else
+  redis.call('ZADD', KEYS[2], ARGV[3], ARGV[1])
+end
 local cap = tonumber(ARGV[4])
-local victims = {}
-if cap < 0 then return victims end
+local out = {old and 0 or 1}
+if cap < 0 then return out end
 local used = tonumber(redis.call('HGET', KEYS[1], 'bytes'))
-while used > cap and #victims < tonumber(ARGV[5]) do
+while used > cap and #out <= tonumber(ARGV[5]) do
   local oldest = redis.call('ZRANGE', KEYS[2], 0, 1)
   local pick = oldest[1]
   if pick == ARGV[1] then pick = oldest[2] end
   if not pick then break end
   used = used - take_out(pick)
-  victims[#victims + 1] = pick
+  out[#out + 1] = pick
 end
-return victims
+return out
 """
 )
 
 # KEYS: usage, lru, sizes. ARGV: member, size, last use. Adds a chunk a walk found, unless
 # the index has it (a writer accounted it meanwhile). Returns 1 if it was added.
 _ADD_FOUND = """
-if redis.call('HEXISTS', KEYS[3], ARGV[1]) == 1 then return 0 end
+if redis.call('HEXISTS', KEYS[3], ARGV[1]) == 1 then
+  redis.call('ZADD', KEYS[2], 'NX', ARGV[3], ARGV[1])
+  return 0
+end
 redis.call('HSET', KEYS[3], ARGV[1], ARGV[2])
 redis.call('ZADD', KEYS[2], ARGV[3], ARGV[1])
 redis.call('HINCRBY', KEYS[1], 'bytes', tonumber(ARGV[2]))
 redis.call('HINCRBY', KEYS[1], 'chunks', 1)
 return 1
+"""
+
+# KEYS: lru, sizes. ARGV: member, now. Puts a published chunk (reserved before) into the
+# LRU order, if the index still counts it.
+_COMMIT = """
+if redis.call('HEXISTS', KEYS[2], ARGV[1]) == 1 then
+  redis.call('ZADD', KEYS[1], ARGV[2], ARGV[1])
+end
+return 0
 """
 
 # KEYS: usage, lru, sizes. ARGV: members. Takes chunks out; returns how many it held.
@@ -218,14 +237,13 @@ class CapacityIndex:
         self._add = client.register_script(_ADD)
         self._add_found = client.register_script(_ADD_FOUND)
         self._remove = client.register_script(_REMOVE)
+        self._commit = client.register_script(_COMMIT)
         self._evict_script = client.register_script(_EVICT)
         self._lock = threading.Lock()
-        # Accounting runs behind the writer, on one thread of the index's own: a writer's
-        # next publish waits for its previous chunk to be accounted (and its victims gone),
-        # so a writer is at most one chunk ahead of the cap while the round trip to the
-        # server overlaps the writing of its next chunk.
+        # Accounting runs beside the writer, on one thread of the index's own: while a
+        # writer writes its temp file, the index reserves the chunk's room and the victims
+        # are deleted; the publish waits for that (see reserve).
         self._behind: concurrent.futures.ThreadPoolExecutor | None = None
-        self._mine = threading.local()
         self._down_until = 0.0
         self._missed = False
         self.errors = 0
@@ -273,20 +291,60 @@ class CapacityIndex:
 
     # --- the limiter's interface ---------------------------------------------------
 
-    def admit(self, final: str, size: int, publish: Callable[[], bool], *, replace: bool) -> bool:
-        """Publish a chunk of ``size`` bytes at ``final``, account it, and delete the least
-        recently used chunks the index chose to bring usage back under the cap.
+    def reserve(self, final: str, size: int) -> concurrent.futures.Future[bool]:
+        """Account a chunk of ``size`` bytes that is about to be published at ``final`` and
+        delete the victims that make room for it, on the index's own thread: the writer
+        writes its temp file meanwhile. The future's result: whether the entry is new.
+
+        Hand the future to :meth:`admit`, or to :meth:`release` if the chunk is not
+        published after all. Only for chunks that :meth:`fits`."""
+        return self._accountant().submit(self.account, final, size, reserve=True)
+
+    def admit(
+        self,
+        final: str,
+        size: int,
+        publish: Callable[[], bool],
+        *,
+        replace: bool,
+        reserved: concurrent.futures.Future[bool] | None = None,
+    ) -> bool:
+        """Publish a chunk of ``size`` bytes at ``final`` once its room is made: the least
+        recently used chunks the index chose are deleted first (:meth:`reserve`, done here
+        unless ``reserved`` gives its future). So usage passes the cap by at most the chunk
+        each writer is publishing.
 
         Returns what ``publish`` returned, or False for a chunk larger than the cap.
         """
         del replace  # publish() decides; the index learns the outcome either way
-        if not self.fits(size):
-            return False
-        self._settle_mine()
-        written = publish()
+        if reserved is None:
+            if not self.fits(size):
+                return False
+            reserved = self.reserve(final, size)
+        reserved.result()  # the room is made: the victims are gone (account() never raises)
+        try:
+            written = publish()
+        except BaseException:
+            self.release(final, reserved)
+            raise
         if written:
-            self._mine.pending = self._accountant().submit(self.account, final, size)
+            self._accountant().submit(self._committed, final)
+        else:
+            self.release(final, reserved)
         return written
+
+    def _committed(self, final: str) -> None:
+        name = self._name_of(final)
+        self._call("commit", lambda: self._commit(keys=self._keys[1:], args=[name, time.time()]))
+
+    def release(self, final: str, reserved: concurrent.futures.Future[bool]) -> None:
+        """Take back the reservation of a chunk that was not published (a put-if-absent
+        that lost, a write that failed), if it made the entry."""
+        if reserved.result():
+            name = self._name_of(final)
+            self._call("release", lambda: self._remove(keys=self._keys, args=[name]))
+        else:  # the entry was there before (a replacement): back into the LRU order
+            self._accountant().submit(self._committed, final)
 
     def _accountant(self) -> concurrent.futures.ThreadPoolExecutor:
         with self._lock:
@@ -295,12 +353,6 @@ class CapacityIndex:
                     1, thread_name_prefix=f"{self._label}-index"
                 )
             return self._behind
-
-    def _settle_mine(self) -> None:
-        pending = getattr(self._mine, "pending", None)
-        if pending is not None:
-            self._mine.pending = None
-            pending.result()  # account() logs and counts its own failures; it never raises
 
     def flush(self) -> None:
         """Wait until every chunk published so far is accounted and its victims deleted."""
@@ -325,17 +377,24 @@ class CapacityIndex:
             return False
         return True
 
-    def account(self, path: str, size: int) -> None:
-        """Count a chunk just published at ``path`` and delete the least recently used
-        chunks the index chose to bring usage back under the cap (never this one)."""
+    def account(self, path: str, size: int, *, reserve: bool = False) -> bool:
+        """Count a chunk just published at ``path`` (``reserve``: about to be) and delete
+        the least recently used chunks the index chose to bring usage back under the cap
+        (never this one). True if the index had no entry for it before; False if it had,
+        or is down."""
         cap = -1 if self.max_bytes is None else self.max_bytes
         name = self._name_of(path)
-        ok, victims = self._call(
+        mode = "reserve" if reserve else "publish"
+        ok, out = self._call(
             "account",
-            lambda: self._add(keys=self._keys, args=[name, size, time.time(), cap, MAX_VICTIMS]),
+            lambda: self._add(
+                keys=self._keys, args=[name, size, time.time(), cap, MAX_VICTIMS, mode]
+            ),
         )
-        if ok:
-            self._delete(victims)
+        if not ok:
+            return False
+        self._delete(out[1:])
+        return bool(int(out[0]))
 
     def removed(self, remove: Callable[[], Sequence[tuple[str, int]]]) -> None:
         """Run ``remove`` (returns the ``(path, size)`` of each chunk it deleted) and take
@@ -443,7 +502,8 @@ class CapacityIndex:
         return bool(value) if ok else True
 
     def _names(self, shard: tuple[int, int] | None) -> Iterable[str]:
-        for raw, _ in self.client.zscan_iter(self._keys[1], count=1000):
+        # Every counted entry, reserved ones included (they are not in the LRU order yet).
+        for raw, _ in self.client.hscan_iter(self._keys[2], count=1000):
             name = raw.decode() if isinstance(raw, bytes) else str(raw)
             if shard is None or shard_of(name, shard[1]) == shard[0]:
                 yield name
