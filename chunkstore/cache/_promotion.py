@@ -51,11 +51,15 @@ class Promoter:
         host: HostCache,
         check_open: Callable[[], None],
         check: Callable[[GuardedTier, ChunkKey, Any, bool], bool | None],
+        withheld: Callable[[ChunkKey], bool] = lambda key: False,
     ) -> None:
         self.host = host
         """Where promoted chunks go."""
         self._check_open = check_open
         self._check = check
+        # A chunk deleted while its write-back was landing: the tiers' copy is about to be
+        # undone, and promoted it would outlive the undo in host memory.
+        self._withheld = withheld
 
     # --- one chunk, for a read ---------------------------------------------------------------
 
@@ -71,6 +75,8 @@ class Promoter:
         the evicted slot), a round-trip-bound one is read into a private
         buffer that is then copied in (a copy costs less than a second trip).
         """
+        if self._withheld(key):
+            return None
         slot = self.host.reserve(key, evict=False)
         if slot is not None:
             return self._promote_into(tier, key, slot)
@@ -94,6 +100,8 @@ class Promoter:
         """Copy ``data``, just read from ``tier``, into host memory (unpinned) if it fits.
 
         ``verified``: its checksum was checked (by the tier's read or by the caller)."""
+        if self._withheld(key):
+            return
         if self.host.put(key, hot_bytes(data, verified=verified)):
             tier.count_promotions()
 
@@ -171,6 +179,8 @@ class Promoter:
         The read leases of the chunks that made it are appended to ``held``
         (the caller releases them).
         """
+        if any(self._withheld(key) for key in keys):
+            keys = keys[: next(i for i, key in enumerate(keys) if self._withheld(key))]
         if tier.store.high_latency or not isinstance(tier.store, SupportsGetInto):
             return self._pull_batched(tier, keys, held)
         if isinstance(tier.store, SupportsGetManyInto):

@@ -193,7 +193,9 @@ class TieredStore(Store):
             write_batch=write_batch,
             name=self.name,
         )
-        self._promoter = Promoter(host, self._check_open, self._check_tier_bytes)
+        self._promoter = Promoter(
+            host, self._check_open, self._check_tier_bytes, self._writer.deleted_in_flight
+        )
         self._prefetcher = Prefetcher(
             host,
             self.tiers,

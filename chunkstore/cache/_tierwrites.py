@@ -120,6 +120,13 @@ class TierWriter:
         for lease in self._queue.withdraw(lambda lease: lease.key in wanted):
             self._host.release(lease)
 
+    def deleted_in_flight(self, key: ChunkKey) -> bool:
+        """Whether ``key`` was deleted while its write-back was under way, and that write
+        is not undone yet: its copy in the tiers is on its way out, never to be promoted."""
+        if self._queue is None:
+            return False
+        return self._queue.undo_pending(lambda lease: lease.key == key)
+
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until every queued write-back is done; False if ``timeout`` passed first."""
         return self._queue.flush(timeout) if self._queue else True

@@ -100,6 +100,12 @@ class WriteBehindQueue(Generic[T]):
             self._cond.notify_all()
         return taken
 
+    def undo_pending(self, match: Callable[[T], bool]) -> bool:
+        """Whether an item ``match`` selects was withdrawn while being written and its undo
+        has not ended yet (its copy may be in the targets for a while longer)."""
+        with self._cond:
+            return any(match(item) for item in (*self._withdrawn_late, *self._undoing))
+
     def supersede(self, match: Callable[[T], bool], timeout: float | None = None) -> list[T]:
         """Take back the waiting items ``match`` selects, then wait (up to ``timeout``) until
         no batch being written (or being undone) holds one; the caller owns the returned

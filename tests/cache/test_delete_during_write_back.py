@@ -1,18 +1,16 @@
 """A delete while the chunk's write-back is under way, read again before that write ends.
 
-Known bug, reproduced here: ``delete`` takes back queued write-backs and has one under way
-undone when it ends, but a read in between finds the landed copy in the tier and promotes
-it into host memory, where it stays after the undo. A later ``get`` serves the deleted
-chunk. On a local FsStore the store suite's ``test_delete`` met it about once in 40 runs,
-on JuiceFS (slower writes) in most runs.
+``delete`` takes back queued write-backs and has one under way undone when it ends. A read
+in between may find the landed copy in the tier; it must not promote it into host memory,
+where it would outlive the undo and a later ``get`` would serve the deleted chunk (the store
+suite's ``test_delete`` met that about once in 40 runs on a local FsStore, in most runs on
+JuiceFS, before promotion withheld such chunks).
 """
 
 from __future__ import annotations
 
 import threading
 from collections.abc import Sequence
-
-import pytest
 
 from chunkstore.backends._memory import MemoryStore
 from chunkstore.backends.base import Buffer
@@ -42,9 +40,6 @@ class LandsWhileWriting(MemoryStore):
             self.finish.wait(timeout=30)
 
 
-@pytest.mark.xfail(
-    strict=True, reason="known bug: a read during the undone write-back promotes the chunk"
-)
 def test_a_deleted_chunk_stays_deleted_when_read_while_its_write_back_lands(
     chain: list[MadeChunk], metrics: ChunkstoreMetrics
 ) -> None:
