@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 pytest.importorskip("vllm")
@@ -62,17 +64,24 @@ def cpu_run(index, blocks):
     return max([n for n, _, where in index.longest_prefix(blocks) if where == "CPU"], default=0)
 
 
-def events_of(decoded, kind, medium):
-    return [e for b in decoded for e in b.events if isinstance(e, kind) and e.medium == medium]
-
-
-def test_saved_chunks_are_announced_in_cpu_with_vllm_block_hashes(harness, events):
+def saved_prompt(harness, events):
+    """An engine that ran PROMPT and saved its 4 chunks, and what its subscriber received
+    until its index held them in CPU memory: (harness, subscriber, request, index, batches)."""
     config, sub = events
     h = harness(kv_events=config)
     request = h.add(PROMPT)
     h.run()
     index, decoded = PrefixIndex(), []
     collect(sub, index, decoded, lambda: index.count("engine", "CPU") >= 4 * BPC)
+    return h, sub, request, index, decoded
+
+
+def events_of(decoded, kind, medium):
+    return [e for b in decoded for e in b.events if isinstance(e, kind) and e.medium == medium]
+
+
+def test_saved_chunks_are_announced_in_cpu_with_vllm_block_hashes(harness, events):
+    h, sub, request, index, decoded = saved_prompt(harness, events)
     stored = events_of(decoded, BlockStored, "CPU")
     assert len(stored) == 4  # one event per chunk
     blocks = hashes(request)
@@ -116,12 +125,7 @@ def test_host_evictions_are_removals_and_the_index_matches_host_memory(harness, 
 
 
 def test_reset_cache_removes_what_was_announced(harness, events):
-    config, sub = events
-    h = harness(kv_events=config)
-    request = h.add(PROMPT)
-    h.run()
-    index, decoded = PrefixIndex(), []
-    collect(sub, index, decoded, lambda: index.count("engine", "CPU") >= 4 * BPC)
+    h, sub, request, index, decoded = saved_prompt(harness, events)
     assert h.scheduler.reset_prefix_cache(reset_connector=True)
     h.step()  # the step that publishes what the reset did
     collect(sub, index, decoded, lambda: bool(events_of(decoded, BlockRemoved, "CPU")))
@@ -185,6 +189,17 @@ def test_a_restarted_engine_is_seen_and_its_old_blocks_forgotten(harness, events
     h.run()
     index, decoded = PrefixIndex(), []
     collect(sub, index, decoded, lambda: index.count("engine", "CPU") >= 4 * BPC)
+    # A longer first life: the new publisher's numbers start at 0, and a first batch that
+    # arrives numbered exactly where the old one stopped would read as a continuation (the
+    # batches before it dropped while the subscriber reconnected; see docs/limits.md).
+    assert sub.expected is not None
+    ends = sub.expected + 40
+    for _ in range(40):
+        h.scheduler.kv_event_publisher.publish(KVEventBatch(ts=0.0, events=[]))
+    deadline = time.monotonic() + 60
+    while (sub.expected or 0) < ends and time.monotonic() < deadline:
+        for received in sub.receive(timeout=0.1):
+            index.apply("engine", received)
     h.worker.shutdown()
     h.connector.shutdown()
     h.scheduler.shutdown()  # the engine stops: its publisher goes, with its sequence
