@@ -12,9 +12,9 @@ agreement lives in a server built for it (spec/FORMAT.md section 6.8):
 The files stay the truth. While a writer writes its temp file, the index reserves the
 chunk's room and the writer deletes the victims; then it publishes and commits the chunk
 into the LRU order. A writer killed anywhere in between leaves a difference that
-:meth:`CapacityIndex.reconcile` repairs from a walk of the files. When the server is down, writes and reads go on
-(a warning, :attr:`CapacityIndex.errors`), the index is marked stale when it answers
-again, and the next reconcile restores the cap.
+:meth:`CapacityIndex.reconcile` repairs from a walk of the files. When the server is down,
+writes and reads go on (a warning, :attr:`CapacityIndex.errors`), the index is marked stale
+when it answers again, and the next reconcile restores the cap.
 """
 
 from __future__ import annotations
