@@ -212,7 +212,7 @@ class FsStore(Store):
             self.io,
             self.io.join(self.root, L.STATE_DIR),
             None if max_bytes is None else parse_size(max_bytes),
-            scan=self._scan_for_capacity,
+            scan=lambda: self._scan_shard(None),
             probe=self._probe,
             evict=self._evict_path,
         )
@@ -1233,10 +1233,6 @@ class FsStore(Store):
 
     def _scan_shard(self, shard: tuple[int, int] | None) -> Iterator[tuple[str, int, float]]:
         for info in self._chunks(None, shard):
-            yield self.path_of(info.key), info.size, info.atime
-
-    def _scan_for_capacity(self) -> Iterator[tuple[str, int, float]]:
-        for info in self.list():
             yield self.path_of(info.key), info.size, info.atime
 
     def _probe(self, path: str) -> tuple[int, float] | None:

@@ -419,18 +419,22 @@ class CapacityIndex:
         return self.usage()
 
     def touch(self, paths: Sequence[str]) -> None:
-        """Record uses of these chunks now (LRU order); a chunk the index lacks stays out."""
+        """Record uses of these chunks now (LRU order); a chunk the index lacks stays out.
+
+        Sent from the index's own thread, after this store's earlier requests: a read does
+        not wait for the round trip."""
         if not paths:
             return
         now = time.time()
+        names = [self._name_of(path) for path in paths]
 
         def record() -> None:
             pipe = self.client.pipeline(transaction=False)
-            for path in paths:
-                pipe.zadd(self._keys[1], {self._name_of(path): now}, xx=True, gt=True)
+            for name in names:
+                pipe.zadd(self._keys[1], {name: now}, xx=True, gt=True)
             pipe.execute()
 
-        self._call("touch", record)
+        self._accountant().submit(self._call, "touch", record)
 
     # --- maintenance ---------------------------------------------------------------
 

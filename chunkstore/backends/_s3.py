@@ -38,7 +38,7 @@ from chunkstore.backends._batching import (
     read_once_per_key,
     write_once_per_key,
 )
-from chunkstore.backends._index import CapacityIndex, open_index, shard_of
+from chunkstore.backends._index import CapacityIndex, chunks_of_shard, open_index
 from chunkstore.backends._iopool import raise_first
 from chunkstore.backends.base import (
     UNSUPPORTED_GRACE,
@@ -317,17 +317,9 @@ class S3Store(Store):
         return 0 if key is None else self.delete_many([key])
 
     def _scan_shard(self, shard: tuple[int, int] | None) -> Iterator[tuple[str, int, float]]:
-        for info in self.list():
-            name = f"{info.key.namespace}/{info.key.hex[:2]}/{info.key.hex[2:4]}/{info.key.hex}"
-            if shard is None or shard_of(name, shard[1]) == shard[0]:
-                yield self.object_key(info.key), info.size, info.atime
-
-    def list_shard(self, shard: tuple[int, int]) -> Iterator[ChunkInfo]:
-        """The chunks of shard ``(i, n)`` (by the key's first byte), as :meth:`list` finds
-        them: the listing is whole, the work on what it yields is split."""
-        for info in self.list():
-            if int(info.key.hex[:2], 16) % shard[1] == shard[0]:
-                yield info
+        # The listing is whole either way: only the work on what it yields is split.
+        for info in self.list() if shard is None else chunks_of_shard(self, shard):
+            yield self.object_key(info.key), info.size, info.atime
 
     def _open_nixl(
         self,
