@@ -483,9 +483,8 @@ def _split_document(body: bytes) -> tuple[dict[str, Any], bytes]:
     its value, which is what lets every reader find the checksum digits by byte search,
     and ``__metadata__`` (strings only) ends at the first ``}`` outside a string.
     """
+    # (The header holds the magic and the whole version: _version_of checked header_len.)
     text = body.rstrip(b" ")
-    if not text.startswith(MAGIC):
-        raise MalformedHeader("header_len ends the header inside its first field")
     if not text.endswith(b"}"):
         raise MalformedHeader("header must be one JSON object followed by 0x20 padding only")
     parts = text.split(b'"')
