@@ -100,7 +100,8 @@ def test_a_late_write_of_a_timed_out_store_never_reaches_the_primary_slot(
 ):
     # Store A hangs past the timeout and, while B's verified copy is being scattered, writes
     # other bytes into the buffer it was given: they must not be what lands in the slot.
-    tier, mem = tier_env([tmp_path / "a", tmp_path / "b"], tier_timeout=0.3, retry_after=60)
+    # The timeout also bounds B's healthy read, so it is long enough for a loaded CI host.
+    tier, mem = tier_env([tmp_path / "a", tmp_path / "b"], tier_timeout=3.0, retry_after=60)
     ctx, keys = _prompt_in_slots(tier, mem, "late", 1)
     tier.submit_store(job(keys, [0], ctx, promotion=False))
     (stored,) = finish(tier)
