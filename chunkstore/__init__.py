@@ -11,8 +11,8 @@ bytes raise a :class:`FormatError`.
 
 Everything else lives in the subpackages (``chunkstore.format``,
 ``chunkstore.hashing``, ``chunkstore.backends``, ``chunkstore.cache``,
-``chunkstore.vllm``). Each name loads its subpackage on first use, so
-``import chunkstore`` stays cheap: no numpy, fsspec, S3, peers or vLLM.
+``chunkstore.tiering``, ``chunkstore.vllm``). Each name loads its subpackage on first
+use, so ``import chunkstore`` stays cheap: no numpy, fsspec, S3, peers or vLLM.
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ _LAZY = {
     "open_store": "chunkstore.backends",
     "Store": "chunkstore.backends",
     "HostCache": "chunkstore.cache",
-    "TieredStore": "chunkstore.cache",
+    "TieredStore": "chunkstore.tiering",
 }
 
 

@@ -114,7 +114,7 @@ def test_tp_shard_assembly_and_the_store_wrappers_have_one_home_each() -> None:
 
 
 def test_the_rest_of_the_cache_does_not_import_its_assembly_package() -> None:
-    """TP shard assembly sits on the host cache, the pool and the tiered store; only the
+    """TP shard assembly sits on the host cache and the pool; only the
     cache package's ``__init__`` re-exports from it."""
     cache = PACKAGE / "cache"
     below = [p for p in sorted(cache.glob("*.py")) if p.name != "__init__.py"]

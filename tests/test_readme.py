@@ -216,9 +216,10 @@ def _keyword_options(function: Callable[..., Any], *skip: str) -> list[str]:
 def test_every_store_cache_and_peer_option_is_documented() -> None:
     """Every keyword option of the stores, caches and peers is named in code on its page."""
     from chunkstore.backends._fs import FsStore
-    from chunkstore.cache import HostCache, TieredStore
+    from chunkstore.cache import HostCache
     from chunkstore.cache.assembly._assembler import ShardAssembler
     from chunkstore.cache.assembly._owner import AssemblyOwner
+    from chunkstore.tiering import TieredStore
 
     pages: dict[str, list[str]] = {
         "stores.md": _keyword_options(FsStore.__init__, "fs"),
@@ -314,7 +315,7 @@ def test_cli_commands_shown_exist_with_their_flags() -> None:
 
 def test_repository_paths_shown_exist() -> None:
     """Every file of the repository the manual names (``tests/cli/test_ls.py``, ``tools/...``,
-    ``chunkstore/cache/_guard.py``, ``spec/vectors/``) is there."""
+    ``chunkstore/tiering/_guard.py``, ``spec/vectors/``) is there."""
     path = re.compile(r"(?<![\w/.~-])((?:chunkstore|tests|tools|spec|docs)/[\w/.*-]*(?:\.\w+|/))")
     missing = []
     for name, text in _documents():

@@ -22,17 +22,11 @@ from pathlib import Path
 import numpy as np
 from prometheus_client import CollectorRegistry
 
-from chunkstore.cache import (
-    DEFAULT_POLICY,
-    POLICY_NAMES,
-    CachePolicy,
-    HostCache,
-    TieredStore,
-    make_policy,
-)
+from chunkstore.cache import DEFAULT_POLICY, POLICY_NAMES, CachePolicy, HostCache, make_policy
 from chunkstore.hashing import ChunkKey
 from chunkstore.metrics import ChunkstoreMetrics
 from chunkstore.simulator import PolicyResult
+from chunkstore.tiering import TieredStore
 
 CHUNK_BYTES = 4 << 20
 CHUNKS = 16

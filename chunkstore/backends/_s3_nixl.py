@@ -23,7 +23,7 @@ still write into (or read from) the buffer until then. A transfer stalled past
 for good); one into or from a caller's buffer (a host-cache slot) is waited for
 however long it takes, since the caller reuses that memory as soon as we return
 (a caller that cannot wait runs us under its own timeout and keeps the slot
-pinned until we return: ``chunkstore.cache._guard``). Retries and timeouts are
+pinned until we return: ``chunkstore.tiering._guard``). Retries and timeouts are
 the SDK's, bounded through ``AWS_RETRY_MODE``/``AWS_MAX_ATTEMPTS`` (see
 :func:`_sdk_retry_env`).
 """

@@ -1,10 +1,8 @@
-"""Tier 0: the host-memory chunk cache, its replacement policies, and the tiered store.
+"""Tier 0: the host-memory chunk cache and its replacement policies.
 
 * :class:`HostCache` - whole chunks in a preallocated (optionally shared,
   optionally pinned) slot pool, evicted by :class:`PrefixARCPolicy` (default),
   :class:`ARCPolicy` or :class:`LRUPolicy`;
-* :class:`TieredStore` - a host cache in front of secondary stores, with
-  write-behind, promotion and tier fail-over;
 * :class:`SlotPool` - the pool itself, which other processes can attach by name;
 * :class:`AssemblyOwner` / :class:`ShardAssembler` - TP rank processes write
   their head shards into one shared slot per chunk, published once (TP shard
@@ -14,7 +12,9 @@
 importable from here too (not curated), for the vLLM adapter and advanced use.
 
 The policies are pure bookkeeping (no I/O), so the trace simulator
-(:mod:`chunkstore.simulator`) replays traces through the very same classes.
+(:mod:`chunkstore.simulator`) replays traces through the very same classes. The
+tiered store, a host cache in front of secondary stores, is one layer up:
+:mod:`chunkstore.tiering`.
 """
 
 from typing import TYPE_CHECKING
@@ -31,7 +31,6 @@ if TYPE_CHECKING:
     from chunkstore.cache._lease import Lease
     from chunkstore.cache._lru import LRUPolicy
     from chunkstore.cache._prefix_arc import PrefixARCPolicy
-    from chunkstore.cache._tiered import TieredStats, TieredStore, TierStats
 
     # isort: split
     # Importable here, not curated: the shared pool and TP assembly the vLLM adapter builds on.
@@ -43,9 +42,9 @@ if TYPE_CHECKING:
     from chunkstore.cache.assembly import ShardAssembler as ShardAssembler
     from chunkstore.cache.assembly import ShardAssemblerStats as ShardAssemblerStats
 
-# Note: the host cache, its pool and the tiered store pull in numpy, the backends and
-# prometheus_client; they load on first use, as do the policy classes (make_policy imports
-# them itself), so that `chunkstore --help` reads POLICY_NAMES at the cost of policy.py alone.
+# Note: the host cache and its pool pull in numpy and prometheus_client. They load on first
+# use, as do the policy classes (make_policy imports them itself): `chunkstore --help`
+# reads POLICY_NAMES at the cost of policy.py alone.
 _LAZY = {
     "ARCPolicy": "chunkstore.cache._arc",
     "LRUPolicy": "chunkstore.cache._lru",
@@ -54,9 +53,6 @@ _LAZY = {
     "HostCacheStats": "chunkstore.cache._host",
     "Adoption": "chunkstore.cache._host",
     "Lease": "chunkstore.cache._lease",
-    "TieredStats": "chunkstore.cache._tiered",
-    "TieredStore": "chunkstore.cache._tiered",
-    "TierStats": "chunkstore.cache._tiered",
     "ShardAssembler": "chunkstore.cache.assembly",
     "ShardAssemblerStats": "chunkstore.cache.assembly",
     "AssemblyOwner": "chunkstore.cache.assembly",
@@ -80,8 +76,5 @@ __all__ = [
     "LRUPolicy",
     "Lease",
     "PrefixARCPolicy",
-    "TierStats",
-    "TieredStats",
-    "TieredStore",
     "make_policy",
 ]

@@ -265,7 +265,7 @@ class NixlEndpoint:
                     # read from it (WRITE): releasing a handle does not stop an RMA already
                     # posted. So the transfer fails, but only once NIXL says it has ended; a
                     # caller that must not wait that long runs us under its own timeout and
-                    # keeps the memory pinned until we return (chunkstore.cache._guard).
+                    # keeps the memory pinned until we return (chunkstore.tiering._guard).
                     log.warning(
                         "NIXL %s with %s passed its deadline; failing it once it ends", op, remote
                     )

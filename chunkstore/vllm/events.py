@@ -2,7 +2,7 @@
 
 The connector's scheduler side owns one :class:`ConnectorEvents`. The tiered
 store tells it which chunks host memory published or dropped, and which ones
-write-back stored in a tier (:meth:`~chunkstore.cache.TieredStore.watch`). The
+write-back stored in a tier (:meth:`~chunkstore.tiering.TieredStore.watch`). The
 scheduler tells it, when it plans a save or a prefetch, which of vLLM's block
 hashes a chunk key stands for. :meth:`ConnectorEvents.take` joins the two, and
 vLLM's scheduler publishes the result with its own GPU events (through

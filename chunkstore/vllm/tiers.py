@@ -2,7 +2,7 @@
 
 :class:`ConnectorStore` composes the core: a :class:`~chunkstore.cache.HostCache`
 (tier 0, shared by name with the TP rank processes when TP > 1) in front of the
-secondary tiers in a :class:`~chunkstore.cache.TieredStore` (write-behind,
+secondary tiers in a :class:`~chunkstore.tiering.TieredStore` (write-behind,
 promotion, tier fail-over, ``chunkstore_*`` metrics), plus what is specific
 to vLLM: non-blocking prefetch with per-chunk sources for the scheduler, write
 slots for the worker, and the TP assembly owner. :class:`RankStore` is a TP
@@ -26,18 +26,13 @@ from typing import Any, Protocol, TypeVar, cast
 from chunkstore.backends import Store, ZstdStore
 from chunkstore.backends._models import record_model
 from chunkstore.backends._registry import open_for_option
-from chunkstore.cache import (
-    DEFAULT_POLICY,
-    AssemblyOwner,
-    HostCache,
-    ShardAssembler,
-    TieredStore,
-)
+from chunkstore.cache import DEFAULT_POLICY, AssemblyOwner, HostCache, ShardAssembler
 from chunkstore.cache._lease import Lease
 from chunkstore.errors import StoreError
 from chunkstore.format import ChunkLayout, seal_chunk
 from chunkstore.hashing import ChunkKey
 from chunkstore.node import NodeReservation
+from chunkstore.tiering import TieredStore
 from chunkstore.vllm.metadata import ChunkSave
 
 log = logging.getLogger(__name__)

@@ -11,7 +11,7 @@ from chunkstore.backends import ZstdStore
 from chunkstore.backends._memory import MemoryStore
 from chunkstore.format import _chunk, read_header
 from chunkstore.testing.factories import sample_chunks
-from tests.cache.doubles import VerifyTurnedOnDuringRead
+from tests.tiering.doubles import VerifyTurnedOnDuringRead
 
 
 def test_the_inner_store_holds_compressed_chunks_the_wrapper_serves_uncompressed() -> None:

@@ -261,7 +261,7 @@ def test_memory_regions_hold_every_slot_view(layout: ChunkLayout, chain: list[Ma
     """What the peer server registers with NIXL: every leased view lies inside, and it is the
     same memory (a write through the region is what the lease reads)."""
     from chunkstore.backends._memory import MemoryStore
-    from chunkstore.cache import TieredStore
+    from chunkstore.tiering import TieredStore
 
     def address(view: memoryview) -> int:
         return int(np.frombuffer(view, np.uint8).ctypes.data)

@@ -16,11 +16,12 @@ from chunkstore import _hugepages
 from chunkstore.backends import _fastread as fastread
 from chunkstore.backends._fastread import ChunkFileReader
 from chunkstore.backends._fs import FsStore
-from chunkstore.cache import HostCache, SlotPool, TieredStore
+from chunkstore.cache import HostCache, SlotPool
 from chunkstore.cache._pool import ENTRY, HEADER_SIZE, PAGE, SHM_DIR
 from chunkstore.errors import ChunkStoreError
 from chunkstore.metrics import ChunkstoreMetrics
 from chunkstore.testing.factories import MadeChunk
+from chunkstore.tiering import TieredStore
 from tests.cache.conftest import LAYOUT
 
 HUGE = _hugepages.huge_page_size()

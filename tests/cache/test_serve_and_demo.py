@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from chunkstore.cache._demo import run_tiered_demo
 from chunkstore.cli.commands import serve
 from chunkstore.cli.main import build_parser, main
+from chunkstore.tiering._demo import run_tiered_demo
 
 
 @pytest.mark.slow

@@ -17,18 +17,14 @@ import pytest
 
 from chunkstore.backends._fs import FsStore
 from chunkstore.backends.base import Buffer
-from chunkstore.cache import (
-    AssemblyOwner,
-    HostCache,
-    ShardAssembler,
-    TieredStore,
-)
+from chunkstore.cache import AssemblyOwner, HostCache, ShardAssembler
 from chunkstore.cache._pool import ABORTED, CLAIMED, LENT, SHM_DIR
 from chunkstore.cache.assembly._assembler import process_alive, writer_mask
 from chunkstore.errors import ConfigError, KeyMismatch
 from chunkstore.format import ChunkLayout, encode_chunk, mac_key_from_secret
 from chunkstore.hashing import ChunkKey
 from chunkstore.testing.factories import MadeChunk, kv_tensors, make_chunks, small_spec
+from chunkstore.tiering import TieredStore
 from tests.cache.tp_worker import conversation, die_mid_write, layout_named, serve
 
 pytestmark = pytest.mark.skipif(not SHM_DIR.is_dir(), reason="needs /dev/shm (Linux)")

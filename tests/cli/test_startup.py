@@ -33,7 +33,7 @@ HEAVY = (
 
 STORE_SIDE = (
     "chunkstore.cache._host",
-    "chunkstore.cache._tiered",
+    "chunkstore.tiering._tiered",
     "chunkstore.demo",
     "chunkstore.metrics",
     "chunkstore.node",

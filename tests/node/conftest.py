@@ -19,12 +19,13 @@ import pytest
 pytest.importorskip("zmq", reason="the node service needs pyzmq (pip install 'chunkstore[peer]')")
 
 from chunkstore.backends._memory import MemoryStore  # noqa: E402
-from chunkstore.cache import HostCache, TieredStore  # noqa: E402
+from chunkstore.cache import HostCache  # noqa: E402
 from chunkstore.cache._pool import WRITING  # noqa: E402
 from chunkstore.format import ATTENTION, ChunkLayout, KVSpec, LayerGroup  # noqa: E402
 from chunkstore.node import NodeServer  # noqa: E402
 from chunkstore.peer import PeerMetrics  # noqa: E402
 from chunkstore.testing.factories import sample_chunks, small_spec  # noqa: E402
+from chunkstore.tiering import TieredStore
 
 REPO = Path(__file__).resolve().parents[2]
 PATIENCE_S = 60.0

@@ -17,13 +17,14 @@ from prometheus_client import REGISTRY, CollectorRegistry
 from chunkstore.backends._fs import FsStore
 from chunkstore.backends._memory import MemoryStore
 from chunkstore.backends.base import ChunkInfo
-from chunkstore.cache import HostCache, TieredStore
+from chunkstore.cache import HostCache
 from chunkstore.format import ChunkLayout
 from chunkstore.hashing import ChunkKey
 from chunkstore.metrics import ChunkstoreMetrics
 from chunkstore.peer import PeerClient, PeerRefused, PeerServer
 from chunkstore.peer import _protocol as P
 from chunkstore.testing.factories import sample_chunks, small_spec
+from chunkstore.tiering import TieredStore
 from tests.peer.wire import Dealer, hello_body, raw_request, reply_of
 
 pytestmark = pytest.mark.timeout(120)

@@ -7,9 +7,10 @@ from collections.abc import Callable
 import pytest
 
 from chunkstore.backends._memory import MemoryStore
-from chunkstore.cache import HostCache, TieredStore
+from chunkstore.cache import HostCache
 from chunkstore.peer import PeerServer, PeerStore, open_peer_store
 from chunkstore.testing.factories import sample_chunks
+from chunkstore.tiering import TieredStore
 
 pytestmark = pytest.mark.timeout(60)
 

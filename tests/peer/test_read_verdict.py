@@ -110,9 +110,10 @@ def test_a_compressed_chunk_promoted_on_the_peer_keeps_its_mac(
     """A peer serving a tiered store promotes the chunk from its cold tier into host memory
     and sends it from there: a zstd chunk keeps its MAC on the way, so a reader holding the
     key admits it (it used to be decompressed without its MAC, and refused as not ours)."""
-    from chunkstore.cache import HostCache, TieredStore
+    from chunkstore.cache import HostCache
     from chunkstore.format import ChunkLayout, recompress
     from chunkstore.testing.factories import conversation_tokens, make_chunks, small_spec
+    from chunkstore.tiering import TieredStore
 
     mac_key = b"k" * 32
     layout = ChunkLayout(small_spec(), authenticated=True)

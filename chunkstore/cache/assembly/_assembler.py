@@ -10,7 +10,7 @@ Roles:
 
 * the **owner** (:class:`AssemblyOwner`, in vLLM the scheduler process) owns the
   :class:`~chunkstore.cache.HostCache` (index, policy) and, through a
-  :class:`~chunkstore.cache.TieredStore`, the write-back to secondary tiers;
+  :class:`~chunkstore.tiering.TieredStore`, the write-back to secondary tiers;
 * **ranks** (:class:`ShardAssembler`, one per TP worker process) attach the
   pool by name.
 

@@ -15,11 +15,10 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from chunkstore.cache._host import HostCache
 from chunkstore.cache._pool import ABORTED, CLAIMED, SEALED, SEALING
-from chunkstore.cache._tiered import TieredStore
 from chunkstore.cache.assembly._assembler import process_alive, ranks_in, wake_address
 from chunkstore.errors import ConfigError
 from chunkstore.hashing import ChunkKey
@@ -45,11 +44,20 @@ class AssemblyOwnerStats:
     """Slots on loan now (free for claims, claimed, or sealed and not yet adopted)."""
 
 
+class WritesBack(Protocol):
+    """A host cache with write-behind in front of it (a tiered store)."""
+
+    host: HostCache
+
+    def write_back(self, lease: Any) -> None:
+        """Queue the chunk in a held slot for the secondary tiers."""
+
+
 class AssemblyOwner:
     """The owner side of TP shard assembly: lends slots, publishes sealed chunks once.
 
-    ``store`` is the :class:`TieredStore` (adopted chunks are queued for
-    write-back) or a bare :class:`HostCache`, created with ``shm_name`` so rank
+    ``store`` is a tiered store (:class:`WritesBack`: adopted chunks are
+    queued for write-back) or a bare :class:`HostCache`, created with ``shm_name`` so rank
     processes can attach. ``lend_slots``: free slots kept on loan (default: a
     quarter of the pool, at most 64; the most chunks ranks can start between two
     owner passes). ``claim_timeout``: seconds after which an unsealed claim is
@@ -60,7 +68,7 @@ class AssemblyOwner:
 
     def __init__(
         self,
-        store: TieredStore | HostCache,
+        store: WritesBack | HostCache,
         *,
         lend_slots: int | None = None,
         claim_timeout: float = 30.0,
@@ -68,12 +76,12 @@ class AssemblyOwner:
         on_publish: Callable[[list[ChunkKey]], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        if isinstance(store, TieredStore):
-            self.host = store.host
-            self._write_back: Callable[[Any], None] | None = store.write_back
-        else:
+        if isinstance(store, HostCache):
             self.host = store
-            self._write_back = None
+            self._write_back: Callable[[Any], None] | None = None
+        else:
+            self.host = store.host
+            self._write_back = store.write_back
         if claim_timeout <= 0 or sweep_interval <= 0:
             raise ConfigError("claim_timeout and sweep_interval must be positive")
         default_lend = max(1, min(64, self.host.num_slots // 4))

@@ -48,9 +48,9 @@ def run(args: argparse.Namespace) -> int:
     if args.vllm:
         return _run_vllm(args.store)
     from chunkstore.backends._registry import open_store
-    from chunkstore.cache._demo import run_tiered_demo
     from chunkstore.demo import run_store_demo
     from chunkstore.peer._demo import run_peer_demo
+    from chunkstore.tiering._demo import run_tiered_demo
 
     url = args.store or str(default_store_path())
     print(f"chunkstore demo: store {url}")

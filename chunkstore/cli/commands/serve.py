@@ -1,6 +1,6 @@
 """``chunkstore serve``: run a host cache (in front of optional tiers) with its services.
 
-``serve`` builds one :class:`~chunkstore.cache.TieredStore` from the options
+``serve`` builds one :class:`~chunkstore.tiering.TieredStore` from the options
 (host memory first, then every ``--store`` in order), starts each enabled
 service, and blocks until SIGINT/SIGTERM; then it stops the services in
 reverse order and closes the store (flushing pending write-backs).
@@ -44,8 +44,8 @@ from chunkstore.errors import ConfigError, StoreError
 from chunkstore.units import MAX_SECONDS, format_size, parse_size, shown
 
 if TYPE_CHECKING:
-    from chunkstore.cache import TieredStore
     from chunkstore.metrics import ChunkstoreMetrics
+    from chunkstore.tiering import TieredStore
 
 
 @dataclass(frozen=True, slots=True)
@@ -304,7 +304,8 @@ def _check_stores_exist(args: argparse.Namespace) -> None:
 
 def build_store(args: argparse.Namespace, metrics: ChunkstoreMetrics) -> TieredStore:
     """The tiered store the options describe (missing stores are made only with --create)."""
-    from chunkstore.cache import HostCache, TieredStore
+    from chunkstore.cache import HostCache
+    from chunkstore.tiering import TieredStore
 
     _check_stores_exist(args)
     shm_name, shm_replace = shared_pool(args)

@@ -17,8 +17,8 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
-from chunkstore.cache._guard import GuardedCall, GuardedTier
 from chunkstore.hashing import ChunkKey
+from chunkstore.tiering._guard import GuardedCall, GuardedTier
 from chunkstore.vllm.native.buffers import ChunkBuffers
 
 __all__ = ["LoadJobChunk", "StoreRead"]
@@ -56,7 +56,7 @@ class StoreRead:
 
     def result(self) -> list[Any]:
         """Each asked key's bytes (None where the store has no good copy); raises
-        :class:`~chunkstore.cache._guard.TierUnavailable` as a guarded call does."""
+        :class:`~chunkstore.tiering._guard.TierUnavailable` as a guarded call does."""
         got = self.call.result()
         if self._views is None:
             return list(got)

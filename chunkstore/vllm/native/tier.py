@@ -11,7 +11,7 @@ tier hit each other's chunks, and the CLI works on them), and loads them back
 into primary slots. Everything runs off the scheduler thread: lookups are
 answered ``RETRY`` until a background existence check returns, stores and
 loads run on the tier's threads, and every store call goes through a
-:class:`~chunkstore.cache._guard.GuardedTier` (timeout, back-off), so a tier
+:class:`~chunkstore.tiering._guard.GuardedTier` (timeout, back-off), so a tier
 that is down turns into misses and failed jobs, never a stalled engine.
 A chunk that fails its checksum or names other tokens is a failed load (vLLM
 recomputes it); its bytes never reach the primary slot.
@@ -45,11 +45,11 @@ from chunkstore.backends import Store
 from chunkstore.backends._models import record_model
 from chunkstore.backends._registry import open_for_option
 from chunkstore.backends.base import ReadVerdict, SupportsGetManyInto, verdict_of
-from chunkstore.cache._guard import GuardedTier, TierUnavailable
 from chunkstore.errors import ConfigError, FormatError
 from chunkstore.format import decode_chunk, recompress
 from chunkstore.hashing import ChunkKey
 from chunkstore.metrics import default_metrics
+from chunkstore.tiering._guard import GuardedTier, TierUnavailable
 
 # The connector's option parsers: the same words for the same mistakes.
 from chunkstore.vllm.config import parse_config, positive_int_option, seconds_option

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
-from chunkstore.cache._guard import GuardedCall, GuardedTier
+from chunkstore.tiering._guard import GuardedCall, GuardedTier
 
 __all__ = ["ChunkWriting"]
 

@@ -29,10 +29,10 @@
   most the queued chunks, and only the host copy of them.
 
 ``TieredStore`` is the public face; its parts each live in their own module:
-:mod:`~chunkstore.cache._guard` (a tier's timeout, back-off and counters),
-:mod:`~chunkstore.cache._promotion` (copying chunks up into host memory),
-:mod:`~chunkstore.cache._prefetch` (the background walks) and
-:mod:`~chunkstore.cache._tierwrites` (write-behind and write-through).
+:mod:`~chunkstore.tiering._guard` (a tier's timeout, back-off and counters),
+:mod:`~chunkstore.tiering._promotion` (copying chunks up into host memory),
+:mod:`~chunkstore.tiering._prefetch` (the background walks) and
+:mod:`~chunkstore.tiering._writes` (write-behind and write-through).
 """
 
 from __future__ import annotations
@@ -45,16 +45,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from chunkstore.backends.base import Buffer, ChunkInfo, Store, SupportsGetInto
-from chunkstore.cache._guard import GuardedTier, TierUnavailable
 from chunkstore.cache._host import HostCache, HostCacheStats
 from chunkstore.cache._lease import Lease
-from chunkstore.cache._prefetch import Prefetcher
-from chunkstore.cache._promotion import NO_ROOM, Promoter
-from chunkstore.cache._tierwrites import TierWriter
 from chunkstore.errors import ConfigError
 from chunkstore.events import ChunkListener
 from chunkstore.hashing import ChunkKey
 from chunkstore.metrics import ChunkstoreMetrics, default_metrics
+from chunkstore.tiering._guard import GuardedTier, TierUnavailable
+from chunkstore.tiering._prefetch import Prefetcher
+from chunkstore.tiering._promotion import NO_ROOM, Promoter
+from chunkstore.tiering._writes import TierWriter
 
 log = logging.getLogger(__name__)
 

@@ -3,7 +3,7 @@
 :meth:`Prefetcher.lookup_prefix_async` runs the owner's ``lookup_prefix`` for a
 scheduler that must not wait for a slow tier; :meth:`Prefetcher.prefetch`
 walks the chain the same way and brings each tier's run of chunks into host
-memory (:meth:`~chunkstore.cache._promotion.Promoter.pull`). Both return a
+memory (:meth:`~chunkstore.tiering._promotion.Promoter.pull`). Both return a
 future that never fails: a tier error or a closed store only shortens the
 result. The worker threads start on first use.
 """
@@ -16,11 +16,11 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TypeVar
 
-from chunkstore.cache._guard import GuardedTier
 from chunkstore.cache._host import HostCache
 from chunkstore.cache._lease import Lease
-from chunkstore.cache._promotion import Promoter
 from chunkstore.hashing import ChunkKey
+from chunkstore.tiering._guard import GuardedTier
+from chunkstore.tiering._promotion import Promoter
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +68,7 @@ class Prefetcher:
     def prefetch(self, keys: Sequence[ChunkKey]) -> Future[list[str]]:
         """Bring the leading present ``keys`` into host memory; where each came from.
 
-        See :meth:`chunkstore.cache.TieredStore.prefetch` for the contract.
+        See :meth:`chunkstore.tiering.TieredStore.prefetch` for the contract.
         """
         return self._submit(self._prefetch_quietly, list(keys), default=[])
 

@@ -19,11 +19,12 @@ from prometheus_client import CollectorRegistry
 from chunkstore.backends._fs import FsStore
 from chunkstore.backends._memory import MemoryStore
 from chunkstore.backends.base import Buffer, ChunkInfo, Store
-from chunkstore.cache import HostCache, TieredStore
+from chunkstore.cache import HostCache
 from chunkstore.errors import KeyParseError
 from chunkstore.hashing import ChunkKey
 from chunkstore.metrics import ChunkstoreMetrics
 from chunkstore.testing.factories import MadeChunk, sample_chunks
+from chunkstore.tiering import TieredStore
 from tests.cache.conftest import LAYOUT
 
 FAULTS = {

@@ -12,16 +12,17 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from chunkstore.backends._memory import MemoryStore
-from chunkstore.cache import HostCache, TieredStore
-from chunkstore.cache._guard import TierUnavailable
+from chunkstore.cache import HostCache
 from chunkstore.errors import ConfigError
 from chunkstore.hashing import ChunkKey
 from chunkstore.metrics import ChunkstoreMetrics
 from chunkstore.testing.factories import MadeChunk
 from chunkstore.testing.stateful import store_state_machine
 from chunkstore.testing.store_suite import StoreSuite
+from chunkstore.tiering import TieredStore
+from chunkstore.tiering._guard import TierUnavailable
 from tests.cache.conftest import LAYOUT, SLOT
-from tests.cache.doubles import (
+from tests.tiering.doubles import (
     FlakyStore,
     GatedStore,
     StallingSetAside,

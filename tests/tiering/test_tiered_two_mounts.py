@@ -15,11 +15,12 @@ from prometheus_client import CollectorRegistry
 
 from chunkstore.backends._fs import FsStore
 from chunkstore.backends.base import Buffer
-from chunkstore.cache import HostCache, TieredStore
+from chunkstore.cache import HostCache
 from chunkstore.hashing import ChunkKey
 from chunkstore.metrics import ChunkstoreMetrics
 from chunkstore.testing.factories import MadeChunk
 from chunkstore.testing.store_suite import StoreSuite, corrupt_copies
+from chunkstore.tiering import TieredStore
 from tests.cache.conftest import SLOT
 from tests.services import JuiceFsVolume, await_same
 

@@ -20,12 +20,12 @@ from prometheus_client import CollectorRegistry
 from chunkstore.backends._models import record_model
 from chunkstore.backends._registry import open_store
 from chunkstore.cache._host import HostCache
-from chunkstore.cache._tiered import TieredStore
 from chunkstore.cache.policy import DEFAULT_POLICY
 from chunkstore.format import ChunkLayout, KVSpec, encode_chunk
 from chunkstore.hashing import chain_keys, namespace_root, parent_of
 from chunkstore.metrics import ChunkstoreMetrics
 from chunkstore.testing.factories import conversation_tokens, growing_conversation, kv_tensors
+from chunkstore.tiering._tiered import TieredStore
 
 Printer = Callable[[str], None]
 

@@ -9,13 +9,14 @@ import pytest
 
 from chunkstore.backends._fs import FsStore
 from chunkstore.backends.base import Buffer
-from chunkstore.cache import HostCache, TieredStore
+from chunkstore.cache import HostCache
 from chunkstore.hashing import ChunkKey
 from chunkstore.metrics import ChunkstoreMetrics
 from chunkstore.testing.factories import MadeChunk
 from chunkstore.testing.store_suite import corrupt_copies
+from chunkstore.tiering import TieredStore
 from tests.cache.conftest import LAYOUT
-from tests.cache.doubles import StallingStore, assert_intact, cache_chunks, wait_until
+from tests.tiering.doubles import StallingStore, assert_intact, cache_chunks, wait_until
 
 
 class StallingBatchStore(StallingStore):

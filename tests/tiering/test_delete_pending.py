@@ -12,11 +12,12 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from chunkstore.cache import HostCache, TieredStore
+from chunkstore.cache import HostCache
 from chunkstore.metrics import ChunkstoreMetrics
 from chunkstore.testing.factories import MadeChunk
+from chunkstore.tiering import TieredStore
 from tests.cache.conftest import LAYOUT
-from tests.cache.doubles import GatedStore
+from tests.tiering.doubles import GatedStore
 
 
 def _returns_while_gated(call: Callable[[], Any], gated: GatedStore) -> Any:

@@ -9,7 +9,7 @@ the caller.
 
 A tier call that timed out may still write into the slot it was given, so
 such a slot is given back only when that call has ended
-(:meth:`~chunkstore.cache._guard.TierUnavailable.when_settled`); until then it
+(:meth:`~chunkstore.tiering._guard.TierUnavailable.when_settled`); until then it
 stays pinned and cannot be handed to another chunk.
 """
 
@@ -21,11 +21,11 @@ from functools import partial
 from typing import Any
 
 from chunkstore.backends.base import SupportsGetInto, SupportsGetManyInto
-from chunkstore.cache._guard import GuardedTier, TierUnavailable
 from chunkstore.cache._host import HostCache
 from chunkstore.cache._lease import Lease
 from chunkstore.format._hot import decompress_in_place, hot_bytes
 from chunkstore.hashing import ChunkKey
+from chunkstore.tiering._guard import GuardedTier, TierUnavailable
 
 NO_ROOM = object()
 """Promotion outcome: the tier may have the chunk, but every host slot is pinned."""

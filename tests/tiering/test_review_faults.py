@@ -10,13 +10,14 @@ from prometheus_client import CollectorRegistry
 
 from chunkstore.backends._memory import MemoryStore
 from chunkstore.backends.base import Buffer
-from chunkstore.cache import HostCache, Lease, TieredStore
+from chunkstore.cache import HostCache, Lease
 from chunkstore.errors import ConfigError
 from chunkstore.hashing import ChunkKey
 from chunkstore.metrics import ChunkstoreMetrics
 from chunkstore.testing.factories import MadeChunk, sample_chunks
+from chunkstore.tiering import TieredStore
 from tests.cache.conftest import LAYOUT, SLOT
-from tests.cache.doubles import DirectStore, GatedStore, wait_until
+from tests.tiering.doubles import DirectStore, GatedStore, wait_until
 
 
 def _metrics() -> ChunkstoreMetrics:

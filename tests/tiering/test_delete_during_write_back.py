@@ -17,7 +17,7 @@ from chunkstore.backends.base import Buffer
 from chunkstore.hashing import ChunkKey
 from chunkstore.metrics import ChunkstoreMetrics
 from chunkstore.testing.factories import MadeChunk
-from tests.cache.test_tiered import make
+from tests.tiering.test_tiered import make
 
 
 class LandsWhileWriting(MemoryStore):

@@ -13,11 +13,12 @@ from collections.abc import Iterator
 
 import pytest
 
-from chunkstore.cache import HostCache, TieredStore
+from chunkstore.cache import HostCache
 from chunkstore.metrics import ChunkstoreMetrics
 from chunkstore.testing.factories import MadeChunk
+from chunkstore.tiering import TieredStore
 from tests.cache.conftest import LAYOUT
-from tests.cache.doubles import (
+from tests.tiering.doubles import (
     GatedStore,
     StallingStore,
     assert_intact,

@@ -9,12 +9,13 @@ import pytest
 
 from chunkstore.backends._fs import FsStore
 from chunkstore.backends._memory import MemoryStore
-from chunkstore.cache import HostCache, TieredStore
+from chunkstore.cache import HostCache
 from chunkstore.metrics import ChunkstoreMetrics
 from chunkstore.testing.factories import MadeChunk
 from chunkstore.testing.store_suite import corrupt_copies
+from chunkstore.tiering import TieredStore
 from tests.cache.conftest import LAYOUT
-from tests.cache.doubles import (
+from tests.tiering.doubles import (
     FlakyStore,
     StallingStore,
     assert_intact,

@@ -8,11 +8,12 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from chunkstore.backends._memory import MemoryStore
-from chunkstore.cache import HostCache, TieredStore
+from chunkstore.cache import HostCache
 from chunkstore.errors import ConfigError
 from chunkstore.metrics import ChunkstoreMetrics, start_metrics_server
 from chunkstore.testing.factories import MadeChunk
 from chunkstore.testing.store_suite import corrupt_copies
+from chunkstore.tiering import TieredStore
 from tests.cache.conftest import LAYOUT
 
 
@@ -92,7 +93,7 @@ def test_scrape_after_known_workload(chain: list[MadeChunk], metrics: Chunkstore
 
 
 def test_drops_are_exported(chain: list[MadeChunk], metrics: ChunkstoreMetrics) -> None:
-    from tests.cache.doubles import GatedStore
+    from tests.tiering.doubles import GatedStore
 
     gated = GatedStore("disk")
     store = TieredStore(

@@ -9,10 +9,10 @@ import threading
 
 import pytest
 
-from chunkstore.cache._guard import GuardedTier, TierUnavailable
 from chunkstore.metrics import ChunkstoreMetrics
 from chunkstore.testing.factories import MadeChunk
-from tests.cache.doubles import GatedStore
+from chunkstore.tiering._guard import GuardedTier, TierUnavailable
+from tests.tiering.doubles import GatedStore
 
 
 def _guarded(store: GatedStore, metrics: ChunkstoreMetrics, **options: object) -> GuardedTier:

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import threading
 
-from chunkstore.cache import HostCache, TieredStore
+from chunkstore.cache import HostCache
 from chunkstore.metrics import ChunkstoreMetrics
 from chunkstore.testing.factories import MadeChunk
 from chunkstore.testing.store_suite import _rekeyed
+from chunkstore.tiering import TieredStore
 from tests.cache.conftest import LAYOUT
-from tests.cache.doubles import GatedStore
+from tests.tiering.doubles import GatedStore
 
 
 def test_the_newer_copy_wins_over_a_write_back_under_way(

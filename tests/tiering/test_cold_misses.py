@@ -11,11 +11,12 @@ from __future__ import annotations
 import pytest
 
 from chunkstore.backends._memory import MemoryStore
-from chunkstore.cache import HostCache, TieredStore
+from chunkstore.cache import HostCache
 from chunkstore.metrics import ChunkstoreMetrics
 from chunkstore.testing.factories import MadeChunk
+from chunkstore.tiering import TieredStore
 from tests.cache.conftest import LAYOUT
-from tests.cache.doubles import DirectStore, FarDirectStore
+from tests.tiering.doubles import DirectStore, FarDirectStore
 
 TIERS = {
     "direct": lambda: DirectStore("disk"),  # zero-copy get_into, low latency: exists first

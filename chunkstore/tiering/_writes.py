@@ -1,7 +1,7 @@
 """Writes from host memory to a tiered store's secondary tiers.
 
 Write-behind: a chunk committed to host memory is queued, still pinned in its
-slot, and the drain thread of a :class:`~chunkstore.cache._writeback.WriteBehindQueue`
+slot, and the drain thread of a :class:`~chunkstore.tiering._writeback.WriteBehindQueue`
 writes it to the target tiers in batches, reading the slots in place. A full
 queue drops the write (counted per tier as ``queue_full`` and logged with
 the key) rather than block the caller or grow memory.
@@ -23,12 +23,12 @@ from collections import deque
 from collections.abc import Callable, Sequence
 
 from chunkstore.backends.base import Buffer
-from chunkstore.cache._guard import GuardedTier, TierUnavailable
 from chunkstore.cache._host import HostCache
 from chunkstore.cache._lease import Lease
-from chunkstore.cache._writeback import WriteBehindQueue
 from chunkstore.events import ChunkListener
 from chunkstore.hashing import ChunkKey
+from chunkstore.tiering._guard import GuardedTier, TierUnavailable
+from chunkstore.tiering._writeback import WriteBehindQueue
 
 log = logging.getLogger(__name__)
 

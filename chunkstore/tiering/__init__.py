@@ -1,0 +1,47 @@
+"""The tiering layer: what sits between host memory and the stores.
+
+* :class:`TieredStore` - a host cache in front of secondary stores, as one
+  :class:`~chunkstore.backends.Store`: write-behind, promotion, prefetch and
+  tier fail-over;
+* :class:`TierList` - the ordered, guarded tiers, with the one read loop and
+  the one write fan-out that ``TieredStore`` and an engine's own tier
+  (the vLLM native tier) both use;
+* :class:`GuardedTier` - one tier's calls, with a timeout and a back-off.
+
+An engine adapter needs only this layer and :mod:`chunkstore.cache`.
+"""
+
+from typing import TYPE_CHECKING
+
+from chunkstore import _lazy
+
+if TYPE_CHECKING:
+    from chunkstore.tiering._guard import GuardedCall, GuardedTier, TierUnavailable
+    from chunkstore.tiering._tiered import TieredHealth, TieredStats, TieredStore, TierStats
+
+# Note: the tiered store pulls in numpy, the backends and prometheus_client; it loads on
+# first use, as the host cache does.
+_LAZY = {
+    "GuardedCall": "chunkstore.tiering._guard",
+    "GuardedTier": "chunkstore.tiering._guard",
+    "TierUnavailable": "chunkstore.tiering._guard",
+    "TieredHealth": "chunkstore.tiering._tiered",
+    "TieredStats": "chunkstore.tiering._tiered",
+    "TieredStore": "chunkstore.tiering._tiered",
+    "TierStats": "chunkstore.tiering._tiered",
+}
+
+
+def __getattr__(name: str) -> object:
+    return _lazy.lazy_attribute(__name__, _LAZY, name)
+
+
+__all__ = [
+    "GuardedCall",
+    "GuardedTier",
+    "TierStats",
+    "TierUnavailable",
+    "TieredHealth",
+    "TieredStats",
+    "TieredStore",
+]
