@@ -54,6 +54,7 @@ from chunkstore.metrics import ChunkstoreMetrics, default_metrics
 from chunkstore.tiering._guard import GuardedTier, TierUnavailable
 from chunkstore.tiering._prefetch import Prefetcher
 from chunkstore.tiering._promotion import NO_ROOM, Promoter
+from chunkstore.tiering._tierlist import TierList, keep_all
 from chunkstore.tiering._writes import TierWriter
 
 log = logging.getLogger(__name__)
@@ -185,6 +186,7 @@ class TieredStore(Store):
             for t in tiers
         )
         """Secondary tiers in lookup order."""
+        self._tier_list = TierList(self.tiers)
         self._closed = False
         self._writer = TierWriter(
             host,
@@ -355,36 +357,24 @@ class TieredStore(Store):
         hits = sum(1 for d in out if d is not None)
         self._count_host(hits, len(keys) - hits, started, sum(len(d) for d in out if d is not None))
         missing = [i for i, d in enumerate(out) if d is None]
-        for tier in self.tiers:
-            if not missing:
-                break
-            wanted = [keys[i] for i in missing]
-            started = time.perf_counter()
-            tier_verifies = tier.store.verify  # as it stands when the read begins
-            try:
-                found = tier.call("get", tier.store.get_many, wanted)
-            except TierUnavailable:
-                tier.count_reads(0, len(wanted))
-                continue
-            nbytes = sum(len(d) for d in found if d is not None)
-            if nbytes:
-                tier.instruments.record_read(nbytes, time.perf_counter() - started)
-            still_missing = []
+        if missing:
+            found = self._tier_list.read_many(
+                [keys[i] for i in missing], judge=self._judge_tier_bytes, count=True
+            )
             for i, data in zip(missing, found):
-                checked = (
-                    None
-                    if data is None
-                    else self._check_tier_bytes(tier, keys[i], data, tier_verifies)
-                )
-                if data is None or checked is False:
-                    still_missing.append(i)
-                    continue
                 out[i] = data
-                if self.promote:
-                    self._promoter.promote_bytes(tier, keys[i], data, verified=bool(checked))
-            tier.count_reads(len(missing) - len(still_missing), len(still_missing))
-            missing = still_missing
         return out
+
+    def _judge_tier_bytes(
+        self, tier: GuardedTier, key: ChunkKey, data: Any, tier_verifies: bool
+    ) -> Any | None:
+        """``data`` if it may be served (promoted into host memory if asked), else None."""
+        checked = self._check_tier_bytes(tier, key, data, tier_verifies)
+        if checked is False:
+            return None
+        if self.promote:
+            self._promoter.promote_bytes(tier, key, data, verified=bool(checked))
+        return data
 
     def read_unchecked_many(self, keys: Sequence[ChunkKey]) -> list[bytes | None]:
         """Stored bytes per key from the first tier holding each, host first.
@@ -395,16 +385,12 @@ class TieredStore(Store):
         self._check_open()
         out = self.host.read_unchecked_many(keys)
         missing = [i for i, d in enumerate(out) if d is None]
-        for tier in self.tiers:
-            if not missing:
-                break
-            try:
-                found = tier.call("get", tier.store.read_unchecked_many, [keys[i] for i in missing])
-            except TierUnavailable:
-                continue
+        if missing:
+            found = self._tier_list.read_many(
+                [keys[i] for i in missing], judge=keep_all, unchecked=True
+            )
             for i, data in zip(missing, found):
                 out[i] = data
-            missing = [i for i in missing if out[i] is None]
         return out
 
     def get_into(self, key: ChunkKey, buffer: Buffer) -> int | None:
@@ -537,18 +523,10 @@ class TieredStore(Store):
         present = self.host.exists_many(keys)
         self._host_metrics.lookup_latency.observe(time.perf_counter() - started)
         missing = [i for i, hit in enumerate(present) if not hit]
-        for tier in self.tiers:
-            if not missing or not tier.up:
-                continue
-            started = time.perf_counter()
-            try:
-                found = tier.call("exists", tier.store.exists_many, [keys[i] for i in missing])
-            except TierUnavailable:
-                continue
-            tier.instruments.lookup_latency.observe(time.perf_counter() - started)
+        if missing:
+            found = self._tier_list.exists_many([keys[i] for i in missing])
             for i, hit in zip(missing, found):
                 present[i] = hit
-            missing = [i for i in missing if not present[i]]
         return present
 
     def lookup_prefix(self, keys: Sequence[ChunkKey]) -> int:

@@ -1,14 +1,10 @@
-"""Reads started on the tier's stores and taken later: :class:`StoreRead`, :class:`LoadJobChunk`.
+"""One chunk of a load job: its key, its buffer, and the reads that may still write into it.
 
 A load job of :class:`~chunkstore.vllm.native.tier.ChunkStoreTier` starts the
-reads of its next chunks (guarded calls, on the stores' guard threads, where the
-store also checks the checksum) before it scatters the current chunk into its
-primary slot, and takes each read's :meth:`StoreRead.result` in turn. A
-:class:`StoreRead` is one such call: which keys it asked for, where their
-bytes land, and when it ended (its duration for the read metrics is the
-store's, not the time the job spent scattering before it looked). A
-:class:`LoadJobChunk` is one chunk of a load job: its key, its buffer, and the
-calls that may still write into that buffer.
+reads of its next chunks (on the stores' guard threads, where the store also
+checks the checksum) before it scatters the current chunk into its primary
+slot. Each read is a :class:`~chunkstore.tiering._tierlist.TierRead` of the
+tier's :class:`~chunkstore.tiering._tierlist.TierList`, taken in turn.
 """
 
 from __future__ import annotations
@@ -18,49 +14,10 @@ from concurrent.futures import Future
 from typing import Any
 
 from chunkstore.hashing import ChunkKey
-from chunkstore.tiering._guard import GuardedCall, GuardedTier
+from chunkstore.tiering._tierlist import TierRead
 from chunkstore.vllm.native.buffers import ChunkBuffers
 
-__all__ = ["LoadJobChunk", "StoreRead"]
-
-
-class StoreRead:
-    """One store's read of some of a job's keys, under way (see the module docstring)."""
-
-    __slots__ = ("index", "tier", "asked", "call", "verified", "_views")
-
-    def __init__(
-        self,
-        index: int,
-        tier: GuardedTier,
-        asked: list[int],
-        call: GuardedCall[Any],
-        views: list[memoryview] | None,
-        verified: bool,
-    ) -> None:
-        self.index = index
-        """The store's place in the tier's order (a key it misses is asked of the next)."""
-        self.tier = tier
-        self.asked = asked
-        """Positions of the keys asked for, in the job's list."""
-        self.call = call
-        self.verified = verified
-        """The store's ``verify`` as the read began: whether it checked what it returns
-        (read afterwards, a flag turned on meanwhile would vouch for unchecked bytes)."""
-        self._views = views
-
-    @property
-    def into_buffers(self) -> bool:
-        """Whether the store reads into the job's buffers (else into memory of its own)."""
-        return self._views is not None
-
-    def result(self) -> list[Any]:
-        """Each asked key's bytes (None where the store has no good copy); raises
-        :class:`~chunkstore.tiering._guard.TierUnavailable` as a guarded call does."""
-        got = self.call.result()
-        if self._views is None:
-            return list(got)
-        return [None if n is None else view[:n] for n, view in zip(got, self._views)]
+__all__ = ["LoadJobChunk"]
 
 
 class LoadJobChunk:
@@ -76,7 +33,7 @@ class LoadJobChunk:
         """The chunk's buffer (a list, as the stores' batch reads take them)."""
         self.pending: list[Future[Any]] = []
         """Calls that timed out but still run, and may still write into the buffer."""
-        self.read: StoreRead | None = None
+        self.read: TierRead | None = None
         """The read started and not yet taken."""
 
     def close(self) -> None:

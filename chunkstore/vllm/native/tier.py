@@ -26,6 +26,7 @@ import time
 from collections import deque
 from collections.abc import Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
+from functools import partial
 from typing import Any, ClassVar
 
 from vllm.v1.kv_offload.base import (
@@ -44,12 +45,13 @@ from chunkstore._threads import started_executor
 from chunkstore.backends import Store
 from chunkstore.backends._models import record_model
 from chunkstore.backends._registry import open_for_option
-from chunkstore.backends.base import ReadVerdict, SupportsGetManyInto, verdict_of
+from chunkstore.backends.base import ReadVerdict, verdict_of
 from chunkstore.errors import ConfigError, FormatError
 from chunkstore.format import decode_chunk, recompress
 from chunkstore.hashing import ChunkKey
 from chunkstore.metrics import default_metrics
-from chunkstore.tiering._guard import GuardedTier, TierUnavailable
+from chunkstore.tiering._guard import GuardedTier
+from chunkstore.tiering._tierlist import TierList, TierWrites
 
 # The connector's option parsers: the same words for the same mistakes.
 from chunkstore.vllm.config import parse_config, positive_int_option, seconds_option
@@ -58,7 +60,7 @@ from chunkstore.vllm.native.buffers import ChunkBuffers
 from chunkstore.vllm.native.events import TierEvents
 from chunkstore.vllm.native.options import TIER_OPTIONS
 from chunkstore.vllm.native.primary import PrimaryLayout
-from chunkstore.vllm.native.reading import LoadJobChunk, StoreRead
+from chunkstore.vllm.native.reading import LoadJobChunk
 from chunkstore.vllm.native.requests import (
     ChunkAddress,
     RequestKeys,
@@ -220,6 +222,7 @@ class ChunkStoreTier(SecondaryTierManager):
         except BaseException:
             self._close_stores()
             raise
+        self._tier_list = TierList(self.guarded)
         for store in self.stores:
             record_model(store, self.engine.spec)  # so `chunkstore inspect` names the model
         layout = self.primary.layout
@@ -313,15 +316,7 @@ class ChunkStoreTier(SecondaryTierManager):
 
     def _held(self, key: ChunkKey) -> bool:
         """Whether some store holds ``key`` (a store that is down answers no)."""
-        for tier in self.guarded:
-            try:
-                if tier.call("exists", tier.store.exists_many, [key])[0]:
-                    tier.instruments.hits.inc()
-                    return True
-            except TierUnavailable:
-                continue
-            tier.instruments.misses.inc()
-        return False
+        return self._tier_list.exists_many([key], count=True)[0]
 
     # --- stores ---------------------------------------------------------------------
 
@@ -397,13 +392,8 @@ class ChunkStoreTier(SecondaryTierManager):
                 self.primary.to_payload(self._slot(slot), view[layout.data_offset :])
                 seal_save(layout, view, address)
             data = recompress(view, "zstd") if self.compression == "zstd" else view
-            writing.nbytes = len(data)
-            items = [(address.key, data)]
-            for tier in self.guarded:
-                try:
-                    writing.add(tier, tier.start("put", tier.store.put_if_absent_many, items))
-                except TierUnavailable:
-                    writing.add(tier, None)
+            writing.writes = TierWrites(1, len(data), if_absent=True)
+            self._tier_list.start_writes(writing.writes, [(address.key, data)])
             writing.all_started()
             return writing
         except Exception:  # noqa: BLE001 - a failed store is a future miss
@@ -416,21 +406,12 @@ class ChunkStoreTier(SecondaryTierManager):
 
     def _settle(self, writing: ChunkWriting) -> tuple[bool, int]:
         """Wait for a started chunk's writes; (whether every store took it, bytes written)."""
-        ok = True
         try:
-            for tier, call in writing.calls:
-                try:
-                    if call is None:
-                        raise TierUnavailable(tier.name)  # refused at once: in back-off
-                    call.result()
-                except TierUnavailable:
-                    tier.count_drop("unavailable", 1)
-                    ok = False
-                    continue
-                tier.instruments.record_write(writing.nbytes, call.seconds())
+            assert writing.writes is not None
+            settled = writing.writes.settle()
         finally:
             writing.release()
-        return ok, writing.nbytes
+        return all(written is not None for _, written in settled), writing.writes.nbytes
 
     # --- loads ----------------------------------------------------------------------
 
@@ -504,7 +485,7 @@ class ChunkStoreTier(SecondaryTierManager):
             self._reading.release()
             return None
         try:
-            load.read = self._start_read([load.key], load.buffers, [0], 0)
+            load.read = self._tier_list.start_read([load.key], load.buffers, [0])
         except Exception:  # noqa: BLE001 - a failed load is recomputed by vLLM
             log.exception("chunkstore tier: load job %d failed", job_id)
             load.close()
@@ -515,7 +496,14 @@ class ChunkStoreTier(SecondaryTierManager):
         """The verified payload of a started load (asking the later stores where the first
         has no good copy); None when no store has one."""
         try:
-            (payload,) = self._read_many([load.key], load.buffers, load.pending, load.read)
+            (payload,) = self._tier_list.finish_read(
+                [load.key],
+                load.buffers,
+                load.read,
+                judge=self._payload,
+                pending=load.pending,
+                fresh=partial(self._move_off, load.buffers),
+            )
         except Exception:  # noqa: BLE001 - a failed load is recomputed by vLLM
             log.exception("chunkstore tier: load job %d failed", job_id)
             return None
@@ -532,79 +520,21 @@ class ChunkStoreTier(SecondaryTierManager):
             return False
         return True
 
-    def _start_read(
-        self, keys: list[ChunkKey], buffers: list[Any], missing: list[int], first: int
-    ) -> StoreRead | None:
-        """Start reading ``keys`` at the positions ``missing`` from the first store, from
-        the tier's ``first`` on, that takes calls (into ``buffers`` where it reads into
-        memory it is given); None when none does."""
-        for index in range(first, len(self.guarded)):
-            tier = self.guarded[index]
-            asked = [keys[i] for i in missing]
-            store = tier.store
-            verified = store.verify
-            try:
-                if isinstance(store, SupportsGetManyInto):
-                    views = [memoryview(buffers[i]) for i in missing]
-                    call = tier.start("get", store.get_many_into, asked, views)
-                    return StoreRead(index, tier, missing, call, views, verified)
-                whole = tier.start("get", store.get_many, asked)
-                return StoreRead(index, tier, missing, whole, None, verified)
-            except TierUnavailable:
-                continue  # in back-off: refused at once
-        return None
-
-    def _read_many(
-        self,
-        keys: list[ChunkKey],
-        buffers: list[Any],
-        pending: list[Future[Any]],
-        read: StoreRead | None,
-    ) -> list[Any | None]:
-        """The verified payload of each key from the first store that has a good copy
-        (``None`` where none has), ``read`` being the first store's call, started. Each
-        store is asked once, for all the keys still missing, in one batch (read into
-        ``buffers``, several at a time); calls that timed out but still run (and may still
-        write into ``buffers``) are added to ``pending``."""
-        payloads: list[Any | None] = [None] * len(keys)
-        while read is not None:
-            tier = read.tier
-            try:
-                got = read.result()
-            except TierUnavailable as exc:
-                got = [None] * len(read.asked)
-                if exc.pending is not None and not self._move_off(read, buffers, exc.pending):
-                    pending.append(exc.pending)
-                    break  # no fresh buffers: the buffers are not safe to read into again
-            nbytes = 0
-            for i, data in zip(read.asked, got):
-                if data is None:
-                    continue  # missing, or corrupt (the store verified it and quarantined it)
-                payloads[i] = self._payload(tier, keys[i], data, read.verified)
-                nbytes += len(data) if payloads[i] is not None else 0
-            if nbytes:
-                tier.instruments.record_read(nbytes, read.call.seconds())
-            missing = [i for i, p in enumerate(payloads) if p is None]
-            read = self._start_read(keys, buffers, missing, read.index + 1) if missing else None
-        return payloads
-
-    def _move_off(self, read: StoreRead, buffers: list[Any], running: Future[Any]) -> bool:
-        """Give the keys a timed-out ``read`` asked for fresh buffers, as that call still runs.
+    def _move_off(self, buffers: list[Any], asked: list[int], running: Future[Any]) -> bool:
+        """Give the keys at ``asked`` fresh buffers, as a timed-out read into them still runs.
 
         The next store's bytes must not land where the late call may still write: they are
         verified as they are read, and anything written over them afterwards would reach the
         primary slot unchecked. The old buffers go back once the call ends. False when no
-        buffer could be had (the caller then keeps the old ones pending and reads no more).
+        buffer could be had (the load then reads no more).
         """
-        if not read.into_buffers:
-            return True  # it reads into memory of its own, none of ours
         try:
-            fresh = self._buffers.take(len(read.asked))
+            fresh = self._buffers.take(len(asked))
         except Exception:  # noqa: BLE001 - no memory: the keys stay missing (recomputed)
             log.exception("chunkstore tier: no buffer for the next store's read")
             return False
-        old = [buffers[i] for i in read.asked]
-        for i, buffer in zip(read.asked, fresh):
+        old = [buffers[i] for i in asked]
+        for i, buffer in zip(asked, fresh):
             buffers[i] = buffer
         self._buffers.release_after([running], old)
         return True

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
-from chunkstore.tiering._guard import GuardedCall, GuardedTier
+from chunkstore.tiering._tierlist import TierWrites
 
 __all__ = ["ChunkWriting"]
 
@@ -25,40 +25,27 @@ __all__ = ["ChunkWriting"]
 class ChunkWriting:
     """One chunk whose writes are under way (see the module docstring)."""
 
-    __slots__ = (
-        "calls",
-        "nbytes",
-        "_give_permit",
-        "_give_buffer",
-        "_running",
-        "_holds_permit",
-        "_lock",
-    )
+    __slots__ = ("writes", "_give_permit", "_give_buffer", "_running", "_holds_permit", "_lock")
 
     def __init__(self, give_permit: Callable[[], None], give_buffer: Callable[[], None]) -> None:
-        self.calls: list[tuple[GuardedTier, GuardedCall[Any] | None]] = []
-        """A guarded call per store, in the tier's order (None: the store refused at once)."""
-        self.nbytes = 0
-        """Bytes handed to each store."""
+        self.writes: TierWrites | None = None
+        """The writes to every store, once made."""
         self._give_permit = give_permit
         # The buffer goes back before the permit: chunks in flight then hold no more buffers
         # than there are permits (a call that timed out keeps its buffer until it ends).
         self._give_buffer = give_buffer
-        # Calls not ended, plus one until every call is registered (all_started).
+        # Calls not ended, plus one until every call is registered.
         self._running = 1
         self._holds_permit = True
         self._lock = threading.Lock()
 
-    def add(self, tier: GuardedTier, call: GuardedCall[Any] | None) -> None:
-        """Register ``tier``'s write of this chunk (None: refused at once)."""
-        self.calls.append((tier, call))
-        if call is not None:
+    def all_started(self) -> None:
+        """:attr:`writes` are started: once they all end, buffer and permit go back."""
+        assert self.writes is not None
+        for future in self.writes.futures():
             with self._lock:
                 self._running += 1
-            call.future.add_done_callback(self._ended)
-
-    def all_started(self) -> None:
-        """Every store's write is registered: once they all end, buffer and permit go back."""
+            future.add_done_callback(self._ended)
         self._ended(None)
 
     def _ended(self, _future: Future[Any] | None) -> None:
@@ -78,4 +65,4 @@ class ChunkWriting:
 
     def futures(self) -> list[Future[Any]]:
         """The writes started (done once nothing reads the buffer any more)."""
-        return [call.future for _, call in self.calls if call is not None]
+        return [] if self.writes is None else self.writes.futures()
