@@ -39,6 +39,9 @@ SOCKET_TIMEOUT = 2.0
 """Seconds one request to the index may take before it counts as failed."""
 MAX_VICTIMS = 256
 """Chunks one admit may evict (a chunk as large as the cap evicts at most this many)."""
+BATCH = 1000
+"""Repairs a reconcile sends in one script call (one round trip), and entries it checks
+against the files before it takes the missing ones out in one call."""
 
 # Shared by the scripts below (KEYS: usage, lru, sizes): takes one chunk out of the index
 # and returns the bytes it held.
@@ -92,18 +95,26 @@ return out
 """
 )
 
-# KEYS: usage, lru, sizes. ARGV: member, size, last use. Adds a chunk a walk found, unless
-# the index has it (a writer accounted it meanwhile). Returns 1 if it was added.
+# KEYS: usage, lru, sizes. ARGV: member, size, last use, then the next chunk's three, ...
+# Adds each chunk a walk found, unless the index has it (a writer accounted it meanwhile:
+# then only puts it into the LRU order if it is not there). Returns how many it added.
 _ADD_FOUND = """
-if redis.call('HEXISTS', KEYS[3], ARGV[1]) == 1 then
-  redis.call('ZADD', KEYS[2], 'NX', ARGV[3], ARGV[1])
-  return 0
+local added, bytes = 0, 0
+for i = 1, #ARGV, 3 do
+  if redis.call('HEXISTS', KEYS[3], ARGV[i]) == 1 then
+    redis.call('ZADD', KEYS[2], 'NX', ARGV[i + 2], ARGV[i])
+  else
+    redis.call('HSET', KEYS[3], ARGV[i], ARGV[i + 1])
+    redis.call('ZADD', KEYS[2], ARGV[i + 2], ARGV[i])
+    added = added + 1
+    bytes = bytes + tonumber(ARGV[i + 1])
+  end
 end
-redis.call('HSET', KEYS[3], ARGV[1], ARGV[2])
-redis.call('ZADD', KEYS[2], ARGV[3], ARGV[1])
-redis.call('HINCRBY', KEYS[1], 'bytes', tonumber(ARGV[2]))
-redis.call('HINCRBY', KEYS[1], 'chunks', 1)
-return 1
+if added > 0 then
+  redis.call('HINCRBY', KEYS[1], 'bytes', bytes)
+  redis.call('HINCRBY', KEYS[1], 'chunks', added)
+end
+return added
 """
 
 # KEYS: lru, sizes. ARGV: member, now. Puts a published chunk (reserved before) into the
@@ -469,36 +480,68 @@ class CapacityIndex:
         """Make the index agree with the files (of one shard, ``(i, n)``): add what a walk
         finds and the index lacks, take out entries whose files are gone.
 
-        Safe beside live writers: each repair is one script that leaves entries a writer
-        made meanwhile alone. Shards of one store may run on several machines at once.
-        ``progress(n)`` is told of every 1,000 chunks walked.
+        Repairs go :data:`BATCH` to a round trip: one script call adds what a batch of
+        the walk found, one takes out the entries of a batch whose files are gone. Safe
+        beside live writers: each script is atomic and leaves entries a writer made
+        meanwhile alone. Shards of one store may run on several machines at once.
+        ``progress(n)`` is told of every 1,000 chunks walked. Raises ConnectionError when
+        the index is unreachable (the repairs sent so far stay; ``stale`` stays too).
         """
         self.flush()
         walked = added = 0
         found: set[str] = set()
+        triples: list[Any] = []
+
+        def add_found() -> None:
+            nonlocal added
+            added += int(self._must("reconcile", partial(self._add_found, self._keys, triples)))
+            triples.clear()
+
         for path, size, atime in self._scan(shard):
             name = self._name_of(path)
             found.add(name)
-            ok, fresh = self._call(
-                "reconcile", partial(self._add_found, keys=self._keys, args=[name, size, atime])
-            )
-            if not ok:
-                raise ConnectionError(f"{self._label}: capacity index unreachable")
-            added += int(fresh)
+            triples += (name, size, atime)
             walked += 1
+            if len(triples) >= 3 * BATCH:
+                add_found()
             if progress is not None and walked % 1000 == 0:
                 progress(1000)
+        if triples:
+            add_found()
         removed = 0
+        missing: list[str] = []
+        checked = 0
         for name in self._names(shard):
-            if name in found or self._exists(self._path_of(name)):
+            if name in found:
                 continue
-            ok, taken = self._call("reconcile", partial(self._remove, keys=self._keys, args=[name]))
-            if ok:
-                removed += int(taken)
+            # Checked a batch at a time, then taken out at once: a file published between
+            # its check and the removal is counted again by the next reconcile.
+            if not self._exists(self._path_of(name)):
+                missing.append(name)
+            checked += 1
+            if checked >= BATCH:
+                removed += self._remove_missing(missing)
+                checked = 0
+        removed += self._remove_missing(missing)
         if shard is None:
-            self._call("reconcile", lambda: self.client.hdel(self._meta, "stale"))
+            self._must("reconcile", lambda: self.client.hdel(self._meta, "stale"))
         self._call("reconcile", lambda: self.client.hset(self._meta, "reconciled", time.time()))
         return Reconciled(walked, added, removed)
+
+    def _must(self, what: str, call: Callable[[], Any]) -> Any:
+        """``call``'s result; ConnectionError when the index is down or failed now."""
+        ok, result = self._call(what, call)
+        if not ok:
+            raise ConnectionError(f"{self._label}: capacity index unreachable")
+        return result
+
+    def _remove_missing(self, names: list[str]) -> int:
+        """Take ``names`` (entries whose files a reconcile found gone) out in one call."""
+        if not names:
+            return 0
+        taken = int(self._must("reconcile", partial(self._remove, self._keys, names)))
+        names.clear()
+        return taken
 
     def stale(self) -> bool:
         """Whether writes went on without the index since the last full reconcile."""
@@ -506,11 +549,19 @@ class CapacityIndex:
         return bool(value) if ok else True
 
     def _names(self, shard: tuple[int, int] | None) -> Iterable[str]:
-        # Every counted entry, reserved ones included (they are not in the LRU order yet).
-        for raw, _ in self.client.hscan_iter(self._keys[2], count=1000):
-            name = raw.decode() if isinstance(raw, bytes) else str(raw)
-            if shard is None or shard_of(name, shard[1]) == shard[0]:
-                yield name
+        # Every counted entry, reserved ones included (they are not in the LRU order yet),
+        # a page of the sizes hash a round trip.
+        cursor = 0
+        while True:
+            cursor, page = self._must(
+                "reconcile", partial(self.client.hscan, self._keys[2], cursor, count=BATCH)
+            )
+            for raw in page:
+                name = raw.decode() if isinstance(raw, bytes) else str(raw)
+                if shard is None or shard_of(name, shard[1]) == shard[0]:
+                    yield name
+            if int(cursor) == 0:
+                return
 
     def _delete(self, victims: Sequence[Any]) -> int:
         deleted = 0
