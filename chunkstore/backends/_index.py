@@ -396,12 +396,16 @@ class CapacityIndex:
                     weight += len(request[1]) if request[0] == "touch" else 1
             try:
                 self._send(batch)
-            except Exception as exc:  # noqa: BLE001 - no writer is left waiting on a bug
+            except BaseException as exc:  # no writer is left waiting on a bug
                 log.exception("%s: capacity index accounting failed", self._label)
                 for request in batch:
                     waiting = request[-1]
                     if isinstance(waiting, concurrent.futures.Future) and not waiting.done():
                         waiting.set_exception(exc)
+                if not isinstance(exc, Exception):
+                    with self._lock:
+                        self._draining = False  # the next request starts a drain anew
+                    raise
 
     def _send(self, batch: list[tuple[Any, ...]]) -> None:
         requests = [r for r in batch if r[0] != "flush"]
