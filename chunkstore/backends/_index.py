@@ -166,6 +166,16 @@ return victims
 """
 )
 
+# KEYS: meta. ARGV: the stale mark a full reconcile saw when it began ('' if none). Clears
+# the mark unless a writer set it anew meanwhile (its writes may lie in walked directories).
+_CLEAR_STALE = """
+if (redis.call('HGET', KEYS[1], 'stale') or '') == ARGV[1] then
+  redis.call('HDEL', KEYS[1], 'stale')
+  return 1
+end
+return 0
+"""
+
 
 @dataclass(frozen=True, slots=True)
 class Reconciled:
@@ -252,6 +262,7 @@ class CapacityIndex:
         self._remove = client.register_script(_REMOVE)
         self._commit = client.register_script(_COMMIT)
         self._evict_script = client.register_script(_EVICT)
+        self._clear_stale = client.register_script(_CLEAR_STALE)
         self._lock = threading.Lock()
         # Accounting runs beside the writer, on one thread of the index's own: while a
         # writer writes its temp file, the index reserves the chunk's room and the victims
@@ -287,7 +298,8 @@ class CapacityIndex:
                 return False, None
         try:
             if self._missed:
-                self.client.hset(self._meta, "stale", int(time.time()))
+                # a new value each time: a reconcile under way keeps it (see reconcile)
+                self.client.hset(self._meta, "stale", repr(time.time()))
             result = call()
         except (redis.RedisError, OSError) as exc:
             with self._lock:
@@ -472,7 +484,7 @@ class CapacityIndex:
         return [None if isinstance(r, Exception) else r for r in results]
 
     def _load_scripts(self) -> None:
-        scripts = (self._add, self._add_found, self._remove, self._commit, self._evict_script)
+        scripts = (self._add, self._remove, self._commit)
         pipe = self.client.pipeline(transaction=False)
         for script in scripts:
             pipe.script_load(script.script)
@@ -589,9 +601,13 @@ class CapacityIndex:
         beside live writers: each script is atomic and leaves entries a writer made
         meanwhile alone. Shards of one store may run on several machines at once.
         ``progress(n)`` is told of every 1,000 chunks walked. Raises ConnectionError when
-        the index is unreachable (the repairs sent so far stay; ``stale`` stays too).
+        the index is unreachable (the repairs sent so far stay; ``stale`` stays too). A full
+        reconcile clears ``stale``, unless a writer marked it again while the walk ran.
         """
         self.flush()
+        marked = None
+        if shard is None:  # a full reconcile clears the stale mark it began with
+            marked = self._must("reconcile", lambda: self.client.hget(self._meta, "stale"))
         walked = added = 0
         found: set[str] = set()
         triples: list[Any] = []
@@ -628,7 +644,8 @@ class CapacityIndex:
                 checked = 0
         removed += self._remove_missing(missing)
         if shard is None:
-            self._must("reconcile", lambda: self.client.hdel(self._meta, "stale"))
+            seen = "" if marked is None else marked
+            self._must("reconcile", partial(self._clear_stale, [self._meta], [seen]))
         self._call("reconcile", lambda: self.client.hset(self._meta, "reconciled", time.time()))
         return Reconciled(walked, added, removed)
 

@@ -700,3 +700,30 @@ def test_accounting_reloads_scripts_a_server_has_forgotten(tmp_path: Path, redis
     index.flush()
     assert index.errors == 0
     assert (index.usage().bytes, index.usage().chunks) == disk_usage(store) == (3 * SIZE, 3)
+
+
+def test_a_full_reconcile_keeps_a_stale_mark_set_while_it_walked(
+    tmp_path: Path, redis_url: str
+) -> None:
+    root = str(tmp_path / "s")
+    FsStore(root, create=True).put_many([(c.key, c.data) for c in CHUNKS[:6]])
+    index = FsStore(root, index=redis_url).index
+    other = FsStore(root, index=redis_url).index
+    assert index is not None and other is not None
+    other._missed = True  # it wrote without the index; it marks it when it answers again
+    assert other.stale()
+    walk = list(index._scan(None))
+
+    def scan(shard: object) -> Iterator[tuple[str, int, float]]:
+        for i, found in enumerate(walk):
+            if i == 3:  # a writer comes back from an outage while the walk runs
+                other._missed = True
+                assert other.stale()
+            yield found
+
+    index._scan = scan
+    index.reconcile()
+    assert index.stale()  # the writes of the outage may lie in walked directories
+    index._scan = lambda shard: iter(walk)
+    index.reconcile()
+    assert not index.stale()
