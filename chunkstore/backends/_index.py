@@ -19,6 +19,7 @@ when it answers again, and the next reconcile restores the cap.
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import logging
 import threading
@@ -39,6 +40,10 @@ SOCKET_TIMEOUT = 2.0
 """Seconds one request to the index may take before it counts as failed."""
 MAX_VICTIMS = 256
 """Chunks one admit may evict (a chunk as large as the cap evicts at most this many)."""
+BATCH = 1000
+"""Repairs a reconcile sends in one script call (one round trip), and entries it checks
+against the files before it takes the missing ones out in one call; also the most requests
+the accounting thread sends in one pipeline."""
 
 # Shared by the scripts below (KEYS: usage, lru, sizes): takes one chunk out of the index
 # and returns the bytes it held.
@@ -92,18 +97,26 @@ return out
 """
 )
 
-# KEYS: usage, lru, sizes. ARGV: member, size, last use. Adds a chunk a walk found, unless
-# the index has it (a writer accounted it meanwhile). Returns 1 if it was added.
+# KEYS: usage, lru, sizes. ARGV: member, size, last use, then the next chunk's three, ...
+# Adds each chunk a walk found, unless the index has it (a writer accounted it meanwhile:
+# then only puts it into the LRU order if it is not there). Returns how many it added.
 _ADD_FOUND = """
-if redis.call('HEXISTS', KEYS[3], ARGV[1]) == 1 then
-  redis.call('ZADD', KEYS[2], 'NX', ARGV[3], ARGV[1])
-  return 0
+local added, bytes = 0, 0
+for i = 1, #ARGV, 3 do
+  if redis.call('HEXISTS', KEYS[3], ARGV[i]) == 1 then
+    redis.call('ZADD', KEYS[2], 'NX', ARGV[i + 2], ARGV[i])
+  else
+    redis.call('HSET', KEYS[3], ARGV[i], ARGV[i + 1])
+    redis.call('ZADD', KEYS[2], ARGV[i + 2], ARGV[i])
+    added = added + 1
+    bytes = bytes + tonumber(ARGV[i + 1])
+  end
 end
-redis.call('HSET', KEYS[3], ARGV[1], ARGV[2])
-redis.call('ZADD', KEYS[2], ARGV[3], ARGV[1])
-redis.call('HINCRBY', KEYS[1], 'bytes', tonumber(ARGV[2]))
-redis.call('HINCRBY', KEYS[1], 'chunks', 1)
-return 1
+if added > 0 then
+  redis.call('HINCRBY', KEYS[1], 'bytes', bytes)
+  redis.call('HINCRBY', KEYS[1], 'chunks', added)
+end
+return added
 """
 
 # KEYS: lru, sizes. ARGV: member, now. Puts a published chunk (reserved before) into the
@@ -152,6 +165,16 @@ end
 return victims
 """
 )
+
+# KEYS: meta. ARGV: the stale mark a full reconcile saw when it began ('' if none). Clears
+# the mark unless a writer set it anew meanwhile (its writes may lie in walked directories).
+_CLEAR_STALE = """
+if (redis.call('HGET', KEYS[1], 'stale') or '') == ARGV[1] then
+  redis.call('HDEL', KEYS[1], 'stale')
+  return 1
+end
+return 0
+"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -239,11 +262,15 @@ class CapacityIndex:
         self._remove = client.register_script(_REMOVE)
         self._commit = client.register_script(_COMMIT)
         self._evict_script = client.register_script(_EVICT)
+        self._clear_stale = client.register_script(_CLEAR_STALE)
         self._lock = threading.Lock()
         # Accounting runs beside the writer, on one thread of the index's own: while a
         # writer writes its temp file, the index reserves the chunk's room and the victims
-        # are deleted; the publish waits for that (see reserve).
+        # are deleted; the publish waits for that (see reserve). Requests queue up in
+        # order; the thread sends what is queued in one pipeline (see _drain).
         self._behind: concurrent.futures.ThreadPoolExecutor | None = None
+        self._queued: collections.deque[tuple[Any, ...]] = collections.deque()
+        self._draining = False
         self._down_until = 0.0
         self._missed = False
         self.errors = 0
@@ -253,12 +280,13 @@ class CapacityIndex:
 
     # --- talking to the server -----------------------------------------------------
 
-    def _call(self, what: str, call: Callable[[], Any]) -> tuple[bool, Any]:
+    def _call(self, what: str, call: Callable[[], Any], requests: int = 1) -> tuple[bool, Any]:
         """``(True, result)``, or ``(False, None)`` when the index is down or failed now.
 
-        A failure is logged and counted, the index is left alone for :data:`RETRY_AFTER`
-        seconds, and the first call that succeeds after it marks the index stale: the
-        changes made meanwhile are the next reconcile's to count.
+        A failure is logged and counted (as ``requests`` requests: a pipeline's), the index
+        is left alone for :data:`RETRY_AFTER` seconds, and the first call that succeeds
+        after it marks the index stale: the changes made meanwhile are the next
+        reconcile's to count.
         """
         import redis
 
@@ -266,17 +294,18 @@ class CapacityIndex:
         with self._lock:
             if now < self._down_until:
                 self._missed = True
-                self.errors += 1
+                self.errors += requests
                 return False, None
         try:
             if self._missed:
-                self.client.hset(self._meta, "stale", int(time.time()))
+                # a new value each time: a reconcile under way keeps it (see reconcile)
+                self.client.hset(self._meta, "stale", repr(time.time()))
             result = call()
         except (redis.RedisError, OSError) as exc:
             with self._lock:
                 self._down_until = time.monotonic() + RETRY_AFTER
                 self._missed = True
-                self.errors += 1
+                self.errors += requests
             log.warning(
                 "%s: capacity index unreachable (%s: %s); writes go on, the cap is restored by "
                 "the next reconcile",
@@ -298,7 +327,9 @@ class CapacityIndex:
 
         Hand the future to :meth:`admit`, or to :meth:`release` if the chunk is not
         published after all. Only for chunks that :meth:`fits`."""
-        return self._accountant().submit(self.account, final, size, reserve=True)
+        reserved: concurrent.futures.Future[bool] = concurrent.futures.Future()
+        self._queue("reserve", self._name_of(final), size, reserved)
+        return reserved
 
     def admit(
         self,
@@ -321,45 +352,154 @@ class CapacityIndex:
             if not self.fits(size):
                 return False
             reserved = self.reserve(final, size)
-        reserved.result()  # the room is made: the victims are gone (account() never raises)
+        reserved.result()  # the room is made: the victims are gone
         try:
             written = publish()
         except BaseException:
             self.release(final, reserved)
             raise
         if written:
-            self._accountant().submit(self._committed, final)
+            self._queue("commit", self._name_of(final), time.time())
         else:
             self.release(final, reserved)
         return written
-
-    def _committed(self, final: str) -> None:
-        name = self._name_of(final)
-        self._call("commit", lambda: self._commit(keys=self._keys[1:], args=[name, time.time()]))
 
     def release(self, final: str, reserved: concurrent.futures.Future[bool]) -> None:
         """Take back the reservation of a chunk that was not published (a put-if-absent
         that lost, a write that failed), if it made the entry."""
         if reserved.result():
-            name = self._name_of(final)
-            self._call("release", lambda: self._remove(keys=self._keys, args=[name]))
+            self._queue("release", self._name_of(final))
         else:  # the entry was there before (a replacement): back into the LRU order
-            self._accountant().submit(self._committed, final)
+            self._queue("commit", self._name_of(final), time.time())
 
-    def _accountant(self) -> concurrent.futures.ThreadPoolExecutor:
+    # --- the accounting thread -----------------------------------------------------
+
+    def _queue(self, *request: Any) -> None:
+        """Queue ``request`` for the index's own thread (started here when it is idle)."""
         with self._lock:
+            self._queued.append(request)
+            if self._draining:
+                return  # the running drain takes it
             if self._behind is None:
                 self._behind = concurrent.futures.ThreadPoolExecutor(
                     1, thread_name_prefix=f"{self._label}-index"
                 )
-            return self._behind
+            try:
+                self._behind.submit(self._drain)
+            except RuntimeError:  # the interpreter is shutting down
+                self._queued.pop()
+                raise
+            self._draining = True
+
+    def _drain(self) -> None:
+        """Send what is queued, in order, :data:`BATCH` requests to a pipeline (one round
+        trip), until nothing is left. A reservation's future is settled as soon as its
+        victims are deleted, before the next reservation's victims."""
+        while True:
+            with self._lock:
+                if not self._queued:
+                    self._draining = False
+                    return
+                batch: list[tuple[Any, ...]] = []
+                weight = 0
+                while self._queued and weight < BATCH:
+                    request = self._queued.popleft()
+                    batch.append(request)
+                    weight += len(request[1]) if request[0] == "touch" else 1
+            try:
+                self._send(batch)
+            except BaseException as exc:  # no writer is left waiting on a bug
+                log.exception("%s: capacity index accounting failed", self._label)
+                for request in batch:
+                    waiting = request[-1]
+                    if isinstance(waiting, concurrent.futures.Future) and not waiting.done():
+                        waiting.set_exception(exc)
+                if not isinstance(exc, Exception):
+                    with self._lock:
+                        self._draining = False  # the next request starts a drain anew
+                    raise
+
+    def _send(self, batch: list[tuple[Any, ...]]) -> None:
+        requests = [r for r in batch if r[0] != "flush"]
+        results = self._pipelined(requests) if requests else []
+        for request, result in zip(requests, results):
+            if request[0] != "reserve":
+                continue
+            reserved = request[-1]
+            try:
+                new = False
+                if result is not None:  # None: the index is down (the writer goes on)
+                    self._delete(result[1:])
+                    new = bool(int(result[0]))
+            except Exception as exc:  # noqa: BLE001 - for the writer waiting on it
+                reserved.set_exception(exc)
+            else:
+                reserved.set_result(new)
+        for request in batch:
+            if request[0] == "flush":
+                request[1].set_result(None)
+
+    def _pipelined(self, requests: list[tuple[Any, ...]]) -> list[Any]:
+        """Each request's result from one pipeline, None where it failed."""
+        from redis.exceptions import NoScriptError
+
+        def stage(pipe: Any, request: tuple[Any, ...]) -> None:
+            kind = request[0]
+            if kind == "reserve":
+                args = self._add_args(request[1], request[2], "reserve")
+                pipe.evalsha(self._add.sha, 3, *self._keys, *args)
+            elif kind == "commit":
+                pipe.evalsha(self._commit.sha, 2, *self._keys[1:], request[1], request[2])
+            elif kind == "release":
+                pipe.evalsha(self._remove.sha, 3, *self._keys, request[1])
+            else:  # touch
+                pipe.zadd(self._keys[1], dict.fromkeys(request[1], request[2]), xx=True, gt=True)
+
+        def run(todo: list[tuple[Any, ...]]) -> list[Any]:
+            pipe = self.client.pipeline(transaction=False)
+            for request in todo:
+                stage(pipe, request)
+            return pipe.execute(raise_on_error=False)  # type: ignore[no-any-return]
+
+        def send() -> list[Any]:
+            results = run(requests)
+            unknown = [i for i, r in enumerate(results) if isinstance(r, NoScriptError)]
+            if unknown:  # a server that has not seen the scripts yet (or restarted)
+                self._load_scripts()
+                for i, result in zip(unknown, run([requests[i] for i in unknown])):
+                    results[i] = result
+            return results
+
+        ok, results = self._call("account", send, len(requests))
+        if not ok:
+            return [None] * len(requests)
+        failed = [r for r in results if isinstance(r, Exception)]
+        if failed:
+            with self._lock:
+                self._missed = True  # the next call marks the index stale
+                self.errors += len(failed)
+            log.warning(
+                "%s: capacity index refused %d requests: %s", self._label, len(failed), failed[0]
+            )
+        return [None if isinstance(r, Exception) else r for r in results]
+
+    def _load_scripts(self) -> None:
+        scripts = (self._add, self._remove, self._commit)
+        pipe = self.client.pipeline(transaction=False)
+        for script in scripts:
+            pipe.script_load(script.script)
+        for script, sha in zip(scripts, pipe.execute()):
+            script.sha = sha
 
     def flush(self) -> None:
-        """Wait until every chunk published so far is accounted and its victims deleted."""
+        """Wait until every request submitted so far is sent: the chunks published so far
+        are accounted and their victims deleted."""
         with self._lock:
-            behind = self._behind
-        if behind is not None:
-            behind.submit(lambda: None).result()
+            if self._behind is None:
+                return
+        done: concurrent.futures.Future[None] = concurrent.futures.Future()
+        self._queue("flush", done)
+        done.result()
 
     def close(self) -> None:
         """Finish the accounting under way and stop its thread."""
@@ -382,19 +522,16 @@ class CapacityIndex:
         the least recently used chunks the index chose to bring usage back under the cap
         (never this one). True if the index had no entry for it before; False if it had,
         or is down."""
-        cap = -1 if self.max_bytes is None else self.max_bytes
-        name = self._name_of(path)
-        mode = "reserve" if reserve else "publish"
-        ok, out = self._call(
-            "account",
-            lambda: self._add(
-                keys=self._keys, args=[name, size, time.time(), cap, MAX_VICTIMS, mode]
-            ),
-        )
+        args = self._add_args(self._name_of(path), size, "reserve" if reserve else "publish")
+        ok, out = self._call("account", lambda: self._add(keys=self._keys, args=args))
         if not ok:
             return False
         self._delete(out[1:])
         return bool(int(out[0]))
+
+    def _add_args(self, name: str, size: int, mode: str) -> list[Any]:
+        cap = -1 if self.max_bytes is None else self.max_bytes
+        return [name, size, time.time(), cap, MAX_VICTIMS, mode]
 
     def removed(self, remove: Callable[[], Sequence[tuple[str, int]]]) -> None:
         """Run ``remove`` (returns the ``(path, size)`` of each chunk it deleted) and take
@@ -421,20 +558,10 @@ class CapacityIndex:
     def touch(self, paths: Sequence[str]) -> None:
         """Record uses of these chunks now (LRU order); a chunk the index lacks stays out.
 
-        Sent from the index's own thread, after this store's earlier requests: a read does
-        not wait for the round trip."""
-        if not paths:
-            return
-        now = time.time()
-        names = [self._name_of(path) for path in paths]
-
-        def record() -> None:
-            pipe = self.client.pipeline(transaction=False)
-            for name in names:
-                pipe.zadd(self._keys[1], {name: now}, xx=True, gt=True)
-            pipe.execute()
-
-        self._accountant().submit(self._call, "touch", record)
+        Sent from the index's own thread, after this store's earlier requests, in one
+        pipeline with the others queued: a read does not wait for the round trip."""
+        if paths:
+            self._queue("touch", [self._name_of(path) for path in paths], time.time())
 
     # --- maintenance ---------------------------------------------------------------
 
@@ -469,36 +596,73 @@ class CapacityIndex:
         """Make the index agree with the files (of one shard, ``(i, n)``): add what a walk
         finds and the index lacks, take out entries whose files are gone.
 
-        Safe beside live writers: each repair is one script that leaves entries a writer
-        made meanwhile alone. Shards of one store may run on several machines at once.
-        ``progress(n)`` is told of every 1,000 chunks walked.
+        Repairs go :data:`BATCH` to a round trip: one script call adds what a batch of
+        the walk found, one takes out the entries of a batch whose files are gone. Safe
+        beside live writers: each script is atomic and leaves entries a writer made
+        meanwhile alone. Shards of one store may run on several machines at once.
+        ``progress(n)`` is told of every 1,000 chunks walked. Raises ConnectionError when
+        the index is unreachable (the repairs sent so far stay; ``stale`` stays too). A full
+        reconcile clears ``stale``, unless a writer marked it again while the walk ran.
         """
         self.flush()
+        marked = None
+        if shard is None:  # a full reconcile clears the stale mark it began with
+            marked = self._must("reconcile", lambda: self.client.hget(self._meta, "stale"))
         walked = added = 0
         found: set[str] = set()
+        triples: list[Any] = []
+
+        def add_found() -> None:
+            nonlocal added
+            added += int(self._must("reconcile", partial(self._add_found, self._keys, triples)))
+            triples.clear()
+
         for path, size, atime in self._scan(shard):
             name = self._name_of(path)
             found.add(name)
-            ok, fresh = self._call(
-                "reconcile", partial(self._add_found, keys=self._keys, args=[name, size, atime])
-            )
-            if not ok:
-                raise ConnectionError(f"{self._label}: capacity index unreachable")
-            added += int(fresh)
+            triples += (name, size, atime)
             walked += 1
+            if len(triples) >= 3 * BATCH:
+                add_found()
             if progress is not None and walked % 1000 == 0:
                 progress(1000)
+        if triples:
+            add_found()
         removed = 0
+        missing: list[str] = []
+        checked = 0
         for name in self._names(shard):
-            if name in found or self._exists(self._path_of(name)):
+            if name in found:
                 continue
-            ok, taken = self._call("reconcile", partial(self._remove, keys=self._keys, args=[name]))
-            if ok:
-                removed += int(taken)
+            # Checked a batch at a time, then taken out at once: a file published between
+            # its check and the removal is counted again by the next reconcile.
+            if not self._exists(self._path_of(name)):
+                missing.append(name)
+            checked += 1
+            if checked >= BATCH:
+                removed += self._remove_missing(missing)
+                checked = 0
+        removed += self._remove_missing(missing)
         if shard is None:
-            self._call("reconcile", lambda: self.client.hdel(self._meta, "stale"))
+            seen = "" if marked is None else marked
+            self._must("reconcile", partial(self._clear_stale, [self._meta], [seen]))
         self._call("reconcile", lambda: self.client.hset(self._meta, "reconciled", time.time()))
         return Reconciled(walked, added, removed)
+
+    def _must(self, what: str, call: Callable[[], Any]) -> Any:
+        """``call``'s result; ConnectionError when the index is down or failed now."""
+        ok, result = self._call(what, call)
+        if not ok:
+            raise ConnectionError(f"{self._label}: capacity index unreachable")
+        return result
+
+    def _remove_missing(self, names: list[str]) -> int:
+        """Take ``names`` (entries whose files a reconcile found gone) out in one call."""
+        if not names:
+            return 0
+        taken = int(self._must("reconcile", partial(self._remove, self._keys, names)))
+        names.clear()
+        return taken
 
     def stale(self) -> bool:
         """Whether writes went on without the index since the last full reconcile."""
@@ -506,11 +670,19 @@ class CapacityIndex:
         return bool(value) if ok else True
 
     def _names(self, shard: tuple[int, int] | None) -> Iterable[str]:
-        # Every counted entry, reserved ones included (they are not in the LRU order yet).
-        for raw, _ in self.client.hscan_iter(self._keys[2], count=1000):
-            name = raw.decode() if isinstance(raw, bytes) else str(raw)
-            if shard is None or shard_of(name, shard[1]) == shard[0]:
-                yield name
+        # Every counted entry, reserved ones included (they are not in the LRU order yet),
+        # a page of the sizes hash a round trip.
+        cursor = 0
+        while True:
+            cursor, page = self._must(
+                "reconcile", partial(self.client.hscan, self._keys[2], cursor, count=BATCH)
+            )
+            for raw in page:
+                name = raw.decode() if isinstance(raw, bytes) else str(raw)
+                if shard is None or shard_of(name, shard[1]) == shard[0]:
+                    yield name
+            if int(cursor) == 0:
+                return
 
     def _delete(self, victims: Sequence[Any]) -> int:
         deleted = 0

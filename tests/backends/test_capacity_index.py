@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from chunkstore.backends import _index
 from chunkstore.backends._fs import FsStore
 from chunkstore.backends._index import parse_shard, shard_of
 from chunkstore.errors import ConfigError
@@ -173,6 +174,7 @@ def test_evict_never_walks_the_store(tmp_path: Path, redis_url: str) -> None:
 
 _WRITER = """
 import sys
+from chunkstore.backends import _index
 from chunkstore.backends._fs import FsStore
 from chunkstore.testing.factories import sample_chunks
 store = FsStore(sys.argv[1], create=True, max_bytes=int(sys.argv[3]), index=sys.argv[2])
@@ -391,6 +393,7 @@ def test_two_nodes_hold_one_cap_and_read_whole_chunks(
 
 _PRUNER = """
 import sys
+from chunkstore.backends import _index
 from chunkstore.backends._fs import FsStore
 store = FsStore(sys.argv[1], index=sys.argv[2])
 print("ready", flush=True)
@@ -419,3 +422,308 @@ def test_a_pruner_killed_mid_eviction_is_repaired_by_reconcile(
     index.reconcile()
     used, count = disk_usage(store)
     assert (index.usage().bytes, index.usage().chunks) == (used, count)
+
+
+# --- batched round trips: reconcile in batches, the accounting thread's pipelines --------
+
+
+def _aged(store: FsStore, chunks: list[MadeChunk], age: float = 1000.0) -> None:
+    """Give the files of ``chunks`` an old last use, so a writer's use is told apart."""
+    stamp = time.time() - age
+    for chunk in chunks:
+        os.utime(store.path_of(chunk.key), (stamp, stamp))
+
+
+def _counted_calls(index: object, attr: str) -> list[int]:
+    """Wrap the script ``attr`` of ``index`` so that each call is recorded (by args)."""
+    script = getattr(index, attr)
+    calls: list[int] = []
+
+    def counted(keys: object, args: list[object], client: object = None) -> object:
+        calls.append(len(args))
+        return script(keys, args)
+
+    setattr(index, attr, counted)
+    return calls
+
+
+def test_reconcile_in_batches_leaves_entries_a_writer_made_meanwhile_alone(
+    tmp_path: Path, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_index, "BATCH", 4)
+    root = str(tmp_path / "s")
+    plain = FsStore(root, create=True)
+    plain.put_many([(c.key, c.data) for c in CHUNKS[:10]])  # unindexed
+    _aged(plain, CHUNKS[:10])
+    index = FsStore(root, index=redis_url).index
+    writer = FsStore(root, access_resolution=0, index=redis_url)
+    assert index is not None and writer.index is not None
+    walk = list(index._scan(None))
+    by_path = {plain.path_of(c.key): c for c in CHUNKS[:10]}
+    rewritten = by_path[walk[4][0]]  # in the second batch, walked but not yet sent
+    adds = _counted_calls(index, "_add_found")
+
+    def scan(shard: object) -> Iterator[tuple[str, int, float]]:
+        for i, found in enumerate(walk):
+            if i == 6:  # the first batch is in; a writer writes meanwhile
+                writer.put(rewritten.key, rewritten.data)
+                writer.put(CHUNKS[10].key, CHUNKS[10].data)  # not walked at all
+                writer.index.flush()
+            yield found
+
+    index._scan = scan
+    result = index.reconcile()
+    assert adds == [12, 12, 6]  # three batches of (name, size, last use)
+    assert (result.walked, result.added, result.removed) == (10, 9, 0)
+    used, count = disk_usage(plain)
+    assert count == 11 and (index.usage().bytes, index.usage().chunks) == (used, count)
+    lru = index.client.zrange(index._keys[1], 0, -1, withscores=True)
+    scores = {name.decode(): score for name, score in lru}
+    assert len(scores) == 11
+    name = writer._index_name(writer.path_of(rewritten.key))
+    assert scores[name] > time.time() - 500  # the writer's use, not the walk's old one
+
+
+def test_reconcile_takes_out_missing_files_across_batches(
+    tmp_path: Path, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_index, "BATCH", 4)
+    store = FsStore(str(tmp_path / "s"), create=True, index=redis_url)
+    store.put_many([(c.key, c.data) for c in CHUNKS[:20]])
+    index = store.index
+    assert index is not None
+    for chunk in CHUNKS[:10]:
+        os.remove(store.path_of(chunk.key))  # behind the index's back
+    removes = _counted_calls(index, "_remove")
+    result = index.reconcile()
+    assert (result.walked, result.added, result.removed) == (10, 0, 10)
+    assert removes == [4, 4, 2]
+    assert {i.key for i in store.list()} == {c.key for c in CHUNKS[10:20]}
+    assert (index.usage().bytes, index.usage().chunks) == disk_usage(store)
+
+
+@pytest.mark.parametrize("where", ["walk", "removal"])
+def test_an_index_going_down_mid_reconcile_raises_and_stays_stale(
+    tmp_path: Path,
+    private_redis: Callable[[], subprocess.Popen[bytes]],
+    monkeypatch: pytest.MonkeyPatch,
+    where: str,
+) -> None:
+    monkeypatch.setattr(_index, "BATCH", 4)
+    server = private_redis()
+    url = f"redis://127.0.0.1:{private_redis.port}/0"  # type: ignore[attr-defined]
+    store = FsStore(str(tmp_path / "s"), create=True, index=url)
+    store.put_many([(c.key, c.data) for c in CHUNKS[:12]])
+    index = store.index
+    assert index is not None
+    for chunk in CHUNKS[:3]:
+        os.remove(store.path_of(chunk.key))
+    walk = list(index._scan(None))
+    exists = index._exists
+
+    def kill() -> None:
+        if server.poll() is None:
+            server.kill()
+            server.wait()
+
+    def scan(shard: object) -> Iterator[tuple[str, int, float]]:
+        for i, found in enumerate(walk):
+            if i == 5:
+                kill()
+            yield found
+
+    def exists_then_die(path: str) -> bool:
+        kill()
+        return exists(path)
+
+    if where == "walk":
+        index._scan = scan
+    else:
+        index._exists = exists_then_die
+    with pytest.raises(ConnectionError):
+        index.reconcile()
+    private_redis()  # back, empty
+    index._down_until = 0.0  # the retry wait, not the subject here
+    assert index.stale()
+    index._scan, index._exists = (lambda shard: iter(walk)), exists
+    index.reconcile(shard=(0, 1))
+    assert index.stale()  # only a full reconcile clears it
+    index.reconcile()
+    assert not index.stale()
+    assert (index.usage().bytes, index.usage().chunks) == disk_usage(store)
+
+
+class _Gate:
+    """Holds the index's accounting thread in its next pipeline until opened; records how
+    many requests each pipeline sent."""
+
+    def __init__(self, index: object) -> None:
+        self.sent: list[int] = []
+        self.entered = threading.Event()
+        self.opened = threading.Event()
+        self.thread: threading.Thread | None = None
+        self._armed = False
+        pipelined = index._pipelined  # type: ignore[attr-defined]
+
+        def held(requests: list[tuple[object, ...]]) -> list[object]:
+            self.thread = threading.current_thread()
+            if self._armed:
+                self._armed = False
+                self.entered.set()
+                assert self.opened.wait(30)
+            self.sent.append(len(requests))
+            return pipelined(requests)  # type: ignore[no-any-return]
+
+        index._pipelined = held  # type: ignore[attr-defined]
+
+    def arm(self) -> None:
+        self.entered.clear()
+        self.opened.clear()
+        self._armed = True
+
+    def wait_entered(self) -> None:
+        assert self.entered.wait(30)
+
+
+def _wait_queued(index: object, count: int) -> None:
+    for _ in range(3000):
+        if len(index._queued) >= count:  # type: ignore[attr-defined]
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"fewer than {count} requests queued")
+
+
+def test_queued_touches_and_reservations_go_in_one_pipeline_in_order(
+    tmp_path: Path, redis_url: str
+) -> None:
+    store = FsStore(str(tmp_path / "s"), create=True, access_resolution=0, index=redis_url)
+    index = store.index
+    assert index is not None
+    for chunk in CHUNKS[:4]:  # LRU order A < B < C < D
+        store.put(chunk.key, chunk.data)
+    index.flush()
+    gate = _Gate(index)
+    a, b, c, d = (store.path_of(chunk.key) for chunk in CHUNKS[:4])
+    gate.arm()
+    index.touch([c])
+    gate.wait_entered()  # the thread holds C's touch; what follows queues up behind it
+    index.touch([b])
+    time.sleep(0.002)
+    index.touch([a])
+    writer = threading.Thread(target=store.put, args=(CHUNKS[4].key, CHUNKS[4].data))
+    writer.start()  # its reservation queues too, and its commit after the publish
+    _wait_queued(index, 3)
+    gate.opened.set()
+    writer.join(timeout=60)
+    index.flush()
+    assert gate.sent[:2] == [1, 3]  # B's and A's touches and E's reservation: one pipeline
+    order = [name.decode() for name in index.client.zrange(index._keys[1], 0, -1)]
+    names = [store._index_name(p) for p in (d, c, b, a, store.path_of(CHUNKS[4].key))]
+    assert order == names
+    assert (index.usage().bytes, index.usage().chunks) == disk_usage(store)
+
+
+def test_reservations_queued_together_each_get_their_own_victims(
+    tmp_path: Path, redis_url: str
+) -> None:
+    cap = 4 * SIZE
+    store = FsStore(str(tmp_path / "s"), create=True, max_bytes=cap, index=redis_url)
+    index = store.index
+    assert index is not None
+    for chunk in CHUNKS[:4]:
+        store.put(chunk.key, chunk.data)
+        time.sleep(0.002)
+    index.flush()
+    gate = _Gate(index)
+    gate.arm()
+    index.touch([store.path_of(CHUNKS[3].key)])
+    gate.wait_entered()
+    writers = [
+        threading.Thread(target=store.put, args=(chunk.key, chunk.data)) for chunk in CHUNKS[4:7]
+    ]
+    for thread in writers:
+        thread.start()
+    _wait_queued(index, 3)
+    gate.opened.set()
+    for thread in writers:
+        thread.join(timeout=60)
+    index.flush()
+    assert gate.sent[1] == 3  # the three reservations in one pipeline
+    assert {i.key for i in store.list()} == {c.key for c in (CHUNKS[3], *CHUNKS[4:7])}
+    assert index.evicted == 3
+    assert (index.usage().bytes, index.usage().chunks) == disk_usage(store)
+    assert disk_usage(store)[0] == cap
+
+
+@pytest.mark.parametrize("ending", ["flush", "close"])
+def test_flush_and_close_wait_for_everything_queued(
+    tmp_path: Path, redis_url: str, ending: str
+) -> None:
+    store = FsStore(str(tmp_path / "s"), create=True, access_resolution=0, index=redis_url)
+    index = store.index
+    assert index is not None
+    store.put_many([(c.key, c.data) for c in CHUNKS[:3]])
+    index.flush()
+    gate = _Gate(index)
+    paths = [store.path_of(c.key) for c in CHUNKS[:3]]
+    before = time.time()  # after the puts' commits: a score this late is a touch's
+    gate.arm()
+    index.touch(paths[:1])
+    gate.wait_entered()
+    index.touch(paths[1:])
+    ender = threading.Thread(target=getattr(index, ending))
+    ender.start()
+    ender.join(timeout=0.05)
+    assert ender.is_alive()  # it cannot end while the gate holds the thread
+    gate.opened.set()
+    ender.join(timeout=60)
+    assert not ender.is_alive()
+    scores = index.client.zmscore(index._keys[1], [store._index_name(p) for p in paths])
+    assert all(score is not None and score >= before for score in scores)
+    assert gate.sent == [1, 1]  # the two queued touches: one request, one pipeline
+    if ending == "close":
+        assert gate.thread is not None and not gate.thread.is_alive()
+        assert index._behind is None
+        store.put(CHUNKS[3].key, CHUNKS[3].data)  # a later write starts the thread anew
+        index.close()
+        assert index.usage().chunks == 4
+
+
+def test_accounting_reloads_scripts_a_server_has_forgotten(tmp_path: Path, redis_url: str) -> None:
+    store = FsStore(str(tmp_path / "s"), create=True, max_bytes=3 * SIZE, index=redis_url)
+    index = store.index
+    assert index is not None
+    store.put(CHUNKS[0].key, CHUNKS[0].data)
+    index.client.script_flush()
+    for chunk in CHUNKS[1:5]:
+        store.put(chunk.key, chunk.data)
+    index.flush()
+    assert index.errors == 0
+    assert (index.usage().bytes, index.usage().chunks) == disk_usage(store) == (3 * SIZE, 3)
+
+
+def test_a_full_reconcile_keeps_a_stale_mark_set_while_it_walked(
+    tmp_path: Path, redis_url: str
+) -> None:
+    root = str(tmp_path / "s")
+    FsStore(root, create=True).put_many([(c.key, c.data) for c in CHUNKS[:6]])
+    index = FsStore(root, index=redis_url).index
+    other = FsStore(root, index=redis_url).index
+    assert index is not None and other is not None
+    other._missed = True  # it wrote without the index; it marks it when it answers again
+    assert other.stale()
+    walk = list(index._scan(None))
+
+    def scan(shard: object) -> Iterator[tuple[str, int, float]]:
+        for i, found in enumerate(walk):
+            if i == 3:  # a writer comes back from an outage while the walk runs
+                other._missed = True
+                assert other.stale()
+            yield found
+
+    index._scan = scan
+    index.reconcile()
+    assert index.stale()  # the writes of the outage may lie in walked directories
+    index._scan = lambda shard: iter(walk)
+    index.reconcile()
+    assert not index.stale()
