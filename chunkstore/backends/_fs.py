@@ -45,8 +45,9 @@ from chunkstore.backends._fastread import (
     through_page_cache,
 )
 from chunkstore.backends._fsio import FileStat, FsspecIO, LocalIO
-from chunkstore.backends._index import CapacityIndex, open_index
+from chunkstore.backends._index import CapacityIndex
 from chunkstore.backends._iopool import IoPool, raise_first
+from chunkstore.backends._upkeep import Upkeep
 from chunkstore.backends.base import (
     UNSUPPORTED_GRACE,
     Buffer,
@@ -64,8 +65,6 @@ from chunkstore.backends.maintenance import (
     StoredFile,
     StrandedFile,
     reason_record,
-    set_aside_if_still_corrupt,
-    set_aside_outcome,
 )
 from chunkstore.errors import (
     ConfigError,
@@ -110,7 +109,7 @@ class FsIoStats:
     sequential readahead, the file's pages dropped after."""
 
 
-class FsStore(Store):
+class FsStore(Upkeep, Store):
     """Chunks as files under ``root``: local paths through ``os``, anything else through fsspec.
 
     Options:
@@ -236,29 +235,16 @@ class FsStore(Store):
 
     # --- opening -----------------------------------------------------------------
 
-    def _open_index(self, index: Any, max_bytes: int | None) -> CapacityIndex:
-        """The capacity index named by ``index``, keyed by this store's identity: a hash of
-        its layout marker, which every mount of one volume reads alike."""
-        self._ensure_marker()
-        try:
-            marker = self.io.read_small(self.io.join(self.root, L.MARKER_NAME))
-        except OSError as exc:
-            raise StoreError(f"{self.name}: cannot read the layout marker: {exc}") from None
-        return open_index(
-            index,
-            marker,
-            max_bytes,
-            name_of=self._index_name,
-            path_of=lambda name: self.io.join(self.root, *name.split("/")),
-            evict=self._evict_path,
-            scan=self._scan_shard,
-            exists=lambda path: self.io.stat(path) is not None,
-            label=self.name,
-        )
-
-    def _index_name(self, path: str) -> str:
+    def _name_of(self, path: str) -> str:
         """``path`` relative to the root, with ``/``: the chunk's name in the index."""
         return path[len(self._prefix) :].replace(os.sep, "/")
+
+    def _full_path(self, name: str) -> str:
+        """The full path of ``name`` (relative to the root, with ``/``)."""
+        return self.io.join(self.root, *name.split("/"))
+
+    def _exists_path(self, path: str) -> bool:
+        return self.io.stat(path) is not None
 
     def _open_root(self, create: bool) -> None:
         where = self.root
@@ -346,6 +332,9 @@ class FsStore(Store):
             self._marker_ok = True
 
     # --- paths -------------------------------------------------------------------
+
+    def _chunk_path(self, key: ChunkKey) -> str:
+        return self.path_of(key)
 
     def path_of(self, key: ChunkKey) -> str:
         """Where ``key``'s chunk file lives."""
@@ -914,36 +903,14 @@ class FsStore(Store):
         size = self._remove_sized(path)
         return max(size, 0)
 
-    # --- quarantine --------------------------------------------------------------
+    # --- quarantine (the primitives of Upkeep) -------------------------------------
 
-    def quarantine(self, key: ChunkKey, reason: str) -> None:
-        """Move ``key``'s chunk to ``<root>/quarantine/`` (or delete it, with
-        ``quarantine="delete"``); a maintenance tool's verdict, on whatever file is there
-        (:meth:`quarantine_if_unchanged` sets aside only the one that was read)."""
-        self._suspects.pop(key, None)
-        self._set_aside(key, None, reason)
+    def _suspect(self, key: ChunkKey) -> FileIdent | None:
+        """Take the ident of ``key``'s file a read found corrupt (None: none recorded)."""
+        return self._suspects.pop(key, None)
 
-    def _quarantine(self, key: ChunkKey, reason: str) -> str:
-        # the ident of the file a read found bad, so a concurrent good rewrite is left alone
-        ident = self._suspects.pop(key, None)
-        if ident is None:
-            # Damage reported by a caller that checks what it read itself (the vLLM tier
-            # over an unverified store): which file it read is not known here, and a writer
-            # may have published a good copy since. Judge the file there now (a second read,
-            # on this rare path) and set aside only that one.
-            [current] = self.read_unchecked_with_idents([key])
-            return set_aside_if_still_corrupt(self, key, current, reason)
-        return set_aside_outcome(self._set_aside(key, ident, reason), self.quarantine_mode)
-
-    def quarantine_if_unchanged(self, key: ChunkKey, ident: FileIdent | None, reason: str) -> bool:
-        """Move ``key``'s chunk to quarantine (or delete it, with ``quarantine="delete"``)
-        only if it is still the file ``ident`` names (from :meth:`read_unchecked_with_idents`);
-        True if it was set aside. ``ident=None`` sets aside whatever is there."""
-        return self._set_aside(key, ident, reason) is SetAside.DONE
-
-    def delete_if_unchanged(self, key: ChunkKey, ident: FileIdent | None) -> bool:
-        """Delete ``key``'s chunk only if it is still the file ``ident`` names; True if deleted."""
-        return self._set_aside(key, ident, None) is SetAside.DONE
+    def _read_current(self, key: ChunkKey) -> tuple[bytes, FileIdent | None] | None:
+        return self.read_unchecked_with_idents([key])[0]
 
     def _set_aside(self, key: ChunkKey, ident: FileIdent | None, reason: str | None) -> SetAside:
         """Quarantine (``reason`` given) or delete the chunk file ``ident`` names.
@@ -1103,14 +1070,12 @@ class FsStore(Store):
                 if kind in kinds:
                     yield StoredFile(self.io.join(leaf, fname), ns, st.size, st.mtime)
 
-    def orphans(self, older_than: float = 0.0) -> builtins.list[StoredFile]:
-        """Temp files (interrupted writes) last modified more than ``older_than`` seconds ago."""
-        cutoff = time.time() - older_than
-        return [f for f in self._other_files((L.TEMP,)) if f.mtime <= cutoff]
+    def _unfinished(self) -> Iterator[StoredFile]:
+        """Temp files of interrupted writes, beside the chunks."""
+        return self._other_files((L.TEMP,))
 
-    def remove_orphans(self, grace: float = 3600.0) -> int:
-        """Delete temp files older than ``grace`` seconds (live writers finish far sooner)."""
-        return sum(self.io.remove(f.path) for f in self.orphans(grace))
+    def _drop_unfinished(self, orphan: StoredFile) -> bool:
+        return self.io.remove(orphan.path)
 
     # --- stranded set-asides (SupportsStagingSweep) --------------------------------
 
@@ -1168,26 +1133,15 @@ class FsStore(Store):
             settled.append(f)
         return settled
 
-    # --- model records (SupportsModelRecords) -------------------------------------
+    # --- small files (model records, the marker) -------------------------------------
 
-    def read_model_record(self, fingerprint: bytes) -> bytes | None:
-        """The record of the model with ``fingerprint`` (``chunkstore.backends._models``);
-        None if missing or unreadable (a record is a hint: the model then shows as unknown)."""
-        path = self.io.join(self.root, L.model_record_name(fingerprint))
-        try:
-            return self.io.read_small(path)
-        except OSError as exc:  # a directory, FIFO or unreadable file at the record's name
-            log.warning("%s: cannot read the model record %s: %s", self.name, path, exc)
-            return None
+    def _read_small(self, name: str) -> bytes | None:
+        return self.io.read_small(self._full_path(name))
 
-    def write_model_record(self, fingerprint: bytes, record: bytes) -> None:
-        """Store the record of the model with ``fingerprint`` (atomically replaced)."""
-        self._ensure_marker()
-        self._refuse_link(*L.model_record_name(fingerprint).split("/")[:-1])
-        try:
-            self.io.write_small(self.io.join(self.root, L.model_record_name(fingerprint)), record)
-        except OSError as exc:
-            raise StoreError(f"{self.root}: cannot write a model record: {exc}") from None
+    def _write_small(self, name: str, data: bytes) -> None:
+        """Write ``name`` atomically; never through a link in its directories."""
+        self._refuse_link(*name.split("/")[:-1])
+        self.io.write_small(self._full_path(name), data)
 
     def foreign_files(self) -> builtins.list[StoredFile]:
         """Files in chunk directories that are neither chunks, access records nor temp files."""
@@ -1199,16 +1153,14 @@ class FsStore(Store):
             return path[len(self.root) :].lstrip("/\\")
         return path
 
-    def quarantined(self) -> builtins.list[StoredFile]:
-        """Chunks moved aside as corrupt."""
-        qdir = self.io.join(self.root, L.QUARANTINE_DIR)
-        out = []
-        for ns, is_dir in self.io.listdir(qdir) or []:
+    def _area_files(self, area: str) -> Iterator[tuple[str, str, int, float]]:
+        """Regular files in the directories of ``area`` (``quarantine/<ns>/``)."""
+        top = self.io.join(self.root, area)
+        for ns, is_dir in self.io.listdir(top) or []:
             if is_dir:
-                for fname, st in self.io.scan_files(self.io.join(qdir, ns)):
-                    if st.regular and fname.endswith(L.CHUNK_SUFFIX):
-                        out.append(StoredFile(self.io.join(qdir, ns, fname), ns, st.size, st.mtime))
-        return out
+                for fname, st in self.io.scan_files(self.io.join(top, ns)):
+                    if st.regular:
+                        yield f"{ns}/{fname}", self.io.join(top, ns, fname), st.size, st.mtime
 
     def usage(self) -> Usage:
         """Chunk bytes and count (the ledger when capped, else a scan)."""
@@ -1230,10 +1182,6 @@ class FsStore(Store):
         if self.io.exists(self._ledger_keeper.ledger_path):
             return self._ledger_keeper
         return None
-
-    def _scan_shard(self, shard: tuple[int, int] | None) -> Iterator[tuple[str, int, float]]:
-        for info in self._chunks(None, shard):
-            yield self.path_of(info.key), info.size, info.atime
 
     def _probe(self, path: str) -> tuple[int, float] | None:
         st = self.io.stat(path)

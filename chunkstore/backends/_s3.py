@@ -38,8 +38,9 @@ from chunkstore.backends._batching import (
     read_once_per_key,
     write_once_per_key,
 )
-from chunkstore.backends._index import CapacityIndex, chunks_of_shard, open_index
+from chunkstore.backends._index import CapacityIndex
 from chunkstore.backends._iopool import raise_first
+from chunkstore.backends._upkeep import Upkeep
 from chunkstore.backends.base import (
     UNSUPPORTED_GRACE,
     Buffer,
@@ -54,7 +55,6 @@ from chunkstore.backends.maintenance import (
     SetAside,
     StoredFile,
     reason_record,
-    set_aside_if_still_corrupt,
 )
 from chunkstore.errors import (
     ConfigError,
@@ -167,7 +167,7 @@ def _retryable(exc: BaseException) -> bool:
     return isinstance(exc, aiohttp.ClientError)
 
 
-class S3Store(Store):
+class S3Store(Upkeep, Store):
     """Chunks in an S3 bucket (or any S3-compatible server) under an optional prefix.
 
     Options: ``endpoint_url``, ``region``, ``key``/``secret``/``token``, ``anon``,
@@ -295,31 +295,40 @@ class S3Store(Store):
                 index, None if max_bytes is None else parse_size(max_bytes)
             )
 
-    def _open_index(self, index: Any, max_bytes: int | None) -> CapacityIndex:
-        """The capacity index named by ``index``, keyed by a hash of the layout marker."""
-        self._ensure_marker()
-        marker: bytes | None = self._run(self._get_small, self._full(L.MARKER_NAME))
-        return open_index(
-            index,
-            marker,
-            max_bytes,
-            name_of=self._relative,
-            path_of=self._full,
-            evict=self._evict_object,
-            scan=self._scan_shard,
-            exists=lambda name: self._object_sizes([name])[0] is not None,
-            label=self.name,
-        )
+    # --- naming and small objects (the primitives of Upkeep) ------------------------
 
-    def _evict_object(self, name: str) -> int:
-        """Delete the chunk object ``name`` and its access record; 1 if it was there."""
-        key = _chunk_key_of(self._relative(name))
+    def _name_of(self, path: str) -> str:
+        return self._relative(path)
+
+    def _full_path(self, name: str) -> str:
+        return self._full(name)
+
+    def _chunk_path(self, key: ChunkKey) -> str:
+        return self.object_key(key)
+
+    def _exists_path(self, path: str) -> bool:
+        return self._object_sizes([path])[0] is not None
+
+    def _evict_path(self, path: str) -> int:
+        """Delete the chunk object ``path`` and its access record; 1 if it was there."""
+        key = _chunk_key_of(self._relative(path))
         return 0 if key is None else self.delete_many([key])
 
-    def _scan_shard(self, shard: tuple[int, int] | None) -> Iterator[tuple[str, int, float]]:
-        # The listing is whole either way: only the work on what it yields is split.
-        for info in self.list() if shard is None else chunks_of_shard(self, shard):
-            yield self.object_key(info.key), info.size, info.atime
+    def _read_small(self, name: str) -> bytes | None:
+        """Object ``name`` under the prefix; None if missing or unreadable."""
+        data: bytes | None = self._run(self._get_small, self._full(name))
+        return data
+
+    def _write_small(self, name: str, data: bytes) -> None:
+        """One PUT of ``name`` under the prefix; OSError if it failed for good."""
+
+        async def write() -> None:
+            try:
+                await self._request("put_object", Key=self._full(name), Body=data)
+            except (_Failed, _NotFound, _Exists) as exc:
+                raise OSError(str(exc)) from None
+
+        self._run(write)
 
     def _open_nixl(
         self,
@@ -968,31 +977,17 @@ class S3Store(Store):
             self.index.removed(lambda: gone)
         return sum(deleted)
 
-    def quarantine(self, key: ChunkKey, reason: str) -> None:
-        """Copy ``key``'s chunk to ``<prefix>/quarantine/`` and delete it (or only delete
-        it, with ``quarantine="delete"``); a maintenance tool's verdict, on whatever object
-        is there (:meth:`quarantine_if_unchanged` sets aside only the one that was read).
-        Raises StoreError if a request fails (after retries)."""
-        self._set_aside(key, None, reason)
+    # --- set-asides (the primitives of Upkeep) --------------------------------------
 
-    def _quarantine(self, key: ChunkKey, reason: str) -> str:
-        # A read found damage, but its ETag is not at hand here, and a writer may have put a
-        # good copy in place since: judge the object there now (a rare, second GET) and set
-        # aside only that one, by its ETag.
-        current = self._run(partial(self._get_tagged, key, failure_raises=True))
-        return set_aside_if_still_corrupt(self, key, current, reason)
+    def _suspect(self, key: ChunkKey) -> FileIdent | None:
+        return None  # a read's ETag is not kept: _read_current reads it again
 
-    def quarantine_if_unchanged(self, key: ChunkKey, ident: FileIdent | None, reason: str) -> bool:
-        """Move ``key``'s chunk to quarantine (or delete it, with ``quarantine="delete"``)
-        only if it is still the object of ETag ``ident`` (from
-        :meth:`read_unchecked_with_idents`); True if it was set aside. ``ident=None``:
-        whatever object is there. Raises StoreError if a request fails (after retries)."""
-        return self._set_aside(key, ident, reason) is SetAside.DONE
-
-    def delete_if_unchanged(self, key: ChunkKey, ident: FileIdent | None) -> bool:
-        """Delete ``key``'s chunk only if it is still the object of ETag ``ident``; True if
-        deleted. Raises StoreError if a request fails (after retries)."""
-        return self._set_aside(key, ident, None) is SetAside.DONE
+    def _read_current(self, key: ChunkKey) -> tuple[bytes, str] | None:
+        """The object's bytes and ETag, read again (StoreError where that failed)."""
+        got: tuple[bytes, str] | None = self._run(
+            partial(self._get_tagged, key, failure_raises=True)
+        )
+        return got
 
     def _set_aside(self, key: ChunkKey, etag: FileIdent | None, reason: str | None) -> SetAside:
         """Quarantine (``reason`` given) or delete the object of ETag ``etag``; what came of
@@ -1219,27 +1214,6 @@ class S3Store(Store):
             key, size, mtime, _ = pending
             yield ChunkInfo(key, size, mtime, mtime)
 
-    # --- model records (SupportsModelRecords) -------------------------------------
-
-    def read_model_record(self, fingerprint: bytes) -> bytes | None:
-        """The record of the model with ``fingerprint`` (``chunkstore.backends._models``)."""
-        name = self._full(L.model_record_name(fingerprint))
-        data: bytes | None = self._run(self._get_small, name)
-        return data
-
-    def write_model_record(self, fingerprint: bytes, record: bytes) -> None:
-        """Store the record of the model with ``fingerprint`` (one PUT)."""
-        self._ensure_marker()
-
-        async def write() -> None:
-            name = self._full(L.model_record_name(fingerprint))
-            try:
-                await self._request("put_object", Key=name, Body=record)
-            except (_Failed, _NotFound, _Exists) as exc:
-                raise StoreError(f"{self.name}: cannot write a model record: {exc}") from None
-
-        self._run(write)
-
     def foreign_files(self) -> builtins.list[StoredFile]:
         """Objects under namespace prefixes that are neither chunks nor access records."""
         out = []
@@ -1261,24 +1235,18 @@ class S3Store(Store):
         """A :class:`StoredFile` path as shown to a user: the whole object key."""
         return path
 
-    def quarantined(self) -> builtins.list[StoredFile]:
-        """Chunks moved aside as corrupt."""
-        return [
-            StoredFile(
-                o["Key"],
-                self._relative(o["Key"]).split("/")[1],
-                int(o.get("Size", 0)),
-                _timestamp(o.get("LastModified")),
-            )
-            for o in self._objects(f"{L.QUARANTINE_DIR}/")
-            if o["Key"].endswith(L.CHUNK_SUFFIX)
-        ]
+    def _area_files(self, area: str) -> Iterator[tuple[str, str, int, float]]:
+        """Every object under ``<prefix>/<area>/``, named relative to the area."""
+        for o in self._objects(f"{area}/"):
+            rel = self._relative(o["Key"])[len(area) + 1 :]
+            yield rel, o["Key"], int(o.get("Size", 0)), _timestamp(o.get("LastModified"))
 
-    def orphans(self, older_than: float = 0.0) -> builtins.list[StoredFile]:
-        """Unfinished multipart uploads (S3's only partial writes) of chunks, older than
-        ``older_than`` s. Uploads of any other name are not chunkstore's (another
-        application's upload into the bucket or prefix): never listed, never aborted."""
-        cutoff = time.time() - older_than
+    def _unfinished(self) -> builtins.list[StoredFile]:
+        """Unfinished multipart uploads of chunks (S3's only partial writes).
+
+        Uploads of any other name are another application's. They are never
+        listed, never aborted.
+        """
         prefix = f"{self.prefix}/" if self.prefix else ""
 
         async def page(markers: dict[str, str]) -> Any:
@@ -1312,8 +1280,8 @@ class S3Store(Store):
         for upload in uploads:
             started = _timestamp(upload.get("Initiated"))
             rel = self._relative(upload["Key"])
-            if started > cutoff or _chunk_key_of(rel) is None:
-                continue  # young, or not a chunk's upload: another application's
+            if _chunk_key_of(rel) is None:
+                continue  # not a chunk's upload: another application's
             if upload["Key"].startswith(prefix):
                 out.append(
                     StoredFile(
@@ -1325,21 +1293,18 @@ class S3Store(Store):
                 )
         return out
 
-    def remove_orphans(self, grace: float = 3600.0) -> int:
-        """Abort multipart uploads started more than ``grace`` seconds ago."""
-        removed = 0
-        for orphan in self.orphans(grace):
-            name, upload_id = orphan.path.split("?uploadId=", 1)
+    def _drop_unfinished(self, orphan: StoredFile) -> bool:
+        """Abort one multipart upload; whether that was answered."""
+        name, upload_id = orphan.path.split("?uploadId=", 1)
 
-            async def run(name: str = name, upload_id: str = upload_id) -> None:
-                await self._request("abort_multipart_upload", Key=name, UploadId=upload_id)
+        async def run() -> None:
+            await self._request("abort_multipart_upload", Key=name, UploadId=upload_id)
 
-            try:
-                self._run(run)
-                removed += 1
-            except (_Failed, _NotFound, _Exists):
-                continue
-        return removed
+        try:
+            self._run(run)
+        except (_Failed, _NotFound, _Exists):
+            return False
+        return True
 
     def flush(self) -> None:
         """Wait until background access records are written."""
