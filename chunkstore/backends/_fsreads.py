@@ -111,10 +111,6 @@ class FsReads(Store):
     def _read_versions(self, keys: Sequence[ChunkKey]) -> list[tuple[bytes, FileStat] | None]:
         return [self._read_whole(self.path_of(key)) for key in keys]
 
-    def read_unchecked_many(self, keys: Sequence[ChunkKey]) -> list[bytes | None]:
-        """Stored bytes per key, unvalidated, not recorded as an access (for verify/cp)."""
-        return self._read_many(keys)
-
     def read_unchecked_with_idents(
         self, keys: Sequence[ChunkKey]
     ) -> list[tuple[bytes, FileIdent | None] | None]:

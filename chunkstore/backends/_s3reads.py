@@ -107,10 +107,6 @@ class S3Reads(S3Requests):
             return super()._checked(key, self._run(self._get_one, key))
         return data if self._admit(key, judgement) else None
 
-    def read_unchecked_many(self, keys: Sequence[ChunkKey]) -> list[bytes | None]:
-        """Stored bytes per key, unvalidated, not recorded as an access (for verify/cp)."""
-        return self._read_many(keys)
-
     def read_unchecked_with_idents(
         self, keys: Sequence[ChunkKey]
     ) -> list[tuple[bytes, FileIdent | None] | None]:
