@@ -14,103 +14,52 @@ only and a killed writer leaves at most an orphan temp file.
 from __future__ import annotations
 
 import builtins
-import contextlib
-import errno
 import logging
 import os
 import threading
-import time
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
-from typing import Any, NoReturn
+from collections.abc import Iterator
+from typing import Any
 
 from chunkstore.backends import _layout as L
-from chunkstore.backends._batching import (
-    buffer_too_small,
-    first_copies,
-    read_once_per_key,
-    writable_view,
-    write_once_per_key,
-)
 from chunkstore.backends._capacity import CapacityLimiter, Usage
 from chunkstore.backends._fastread import (
     AUTO,
     BUFFERED,
     DIRECT,
     READ_MODES,
-    ChunkFileReader,
-    Undecided,
-    VerifiedRead,
-    read_into,
-    through_page_cache,
 )
 from chunkstore.backends._fsio import FileStat, FsspecIO, LocalIO
-from chunkstore.backends._index import CapacityIndex, open_index
-from chunkstore.backends._iopool import IoPool, raise_first
+from chunkstore.backends._fsreads import GROUP_BYTES as GROUP_BYTES
+from chunkstore.backends._fsreads import GROUP_MAX as GROUP_MAX
+from chunkstore.backends._fsreads import FsIoStats as FsIoStats
+from chunkstore.backends._fsreads import FsReads
+from chunkstore.backends._fsreads import _group_size as _group_size
+from chunkstore.backends._fswrites import FsWrites
+from chunkstore.backends._index import CapacityIndex
+from chunkstore.backends._iopool import IoPool
+from chunkstore.backends._upkeep import Upkeep
 from chunkstore.backends.base import (
     UNSUPPORTED_GRACE,
-    Buffer,
     ChunkInfo,
-    Judgement,
-    ReadVerdict,
     Store,
-    judge_oversized,
 )
 from chunkstore.backends.maintenance import (
     QUARANTINE_MODES,
-    STRANDED_NOTE,
     FileIdent,
-    SetAside,
     StoredFile,
-    StrandedFile,
-    reason_record,
-    set_aside_if_still_corrupt,
-    set_aside_outcome,
 )
 from chunkstore.errors import (
     ConfigError,
-    FormatError,
     MissingDependency,
     StoreError,
-)
-from chunkstore.format import (
-    MAX_HEADER_BYTES,
-    ByteRange,
-    header_bytes_needed,
 )
 from chunkstore.hashing import ChunkKey, check_namespace, is_namespace
 from chunkstore.units import parse_size
 
 log = logging.getLogger(__name__)
-_STAGING_REFUSED = frozenset({errno.EACCES, errno.EPERM, errno.EROFS, errno.EXDEV})
-"""Errors of a rename into the state directory after which a delete stages beside the chunk."""
-
-_TOUCH_MEMO_LIMIT = 65536
 
 
-@dataclass(frozen=True, slots=True)
-class FsIoStats:
-    """How a filesystem store moves bytes, and what its reads did so far."""
-
-    requested: str
-    """``read_mode`` as configured (``auto``, ``direct`` or ``buffered``)."""
-    mode: str
-    """``read_mode`` in effect: ``buffered`` where the filesystem refused O_DIRECT
-    (or for non-local fsspec filesystems)."""
-    write_mode: str
-    """``write_mode`` in effect (``direct`` or ``buffered``)."""
-    workers: int
-    """Threads a batched call keeps busy (1: the caller's thread only)."""
-    direct_reads: int
-    """Chunk reads that bypassed the page cache (O_DIRECT) for some or all of their bytes."""
-    cached_reads: int
-    """Chunk reads served through the page cache only, from files it held (or ``buffered``)."""
-    cold_reads: int
-    """Chunk reads (``auto``) of files the page cache did not hold: through it with
-    sequential readahead, the file's pages dropped after."""
-
-
-class FsStore(Store):
+class FsStore(FsReads, FsWrites, Upkeep, Store):
     """Chunks as files under ``root``: local paths through ``os``, anything else through fsspec.
 
     Options:
@@ -236,29 +185,16 @@ class FsStore(Store):
 
     # --- opening -----------------------------------------------------------------
 
-    def _open_index(self, index: Any, max_bytes: int | None) -> CapacityIndex:
-        """The capacity index named by ``index``, keyed by this store's identity: a hash of
-        its layout marker, which every mount of one volume reads alike."""
-        self._ensure_marker()
-        try:
-            marker = self.io.read_small(self.io.join(self.root, L.MARKER_NAME))
-        except OSError as exc:
-            raise StoreError(f"{self.name}: cannot read the layout marker: {exc}") from None
-        return open_index(
-            index,
-            marker,
-            max_bytes,
-            name_of=self._index_name,
-            path_of=lambda name: self.io.join(self.root, *name.split("/")),
-            evict=self._evict_path,
-            scan=self._scan_shard,
-            exists=lambda path: self.io.stat(path) is not None,
-            label=self.name,
-        )
-
-    def _index_name(self, path: str) -> str:
+    def _name_of(self, path: str) -> str:
         """``path`` relative to the root, with ``/``: the chunk's name in the index."""
         return path[len(self._prefix) :].replace(os.sep, "/")
+
+    def _full_path(self, name: str) -> str:
+        """The full path of ``name`` (relative to the root, with ``/``)."""
+        return self.io.join(self.root, *name.split("/"))
+
+    def _exists_path(self, path: str) -> bool:
+        return self.io.stat(path) is not None
 
     def _open_root(self, create: bool) -> None:
         where = self.root
@@ -347,6 +283,9 @@ class FsStore(Store):
 
     # --- paths -------------------------------------------------------------------
 
+    def _chunk_path(self, key: ChunkKey) -> str:
+        return self.path_of(key)
+
     def path_of(self, key: ChunkKey) -> str:
         """Where ``key``'s chunk file lives."""
         # Note: an f-string, not io.join: this runs once per key of every lookup (a third of
@@ -359,684 +298,12 @@ class FsStore(Store):
         h = key.hex
         return self.io.join(self.root, key.namespace, h[0:2], h[2:4])
 
-    # --- reads -------------------------------------------------------------------
-
-    def _read_whole(self, path: str) -> tuple[bytes, FileStat] | None:
-        """The file and its stat; None if missing or unreadable (logged, counted)."""
-        try:
-            return self.io.read(path)
-        except OSError as exc:
-            self._read_failed(path, exc)
-            return None
-
-    def _read_failed(self, path: str, exc: OSError) -> None:
-        # Note: EIO/ESTALE on a shared mount, or another user's unreadable file, must not
-        # reach the serving path as an exception (the contract is: a miss).
-        with self._corrupt_lock:
-            self.read_errors += 1
-        log.warning("%s: cannot read %s, treated as a miss: %s", self.name, path, exc)
-
-    def _read_many(self, keys: Sequence[ChunkKey]) -> list[bytes | None]:
-        return [None if got is None else got[0] for got in self._read_versions(keys)]
-
-    def _read_versions(self, keys: Sequence[ChunkKey]) -> list[tuple[bytes, FileStat] | None]:
-        return [self._read_whole(self.path_of(key)) for key in keys]
-
-    def read_unchecked_many(self, keys: Sequence[ChunkKey]) -> list[bytes | None]:
-        """Stored bytes per key, unvalidated, not recorded as an access (for verify/cp)."""
-        return self._read_many(keys)
-
-    def read_unchecked_with_idents(
-        self, keys: Sequence[ChunkKey]
-    ) -> list[tuple[bytes, FileIdent | None] | None]:
-        """Like :meth:`read_unchecked_many`, with an ident of the file each read came from.
-
-        Hand the ident to :meth:`quarantine_if_unchanged` / :meth:`delete_if_unchanged`
-        so that a maintenance tool removes the file it judged, never one another writer
-        put in its place since: the inode on local paths, the content through fsspec.
-        """
-        return [
-            None if got is None else (got[0], self.io.ident_of_read(*got))
-            for got in self._read_versions(keys)
-        ]
-
-    def get_many(self, keys: Sequence[ChunkKey]) -> list[bytes | None]:
-        """Chunk bytes per key; ``None`` for missing and corrupt (quarantined) chunks.
-
-        On local paths with verification the result is a ``bytearray`` (read and
-        checksummed in one pass, no extra copy); otherwise ``bytes``. Several chunks
-        are read at a time (``io_workers``).
-        """
-        # Each key once (a corrupt chunk asked for twice is counted and set aside once);
-        # a later copy of a key gets a buffer of its own (bytes are shared: immutable).
-        first = first_copies(keys)
-        if len(first) == len(keys):
-            return self._pool.map(self._get_one, keys)
-        got = dict(zip(first, self._pool.map(self._get_one, list(first))))
-        copies: list[Any] = [
-            bytearray(got[key]) if first[key] != i and isinstance(got[key], bytearray) else got[key]
-            for i, key in enumerate(keys)
-        ]
-        return copies
-
-    def _get_one(self, key: ChunkKey) -> Any:
-        path = self.path_of(key)
-        if isinstance(self.io, LocalIO) and self.verify:
-            got = self._read_local(key, path, None)
-            return None if got is None else got[0]
-        whole = self._read_whole(path)
-        if whole is None:
-            return None
-        data, st = whole
-        if self.verify and not self._valid(key, data, st):
-            return None
-        self._touch(key, path, st)
-        return data
-
-    def _read_local(
-        self, key: ChunkKey, path: str, buffer: memoryview | None
-    ) -> tuple[Any, int] | None:
-        """Read (and, if verifying, check in the same pass) a local chunk into ``buffer``
-        or a new bytearray; (buffer, size), or None if missing or corrupt."""
-        pending = self._start_local(key, path, buffer)
-        if pending is None:
-            return None
-        try:
-            return self._finish_local(pending)
-        finally:
-            self._close_unended([pending])
-
-    def _start_local(
-        self, key: ChunkKey, path: str, buffer: memoryview | None
-    ) -> _LocalRead | None:
-        """First step of a local read: open the file, choose how bytes come in and, if
-        verifying, read and check the header; None if missing or corrupt.
-
-        Into a caller's buffer, bytes come in as ``read_mode`` says (the whole buffer is
-        handed to the reader: room past the chunk's end lets an O_DIRECT read take its
-        last block whole). A verified read through the page cache takes the chunk's size
-        from its header, with no ``fstat`` (:class:`VerifiedRead` ``sized=False``); where
-        that read cannot vouch for the file, it is read again with its ``fstat``, which
-        judges it as before. The open file belongs to the returned read until
-        :meth:`_finish_local` ends it."""
-        assert isinstance(self.io, LocalIO)
-        try:
-            fd = self.io.open_fd(path)
-        except OSError as exc:
-            self._read_failed(path, exc)
-            return None
-        if fd is None:
-            return None
-        reader: ChunkFileReader | None = None
-        st: FileStat | None = None
-        try:
-            if buffer is not None:
-                reader = ChunkFileReader(fd, buffer, self.read_mode)
-                if self.verify and not reader.direct:
-                    try:
-                        quick = VerifiedRead(
-                            fd,
-                            buffer,
-                            key.digest,
-                            reader=reader,
-                            sized=False,
-                            expected_namespace=key.namespace,
-                        )
-                    except Undecided:
-                        pass  # judged below, with the file's size
-                    else:
-                        return _LocalRead(key, path, fd, None, buffer, quick.target, reader, quick)
-            st = self.io.stat_fd(fd, path)
-            out, view = self._sized_view(fd, st, buffer, key)
-            if reader is None:
-                reader = ChunkFileReader(fd, view)
-            check = (
-                VerifiedRead(fd, view, key.digest, reader=reader, expected_namespace=key.namespace)
-                if self.verify
-                else None
-            )
-            return _LocalRead(key, path, fd, st, out, view, reader, check)
-        except FormatError as exc:
-            self._end_local(fd, reader)
-            assert st is not None  # (only a sized read raises a format error)
-            self._admit_read(key, Judgement.of(exc), st)  # never OK: a miss
-            return None
-        except OSError as exc:
-            self._end_local(fd, reader)
-            self._read_failed(path, exc)
-            return None
-        except BaseException:
-            self._end_local(fd, reader)
-            raise
-
-    def _finish_local(self, read: _LocalRead) -> tuple[Any, int] | None:
-        """Second step: bring in (and check) the payload, end the read; (buffer, size) or
-        None. Nothing of ``read.out`` counts as loaded unless this returns it."""
-        try:
-            if read.check is not None:
-                try:
-                    try:
-                        read.check.finish()
-                    except Undecided:
-                        self._reread_sized(read)
-                except FormatError as exc:
-                    assert read.st is not None  # (only a sized read raises a format error)
-                    self._admit_read(read.key, Judgement.of(exc), read.st)  # never OK: a miss
-                    return None
-            elif read.reader.read(0, len(read.view)) < len(read.view):
-                return None  # published files never shrink; treat as gone
-            # (before the file is closed: the access record may need its fstat)
-            self._touch(read.key, read.path, read.st, read.fd)
-        except OSError as exc:
-            self._read_failed(read.path, exc)
-            return None
-        finally:
-            read.ended = True  # (marked first: a close must never run twice on one fd number)
-            self._end_local(read.fd, read.reader)
-        return read.out, len(read.view)
-
-    def _reread_sized(self, read: _LocalRead) -> None:
-        """Read and judge a chunk again knowing its file's size (its read sized by the header
-        could not vouch for it): the verdict a sized read gives from the start."""
-        assert isinstance(self.io, LocalIO)
-        read.st = self.io.stat_fd(read.fd, read.path)
-        read.out, read.view = self._sized_view(read.fd, read.st, read.out, read.key)
-        read.check = VerifiedRead(
-            read.fd,
-            read.view,
-            read.key.digest,
-            reader=read.reader,
-            expected_namespace=read.key.namespace,
-        )
-        read.check.finish()
-
-    @staticmethod
-    def _sized_view(
-        fd: int, st: FileStat, buffer: memoryview | None, key: ChunkKey
-    ) -> tuple[Any, memoryview]:
-        """What a read of ``key``'s chunk file open at ``fd`` (of stat ``st``, from
-        ``LocalIO.stat_fd``: a regular file) returns (``buffer``, or a new bytearray of the
-        file's size) and the bytes of that the file fills. A file larger than ``buffer`` is
-        the format error its header shows, else ConfigError (the buffer is too small)."""
-        if buffer is None:
-            out = bytearray(st.size)
-            return out, memoryview(out)
-        if st.size > len(buffer):
-            # a damaged file (bytes appended, a bad header) is a corrupt miss, not the caller's
-            # mistake: judged by its header alone
-            _refuse_oversized(fd, st.size, len(buffer), key)
-        return buffer, buffer[: st.size]
-
-    def _end_local(self, fd: int, reader: ChunkFileReader | None) -> None:
-        try:
-            if reader is not None:
-                reader.release()
-        finally:
-            os.close(fd)
-        if reader is not None:
-            self._count_read(reader)
-
-    def _read_local_group(self, items: Sequence[tuple[ChunkKey, Buffer]]) -> list[Any]:
-        """:meth:`get_into` for a few chunks, headers first: every read's first step, then
-        every payload (see :class:`VerifiedRead` for why). Per item its size, None, or the
-        exception its read raised (every read of the group ends either way)."""
-        started: list[Any] = []
-        results: list[Any] = []
-        try:
-            for key, buffer in items:
-                try:
-                    started.append(self._start_local(key, self.path_of(key), writable_view(buffer)))
-                except BaseException as exc:  # noqa: BLE001 - handed back, raised in order
-                    started.append(exc)
-            for read in started:
-                if not isinstance(read, _LocalRead):
-                    results.append(read)  # None, or the exception of the first step
-                    continue
-                try:
-                    got = self._finish_local(read)
-                except BaseException as exc:  # noqa: BLE001 - handed back, raised in order
-                    results.append(exc)
-                    continue
-                results.append(None if got is None else got[1])
-        finally:
-            # An interrupt (KeyboardInterrupt) between two reads must not leave files open.
-            self._close_unended(started)
-        return results
-
-    @staticmethod
-    def _close_unended(reads: Sequence[Any]) -> None:
-        """Close the files of started reads that have not ended (after an interrupt)."""
-        for read in reads:
-            if isinstance(read, _LocalRead) and not read.ended:
-                read.ended = True
-                with contextlib.suppress(OSError):
-                    os.close(read.fd)
-
-    def _count_read(self, reader: ChunkFileReader) -> None:
-        if reader.refused and self.read_mode != BUFFERED:
-            self.read_mode = BUFFERED
-            log.warning(
-                "%s: the filesystem under %s refuses O_DIRECT; reading through the page cache",
-                self.name,
-                self.root,
-            )
-        with self._corrupt_lock:
-            if reader.went_direct:
-                self._direct_reads += 1
-            elif reader.dropping:
-                self._cold_reads += 1
-            else:
-                self._cached_reads += 1
-
-    def io_stats(self) -> FsIoStats:
-        """The read mode in effect and how reads went so far."""
-        return FsIoStats(
-            requested=self.requested_read_mode,
-            mode=self.read_mode,
-            write_mode=self.write_mode,
-            workers=self._pool.workers,
-            direct_reads=self._direct_reads,
-            cached_reads=self._cached_reads,
-            cold_reads=self._cold_reads,
-        )
-
-    def get_into(self, key: ChunkKey, buffer: Buffer) -> int | None:
-        """Read the chunk into ``buffer`` (at least the chunk's size); its size, or None."""
-        view = writable_view(buffer)
-        path = self.path_of(key)
-        if isinstance(self.io, LocalIO):
-            got = self._read_local(key, path, view)
-            return None if got is None else got[1]
-        return self._get_into_fsspec(key, path, view)
-
-    def get_many_into(
-        self, keys: Sequence[ChunkKey], buffers: Sequence[Buffer]
-    ) -> list[int | None]:
-        """Batched :meth:`get_into`: each chunk into its buffer, several at a time; size or
-        ``None`` per key (missing or corrupt). Every read has ended when this returns."""
-        if len(keys) != len(buffers):
-            raise ConfigError("get_many_into needs one buffer per key")
-        # Each key once (a corrupt chunk asked for twice is counted and set aside once).
-        results = read_once_per_key(keys, buffers, self._read_into_many)
-        raise_first([got if isinstance(got, BaseException) else None for got in results])
-        return results
-
-    def _read_into_many(self, keys: list[ChunkKey], buffers: list[Buffer]) -> list[Any]:
-        """:meth:`get_into` for keys given once each; per item its size, None, or the
-        exception its read raised (once every read has ended)."""
-        items = list(zip(keys, buffers))
-        if not isinstance(self.io, LocalIO):
-            return self._pool.map(lambda pair: self._get_into_or_error(*pair), items)
-        size = max((memoryview(b).nbytes for b in buffers), default=0)
-        per_group = _group_size(len(items), size, self._pool.workers)
-        groups = [items[i : i + per_group] for i in range(0, len(items), per_group)]
-        return [got for group in self._pool.map(self._read_local_group, groups) for got in group]
-
-    def _get_into_or_error(self, key: ChunkKey, buffer: Buffer) -> int | None | Exception:
-        try:
-            return self.get_into(key, buffer)
-        except Exception as exc:  # noqa: BLE001 - handed back, raised in order
-            return exc
-
-    def _get_into_fsspec(self, key: ChunkKey, path: str, view: memoryview) -> int | None:
-        whole = self._read_whole(path)
-        if whole is None:
-            return None
-        data, st = whole
-        size = len(data)
-        if size > len(view):
-            # damaged (bytes appended, a bad header) is a miss set aside, also without verify
-            # (then judged by its header, as on local paths); whole, the caller's buffer is
-            # too small
-            judgement = self._judge(key, data) if self.verify else judge_oversized(key, data, size)
-            if not self._admit_read(key, judgement, st, data):
-                return None
-            raise buffer_too_small(len(view), size)
-        view[:size] = data
-        if self.verify and not self._valid(key, view[:size], st):
-            return None
-        self._touch(key, path, st)
-        return size
-
-    def read_ranges(self, key: ChunkKey, ranges: Sequence[ByteRange]) -> list[bytes] | None:
-        """The bytes of each range (one TP rank's share), or None if missing. Not checksummed."""
-        path = self.path_of(key)
-        try:
-            got = self.io.read_ranges(path, ranges)
-        except OSError as exc:
-            self._read_failed(path, exc)
-            return None
-        if got is None:
-            return None
-        if self.track_access:
-            with contextlib.suppress(OSError):  # access times are advisory
-                st = self.io.stat(path)
-                if st is not None:
-                    self._touch(key, path, st)
-        return got
-
-    def _valid(self, key: ChunkKey, data: Any, st: FileStat) -> bool:
-        return self._admit_read(key, self._judge(key, data), st, data)
-
-    def _admit_read(
-        self, key: ChunkKey, judgement: Judgement, st: FileStat, data: Any = None
-    ) -> bool:
-        """:meth:`_admit` for a read of ``data`` from the file ``st`` describes (``data`` is
-        needed only where the stat cannot name the file: fsspec)."""
-        if judgement.verdict is ReadVerdict.CORRUPT:
-            # remember which file was bad so a concurrent good rewrite is not quarantined
-            self._suspects[key] = self.io.ident_of_read(data, st)
-        return self._admit(key, judgement)
-
-    def exists_many(self, keys: Sequence[ChunkKey]) -> list[bool]:
-        # a regular file only: a directory (or anything else) at a chunk's path reads as a miss
-        return [self.io.is_file(self.path_of(k)) for k in keys]
-
-    # --- access times ------------------------------------------------------------
-
-    def _touch(self, key: ChunkKey, path: str, st: FileStat | None, fd: int = -1) -> None:
-        """Record a read of ``key``'s file as an access, at most once per
-        ``access_resolution``. ``st``: the file's stat, or None to ``fstat`` the open ``fd``
-        of it, only when this process's own memory of recent accesses does not settle it."""
-        if not self.track_access:
-            return
-        now = time.time()
-        last = self._touched.get(key, 0.0)
-        if now - last < self.access_resolution and last > 0:
-            return
-        try:
-            if st is None:
-                st = self.io.stat_fd(fd, path) if isinstance(self.io, LocalIO) else None
-            if st is None:
-                return
-            last = max(st.atime, last)
-            recent = now - last < self.access_resolution and last > 0
-            if len(self._touched) >= _TOUCH_MEMO_LIMIT:
-                self._touched.clear()
-            # (a recent access the file records is remembered too: the next read within the
-            # resolution is settled without an fstat)
-            self._touched[key] = last if recent else now
-            if recent:
-                return
-            if not self.io.set_access(path, now, st):
-                self.io.write_small(path + ".atime", L.access_bytes(now))
-            if self.index is not None:
-                self.index.touch([path])
-        except OSError as exc:  # access times are advisory; a read never fails over them
-            log.debug("%s: cannot record access to %s: %s", self.name, path, exc)
-
-    def _access_time(self, path: str, st: FileStat, has_record: bool) -> float:
-        atime = max(st.mtime, st.atime if self.io.local else 0.0)
-        if has_record:
-            try:
-                record = self.io.read_small(path + ".atime")
-            except OSError:  # unreadable (EACCES, not a regular file): counts as 0 (spec 6.5)
-                record = None
-            atime = max(atime, L.parse_access(record))
-        return atime
-
-    # --- writes ------------------------------------------------------------------
-
-    def put_many(self, items: Sequence[tuple[ChunkKey, Buffer]]) -> list[bool]:
-        """Store each chunk (several at a time); if any write fails, the others still end
-        before the first failure is raised."""
-        return self._put_batch(items, replace=True)
-
-    def put_if_absent_many(self, items: Sequence[tuple[ChunkKey, Buffer]]) -> list[bool]:
-        return self._replacing_unusable(items, self._put_batch(items, replace=False))
-
-    def _written_at(self, key: ChunkKey) -> float | None:
-        try:
-            st = self.io.stat(self.path_of(key))
-        except OSError:
-            return None
-        return None if st is None else st.mtime
-
-    def _put_batch(self, items: Sequence[tuple[ChunkKey, Buffer]], *, replace: bool) -> list[bool]:
-        """Write ``items`` several at a time, with the results a loop over them would give."""
-        return write_once_per_key(
-            items,
-            lambda unique: self._pool.map(lambda item: self._put(*item, replace=replace), unique),
-            replace=replace,
-        )
-
     def close(self) -> None:
         """Stop the I/O threads (after the batches under way) and finish the index's
         accounting."""
         self._pool.close()
         if self.index is not None:
             self.index.close()
-
-    def _put(self, key: ChunkKey, data: Buffer, *, replace: bool) -> bool:
-        final = self.path_of(key)
-        if not replace and self.io.exists(final):
-            return False
-        view = memoryview(data).cast("B")
-        tmp = None
-        published = False
-        limiter = self._limiter()
-        reserved = None
-        if isinstance(limiter, CapacityIndex):
-            if not limiter.fits(len(view)):
-                return False
-            # The index makes the room while the temp file is written (no lock to wait on).
-            reserved = limiter.reserve(final, len(view))
-        try:
-            self._ensure_marker()
-            tmp = self._write_temp(key, view)
-
-            def publish() -> bool:
-                nonlocal published
-                if replace:
-                    self.io.replace(tmp, final, self.fsync)
-                    published = True
-                    return True
-                written = self.io.link_if_absent(tmp, final, self.fsync)
-                published = True  # link_if_absent removed tmp either way
-                return written
-
-            if isinstance(limiter, CapacityIndex):
-                admitting, reserved = reserved, None
-                written = limiter.admit(
-                    final, len(view), publish, replace=replace, reserved=admitting
-                )
-            elif limiter is not None:
-                written = limiter.admit(final, len(view), publish, replace=replace)
-            else:
-                written = publish()
-            if written:
-                # Note: an access record left from an earlier version needs no cleanup:
-                # access time is max(mtime, record), and the record predates this write.
-                self._touched.pop(key, None)
-            return written
-        except OSError as exc:
-            raise StoreError(f"{self.name}: cannot write {final}: {exc}") from None
-        finally:
-            if tmp is not None and not published:
-                with contextlib.suppress(OSError):
-                    self.io.remove(tmp)
-            if reserved is not None:  # the temp write failed before admit took it over
-                assert isinstance(limiter, CapacityIndex)
-                limiter.release(final, reserved)
-
-    def _write_temp(self, key: ChunkKey, view: memoryview) -> str:
-        name = L.temp_name(key.hex)
-        if isinstance(self.io, LocalIO):
-            direct = self.write_mode == DIRECT
-            return self.io.write_temp(self._dir_of(key), name, view, self.fsync, direct)
-        return self.io.write_temp(self._dir_of(key), name, view, self.fsync)
-
-    def delete_many(self, keys: Sequence[ChunkKey]) -> int:
-        paths = [self.path_of(k) for k in keys]
-        for k in keys:
-            self._touched.pop(k, None)
-        failures: list[tuple[str, OSError]] = []
-        sizes: list[tuple[str, int]] = []
-
-        def remove() -> list[tuple[str, int]]:
-            # one path that may not be deleted (EACCES, EROFS) does not stop the others,
-            # and the ledger counts exactly what went
-            for path in paths:
-                try:
-                    size = self._remove_sized(path)
-                except OSError as exc:
-                    failures.append((path, exc))
-                    continue
-                if size >= 0:
-                    sizes.append((path, size))
-            return sizes
-
-        limiter = self._limiter()
-        if limiter is None:
-            remove()
-        else:
-            limiter.removed(remove)
-        count = len(sizes)
-        if failures:
-            path, exc = failures[0]
-            more = f" (and {len(failures) - 1} more)" if len(failures) > 1 else ""
-            raise StoreError(
-                f"{self.name}: cannot delete {path}{more}: {exc.strerror or exc}; "
-                f"{count} other chunk(s) deleted"
-            )
-        return count
-
-    def _remove_sized(self, path: str) -> int:
-        """Delete one chunk (and its access record); its size, or -1 if it was not there."""
-        st = self.io.stat(path)
-        if st is None or not self.io.remove(path):
-            return -1
-        with contextlib.suppress(OSError):
-            self.io.remove(path + ".atime")
-        return st.size
-
-    def _evict_path(self, path: str) -> int:
-        size = self._remove_sized(path)
-        return max(size, 0)
-
-    # --- quarantine --------------------------------------------------------------
-
-    def quarantine(self, key: ChunkKey, reason: str) -> None:
-        """Move ``key``'s chunk to ``<root>/quarantine/`` (or delete it, with
-        ``quarantine="delete"``); a maintenance tool's verdict, on whatever file is there
-        (:meth:`quarantine_if_unchanged` sets aside only the one that was read)."""
-        self._suspects.pop(key, None)
-        self._set_aside(key, None, reason)
-
-    def _quarantine(self, key: ChunkKey, reason: str) -> str:
-        # the ident of the file a read found bad, so a concurrent good rewrite is left alone
-        ident = self._suspects.pop(key, None)
-        if ident is None:
-            # Damage reported by a caller that checks what it read itself (the vLLM tier
-            # over an unverified store): which file it read is not known here, and a writer
-            # may have published a good copy since. Judge the file there now (a second read,
-            # on this rare path) and set aside only that one.
-            [current] = self.read_unchecked_with_idents([key])
-            return set_aside_if_still_corrupt(self, key, current, reason)
-        return set_aside_outcome(self._set_aside(key, ident, reason), self.quarantine_mode)
-
-    def quarantine_if_unchanged(self, key: ChunkKey, ident: FileIdent | None, reason: str) -> bool:
-        """Move ``key``'s chunk to quarantine (or delete it, with ``quarantine="delete"``)
-        only if it is still the file ``ident`` names (from :meth:`read_unchecked_with_idents`);
-        True if it was set aside. ``ident=None`` sets aside whatever is there."""
-        return self._set_aside(key, ident, reason) is SetAside.DONE
-
-    def delete_if_unchanged(self, key: ChunkKey, ident: FileIdent | None) -> bool:
-        """Delete ``key``'s chunk only if it is still the file ``ident`` names; True if deleted."""
-        return self._set_aside(key, ident, None) is SetAside.DONE
-
-    def _set_aside(self, key: ChunkKey, ident: FileIdent | None, reason: str | None) -> SetAside:
-        """Quarantine (``reason`` given) or delete the chunk file ``ident`` names.
-
-        The file is first renamed away (to quarantine, or to a temp name in quarantine or,
-        when deleting, in the state directory), and only then compared with ``ident``: a
-        rename moves one inode, so what is checked is exactly what left the serving path. A
-        file another writer published in between is put back (unless a yet newer one
-        arrived): nothing good is lost to the race. Through fsspec the comparison is of
-        contents (read again: this is the rare path), and a move is only as atomic as the
-        filesystem's ``mv``.
-        """
-        path = self.path_of(key)
-        # The note kept beside a quarantined chunk; None: the chunk is deleted instead.
-        note = None if reason is None or self.quarantine_mode == "delete" else reason_record(reason)
-        delete = note is None
-        done = False
-
-        def remove() -> list[tuple[str, int]]:
-            nonlocal done
-            current = self.io.stat(path)
-            if current is None:
-                return []
-            guarded = ident is not None
-            if guarded and self.io.ident_at(path, current) != ident:
-                return []
-            if delete and not guarded:
-                size = self._remove_sized(path)
-                done = size >= 0
-                return [(path, size)] if done else []
-            aside = None
-            if delete:
-                self._refuse_link(L.STATE_DIR)
-                staging = self.io.join(self.root, L.STATE_DIR)
-            else:
-                self._refuse_link(L.QUARANTINE_DIR, key.namespace)
-                staging = self.io.join(self.root, L.QUARANTINE_DIR, key.namespace)
-                aside = self.io.join(staging, key.hex + L.CHUNK_SUFFIX)
-            # Staged in a directory of the store's own, never beside the chunk: there a temp
-            # name is an orphan to the sweep of a concurrent prune/verify, and the staged
-            # file keeps the chunk's old mtime, so any grace would let the sweep delete the
-            # evidence on its way to quarantine, or a good rewrite on its way back.
-            staged = self.io.join(staging, L.temp_name(key.hex))
-            # A guarded move goes by way of the temp name staged: moved straight to
-            # quarantine, a file then found to be another than the one judged would go back
-            # to its name, and a copy quarantine held would be gone with it (asking whether
-            # quarantine is free first does not help: another verify run may set the same
-            # key aside between the question and the move).
-            dest = staged if aside is None or guarded else aside
-            try:
-                if not self.io.move(path, dest):
-                    return []
-            except OSError as exc:
-                if not delete or exc.errno not in _STAGING_REFUSED:
-                    raise
-                # The state directory is another user's on a shared mount, read-only or on
-                # another filesystem: a delete stages beside the chunk, as it did before it
-                # staged there (a sweep at that moment could then take a good rewrite).
-                dest = self.io.join(self._dir_of(key), L.temp_name(key.hex))
-                if not self.io.move(path, dest):
-                    return []
-            taken = (self.io.stat(dest) if guarded else None) or current
-            moved = self.io.ident_at(dest, taken) if guarded else ident
-            if moved is not None and moved != ident:
-                restored = self.io.link_if_absent(dest, path, self.fsync)  # removes dest
-                return [] if restored else [(path, taken.size)]
-            done = True
-            if aside is not None and dest != aside:
-                if not self.io.move(dest, aside):
-                    log.warning("%s: %s set aside, left as %s", self.name, path, dest)
-                    return [(path, taken.size)]
-                dest = aside
-            with contextlib.suppress(OSError):
-                self.io.remove(path + ".atime")
-            with contextlib.suppress(OSError):
-                if note is None:
-                    self.io.remove(dest)
-                else:
-                    self.io.write_small(dest + L.REASON_SUFFIX, note)
-            return [(path, taken.size)]
-
-        self._touched.pop(key, None)
-        limiter = self._limiter()
-        try:
-            if limiter is not None:
-                limiter.removed(remove)
-            else:
-                remove()
-        except OSError as exc:
-            raise StoreError(f"{self.name}: cannot set aside {path}: {exc}") from None
-        # (a file gone from its name is CHANGED here even where another run set it aside:
-        # only the S3 store looks in quarantine to tell the two apart)
-        return SetAside.DONE if done else SetAside.CHANGED
 
     # --- listing -----------------------------------------------------------------
 
@@ -1103,91 +370,22 @@ class FsStore(Store):
                 if kind in kinds:
                     yield StoredFile(self.io.join(leaf, fname), ns, st.size, st.mtime)
 
-    def orphans(self, older_than: float = 0.0) -> builtins.list[StoredFile]:
-        """Temp files (interrupted writes) last modified more than ``older_than`` seconds ago."""
-        cutoff = time.time() - older_than
-        return [f for f in self._other_files((L.TEMP,)) if f.mtime <= cutoff]
+    def _unfinished(self) -> Iterator[StoredFile]:
+        """Temp files of interrupted writes, beside the chunks."""
+        return self._other_files((L.TEMP,))
 
-    def remove_orphans(self, grace: float = 3600.0) -> int:
-        """Delete temp files older than ``grace`` seconds (live writers finish far sooner)."""
-        return sum(self.io.remove(f.path) for f in self.orphans(grace))
+    def _drop_unfinished(self, orphan: StoredFile) -> bool:
+        return self.io.remove(orphan.path)
 
-    # --- stranded set-asides (SupportsStagingSweep) --------------------------------
+    # --- small files (model records, the marker) -------------------------------------
 
-    def _staging_places(self) -> Iterator[tuple[str, str]]:
-        """(namespace, directory) where ``_set_aside`` stages: ``quarantine/<ns>/`` ("" for
-        the state directory). Only real directories: through a link, a sweep would move or
-        delete someone else's files."""
-        qdir = self.io.join(self.root, L.QUARANTINE_DIR)
-        if not self.io.is_link(qdir):
-            for ns, is_dir in sorted(self.io.listdir(qdir) or []):
-                if is_dir and is_namespace(ns):
-                    yield ns, self.io.join(qdir, ns)
-        state = self.io.join(self.root, L.STATE_DIR)
-        if not self.io.is_link(state):
-            yield "", state
+    def _read_small(self, name: str) -> bytes | None:
+        return self.io.read_small(self._full_path(name))
 
-    def _staged(self, older_than: float) -> Iterator[tuple[str, str, StrandedFile]]:
-        # Age by the ctime: the staged file keeps the chunk's old mtime (an mtime grace would
-        # take a set-aside in progress at once); the rename that staged it set the ctime. A
-        # filesystem without one (fsspec: 0) lists none.
-        cutoff = time.time() - older_than
-        for ns, directory in self._staging_places():
-            for name, st in self.io.scan_files(directory):
-                hex_digest = L.staged_hex(name)
-                if hex_digest is None or not st.regular or not 0 < st.ctime <= cutoff:
-                    continue
-                path = self.io.join(directory, name)
-                yield directory, hex_digest, StrandedFile(path, ns, st.size, st.ctime)
-
-    def stranded(self, older_than: float = 0.0) -> builtins.list[StrandedFile]:
-        """Files a set-aside staged (``quarantine/<ns>/.<hex>.<pid>.<rand>.tmp``, the same in
-        the state directory) at least ``older_than`` seconds ago: a process killed between
-        its two renames left them. None through fsspec (no ctime to tell their age by)."""
-        return [f for _, _, f in self._staged(older_than)]
-
-    def settle_stranded(self, grace: float = 3600.0) -> builtins.list[StrandedFile]:
-        """Finish the set-asides staged more than ``grace`` seconds ago: a chunk in quarantine
-        gets its quarantine name, the evidence (or is deleted where a copy already holds that
-        name: quarantine keeps one per key); one in the state directory (a delete) is
-        deleted. The files settled."""
-        settled = []
-        for directory, hex_digest, f in self._staged(grace):
-            try:
-                if f.into_quarantine:
-                    aside = self.io.join(directory, hex_digest + L.CHUNK_SUFFIX)
-                    if self.io.link_if_absent(f.path, aside, self.fsync):  # removes f.path
-                        self.io.write_small(aside + L.REASON_SUFFIX, reason_record(STRANDED_NOTE))
-                elif not self.io.remove(f.path):
-                    continue  # gone meanwhile (another sweep)
-            except FileNotFoundError:
-                continue
-            except OSError as exc:
-                log.warning("%s: cannot settle the staged %s: %s", self.name, f.path, exc)
-                continue
-            settled.append(f)
-        return settled
-
-    # --- model records (SupportsModelRecords) -------------------------------------
-
-    def read_model_record(self, fingerprint: bytes) -> bytes | None:
-        """The record of the model with ``fingerprint`` (``chunkstore.backends._models``);
-        None if missing or unreadable (a record is a hint: the model then shows as unknown)."""
-        path = self.io.join(self.root, L.model_record_name(fingerprint))
-        try:
-            return self.io.read_small(path)
-        except OSError as exc:  # a directory, FIFO or unreadable file at the record's name
-            log.warning("%s: cannot read the model record %s: %s", self.name, path, exc)
-            return None
-
-    def write_model_record(self, fingerprint: bytes, record: bytes) -> None:
-        """Store the record of the model with ``fingerprint`` (atomically replaced)."""
-        self._ensure_marker()
-        self._refuse_link(*L.model_record_name(fingerprint).split("/")[:-1])
-        try:
-            self.io.write_small(self.io.join(self.root, L.model_record_name(fingerprint)), record)
-        except OSError as exc:
-            raise StoreError(f"{self.root}: cannot write a model record: {exc}") from None
+    def _write_small(self, name: str, data: bytes) -> None:
+        """Write ``name`` atomically; never through a link in its directories."""
+        self._refuse_link(*name.split("/")[:-1])
+        self.io.write_small(self._full_path(name), data)
 
     def foreign_files(self) -> builtins.list[StoredFile]:
         """Files in chunk directories that are neither chunks, access records nor temp files."""
@@ -1199,16 +397,14 @@ class FsStore(Store):
             return path[len(self.root) :].lstrip("/\\")
         return path
 
-    def quarantined(self) -> builtins.list[StoredFile]:
-        """Chunks moved aside as corrupt."""
-        qdir = self.io.join(self.root, L.QUARANTINE_DIR)
-        out = []
-        for ns, is_dir in self.io.listdir(qdir) or []:
+    def _area_files(self, area: str) -> Iterator[tuple[str, str, int, float]]:
+        """Regular files in the directories of ``area`` (``quarantine/<ns>/``)."""
+        top = self.io.join(self.root, area)
+        for ns, is_dir in self.io.listdir(top) or []:
             if is_dir:
-                for fname, st in self.io.scan_files(self.io.join(qdir, ns)):
-                    if st.regular and fname.endswith(L.CHUNK_SUFFIX):
-                        out.append(StoredFile(self.io.join(qdir, ns, fname), ns, st.size, st.mtime))
-        return out
+                for fname, st in self.io.scan_files(self.io.join(top, ns)):
+                    if st.regular:
+                        yield f"{ns}/{fname}", self.io.join(top, ns, fname), st.size, st.mtime
 
     def usage(self) -> Usage:
         """Chunk bytes and count (the ledger when capped, else a scan)."""
@@ -1231,10 +427,6 @@ class FsStore(Store):
             return self._ledger_keeper
         return None
 
-    def _scan_shard(self, shard: tuple[int, int] | None) -> Iterator[tuple[str, int, float]]:
-        for info in self._chunks(None, shard):
-            yield self.path_of(info.key), info.size, info.atime
-
     def _probe(self, path: str) -> tuple[int, float] | None:
         st = self.io.stat(path)
         if st is None:
@@ -1247,63 +439,6 @@ class FsStore(Store):
             f"FsStore({self.root!r}, read_mode={self.read_mode!r}, "
             f"write_mode={self.write_mode!r}, io_workers={self._pool.workers})"
         )
-
-
-GROUP_BYTES = 16 * 1024 * 1024
-"""Buffer bytes one thread takes at once in :meth:`FsStore.get_many_into` (headers first,
-then payloads): a few small chunks share the warm header step; a chunk this big or bigger
-goes alone (its header work is noise against its payload, and single chunks spread best
-over the threads)."""
-
-GROUP_MAX = 4
-"""At most this many reads are started ahead (open files) per thread. Measured on verified
-2 MiB chunks, one thread, thread CPU per chunk over the bare read + XXH3 loop's in the same
-process: 1.21-1.26x one at a time before (six runs), 1.21-1.28x one at a time in two steps
-(three), 1.17-1.23x by 4 (six), 1.16-1.20x by 8 (three)."""
-
-
-def _group_size(count: int, buffer_bytes: int, workers: int) -> int:
-    """Chunks per group: small buffers share a group, while every thread still gets one."""
-    by_bytes = GROUP_BYTES // buffer_bytes if buffer_bytes else GROUP_MAX
-    return max(1, min(GROUP_MAX, by_bytes, count // workers))
-
-
-def _refuse_oversized(fd: int, size: int, room: int, key: ChunkKey) -> NoReturn:
-    """A chunk file of ``size`` bytes larger than the caller's buffer of ``room``: raise the
-    :class:`FormatError` its own header shows (:func:`judge_oversized`: a corrupt chunk,
-    quarantined like any other), else :class:`ConfigError` (a whole chunk the caller's
-    buffer is too small for: the caller's mistake).
-
-    Reads the header only (at most 16 MiB), never the file: it may be anything, of any size.
-    """
-    through_page_cache(fd)  # the reader may have opened it around the page cache: not aligned
-    head = bytearray(min(header_bytes_needed(os.pread(fd, 8, 0)), size, 8 + MAX_HEADER_BYTES))
-    got = read_into(fd, memoryview(head))
-    error = judge_oversized(key, bytes(head[:got]), size).error
-    if error is not None:
-        raise error
-    raise buffer_too_small(room, size)
-
-
-@dataclass(slots=True)
-class _LocalRead:
-    """A local chunk read between its two steps (:meth:`FsStore._start_local`)."""
-
-    key: ChunkKey
-    path: str
-    fd: int
-    """The open chunk file: closed by :meth:`FsStore._finish_local`."""
-    st: FileStat | None
-    """Its stat; None while a verified read sized by the chunk's header has not needed it."""
-    out: Any
-    """What the read returns: the caller's buffer or a new bytearray."""
-    view: memoryview
-    """The bytes of ``out`` the chunk fills (its file size)."""
-    reader: ChunkFileReader
-    check: VerifiedRead | None
-    """The header-checked verification, when the store verifies."""
-    ended: bool = False
-    """Its file is closed (or being closed): nothing may close ``fd`` again."""
 
 
 def _is_local_fs(fs: Any) -> bool:
