@@ -85,7 +85,7 @@ def run_mode(mode: str, model: str, store: str, n_prompts: int, n_tokens: int) -
         llm.reset_prefix_cache()
         out["recompute"] = _ttft(llm, prompts)
     else:
-        from chunkstore.vllm.tiers import flush_shared
+        from chunkstore.vllm.shared import flush_shared
 
         flush_shared(timeout=60)
         llm.reset_prefix_cache()

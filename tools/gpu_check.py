@@ -60,9 +60,9 @@ def main() -> int:
 
 def _build(args, torch, device):
     from chunkstore.format import ATTENTION, ChunkLayout, KVSpec, LayerGroup
+    from chunkstore.tiering import ProcessCache
     from chunkstore.vllm.config import parse_config
     from chunkstore.vllm.engine import EngineKV, LayerInfo
-    from chunkstore.vllm.tiers import ConnectorStore
     from chunkstore.vllm.worker import ChunkStoreWorker
 
     block, chunk = 16, 256
@@ -79,7 +79,7 @@ def _build(args, torch, device):
     engine = EngineKV(spec, layout, layers, block, 0, 1, 1, None)
     cfg = parse_config({"chunk_tokens": chunk}, block_size=block)
     # The host cache pins its pool with cudaHostRegister when torch sees CUDA.
-    store = ConnectorStore(host_bytes=(2 * args.chunks + 1) * layout.total_size, layout=layout)
+    store = ProcessCache(host_bytes=(2 * args.chunks + 1) * layout.total_size, layout=layout)
     worker = ChunkStoreWorker(engine, cfg, store)
     blocks_per_chunk = chunk // block
     num_blocks = 2 * args.chunks * blocks_per_chunk + 1

@@ -6,7 +6,10 @@
 * :class:`TierList` - the ordered, guarded tiers, with the one read loop and
   the one write fan-out that ``TieredStore`` and an engine's own tier
   (the vLLM native tier) both use;
-* :class:`GuardedTier` - one tier's calls, with a timeout and a back-off.
+* :class:`GuardedTier` - one tier's calls, with a timeout and a back-off;
+* :class:`EngineCache` - what an engine's workers save into and load from:
+  :class:`ProcessCache` (this process's host cache in front of the tiers) or
+  :class:`RankCache` (a TP rank's part of a shared host pool).
 
 An engine adapter needs only this layer and :mod:`chunkstore.cache`.
 """
@@ -16,12 +19,41 @@ from typing import TYPE_CHECKING
 from chunkstore import _lazy
 
 if TYPE_CHECKING:
+    from chunkstore.tiering._engine import (
+        ChunkIdentity,
+        EngineCache,
+        PlainBuffer,
+        PrefetchResult,
+        ProcessCache,
+        RankCache,
+        SaveSlot,
+        seal_save,
+        tier_open_options,
+    )
     from chunkstore.tiering._guard import GuardedCall, GuardedTier, TierUnavailable
     from chunkstore.tiering._tiered import TieredHealth, TieredStats, TieredStore, TierStats
+    from chunkstore.tiering._tierlist import TierList, TierRead, TierWrites
 
 # Note: the tiered store pulls in numpy, the backends and prometheus_client; it loads on
 # first use, as the host cache does.
 _LAZY = {
+    **{
+        name: "chunkstore.tiering._engine"
+        for name in (
+            "ChunkIdentity",
+            "EngineCache",
+            "PlainBuffer",
+            "PrefetchResult",
+            "ProcessCache",
+            "RankCache",
+            "SaveSlot",
+            "seal_save",
+            "tier_open_options",
+        )
+    },
+    "TierList": "chunkstore.tiering._tierlist",
+    "TierRead": "chunkstore.tiering._tierlist",
+    "TierWrites": "chunkstore.tiering._tierlist",
     "GuardedCall": "chunkstore.tiering._guard",
     "GuardedTier": "chunkstore.tiering._guard",
     "TierUnavailable": "chunkstore.tiering._guard",
@@ -37,11 +69,23 @@ def __getattr__(name: str) -> object:
 
 
 __all__ = [
+    "ChunkIdentity",
+    "EngineCache",
     "GuardedCall",
     "GuardedTier",
+    "PlainBuffer",
+    "PrefetchResult",
+    "ProcessCache",
+    "RankCache",
+    "SaveSlot",
+    "TierList",
+    "TierRead",
     "TierStats",
     "TierUnavailable",
+    "TierWrites",
     "TieredHealth",
     "TieredStats",
     "TieredStore",
+    "seal_save",
+    "tier_open_options",
 ]

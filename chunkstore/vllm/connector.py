@@ -31,14 +31,15 @@ from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from chunkstore.errors import ConfigError
 from chunkstore.metrics import MetricsServer, start_metrics_server
+from chunkstore.tiering import ProcessCache, RankCache
 from chunkstore.vllm.config import ConnectorConfig, parse_config
 from chunkstore.vllm.engine import EngineKV, describe_engine
 from chunkstore.vllm.events import ConnectorEvents, tier_mediums
 from chunkstore.vllm.metadata import ChunkStoreMetadata
-from chunkstore.vllm.nodestore import NodeConnectorStore, NodeRankStore
+from chunkstore.vllm.nodestore import NodeCache, NodeRankCache
 from chunkstore.vllm.scheduler import ChunkStoreScheduler
+from chunkstore.vllm.shared import acquire_shared, release_shared
 from chunkstore.vllm.stats import ChunkStorePromMetrics, ChunkStoreStats
-from chunkstore.vllm.tiers import ConnectorStore, RankStore, acquire_shared, release_shared
 from chunkstore.vllm.worker import ChunkStoreWorker
 
 if TYPE_CHECKING:
@@ -78,7 +79,7 @@ class ChunkStoreConnector(KVConnectorBase_V1, SupportsHMA):
         self.pool_name = self.cfg.shared_pool or f"vllm-{transfer.engine_id}"
         self.scheduler: ChunkStoreScheduler | None = None
         self.worker: ChunkStoreWorker | None = None
-        self.store: ConnectorStore | RankStore | NodeConnectorStore
+        self.store: ProcessCache | RankCache | NodeCache
         if role == KVConnectorRole.WORKER and self.engine.tp_size > 1 and self.cfg.node:
             # Each TP rank attaches to the node service and writes its heads into the slot
             # the service shares among the engine's ranks; the service seals the chunk.
@@ -87,7 +88,7 @@ class ChunkStoreConnector(KVConnectorBase_V1, SupportsHMA):
         elif role == KVConnectorRole.WORKER and self.engine.tp_size > 1:
             # TP workers run in their own processes: they attach the scheduler's host pool
             # and write their heads into shared slots instead of holding a cache each.
-            self.store = RankStore(
+            self.store = RankCache(
                 self.pool_name,
                 self.engine.layout,
                 rank=self.engine.tp_rank,
@@ -111,9 +112,9 @@ class ChunkStoreConnector(KVConnectorBase_V1, SupportsHMA):
         self.events: ConnectorEvents | None = None
         """KV events for vLLM's publisher (scheduler side, ``--kv-events-config`` on)."""
         if role == KVConnectorRole.SCHEDULER:
-            assert isinstance(self.store, (ConnectorStore, NodeConnectorStore))
+            assert isinstance(self.store, (ProcessCache, NodeCache))
             self.scheduler = ChunkStoreScheduler(self.engine, self.cfg, self.store)
-            if _kv_events_enabled(vllm_config) and isinstance(self.store, ConnectorStore):
+            if _kv_events_enabled(vllm_config) and isinstance(self.store, ProcessCache):
                 self.events = self._watch_store(self.store)
                 self.scheduler.events = self.events
             if self.cfg.metrics_port is not None:
@@ -129,7 +130,7 @@ class ChunkStoreConnector(KVConnectorBase_V1, SupportsHMA):
             list(self.cfg.tiers) or "none",
         )
 
-    def _make_node_store(self, rank: int | None = None) -> NodeConnectorStore:
+    def _make_node_store(self, rank: int | None = None) -> NodeCache:
         """The store over the node service: the engine's (scheduler, TP=1 worker), or one TP
         rank's (``rank``)."""
         assert self.cfg.node is not None
@@ -137,10 +138,8 @@ class ChunkStoreConnector(KVConnectorBase_V1, SupportsHMA):
         name = f"{engine_id}:{os.getpid()}"
         try:
             if rank is None:
-                return NodeConnectorStore(
-                    self.cfg.node, layout=self.engine.layout, client_name=name
-                )
-            return NodeRankStore(
+                return NodeCache(self.cfg.node, layout=self.engine.layout, client_name=name)
+            return NodeRankCache(
                 self.cfg.node,
                 layout=self.engine.layout,
                 rank=rank,
@@ -153,7 +152,7 @@ class ChunkStoreConnector(KVConnectorBase_V1, SupportsHMA):
         except ConfigError as exc:
             raise ConfigError(f"ChunkStoreConnector: {exc}") from None
 
-    def _watch_store(self, store: ConnectorStore) -> ConnectorEvents:
+    def _watch_store(self, store: ProcessCache) -> ConnectorEvents:
         """Events for what ``store``'s host memory and tiers hold, fed by the tiered store."""
         cache = store.host.cache
         events = ConnectorEvents(
@@ -166,8 +165,8 @@ class ChunkStoreConnector(KVConnectorBase_V1, SupportsHMA):
         store.tiered.watch(events.buffer)
         return events
 
-    def _make_store(self) -> ConnectorStore:
-        return ConnectorStore(
+    def _make_store(self) -> ProcessCache:
+        return ProcessCache(
             host_bytes=self.cfg.host_cache_bytes,
             tiers=self.cfg.tiers,
             store_options={k: dict(v) for k, v in self.cfg.store_options.items()},
@@ -249,7 +248,7 @@ class ChunkStoreConnector(KVConnectorBase_V1, SupportsHMA):
         if self.shut_down:
             return
         self.shut_down = True
-        if self.events is not None and isinstance(self.store, ConnectorStore):
+        if self.events is not None and isinstance(self.store, ProcessCache):
             self.store.tiered.watch(None)
         try:
             if self.worker is not None:

@@ -181,7 +181,7 @@ def _engine(model: str, url: str, prompt_tokens: int) -> Any:
 
 
 def _flush() -> None:
-    from chunkstore.vllm.tiers import flush_shared
+    from chunkstore.vllm.shared import flush_shared
 
     flush_shared(timeout=60)
 

@@ -1,7 +1,7 @@
 """The connector's store when the engine attaches to its machine's node service.
 
-:class:`NodeConnectorStore` answers the scheduler and the worker as
-:class:`~chunkstore.vllm.tiers.ConnectorStore` does, but host memory is the
+:class:`NodeCache` answers the scheduler and the worker as
+:class:`~chunkstore.tiering.ProcessCache` does, but host memory is the
 node service's (``chunkstore serve --node``): lookups and leases go over its
 unix socket, chunk bytes are copied straight between the device and the
 service's shared pool. The service owns the policy, the tiers and the
@@ -20,16 +20,33 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Any
 
 from chunkstore.backends import Store
 from chunkstore.format import ChunkLayout
 from chunkstore.hashing import ChunkKey
-from chunkstore.node import NodeClient, NodeRead, NodeRefused, RankShare, engine_identity
-from chunkstore.vllm.metadata import ChunkSave
-from chunkstore.vllm.tiers import NodeSlot, PrefetchResult, SaveSlot, seal_save
+from chunkstore.node import (
+    NodeClient,
+    NodeRead,
+    NodeRefused,
+    NodeReservation,
+    RankShare,
+    engine_identity,
+)
+from chunkstore.tiering import ChunkIdentity, PrefetchResult, SaveSlot, seal_save
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class NodeSlot:
+    """A slot of the node service's pool, reserved for one chunk this engine saves."""
+
+    view: memoryview
+    """The whole writable slot in this process's mapping of the pool."""
+    reservation: NodeReservation
+    """The service's reservation (committed or aborted by the store)."""
 
 
 class _NodeHostView:
@@ -42,7 +59,7 @@ class _NodeHostView:
         return self._client.exists([key])[0]
 
 
-class NodeConnectorStore:
+class NodeCache:
     """Host memory of the node service, as the connector uses it. Thread-safe.
 
     Raises :class:`~chunkstore.node.NodeRefused` (one line naming both sides) when
@@ -121,14 +138,14 @@ class NodeConnectorStore:
             return _unknown_read  # not a read of ours that is still open: nothing vouches
         return functools.partial(self.client.still_valid, read, 0)
 
-    def save_slot(self, save: ChunkSave) -> SaveSlot | None:
+    def save_slot(self, save: ChunkIdentity) -> SaveSlot | None:
         """A slot of the node's pool for the chunk, or None: the node holds it already, has
         no room, or is down (the save is dropped; a later request recomputes)."""
         reservation = self.client.reserve([save.key])
         view = reservation.views[0]
         return NodeSlot(view, reservation) if view is not None else None
 
-    def save_done(self, save: ChunkSave, slot: SaveSlot) -> None:
+    def save_done(self, save: ChunkIdentity, slot: SaveSlot) -> None:
         """Seal the chunk in its slot and commit it: the node checks and publishes it."""
         assert isinstance(slot, NodeSlot)
         seal_save(self.layout, slot.view, save)
@@ -156,7 +173,7 @@ class NodeConnectorStore:
         self.client.close()
 
 
-class NodeRankStore(NodeConnectorStore):
+class NodeRankCache(NodeCache):
     """A TP rank's side of an engine attached to a node service (TP > 1).
 
     Every rank process attaches on its own; a save reserves the chunk as this
@@ -185,7 +202,7 @@ class NodeRankStore(NodeConnectorStore):
         self.engine = engine_identity(engine)
         """The engine's identity on the wire (the same on all its ranks)."""
 
-    def save_slot(self, save: ChunkSave) -> SaveSlot | None:
+    def save_slot(self, save: ChunkIdentity) -> SaveSlot | None:
         """This rank's share of the chunk's shared slot, or None (held already, no room,
         the service cannot assemble TP chunks, or it is down)."""
         share = RankShare(self.rank, self.tp, [save.parent], [save.tokens], self.engine)
@@ -193,7 +210,7 @@ class NodeRankStore(NodeConnectorStore):
         view = reservation.views[0]
         return NodeSlot(view, reservation) if view is not None else None
 
-    def save_done(self, save: ChunkSave, slot: SaveSlot) -> None:
+    def save_done(self, save: ChunkIdentity, slot: SaveSlot) -> None:
         """This rank's heads are in place; the service seals the chunk after the last part."""
         assert isinstance(slot, NodeSlot)
         self.client.commit(slot.reservation, [self.layout.total_size])
@@ -206,4 +223,4 @@ def _unknown_read() -> bool:
     return False
 
 
-__all__ = ["NodeConnectorStore", "NodeRankStore", "NodeRefused"]
+__all__ = ["NodeCache", "NodeRankCache", "NodeRefused"]

@@ -25,12 +25,12 @@ import torch
 
 from chunkstore.errors import ChunkStoreError, ConfigError
 from chunkstore.format import MLA, decode_chunk
+from chunkstore.tiering import EngineCache, SaveSlot
 from chunkstore.vllm.config import ConnectorConfig
 from chunkstore.vllm.counters import Counters
 from chunkstore.vllm.engine import EngineKV
 from chunkstore.vllm.layouts import DeviceLayout, detect_layout
 from chunkstore.vllm.metadata import ChunkLoad, ChunkSave, ChunkStoreMetadata
-from chunkstore.vllm.tiers import SaveSlot, WorkerStore
 from chunkstore.vllm.transfer import Batch, DeviceCopier, Fence, ShardMap, select_copier
 
 log = logging.getLogger(__name__)
@@ -97,7 +97,7 @@ class ChunkStoreWorker:
         self,
         engine: EngineKV,
         cfg: ConnectorConfig,
-        store: WorkerStore,
+        store: EngineCache,
         vllm_config: Any = None,
         *,
         metrics: Any = None,

@@ -42,19 +42,19 @@ def test_tiers_belong_to_the_node_service() -> None:
 
 
 def test_an_engine_with_another_chunk_size_is_refused(node: Node) -> None:
-    from chunkstore.vllm.nodestore import NodeConnectorStore
+    from chunkstore.vllm.nodestore import NodeCache
 
     other = ChunkLayout(small_spec(chunk_tokens=32))
     with pytest.raises(NodeRefused, match="slots"):
-        NodeConnectorStore(node.socket, layout=other)
+        NodeCache(node.socket, layout=other)
 
 
 def test_a_save_through_the_connector_store_is_published_and_read_in_place(node: Node) -> None:
-    from chunkstore.vllm.nodestore import NodeConnectorStore
+    from chunkstore.vllm.nodestore import NodeCache
 
     layout = ChunkLayout(small_spec())
     chunk = sample_chunks(1, seed=4, layout=layout)[0]
-    store = NodeConnectorStore(node.socket, layout=layout, client_name="engine")
+    store = NodeCache(node.socket, layout=layout, client_name="engine")
     try:
         save = ChunkSave("r", chunk.key, chunk.parent, tuple(int(t) for t in chunk.tokens), ())
         slot = store.save_slot(save)
@@ -72,18 +72,18 @@ def test_a_save_through_the_connector_store_is_published_and_read_in_place(node:
 def test_tp_ranks_save_their_heads_into_one_slot_and_the_engine_reads_it_whole(
     sealing_node: Node,
 ) -> None:
-    from chunkstore.vllm.nodestore import NodeConnectorStore, NodeRankStore
+    from chunkstore.vllm.nodestore import NodeCache, NodeRankCache
 
     layout = ChunkLayout(small_spec())
     chunk = sample_chunks(1, seed=15, layout=layout)[0]
     save = ChunkSave("r", chunk.key, chunk.parent, tuple(int(t) for t in chunk.tokens), ())
     ranks = [
-        NodeRankStore(
+        NodeRankCache(
             sealing_node.socket, layout=layout, rank=r, tp=2, engine="e", client_name=f"r{r}"
         )
         for r in range(2)
     ]
-    engine = NodeConnectorStore(sealing_node.socket, layout=layout, client_name="scheduler")
+    engine = NodeCache(sealing_node.socket, layout=layout, client_name="scheduler")
     try:
         for rank, store in enumerate(ranks):
             slot = store.save_slot(save)

@@ -87,7 +87,7 @@ def generate(llm, prompts: list[list[int]]) -> list[dict]:
 
 def flush(llm) -> None:
     """Wait for write-behind to the directory store (the engine shares its store per process)."""
-    from chunkstore.vllm.tiers import flush_shared
+    from chunkstore.vllm.shared import flush_shared
 
     flush_shared(timeout=30)
 
@@ -109,7 +109,7 @@ def lifecycle(llm) -> dict[str, object]:
     """Shut the engine down; what of chunkstore's stays behind."""
     from pathlib import Path
 
-    from chunkstore.vllm.tiers import shared_names
+    from chunkstore.vllm.shared import shared_names
 
     pool = f"vllm-{llm.llm_engine.vllm_config.kv_transfer_config.engine_id}"
     before = shared_names()

@@ -13,8 +13,8 @@ import pytest
 from chunkstore.errors import ChunkStoreError, ConfigError, StoreError
 from chunkstore.format import ChunkLayout
 from chunkstore.testing.factories import small_spec
+from chunkstore.tiering import ProcessCache
 from chunkstore.vllm.config import OPTIONS, parse_config
-from chunkstore.vllm.tiers import ConnectorStore
 
 HUGE_TEXT = "x" * (1 << 20)
 HUGE_NUMBER_TEXT = "1" + "0" * 400
@@ -160,7 +160,7 @@ def test_tier_missing_its_extra_names_the_option() -> None:
 def test_unreachable_tier_at_start_up_is_one_line_naming_option_and_url(url: str) -> None:
     cfg = parse_config({"tiers": [url]}, block_size=16)  # a known scheme: parses
     with pytest.raises(ChunkStoreError) as exc:
-        ConnectorStore(host_bytes=1 << 20, layout=ChunkLayout(small_spec()), tiers=cfg.tiers)
+        ProcessCache(host_bytes=1 << 20, layout=ChunkLayout(small_spec()), tiers=cfg.tiers)
     assert isinstance(exc.value, StoreError)
     assert_one_line_naming(exc.value, "tiers")
     assert url in str(exc.value)

@@ -22,8 +22,9 @@ from vllm.v1.kv_cache_interface import (  # noqa: E402
 )
 
 from chunkstore.cache._pool import SHM_DIR  # noqa: E402
+from chunkstore.tiering import RankCache  # noqa: E402
 from chunkstore.vllm.connector import ChunkStoreConnector  # noqa: E402
-from chunkstore.vllm.tiers import RankStore, shared_names  # noqa: E402
+from chunkstore.vllm.shared import shared_names
 
 from .harness import BLOCK, DIM, HEADS, LAYERS, make_harness, shut_down  # noqa: E402
 
@@ -59,7 +60,7 @@ def test_tp2_scheduler_shutdown_removes_the_host_pool_from_dev_shm(tiny_model):
     )
     connector = ChunkStoreConnector(config, KVConnectorRole.SCHEDULER, kv_cache_config)
     pool = SHM_DIR / connector.pool_name
-    rank = RankStore(connector.pool_name, connector.engine.layout, rank=1, tp=2)
+    rank = RankCache(connector.pool_name, connector.engine.layout, rank=1, tp=2)
     try:
         assert pool.exists()  # the shared pool the rank processes attach
         assert rank.assembler() is not None

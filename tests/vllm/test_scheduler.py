@@ -14,8 +14,9 @@ from vllm.v1.metrics.cache_hit_source import CacheHitSource  # noqa: E402
 from vllm.v1.request import FinishReason, RequestStatus  # noqa: E402
 
 from chunkstore.backends import MemoryStore  # noqa: E402
+from chunkstore.tiering import ProcessCache  # noqa: E402
+from chunkstore.vllm.shared import acquire_shared, release_shared
 from chunkstore.vllm.testing import sample_prompt_ids  # noqa: E402
-from chunkstore.vllm.tiers import ConnectorStore, acquire_shared, release_shared  # noqa: E402
 
 from .harness import harnesses  # noqa: E402
 
@@ -114,7 +115,7 @@ def _tier_harness(harness, tier, **extra):
     for _ in connectors:  # and hold the new one (their shutdown releases it)
         store = acquire_shared(
             name,
-            lambda: ConnectorStore(
+            lambda: ProcessCache(
                 host_bytes=old.host.cache.capacity_bytes,
                 layout=h.connector.engine.layout,
                 stores=[tier],

@@ -2,7 +2,7 @@
 
 The scheduler's store owns a shared host pool; simulated ranks are separate
 processes running the connector's worker code (``ChunkStoreWorker`` over a
-``RankStore``) on CPU KV caches that hold only their heads. The same
+``RankCache``) on CPU KV caches that hold only their heads. The same
 conversation saved at TP=1 (in-process path), 2 and 4 gives byte-identical
 chunk files, each published once; ranks then load back exactly their heads.
 """
@@ -20,12 +20,8 @@ import pytest
 pytest.importorskip("torch")  # the ranks run worker code only: no vLLM needed
 
 from chunkstore.cache._pool import SHM_DIR  # noqa: E402
-from chunkstore.vllm.tiers import (  # noqa: E402
-    ConnectorStore,
-    acquire_shared,
-    release_shared,
-    shared_names,
-)
+from chunkstore.tiering import ProcessCache  # noqa: E402
+from chunkstore.vllm.shared import acquire_shared, release_shared, shared_names
 
 from .tp_rank import TOKENS, engine_for, save_in_process, serve  # noqa: E402
 
@@ -72,10 +68,10 @@ def _files(root: Path) -> dict[str, bytes]:
     return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*.kvc"))}
 
 
-def _owner(tmp_path: Path, name: str, shm: str | None) -> ConnectorStore:
+def _owner(tmp_path: Path, name: str, shm: str | None) -> ProcessCache:
     layout = engine_for(0, 1).layout
     store_dir = tmp_path / name
-    return ConnectorStore(
+    return ProcessCache(
         host_bytes=16 * layout.total_size,
         tiers=[f"file://{store_dir}"],
         layout=layout,

@@ -3,7 +3,7 @@
 Each rank process builds the engine description vLLM would give rank ``r`` of
 ``tp`` (its KV heads only), a paged KV cache holding exactly its heads of a
 deterministic conversation, and runs :class:`ChunkStoreWorker` over a
-:class:`RankStore` attached to the owner's shared pool: ``save`` writes its
+:class:`RankCache` attached to the owner's shared pool: ``save`` writes its
 heads into the chunks' shared slots, ``load`` reads them back into a zeroed
 cache and checks them. Replies are plain tuples.
 """
@@ -17,11 +17,11 @@ from typing import Any
 import torch
 
 from chunkstore.format import ATTENTION, ChunkLayout, KVSpec, LayerGroup, rank_share
+from chunkstore.tiering import ProcessCache, RankCache
 from chunkstore.vllm.config import parse_config
 from chunkstore.vllm.engine import EngineKV, LayerInfo
 from chunkstore.vllm.metadata import ChunkLoad, ChunkSave, ChunkStoreMetadata
 from chunkstore.vllm.testing import sample_prompt_ids
-from chunkstore.vllm.tiers import ConnectorStore, RankStore
 from chunkstore.vllm.worker import ChunkStoreWorker
 
 HEADS = 4
@@ -124,7 +124,7 @@ def load_matches(worker: ChunkStoreWorker, kv: dict[str, torch.Tensor]) -> bool:
     return True
 
 
-def save_in_process(store: ConnectorStore) -> None:
+def save_in_process(store: ProcessCache) -> None:
     """TP=1: the connector's in-process path (scheduler and worker share ``store``)."""
     worker, kv = make_worker(store, 0, 1)
     fill(worker, kv)
@@ -140,7 +140,7 @@ def serve(commands: Queue[Any], replies: Queue[Any]) -> None:
             return
         op, pool, rank, tp = command
         try:
-            store = RankStore(pool, engine_for(rank, tp).layout, rank=rank, tp=tp)
+            store = RankCache(pool, engine_for(rank, tp).layout, rank=rank, tp=tp)
             try:
                 worker, kv = make_worker(store, rank, tp)
                 if op == "save":

@@ -50,6 +50,7 @@ from chunkstore.errors import ConfigError, FormatError
 from chunkstore.format import decode_chunk, recompress
 from chunkstore.hashing import ChunkKey
 from chunkstore.metrics import default_metrics
+from chunkstore.tiering import seal_save, tier_open_options
 from chunkstore.tiering._guard import GuardedTier
 from chunkstore.tiering._tierlist import TierList, TierWrites
 
@@ -68,7 +69,6 @@ from chunkstore.vllm.native.requests import (
     caller_request,
 )
 from chunkstore.vllm.native.writing import ChunkWriting
-from chunkstore.vllm.tiers import seal_save, tier_open_options
 
 MAX_TIER_THREADS = 256
 """Most threads one tier may run (the ``threads`` option)."""

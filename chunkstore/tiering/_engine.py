@@ -1,16 +1,19 @@
-"""The connector's view of storage: a TieredStore (host memory, then secondary tiers).
+"""What an engine adapter keeps its chunks in: host memory in front of the tiers.
 
-:class:`ConnectorStore` composes the core: a :class:`~chunkstore.cache.HostCache`
-(tier 0, shared by name with the TP rank processes when TP > 1) in front of the
-secondary tiers in a :class:`~chunkstore.tiering.TieredStore` (write-behind,
-promotion, tier fail-over, ``chunkstore_*`` metrics), plus what is specific
-to vLLM: non-blocking prefetch with per-chunk sources for the scheduler, write
-slots for the worker, and the TP assembly owner. :class:`RankStore` is a TP
-rank's side of the shared pool.
+An engine's workers write each chunk they save into a slot, seal it, and read
+chunks back from host memory while they copy them to the device. The
+:class:`EngineCache` protocol is that interface, written once for every engine:
 
-Every chunk reaches a device through host memory: a secondary-tier hit is
-first prefetched into host memory (:meth:`ConnectorStore.submit_prefetch`),
-and only then does the scheduler let vLLM allocate device blocks for it.
+* :class:`ProcessCache` - this process's own host cache in front of a
+  :class:`~chunkstore.tiering.TieredStore`, with prefetch for the scheduler and
+  the TP assembly owner (its ranks then use a :class:`RankCache`);
+* :class:`RankCache` - a TP rank's part of a shared host pool that another
+  process owns.
+
+The node service's engine caches (its pool, reached over a socket) implement
+the same protocol in the engine adapter that uses them. Every chunk reaches a
+device through host memory: a secondary-tier hit is first prefetched into host
+memory (:meth:`ProcessCache.submit_prefetch`).
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar, cast
+from typing import Any, Protocol
 
 from chunkstore.backends import Store, ZstdStore
 from chunkstore.backends._models import record_model
@@ -31,27 +34,29 @@ from chunkstore.cache._lease import Lease
 from chunkstore.errors import StoreError
 from chunkstore.format import ChunkLayout, seal_chunk
 from chunkstore.hashing import ChunkKey
-from chunkstore.node import NodeReservation
-from chunkstore.tiering import TieredStore
-from chunkstore.vllm.metadata import ChunkSave
+from chunkstore.tiering._tiered import TieredStore
 
 log = logging.getLogger(__name__)
 
 __all__ = [
-    "ConnectorStore",
-    "NodeSlot",
+    "ChunkIdentity",
+    "EngineCache",
     "PlainBuffer",
     "PrefetchResult",
-    "RankStore",
+    "ProcessCache",
+    "RankCache",
     "SaveSlot",
-    "WorkerStore",
-    "flush_shared",
     "seal_save",
-    "acquire_shared",
-    "release_shared",
-    "shared_names",
     "tier_open_options",
 ]
+
+
+def tier_open_options(url: str, options: dict[str, Any]) -> dict[str, Any]:
+    """A directory tier is created on first use (a KV cache, not data to protect), unless the
+    user's ``store_options`` say otherwise."""
+    if "://" not in url or url.startswith("file://"):
+        return {"create": True, **options}
+    return dict(options)
 
 
 class _HostView:
@@ -90,8 +95,92 @@ class PrefetchResult:
     """Corrupt chunks found (and quarantined by the tiers) meanwhile."""
 
 
-class ConnectorStore:
-    """Host memory plus secondary tiers, as the connector uses them. Thread-safe.
+class ChunkIdentity(Protocol):
+    """What sealing a chunk needs to know of it (an engine adapter's save record)."""
+
+    @property
+    def key(self) -> ChunkKey: ...
+    @property
+    def parent(self) -> bytes: ...
+    @property
+    def tokens(self) -> tuple[int, ...]: ...
+
+
+def seal_save(layout: ChunkLayout, view: Any, save: ChunkIdentity) -> None:
+    """Write the header and checksum of the chunk ``save`` names around the KV the worker
+    copied into ``view`` (the whole chunk buffer)."""
+    seal_chunk(
+        layout,
+        view,
+        key=save.key.digest,
+        parent=save.parent,
+        namespace=save.key.namespace,
+        tokens=list(save.tokens),
+        verify_key=False,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class PlainBuffer:
+    """A chunk buffer outside the host pool (every slot was pinned): stored by copy."""
+
+    view: bytearray
+    """The whole chunk's bytes."""
+
+
+class SaveSlot(Protocol):
+    """Where a worker writes a chunk it saves: a host-pool slot (a :class:`Lease`, also a
+    rank's claim on a shared slot), a node service's slot, or a :class:`PlainBuffer`."""
+
+    @property
+    def view(self) -> Any:
+        """The whole chunk's writable bytes."""
+        ...
+
+
+class EngineCache(Protocol):
+    """What an engine's worker needs of its chunks' home: :class:`ProcessCache` (whole
+    chunks, the process's own host cache), :class:`RankCache` (a TP rank's heads in a shared
+    slot) and the node service's caches are each one, so the worker never asks which."""
+
+    def read_host(self, key: ChunkKey) -> AbstractContextManager[Any | None]:
+        """The chunk's bytes in host memory, pinned meanwhile; None if absent."""
+        ...
+
+    def read_check(self, data: Any) -> Callable[[], bool] | None:
+        """For ``data`` from :meth:`read_host` (its context still open): a check to run once
+        the copies out of it are complete (whether it held the chunk all along), or None when
+        nothing can take the pin back meanwhile."""
+        ...
+
+    def save_slot(self, save: ChunkIdentity) -> SaveSlot | None:
+        """Where to write the chunk ``save`` names, or None: nothing for this process to write."""
+        ...
+
+    def save_done(self, save: ChunkIdentity, slot: SaveSlot) -> None:
+        """The bytes are in ``slot``: seal and keep the chunk (or this rank's part of it)."""
+        ...
+
+    def save_abandoned(self, slot: SaveSlot) -> None:
+        """The copy into ``slot`` failed: give the slot up, nothing is stored."""
+        ...
+
+    def drop(self, key: ChunkKey) -> None:
+        """Forget a chunk that failed to load, where this process may."""
+        ...
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Wait until what was saved so far is written behind."""
+        ...
+
+    def close(self) -> None:
+        """Release what this store holds."""
+        ...
+
+
+class ProcessCache:
+    """This process's host memory in front of the secondary tiers, as an engine uses
+    them. Thread-safe.
 
     ``stores`` replaces ``tiers`` with already open stores (tests).
     ``compression="zstd"`` puts a :class:`~chunkstore.backends.ZstdStore` in front of
@@ -200,12 +289,12 @@ class ConnectorStore:
         """Give up a reservation; idempotent."""
         self.tiered.abort(lease)
 
-    def save_slot(self, save: ChunkSave) -> Lease | PlainBuffer:
+    def save_slot(self, save: ChunkIdentity) -> Lease | PlainBuffer:
         """Where to write the whole chunk: a pinned host slot when the cache has room, else a
         plain buffer (stored with a copy)."""
         return self.reserve(save.key) or PlainBuffer(bytearray(self.layout.total_size))
 
-    def save_done(self, save: ChunkSave, slot: SaveSlot) -> None:
+    def save_done(self, save: ChunkIdentity, slot: SaveSlot) -> None:
         """Seal the chunk written into ``slot`` and keep it (host memory, then the tiers)."""
         seal_save(self.layout, slot.view, save)
         if isinstance(slot, Lease):
@@ -247,96 +336,7 @@ class ConnectorStore:
             self.tiered.close()
 
 
-class ChunkIdentity(Protocol):
-    """What sealing a chunk needs to know of it: a :class:`ChunkSave`, or the native
-    tier's ``ChunkAddress``."""
-
-    @property
-    def key(self) -> ChunkKey: ...
-    @property
-    def parent(self) -> bytes: ...
-    @property
-    def tokens(self) -> tuple[int, ...]: ...
-
-
-def seal_save(layout: ChunkLayout, view: Any, save: ChunkIdentity) -> None:
-    """Write the header and checksum of the chunk ``save`` names around the KV the worker
-    copied into ``view`` (the whole chunk buffer)."""
-    seal_chunk(
-        layout,
-        view,
-        key=save.key.digest,
-        parent=save.parent,
-        namespace=save.key.namespace,
-        tokens=list(save.tokens),
-        verify_key=False,
-    )
-
-
-@dataclass(frozen=True, slots=True)
-class PlainBuffer:
-    """A chunk buffer outside the host pool (every slot was pinned): stored by copy."""
-
-    view: bytearray
-    """The whole chunk's bytes."""
-
-
-@dataclass(frozen=True, slots=True)
-class NodeSlot:
-    """A slot of the node service's pool, reserved for one chunk this engine saves."""
-
-    view: memoryview
-    """The whole writable slot in this process's mapping of the pool."""
-    reservation: NodeReservation
-    """The service's reservation (committed or aborted by the store)."""
-
-
-SaveSlot = Lease | PlainBuffer | NodeSlot
-"""Where a worker writes a chunk it saves: a host-pool slot, a rank's claim on a shared slot,
-a node service's slot, or a plain buffer."""
-
-
-class WorkerStore(Protocol):
-    """What a worker connector needs of its store; :class:`ConnectorStore` (whole chunks, the
-    process's own host cache) and :class:`RankStore` (a TP rank's heads in a shared slot) are
-    both one, so the worker never asks which it has."""
-
-    def read_host(self, key: ChunkKey) -> AbstractContextManager[Any | None]:
-        """The chunk's bytes in host memory, pinned meanwhile; None if absent."""
-        ...
-
-    def read_check(self, data: Any) -> Callable[[], bool] | None:
-        """For ``data`` from :meth:`read_host` (its context still open): a check to run once
-        the copies out of it are complete (whether it held the chunk all along), or None when
-        nothing can take the pin back meanwhile."""
-        ...
-
-    def save_slot(self, save: ChunkSave) -> SaveSlot | None:
-        """Where to write the chunk ``save`` names, or None: nothing for this process to write."""
-        ...
-
-    def save_done(self, save: ChunkSave, slot: SaveSlot) -> None:
-        """The bytes are in ``slot``: seal and keep the chunk (or this rank's part of it)."""
-        ...
-
-    def save_abandoned(self, slot: SaveSlot) -> None:
-        """The copy into ``slot`` failed: give the slot up, nothing is stored."""
-        ...
-
-    def drop(self, key: ChunkKey) -> None:
-        """Forget a chunk that failed to load, where this process may."""
-        ...
-
-    def flush(self, timeout: float | None = None) -> None:
-        """Wait until what was saved so far is written behind."""
-        ...
-
-    def close(self) -> None:
-        """Release what this store holds."""
-        ...
-
-
-class RankStore:
+class RankCache:
     """A TP rank's view of its engine's shared host pool, which the scheduler process owns.
 
     Saves: :meth:`claim` gives this rank its part of a chunk's slot
@@ -388,7 +388,7 @@ class RankStore:
         """None: a rank's pins on the shared pool hold until it releases them."""
         return None
 
-    def save_slot(self, save: ChunkSave) -> Lease | None:
+    def save_slot(self, save: ChunkIdentity) -> Lease | None:
         """This rank's claim on the chunk's shared slot (write only this rank's heads), or None:
         nothing to write (cached already, written by this rank, a replica rank, or no slot
         free)."""
@@ -397,7 +397,7 @@ class RankStore:
             return None
         return assembler.slot_for_write(save.key, parent=save.parent, tokens=list(save.tokens))
 
-    def save_done(self, save: ChunkSave, slot: SaveSlot) -> None:
+    def save_done(self, save: ChunkIdentity, slot: SaveSlot) -> None:
         """This rank's part is in place; the last rank's mark seals the chunk and the owner
         publishes it."""
         assert isinstance(slot, Lease) and self._assembler is not None
@@ -419,88 +419,3 @@ class RankStore:
             if self._assembler is not None:
                 self._assembler.close()
                 self._assembler = None
-
-
-def tier_open_options(url: str, options: dict[str, Any]) -> dict[str, Any]:
-    """A directory tier is created on first use (a KV cache, not data to protect), unless the
-    user's ``store_options`` say otherwise."""
-    if "://" not in url or url.startswith("file://"):
-        return {"create": True, **options}
-    return dict(options)
-
-
-class SharedStore(Protocol):
-    """What the per-process registry of stores needs: a :class:`ConnectorStore`, or a
-    :class:`~chunkstore.vllm.nodestore.NodeConnectorStore`."""
-
-    closed: bool
-
-    def flush(self, timeout: float | None = None) -> None:
-        """Wait until what was saved so far is written behind."""
-        ...
-
-    def close(self) -> None:
-        """Release what the store holds."""
-        ...
-
-
-S = TypeVar("S", bound=SharedStore)
-
-
-@dataclass
-class _SharedEntry:
-    """One shared store and how many connectors use it."""
-
-    store: SharedStore
-    users: int = 0
-
-
-# The registry the rule "every resource has one owner" allows: keyed by name, reference-counted,
-# the store (host pool, tier threads, assembly owner, /dev/shm file) closed by its last user.
-_SHARED: dict[str, _SharedEntry] = {}
-_SHARED_LOCK = threading.Lock()
-
-
-def acquire_shared(name: str, factory: Callable[[], S]) -> S:
-    """The process's store for ``name`` (the engine id), made by ``factory()`` on first use;
-    each call is one more user, who calls :func:`release_shared` when done.
-
-    The scheduler and worker connectors of one engine live in the same process
-    whenever TP is 1 (always, with ``VLLM_ENABLE_V1_MULTIPROCESSING=0``, and in
-    the engine-core process of ``vllm serve``); they share host memory this way.
-    """
-    with _SHARED_LOCK:
-        entry = _SHARED.get(name)
-        if entry is None or entry.store.closed:
-            entry = _SharedEntry(factory())
-            _SHARED[name] = entry
-        entry.users += 1
-        return cast(S, entry.store)
-
-
-def release_shared(name: str) -> None:
-    """One user of the shared store ``name`` is done with it; the last one closes it (which
-    removes its shared host pool from ``/dev/shm``). Unknown names are ignored."""
-    with _SHARED_LOCK:
-        entry = _SHARED.get(name)
-        if entry is None:
-            return
-        entry.users -= 1
-        if entry.users > 0:
-            return
-        del _SHARED[name]
-    entry.store.close()
-
-
-def shared_names() -> list[str]:
-    """The names of the shared stores open in this process (none once every engine shut down)."""
-    with _SHARED_LOCK:
-        return sorted(_SHARED)
-
-
-def flush_shared(timeout: float | None = None) -> None:
-    """Wait for the write-behind of every shared store of this process (tests, benchmarks)."""
-    with _SHARED_LOCK:
-        stores = [entry.store for entry in _SHARED.values()]
-    for store in stores:
-        store.flush(timeout=timeout)
