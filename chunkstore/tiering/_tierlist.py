@@ -109,16 +109,18 @@ class TierWrites:
     def settle(
         self,
         on_timeout: Callable[[TierUnavailable], None] | None = None,
-    ) -> list[tuple[GuardedTier, list[bool] | None]]:
-        """Wait for each tier's write; per tier what it answered, ``None`` if it failed.
+    ) -> list[tuple[GuardedTier, list[bool] | None, str]]:
+        """Wait for each tier's write: per tier what it answered, or ``None`` and why it
+        failed (``tier_down``: its writes are stopped; ``tier_error``: it failed or timed
+        out, or is in back-off).
 
         A failed tier counts the items as dropped. ``on_timeout`` hears of each call
         that timed out and still runs (it may still read the items' memory)."""
-        out: list[tuple[GuardedTier, list[bool] | None]] = []
+        out: list[tuple[GuardedTier, list[bool] | None, str]] = []
         for tier, call, refused in self.calls:
             if call is None:
                 tier.count_drop(refused, self.count)
-                out.append((tier, None))
+                out.append((tier, None, refused))
                 continue
             try:
                 written = list(call.result())
@@ -126,11 +128,11 @@ class TierWrites:
                 if on_timeout is not None and exc.pending is not None:
                     on_timeout(exc)
                 tier.count_drop("tier_error", self.count)
-                out.append((tier, None))
+                out.append((tier, None, "tier_error"))
                 continue
             tier.instruments.record_write(self.nbytes, call.seconds())
             tier.count_writes(sum(1 for ok in written if ok))
-            out.append((tier, written))
+            out.append((tier, written, ""))
         return out
 
 

@@ -9,9 +9,11 @@ the key) rather than block the caller or grow memory.
 Write-through: a chunk host memory cannot take is written to the target tiers
 at once (:meth:`TierWriter.write_through`).
 
-A write that times out may still be reading its memory: a write-back batch
-stays pinned until every such call has ended, and a write-through hands the
-tiers a private copy.
+Both start the write on every target tier at once
+(:meth:`~chunkstore.tiering._tierlist.TierList.start_writes`). A write that
+times out may still be reading its memory: a write-back batch stays pinned
+until every such call has ended, and a write-through hands the tiers a private
+copy.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from chunkstore.cache._lease import Lease
 from chunkstore.events import ChunkListener
 from chunkstore.hashing import ChunkKey
 from chunkstore.tiering._guard import GuardedTier, TierUnavailable
+from chunkstore.tiering._tierlist import TierList, TierWrites
 from chunkstore.tiering._writeback import WriteBehindQueue
 
 log = logging.getLogger(__name__)
@@ -56,6 +59,7 @@ class TierWriter:
     ) -> None:
         self._host = host
         self._targets = tuple(targets)
+        self._tiers = TierList(self._targets)
         self._name = name
         self.capacity = queue_size if self._targets else 0
         """Most chunks that may wait (0 without targets)."""
@@ -152,10 +156,9 @@ class TierWriter:
 
         holds = _Holds(release_batch)
         try:
-            items = [(lease.key, lease.view) for lease in batch]
+            items: list[tuple[ChunkKey, Buffer]] = [(lease.key, lease.view) for lease in batch]
             nbytes = sum(len(lease.view) for lease in batch)
-            for tier in self._targets:
-                self._write_to(tier, items, nbytes, holds=holds)
+            self._write_all(items, nbytes, if_absent=False, holds=holds)
         finally:
             holds.done()
 
@@ -177,11 +180,7 @@ class TierWriter:
             # A call that times out goes on reading its input after we return, while the
             # caller may reuse its buffer: hand the tiers a private copy (slow path only).
             view = bytes(view)
-        results = [
-            self._write_to(tier, [(key, view)], len(view), if_absent=if_absent)
-            for tier in self._targets
-        ]
-        return any(results)
+        return self._write_all([(key, view)], len(view), if_absent=if_absent)
 
     def supersede(self, key: ChunkKey) -> None:
         """Before writing ``key`` around host memory: drop the older copy host memory may
@@ -198,52 +197,48 @@ class TierWriter:
 
     # --- both -----------------------------------------------------------------------------
 
-    def _write_to(
+    def _write_all(
         self,
-        tier: GuardedTier,
         items: list[tuple[ChunkKey, Buffer]],
         nbytes: int,
         *,
-        if_absent: bool = False,
+        if_absent: bool,
         holds: _Holds | None = None,
     ) -> bool:
-        """Write ``items`` to ``tier``; ``holds`` keeps their memory alive past a timeout.
+        """Write ``items`` to every target tier at once; whether some tier stored them.
 
-        Without ``holds`` the buffers must be private to this write (a timed-out
-        call may read them later).
+        ``holds`` keeps their memory alive past a timeout. Without it the buffers must be
+        private to this write (a timed-out call may read them later).
         """
-        if not tier.writable:  # a full or read-only tier still serves reads
-            tier.count_drop("tier_down", len(items))
-            for key, _ in items:
-                self._report_drop(key, f"tier {tier.name} is down")
-            return False
-        started = time.perf_counter()
-        try:
-            write = tier.store.put_if_absent_many if if_absent else tier.store.put_many
-            written = tier.call("put", write, items)
-        except TierUnavailable as exc:
-            if holds is not None:
-                holds.until_settled(exc)
-            tier.count_drop("tier_error", len(items))
-            for key, _ in items:
-                self._report_drop(key, f"write to {tier.name} failed")
-            return False
-        tier.instruments.record_write(nbytes, time.perf_counter() - started)
-        tier.count_writes(sum(1 for ok in written if ok))
-        if self.listener is not None:
-            for (key, _), ok in zip(items, written, strict=True):
-                if ok:
-                    self.listener.chunk_stored(key, tier.name)
-        if not if_absent:
-            # A plain put answers False for an item it could not store (S3 after its
-            # retries, a failed NIXL write): that write-back is lost, so count it. For
-            # put_if_absent False means the tier already had the chunk.
-            failed = [key for (key, _), ok in zip(items, written, strict=True) if not ok]
-            if failed:
-                tier.count_drop("tier_error", len(failed))
-                for key in failed:
-                    self._report_drop(key, f"{tier.name} did not store it")
-        return any(written)
+        writes = self._tiers.start_writes(
+            TierWrites(len(items), nbytes, if_absent=if_absent), items
+        )
+        stored = False
+        for tier, written, why in writes.settle(holds.until_settled if holds else None):
+            if written is None:
+                text = (
+                    f"tier {tier.name} is down"
+                    if why == "tier_down"
+                    else f"write to {tier.name} failed"
+                )
+                for key, _ in items:
+                    self._report_drop(key, text)
+                continue
+            if self.listener is not None:
+                for (key, _), ok in zip(items, written, strict=True):
+                    if ok:
+                        self.listener.chunk_stored(key, tier.name)
+            if not if_absent:
+                # A plain put answers False for an item it could not store (S3 after its
+                # retries, a failed NIXL write): that write-back is lost, so count it. For
+                # put_if_absent False means the tier already had the chunk.
+                failed = [key for (key, _), ok in zip(items, written, strict=True) if not ok]
+                if failed:
+                    tier.count_drop("tier_error", len(failed))
+                    for key in failed:
+                        self._report_drop(key, f"{tier.name} did not store it")
+            stored = stored or any(written)
+        return stored
 
     def _report_drop(self, key: ChunkKey, why: str) -> None:
         now = time.monotonic()

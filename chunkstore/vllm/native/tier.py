@@ -411,7 +411,7 @@ class ChunkStoreTier(SecondaryTierManager):
             settled = writing.writes.settle()
         finally:
             writing.release()
-        return all(written is not None for _, written in settled), writing.writes.nbytes
+        return all(written is not None for _, written, _ in settled), writing.writes.nbytes
 
     # --- loads ----------------------------------------------------------------------
 
