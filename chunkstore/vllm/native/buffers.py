@@ -3,9 +3,7 @@
 A fresh 2 MiB ``bytearray`` per chunk costs a zero fill and a page fault per
 4 KiB page on first touch, on every job; these buffers are mapped once and
 reused. A new one is mapped private and populated in the same call: the kernel
-fills its pages in one pass instead of one fault each (measured here: 0.39 ms
-instead of 0.89 ms per 2 MiB on one thread, and over 4 ms when eight tier
-threads fault shared pages at once). Being page-aligned, they let the
+fills its pages in one pass instead of one fault each. Being page-aligned, they let the
 filesystem store read them with ``O_DIRECT`` where it reads around the page
 cache. A buffer goes back to the free list only once nothing uses it any
 more: a store call that timed out still runs and may still read or write its
@@ -17,11 +15,9 @@ chunk's payload) starts a huge page, and the huge pages under it are asked for (
 rest of the mapping is asked never to be one: it costs address space, not memory).
 Then the payload is one physically contiguous piece per huge page, so an
 ``O_DIRECT`` transfer of a 2 MiB chunk reaches the device as one request of a
-few segments instead of 513 scattered pages split into three requests (this
-machine's virtio disk takes at most 254 segments a request). Measured on this
-machine, new files of 2 MiB + 4 KiB, 8 threads (docs/benchmarks.md, "Native
-tier"): 2.19 GB/s written and 2.23 GB/s read from huge-page buffers, against
-1.54 and 1.26 from 4 KiB pages. vLLM's own fs tier transfers straight from its
+few segments instead of 513 scattered pages split into three requests, on a
+disk that takes at most 254 segments a request (docs/benchmarks.md, "Native
+tier"). vLLM's own fs tier transfers straight from its
 primary region (4 KiB shared-memory pages); a tier that must copy to convert
 the layout anyway gets this for nothing.
 """
@@ -73,9 +69,10 @@ class ChunkBuffers:
         return reused + self._map(count - len(reused))
 
     def reserve(self, count: int) -> None:
-        """Map idle buffers now, up to ``count`` (and ``keep``) of them: the first jobs then
-        map none (eight threads mapping their first buffers at once measured 5-10 ms before
-        the first chunk was converted, against 0.4 ms for one)."""
+        """Map idle buffers now, up to ``count`` and ``keep`` of them.
+
+        The first jobs then map none: threads that map their first buffers at once delay
+        the first chunk."""
         with self._lock:
             wanted = min(count, self._keep) - len(self._free)
         if wanted > 0:

@@ -125,12 +125,10 @@ class PrimaryLayout:
         """Bytes of KV in a slot (the rest is padding)."""
         self._whole = self._whole_slot_shape(tp_size, total_heads)
         # Gather block by block (one copy per block, every layer) where a slot's token rows
-        # are a whole number of 4 KiB pages apart: there one copy of the whole 6-d view reads
-        # each row's head_dim piece from addresses 4 KiB apart (the same cache sets, the
-        # likely cause), and per block measured 0.29-0.30 instead of 0.39-0.41 ms of CPU per
-        # 2 MiB chunk and 4.4-4.5 instead of 5.3-6.4 ms per 32 MiB chunk (8 KV heads x 128,
-        # bf16). With rows 1-2 KiB apart (1-4 heads) it measured 0-10% slower, so those keep
-        # the one copy. The load's scatter measured no better split up.
+        # are a whole number of 4 KiB pages apart: one copy of the whole 6-d view then reads
+        # each row's head_dim piece from addresses 4 KiB apart, the same cache sets. Per
+        # block is faster there and slower for rows 1-2 KiB apart, and the load's scatter
+        # gains nothing (docs/benchmarks.md, "Native tier").
         row = total_heads * 2 * head_dim * item
         self._gather_by_block = page_cls is FlashAttnLayout and row % 4096 == 0
         self._item = np.dtype(f"<u{item}")
@@ -190,7 +188,7 @@ class PrimaryLayout:
 
         numpy, not torch: a single-threaded copy that releases the GIL. The tier runs
         several jobs at once, and torch's intra-op threads per copy would oversubscribe
-        the cores they share (measured: stores several times slower with 8 tier threads).
+        the cores they share.
         """
         assert self._whole is not None
         layers, _, h, n, bs, d = self._whole

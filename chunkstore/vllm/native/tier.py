@@ -73,12 +73,8 @@ from chunkstore.vllm.native.writing import ChunkWriting
 MAX_TIER_THREADS = 256
 """Most threads one tier may run (the ``threads`` option)."""
 CALLS_IN_FLIGHT = 8
-"""Calls one store runs at once (reads and writes). From 4 KiB-page buffers the local disk
-here gave as much with 4 O_DIRECT writes of 2 MiB in flight as with 8 or 16 (the device
-requests, three per chunk, were the limit). From huge-page buffers (buffers.py) each chunk
-is one request, and 8 in flight stored 4-10% faster than 4 in four paired runs
-(tools/bench_native_tier.py, both in one process taking turns; loads within noise):
-docs/benchmarks.md, "Native tier"."""
+"""Calls one store runs at once, reads and writes. With huge-page buffers each chunk is one
+device request, and 8 in flight beat 4 (docs/benchmarks.md, "Native tier")."""
 IDLE_BUFFER_BYTES = 256 << 20
 """Chunk buffers the tier keeps mapped between jobs (at least two per thread)."""
 
@@ -92,17 +88,11 @@ def _cores() -> int:
 
 
 def _conversions_at_once(threads: int, cores: int) -> int:
-    """How many chunk conversions (gather + checksum) a tier runs at once: one fewer than
-    ``cores`` (those the process may run on, :func:`_cores`; at least one), and no more than
-    its threads.
+    """How many chunk conversions (gather and checksum) a tier runs at once.
 
-    The core left over runs the threads that keep the disk busy: the stores' guard threads
-    that start each write. With as many conversions as cores, a burst of store jobs on a
-    2-core host kept both cores converting chunks ahead while the first write waited for a
-    core (or the GIL) to start: it began 1.3-9 ms (median 4.8 ms) into a 70-90 ms burst,
-    against 1.3-9 ms (median 1.6 ms) with one conversion at a time, which still converts a
-    2 MiB chunk (0.4 ms) faster than the disk writes one (1.1 ms). Measured:
-    docs/benchmarks.md, "Native tier".
+    One fewer than ``cores``, at least one, and no more than ``threads``. The core left
+    over starts the writes that keep the disk busy. With one conversion per core, the
+    first write of a burst waited for a core (docs/benchmarks.md, "Native tier").
     """
     return max(1, min(threads, cores - 1))
 
@@ -114,10 +104,10 @@ def _store_options(url: str, store_options: Any) -> dict[str, Any]:
     """Options to open the tier at ``url`` with: the user's ``store_options``, and for a
     local directory ``write_mode="direct"`` unless they say otherwise.
 
-    What vLLM demotes here leaves its host memory because host memory is full, so
-    writing it through the page cache would only push other pages out (and is measured
-    two times slower here than writing around it: tools/bench_native_tier.py); vLLM's
-    own fs tier writes with O_DIRECT too. Reads still pick cached or direct per file.
+    What vLLM demotes here leaves host memory because host memory is full. Writing it
+    through the page cache would only push other pages out, and it is slower
+    (docs/benchmarks.md, "Native tier"). vLLM's own fs tier writes with O_DIRECT too.
+    Reads still pick cached or direct per file.
     """
     options = tier_open_options(url, dict(store_options.get(url, {})))
     if "://" not in url or url.startswith("file://"):
@@ -343,8 +333,7 @@ class ChunkStoreTier(SecondaryTierManager):
         # Note: the job's chunks are converted one after another on this thread, and each
         # one's writes start as soon as it is sealed, on the stores' guard threads: this
         # thread converts chunk i+1 while chunk i is on the disk, the disk gets the next
-        # write without waiting for a thread to wake (measured: docs/benchmarks.md, native
-        # tier rows), and results are taken in order afterwards.
+        # write without waiting for a thread to wake, and results are taken in order.
         started: deque[ChunkWriting] = deque()
         try:
             try:
