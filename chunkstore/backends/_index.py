@@ -30,6 +30,14 @@ from functools import partial
 from typing import Any
 
 from chunkstore.backends._capacity import Usage
+from chunkstore.backends._index_scripts import (
+    ADD,
+    ADD_FOUND,
+    CLEAR_STALE,
+    COMMIT,
+    EVICT,
+    REMOVE,
+)
 from chunkstore.errors import ConfigError, MissingDependency, StoreError
 
 log = logging.getLogger(__name__)
@@ -44,137 +52,6 @@ BATCH = 1000
 """Repairs a reconcile sends in one script call (one round trip), and entries it checks
 against the files before it takes the missing ones out in one call; also the most requests
 the accounting thread sends in one pipeline."""
-
-# Shared by the scripts below (KEYS: usage, lru, sizes): takes one chunk out of the index
-# and returns the bytes it held.
-_TAKE_OUT = """
-local function take_out(name)
-  local freed = tonumber(redis.call('HGET', KEYS[3], name) or '0')
-  redis.call('ZREM', KEYS[2], name)
-  redis.call('HDEL', KEYS[3], name)
-  redis.call('HINCRBY', KEYS[1], 'bytes', -freed)
-  redis.call('HINCRBY', KEYS[1], 'chunks', -1)
-  return freed
-end
-"""
-
-# KEYS: usage, lru, sizes. ARGV: member, size, now, cap (-1: none), max victims, mode.
-# Accounts a chunk just published, or (mode 'reserve') about to be: new, or replacing one
-# of another size. Then takes the least recently used others out of the index until usage
-# fits the cap. Returns 1 if the entry is new (0 if the index had it), then the victims:
-# the caller deletes their files. A reserved chunk is counted but out of the LRU order
-# until its publish commits it, so no writer evicts a chunk that is not on disk yet.
-_ADD = (
-    _TAKE_OUT
-    + """
-local old = redis.call('HGET', KEYS[3], ARGV[1])
-local size = tonumber(ARGV[2])
-if old then
-  redis.call('HINCRBY', KEYS[1], 'bytes', size - tonumber(old))
-else
-  redis.call('HINCRBY', KEYS[1], 'bytes', size)
-  redis.call('HINCRBY', KEYS[1], 'chunks', 1)
-end
-redis.call('HSET', KEYS[3], ARGV[1], size)
-if ARGV[6] == 'reserve' then
-  redis.call('ZREM', KEYS[2], ARGV[1])
-else
-  redis.call('ZADD', KEYS[2], ARGV[3], ARGV[1])
-end
-local cap = tonumber(ARGV[4])
-local out = {old and 0 or 1}
-if cap < 0 then return out end
-local used = tonumber(redis.call('HGET', KEYS[1], 'bytes'))
-while used > cap and #out <= tonumber(ARGV[5]) do
-  local oldest = redis.call('ZRANGE', KEYS[2], 0, 1)
-  local pick = oldest[1]
-  if pick == ARGV[1] then pick = oldest[2] end
-  if not pick then break end
-  used = used - take_out(pick)
-  out[#out + 1] = pick
-end
-return out
-"""
-)
-
-# KEYS: usage, lru, sizes. ARGV: member, size, last use, then the next chunk's three, ...
-# Adds each chunk a walk found, unless the index has it (a writer accounted it meanwhile:
-# then only puts it into the LRU order if it is not there). Returns how many it added.
-_ADD_FOUND = """
-local added, bytes = 0, 0
-for i = 1, #ARGV, 3 do
-  if redis.call('HEXISTS', KEYS[3], ARGV[i]) == 1 then
-    redis.call('ZADD', KEYS[2], 'NX', ARGV[i + 2], ARGV[i])
-  else
-    redis.call('HSET', KEYS[3], ARGV[i], ARGV[i + 1])
-    redis.call('ZADD', KEYS[2], ARGV[i + 2], ARGV[i])
-    added = added + 1
-    bytes = bytes + tonumber(ARGV[i + 1])
-  end
-end
-if added > 0 then
-  redis.call('HINCRBY', KEYS[1], 'bytes', bytes)
-  redis.call('HINCRBY', KEYS[1], 'chunks', added)
-end
-return added
-"""
-
-# KEYS: lru, sizes. ARGV: member, now. Puts a published chunk (reserved before) into the
-# LRU order, if the index still counts it.
-_COMMIT = """
-if redis.call('HEXISTS', KEYS[2], ARGV[1]) == 1 then
-  redis.call('ZADD', KEYS[1], ARGV[2], ARGV[1])
-end
-return 0
-"""
-
-# KEYS: usage, lru, sizes. ARGV: members. Takes chunks out; returns how many it held.
-_REMOVE = (
-    _TAKE_OUT
-    + """
-local taken = 0
-for i = 1, #ARGV do
-  if redis.call('HEXISTS', KEYS[3], ARGV[i]) == 1 then
-    take_out(ARGV[i])
-    taken = taken + 1
-  end
-end
-return taken
-"""
-)
-
-# KEYS: usage, lru, sizes. ARGV: cap, max victims, oldest last use kept (-1: any). Takes out
-# the least recently used chunks while usage is over the cap or their last use is older.
-_EVICT = (
-    _TAKE_OUT
-    + """
-local cap = tonumber(ARGV[1])
-local before = tonumber(ARGV[3])
-local victims = {}
-local used = tonumber(redis.call('HGET', KEYS[1], 'bytes') or '0')
-while #victims < tonumber(ARGV[2]) do
-  local oldest = redis.call('ZRANGE', KEYS[2], 0, 0, 'WITHSCORES')
-  local pick = oldest[1]
-  if not pick then break end
-  local over = cap >= 0 and used > cap
-  local stale = before >= 0 and tonumber(oldest[2]) < before
-  if not over and not stale then break end
-  used = used - take_out(pick)
-  victims[#victims + 1] = pick
-end
-return victims
-"""
-)
-
-# KEYS: meta. ARGV: the stale mark a full reconcile saw when it began ('' if none). Clears
-# the mark unless a writer set it anew meanwhile (its writes may lie in walked directories).
-_CLEAR_STALE = """
-if (redis.call('HGET', KEYS[1], 'stale') or '') == ARGV[1] then
-  redis.call('HDEL', KEYS[1], 'stale')
-  return 1
-end
-return 0
-"""
 
 
 @dataclass(frozen=True, slots=True)
@@ -257,12 +134,12 @@ class CapacityIndex:
         self._scan = scan
         self._exists = exists
         self._label = label
-        self._add = client.register_script(_ADD)
-        self._add_found = client.register_script(_ADD_FOUND)
-        self._remove = client.register_script(_REMOVE)
-        self._commit = client.register_script(_COMMIT)
-        self._evict_script = client.register_script(_EVICT)
-        self._clear_stale = client.register_script(_CLEAR_STALE)
+        self._add = client.register_script(ADD)
+        self._add_found = client.register_script(ADD_FOUND)
+        self._remove = client.register_script(REMOVE)
+        self._commit = client.register_script(COMMIT)
+        self._evict_script = client.register_script(EVICT)
+        self._clear_stale = client.register_script(CLEAR_STALE)
         self._lock = threading.Lock()
         # Accounting runs beside the writer, on one thread of the index's own: while a
         # writer writes its temp file, the index reserves the chunk's room and the victims

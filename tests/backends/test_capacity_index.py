@@ -480,7 +480,7 @@ def test_reconcile_in_batches_leaves_entries_a_writer_made_meanwhile_alone(
     lru = index.client.zrange(index._keys[1], 0, -1, withscores=True)
     scores = {name.decode(): score for name, score in lru}
     assert len(scores) == 11
-    name = writer._index_name(writer.path_of(rewritten.key))
+    name = writer._name_of(writer.path_of(rewritten.key))
     assert scores[name] > time.time() - 500  # the writer's use, not the walk's old one
 
 
@@ -618,7 +618,7 @@ def test_queued_touches_and_reservations_go_in_one_pipeline_in_order(
     index.flush()
     assert gate.sent[:2] == [1, 3]  # B's and A's touches and E's reservation: one pipeline
     order = [name.decode() for name in index.client.zrange(index._keys[1], 0, -1)]
-    names = [store._index_name(p) for p in (d, c, b, a, store.path_of(CHUNKS[4].key))]
+    names = [store._name_of(p) for p in (d, c, b, a, store.path_of(CHUNKS[4].key))]
     assert order == names
     assert (index.usage().bytes, index.usage().chunks) == disk_usage(store)
 
@@ -678,7 +678,7 @@ def test_flush_and_close_wait_for_everything_queued(
     gate.opened.set()
     ender.join(timeout=60)
     assert not ender.is_alive()
-    scores = index.client.zmscore(index._keys[1], [store._index_name(p) for p in paths])
+    scores = index.client.zmscore(index._keys[1], [store._name_of(p) for p in paths])
     assert all(score is not None and score >= before for score in scores)
     assert gate.sent == [1, 1]  # the two queued touches: one request, one pipeline
     if ending == "close":
