@@ -116,21 +116,19 @@ class TieredHealth:
 class TieredStore(Store):
     """A :class:`HostCache` in front of secondary stores; see the module docstring.
 
-    The tiered store owns ``host`` and (with ``close_tiers``) the tiers, and
-    closes them in :meth:`close`. ``tier_timeout=None`` calls tiers inline
-    (no timeout thread); ``clock`` exists for tests of the back-off.
-    ``prefetch_workers``: threads serving :meth:`prefetch` and
-    :meth:`lookup_prefix_async` (started on first use).
+    The tiered store owns ``host`` and, with ``close_tiers``, the tiers. It closes
+    them in :meth:`close`. ``tier_timeout=None`` calls tiers inline, with no timeout
+    thread. ``clock`` exists for tests of the back-off. ``prefetch_workers`` is the
+    number of threads serving :meth:`prefetch` and :meth:`lookup_prefix_async`.
 
-    ``verify`` checks chunks served from host memory (a corrupt one is counted
-    and deleted from every tier), and, on every read path (:meth:`get_many`,
-    :meth:`get_into`, :meth:`acquire`, :meth:`prefetch`), chunks from a tier
-    opened without ``verify`` before they are served or promoted (a corrupt one
-    is counted and set aside by that tier, through its guard and not waited
-    for, and a lower tier's copy is read next; the other tiers' chunks are
-    checked once, by those tiers). Off by
-    default: host memory is trusted, and every secondary tier checks what it
-    returns with its own ``verify``.
+    ``verify`` checks chunks served from host memory. A corrupt one is counted and
+    deleted from every tier. It also checks, on every read path, chunks from a tier
+    opened without ``verify``. A corrupt one is counted and set aside by that tier,
+    without waiting, and a lower tier's copy is read next. Off by default: host
+    memory is trusted, and every secondary tier checks what it returns.
+
+    One class of about 500 lines because it is the whole ``Store`` interface of the
+    layer: each method routes, and the work is in the modules named above.
     """
 
     kind = "tiered"
