@@ -262,15 +262,9 @@ class ProcessCache:
 
     # --- data ----------------------------------------------------------------
 
-    @contextmanager
-    def read_host(self, key: ChunkKey) -> Iterator[Any | None]:
+    def read_host(self, key: ChunkKey) -> AbstractContextManager[Any | None]:
         """The chunk's bytes in host memory, pinned meanwhile (None if absent)."""
-        lease = self.host.cache.acquire(key)
-        if lease is None:
-            yield None
-            return
-        with lease:
-            yield lease.view
+        return _pinned(self.host.cache.acquire(key))
 
     def read_check(self, data: Any) -> Callable[[], bool] | None:
         """None: this process's own pins hold until it releases them."""
@@ -373,16 +367,10 @@ class RankCache:
                     return None
             return self._assembler
 
-    @contextmanager
-    def read_host(self, key: ChunkKey) -> Iterator[Any | None]:
+    def read_host(self, key: ChunkKey) -> AbstractContextManager[Any | None]:
         """The chunk's bytes in the shared pool, pinned meanwhile; None if absent."""
         assembler = self.assembler()
-        lease = assembler.acquire(key) if assembler is not None else None
-        if lease is None:
-            yield None
-            return
-        with lease:
-            yield lease.view
+        return _pinned(assembler.acquire(key) if assembler is not None else None)
 
     def read_check(self, data: Any) -> Callable[[], bool] | None:
         """None: a rank's pins on the shared pool hold until it releases them."""
@@ -419,3 +407,13 @@ class RankCache:
             if self._assembler is not None:
                 self._assembler.close()
                 self._assembler = None
+
+
+@contextmanager
+def _pinned(lease: Lease | None) -> Iterator[Any | None]:
+    """``lease``'s bytes while the block runs, then the pin is released; None for no lease."""
+    if lease is None:
+        yield None
+        return
+    with lease:
+        yield lease.view
