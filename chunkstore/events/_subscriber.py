@@ -13,10 +13,15 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from chunkstore.events._cacheannouncer import NODE_OWNERSHIP
 from chunkstore.events._publisher import END_OF_REPLAY, _zmq
 from chunkstore.events._wire import EventBatch, decode_batch
 
 __all__ = ["EventSubscriber", "PrefixIndex", "Received"]
+
+_PUBLISHER_WIDE = (None, "shared", NODE_OWNERSHIP)
+"""Ownerships whose blocks ``AllBlocksCleared`` forgets: the publisher speaks only for them
+(a shared-store announcer, a node service), not for an engine's own tiers."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,8 +230,9 @@ class PrefixIndex:
     said except blocks of an engine's own tiers (stored with an ``ownership``
     other than ``shared``): vLLM sends it when it resets its GPU prefix cache,
     which chunkstore's host memory and tiers survive (their removals come as
-    ``BlockRemoved``). A shared-store announcer's (``ownership="shared"``) are
-    forgotten: it sends ``AllBlocksCleared`` when it starts.
+    ``BlockRemoved``). A shared-store announcer's (``ownership="shared"``) and
+    a node service's (``ownership="node"``) are forgotten: each sends
+    ``AllBlocksCleared`` when it starts, and a node service when it stops.
     """
 
     def __init__(self) -> None:
@@ -248,7 +254,7 @@ class PrefixIndex:
             where = (source, str(event.get("medium") or "GPU"))
             if kind == "BlockStored":
                 self._held.setdefault(where, set()).update(event["block_hashes"])
-                if event.get("ownership") not in (None, "shared"):
+                if event.get("ownership") not in _PUBLISHER_WIDE:
                     self._tiers.add(where)
             else:
                 held = self._held.get(where)
