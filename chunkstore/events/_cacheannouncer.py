@@ -125,12 +125,13 @@ class CacheAnnouncer:
                 self._buffer.take()
                 return self._resync()
             latest: dict[ChunkKey, bool] = {}
-            for event in self._buffer.take():
-                latest.pop(event.key, None)  # ordered by each chunk's last change
-                latest[event.key] = event.stored
+            for change in self._buffer.take():
+                latest.pop(change.key, None)  # ordered by each chunk's last change
+                latest[change.key] = change.stored
             events: list[dict[str, Any]] = []
             stored = removed = 0
             for key, is_stored in latest.items():
+                event: dict[str, Any] | None
                 if is_stored and key not in self._held:
                     event = self._describe(key)
                     if event is None:
