@@ -5,6 +5,8 @@ Plugged into :data:`chunkstore.cli.commands.serve.SERVICES`; enabled by
 or a name derived from the process id), engines attach over the unix socket
 ``PATH`` (created 0600) and map the pool (spec/PROTOCOL.md, plane ``shm``).
 A shared secret is optional: only the socket's owner can connect anyway.
+With ``--node-events`` the host cache's changes are published as vLLM KV
+events (:class:`~chunkstore.events.CacheAnnouncer`).
 """
 
 from __future__ import annotations
@@ -39,6 +41,22 @@ def add_node_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="environment variable with a shared secret every engine must present "
         "(default: none; the socket is owner-only)",
+    )
+    group.add_argument(
+        "--node-events",
+        metavar="ENDPOINT",
+        default=None,
+        help="publish what the node's host cache holds as vLLM KV events on this ZeroMQ PUB "
+        "endpoint, e.g. tcp://*:5560 (see docs/events.md); off when absent",
+    )
+    group.add_argument(
+        "--node-events-replay",
+        metavar="ENDPOINT",
+        default=None,
+        help="ZeroMQ ROUTER endpoint for replay requests of --node-events, e.g. tcp://*:5561",
+    )
+    group.add_argument(
+        "--node-events-topic", metavar="TOPIC", default="", help="topic frame of --node-events"
     )
 
 
@@ -101,6 +119,13 @@ def check_node(args: argparse.Namespace) -> None:
     if args.node is None:
         if args.node_secret_env is not None:
             raise ConfigError("--node-secret-env needs --node (the node service is off)")
+        if args.node_events is not None:
+            raise ConfigError("--node-events needs --node (the node service is off)")
+    if args.node_events is None and args.node_events_replay is not None:
+        raise ConfigError("--node-events-replay needs --node-events")
+    if args.node_events_topic and args.node_events is None:
+        raise ConfigError("--node-events-topic needs --node-events")
+    if args.node is None:
         return
     options = _options(args)
     from chunkstore.peer._localsocket import answers, socket_path
@@ -120,11 +145,65 @@ def start_node(context: ServeContext) -> Stop | None:
     from chunkstore.node import NodeServer
 
     options = _options(args)
-    server = NodeServer(context.store, **options).start()
     host = context.store.host
+    # Events first: the announcer listens before any engine can store a chunk.
+    stop_events = _start_node_events(context)
+    try:
+        server = NodeServer(context.store, **options).start()
+    except BaseException:
+        if stop_events is not None:
+            stop_events()
+        raise
     context.announce(
         f"node: {options['bind'].removeprefix('ipc://')} (pool /dev/shm/{host.pool.name}, "
         f"{host.num_slots} slots of {host.slot_size} B; "
         f"auth: {'hmac' if options['secret'] else 'socket owner only'})"
     )
-    return server.stop
+
+    def stop() -> None:
+        try:
+            server.stop()
+        finally:
+            if stop_events is not None:
+                stop_events()
+
+    return stop
+
+
+def _start_node_events(context: ServeContext) -> Stop | None:
+    """Publish the host cache's changes if ``--node-events`` is given."""
+    args = context.args
+    if args.node_events is None:
+        return None
+    from chunkstore.events import CacheAnnouncer, EventPublisher
+
+    try:
+        publisher = EventPublisher(
+            args.node_events, replay_endpoint=args.node_events_replay, topic=args.node_events_topic
+        )
+    except ConfigError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - zmq's errors: a bad or busy endpoint
+        replay = args.node_events_replay
+        flags = f"--node-events {args.node_events}"
+        if replay is not None:
+            flags += f" / --node-events-replay {replay}"
+        raise ConfigError(f"{flags}: {exc}") from None
+    try:
+        announcer = CacheAnnouncer(context.store.host, publisher).start()
+    except BaseException:
+        publisher.close()
+        raise
+    context.announce(
+        f"node events: {publisher.endpoint}"
+        + (f", replay {publisher.replay_endpoint}" if publisher.replay_endpoint else "")
+        + f", {announcer.held} chunks announced"
+    )
+
+    def stop() -> None:
+        try:
+            announcer.close()
+        finally:
+            publisher.close()
+
+    return stop

@@ -11,6 +11,8 @@
   cached prefix, and where".
 * :class:`StoreAnnouncer` publishes what shared stores hold (``chunkstore serve
   --events``); :class:`ChunkQuery` answers "which of these chunks exist".
+* :class:`CacheAnnouncer` publishes what one host cache holds as it changes
+  (the node service's ``chunkstore serve --node-events``).
 
 pyzmq and msgpack are imported when a publisher, subscriber or codec is used.
 """
@@ -18,6 +20,7 @@ pyzmq and msgpack are imported when a publisher, subscriber or codec is used.
 from __future__ import annotations
 
 from chunkstore.events._announcer import ChunkQuery, StoreAnnouncer
+from chunkstore.events._cacheannouncer import NODE_OWNERSHIP, CacheAnnouncer
 from chunkstore.events._publisher import EventPublisher
 from chunkstore.events._records import ChunkEvent, ChunkListener, EventBuffer
 from chunkstore.events._subscriber import EventSubscriber, PrefixIndex, Received
@@ -31,6 +34,8 @@ from chunkstore.events._wire import (
 )
 
 __all__ = [
+    "NODE_OWNERSHIP",
+    "CacheAnnouncer",
     "ChunkEvent",
     "ChunkQuery",
     "ChunkListener",

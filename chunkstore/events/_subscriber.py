@@ -9,14 +9,19 @@ leading blocks of this request are cached, and where".
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from chunkstore.events._cacheannouncer import NODE_OWNERSHIP
 from chunkstore.events._publisher import END_OF_REPLAY, _zmq
 from chunkstore.events._wire import EventBatch, decode_batch
 
 __all__ = ["EventSubscriber", "PrefixIndex", "Received"]
+
+_PUBLISHER_WIDE = (None, "shared", NODE_OWNERSHIP)
+"""Ownerships whose blocks ``AllBlocksCleared`` forgets: the publisher speaks only for them
+(a shared-store announcer, a node service), not for an engine's own tiers."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,15 +138,19 @@ class EventSubscriber:
 
         The replay starts one batch early: if the publisher sends another batch under the
         number of the last one delivered, it is a new publisher, and its batches from 0 are
-        the answer. (Sequence numbers alone cannot tell a restart from a gap.)
+        the answer. (Sequence numbers alone cannot tell a restart from a gap.) So is a
+        complete, empty answer: a publisher that sent the last batch delivered still buffers
+        it, or newer ones; one that has not sent as many batches yet is a new one.
         """
         start = self.expected or 0
         if self._last is None or start == 0:
-            return [a for a in self._request_replay(start) if a[0] >= start], False
-        answers = list(self._request_replay(start - 1))
+            return [a for a in self._request_replay(start)[0] if a[0] >= start], False
+        answers, complete = self._request_replay(start - 1)
         last_seq, last_payload = self._last
-        if answers and answers[0][0] == last_seq and answers[0][1] != last_payload:
-            return list(self._request_replay(0)), True
+        if (answers and answers[0][0] == last_seq and answers[0][1] != last_payload) or (
+            complete and not answers
+        ):
+            return self._request_replay(0)[0], True
         return [a for a in answers if a[0] >= start], False
 
     def _accept(self, seq: int, payload: bytes, out: list[Received]) -> None:
@@ -185,7 +194,9 @@ class EventSubscriber:
         self.lost += max(0, stop - got)
         return restarted
 
-    def _request_replay(self, start: int) -> Iterable[tuple[int, bytes]]:
+    def _request_replay(self, start: int) -> tuple[list[tuple[int, bytes]], bool]:
+        """The buffered batches from ``start`` on, and whether the answer ended (False: the
+        replay socket did not answer in time)."""
         zmq = self._zmq
         sock = self._ctx.socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
@@ -197,14 +208,13 @@ class EventSubscriber:
             while True:
                 left = deadline - time.monotonic()
                 if left <= 0 or not sock.poll(int(left * 1000)):
-                    break
+                    return answers, False
                 frames = sock.recv_multipart()
                 if len(frames) != 4:
                     continue
                 if frames[2] == END_OF_REPLAY:
-                    break
+                    return answers, True
                 answers.append((int.from_bytes(frames[2], "big"), frames[3]))
-            return answers
         finally:
             sock.close(0)
 
@@ -225,8 +235,9 @@ class PrefixIndex:
     said except blocks of an engine's own tiers (stored with an ``ownership``
     other than ``shared``): vLLM sends it when it resets its GPU prefix cache,
     which chunkstore's host memory and tiers survive (their removals come as
-    ``BlockRemoved``). A shared-store announcer's (``ownership="shared"``) are
-    forgotten: it sends ``AllBlocksCleared`` when it starts.
+    ``BlockRemoved``). A shared-store announcer's (``ownership="shared"``) and
+    a node service's (``ownership="node"``) are forgotten: each sends
+    ``AllBlocksCleared`` when it starts, and a node service when it stops.
     """
 
     def __init__(self) -> None:
@@ -248,7 +259,7 @@ class PrefixIndex:
             where = (source, str(event.get("medium") or "GPU"))
             if kind == "BlockStored":
                 self._held.setdefault(where, set()).update(event["block_hashes"])
-                if event.get("ownership") not in (None, "shared"):
+                if event.get("ownership") not in _PUBLISHER_WIDE:
                     self._tiers.add(where)
             else:
                 held = self._held.get(where)

@@ -177,3 +177,27 @@ def test_a_restart_hidden_behind_a_gap_is_told_by_replay(ends):
     assert sub.restarts == 1 and sub.lost == 0
     assert index.longest_prefix([1]) == []
     assert index.count("store", "STORAGE") == seen + 5
+
+
+def test_a_restarted_publisher_with_fewer_batches_is_told_by_replay(ends):
+    index = PrefixIndex()
+    with EventSubscriber(ends[0], replay_endpoint=ends[1]) as sub:
+        with EventPublisher(ends[0], replay_endpoint=ends[1]) as pub:
+            joined(pub, sub, index)
+            for _ in range(5):
+                pub.publish(stored(1, 2))
+            pub.flush()
+            read_until(sub, index, pub.sent - 1)
+        sub._sub.close(0)
+        # The new publisher's batches were all sent while the subscriber was away: no live
+        # batch tells it, and the replay has nothing from where it stopped.
+        with EventPublisher(ends[0], replay_endpoint=ends[1]) as pub:
+            pub.publish(EventBatch(0.0, [all_blocks_cleared()]))
+            pub.publish(stored(7))
+            pub.flush()
+            sub.connect()
+            for received in sub.catch_up():
+                index.apply("store", received)
+    assert sub.restarts == 1 and sub.lost == 0
+    assert index.longest_prefix([1]) == []
+    assert index.longest_prefix([7]) == [(1, "store", "STORAGE")]

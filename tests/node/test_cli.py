@@ -23,6 +23,9 @@ def _serve(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str]:
         (["--node", "tcp://127.0.0.1:1"], "--node: a node address is unix:///path"),
         (["--node", "/no/such/dir/node.sock"], "--node /no/such/dir/node.sock: directory"),
         (["--node-secret-env", "X"], "--node-secret-env needs --node"),
+        (["--node-events", "ipc:///tmp/x"], "--node-events needs --node"),
+        (["--node-events-replay", "ipc:///tmp/x"], "--node-events-replay needs --node-events"),
+        (["--node-events-topic", "t"], "--node-events-topic needs --node-events"),
     ],
 )
 def test_bad_node_options_are_one_line(
