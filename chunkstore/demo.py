@@ -16,9 +16,14 @@ import numpy as np
 
 from chunkstore.backends._models import record_model
 from chunkstore.backends.base import Store
-from chunkstore.format import ChunkLayout, KVSpec, decode_into, encode_chunk
-from chunkstore.hashing import chain_keys, namespace_of, namespace_root, parent_of
-from chunkstore.testing.factories import conversation_tokens, growing_conversation, kv_tensors
+from chunkstore.format import ChunkLayout, KVSpec, decode_into
+from chunkstore.hashing import chain_keys, namespace_of, namespace_root
+from chunkstore.testing.factories import (
+    conversation_tokens,
+    growing_conversation,
+    kv_tensors,
+    prompt_chunk,
+)
 
 Printer = Callable[[str], None]
 
@@ -73,15 +78,7 @@ def run_store_demo(store: Store, out: Printer = print) -> DemoReport:
             hit = store.lookup_prefix(keys)
             written = 0
             for i in range(hit, len(keys)):
-                tokens = prompt[i * step : (i + 1) * step]
-                data = encode_chunk(
-                    layout,
-                    key=keys[i].digest,
-                    parent=parent_of(keys, i, root),
-                    namespace=keys[i].namespace,
-                    tokens=tokens,
-                    tensors=kv_tensors(layout, tokens),
-                )
+                data = prompt_chunk(layout, prompt, keys, i, root)
                 if store.put_if_absent(keys[i], data):
                     written += 1
                     report.bytes_written += len(data)
@@ -97,17 +94,19 @@ def run_store_demo(store: Store, out: Printer = print) -> DemoReport:
     keys = chain_keys(shared, root=root, chunk_tokens=step)
     started = time.perf_counter()
     for i, key in enumerate(keys):
-        data = store.get(key)
-        if data is None:
+        stored = store.get(key)
+        if stored is None:
             raise RuntimeError(f"shared prefix chunk {key.hex} vanished from the store")
         tokens = shared[i * step : (i + 1) * step]
         expected = kv_tensors(layout, tokens)
         loaded = {name: np.empty_like(t) for name, t in expected.items()}
-        decode_into(data, loaded, expected_key=key.digest, expected_fingerprint=layout.fingerprint)
+        decode_into(
+            stored, loaded, expected_key=key.digest, expected_fingerprint=layout.fingerprint
+        )
         if any(loaded[n].tobytes() != expected[n].tobytes() for n in expected):
             raise RuntimeError(f"chunk {key.hex} reloaded with different bytes")
         report.verified_chunks += 1
-        report.bytes_read += len(data)
+        report.bytes_read += len(stored)
     elapsed = (time.perf_counter() - started) * 1e3
     out(
         f"reloaded the shared {len(shared)}-token system prompt: {len(keys)} chunks, "

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from chunkstore.format import ChunkLayout, KVSpec, encode_chunk
-from chunkstore.hashing import ChunkKey, chain_keys, namespace_root
+from chunkstore.hashing import ChunkKey, chain_keys, namespace_root, parent_of
 
 
 def small_spec(
@@ -65,6 +65,23 @@ def kv_tensors(layout: ChunkLayout, tokens: Sequence[int] | np.ndarray) -> dict[
             raw[1::2] &= 0x3F
         out[slot.name] = raw.view(layout.dtype.numpy).reshape(slot.shape)
     return out
+
+
+def prompt_chunk(
+    layout: ChunkLayout, prompt: np.ndarray, keys: Sequence[ChunkKey], index: int, root: bytes
+) -> bytes:
+    """Chunk ``index`` of ``prompt`` under ``keys``, its KV from :func:`kv_tensors`."""
+    step = layout.spec.chunk_tokens
+    tokens = prompt[index * step : (index + 1) * step]
+    data: bytes = encode_chunk(
+        layout,
+        key=keys[index].digest,
+        parent=parent_of(keys, index, root),
+        namespace=keys[index].namespace,
+        tokens=tokens,
+        tensors=kv_tensors(layout, tokens),
+    )
+    return data
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,10 +21,14 @@ from chunkstore.backends._models import record_model
 from chunkstore.backends._registry import open_store
 from chunkstore.cache._host import HostCache
 from chunkstore.cache.policy import DEFAULT_POLICY
-from chunkstore.format import ChunkLayout, KVSpec, encode_chunk
-from chunkstore.hashing import chain_keys, namespace_root, parent_of
+from chunkstore.format import ChunkLayout, KVSpec
+from chunkstore.hashing import chain_keys, namespace_root
 from chunkstore.metrics import ChunkstoreMetrics
-from chunkstore.testing.factories import conversation_tokens, growing_conversation, kv_tensors
+from chunkstore.testing.factories import (
+    conversation_tokens,
+    growing_conversation,
+    prompt_chunk,
+)
 from chunkstore.tiering._tiered import TieredStore
 
 Printer = Callable[[str], None]
@@ -120,15 +124,7 @@ def run_tiered_demo(
                 host_hits = after.host.hits - before.host.hits
                 store_hits = after.tiers[0].hits - before.tiers[0].hits
                 for i in range(present, len(keys)):
-                    tokens = prompt[i * step : (i + 1) * step]
-                    data = encode_chunk(
-                        layout,
-                        key=keys[i].digest,
-                        parent=parent_of(keys, i, root),
-                        namespace=keys[i].namespace,
-                        tokens=tokens,
-                        tensors=kv_tensors(layout, tokens),
-                    )
+                    data = prompt_chunk(layout, prompt, keys, i, root)
                     store.put(keys[i], data)
                 computed = len(keys) - present
                 report.host_hits += host_hits
