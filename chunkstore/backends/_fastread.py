@@ -64,15 +64,17 @@ DIRECT_BLOCK = 8 * 1024 * 1024
 not in the CPU cache, so hashing in small steps would gain nothing)."""
 
 READAHEAD_FROM = DIRECT_BLOCK
-"""Buffers larger than this (chunks needing more than one ``O_DIRECT`` request) in 4 KiB pages
-are read through the page cache with readahead when cold in ``auto`` mode, then dropped from
-it: the disk then works ahead while the thread copies and hashes, where ``O_DIRECT`` waits for
-each 8 MiB request in turn, split into several by the scattered pages. Measured on this VM
-(docs/benchmarks.md, Stores): 1.14-1.17x for cold 32 MiB batches; 2 MiB chunks stay direct
-(one request; readahead was no faster there). A buffer in memory chunkstore mapped on huge
-pages (:func:`chunkstore._hugepages.covers`: host cache slots of a private pool, the native
-tier's chunk buffers) stays direct at any size: there each 2 MiB is one request, and direct
-measured faster than readahead (docs/benchmarks.md, "Host pool on huge pages")."""
+"""Size above which ``auto`` mode reads a cold buffer on 4 KiB pages with readahead.
+
+Such a buffer needs more than one ``O_DIRECT`` request.
+It is read through the page cache, then dropped from it.
+The disk then works ahead while the thread copies and hashes.
+``O_DIRECT`` would wait for each 8 MiB request in turn, split by the scattered pages.
+Smaller chunks stay direct: one request, and readahead gains nothing there.
+A buffer on huge pages that chunkstore mapped stays direct at any size.
+:func:`chunkstore._hugepages.covers` tells such buffers apart.
+Host cache slots of a private pool and the native tier's chunk buffers are such buffers.
+See docs/benchmarks.md, Stores and "Host slots on huge pages"."""
 
 ALIGN = 4096
 """Alignment O_DIRECT needs for memory, file offsets and lengths (a page; covers 512 and 4K
@@ -306,12 +308,11 @@ class VerifiedRead:
     bytes.
 
     Why two steps: streaming a 2 MiB payload through the CPU cache evicts
-    what the next chunk's header parse and verifier set-up touch (after a
-    payload they cost about 45 µs per chunk, back to back 16 µs, measured).
-    A batch that starts a few of these before finishing any spends 4-9 %
-    less CPU per verified 2 MiB chunk (docs/benchmarks.md); meanwhile each
-    holds its open fd and what its first step read (the header's page, or
-    with O_DIRECT the first block of up to 8 MiB, the whole of a small chunk).
+    what the next chunk's header parse and verifier set-up touch.
+    A batch that starts a few reads before finishing any thus spends less CPU
+    per chunk, see docs/benchmarks.md, Stores.
+    Meanwhile each read holds its open fd and what its first step read.
+    That is the header's page, or with O_DIRECT the first block of up to 8 MiB.
 
     ``reader`` (a :class:`ChunkFileReader` over ``fd`` and a buffer starting
     with ``target``) chooses how bytes come in; by default through the page

@@ -508,10 +508,9 @@ goes alone (its header work is noise against its payload, and single chunks spre
 over the threads)."""
 
 GROUP_MAX = 4
-"""At most this many reads are started ahead (open files) per thread. Measured on verified
-2 MiB chunks, one thread, thread CPU per chunk over the bare read + XXH3 loop's in the same
-process: 1.21-1.26x one at a time before (six runs), 1.21-1.28x one at a time in two steps
-(three), 1.17-1.23x by 4 (six), 1.16-1.20x by 8 (three)."""
+"""At most this many reads, each an open file, are started ahead per thread.
+Groups of 4 cost less CPU per chunk than one at a time, and 8 gains little more.
+See docs/benchmarks.md, Stores."""
 
 
 def _group_size(count: int, buffer_bytes: int, workers: int) -> int:

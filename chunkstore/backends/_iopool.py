@@ -8,11 +8,10 @@ pool is started on first use, never holds more than ``workers - 1`` threads
 (the caller's thread is the ``workers``-th: it works through the batch too
 instead of only waiting), and is shut down by the store's ``close``.
 
-Each thread takes the next item of the batch until none is left, so a batch
-costs one hand-off per thread, not one per chunk: per chunk, a future, a
-queue hand-off and a wake-up cost more Python under the GIL than the chunk's
-own bookkeeping (measured: verified 2 MiB reads with 4 workers at 0.84-0.95x of
-one thread before, 0.98-1.0x after, on this project's 2-core machine).
+Each thread takes the next item of the batch until none is left.
+A batch thus costs one hand-off per thread, not one per chunk.
+Per chunk, a future, a queue hand-off and a wake-up cost more Python under the
+GIL than the chunk's own bookkeeping. See docs/benchmarks.md, Stores.
 
 Results keep the order of the inputs. A batch always runs to its end before
 the call returns (no thread keeps touching a caller's buffer afterwards, even

@@ -142,13 +142,13 @@ def _import_nixl() -> Any:
 def _sdk_retry_env(max_attempts: int) -> Iterator[None]:
     """Bound the AWS C++ SDK's retries while NIXL builds its S3 client.
 
-    NIXL's OBJ backend has no retry or timeout parameter, and the SDK's legacy
-    default retries 10 times with backoff: measured here, a read from a refused
-    port failed after 25 s and one from a server that never answers after 59 s.
-    The SDK reads ``AWS_RETRY_MODE``/``AWS_MAX_ATTEMPTS`` when the client is built,
-    so they are set for that moment only, unless the user already set them.
-    Note: the process environment is shared; the lock keeps two stores from
-    interleaving, and the window is the backend creation only.
+    NIXL's OBJ backend has no retry or timeout parameter.
+    The SDK's legacy default retries 10 times with backoff, which takes tens of seconds.
+    See docs/benchmarks.md, Stores.
+    The SDK reads ``AWS_RETRY_MODE`` and ``AWS_MAX_ATTEMPTS`` when the client is built.
+    They are set for that moment only, unless the user already set them.
+    The process environment is shared: the lock keeps two stores from interleaving.
+    The window is the backend creation only.
     """
     wanted = {"AWS_RETRY_MODE": "standard", "AWS_MAX_ATTEMPTS": str(max_attempts)}
     with _env_lock:

@@ -20,9 +20,9 @@ that is long compared with a small cache's turnover. Five changes to ARC
   being admitted (a chain older than everything else, read once, growing),
   that parent goes and the new chunk is the next orphan: such a chain eats its
   own tail rather than the rest of the cache. A chain longer than the cache
-  thus keeps its head, and its tail rotates through one slot. (Sparing that
-  parent for another leaf, as an earlier version did, lost tokens on the
-  generated RAG and system-prompt traces at 1-2 % of their blocks.)
+  thus keeps its head, and its tail rotates through one slot.
+  Sparing that parent for another leaf loses tokens at small capacities.
+  See docs/benchmarks.md, "Tokens saved on traces".
 * **A long frequency memory.** Besides ARC's ghosts (at most ``capacity``
   keys, far too short for think times), the last ``history * capacity``
   evicted keys are remembered; one that comes back is admitted straight to

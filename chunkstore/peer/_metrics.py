@@ -32,7 +32,7 @@ CLIENT_SECONDS_BUCKETS = (
     2,
     5,
 )
-"""Seconds: a loopback round trip (0.2 ms) to a stalled peer (5 s)."""
+"""Seconds, from a loopback round trip to a stalled peer."""
 
 
 class PeerMetrics:

@@ -9,11 +9,11 @@ serving path. A transfer still running at its deadline fails, but only once
 NIXL reports it ended: until then UCX may still write into (or read from) the
 local memory, which the caller frees or reuses as soon as we return.
 
-For the same reason a peer's agent is not removed while a transfer with it is
-running: NIXL then fails that transfer at once ("invalidated during transfer")
-and releasing it does not stop the RMA UCX already posted (measured with UCX over
-TCP: the bytes kept arriving after the release). The removal waits for the last
-such transfer to end.
+For the same reason a peer's agent is not removed while a transfer with it runs.
+NIXL would fail that transfer at once, "invalidated during transfer".
+Releasing it does not stop the RMA that UCX already posted.
+With UCX over TCP the bytes kept arriving after the release.
+The removal waits for the last such transfer to end.
 """
 
 from __future__ import annotations

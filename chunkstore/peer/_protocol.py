@@ -444,10 +444,10 @@ FIELD_GRAMMAR: dict[str, Callable[[str, Any, Limits], None]] = {
 class Codec:
     """Encodes and decodes messages, with MACs when a shared secret is configured.
 
-    With a secret, every body carries an HMAC-SHA256 tag over a direction label
-    and the body, and the body lists a keyed BLAKE3-256 MAC per data frame
-    (``dmacs``): SHA-256 would cap the data path at ~2 GB/s, keyed BLAKE3 runs
-    several times faster and is a PRF in its own right.
+    With a secret, every body carries an HMAC-SHA256 tag over a direction label and the body.
+    The body lists a keyed BLAKE3-256 MAC per data frame, in ``dmacs``.
+    SHA-256 would cap the data path, see docs/benchmarks.md, Peers.
+    Keyed BLAKE3 runs several times faster and is a PRF in its own right.
     """
 
     def __init__(self, secret: bytes | None, limits: Limits | None = None) -> None:

@@ -66,9 +66,11 @@ class PeerServerConfig:
     assembles and seals the chunks of TP engines, whose ranks each write some heads;
     without it TP ranks cannot save through it (``shm`` plane only)."""
     handle_on_io_thread: bool | None = None
-    """Answer requests on the I/O thread (saves a thread hop per request, ~0.1 ms) instead
-    of the worker pool. Only for stores that never block; ``None``: yes for in-memory
-    stores (kind ``memory`` or ``host``), no otherwise (a tiered store may read a disk)."""
+    """Answer requests on the I/O thread instead of the worker pool.
+    It saves a thread hop per request, see docs/benchmarks.md, Peers.
+    Only for stores that never block.
+    ``None`` means yes for in-memory stores, of kind ``memory`` or ``host``, and no otherwise.
+    A tiered store may read a disk."""
 
 
 def check_server_config(config: PeerServerConfig) -> None:

@@ -17,9 +17,8 @@ proven bound on every policy's tokens saved:
 a request saves at most ``block_tokens`` per leading hit, a leading hit is a
 hit, and no policy of the same capacity that admits every miss has more hits
 than MIN (:meth:`~chunkstore.simulator.replay.Simulation.tokens_saved_bound`).
-On the shared and generated traces the two differ by at most 0.4 point, except
-where a cache of a few blocks meets long shared chains (the generated
-system-prompts trace at 1 % of its blocks: 6.9 points).
+The two differ most where a cache of a few blocks meets long shared chains.
+See docs/benchmarks.md, "Tokens saved on traces".
 """
 
 from __future__ import annotations
