@@ -91,14 +91,19 @@ class HostCacheStats:
 
 
 class HostCache(Store):
-    """Whole chunks in a preallocated slot pool, evicted by a policy (``parc``). Thread-safe.
+    """Whole chunks in a preallocated slot pool, evicted by a policy, ``parc`` by default.
 
-    ``slot_size``: bytes per slot, or a :class:`ChunkLayout` (its
-    ``total_size``). Capacity is ``num_slots``, or ``capacity_bytes // slot_size``.
-    ``shm_name`` places the pool in ``/dev/shm/<shm_name>`` so other processes
-    can :meth:`SlotPool.attach` it; this process owns it and removes it on
-    :meth:`close`. Host memory is trusted, so ``verify`` defaults to False
-    (chunks are checked when they enter from a secondary tier).
+    Thread-safe.
+    ``slot_size`` is bytes per slot, or a :class:`ChunkLayout` whose ``total_size`` is used.
+    Capacity is ``num_slots``, or ``capacity_bytes // slot_size``.
+    ``shm_name`` places the pool in ``/dev/shm/<shm_name>``.
+    Other processes can then :meth:`SlotPool.attach` it.
+    This process owns it and removes it on :meth:`close`.
+    Host memory is trusted, so ``verify`` defaults to False.
+    Chunks are checked when they enter from a secondary tier.
+
+    One class because every path takes one lock over the pool, the index and the policy.
+    The pool, the leases and the TP slot loans live in modules of their own.
     """
 
     kind = "host"

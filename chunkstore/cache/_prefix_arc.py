@@ -82,10 +82,14 @@ _HORIZON_DOWN = 1 - 0.05 * (1 - _HORIZON_QUANTILE) / _HORIZON_QUANTILE
 
 
 class PrefixARCPolicy(ARCPolicy):
-    """Prefix-aware ARC over ``capacity`` entries; see the module docstring.
+    """Prefix-aware ARC over ``capacity`` entries. See the module docstring.
 
-    ARC's lists, target ``p``, hits (Case I) and ghost bounds are inherited;
-    admission, REPLACE and removal are its own.
+    ARC's lists, target ``p``, hits and ghost bounds are inherited.
+    Admission, REPLACE and removal are its own.
+
+    One class because its hot paths are inlined copies of its careful paths.
+    Split apart, every lookup would pay a call.
+    The decision digests hold both copies to one result.
     """
 
     name = "parc"

@@ -74,7 +74,11 @@ def _source_address(frame: Any) -> str:
 
 
 class PeerServer:
-    """Serves ``store`` over the peer protocol (spec/PROTOCOL.md) until :meth:`stop`."""
+    """Serves ``store`` over the peer protocol of spec/PROTOCOL.md until :meth:`stop`.
+
+    One class because the I/O thread owns the socket, its poller and the reply queue.
+    Sessions, handlers, staging and accounting already live in modules of their own.
+    """
 
     def __init__(
         self,
