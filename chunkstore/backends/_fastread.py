@@ -1,33 +1,34 @@
-"""Read a chunk file into a buffer and verify it in the same pass (the local fast path).
+"""Read a chunk file into a buffer and verify it in the same pass: the local fast path.
 
-Reading a whole 32 MiB chunk and then hashing it walks the data twice through
-memory; here each block is hashed right after ``preadv`` copied it, while it
-is still in the CPU cache, which is what keeps verified reads close to raw
-reads. The verdict is exactly :func:`chunkstore.format.decode_chunk`'s with
-``expected_key`` (checksum as spec/FORMAT.md defines it: xxh3-128 over the
-header with the checksum field zeroed, then the stored payload); compressed
-chunks go through ``decode_chunk`` itself.
+Reading a whole 32 MiB chunk and then hashing it walks the data twice through memory.
+Here each block is hashed right after ``preadv`` copied it, while it is in the CPU cache.
+That keeps verified reads close to raw reads.
+The verdict is exactly that of :func:`chunkstore.format.decode_chunk` with ``expected_key``.
+The checksum is the one spec/FORMAT.md defines.
+It is xxh3-128 over the header with the checksum field zeroed, then the stored payload.
+Compressed chunks go through ``decode_chunk`` itself.
 
-Bytes reach the buffer one of three ways (:class:`ChunkFileReader`):
+Bytes reach the buffer in one of three ways, see :class:`ChunkFileReader`.
 
-* ``buffered``: through the page cache (``preadv``);
-* ``direct``: around it (``O_DIRECT``), straight into the buffer, when the
-  buffer is page-aligned (host-cache slots are); the file's last, partial
-  block comes through the page cache unless the buffer has room for the whole
-  aligned block;
-* ``auto``: one ``RWF_NOWAIT`` read of the file's first page (it never waits
-  for the disk) tells whether the page cache holds the file: if it does, the
-  file is read through the page cache. If not (a cold file), a buffer of up
-  to :data:`READAHEAD_FROM` bytes, or a larger one in memory chunkstore mapped
-  on huge pages, is filled around the page cache (``O_DIRECT``); any other
-  larger one through it with sequential readahead, the file's pages dropped
-  when the read ends (:meth:`ChunkFileReader.release`). Either way a cold chunk that lands in
-  the host cache is not also kept in the page cache and does not push hot
-  files out of it. Chunk files are written and read whole, so the first
-  page stands for the rest; a file only partly cached is still read
-  correctly either way. (Readahead is switched off for the probe: a missed
-  ``RWF_NOWAIT`` read would otherwise start reading the file in the
-  background, competing with the read that follows.)
+* ``buffered``: through the page cache, with ``preadv``.
+* ``direct``: around it with ``O_DIRECT``, straight into a page-aligned buffer.
+  Host-cache slots are page-aligned.
+  The file's last, partial block comes through the page cache.
+  It does not when the buffer has room for the whole aligned block.
+* ``auto``: one ``RWF_NOWAIT`` read of the file's first page tells whether the page
+  cache holds the file. That read never waits for the disk.
+  A cached file is read through the page cache.
+  A cold file goes around the page cache into a buffer of up to :data:`READAHEAD_FROM` bytes.
+  So does a larger buffer on huge pages that chunkstore mapped.
+  Any other larger buffer is read through the page cache with sequential readahead.
+  The file's pages are then dropped when the read ends, see :meth:`ChunkFileReader.release`.
+  Either way a cold chunk bound for the host cache is not also kept in the page cache.
+  It does not push hot files out of it.
+  Chunk files are written and read whole, so the first page stands for the rest.
+  A file only partly cached is still read correctly either way.
+  Readahead is off for the probe.
+  A missed ``RWF_NOWAIT`` read would otherwise start reading the file in the background.
+  That would compete with the read that follows.
 """
 
 from __future__ import annotations
@@ -60,8 +61,8 @@ BLOCK = 256 * 1024
 """Bytes read and hashed per step through the page cache: small enough to stay in L2."""
 
 DIRECT_BLOCK = 8 * 1024 * 1024
-"""Bytes per read around the page cache: the disk sees few, large requests (DMA lands in RAM,
-not in the CPU cache, so hashing in small steps would gain nothing)."""
+"""Bytes per read around the page cache, so the disk sees few, large requests.
+DMA lands in RAM, not in the CPU cache, so hashing in small steps would gain nothing."""
 
 READAHEAD_FROM = DIRECT_BLOCK
 """Size above which ``auto`` mode reads a cold buffer on 4 KiB pages with readahead.
@@ -134,18 +135,21 @@ def read_into(fd: int, target: memoryview) -> int:
 class ChunkFileReader:
     """Brings spans of one open file into ``buffer`` at the same offsets.
 
-    ``buffer`` may be longer than the file: in ``direct`` mode the room past
-    the file's end lets its last block be read whole and aligned. ``mode`` is
-    one of :data:`READ_MODES`; a buffer that is not page-aligned is always
-    read ``buffered``. In ``auto`` mode the constructor asks the page cache
-    (one non-blocking read of the first page): a cold file goes around it,
-    or, into a buffer over :data:`READAHEAD_FROM` not on huge pages
-    (:func:`on_huge_pages`), through it with
-    sequential readahead and :attr:`dropping` set, :meth:`release` dropping
-    its pages once the read is over. After the reads,
-    :attr:`went_direct` says whether any bytes bypassed the page cache and
-    :attr:`refused` whether the filesystem rejected O_DIRECT (the reader
-    then finished buffered).
+    ``buffer`` may be longer than the file.
+    In ``direct`` mode the room past the file's end lets its last block be read whole
+    and aligned.
+    ``mode`` is one of :data:`READ_MODES`.
+    A buffer that is not page-aligned is always read ``buffered``.
+    In ``auto`` mode the constructor asks the page cache with one non-blocking read of
+    the first page.
+    A cold file goes around the page cache.
+    Into a buffer over :data:`READAHEAD_FROM` not on huge pages, it goes through it.
+    :func:`on_huge_pages` tells huge pages apart.
+    That read uses sequential readahead and sets :attr:`dropping`.
+    :meth:`release` then drops its pages once the read is over.
+    After the reads, :attr:`went_direct` says whether any bytes bypassed the page cache.
+    :attr:`refused` says whether the filesystem rejected O_DIRECT.
+    The reader then finished buffered.
     """
 
     __slots__ = ("buffer", "direct", "dropping", "fd", "probed", "refused", "went_direct")
@@ -185,8 +189,8 @@ class ChunkFileReader:
         return self._read(start, end)
 
     def release(self) -> None:
-        """The read is over (the fd still open): drop a cold file's pages from the page cache
-        (only clean pages go; a file being written keeps its dirty ones)."""
+        """The read is over, the fd still open: drop a cold file's pages from the page cache.
+        Only clean pages go. A file being written keeps its dirty ones."""
         if self.dropping:
             with contextlib.suppress(OSError):  # only advice: the read itself succeeded
                 os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_DONTNEED)
@@ -262,50 +266,57 @@ class ChunkFileReader:
 
 
 HEAD_READ = ALIGN
-"""Bytes the first read of a buffered verified read brings in: the header of a chunk of up to a
-few hundred tensors (a longer header takes one more read). The payload follows in its own step
-(:meth:`VerifiedRead.finish`), so a batch can parse several headers back to back before
-streaming their payloads (see :class:`VerifiedRead`)."""
+"""Bytes the first read of a buffered verified read brings in.
+That is the header of a chunk of up to a few hundred tensors.
+A longer header takes one more read.
+The payload follows in its own step, :meth:`VerifiedRead.finish`.
+So a batch can parse several headers back to back before streaming their payloads."""
 
 
 class Undecided(Exception):
-    """A read that took the chunk's size from its header (``VerifiedRead(sized=False)``)
-    met anything but a whole, valid chunk: a file shorter or longer than its header says, a
-    damaged header, a checksum or key that does not match, an OS error. It vouches for
-    nothing; the caller reads the file again knowing its size, which gives the verdict
-    exactly as before (rare: only damaged or racing files land here)."""
+    """A read that took the chunk's size from its header met anything but a valid chunk.
+
+    Such a read is ``VerifiedRead(sized=False)``.
+    It may have met a file shorter or longer than its header says, or a damaged header.
+    It may have met a checksum or key that does not match, or an OS error.
+    It vouches for nothing.
+    The caller reads the file again knowing its size, which gives the verdict as before.
+    This is rare: only damaged or racing files land here."""
 
 
 _PAST_END = bytearray(1)
-"""Where the last block's read puts the byte after the chunk's end, if the file has one: only
-the count the kernel returns is looked at (shared by threads; its content never matters)."""
+"""Where the last block's read puts the byte after the chunk's end, if the file has one.
+Only the count the kernel returns is looked at.
+Threads share it, as its content never matters."""
 
 
 class VerifiedRead:
     """A verified read of one chunk file into ``target``, in two steps.
 
-    Constructing it reads and parses the header and sets up the payload's
-    checksum (key derivation and identity are checked here); :meth:`finish`
-    streams the payload block by block, hashing each block right after it
-    lands, and gives the verdict. Both steps raise
-    :class:`~chunkstore.errors.FormatError` subclasses, as
-    :func:`chunkstore.format.decode_chunk` with ``expected_key`` would (with
-    the same verdict; a chunk damaged in both its key and its bytes is
-    reported as a key mismatch, since the key is checked first); after a
-    failure ``target`` holds garbage.
+    Constructing it reads and parses the header and sets up the payload's checksum.
+    Key derivation and identity are checked here.
+    :meth:`finish` streams the payload block by block and gives the verdict.
+    It hashes each block right after it lands.
+    Both steps raise :class:`~chunkstore.errors.FormatError` subclasses.
+    They raise what :func:`chunkstore.format.decode_chunk` with ``expected_key`` would.
+    The verdict is the same too.
+    A chunk damaged in both its key and its bytes is reported as a key mismatch.
+    The key is checked first.
+    After a failure ``target`` holds garbage.
 
-    ``sized`` (the default): ``target`` is exactly the file's size (from
-    ``fstat``). ``sized=False``: ``target`` is a buffer at least as long as the
-    chunk, whose size comes from its header (``data_offset + stored_size``);
-    the last block's read asks for one byte more, so a file longer than its
-    header says is seen without an ``fstat`` as surely as a shorter one. In
-    this mode either step raises :class:`Undecided` instead of any
-    ``FormatError`` or ``OSError``, so that the caller judges the file with
-    its size in hand (the verdict, its message and what is checked first
-    stay exactly those of the sized read); uncompressed chunks read through
-    the page cache only (anything else is :class:`Undecided` at once). When
-    it finishes, the chunk is whole and valid, and :attr:`target` is its
-    bytes.
+    With ``sized``, the default, ``target`` is exactly the file's size from ``fstat``.
+    With ``sized=False``, ``target`` is a buffer at least as long as the chunk.
+    The chunk's size then comes from its header: ``data_offset + stored_size``.
+    The last block's read asks for one byte more.
+    So a file longer than its header says is seen without an ``fstat``, as surely as a
+    shorter one.
+    In this mode either step raises :class:`Undecided` instead of any ``FormatError`` or
+    ``OSError``.
+    The caller then judges the file with its size in hand.
+    The verdict, its message and what is checked first stay those of the sized read.
+    This mode reads uncompressed chunks through the page cache only.
+    Anything else is :class:`Undecided` at once.
+    When it finishes, the chunk is whole and valid, and :attr:`target` is its bytes.
 
     Why two steps: streaming a 2 MiB payload through the CPU cache evicts
     what the next chunk's header parse and verifier set-up touch.
@@ -314,9 +325,8 @@ class VerifiedRead:
     Meanwhile each read holds its open fd and what its first step read.
     That is the header's page, or with O_DIRECT the first block of up to 8 MiB.
 
-    ``reader`` (a :class:`ChunkFileReader` over ``fd`` and a buffer starting
-    with ``target``) chooses how bytes come in; by default through the page
-    cache.
+    ``reader`` chooses how bytes come in, by default through the page cache.
+    It is a :class:`ChunkFileReader` over ``fd`` and a buffer starting with ``target``.
     """
 
     __slots__ = (

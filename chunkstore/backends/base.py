@@ -1,19 +1,19 @@
 """The store interface: what every tier (memory, filesystem, S3, peers) promises.
 
-A store maps :class:`~chunkstore.hashing.ChunkKey` to the bytes of one chunk
-file. The abstract methods are batched because every real backend is faster
-per key in batches (one directory walk, concurrent S3 requests, one peer
-round trip); single-key conveniences are built on them here.
+A store maps :class:`~chunkstore.hashing.ChunkKey` to the bytes of one chunk file.
+The abstract methods are batched because every real backend is faster per key in batches.
+Examples are one directory walk, concurrent S3 requests and one peer round trip.
+Single-key conveniences are built on them here.
 
-Contracts every implementation keeps (the conformance suite in
-``chunkstore.testing.store_suite`` checks them):
+Every implementation keeps these contracts.
+The conformance suite in ``chunkstore.testing.store_suite`` checks them.
 
-* A missing key is ``None`` / ``False``, never an exception.
-* What a read does with the bytes it got is one rule, :func:`judge` (see
-  :class:`ReadVerdict`): a corrupt chunk read through :meth:`Store.get_many` is
-  a miss, counted in ``corrupt_detected``, handed to :meth:`Store._quarantine`
-  and never returned; a chunk a newer chunkstore wrote is a plain miss, left
-  where it is.
+* A missing key is ``None`` or ``False``, never an exception.
+* One rule, :func:`judge`, says what a read does with the bytes it got.
+  See :class:`ReadVerdict`.
+  A corrupt chunk read through :meth:`Store.get_many` is a miss and is never returned.
+  It is counted in ``corrupt_detected`` and handed to :meth:`Store._quarantine`.
+  A chunk a newer chunkstore wrote is a plain miss, left where it is.
 * ``put`` is atomic: a reader sees the old state or the whole new chunk.
   Two writers of the same key never produce a torn chunk.
 * ``put_if_absent`` writes only when the key is absent and says whether this
@@ -49,8 +49,8 @@ from chunkstore.hashing import ChunkKey
 log = logging.getLogger(__name__)
 
 UNSUPPORTED_GRACE = 3600.0
-"""Default :attr:`Store.unsupported_grace` of shared stores: an hour, far longer than a
-rolling upgrade leaves a newer writer's chunk unread by the newer readers it serves."""
+"""Default :attr:`Store.unsupported_grace` of shared stores: an hour.
+A rolling upgrade leaves a newer writer's chunk unread by newer readers for far less."""
 
 Buffer = Any
 """Anything exposing the buffer protocol (bytes, bytearray, memoryview, numpy array, mmap)."""
@@ -79,9 +79,10 @@ class ReadVerdict(enum.Enum):
     """Written by a newer chunkstore (:class:`~chunkstore.errors.UnsupportedVersion` and its
     subclasses): a plain miss, not counted, never quarantined: intact for newer readers."""
     REFUSED = "refused"
-    """Intact but not for this reader (:class:`~chunkstore.errors.SpecMismatch`: another
-    model; :class:`~chunkstore.errors.AuthenticationError`: no valid MAC for its key): a miss
-    that leaves the stored copy alone. Only readers that ask for a fingerprint or a MAC meet it."""
+    """Intact but not for this reader: a miss that leaves the stored copy alone.
+    :class:`~chunkstore.errors.SpecMismatch` means another model.
+    :class:`~chunkstore.errors.AuthenticationError` means no valid MAC for its key.
+    Only readers that ask for a fingerprint or a MAC meet it."""
     CORRUPT = "corrupt"
     """Damaged bytes (every other :class:`~chunkstore.errors.FormatError`): a miss, counted,
     and quarantined or deleted as the store's policy says."""
@@ -147,16 +148,20 @@ def judge(
 
 
 def judge_oversized(key: ChunkKey, head: Any, size: int) -> Judgement:
-    """The verdict on a stored chunk of ``size`` bytes too large for the buffer it is to be
-    read into, from its header alone (``head``: the file's first bytes, at least the whole
-    header): not OK where the header shows damage (bytes appended after the payload, a
-    truncated payload, a damaged header, another key's chunk); OK for a whole chunk, which
-    the caller's buffer is simply too small for (the caller's mistake, not a miss).
+    """Judge a stored chunk of ``size`` bytes too large for its buffer, from its header alone.
 
-    Every store judges an oversized chunk, with or without ``verify``: by this function
-    (a local file: its header only; any store without ``verify``), or by the full check of
-    bytes it read whole. Damaged bytes are a miss, never an exception, however large (a file
-    of any size may sit under a chunk's name)."""
+    ``head`` is the file's first bytes, at least the whole header.
+    The verdict is not OK where the header shows damage.
+    Damage is bytes appended after the payload, a truncated payload, a damaged header,
+    or another key's chunk.
+    It is OK for a whole chunk that the caller's buffer is too small for.
+    That is the caller's mistake, not a miss.
+
+    Every store judges an oversized chunk, with or without ``verify``.
+    It uses this function, or the full check of bytes it read whole.
+    A local file uses its header only, as does any store without ``verify``.
+    Damaged bytes are a miss, never an exception, however large.
+    A file of any size may sit under a chunk's name."""
     try:
         header = read_header(head)
         declared = header.data_offset + header.stored_size
@@ -173,24 +178,29 @@ def judge_oversized(key: ChunkKey, head: Any, size: int) -> Judgement:
 
 
 SetAsideRunner = Callable[[Callable[[], None]], str | None]
-"""Takes the set-aside of one corrupt chunk (a call that quarantines it and logs what
-became of it; it never raises) and runs it or has it run; returns ``None`` once it has
-taken it, else why it will not run it (then the chunk is left where it is)."""
+"""Takes the set-aside of one corrupt chunk, and runs it or has it run.
+The set-aside is a call that quarantines the chunk and logs what became of it.
+It never raises.
+The runner returns ``None`` once it has taken it, else why it will not run it.
+The chunk is then left where it is."""
 
 _set_aside_runner: ContextVar[SetAsideRunner | None] = ContextVar("set_aside_runner", default=None)
 
 
 @contextmanager
 def set_asides_handed_to(runner: SetAsideRunner) -> Iterator[None]:
-    """Inside the block, a corrupt chunk any store reports (:meth:`Store.report_corrupt`,
-    also through :meth:`Store._admit`) in this thread is counted at once and set aside by
-    ``runner`` (other threads are not affected).
+    """Inside the block, hand this thread's corrupt chunks to ``runner``.
 
-    For a caller that judges a store's chunk on its own thread and must not wait for the
-    store's set-aside, which is I/O on that store (a rename on a mount, requests to S3 or a
-    peer) that may stall: the tiered store hands it to the tier's guard. A context variable
-    rather than a parameter, so that every store's own ``_admit`` (its counters, its log
-    lines) runs unchanged."""
+    A chunk any store reports through :meth:`Store.report_corrupt` is counted at once.
+    :meth:`Store._admit` reports that way too.
+    ``runner`` then sets it aside. Other threads are not affected.
+
+    This is for a caller that judges a store's chunk on its own thread.
+    It must not wait for the store's set-aside, which is I/O on that store and may stall.
+    That I/O is a rename on a mount, or requests to S3 or a peer.
+    The tiered store hands it to the tier's guard.
+    It is a context variable, not a parameter, so every store's own ``_admit`` runs unchanged.
+    Its counters and log lines stay the same."""
     token = _set_aside_runner.set(runner)
     try:
         yield
@@ -230,8 +240,9 @@ class Store(ABC):
 
     @property
     def corrupt_detected(self) -> int:
-        """How many corrupt chunks reads have found so far (each was a miss, and set aside
-        unless replaced or removed since the read: :meth:`report_corrupt`)."""
+        """How many corrupt chunks reads have found so far.
+        Each was a miss. Each was set aside unless replaced or removed since the read.
+        See :meth:`report_corrupt`."""
         return self._corrupt
 
     # --- primitives ------------------------------------------------------------
@@ -266,9 +277,11 @@ class Store(ABC):
     # --- keys held by chunks this reader cannot use (spec section 6.7) --------------
 
     unsupported_grace: float | None = None
-    """Seconds after its write that a chunk this store cannot use (unsupported, corrupt, or
-    failing its MAC) may be replaced by :meth:`put_if_absent`; ``None``: never (a store that
-    keeps no write times). Stores shared by many writers set ``UNSUPPORTED_GRACE``."""
+    """Seconds after its write that :meth:`put_if_absent` may replace a chunk this store
+    cannot use.
+    Such a chunk is unsupported, corrupt, or fails its MAC.
+    ``None`` means never, for a store that keeps no write times.
+    Stores shared by many writers set ``UNSUPPORTED_GRACE``."""
 
     def _written_at(self, key: ChunkKey) -> float | None:
         """When the chunk stored under ``key`` was written (seconds since the epoch), or
@@ -276,14 +289,16 @@ class Store(ABC):
         return None
 
     def _replaces_unusable(self, key: ChunkKey) -> bool:
-        """Whether :meth:`put_if_absent` may overwrite the chunk that holds ``key``: this
-        store cannot use it and it was written more than :attr:`unsupported_grace` ago.
+        """Whether :meth:`put_if_absent` may overwrite the chunk that holds ``key``.
 
-        Without this, a chunk of an unknown major (a bit flip of its version digit, or a
-        planted file) would keep its key a miss for good: it is never quarantined, and
-        put-if-absent never replaces it. What replaces it is a chunk every later reader
-        reads (spec section 2.8). Costs a stat on every collision and a read of the chunk
-        only when it is older than the grace."""
+        It may when this store cannot use the chunk and it was written more than
+        :attr:`unsupported_grace` ago.
+        Without this, a chunk of an unknown major would keep its key a miss for good.
+        Such a chunk is a bit flip of its version digit, or a planted file.
+        It is never quarantined, and put-if-absent never replaces it.
+        What replaces it is a chunk every later reader reads, see spec section 2.8.
+        This costs a stat on every collision.
+        It reads the chunk only when it is older than the grace."""
         grace = self.unsupported_grace
         if grace is None:
             return False
@@ -347,20 +362,25 @@ class Store(ABC):
     def _admit(self, key: ChunkKey, judgement: Judgement) -> bool:
         """Act on a read's verdict; True only when the bytes may be served.
 
-        Corrupt chunks are counted and quarantined (:meth:`report_corrupt`). A newer
-        chunkstore's chunk (a rolling upgrade sharing this store) and one refused as not
-        ours are misses that touch nothing: quarantining them would destroy a cache that
-        is good for its own readers. Stores extend this to count or log verdicts their way.
+        Corrupt chunks are counted and quarantined by :meth:`report_corrupt`.
+        Two kinds of chunk are misses that touch nothing.
+        One is a newer chunkstore's chunk, as in a rolling upgrade sharing this store.
+        The other is one refused as not ours.
+        Quarantining them would destroy a cache that is good for its own readers.
+        Stores extend this to count or log verdicts their way.
         """
         if judgement.error is not None and judgement.verdict is ReadVerdict.CORRUPT:
             self.report_corrupt(key, judgement.error)
         return judgement.ok
 
     def report_corrupt(self, key: ChunkKey, exc: Exception) -> None:
-        """Count a corrupt chunk and quarantine it; never raises. One warning names the
-        chunk and says what became of it (logged once the set-aside has been tried, so it
-        never claims one that did not happen). Inside :func:`set_asides_handed_to` it is
-        counted here and set aside by the runner, later."""
+        """Count a corrupt chunk and quarantine it. Never raises.
+
+        One warning names the chunk and says what became of it.
+        It is logged once the set-aside has been tried, so it never claims one that did
+        not happen.
+        Inside :func:`set_asides_handed_to` the chunk is counted here.
+        The runner sets it aside later."""
         with self._corrupt_lock:
             self._corrupt += 1
         runner = _set_aside_runner.get()
@@ -417,9 +437,10 @@ class Store(ABC):
     def lookup_prefix(self, keys: Sequence[ChunkKey]) -> int:
         """How many leading keys of a chain are present.
 
-        Low-latency stores ask for all keys in one batch. High-latency stores
-        rely on chains being monotone in practice (a chunk is stored only after
-        its prefix) and binary-search: at most ceil(log2(n)) + 2 requests.
+        Low-latency stores ask for all keys in one batch.
+        High-latency stores rely on chains being monotone in practice, and binary-search.
+        A chunk is stored only after its prefix.
+        The search takes at most ceil(log2(n)) + 2 requests.
         """
         if not keys:
             return 0
@@ -444,8 +465,9 @@ class Store(ABC):
 def binary_search_prefix(keys: Sequence[ChunkKey], present: Any) -> int:
     """Length of the present prefix, assuming presence is monotone along the chain.
 
-    Checks the last key first (a full hit costs one request), then the first
-    (a full miss costs two), then bisects: ceil(log2(n)) + 2 requests at most.
+    Checks the last key first, so a full hit costs one request.
+    Then it checks the first, so a full miss costs two.
+    Then it bisects: ceil(log2(n)) + 2 requests at most.
     """
     n = len(keys)
     if present(keys[n - 1]):
@@ -505,8 +527,9 @@ class PinnedChunk(Protocol):
 
 @runtime_checkable
 class SupportsPinning(Protocol):
-    """Fast path: chunks can be pinned in place and read as stable buffers (a host cache over
-    a fixed-slot pool); a peer server hands such buffers to NIXL without a copy."""
+    """Fast path: chunks can be pinned in place and read as stable buffers.
+    A host cache over a fixed-slot pool is such a store.
+    A peer server hands such buffers to NIXL without a copy."""
 
     def acquire(self, key: ChunkKey) -> PinnedChunk | None:
         """Pin ``key``: an object whose ``view`` holds exactly the chunk's bytes and stays
