@@ -14,47 +14,52 @@ Layout of the mapping (all integers little-endian)::
 
 What is shared, and how races are avoided:
 
-* One process **owns** the pool (the one that created it; in vLLM the
-  scheduler). Only the owner runs the replacement policy and decides which key
-  lives in which slot, so assignment needs no cross-process agreement. The one
-  exception is explicit: slots the owner *lends* to TP rank processes, which
-  claim them per key among themselves (see below).
-* The **slot table** is shared: every process can find a key's slot
-  (:meth:`SlotPool.find`), pin it for reading (:meth:`SlotPool.acquire`) or
-  write into a slot the owner reserved for it (:meth:`SlotPool.writable`).
-* Every change to the table (state, pins, key, generation) happens under the
-  pool lock: a ``threading.RLock`` inside a process plus ``flock`` on the
-  shared-memory file across processes. Slot *payloads* are copied without the
-  lock; the state word makes that safe: a ``READY`` slot is never reassigned
-  while its pin count is non-zero, and a ``WRITING`` slot is invisible to
-  readers until the owner publishes it.
-* ``generation`` grows on every reassignment, so a stale slot number handed to
-  another process is detected instead of writing into someone else's chunk.
-* Limit: read pins held by a process that crashes are never released; such
-  slots stay out of use until the pool is recreated. (Shard writers of a TP
-  claim are tracked per rank instead, so a crashed writer is detected; see
-  :mod:`chunkstore.cache.assembly`.)
-* The claim fields (``tp`` .. ``claimed_at``) and the states ``LENT`` ..
-  ``ABORTED`` belong to TP shard assembly (:mod:`chunkstore.cache.assembly`):
-  the owner lends free slots, rank processes claim one per key, write their
-  shards into it and seal it, and the owner adopts the sealed chunk.
+* One process **owns** the pool: the one that created it, in vLLM the scheduler.
+  Only the owner runs the replacement policy and decides which key lives in which slot.
+  So assignment needs no cross-process agreement.
+  The one exception is explicit: slots the owner *lends* to TP rank processes.
+  Those claim them per key among themselves, see below.
+* The **slot table** is shared.
+  Every process can find a key's slot with :meth:`SlotPool.find`.
+  It can pin a slot for reading with :meth:`SlotPool.acquire`.
+  It can write into a slot the owner reserved for it with :meth:`SlotPool.writable`.
+* Every change to the table happens under the pool lock: state, pins, key, generation.
+  The lock is a ``threading.RLock`` inside a process plus ``flock`` on the shared-memory
+  file across processes.
+  Slot *payloads* are copied without the lock, and the state word makes that safe.
+  A ``READY`` slot is never reassigned while its pin count is non-zero.
+  A ``WRITING`` slot is invisible to readers until the owner publishes it.
+* ``generation`` grows on every reassignment.
+  So a stale slot number handed to another process is detected.
+  It never writes into someone else's chunk.
+* Limit: read pins held by a process that crashes are never released.
+  Such slots stay out of use until the pool is recreated.
+  Shard writers of a TP claim are tracked per rank instead, so a crashed writer is detected.
+  See :mod:`chunkstore.cache.assembly`.
+* The claim fields, ``tp`` to ``claimed_at``, belong to TP shard assembly.
+  So do the states ``LENT`` to ``ABORTED``, see :mod:`chunkstore.cache.assembly`.
+  The owner lends free slots, and rank processes claim one per key.
+  They write their shards into it and seal it, and the owner adopts the sealed chunk.
 
-Pinning (page-locking for fast device copies) uses ``cudaHostRegister``
-through torch when torch and CUDA are present; otherwise the pool is plain
-memory and everything else works the same.
+Pinning page-locks memory for fast device copies.
+It uses ``cudaHostRegister`` through torch when torch and CUDA are present.
+Otherwise the pool is plain memory and everything else works the same.
 
-Huge pages (:mod:`chunkstore._hugepages`): a pool without a name is private
-anonymous memory, nothing but its own process maps it. Where the kernel gives
-transparent huge pages to ``madvise``-d memory, the mapping is one huge page
-larger and the pool is placed in it so that its slot data starts a huge page,
-and the slot data is advised before anything touches it; the header and table
-stay on 4 KiB pages in front of it. Slots then lie on a few physically
-contiguous pieces, so the filesystem store's ``O_DIRECT`` reads into a slot and
-writes from it reach the disk as one request per chunk instead of several
-(see docs/benchmarks.md, "Host pool on huge pages"). The header records the
-same offsets either way. A named pool keeps its layout (other processes read
-it); its slot data is advised too, which only matters where ``/dev/shm`` gets
-huge pages at all (``shmem_enabled``).
+Huge pages, see :mod:`chunkstore._hugepages`.
+A pool without a name is private anonymous memory that only its own process maps.
+The kernel may give transparent huge pages to ``madvise``-d memory.
+Then the mapping is one huge page larger, and the pool is placed so its slot data
+starts a huge page.
+The slot data is advised before anything touches it.
+The header and table stay on 4 KiB pages in front of it.
+Slots then lie on a few physically contiguous pieces.
+So ``O_DIRECT`` reads and writes of the filesystem store reach the disk as one request
+per chunk instead of several.
+See docs/benchmarks.md, "Host slots on huge pages".
+The header records the same offsets either way.
+A named pool keeps its layout, since other processes read it.
+Its slot data is advised too.
+That only matters where ``/dev/shm`` gets huge pages at all, per ``shmem_enabled``.
 """
 
 from __future__ import annotations
@@ -98,9 +103,10 @@ MAX_RANKS = 64
 FREE, WRITING, READY, DOOMED = 0, 1, 2, 3
 """Slot states. DOOMED: deleted or replaced while pinned; freed when the last pin goes."""
 LENT, CLAIMED, SEALING, SEALED, ABORTED = 4, 5, 6, 7, 8
-"""TP assembly states: lent to rank processes by the owner; claimed for a key; being
-sealed by its last writer; sealed, waiting for the owner to adopt it; given up (freed by
-the owner once no writer is still inside it)."""
+"""TP assembly states, in order.
+A slot is lent to rank processes by the owner, then claimed for a key.
+Its last writer then seals it, and it waits sealed for the owner to adopt it.
+A slot given up is freed by the owner once no writer is still inside it."""
 
 ENTRY = np.dtype(
     [
@@ -545,14 +551,19 @@ def _shm_path(name: str) -> Path:
 
 
 def _private_mapping(size: int, data_offset: int) -> tuple[mmap.mmap, int]:
-    """Memory for an unnamed pool of ``size`` bytes and where the pool starts in it: private
-    (only this process maps it), placed so that its slot data, from ``data_offset``, starts a
-    huge page where the kernel has them for advised memory (:mod:`chunkstore._hugepages`).
+    """Memory for an unnamed pool of ``size`` bytes, and where the pool starts in it.
 
-    Private, not shared anonymous memory: that is shmem, which gets no huge pages where
-    ``shmem_enabled`` is ``never``; and a process forked from the owner gets a copy of the
-    pool, not a second writer into its slots (nothing shares an unnamed pool across a
-    fork: processes that share a pool attach it by name).
+    The memory is private: only this process maps it.
+    The pool is placed so that its slot data, from ``data_offset``, starts a huge page.
+    That holds where the kernel has huge pages for advised memory.
+    See :mod:`chunkstore._hugepages`.
+
+    It is private, not shared anonymous memory.
+    Shared anonymous memory is shmem, which gets no huge pages where ``shmem_enabled`` is
+    ``never``.
+    And a process forked from the owner gets a copy of the pool, not a second writer.
+    Nothing shares an unnamed pool across a fork.
+    Processes that share a pool attach it by name.
     """
     huge = huge_page_size()
     if huge is None or size - data_offset < huge:
