@@ -17,9 +17,9 @@ from chunkstore.hashing import ChunkKey, namespace_of
 def chunk_parent(key: ChunkKey, data: Buffer) -> ChunkKey | None:
     """The key of the chunk before ``key``, read from the chunk header at the start of ``data``.
 
-    ``None`` for a chain's first chunk (its parent is the namespace root, whose
-    first bytes are the namespace), for bytes that are not a chunk, and for a
-    header that names another key.
+    ``None`` for a chain's first chunk, whose parent is the namespace root.
+    The root's first bytes are the namespace.
+    ``None`` too for bytes that are not a chunk, and for a header that names another key.
     """
     try:
         header = read_header(data)

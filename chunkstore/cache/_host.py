@@ -1,23 +1,24 @@
 """HostCache: tier 0, a byte-bounded cache of whole chunks in a slot pool.
 
-A :class:`HostCache` is a :class:`~chunkstore.backends.base.Store` (so the
-conformance suite applies) whose capacity is ``num_slots`` chunks of at most
-``slot_size`` bytes. Which chunks stay is decided by a
-:class:`~chunkstore.cache.policy.CachePolicy` (``parc`` by default); which bytes
-live where is the :class:`~chunkstore.cache._pool.SlotPool`'s business.
+A :class:`HostCache` is a :class:`~chunkstore.backends.base.Store`, so the conformance
+suite applies.
+Its capacity is ``num_slots`` chunks of at most ``slot_size`` bytes.
+A :class:`~chunkstore.cache.policy.CachePolicy` decides which chunks stay, ``parc`` by default.
+The :class:`~chunkstore.cache._pool.SlotPool` decides which bytes live where.
 
-Besides the store methods it offers the host-slot fast paths that device
-copies and peer transfers need:
+Besides the store methods it offers the host-slot fast paths.
+Device copies and peer transfers need them.
 
-* :meth:`HostCache.reserve` / :meth:`HostCache.commit` / :meth:`HostCache.abort`:
-  write a chunk in place (TP shards straight into the slot, then seal);
-* :meth:`HostCache.acquire` / :meth:`HostCache.release`: read a chunk in place;
-* :meth:`HostCache.get_into`: copy a hit into a caller buffer.
+* :meth:`HostCache.reserve`, :meth:`HostCache.commit` and :meth:`HostCache.abort` write a
+  chunk in place. TP shards go straight into the slot, which is then sealed.
+* :meth:`HostCache.acquire` and :meth:`HostCache.release` read a chunk in place.
+* :meth:`HostCache.get_into` copies a hit into a caller buffer.
 
 A slot that is reserved or acquired is **pinned**: the policy never evicts it.
-Every pin belongs to a :class:`~chunkstore.cache._lease.Lease` (the one slot
-handle, also what TP ranks get); leases are context managers so pins are
-released on every exit path, and releasing twice is harmless.
+Every pin belongs to a :class:`~chunkstore.cache._lease.Lease`.
+That is the one slot handle, also what TP ranks get.
+Leases are context managers, so pins are released on every exit path.
+Releasing twice is harmless.
 """
 
 from __future__ import annotations
@@ -212,18 +213,19 @@ class HostCache(Store):
     # --- fast paths: reserve / commit / abort -------------------------------------------------
 
     def reserve(self, key: ChunkKey, *, evict: bool = True) -> Lease | None:
-        """A pinned, writable slot for ``key`` (``None`` when every slot is pinned).
+        """A pinned, writable slot for ``key``, or ``None`` when every slot is pinned.
 
-        Write the chunk into ``lease.view`` (``slot_size`` bytes; e.g. one
-        :meth:`ChunkLayout.write_shard` per TP rank, then ``seal_chunk``), then
-        :meth:`commit`. Until then readers miss the key. Reserving a key that is
-        already cached replaces it on commit (its old slot serves current readers).
+        Write the chunk into ``lease.view``, which has ``slot_size`` bytes.
+        For example, write one :meth:`ChunkLayout.write_shard` per TP rank, then ``seal_chunk``.
+        Then call :meth:`commit`. Until then readers miss the key.
+        Reserving a key that is already cached replaces it on commit.
+        Its old slot serves current readers.
 
-        ``evict=False`` is for speculative reads (promoting a chunk that a lower
-        tier may not have): it only takes a free slot (``None`` when there is
-        none, not counted as rejected) and leaves the policy alone until
-        :meth:`commit`, so an :meth:`abort` after a miss has evicted nothing
-        and recorded no use of ``key``.
+        ``evict=False`` is for speculative reads, promoting a chunk a lower tier may not have.
+        It only takes a free slot.
+        It returns ``None`` when there is none, not counted as rejected.
+        It leaves the policy alone until :meth:`commit`.
+        So an :meth:`abort` after a miss has evicted nothing and recorded no use of ``key``.
         """
         with self._lock:
             self._check_open()
@@ -288,11 +290,13 @@ class HostCache(Store):
                 self._unpin(slot)
 
     def _yield_to_winner(self, lease: Lease, keep_pinned: bool) -> None:
-        """Finish a reservation whose slot was doomed before it committed (caller holds the lock).
+        """Finish a reservation whose slot was doomed before it committed.
 
-        Chunks are content-addressed, so the cached copy is as good as ours. With
-        ``keep_pinned`` the lease becomes a read lease on that copy: a caller that asked
-        for a pinned chunk never gets a released lease whose slot is reused under it.
+        The caller holds the lock.
+        Chunks are content-addressed, so the cached copy is as good as ours.
+        With ``keep_pinned`` the lease becomes a read lease on that copy.
+        A caller that asked for a pinned chunk never gets a released lease.
+        Its slot could be reused under it.
         """
         pool = self.pool
         winner = self._index.get(lease.key)
@@ -513,8 +517,9 @@ class HostCache(Store):
         return self._free.pop()
 
     def _publish_sealed(self, slot: int, *, keep_pinned: bool) -> Adoption:
-        """Publish the chunk sealed in a lent slot (caller holds the lock and checked the
-        slot); a key already cached is not published again (the caller keeps the slot)."""
+        """Publish the chunk sealed in a lent slot.
+        The caller holds the lock and checked the slot.
+        A key already cached is not published again, and the caller keeps the slot."""
         pool = self.pool
         key = pool.key_of(slot)
         assert key is not None
@@ -580,8 +585,8 @@ class HostCache(Store):
     def _steal_slot(self, exclude: ChunkKey | None) -> bool:
         """Evict one more resident key to free a slot; False if every one is pinned.
 
-        The policy picks the victim by its own rule (ARC keeps a ghost of it), so
-        slots lent ahead of time cost the same history as an ordinary eviction.
+        The policy picks the victim by its own rule, and ARC keeps a ghost of it.
+        So slots lent ahead of time cost the same history as an ordinary eviction.
         """
         victim = self._policy.evict(
             lambda k: k != exclude and k in self._index and self._can_evict(k)

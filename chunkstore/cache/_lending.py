@@ -1,12 +1,13 @@
 """Slots a host cache lends to TP rank processes: the owner side of TP shard assembly.
 
-A :class:`~chunkstore.cache._host.HostCache` stores chunks; its
-:class:`SlotLoans` (``cache.loans``) keeps a few of its slots out of the cache,
-in state ``LENT``, so rank processes can claim them without a round trip
-(:mod:`chunkstore.cache.assembly`). A lent slot comes back by adoption (the
-ranks sealed a chunk in it: it is published as a cached chunk), by being taken
-back (its claim was aborted: it is lent again) or by a recall (nobody claimed
-it: it is free again).
+A :class:`~chunkstore.cache._host.HostCache` stores chunks.
+Its :class:`SlotLoans`, ``cache.loans``, keeps a few of its slots out of the cache.
+They are in state ``LENT``, so rank processes can claim them without a round trip.
+See :mod:`chunkstore.cache.assembly`.
+A lent slot comes back in one of three ways.
+By adoption: the ranks sealed a chunk in it, and it is published as a cached chunk.
+By being taken back: its claim was aborted, and it is lent again.
+By a recall: nobody claimed it, and it is free again.
 """
 
 from __future__ import annotations

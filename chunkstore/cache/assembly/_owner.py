@@ -1,9 +1,9 @@
-"""The owner side of TP shard assembly (see :mod:`chunkstore.cache.assembly._assembler`).
+"""The owner side of TP shard assembly, see :mod:`chunkstore.cache.assembly._assembler`.
 
-The process that owns the host cache lends free slots to the rank processes,
-adopts each sealed chunk into its index exactly once (and queues it for
-write-back), aborts claims that are not sealed in time and takes their slots
-back once no live writer is inside.
+The process that owns the host cache lends free slots to the rank processes.
+It adopts each sealed chunk into its index exactly once, and queues it for write-back.
+It aborts claims that are not sealed in time.
+It takes their slots back once no live writer is inside.
 """
 
 from __future__ import annotations
