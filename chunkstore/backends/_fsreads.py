@@ -116,9 +116,10 @@ class FsReads(Store):
     ) -> list[tuple[bytes, FileIdent | None] | None]:
         """Like :meth:`read_unchecked_many`, with an ident of the file each read came from.
 
-        Hand the ident to :meth:`quarantine_if_unchanged` / :meth:`delete_if_unchanged`
-        so that a maintenance tool removes the file it judged, never one another writer
-        put in its place since: the inode on local paths, the content through fsspec.
+        Hand the ident to :meth:`quarantine_if_unchanged` or :meth:`delete_if_unchanged`.
+        A maintenance tool then removes the file it judged.
+        It never removes one another writer put in its place since.
+        The ident is the inode on local paths, and the content through fsspec.
         """
         return [
             None if got is None else (got[0], self.io.ident_of_read(*got))
@@ -174,16 +175,18 @@ class FsReads(Store):
     def _start_local(
         self, key: ChunkKey, path: str, buffer: memoryview | None
     ) -> _LocalRead | None:
-        """First step of a local read: open the file, choose how bytes come in and, if
-        verifying, read and check the header; None if missing or corrupt.
+        """First step of a local read. None if missing or corrupt.
 
-        Into a caller's buffer, bytes come in as ``read_mode`` says (the whole buffer is
-        handed to the reader: room past the chunk's end lets an O_DIRECT read take its
-        last block whole). A verified read through the page cache takes the chunk's size
-        from its header, with no ``fstat`` (:class:`VerifiedRead` ``sized=False``); where
-        that read cannot vouch for the file, it is read again with its ``fstat``, which
-        judges it as before. The open file belongs to the returned read until
-        :meth:`_finish_local` ends it."""
+        It opens the file and chooses how bytes come in.
+        When verifying, it reads and checks the header.
+        Into a caller's buffer, bytes come in as ``read_mode`` says.
+        The whole buffer is handed to the reader.
+        Room past the chunk's end lets an O_DIRECT read take its last block whole.
+        A verified read through the page cache takes the chunk's size from its header.
+        It needs no ``fstat``: that is :class:`VerifiedRead` with ``sized=False``.
+        Where that read cannot vouch for the file, the file is read again with its ``fstat``.
+        That read judges it as before.
+        The open file belongs to the returned read until :meth:`_finish_local` ends it."""
         assert isinstance(self.io, LocalIO)
         try:
             fd = self.io.open_fd(path)
@@ -261,8 +264,9 @@ class FsReads(Store):
         return read.out, len(read.view)
 
     def _reread_sized(self, read: _LocalRead) -> None:
-        """Read and judge a chunk again knowing its file's size (its read sized by the header
-        could not vouch for it): the verdict a sized read gives from the start."""
+        """Read and judge a chunk again, knowing its file's size.
+        Its read sized by the header could not vouch for it.
+        Returns the verdict a sized read gives from the start."""
         assert isinstance(self.io, LocalIO)
         read.st = self.io.stat_fd(read.fd, read.path)
         read.out, read.view = self._sized_view(read.fd, read.st, read.out, read.key)
@@ -279,10 +283,12 @@ class FsReads(Store):
     def _sized_view(
         fd: int, st: FileStat, buffer: memoryview | None, key: ChunkKey
     ) -> tuple[Any, memoryview]:
-        """What a read of ``key``'s chunk file open at ``fd`` (of stat ``st``, from
-        ``LocalIO.stat_fd``: a regular file) returns (``buffer``, or a new bytearray of the
-        file's size) and the bytes of that the file fills. A file larger than ``buffer`` is
-        the format error its header shows, else ConfigError (the buffer is too small)."""
+        """What a read of ``key``'s chunk file open at ``fd`` returns, and the bytes it fills.
+
+        ``st`` is the file's stat from ``LocalIO.stat_fd``, a regular file.
+        The read returns ``buffer``, or a new bytearray of the file's size.
+        A file larger than ``buffer`` raises the format error its header shows.
+        Else it raises ConfigError, as the buffer is too small."""
         if buffer is None:
             out = bytearray(st.size)
             return out, memoryview(out)
@@ -502,10 +508,11 @@ class FsReads(Store):
 
 
 GROUP_BYTES = 16 * 1024 * 1024
-"""Buffer bytes one thread takes at once in :meth:`FsStore.get_many_into` (headers first,
-then payloads): a few small chunks share the warm header step; a chunk this big or bigger
-goes alone (its header work is noise against its payload, and single chunks spread best
-over the threads)."""
+"""Buffer bytes one thread takes at once in :meth:`FsStore.get_many_into`.
+It takes headers first, then payloads.
+A few small chunks share the warm header step.
+A chunk this big or bigger goes alone.
+Its header work is noise against its payload, and single chunks spread best over threads."""
 
 GROUP_MAX = 4
 """At most this many reads, each an open file, are started ahead per thread.
@@ -520,12 +527,15 @@ def _group_size(count: int, buffer_bytes: int, workers: int) -> int:
 
 
 def _refuse_oversized(fd: int, size: int, room: int, key: ChunkKey) -> NoReturn:
-    """A chunk file of ``size`` bytes larger than the caller's buffer of ``room``: raise the
-    :class:`FormatError` its own header shows (:func:`judge_oversized`: a corrupt chunk,
-    quarantined like any other), else :class:`ConfigError` (a whole chunk the caller's
-    buffer is too small for: the caller's mistake).
+    """Judge a chunk file of ``size`` bytes larger than the caller's buffer of ``room``.
 
-    Reads the header only (at most 16 MiB), never the file: it may be anything, of any size.
+    Raises the :class:`FormatError` its own header shows, see :func:`judge_oversized`.
+    That is a corrupt chunk, quarantined like any other.
+    Else raises :class:`ConfigError`: a whole chunk the caller's buffer is too small for.
+    That is the caller's mistake.
+
+    Reads the header only, at most 16 MiB, never the file.
+    The file may be anything, of any size.
     """
     through_page_cache(fd)  # the reader may have opened it around the page cache: not aligned
     head = bytearray(min(header_bytes_needed(os.pread(fd, 8, 0)), size, 8 + MAX_HEADER_BYTES))
