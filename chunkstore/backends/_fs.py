@@ -1,14 +1,15 @@
-"""The filesystem store: a directory tree (local, NFS/Lustre mount, or any fsspec URL).
+"""The filesystem store: a directory tree, local, on an NFS or Lustre mount, or any fsspec URL.
 
-Layout (spec/FORMAT.md, "Store layout"; names in :mod:`chunkstore.backends._layout`)::
+The layout is in spec/FORMAT.md, "Store layout".
+:mod:`chunkstore.backends._layout` holds the names::
 
     <root>/chunkstore-layout.json
     <root>/<namespace>/ab/cd/<hex>.kvc
 
 Nothing is kept only in memory: a fresh process sees every chunk on disk.
-Writes go to a unique temp file in the chunk's directory and are renamed (or,
-for ``put_if_absent``, hard-linked) into place, so readers see whole chunks
-only and a killed writer leaves at most an orphan temp file.
+Writes go to a unique temp file in the chunk's directory.
+They are renamed into place, or hard-linked for ``put_if_absent``.
+So readers see whole chunks only, and a killed writer leaves at most an orphan temp file.
 """
 
 from __future__ import annotations
@@ -247,10 +248,12 @@ class FsStore(FsReads, FsWrites, Upkeep, Store):
             raise StoreError(f"{where}: cannot open store: {exc}") from None
 
     def _refuse_link(self, *parts: str) -> None:
-        """StoreError if ``root/parts[0]`` (or a deeper prefix of ``parts``) is a symbolic
-        link: the store writes its own files (quarantined chunks, ledger, model records)
-        only into real directories of its own, never through a link to elsewhere, where a
-        move or an atomic replace would overwrite someone's file of the same name."""
+        """Raise StoreError if ``root/parts[0]``, or a deeper prefix of ``parts``, is a symlink.
+
+        The store writes its own files only into real directories of its own.
+        Those are quarantined chunks, the ledger and model records.
+        It never writes through a link to elsewhere.
+        There a move or an atomic replace would overwrite someone's file of the same name."""
         path = self.root
         for part in parts:
             path = self.io.join(path, part)

@@ -126,8 +126,9 @@ class S3Reads(S3Requests):
     def get_many(self, keys: Sequence[ChunkKey]) -> list[bytes | None]:
         """Chunk bytes per key; ``None`` for missing, corrupt or unreachable chunks.
 
-        Up to ``concurrency`` GETs are in flight; each body is verified (on the calling
-        thread, off the event loop) as soon as it has arrived, while the others download.
+        Up to ``concurrency`` GETs are in flight.
+        Each body is verified as soon as it has arrived, while the others download.
+        That runs on the calling thread, off the event loop.
         """
         first = first_copies(keys)
         if len(first) < len(keys):
@@ -227,10 +228,12 @@ class S3Reads(S3Requests):
         return None if data is None else self._copy_into(key, data, view)
 
     def _copy_into(self, key: ChunkKey, data: Any, view: memoryview) -> int | None:
-        """``data`` (as :meth:`get_many` served it) into ``view``; its size. An object larger
-        than ``view`` is a miss where it is damaged (judged by its header, as the filesystem
-        store does, when ``verify`` is off and it was served unchecked), else ConfigError
-        (the caller's buffer is too small for a whole chunk)."""
+        """Copy ``data``, as :meth:`get_many` served it, into ``view``. Returns its size.
+
+        An object larger than ``view`` is a miss where it is damaged.
+        When ``verify`` is off and it was served unchecked, its header judges it.
+        The filesystem store does the same.
+        Otherwise it raises ConfigError: the caller's buffer is too small for a whole chunk."""
         size = len(data)
         if size > len(view):
             if not self.verify and not self._admit(key, judge_oversized(key, data, size)):
