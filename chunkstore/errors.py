@@ -1,9 +1,9 @@
 """The one exception hierarchy of chunkstore.
 
 Every error the library raises on purpose derives from :class:`ChunkStoreError`.
-Everything a decoder can say about bad bytes is a :class:`FormatError` subclass,
-so callers on the serving path can treat ``except FormatError`` as "this chunk
-is a miss" without ever catching programming errors by accident.
+Everything a decoder can say about bad bytes is a :class:`FormatError` subclass.
+So callers on the serving path can treat ``except FormatError`` as "this chunk is a miss".
+They never catch programming errors by accident.
 """
 
 from __future__ import annotations

@@ -1,14 +1,15 @@
 """Sizes (``500G``) and ages (``7d``) as users write them: CLI flags, store options, vLLM options.
 
-Sizes: a number with an optional suffix. ``K M G T P`` and ``KiB MiB GiB TiB
-PiB`` are powers of 1024 (what ``du -h`` and ``df -h`` print); ``KB MB GB TB
-PB`` are powers of 1000 (what disk vendors print). No suffix or ``B`` means
-bytes. Case does not matter. Ages: one or more ``<number><unit>`` parts with
-units ``s m h d w`` (``90m``, ``1d12h``, ``1.5h``); a bare number is seconds.
+Sizes are a number with an optional suffix.
+``K M G T P`` and ``KiB MiB GiB TiB PiB`` are powers of 1024, as ``du -h`` and ``df -h`` print.
+``KB MB GB TB PB`` are powers of 1000, as disk vendors print.
+No suffix or ``B`` means bytes. Case does not matter.
+Ages are one or more ``<number><unit>`` parts with units ``s m h d w``.
+Examples are ``90m``, ``1d12h`` and ``1.5h``. A bare number is seconds.
 
-Both are bounded (:data:`MAX_BYTES`, :data:`MAX_SECONDS`): a value past the
-bound, infinity or NaN is a :class:`ConfigError`, never an ``OverflowError``
-from a later ``int()`` or a wait.
+Both are bounded, by :data:`MAX_BYTES` and :data:`MAX_SECONDS`.
+A value past the bound, infinity or NaN is a :class:`ConfigError`.
+It is never an ``OverflowError`` from a later ``int()`` or a wait.
 """
 
 from __future__ import annotations

@@ -119,11 +119,13 @@ def _span(raw: bytes, marker: bytes, width: int) -> tuple[int, int]:
 def _version_of(data: memoryview, header_len: int) -> tuple[str, int, int]:
     """The version string right after the magic, and its major and minor numbers.
 
-    Read from fixed bytes before anything else is checked: every major version keeps the
-    length prefix, the magic and the version there, so a chunk of an unknown major is
-    recognised as such (unsupported, not damaged) whatever else a later major changes.
-    Input that ends before the closing quote is truncated; a ``header_len`` that ends the
-    header before it is malformed in every major (spec section 2.2).
+    They are read from fixed bytes before anything else is checked.
+    Every major version keeps the length prefix, the magic and the version there.
+    So a chunk of an unknown major is recognised as unsupported, not damaged.
+    That holds whatever else a later major changes.
+    Input that ends before the closing quote is truncated.
+    A ``header_len`` that ends the header before it is malformed in every major.
+    See spec section 2.2.
     """
     start = 8 + len(MAGIC)
     window = bytes(data[start : start + _MAX_VERSION_CHARS + 1])
@@ -172,14 +174,16 @@ def _json_object(text: bytes) -> dict[str, Any]:
 
 
 def _split_document(body: bytes) -> tuple[dict[str, Any], bytes]:
-    """Check header bytes (JSON text, then padding) against the lexical rules of section 3.1
-    and split them: the parsed ``__metadata__`` object, and the tensor members' text.
+    """Check header bytes against the lexical rules of section 3.1, and split them.
 
-    Strings hold printable ASCII other than ``"`` and ``\\`` (so no escapes), everything
-    between strings is one of ``{}[],:`` or a digit (compact JSON, integers only), and the
-    padding after the closing brace is spaces only. With these rules a string's bytes are
-    its value, which is what lets every reader find the checksum digits by byte search,
-    and ``__metadata__`` (strings only) ends at the first ``}`` outside a string.
+    The bytes are JSON text, then padding.
+    Returns the parsed ``__metadata__`` object, and the tensor members' text.
+    Strings hold printable ASCII other than ``"`` and ``\\``, so no escapes.
+    Everything between strings is one of ``{}[],:`` or a digit: compact JSON, integers only.
+    The padding after the closing brace is spaces only.
+    With these rules a string's bytes are its value.
+    That lets every reader find the checksum digits by byte search.
+    And ``__metadata__``, strings only, ends at the first ``}`` outside a string.
     """
     # (The header holds the magic and the whole version: _version_of checked header_len.)
     text = body.rstrip(b" ")
@@ -255,12 +259,13 @@ def _unknown(newer: bool, error: type[UnsupportedVersion], what: str) -> FormatE
 
 
 def tensor_nbytes(itemsize: int, shape: Sequence[int]) -> int | None:
-    """Bytes of a tensor of ``shape``, or None once they pass the largest offset a header
-    can hold (below ``10**18``): such a shape cannot match its ``data_offsets``.
+    """Bytes of a tensor of ``shape``, or None past the largest offset a header can hold.
 
-    Stops at the first dimension that passes the bound: a 16 MiB header holds ~900,000
-    dimensions, and multiplying them all out (a product of millions of digits) took
-    minutes per chunk read.
+    That offset is below ``10**18``.
+    Such a shape cannot match its ``data_offsets``.
+    It stops at the first dimension that passes the bound.
+    A 16 MiB header holds ~900,000 dimensions.
+    Multiplying them all out, a product of millions of digits, took minutes per chunk read.
     """
     nbytes = itemsize
     for dim in shape:
@@ -358,9 +363,10 @@ def _tensor_entries(tensors: dict[str, Any], newer: bool) -> tuple[list[TensorEn
 
 @dataclass(frozen=True, slots=True)
 class OpenHeader:
-    """A header past the checks that are frozen for its major version (spec section 3.4,
-    groups 1-5): everything needed to check the stored payload's length, checksum and MAC,
-    but not yet the compression, dtypes or tensor roles a newer minor may add."""
+    """A header past the checks that are frozen for its major version.
+    Those are groups 1-5 of spec section 3.4.
+    It holds all that checking the stored payload's length, checksum and MAC needs.
+    It has not yet checked what a newer minor may add: compression, dtypes or tensor roles."""
 
     raw: bytes
     """Length prefix and header (with padding)."""
@@ -505,14 +511,15 @@ def complete_header(opened: ChunkHeader | OpenHeader) -> ChunkHeader:
 
 
 def parse_header(data: memoryview) -> ChunkHeader:
-    """Validate and parse the header at the start of ``data`` (the whole chunk file or more).
+    """Validate and parse the header at the start of ``data``, the chunk file or more.
 
-    Runs every header check of spec/FORMAT.md section 3.4 (groups 1-5 and 9), but not the
-    stored payload's length, checksum or MAC. Raises a
-    :class:`~chunkstore.errors.FormatError` subclass for every defect. A chunk of an unknown
-    major version, or one of a newer minor using what this reader lacks, raises an
-    :class:`~chunkstore.errors.UnsupportedVersion`: from the header alone that is
-    "unsupported, unverified" (a damaged chunk can look so; :func:`decode_chunk` checks the
-    checksum first for a known major).
+    Runs every header check of spec/FORMAT.md section 3.4, groups 1-5 and 9.
+    It does not check the stored payload's length, checksum or MAC.
+    Raises a :class:`~chunkstore.errors.FormatError` subclass for every defect.
+    A chunk of an unknown major version raises an :class:`~chunkstore.errors.UnsupportedVersion`.
+    So does one of a newer minor that uses what this reader lacks.
+    From the header alone that is "unsupported, unverified".
+    A damaged chunk can look so.
+    :func:`decode_chunk` checks the checksum first for a known major.
     """
     return complete_header(open_header(data))

@@ -1,11 +1,12 @@
 """Where each tensor of a chunk lives, and which byte ranges each TP rank owns.
 
-The canonical payload is, for each layer group in order, for each layer in
-order, the layer's tensors: ``k`` then ``v`` (``[heads, tokens, head_dim]``)
-for attention groups, ``latent`` (``[tokens, head_dim]``) for MLA, ``state``
-(``state_shape``) for state groups. Heads are outermost, so the heads of TP
-rank ``r`` of ``t`` are one contiguous run inside each ``k``/``v`` tensor and a
-rank's share is two ranges per layer, whatever the TP size that wrote it.
+The canonical payload holds each layer's tensors, layer group by group, layer by layer.
+Attention groups have ``k`` then ``v``, each ``[heads, tokens, head_dim]``.
+MLA groups have ``latent``, ``[tokens, head_dim]``.
+State groups have ``state``, of ``state_shape``.
+Heads are outermost.
+So the heads of TP rank ``r`` of ``t`` are one contiguous run inside each ``k`` or ``v`` tensor.
+A rank's share is two ranges per layer, whatever the TP size that wrote it.
 """
 
 from __future__ import annotations
@@ -162,11 +163,12 @@ class ChunkLayout:
     # --- TP ranks -----------------------------------------------------------
 
     def rank_slices(self, rank: int, tp: int, *, for_write: bool = False) -> list[RankSlice]:
-        """Per tensor, the part TP rank ``rank`` of ``tp`` reads (or writes), in payload order.
+        """Per tensor, the part TP rank ``rank`` of ``tp`` reads or writes, in payload order.
 
-        Readers need their heads plus every unsplit tensor (MLA latents and
-        states are replicated on all ranks); writers skip unsplit tensors unless
-        they are rank 0, and replicas of a head unless they own it.
+        Readers need their heads plus every unsplit tensor.
+        MLA latents and states are unsplit: all ranks hold them.
+        Writers skip unsplit tensors unless they are rank 0.
+        They skip replicas of a head unless they own it.
         """
         slices: list[RankSlice] = []
         for slot in self.tensors:

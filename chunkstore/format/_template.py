@@ -184,13 +184,14 @@ def _fixed_spans(template: HeaderTemplate) -> tuple[tuple[int, bytes], ...]:
 
 
 def _learn(raw: bytes, header: ChunkHeader) -> None:
-    """Remember the template of a header the JSON parser accepted, if this library renders
-    headers of its shape byte for byte the same (a reader process that never built the
-    layout still parses each later chunk of it by position).
+    """Remember the template of a header the JSON parser accepted.
 
-    Safe for every later input: one that matches the template's fixed bytes differs from
-    ``raw`` only inside the fixed-width hex fields, which both parsers check alike, so the
-    JSON parser would accept it and return the same fields.
+    Only if this library renders headers of its shape byte for byte the same.
+    A reader process that never built the layout then parses later chunks of it by position.
+    This is safe for every later input.
+    One that matches the template's fixed bytes differs from ``raw`` only in the hex fields.
+    Those have fixed widths, and both parsers check them alike.
+    So the JSON parser would accept it and return the same fields.
     """
     from chunkstore.format._layout import ALIGNMENT  # layout builds on this module
 
@@ -224,11 +225,13 @@ def _learn(raw: bytes, header: ChunkHeader) -> None:
 def _parse_known(raw: bytes) -> ChunkHeader | None:
     """Parse ``raw`` by position if its fixed bytes match a known template, else None.
 
-    Only the fixed pieces are compared (``startswith`` at their offsets: no slice of the
-    header is copied), and each variable field is checked and decoded with one C-level pass
-    each (``binascii`` takes the bytes as they are; ``bytes.fromhex`` would need a str, and
-    decoding the 2 KiB token field to one cost more than the rest of the parse): this runs
-    once per chunk read.
+    This runs once per chunk read.
+    Only the fixed pieces are compared, with ``startswith`` at their offsets.
+    No slice of the header is copied.
+    Each variable field is checked and decoded with one C-level pass.
+    ``binascii`` takes the bytes as they are.
+    ``bytes.fromhex`` would need a str.
+    Decoding the 2 KiB token field to one cost more than the rest of the parse.
     """
     for template, pieces in _KNOWN_TEMPLATES.get(len(raw), ()):
         for start, piece in pieces:

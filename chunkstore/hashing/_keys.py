@@ -207,11 +207,11 @@ def chain_keys(
 ) -> list[ChunkKey]:
     """One key per full chunk of ``tokens``; a partial tail gets none.
 
-    ``root`` is the 32-byte namespace root (see :func:`namespace_root`). The
-    i-th key covers ``tokens[i*chunk_tokens:(i+1)*chunk_tokens]`` and every
-    token before it, through the chain. ``after``: the key of the chunk just
-    before ``tokens[0]`` (under the same root), to go on with a chain already
-    computed instead of hashing its prefix again.
+    ``root`` is the 32-byte namespace root, see :func:`namespace_root`.
+    The i-th key covers ``tokens[i*chunk_tokens:(i+1)*chunk_tokens]``.
+    Through the chain it covers every token before it too.
+    ``after`` is the key of the chunk just before ``tokens[0]``, under the same root.
+    It goes on with a chain already computed, instead of hashing its prefix again.
     """
     if chunk_tokens <= 0:
         raise ConfigError(f"chunk_tokens must be positive, got {chunk_tokens}")
