@@ -104,9 +104,9 @@ class ServerAccounting:
     # --- node service: per client ---------------------------------------------------------
 
     def node_clients(self, attached: dict[str, int]) -> None:
-        """The node clients now attached (client name -> connections); clients that left
-        lose their per-client lease gauge at once, and their chunk counts after a grace
-        period (:attr:`client_series`)."""
+        """The node clients now attached, as client name to connections.
+        Clients that left lose their per-client lease gauge at once.
+        They lose their chunk counts after a grace period, see :attr:`client_series`."""
         name = self._name()
         self.metrics.node_clients.labels(name).set(sum(attached.values()))
         with self._lock:

@@ -1,11 +1,12 @@
 """The peer part of ``chunkstore demo``: a second process pulls chunks the first one serves.
 
-This process plays the prefill instance: it computes (synthesises) the KV
-chunks of a conversation into a store and serves it with a
-:class:`~chunkstore.peer.PeerServer`. A spawned decode process
-connects, looks up the conversation's prefix, pulls the chunks over the best
-data plane both sides have (NIXL when installed, else inline ZeroMQ),
-verifies every byte against what it expects, and reports back.
+This process plays the prefill instance.
+It synthesises the KV chunks of a conversation into a store.
+It serves the store with a :class:`~chunkstore.peer.PeerServer`.
+A spawned decode process connects and looks up the conversation's prefix.
+It pulls the chunks over the best data plane both sides have.
+That is NIXL when installed, else inline ZeroMQ.
+It verifies every byte against what it expects, and reports back.
 """
 
 from __future__ import annotations

@@ -1,13 +1,14 @@
 """Finding peers: a static list, a registry directory on a shared mount, or Redis.
 
-Servers announce a :class:`PeerInfo` with a heartbeat (:class:`Announcer`);
-an entry not renewed within its TTL disappears (Redis expires the key, the file
-registry ignores and later removes stale files), so a crashed server drops
-out on its own. Clients call ``peers()`` on any source.
+Servers announce a :class:`PeerInfo` with a heartbeat, see :class:`Announcer`.
+An entry not renewed within its TTL disappears.
+Redis expires the key. The file registry ignores stale files and later removes them.
+So a crashed server drops out on its own.
+Clients call ``peers()`` on any source.
 
-``peers()`` is forgiving (an unreachable registry lists nobody, so a serving
-client degrades to fewer peers); tools that must tell "empty" from
-"unreachable" call the registry's ``check()`` first.
+``peers()`` is forgiving: an unreachable registry lists nobody.
+So a serving client degrades to fewer peers.
+Tools that must tell "empty" from "unreachable" call the registry's ``check()`` first.
 """
 
 from __future__ import annotations

@@ -1,10 +1,11 @@
 """The peer server's request handlers: one method per protocol operation.
 
-Requests reach :meth:`RequestHandlers.handle` already decoded, authenticated
-and checked against the field grammar (``protocol.validate_request``), and,
-except for ``hello``, within a known session. Each handler returns the reply
-fields, the data frames and a callback to run once the frames are sent (it
-unpins what they point at), or raises ProtocolViolation for an error reply.
+Requests reach :meth:`RequestHandlers.handle` already decoded and authenticated.
+They are checked against the field grammar by ``protocol.validate_request``.
+Except for ``hello``, they come within a known session.
+Each handler returns the reply fields, the data frames and a callback.
+The callback runs once the frames are sent, and unpins what they point at.
+A handler raises ProtocolViolation for an error reply.
 """
 
 from __future__ import annotations
@@ -88,10 +89,11 @@ def push_check(
 class RequestHandlers:
     """Answers the requests of one peer server over ``store``.
 
-    ``planes`` and ``nixl_reason`` are what the server offers after starting NIXL
-    (``staging`` is its NIXL side, ``None`` without NIXL; ``shm`` its slot plane, ``None``
-    without one); ``name`` and ``stats`` give the server's name and ``stats`` record;
-    ``valid`` checks what clients send (:func:`push_check`).
+    ``planes`` and ``nixl_reason`` are what the server offers after starting NIXL.
+    ``staging`` is its NIXL side, ``None`` without NIXL.
+    ``shm`` is its slot plane, ``None`` without one.
+    ``name`` and ``stats`` give the server's name and ``stats`` record.
+    ``valid`` checks what clients send, see :func:`push_check`.
     """
 
     def __init__(

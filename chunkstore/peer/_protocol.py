@@ -1,9 +1,11 @@
-"""Wire format of the peer protocol (spec/PROTOCOL.md): framing, MACs, keys, validation.
+"""Wire format of the peer protocol in spec/PROTOCOL.md: framing, MACs, keys, validation.
 
-A message is one ZeroMQ multipart message ``[body, tag, data...]``: ``body`` is a
-msgpack map, ``tag`` the HMAC-SHA256 of the body (empty when no secret is
-configured) and ``data`` zero or more raw chunk files. Nothing here touches a
-socket, so the rules are testable without ZeroMQ and shared by server and client.
+A message is one ZeroMQ multipart message ``[body, tag, data...]``.
+``body`` is a msgpack map.
+``tag`` is the HMAC-SHA256 of the body, empty when no secret is configured.
+``data`` is zero or more raw chunk files.
+Nothing here touches a socket.
+So the rules are testable without ZeroMQ, and server and client share them.
 """
 
 from __future__ import annotations

@@ -1,11 +1,12 @@
-"""PeerServer: exposes a store (a host cache, a tiered store, any Store) to other instances.
+"""PeerServer: exposes a store to other instances, be it a host cache, a tiered store or any.
 
-One I/O thread owns the ZeroMQ ROUTER socket: it receives, checks size,
-framing, version and MAC, and hands valid requests to a small worker pool
-(store calls may block on disk). Workers queue their replies and wake the I/O
-thread through a pipe; only the I/O thread ever touches the socket, as ZeroMQ
-requires. The same loop expires leases and idle sessions, so a dead client
-cannot pin memory beyond its lease.
+One I/O thread owns the ZeroMQ ROUTER socket.
+It receives, and checks size, framing, version and MAC.
+It hands valid requests to a small worker pool, since store calls may block on disk.
+Workers queue their replies and wake the I/O thread through a pipe.
+Only the I/O thread ever touches the socket, as ZeroMQ requires.
+The same loop expires leases and idle sessions.
+So a dead client cannot pin memory beyond its lease.
 """
 
 from __future__ import annotations
@@ -561,11 +562,12 @@ class PeerServer:
         self._queue_reply([ident, *frames], on_sent, on_dropped)
 
     def _connection_of(self, frame: Any) -> int:
-        """The connection (its file descriptor) a node client's ``hello`` came in on.
+        """The connection, by file descriptor, that a node client's ``hello`` came in on.
 
-        Disconnect events name connections by descriptor, and a closed descriptor is
-        reused by the next connection: so every disconnect queued before this message
-        is taken first (libzmq queues the event before closing the descriptor).
+        Disconnect events name connections by descriptor.
+        The next connection reuses a closed descriptor.
+        So every disconnect queued before this message is taken first.
+        libzmq queues the event before closing the descriptor.
         """
         if self._monitor is not None:
             self._drain_monitor(self._monitor)

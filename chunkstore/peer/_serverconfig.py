@@ -62,9 +62,10 @@ class PeerServerConfig:
     limits: P.Limits = field(default_factory=P.Limits)
     """Message size limits."""
     seal_layout: ChunkLayout | None = None
-    """The served model's chunk layout (``chunkstore serve --spec``): with it a node service
-    assembles and seals the chunks of TP engines, whose ranks each write some heads;
-    without it TP ranks cannot save through it (``shm`` plane only)."""
+    """The served model's chunk layout, from ``chunkstore serve --spec``.
+    With it a node service assembles and seals the chunks of TP engines.
+    Their ranks each write some heads.
+    Without it TP ranks cannot save through it. This is for the ``shm`` plane only."""
     handle_on_io_thread: bool | None = None
     """Answer requests on the I/O thread instead of the worker pool.
     It saves a thread hop per request, see docs/benchmarks.md, Peers.

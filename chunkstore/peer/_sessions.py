@@ -1,12 +1,13 @@
 """The sessions and leases of one peer server, within its caps.
 
-A session is what ``hello`` opens; a lease holds pins (host slots, staging
-allocations) a client may read over NIXL until it releases them or the lease
-expires. The table admits sessions within ``max_sessions`` and
-``max_sessions_per_client`` (evicting the least recently used where allowed),
-grants and gives back leases, and expires idle sessions and old leases when
-the server's I/O loop sweeps it, so a dead client cannot pin memory beyond
-its lease.
+A session is what ``hello`` opens.
+A lease holds pins, on host slots or staging allocations.
+A client may read them over NIXL until it releases them or the lease expires.
+The table admits sessions within ``max_sessions`` and ``max_sessions_per_client``.
+It evicts the least recently used session where allowed.
+It grants and gives back leases.
+It expires idle sessions and old leases when the server's I/O loop sweeps it.
+So a dead client cannot pin memory beyond its lease.
 """
 
 from __future__ import annotations
@@ -95,11 +96,13 @@ class SessionTable:
     def admit(self, session_id: bytes, session: Session) -> None:
         """Add a session within the caps, evicting a least recently used one where allowed.
 
-        A client identity at its cap loses its own oldest session (a client that says hello
-        again has most likely lost the old one). A full server evicts the least recently used
-        session idle at least ``session_evict_idle_s``, preferring sessions without leases;
-        when every session is busier than that, the hello is refused (ProtocolViolation
-        ``too_many_sessions``; ``session`` is then forgotten too).
+        A client identity at its cap loses its own oldest session.
+        A client that says hello again has most likely lost the old one.
+        A full server evicts the least recently used session idle at least
+        ``session_evict_idle_s``.
+        It prefers sessions without leases.
+        When every session is busier than that, the hello is refused.
+        That raises ProtocolViolation ``too_many_sessions``, and ``session`` is forgotten too.
         """
         cfg = self._config
         now = time.monotonic()

@@ -1,11 +1,13 @@
 """PeerStore: a Store over one or more peer servers, usable as a tier of a TieredStore.
 
-Reads ask every peer in parallel and take the best answer; a peer that fails
-is a miss (and is skipped for ``retry_after_s``), never an exception. One read
-call is bounded by one ``timeout_s`` in total: its requests to a peer (``hello``,
-``exists``, ``fetch``, the NIXL READ) share a deadline set when the call starts. Every
-chunk that arrives is verified (checksum, key, and fingerprint or MAC when
-configured) before it is returned: a partial or damaged transfer is a miss.
+Reads ask every peer in parallel and take the best answer.
+A peer that fails is a miss, never an exception, and is skipped for ``retry_after_s``.
+One read call is bounded by one ``timeout_s`` in total.
+Its requests to a peer share a deadline set when the call starts.
+Those are ``hello``, ``exists``, ``fetch`` and the NIXL READ.
+Every chunk that arrives is verified before it is returned.
+The checks are the checksum and key, and the fingerprint or MAC when configured.
+A partial or damaged transfer is a miss.
 Writes push chunks to the peer with the most free capacity.
 """
 
@@ -163,9 +165,10 @@ class PeerStore(Store):
             return list(self._clients.values())
 
     def _retire(self, client: PeerClient) -> None:
-        """Close the client of a peer that left discovery, off the caller's path (caller holds
-        the lock): its goodbye waits for a reply, and a peer that left has often died, so
-        closing it here would cost the read that noticed a whole timeout, under the lock."""
+        """Close the client of a peer that left discovery, off the caller's path.
+        The caller holds the lock.
+        The client's goodbye waits for a reply, and a peer that left has often died.
+        Closing it here would cost the read that noticed a whole timeout, under the lock."""
         self._retiring.add(client)
 
         def close() -> None:
@@ -179,9 +182,10 @@ class PeerStore(Store):
             pass
 
     def _client_for(self, info: PeerInfo, nixl: NixlClientPlane | None) -> PeerClient | None:
-        """A client for a discovered peer; ``None`` (warned once) for a record whose endpoint
-        no client can connect to: anyone who can write a registry can write a record, and
-        one bad record must not turn every read into an exception."""
+        """A client for a discovered peer.
+        ``None``, warned once, for a record whose endpoint no client can connect to.
+        Anyone who can write a registry can write a record.
+        One bad record must not turn every read into an exception."""
         try:
             endpoint = peer_endpoint(info.endpoint)
         except ConfigError as exc:
