@@ -110,8 +110,8 @@ def on_huge_pages(view: memoryview) -> bool:
 
 
 def through_page_cache(fd: int) -> None:
-    """Take ``O_DIRECT`` off ``fd`` (a :class:`ChunkFileReader` may have set it), so that reads
-    of any length, at any offset, into any memory may follow."""
+    """Take ``O_DIRECT`` off ``fd``, which a :class:`ChunkFileReader` may have set.
+    Reads of any length, at any offset, into any memory may then follow."""
     flags = fcntl.fcntl(fd, fcntl.F_GETFL)
     if flags & O_DIRECT:
         fcntl.fcntl(fd, fcntl.F_SETFL, flags & ~O_DIRECT)
@@ -196,8 +196,9 @@ class ChunkFileReader:
                 os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_DONTNEED)
 
     def _cached(self) -> bool:
-        """Whether the page cache holds the file's first page (read into the buffer, never
-        waiting for the disk); True where the filesystem cannot tell."""
+        """Whether the page cache holds the file's first page. True where the filesystem
+        cannot tell.
+        The page is read into the buffer, never waiting for the disk."""
         view = self.buffer[: self.PROBE]
         os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_RANDOM)
         try:
@@ -464,8 +465,8 @@ class VerifiedRead:
         verifier.finish()
 
     def _fill_last(self, start: int, size: int) -> None:
-        """Read ``target[start:size]``, the chunk's last bytes, with the byte past its end;
-        raises unless the file holds exactly ``size`` bytes (sized by the header)."""
+        """Read ``target[start:size]``, the chunk's last bytes, with the byte past its end.
+        Raises unless the file holds exactly ``size`` bytes, the size its header gives."""
         got = os.preadv(self._fd, [self.target[start:size], _PAST_END], start)
         if got != size - start:
             raise TruncatedChunk(f"file holds {start + got} bytes or more, header says {size}")
@@ -479,11 +480,12 @@ def read_verified_into(
     reader: Any = None,
     expected_namespace: str | None = None,
 ) -> None:
-    """Fill ``target`` (exactly the file's size) from ``fd`` and validate it as a chunk.
+    """Fill ``target``, exactly the file's size, from ``fd`` and validate it as a chunk.
 
-    Both steps of :class:`VerifiedRead` at once. Raises a
-    :class:`~chunkstore.errors.FormatError` subclass if the bytes are not a
-    valid chunk (or not the one asked for); ``target`` then holds garbage.
+    This runs both steps of :class:`VerifiedRead` at once.
+    Raises a :class:`~chunkstore.errors.FormatError` subclass if the bytes are not a valid chunk.
+    It raises one too if they are not the chunk asked for.
+    ``target`` then holds garbage.
     """
     VerifiedRead(
         fd, target, expected_key, reader=reader, expected_namespace=expected_namespace

@@ -62,8 +62,8 @@ class FsIoStats:
     cached_reads: int
     """Chunk reads served through the page cache only, from files it held (or ``buffered``)."""
     cold_reads: int
-    """Chunk reads (``auto``) of files the page cache did not hold: through it with
-    sequential readahead, the file's pages dropped after."""
+    """Chunk reads in ``auto`` mode of files the page cache did not hold.
+    They went through it with sequential readahead, and the file's pages were dropped after."""
 
 
 class FsReads(Store):
@@ -129,9 +129,10 @@ class FsReads(Store):
     def get_many(self, keys: Sequence[ChunkKey]) -> list[bytes | None]:
         """Chunk bytes per key; ``None`` for missing and corrupt (quarantined) chunks.
 
-        On local paths with verification the result is a ``bytearray`` (read and
-        checksummed in one pass, no extra copy); otherwise ``bytes``. Several chunks
-        are read at a time (``io_workers``).
+        On local paths with verification the result is a ``bytearray``.
+        It is read and checksummed in one pass, with no extra copy.
+        Otherwise it is ``bytes``.
+        Several chunks are read at a time, see ``io_workers``.
         """
         # Each key once (a corrupt chunk asked for twice is counted and set aside once);
         # a later copy of a key gets a buffer of its own (bytes are shared: immutable).
@@ -162,8 +163,9 @@ class FsReads(Store):
     def _read_local(
         self, key: ChunkKey, path: str, buffer: memoryview | None
     ) -> tuple[Any, int] | None:
-        """Read (and, if verifying, check in the same pass) a local chunk into ``buffer``
-        or a new bytearray; (buffer, size), or None if missing or corrupt."""
+        """Read a local chunk into ``buffer`` or a new bytearray.
+        When verifying, it checks it in the same pass.
+        Returns (buffer, size), or None if missing or corrupt."""
         pending = self._start_local(key, path, buffer)
         if pending is None:
             return None
@@ -393,8 +395,9 @@ class FsReads(Store):
         return results
 
     def _read_into_many(self, keys: list[ChunkKey], buffers: list[Buffer]) -> list[Any]:
-        """:meth:`get_into` for keys given once each; per item its size, None, or the
-        exception its read raised (once every read has ended)."""
+        """:meth:`get_into` for keys given once each.
+        Per item it returns its size, None, or the exception its read raised.
+        It returns once every read has ended."""
         items = list(zip(keys, buffers))
         if not isinstance(self.io, LocalIO):
             return self._pool.map(lambda pair: self._get_into_or_error(*pair), items)
@@ -452,8 +455,8 @@ class FsReads(Store):
     def _admit_read(
         self, key: ChunkKey, judgement: Judgement, st: FileStat, data: Any = None
     ) -> bool:
-        """:meth:`_admit` for a read of ``data`` from the file ``st`` describes (``data`` is
-        needed only where the stat cannot name the file: fsspec)."""
+        """:meth:`_admit` for a read of ``data`` from the file ``st`` describes.
+        ``data`` is needed only where the stat cannot name the file, as under fsspec."""
         if judgement.verdict is ReadVerdict.CORRUPT:
             # remember which file was bad so a concurrent good rewrite is not quarantined
             self._suspects[key] = self.io.ident_of_read(data, st)
@@ -466,9 +469,9 @@ class FsReads(Store):
     # --- access times ------------------------------------------------------------
 
     def _touch(self, key: ChunkKey, path: str, st: FileStat | None, fd: int = -1) -> None:
-        """Record a read of ``key``'s file as an access, at most once per
-        ``access_resolution``. ``st``: the file's stat, or None to ``fstat`` the open ``fd``
-        of it, only when this process's own memory of recent accesses does not settle it."""
+        """Record a read of ``key``'s file as an access, at most once per ``access_resolution``.
+        ``st`` is the file's stat, or None to ``fstat`` the open ``fd`` of it.
+        That happens only when this process's memory of recent accesses does not settle it."""
         if not self.track_access:
             return
         now = time.time()

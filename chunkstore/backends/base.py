@@ -76,8 +76,9 @@ class ReadVerdict(enum.Enum):
     OK = "ok"
     """A valid chunk, the one asked for: serve it."""
     NEWER = "newer"
-    """Written by a newer chunkstore (:class:`~chunkstore.errors.UnsupportedVersion` and its
-    subclasses): a plain miss, not counted, never quarantined: intact for newer readers."""
+    """Written by a newer chunkstore: :class:`~chunkstore.errors.UnsupportedVersion` and its
+    subclasses.
+    A plain miss, not counted and never quarantined. It is intact for newer readers."""
     REFUSED = "refused"
     """Intact but not for this reader: a miss that leaves the stored copy alone.
     :class:`~chunkstore.errors.SpecMismatch` means another model.
@@ -114,8 +115,8 @@ class Judgement:
 
     @classmethod
     def of(cls, error: FormatError) -> Judgement:
-        """The judgement on a chunk whose check raised ``error`` (a reader that validates
-        as it reads, rather than through :func:`judge`)."""
+        """The judgement on a chunk whose check raised ``error``.
+        It is for a reader that validates as it reads, rather than through :func:`judge`."""
         return cls(verdict_of(error), error)
 
     @property
@@ -131,9 +132,10 @@ def judge(
     mac_key: bytes | None = None,
     expected_fingerprint: bytes | None = None,
 ) -> Judgement:
-    """Check ``data`` as the chunk stored under ``key``: structure, checksum and key, plus
-    the MAC and the model fingerprint where given. Never raises a format error: every
-    defect is a verdict; an OK judgement carries the validated header."""
+    """Check ``data`` as the chunk stored under ``key``.
+    It checks structure, checksum and key, and the MAC and model fingerprint where given.
+    It never raises a format error: every defect is a verdict.
+    An OK judgement carries the validated header."""
     try:
         chunk = decode_chunk(
             data,
@@ -284,7 +286,7 @@ class Store(ABC):
     Stores shared by many writers set ``UNSUPPORTED_GRACE``."""
 
     def _written_at(self, key: ChunkKey) -> float | None:
-        """When the chunk stored under ``key`` was written (seconds since the epoch), or
+        """When the chunk stored under ``key`` was written, in seconds since the epoch.
         ``None`` if it is absent or the store cannot tell."""
         return None
 
@@ -328,8 +330,8 @@ class Store(ABC):
         return written
 
     def _quarantine(self, key: ChunkKey, reason: str) -> str:
-        """Move a corrupt chunk out of the serving path; what became of it, for the log
-        (raises StoreError where that failed). Default: delete it."""
+        """Move a corrupt chunk out of the serving path. Returns what became of it, for the log.
+        Raises StoreError where that failed. The default deletes it."""
         return "deleted" if self.delete_many([key]) else "already gone"
 
     # --- validated reads ---------------------------------------------------------
@@ -532,8 +534,9 @@ class SupportsPinning(Protocol):
     A peer server hands such buffers to NIXL without a copy."""
 
     def acquire(self, key: ChunkKey) -> PinnedChunk | None:
-        """Pin ``key``: an object whose ``view`` holds exactly the chunk's bytes and stays
-        valid and unchanged until :meth:`release`; ``None`` if absent."""
+        """Pin ``key``. ``None`` if absent.
+        Returns an object whose ``view`` holds exactly the chunk's bytes.
+        It stays valid and unchanged until :meth:`release`."""
         ...
 
     def release(self, lease: Any) -> None:
@@ -558,8 +561,9 @@ class SupportsReserve(Protocol):
     """Fast path: incoming chunks can be written straight into a slot (no staging copy)."""
 
     def reserve(self, key: ChunkKey) -> PinnedChunk | None:
-        """A pinned writable slot for ``key`` (its ``view`` spans the whole slot), invisible
-        to readers until :meth:`commit`; ``None`` when there is no room."""
+        """A pinned writable slot for ``key``, or ``None`` when there is no room.
+        Its ``view`` spans the whole slot.
+        Readers do not see it until :meth:`commit`."""
         ...
 
     def commit(self, lease: Any, length: int | None = None) -> None:

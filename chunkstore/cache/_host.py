@@ -169,11 +169,12 @@ class HostCache(Store):
         self._rejected = 0
         self._closed = False
         self.loans = SlotLoans(self)
-        """Slots on loan to TP rank processes (:mod:`chunkstore.cache.assembly`): out of the
-        free list and of the index until adopted (sealed chunk) or recalled."""
+        """Slots on loan to TP rank processes, see :mod:`chunkstore.cache.assembly`.
+        They are out of the free list and of the index until adopted or recalled.
+        A slot is adopted with the chunk sealed in it."""
         self.listener: ChunkListener | None = None
-        """Told of every chunk published here and every one evicted or deleted (the caller
-        holds this cache's lock meanwhile); None: nobody listens."""
+        """Told of every chunk published here, and every one evicted or deleted.
+        The caller holds this cache's lock meanwhile. None means nobody listens."""
 
     # --- capabilities / stats -------------------------------------------------------------
 
@@ -200,8 +201,9 @@ class HostCache(Store):
     def memory_regions(self) -> list[memoryview]:
         """Buffers that contain every view :meth:`acquire` and :meth:`reserve` return.
 
-        They never move while the cache is open: a transfer engine (NIXL)
-        registers them once and then reads or writes any slot in place.
+        They never move while the cache is open.
+        A transfer engine such as NIXL registers them once.
+        It then reads or writes any slot in place.
         """
         self._check_open()
         return [self.pool.data_region()]
@@ -248,10 +250,10 @@ class HostCache(Store):
         return Lease(self, key, slot, generation, self.pool.view(slot), writing=True)
 
     def commit(self, lease: Lease, length: int | None = None, *, keep_pinned: bool = False) -> None:
-        """Publish a reserved slot holding ``length`` bytes (default: the whole slot).
+        """Publish a reserved slot holding ``length`` bytes, by default the whole slot.
 
-        ``keep_pinned`` turns the write lease into a read lease that the caller
-        releases later (the tiered store holds it until write-back is done).
+        ``keep_pinned`` turns the write lease into a read lease that the caller releases later.
+        The tiered store holds it until write-back is done.
         """
         if lease.released or not lease.writing:
             raise StaleSlot(f"{lease!r} is not an open reservation")
@@ -363,10 +365,10 @@ class HostCache(Store):
                 self._unpin(lease.slot)
 
     def get_into(self, key: ChunkKey, buffer: Buffer) -> int | None:
-        """Copy a cached chunk into ``buffer``; its size, or ``None`` on a miss.
+        """Copy a cached chunk into ``buffer``. Returns its size, or ``None`` on a miss.
 
-        With ``verify`` the chunk is checked first; a corrupt one is counted,
-        dropped from the cache and reported as a miss.
+        With ``verify`` the chunk is checked first.
+        A corrupt one is counted, dropped from the cache and reported as a miss.
         """
         lease = self.acquire(key)
         if lease is None:
@@ -442,10 +444,11 @@ class HostCache(Store):
     ) -> Insertion:
         """Copy ``data`` into a slot for ``key``; see :class:`Insertion` for the outcome.
 
-        ``if_absent`` writes only when the key is not cached, atomically: the
-        copy then happens under the cache lock, so of two concurrent callers
-        exactly one writes. ``keep_pinned`` returns the slot as a read lease
-        that the caller must release (the tiered store's write-back holds it).
+        ``if_absent`` writes only when the key is not cached, atomically.
+        The copy then happens under the cache lock.
+        So of two concurrent callers exactly one writes.
+        ``keep_pinned`` returns the slot as a read lease that the caller must release.
+        The tiered store's write-back holds it.
         """
         view = _byte_view(data)
         if len(view) > self.slot_size:
@@ -510,8 +513,8 @@ class HostCache(Store):
     # --- TP shard assembly: what SlotLoans (chunkstore.cache._lending) asks of the cache -----
 
     def _spare_slot(self) -> int | None:
-        """A free slot taken out of the cache, evicting by policy when none is free; ``None``
-        when every slot is pinned (caller holds the lock)."""
+        """A free slot taken out of the cache, evicting by policy when none is free.
+        ``None`` when every slot is pinned. The caller holds the lock."""
         if not self._free and not self._steal_slot(exclude=None):
             return None
         return self._free.pop()

@@ -357,8 +357,10 @@ class PrefixARCPolicy(ARCPolicy):
         return victim
 
     def _enter(self, key: Hashable, frequent: bool, parent: Hashable | None) -> None:
-        """The end of an admission, victim gone: ``key`` joins T2 (stamped) if ``frequent``,
-        else T1; its resident children stop being orphans; it is linked; ghosts are trimmed."""
+        """The end of an admission, once the victim is gone.
+        ``key`` joins T2, stamped, if ``frequent``, else T1.
+        Its resident children stop being orphans.
+        It is linked, and ghosts are trimmed."""
         t1, t2, b1, b2 = self.t1, self.t2, self.b1, self.b2
         clock = self._clock
         if frequent:
@@ -488,8 +490,8 @@ class PrefixARCPolicy(ARCPolicy):
     def _choose_victim(self, p: float, in_b2: bool, can_evict: CanEvict | None) -> Hashable:
         """The victim, without moving anything; raises when every resident key is vetoed.
 
-        Orphans first, then ARC's list order, each candidate walked down to a leaf;
-        then, only when pins hold every leaf, an inner key.
+        Orphans come first, then ARC's list order, each candidate walked down to a leaf.
+        Only when pins hold every leaf does an inner key come next.
         """
         return self._careful_victim(self._replace_from_t1(p, in_b2), can_evict)
 
@@ -533,10 +535,11 @@ class PrefixARCPolicy(ARCPolicy):
         can_evict: CanEvict | None,
         dead: set[Hashable],
     ) -> Hashable | None:
-        """The leaf reached from ``key`` (see :meth:`_coldest`), if it may be evicted.
+        """The leaf reached from ``key``, if it may be evicted. See :meth:`_coldest`.
 
-        ``dead`` collects the keys of failed walks: a walk that reaches one ends where
-        that one did, so each REPLACE walks every key at most once.
+        ``dead`` collects the keys of failed walks.
+        A walk that reaches one ends where that one did.
+        So each REPLACE walks every key at most once.
         """
         children = self._children
         node = key
@@ -621,9 +624,10 @@ class PrefixARCPolicy(ARCPolicy):
 
 
 class _Siblings(dict[Hashable, None]):
-    """Two or more children of one parent (or a lone ``None`` key), in the order they were linked.
+    """Two or more children of one parent, or a lone ``None`` key, in the order linked.
 
-    Its own type so that it can be told from a key (a dict is never hashable, so no key is one).
+    It has its own type so that it can be told from a key.
+    A dict is never hashable, so no key is one.
     """
 
     __slots__ = ()

@@ -44,8 +44,9 @@ class Session:
     retained: int
     """Bytes the client made us keep (its name and NIXL metadata), for ``stats``."""
     connection: int | None = None
-    """The connection (its file descriptor in the server) a node session lives on: it ends
-    when that connection closes, and never by idling or eviction. ``None`` for TCP peers."""
+    """The connection a node session lives on, by its file descriptor in the server.
+    The session ends when that connection closes, never by idling or eviction.
+    ``None`` for TCP peers."""
 
 
 @dataclass
@@ -72,10 +73,10 @@ def release_pins(lease: SessionLease) -> None:
 
 
 class SessionTable:
-    """Sessions and leases of one server; thread-safe.
+    """Sessions and leases of one server. Thread-safe.
 
-    ``forget`` is called with every session that ends (bye, eviction, idle
-    expiry) so the server can drop what it loaded for it (its NIXL agent).
+    ``forget`` is called with every session that ends, by bye, eviction or idle expiry.
+    The server then drops what it loaded for it, such as its NIXL agent.
     """
 
     def __init__(
@@ -210,8 +211,8 @@ class SessionTable:
         lease_ms: int | None,
         held: list[Any] | None = None,
     ) -> bytes:
-        """A new lease id; its pins (``releases``, when any) are held for ``lease_ms``
-        (``None``: until released or the session ends; node sessions only)."""
+        """A new lease id. Its pins, the ``releases`` if any, are held for ``lease_ms``.
+        ``None`` holds them until released or the session ends, for node sessions only."""
         lease_id = P.new_token(P.LEASE_BYTES)
         if releases:
             expires = float("inf") if lease_ms is None else time.monotonic() + lease_ms / 1000
@@ -230,7 +231,7 @@ class SessionTable:
         return lease_id
 
     def take_lease(self, session_id: bytes, lease_id: bytes) -> SessionLease | None:
-        """Remove a lease of this session without releasing it (its holder finishes it);
+        """Remove a lease of this session without releasing it. Its holder finishes it.
         ``None`` when it is unknown, ended or another session's."""
         with self._lock:
             lease = self._leases.get(lease_id)
@@ -252,8 +253,9 @@ class SessionTable:
         self._client_leases_changed(clients)
 
     def _client_leases_changed(self, clients: set[str]) -> None:
-        """Recount the leases of these node clients (by name: an engine may hold several
-        connections under one name, and one of them ending leaves the others' leases)."""
+        """Recount the leases of these node clients, by name.
+        An engine may hold several connections under one name.
+        One of them ending leaves the others' leases."""
         with self._lock:
             held = {
                 client: sum(
@@ -291,8 +293,8 @@ class SessionTable:
     # --- upkeep ---------------------------------------------------------------------------
 
     def sweep(self) -> None:
-        """Release expired leases, end sessions idle longer than ``session_idle_s``, and
-        retire the chunk counts of node clients detached past their grace period."""
+        """Release expired leases, and end sessions idle longer than ``session_idle_s``.
+        Retire the chunk counts of node clients detached past their grace period."""
         now = time.monotonic()
         expired: list[SessionLease] = []
         dropped: list[Session] = []
