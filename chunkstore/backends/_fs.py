@@ -141,8 +141,9 @@ class FsStore(FsReads, FsWrites, Upkeep, Store):
         self._touched: dict[ChunkKey, float] = {}
         self._suspects: dict[ChunkKey, FileIdent | None] = {}
         self.read_errors = 0
-        """Reads that failed with an OS error other than absence (EIO, ESTALE, EACCES, a
-        directory at a chunk's path): each was logged and served as a miss."""
+        """Reads that failed with an OS error other than absence.
+        Examples are EIO, ESTALE, EACCES, and a directory at a chunk's path.
+        Each was logged and served as a miss."""
         self._marker_ok = False
         self._marker_lock = threading.Lock()
         self._prefix = self.io.join(self.root, "x")[:-1]  # the root with one separator after it
@@ -318,8 +319,8 @@ class FsStore(FsReads, FsWrites, Upkeep, Store):
     def _walk(
         self, namespace: str | None, shard: tuple[int, int] | None = None
     ) -> Iterator[tuple[str, str, list[tuple[str, FileStat]]]]:
-        """(namespace, directory, files) for every fan-out leaf directory (of one shard
-        ``(i, n)``: those whose first fan-out byte is ``i`` modulo ``n``)."""
+        """(namespace, directory, files) for every fan-out leaf directory.
+        With a shard ``(i, n)``, only those whose first fan-out byte is ``i`` modulo ``n``."""
         spaces = self.namespaces()
         if namespace is not None:
             # Only a real directory, as without a name: a namespace that is a symlink to
@@ -422,8 +423,10 @@ class FsStore(FsReads, FsWrites, Upkeep, Store):
     # --- capacity hooks ------------------------------------------------------------
 
     def _limiter(self) -> CapacityLimiter | CapacityIndex | None:
-        """What publishes and deletes go through: the cap, or, without one, the ledger-only
-        limiter while a capped writer's ledger exists (so that it stays true); else None."""
+        """What publishes and deletes go through, or None.
+        That is the cap.
+        Without one, it is the ledger-only limiter while a capped writer's ledger exists.
+        The ledger then stays true."""
         if self.capacity is not None:
             return self.capacity
         if self.io.exists(self._ledger_keeper.ledger_path):

@@ -56,8 +56,8 @@ class FileStat:
     It is the filesystem's atime, but not past the ctime.
     A plain read that moved the atime is not a use."""
     ident: tuple[int, int] | None = None
-    """(inode, mtime_ns) on local filesystems: tells a replaced file from the one read
-    (through fsspec, None: the store compares contents, :func:`content_ident`)."""
+    """(inode, mtime_ns) on local filesystems. It tells a replaced file from the one read.
+    None through fsspec, where the store compares contents with :func:`content_ident`."""
     regular: bool = True
     """A regular file (False: a symlink, FIFO, device or directory where a file is listed)."""
     ctime: float = 0.0
@@ -148,8 +148,9 @@ class LocalIO:
     def _open_read(self, path: str) -> tuple[int, os.stat_result] | None:
         """An fd of the regular file at ``path`` and its fstat; None if there is none.
 
-        Raises ``OSError`` for anything but absence (EIO, ESTALE, EACCES, or a directory
-        or other non-regular file at the path): the store turns those into logged misses.
+        Raises ``OSError`` for anything but absence.
+        That is EIO, ESTALE, EACCES, or a directory or other non-regular file at the path.
+        The store turns those into logged misses.
         """
         fd = self.open_fd(path)
         if fd is None:
@@ -444,9 +445,11 @@ def write_all(fd: int, view: memoryview, direct: bool = False) -> None:
 
 
 def read_regular(path: str, limit: int) -> bytes | None:
-    """Up to ``limit`` bytes from the start of the regular file at ``path``; None if nothing
-    is there. ``OSError`` for anything else (EACCES, a directory, a FIFO: opened without
-    waiting for a writer and refused, as :class:`LocalIO` opens a store's files)."""
+    """Up to ``limit`` bytes from the start of the regular file at ``path``.
+    None if nothing is there.
+    Raises ``OSError`` for anything else, such as EACCES, a directory or a FIFO.
+    A FIFO is opened without waiting for a writer and refused.
+    :class:`LocalIO` opens a store's files the same way."""
     try:
         fd = os.open(path, os.O_RDONLY | _O_CLOEXEC | _O_NONBLOCK)
     except (FileNotFoundError, NotADirectoryError):

@@ -10,8 +10,8 @@ The caller's thread is the ``workers``-th: it works through the batch too.
 
 Each thread takes the next item of the batch until none is left.
 A batch thus costs one hand-off per thread, not one per chunk.
-Per chunk, a future, a queue hand-off and a wake-up cost more Python under the
-GIL than the chunk's own bookkeeping. See docs/benchmarks.md, Stores.
+Per chunk, a future, a queue hand-off and a wake-up would cost more Python under the GIL.
+They cost more than the chunk's own bookkeeping. See docs/benchmarks.md, Stores.
 
 Results keep the order of the inputs.
 A batch always runs to its end before the call returns.
@@ -126,8 +126,8 @@ class IoPool:
 
 
 def _wait_for_all(futures: list[Future[None]]) -> None:
-    """Wait until every future is done, even through an interrupt (raised afterwards): a
-    helper still running reads into or writes from the caller's buffers."""
+    """Wait until every future is done, even through an interrupt, raised afterwards.
+    A helper still running reads into or writes from the caller's buffers."""
     interrupted: BaseException | None = None
     while True:
         try:
@@ -140,8 +140,9 @@ def _wait_for_all(futures: list[Future[None]]) -> None:
 
 
 def raise_first(errors: Sequence[BaseException | None]) -> None:
-    """Raise the first error of a batch, in input order; an interrupt (any BaseException
-    that is not an Exception, such as KeyboardInterrupt) before any ordinary error."""
+    """Raise the first error of a batch, in input order.
+    An interrupt comes before any ordinary error.
+    An interrupt is any BaseException that is not an Exception, such as KeyboardInterrupt."""
     first: BaseException | None = None
     for error in errors:
         if error is None:

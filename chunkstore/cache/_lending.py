@@ -61,11 +61,12 @@ class SlotLoans:
     def adopt(self, slot: int, *, keep_pinned: bool = False) -> Adoption:
         """Take a SEALED lent slot into the cache as a READY chunk.
 
-        The chunk becomes visible to every reader and enters the policy (the
-        lent room was already counted, so nothing is evicted). ``keep_pinned``
-        returns a read lease the caller releases (the tiered store's
-        write-back). When the key is already cached the assembled copy is a
-        duplicate: the slot goes back on loan and nothing is published.
+        The chunk becomes visible to every reader and enters the policy.
+        The lent room was already counted, so nothing is evicted.
+        ``keep_pinned`` returns a read lease the caller releases.
+        The tiered store's write-back uses that.
+        When the key is already cached the assembled copy is a duplicate.
+        The slot then goes back on loan and nothing is published.
         """
         cache = self._cache
         pool = cache.pool
@@ -81,10 +82,10 @@ class SlotLoans:
             return adoption
 
     def recall(self) -> int:
-        """Return lent slots that no rank has claimed to the cache; how many came back.
+        """Return lent slots that no rank has claimed to the cache. Returns how many came back.
 
-        Claimed or sealed loans stay out (a rank may still be writing them);
-        a later owner's pass adopts or reclaims them.
+        Claimed or sealed loans stay out, as a rank may still be writing them.
+        A later owner's pass adopts or reclaims them.
         """
         cache = self._cache
         pool = cache.pool

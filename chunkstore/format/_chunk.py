@@ -128,8 +128,8 @@ def _finish_head(
 ) -> None:
     """Add MAC and checksum to ``head`` and write it in front of the payload in ``view``.
 
-    ``checksum`` may be precomputed (fused with the payload copy) only when no MAC is
-    added, since the checksum covers the MAC field.
+    ``checksum`` may be precomputed, fused with the payload copy.
+    That is allowed only when no MAC is added, since the checksum covers the MAC field.
     """
     payload = view[layout.data_offset :]
     positions = layout.template.positions
@@ -383,11 +383,12 @@ def decode_chunk(
     expected_fingerprint: bytes | None = None,
     expected_namespace: str | None = None,
 ) -> Chunk:
-    """Validate ``data`` (bytes, bytearray, memoryview, mmap) and return views into it.
+    """Validate ``data`` and return views into it.
 
-    ``verify=False`` skips the checksum (for bytes that never left trusted
-    host memory); structure, key derivation and MAC are always checked. Every
-    defect raises a :class:`~chunkstore.errors.FormatError` subclass.
+    ``data`` is bytes, a bytearray, a memoryview or an mmap.
+    ``verify=False`` skips the checksum, for bytes that never left trusted host memory.
+    Structure, key derivation and MAC are always checked.
+    Every defect raises a :class:`~chunkstore.errors.FormatError` subclass.
     """
     view = memoryview(data).cast("B") if not isinstance(data, memoryview) else data
     if view.format != "B" or view.ndim != 1:

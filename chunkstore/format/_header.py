@@ -224,8 +224,9 @@ _MAX_KNOWN_TABLE_BYTES = 256 * 1024
 
 
 def _tensor_members(text: bytes) -> dict[str, Any] | None:
-    """The tensor members' text (``"name":{...},...}``) parsed as JSON (spec section 3.4
-    group 4); None for a table already validated (its text is known)."""
+    """The tensor members' text, ``"name":{...},...}``, parsed as JSON.
+    This is spec section 3.4 group 4.
+    None for a table already validated, whose text is known."""
     if text in _KNOWN_TABLES:
         return None
     return _json_object(b"{" + text)
@@ -401,10 +402,11 @@ class OpenHeader:
 def open_header(data: memoryview) -> ChunkHeader | OpenHeader:
     """Run the checks of spec section 3.4 groups 1-5 on the header at the start of ``data``.
 
-    Returns a complete :class:`ChunkHeader` when the header is one of a layout this process
-    knows (read by position), else an :class:`OpenHeader` for :func:`complete_header`.
-    Raises a :class:`~chunkstore.errors.FormatError` subclass for a defect of those groups,
-    and :class:`~chunkstore.errors.UnsupportedVersion` for an unknown major.
+    Returns a complete :class:`ChunkHeader` when the header is of a layout this process knows.
+    Such a header is read by position.
+    Otherwise returns an :class:`OpenHeader` for :func:`complete_header`.
+    Raises a :class:`~chunkstore.errors.FormatError` subclass for a defect of those groups.
+    Raises :class:`~chunkstore.errors.UnsupportedVersion` for an unknown major.
     """
     size = len(data)
     probe = bytes(data[8 : 8 + len(MAGIC)])

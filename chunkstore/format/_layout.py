@@ -204,9 +204,10 @@ class ChunkLayout:
         return ranges
 
     def shard_of(self, tensors: Mapping[str, Any], rank: int, tp: int) -> dict[str, Any]:
-        """What rank ``rank`` of ``tp`` holds of whole-model ``tensors``: its heads of split
-        tensors, all of unsplit ones (slices, no copies). Works on numpy arrays, torch
-        tensors, or anything sliceable along the first axis."""
+        """What rank ``rank`` of ``tp`` holds of whole-model ``tensors``.
+        That is its heads of split tensors, and all of unsplit ones.
+        These are slices, not copies.
+        Works on numpy arrays, torch tensors, or anything sliceable along the first axis."""
         out: dict[str, Any] = {}
         for slot in self.tensors:
             full = tensors[slot.name]
@@ -225,8 +226,9 @@ class ChunkLayout:
     def write_shard(self, buf: Any, rank: int, tp: int, shard: Mapping[str, Any]) -> None:
         """Copy rank ``rank``'s tensors (its heads only) into their places in chunk buffer ``buf``.
 
-        Tensors this rank does not write (replicas, unsplit tensors off rank 0)
-        are skipped, so every rank may pass everything it has.
+        Tensors this rank does not write are skipped.
+        Those are replicas, and unsplit tensors off rank 0.
+        So every rank may pass everything it has.
         """
         for name, view in self.shard_views(buf, rank, tp).items():
             slot = self.by_name[name]

@@ -74,8 +74,9 @@ class PeerInfo:
     def from_json(cls, text: str | bytes) -> PeerInfo:
         """Parse a registry record; raises ValueError when it is not one.
 
-        Anyone who can write the registry can write a record, so every field is
-        type-checked here: a bad record is skipped by readers, never a crash.
+        Anyone who can write the registry can write a record.
+        So every field is type-checked here.
+        Readers skip a bad record. It never crashes them.
         """
         if len(text) > MAX_RECORD_BYTES:
             raise ValueError("not a peer record (too large)")
@@ -98,8 +99,9 @@ class PeerSource(Protocol):
     """Anything that lists peers."""
 
     def peers(self) -> list[PeerInfo]:
-        """The live peers now; :class:`StoreError` when the source cannot be read at all (an
-        unreachable registry is not an empty one: readers keep the peers they know)."""
+        """The live peers now.
+        Raises :class:`StoreError` when the source cannot be read at all.
+        An unreachable registry is not an empty one: readers keep the peers they know."""
         ...
 
 
@@ -156,10 +158,11 @@ def _is_record(data: dict[str, Any]) -> bool:
 
 
 class FileRegistry:
-    """One JSON file per server in a directory every instance can see (NFS, Lustre, local).
+    """One JSON file per server in a directory every instance can see.
 
-    ``clock`` gives the wall-clock time records expire against (seconds since the
-    epoch; tests pass a fake one to drive expiry without sleeping).
+    The directory may be on NFS, on Lustre, or local.
+    ``clock`` gives the wall-clock time records expire against, in seconds since the epoch.
+    Tests pass a fake one to drive expiry without sleeping.
     """
 
     def __init__(

@@ -52,8 +52,8 @@ class SlotPlane(Protocol):
     def reserve(
         self, body: dict[str, Any], keys: list[ChunkKey], present: list[bool], owner: Session
     ) -> tuple[list[Any], list[Any], list[Callable[[], None]]]:
-        """A writable slot per key not ``present``, for the ``reserve`` request ``body`` of
-        ``owner``: the reply items, what the lease holds, and the calls that abort."""
+        """A writable slot per key not ``present``, for ``owner``'s ``reserve`` request ``body``.
+        Returns the reply items, what the lease holds, and the calls that abort."""
         ...
 
     def commit(self, held: list[Any], sizes: list[int]) -> list[bool]:
@@ -141,10 +141,12 @@ class RequestHandlers:
     def handle(
         self, body: dict[str, Any], data: list[Any], source: str, connection: int | None = None
     ) -> Result | None:
-        """The reply to one request (``None``: no reply, a release without ``ack``).
+        """The reply to one request. ``None`` means no reply, for a release without ``ack``.
 
-        ``source`` is the sender's address and ``connection`` its connection on a local
-        (``ipc://``) server, whose sessions end with it; both are used by ``hello`` only.
+        ``source`` is the sender's address.
+        ``connection`` is its connection on a local ``ipc://`` server.
+        Sessions there end with their connection.
+        Only ``hello`` uses either.
         """
         if body["op"] == "hello":
             return self._op_hello(body, source, connection)
@@ -223,8 +225,8 @@ class RequestHandlers:
         return {}, (), None
 
     def session_ended(self, session: Session) -> None:
-        """Give up what ``session`` was still writing over the slot plane (the TP chunks
-        its rank joined and that are not whole yet)."""
+        """Give up what ``session`` was still writing over the slot plane.
+        Those are the TP chunks its rank joined that are not whole yet."""
         if self._shm is not None:
             self._shm.session_ended(session)
 

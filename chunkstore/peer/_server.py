@@ -197,13 +197,14 @@ class PeerServer:
             raise ConfigError(f"no data plane left to offer: {reasons}")
 
     def _client_series(self) -> ClientSeries | None:
-        """Where each client's chunk counts go: only a node service counts them (its
-        clients are the engines of the machine, fetching over ``shm``)."""
+        """Where each client's chunk counts go.
+        Only a node service counts them.
+        Its clients are the engines of the machine, fetching over ``shm``."""
         return None
 
     def _open_slot_plane(self) -> tuple[SlotPlane | None, str | None]:
-        """The ``shm`` plane, or ``None`` and why it cannot be offered: only the node
-        service (:class:`chunkstore.node.NodeServer`) lends slots of a shared pool."""
+        """The ``shm`` plane, or ``None`` and why it cannot be offered.
+        Only the node service, :class:`chunkstore.node.NodeServer`, lends slots of a shared pool."""
         return None, "the shm plane is the node service's (serve with chunkstore.node.NodeServer)"
 
     def stop(self) -> None:
@@ -396,8 +397,9 @@ class PeerServer:
         on_sent: Callable[[], None] | None = None,
         on_dropped: Callable[[], None] | None = None,
     ) -> None:
-        """Send ``frames`` from the I/O thread; ``on_sent`` once they are out (or dropped),
-        ``on_dropped`` only if they could not be sent."""
+        """Send ``frames`` from the I/O thread.
+        ``on_sent`` runs once they are out or dropped.
+        ``on_dropped`` runs only if they could not be sent."""
         self._outbox.put((frames, on_sent, on_dropped))
         self._wake()
 

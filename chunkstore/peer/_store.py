@@ -383,8 +383,8 @@ class PeerStore(Store):
     def get_many_into(
         self, keys: Sequence[ChunkKey], buffers: Sequence[Buffer]
     ) -> list[int | None]:
-        """Batched :meth:`get_into`: one request per peer for all its keys; size or ``None``
-        per key (missing, unreachable or failed verification)."""
+        """Batched :meth:`get_into`: one request per peer for all its keys.
+        Returns the size per key, or ``None`` if missing, unreachable or failing verification."""
         if len(keys) != len(buffers):
             raise ConfigError("get_many_into needs one buffer per key")
         out: list[int | None] = [None] * len(keys)
@@ -413,7 +413,7 @@ class PeerStore(Store):
         return out
 
     def register_memory(self, buffer: Buffer) -> bool:
-        """Register a host pool with NIXL so that :meth:`get_into` reads straight into it;
+        """Register a host pool with NIXL, so that :meth:`get_into` reads straight into it.
         False when NIXL is not in use."""
         nixl = self._shared_nixl()
         if nixl is None:
@@ -534,8 +534,9 @@ class PeerStore(Store):
 
 
 def open_peer_store(url: str, **options: Any) -> PeerStore:
-    """``peer://host:port[,host:port...]`` for a static list, ``peer+redis://host:port/db`` or
-    ``peer+file:///dir`` for a registry (the factory ``open_store`` uses for these schemes)."""
+    """Open a peer store by URL. ``open_store`` uses this factory for these schemes.
+    ``peer://host:port[,host:port...]`` names a static list.
+    ``peer+redis://host:port/db`` or ``peer+file:///dir`` names a registry."""
     from chunkstore.peer._discovery import open_registry
 
     scheme, rest = url.split("://", 1)

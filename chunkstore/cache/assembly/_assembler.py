@@ -468,8 +468,9 @@ class ShardAssembler:
     # --- reads ------------------------------------------------------------------------------
 
     def acquire(self, key: ChunkKey) -> Lease | None:
-        """Pin ``key``'s READY slot against eviction (a read :class:`~chunkstore.cache.Lease`;
-        release it, or use ``with``, when done); ``None`` if host memory lacks it."""
+        """Pin ``key``'s READY slot against eviction. ``None`` if host memory lacks it.
+        Returns a read :class:`~chunkstore.cache.Lease`.
+        Release it, or use ``with``, when done."""
         self._check_open()
         got = self.pool.acquire(key)
         if got is None:
@@ -502,8 +503,8 @@ class ShardAssembler:
             return None if views is None else {name: v.copy() for name, v in views.items()}
 
     def _shard_views(self, key: ChunkKey, data: memoryview) -> dict[str, np.ndarray] | None:
-        """Views of this rank's heads in chunk ``data`` (of its decoded payload where it is
-        compressed); None where it is not a chunk of this layout."""
+        """Views of this rank's heads in chunk ``data``, or None if not a chunk of this layout.
+        For a compressed chunk they view its decoded payload."""
         try:
             if read_header(data).compression == "none":
                 if len(data) != self.layout.total_size:
