@@ -59,8 +59,9 @@ def _count(value: Any) -> int | None:
 def _parse_ledger(raw: bytes) -> tuple[Usage, int | None] | None:
     """The usage and recorded cap in a ledger, or None if it is not one this code wrote.
 
-    Anything else (a torn write, a list, ``1e999``, a negative or fractional count) is
-    unreadable and recounted: a ledger believed negative would let the store pass its cap.
+    Anything else is unreadable and recounted.
+    That is a torn write, a list, ``1e999``, or a negative or fractional count.
+    A ledger believed negative would let the store pass its cap.
     """
     try:
         doc = json.loads(raw)
@@ -162,8 +163,9 @@ class CapacityLimiter:
     def admit(self, final: str, size: int, publish: Callable[[], bool], *, replace: bool) -> bool:
         """Make room for ``size`` bytes at ``final`` and call ``publish`` under the lock.
 
-        Returns what ``publish`` returned, or False when one chunk is larger than the cap
-        (or, for ``replace=False``, when ``final`` already exists).
+        Returns what ``publish`` returned.
+        Returns False when one chunk is larger than the cap.
+        With ``replace=False`` it returns False too when ``final`` already exists.
         """
         if self.max_bytes is not None and size > self.max_bytes:
             log.warning(
@@ -200,8 +202,8 @@ class CapacityLimiter:
             return written
 
     def removed(self, remove: Callable[[], Sequence[tuple[str, int]]]) -> None:
-        """Run ``remove`` (returns the path and size of each chunk it deleted) under the lock
-        and update the ledger."""
+        """Run ``remove`` under the lock and update the ledger.
+        ``remove`` returns the path and size of each chunk it deleted."""
         with self.io.lock(self.lock_path):
             usage = self._load()
             sizes = [size for _, size in remove()]

@@ -70,8 +70,8 @@ class FsWrites(Store):
     # --- writes ------------------------------------------------------------------
 
     def put_many(self, items: Sequence[tuple[ChunkKey, Buffer]]) -> list[bool]:
-        """Store each chunk (several at a time); if any write fails, the others still end
-        before the first failure is raised."""
+        """Store each chunk, several at a time.
+        If any write fails, the others still end before the first failure is raised."""
         return self._put_batch(items, replace=True)
 
     def put_if_absent_many(self, items: Sequence[tuple[ChunkKey, Buffer]]) -> list[bool]:
