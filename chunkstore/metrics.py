@@ -64,7 +64,8 @@ LATENCY_BUCKETS = (
     10.0,
     30.0,
 )
-"""Seconds: 100 µs (a host hit) to 30 s (a stalled object store)."""
+"""Latency buckets in seconds.
+They run from a host hit at the low end to a stalled object store at the top."""
 THROUGHPUT_BUCKETS = tuple(float(2**e) for e in range(20, 38, 2))
 """Bytes per second: 1 MiB/s to 128 GiB/s in factors of four."""
 DIRECTIONS = ("read", "write")

@@ -189,8 +189,8 @@ class PrefixARCPolicy(ARCPolicy):
 
     @property
     def reuse_horizon(self) -> float:
-        """Estimated 99th percentile of the idle times (in lookups) after which T2 chunks are
-        read again; never below ``idle_floor * capacity``."""
+        """Estimated 99th percentile of the idle times after which T2 chunks are read again.
+        It counts in lookups, and is never below ``idle_floor * capacity``."""
         if self._rereads_within:
             self._settle_horizon()
         return self._horizon
@@ -559,11 +559,9 @@ class PrefixARCPolicy(ARCPolicy):
         return None
 
     def _coldest(self, siblings: _Siblings) -> Hashable:
-        """The sibling to walk into: the oldest one seen only once (in T1), else the oldest.
-
-        (Ordering siblings by last use instead costs a timestamp per hit and made no
-        measurable difference on the simulator's traces.)
-        """
+        """The sibling to walk into: the oldest one seen only once, in T1, else the oldest."""
+        # Ordering siblings by last use instead costs a timestamp per hit, and made no
+        # measurable difference on the simulator's traces.
         t1 = self.t1
         if t1:  # (no lookups when T1 is empty)
             for key in siblings:

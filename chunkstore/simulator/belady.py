@@ -1,4 +1,4 @@
-"""Belady's MIN: the offline optimum the online policies are measured against.
+"""Belady's MIN: the offline optimum the online policies are compared with.
 
 It uses demand paging, like the online policies: every missed block is admitted.
 When the cache is full, the resident block whose next use lies farthest ahead is evicted.
