@@ -27,13 +27,13 @@ class ClientSeries(Protocol):
         ...
 
     def retire(self) -> int:
-        """Drop the series of clients long gone; how many."""
+        """Drop the series of clients long gone. Returns how many."""
         ...
 
 
 class ServerAccounting:
-    """Counters of one peer server; thread-safe. ``name`` gives the server's current name
-    (it is known only once the socket is bound)."""
+    """Counters of one peer server. Thread-safe.
+    ``name`` gives the server's current name, known only once the socket is bound."""
 
     def __init__(
         self,
@@ -49,7 +49,7 @@ class ServerAccounting:
         self._lock = threading.Lock()
         self._clients: set[str] = set()
         self.client_series = client_series
-        """The per-client chunk counts of a node service (bounded over detached clients);
+        """The per-client chunk counts of a node service, bounded over detached clients.
         ``None`` for other servers, whose clients get no chunk counts of their own."""
 
     def count(self, what: str, n: int = 1) -> None:

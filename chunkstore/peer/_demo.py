@@ -92,8 +92,10 @@ def run_peer_demo(
     secret: bytes | None = None,
     timeout_s: float = 120.0,
 ) -> PeerDemoResult:
-    """Serve a conversation's chunks from ``store`` (default: a new MemoryStore) and let a
-    second process pull and verify them; prints a short account through ``out``."""
+    """Serve a conversation's chunks from ``store``, and let a second process pull them.
+    ``store`` defaults to a new MemoryStore.
+    The second process verifies the chunks.
+    A short account is printed through ``out``."""
     from chunkstore.backends._memory import MemoryStore
     from chunkstore.peer import PeerServer
 

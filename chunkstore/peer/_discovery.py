@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 
 _SUFFIX = ".peer.json"
 MAX_RECORD_BYTES = 64 << 10
-"""Largest registry record read; anything bigger is not a record a server wrote."""
+"""Largest registry record read. Anything bigger is not a record a server wrote."""
 _TEXT_FIELDS = ("name", "endpoint")
 _OPTIONAL_TEXT_FIELDS = ("fingerprint", "curve_public_key")
 _OPTIONAL_INT_FIELDS = ("chunk_tokens", "capacity_bytes", "used_bytes")
@@ -48,7 +48,7 @@ class PeerInfo:
     endpoint: str
     """ZeroMQ endpoint clients connect to (``tcp://host:port``)."""
     fingerprint: str | None = None
-    """Model fingerprint served, hex; ``None`` serves any."""
+    """Model fingerprint served, in hex. ``None`` serves any."""
     chunk_tokens: int | None = None
     """Tokens per chunk served."""
     planes: tuple[str, ...] = ()
@@ -219,7 +219,7 @@ class FileRegistry:
             pass
 
     def peers(self) -> list[PeerInfo]:
-        """Live records; stale ones are skipped (and removed once long dead)."""
+        """Live records. Stale ones are skipped, and removed once long dead."""
         out = []
         try:
             # scandir, not glob: glob swallows a directory it may not read (as empty)
@@ -325,8 +325,9 @@ class RedisRegistry:
 
 
 def open_registry(spec: str | os.PathLike[str]) -> Registry:
-    """``redis://host:port/db``: a :class:`RedisRegistry`; a path or ``file://``: a
-    :class:`FileRegistry`."""
+    """Open a registry by URL.
+    ``redis://host:port/db`` opens a :class:`RedisRegistry`.
+    A path or ``file://`` opens a :class:`FileRegistry`."""
     text = os.fspath(spec)
     if text.startswith(("redis://", "rediss://", "unix://")):
         return RedisRegistry(text)

@@ -36,13 +36,14 @@ Validity = Callable[[ChunkKey, Any], bool]
 
 
 class SlotPlane(Protocol):
-    """A data plane lending the slots of a pool its clients map: the node service's ``shm``
-    (:class:`chunkstore.node.NodeServer`). Reads name pinned slots; writes reserve slots
-    the client fills in place. Each call answers a request of a session offered the plane."""
+    """A data plane lending the slots of a pool its clients map.
+    That is the node service's ``shm``, see :class:`chunkstore.node.NodeServer`.
+    Reads name pinned slots. Writes reserve slots the client fills in place.
+    Each call answers a request of a session offered the plane."""
 
     def hello_fields(self, slot_size: int | None) -> dict[str, Any]:
-        """What a client needs to map the pool; ProtocolViolation when its chunks, of
-        ``slot_size`` bytes, are not the pool's."""
+        """What a client needs to map the pool.
+        Raises ProtocolViolation when its chunks, of ``slot_size`` bytes, are not the pool's."""
         ...
 
     def lend(self, keys: Sequence[ChunkKey]) -> tuple[list[Any], list[Callable[[], None]]]:
@@ -57,7 +58,7 @@ class SlotPlane(Protocol):
         ...
 
     def commit(self, held: list[Any], sizes: list[int]) -> list[bool]:
-        """Publish (or give back, size 0) what a lease holds; per key: stored."""
+        """Publish what a lease holds, or give it back with size 0. Returns per key: stored."""
         ...
 
     def session_ended(self, session: Session) -> None:

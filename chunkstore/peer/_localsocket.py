@@ -45,7 +45,7 @@ class BoundSocket:
 
 
 def socket_path(endpoint: str) -> Path:
-    """The file of an ``ipc://`` endpoint; ConfigError for anything else."""
+    """The file of an ``ipc://`` endpoint. Raises ConfigError for anything else."""
     if not endpoint.startswith("ipc://") or not endpoint.removeprefix("ipc://"):
         raise ConfigError(f"a node socket is an ipc:// path, got {shown(endpoint)}")
     path = Path(endpoint.removeprefix("ipc://"))

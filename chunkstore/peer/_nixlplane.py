@@ -151,7 +151,7 @@ class NixlEndpoint:
     # --- registration -------------------------------------------------------------
 
     def register(self, buffer: Any) -> None:
-        """Register a buffer (numpy array, memoryview, mmap) for transfers; it must not move."""
+        """Register a buffer for transfers: a numpy array, memoryview or mmap. It must not move."""
         address, size = address_of(buffer)
         with self._lock:
             if any(a <= address and address + size <= a + s for a, s, _ in self._regions):
@@ -170,8 +170,9 @@ class NixlEndpoint:
     # --- remote agents ------------------------------------------------------------
 
     def add_remote(self, metadata: bytes) -> str | None:
-        """Load a peer's metadata; returns its agent name, or ``None`` if NIXL rejects it
-        or the endpoint is closed (a late caller would start transfers after close())."""
+        """Load a peer's metadata. Returns its agent name.
+        Returns ``None`` if NIXL rejects it, or if the endpoint is closed.
+        A late caller would otherwise start transfers after close()."""
         with self._lock:  # not between another thread's removal decision and its removal
             if self._closed:
                 return None
@@ -217,9 +218,10 @@ class NixlEndpoint:
     # --- transfers ------------------------------------------------------------------
 
     def read(self, remote: str, pairs: Sequence[tuple[int, int, int]], deadline: float) -> bool:
-        """READ each ``(local_address, remote_address, size)`` from ``remote``; True when all
-        bytes arrived before ``deadline`` (``time.monotonic()``). Never returns while the
-        transfer may still write into the local memory (see the module docstring)."""
+        """READ each ``(local_address, remote_address, size)`` from ``remote``.
+        True when all bytes arrived before ``deadline``, a ``time.monotonic()`` value.
+        Never returns while the transfer may still write into the local memory.
+        See the module docstring."""
         return self._transfer("READ", remote, pairs, deadline)
 
     def write(self, remote: str, pairs: Sequence[tuple[int, int, int]], deadline: float) -> bool:

@@ -48,7 +48,8 @@ def _zmq() -> Any:
 
 
 def capacity_of(store: Any) -> tuple[int, int] | None:
-    """(capacity, used) bytes when the object reports them (HostCache, TieredStore), else None."""
+    """(capacity, used) bytes when the object reports them, else None.
+    HostCache and TieredStore report them."""
     capacity = getattr(store, "capacity_bytes", None)
     if capacity is None and hasattr(store, "host"):
         capacity = getattr(store.host, "capacity_bytes", None)
@@ -144,7 +145,7 @@ class PeerServer:
         return self.config.name or self.endpoint.removeprefix("tcp://")
 
     def start(self) -> PeerServer:
-        """Bind, start NIXL (when offered and available) and the I/O thread; returns self."""
+        """Bind, and start NIXL when offered and available, then the I/O thread. Returns self."""
         zmq = _zmq()
         self._setup_planes()
         self._handlers = RequestHandlers(
@@ -181,7 +182,7 @@ class PeerServer:
         return self
 
     def _setup_planes(self) -> None:
-        """Open each data plane asked for; drop (with its reason) one that cannot start."""
+        """Open each data plane asked for. One that cannot start is dropped, with its reason."""
         planes = tuple(self.config.planes)
         if P.PLANE_SHM in planes:
             self._shm, self.shm_reason = self._open_slot_plane()
@@ -208,7 +209,7 @@ class PeerServer:
         return None, "the shm plane is the node service's (serve with chunkstore.node.NodeServer)"
 
     def stop(self) -> None:
-        """Stop serving; releases every lease and pin. Idempotent."""
+        """Stop serving. Releases every lease and pin. Idempotent."""
         self._stopping.set()
         if self._thread is not None:
             self._wake()

@@ -64,7 +64,7 @@ class SessionLease:
 
 
 def release_pins(lease: SessionLease) -> None:
-    """Give back every pin of ``lease``; one failing unpin does not keep the others."""
+    """Give back every pin of ``lease``. One failing unpin does not keep the others."""
     for release in lease.releases:
         try:
             release()
@@ -152,7 +152,7 @@ class SessionTable:
         return min(candidates, key=lambda k: (k in leased, self._sessions[k].last_seen))
 
     def touch(self, session_id: bytes) -> Session | None:
-        """The session, marked as seen now; ``None`` when unknown or expired."""
+        """The session, marked as seen now. ``None`` when unknown or expired."""
         with self._lock:
             session = self._sessions.get(session_id)
             if session is not None:
@@ -160,7 +160,7 @@ class SessionTable:
         return session
 
     def get(self, session_id: bytes) -> Session:
-        """The session; ProtocolViolation ``no_session`` when unknown or expired."""
+        """The session. Raises ProtocolViolation ``no_session`` when unknown or expired."""
         with self._lock:
             session = self._sessions.get(session_id)
         if session is None:
@@ -184,8 +184,9 @@ class SessionTable:
             self._sessions_changed()
 
     def drop_connection(self, connection: int) -> int:
-        """End every session living on ``connection`` (it closed: the client said bye, exited
-        or was killed); their leases are released. Returns how many sessions ended."""
+        """End every session living on ``connection``, which closed.
+        The client said bye, exited or was killed.
+        Their leases are released. Returns how many sessions ended."""
         with self._lock:
             ended = [k for k, v in self._sessions.items() if v.connection == connection]
         for session_id in ended:
@@ -270,7 +271,7 @@ class SessionTable:
             self._accounting.client_leases(client, count)
 
     def close_lease(self, session_id: bytes, lease_id: bytes) -> bool:
-        """Release a lease of this session; False when it is unknown, expired or another's."""
+        """Release a lease of this session. False when it is unknown, expired or another's."""
         with self._lock:
             lease = self._leases.get(lease_id)
             if lease is not None and lease.session == session_id:

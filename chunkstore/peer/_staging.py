@@ -113,7 +113,7 @@ class NixlStaging:
         return items, releases
 
     def stage(self, blob: Any) -> Allocation | None:
-        """A copy of ``blob`` in the arena; ``None`` when the arena is full."""
+        """A copy of ``blob`` in the arena. ``None`` when the arena is full."""
         allocation = self.arena.allocate(len(blob))
         if allocation is not None:
             self.arena.view(allocation)[:] = memoryview(blob).cast("B")
@@ -133,11 +133,12 @@ class NixlStaging:
         deadline: float,
         count: Callable[[str], None],
     ) -> list[int]:
-        """READ pushed chunks (``todo`` indices) from the client agent ``remote``.
+        """READ pushed chunks, the ``todo`` indices, from the client agent ``remote``.
 
-        Straight into reserved slots where ``reserving`` offers them (checked with
-        ``valid``, then committed; returns those indices), else via the arena into
-        ``blobs``.
+        They go straight into reserved slots where ``reserving`` offers them.
+        There they are checked with ``valid``, then committed.
+        Returns those indices.
+        Others go via the arena into ``blobs``.
         """
         committed: list[int] = []
         for i in todo:

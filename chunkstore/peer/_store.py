@@ -212,8 +212,8 @@ class PeerStore(Store):
         call: Callable[[PeerClient], T],
         deadline: float | None = None,
     ) -> list[T | None]:
-        """``call`` on every available client in parallel; ``None`` where it failed.
-        ``deadline`` (monotonic): every request of ``call`` ends by then (a miss if not)."""
+        """``call`` on every available client in parallel. ``None`` where it failed.
+        ``deadline`` is a monotonic time. Every request of ``call`` ends by then, or misses."""
         live = [c for c in clients if c.available]
 
         def safe(client: PeerClient) -> T | None:
@@ -242,7 +242,7 @@ class PeerStore(Store):
     # --- reads -------------------------------------------------------------------------
 
     def lookup_prefix(self, keys: Sequence[ChunkKey]) -> int:
-        """Ask every peer for its prefix length in parallel; the longest wins."""
+        """Ask every peer for its prefix length in parallel. The longest wins."""
         if not keys:
             return 0
         clients = self.clients()
@@ -374,7 +374,9 @@ class PeerStore(Store):
         return f"deleted from {endpoint}"
 
     def get_into(self, key: ChunkKey, buffer: Buffer) -> int | None:
-        """Fetch one chunk into ``buffer`` (a host-pool slot) and verify it; size or ``None``.
+        """Fetch one chunk into ``buffer``, a host-pool slot, and verify it.
+
+        Returns its size, or ``None``.
 
         Over NIXL, a buffer in memory given to :meth:`register_memory` is written
         by the transfer itself, without a staging copy."""
@@ -447,8 +449,9 @@ class PeerStore(Store):
         return [client for _, client in ranked]
 
     def _push(self, items: Sequence[tuple[ChunkKey, Buffer]], overwrite: bool) -> list[bool]:
-        """Offer chunks to peers, emptiest first, until one holds each. Returns per chunk:
-        overwrite: a peer holds it now; otherwise: this call wrote it (put_if_absent)."""
+        """Offer chunks to peers, emptiest first, until one holds each.
+        With overwrite it returns per chunk whether a peer holds it now.
+        Otherwise it returns whether this call wrote it, as put_if_absent does."""
         out = [False] * len(items)
         remaining = list(range(len(items)))
         for client in self.push_targets():
@@ -467,11 +470,11 @@ class PeerStore(Store):
         return out
 
     def put_many(self, items: Sequence[tuple[ChunkKey, Buffer]]) -> list[bool]:
-        """Push chunks to the emptiest writable peer (overwriting); True where a peer took one."""
+        """Push chunks to the emptiest writable peer, overwriting. True where a peer took one."""
         return self._push(items, overwrite=True)
 
     def put_if_absent_many(self, items: Sequence[tuple[ChunkKey, Buffer]]) -> list[bool]:
-        """Push chunks no peer holds yet; True per chunk this call stored."""
+        """Push chunks no peer holds yet. True per chunk this call stored."""
         if not items:
             return []
         present = self.exists_many([k for k, _ in items])
@@ -483,7 +486,7 @@ class PeerStore(Store):
         return out
 
     def delete_many(self, keys: Sequence[ChunkKey]) -> int:
-        """Delete keys on every peer; returns how many keys were held by at least one."""
+        """Delete keys on every peer. Returns how many keys were held by at least one."""
         if not keys:
             return 0
         clients = self.clients()
