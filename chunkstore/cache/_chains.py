@@ -1,9 +1,9 @@
 """A cached chunk's place in its chain, for policies that follow chains.
 
-A chunk key is a digest of its parent's digest and its tokens, so the key
-alone does not name the parent; the chunk header does (spec/FORMAT.md). The
-host cache reads it once, when a chunk is published, and passes it to the
-policy (:meth:`~chunkstore.cache.policy.CachePolicy.link`).
+A chunk key is a digest of its parent's digest and its tokens.
+So the key alone does not name the parent. The chunk header does, see spec/FORMAT.md.
+The host cache reads it once, when a chunk is published.
+It passes it to the policy with :meth:`~chunkstore.cache.policy.CachePolicy.link`.
 """
 
 from __future__ import annotations

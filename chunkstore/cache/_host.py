@@ -315,7 +315,7 @@ class HostCache(Store):
             raise StaleSlot(f"{lease!r} was replaced before commit and no copy is cached")
 
     def abort(self, lease: Lease) -> None:
-        """Give up a reservation (or release a read lease); idempotent."""
+        """Give up a reservation, or release a read lease. Idempotent."""
         if lease.released:
             return
         if not lease.writing:
@@ -339,7 +339,7 @@ class HostCache(Store):
     # --- fast paths: acquire / release / get_into ---------------------------------------------
 
     def acquire(self, key: ChunkKey) -> Lease | None:
-        """Pin ``key``'s slot for reading in place; ``None`` on a miss. Counts a hit or miss."""
+        """Pin ``key``'s slot for reading in place. ``None`` on a miss. Counts a hit or miss."""
         with self._lock:
             self._check_open()
             slot = self._index.get(key)
@@ -353,7 +353,7 @@ class HostCache(Store):
         return Lease(self, key, slot, generation, view, writing=False)
 
     def release(self, lease: Lease) -> None:
-        """Drop a read pin; idempotent, never raises for an already-released lease."""
+        """Drop a read pin. Idempotent: it never raises for an already-released lease."""
         if lease.released:
             return
         if lease.writing:
@@ -406,7 +406,8 @@ class HostCache(Store):
         return out
 
     def read_unchecked_many(self, keys: Sequence[ChunkKey]) -> list[bytes | None]:
-        """Cached bytes per key; not a use (no hit counted, no policy or access-time update)."""
+        """Cached bytes per key. This is not a use.
+        No hit is counted, and neither the policy nor access times are updated."""
         out: list[bytes | None] = []
         for key in keys:
             with self._lock:
@@ -442,7 +443,7 @@ class HostCache(Store):
     def insert(
         self, key: ChunkKey, data: Buffer, *, if_absent: bool = False, keep_pinned: bool = False
     ) -> Insertion:
-        """Copy ``data`` into a slot for ``key``; see :class:`Insertion` for the outcome.
+        """Copy ``data`` into a slot for ``key``. See :class:`Insertion` for the outcome.
 
         ``if_absent`` writes only when the key is not cached, atomically.
         The copy then happens under the cache lock.
@@ -548,7 +549,8 @@ class HostCache(Store):
     # --- internals (caller holds self._lock) --------------------------------------------------
 
     def _pin_for_reading(self, slot: int) -> tuple[int, memoryview]:
-        """Pin a READY ``slot``; its generation and the view of its chunk, for a read lease."""
+        """Pin a READY ``slot`` for a read lease.
+        Returns its generation and the view of its chunk."""
         pool = self.pool
         pool.pin(slot)
         return pool.generation(slot), pool.view(slot)[: pool.length(slot)]
@@ -562,7 +564,7 @@ class HostCache(Store):
         return self.pool.state(slot) == READY and self.pool.pins(slot) == 0
 
     def _allocate(self, key: ChunkKey) -> int | None:
-        """A free slot for ``key`` (admitting it to the policy); ``None`` if all are pinned."""
+        """A free slot for ``key``, admitting it to the policy. ``None`` if all are pinned."""
         self._reclaim_doomed()
         if key not in self._policy:
             try:
@@ -586,7 +588,7 @@ class HostCache(Store):
             self.listener.chunk_removed(victim, self.name)
 
     def _steal_slot(self, exclude: ChunkKey | None) -> bool:
-        """Evict one more resident key to free a slot; False if every one is pinned.
+        """Evict one more resident key to free a slot. False if every one is pinned.
 
         The policy picks the victim by its own rule, and ARC keeps a ghost of it.
         So slots lent ahead of time cost the same history as an ordinary eviction.

@@ -21,8 +21,8 @@ if TYPE_CHECKING:
 
 
 class SlotLoans:
-    """The slots ``cache`` has on loan to rank processes (any assembly state). Thread-safe:
-    every method runs under the cache's lock (its pool's)."""
+    """The slots ``cache`` has on loan to rank processes, in any assembly state.
+    Thread-safe: every method runs under the cache's lock, which is its pool's."""
 
     def __init__(self, cache: HostCache) -> None:
         self._cache = cache
@@ -32,11 +32,11 @@ class SlotLoans:
         return len(self._slots)
 
     def lend(self, available: int) -> int:
-        """Keep ``available`` unclaimed slots on loan; returns how many are unclaimed now.
+        """Keep ``available`` unclaimed slots on loan. Returns how many are unclaimed now.
 
-        Lends free slots first and evicts (by policy, never a pinned or
-        unpersisted chunk) when there are none. Used by
-        :class:`~chunkstore.cache.assembly._owner.AssemblyOwner`.
+        It lends free slots first, and evicts by policy when there are none.
+        It never evicts a pinned or unpersisted chunk.
+        :class:`~chunkstore.cache.assembly._owner.AssemblyOwner` uses it.
         """
         cache = self._cache
         pool = cache.pool

@@ -101,7 +101,7 @@ MAX_RANKS = 64
 """Most TP ranks one pool can assemble chunks for (one bit each in ``joined``/``done``)."""
 
 FREE, WRITING, READY, DOOMED = 0, 1, 2, 3
-"""Slot states. DOOMED: deleted or replaced while pinned; freed when the last pin goes."""
+"""Slot states. DOOMED is deleted or replaced while pinned. It is freed when the last pin goes."""
 LENT, CLAIMED, SEALING, SEALED, ABORTED = 4, 5, 6, 7, 8
 """TP assembly states, in order.
 A slot is lent to rank processes by the owner, then claimed for a key.
@@ -140,9 +140,9 @@ def _round_up(value: int, multiple: int) -> int:
 
 
 class SlotPool:
-    """``num_slots`` slots of ``slot_size`` bytes in one mapping; see the module docstring.
+    """``num_slots`` slots of ``slot_size`` bytes in one mapping. See the module docstring.
 
-    Build one with :meth:`create` (owner) or :meth:`attach` (another process).
+    The owner builds one with :meth:`create`. Another process uses :meth:`attach`.
     """
 
     def __init__(
@@ -184,8 +184,8 @@ class SlotPool:
         self._buf = memoryview(mapping)
         table = np.ndarray((num_slots,), dtype=ENTRY, buffer=mapping, offset=offset + table_off)
         self.table = table
-        """The shared slot table (structured array, one :data:`ENTRY` per slot).
-        Read it under the pool lock; only the owner and the assembly protocol write it."""
+        """The shared slot table, a structured array of one :data:`ENTRY` per slot.
+        Read it under the pool lock. Only the owner and the assembly protocol write it."""
         self.rank_pids = np.ndarray(
             (MAX_RANKS,), dtype="<i8", buffer=mapping, offset=offset + RANK_TABLE_OFFSET
         )
@@ -228,11 +228,12 @@ class SlotPool:
         pin_memory: bool | None = None,
         replace: bool = False,
     ) -> SlotPool:
-        """A new pool; ``name`` puts it in ``/dev/shm/<name>`` for other processes to attach.
+        """A new pool. ``name`` puts it in ``/dev/shm/<name>`` for other processes to attach.
 
-        ``pin_memory``: ``None`` pins when torch sees CUDA, ``True`` requires it,
-        ``False`` never pins. ``replace`` removes a leftover pool of the same
-        name (from a crashed owner) instead of refusing to start.
+        With ``pin_memory=None`` it pins when torch sees CUDA.
+        ``True`` requires pinning, and ``False`` never pins.
+        ``replace`` removes a leftover pool of the same name instead of refusing to start.
+        A crashed owner leaves such a pool.
         """
         if slot_size < 1 or num_slots < 1:
             raise ConfigError(
@@ -397,7 +398,7 @@ class SlotPool:
     # --- owner-side transitions (caller holds the lock) ------------------------------------
 
     def assign(self, slot: int, key: ChunkKey) -> int:
-        """FREE -> WRITING for ``key``, pinned once by the caller; returns the new generation."""
+        """FREE -> WRITING for ``key``, pinned once by the caller. Returns the new generation."""
         self._digest[slot] = np.frombuffer(key.digest, np.uint8)
         self._namespace[slot] = np.frombuffer(bytes.fromhex(key.namespace), np.uint8)
         self._length[slot] = 0
@@ -437,7 +438,7 @@ class SlotPool:
         self._pins[slot] += 1
 
     def unpin(self, slot: int) -> int:
-        """One holder fewer; returns the remaining count."""
+        """One holder fewer. Returns the remaining count."""
         pins = int(self._pins[slot])
         if pins == 0:
             raise StaleSlot(f"slot {slot} released more often than acquired")
@@ -447,7 +448,7 @@ class SlotPool:
     # --- cross-process API ------------------------------------------------------------------
 
     def find(self, key: ChunkKey) -> int | None:
-        """The READY slot holding ``key`` (a scan of the table; the owner keeps a dict)."""
+        """The READY slot holding ``key``. This scans the table; the owner keeps a dict."""
         digest = np.frombuffer(key.digest, np.uint8)
         with self:
             hits = np.flatnonzero((self._state == READY) & (self._digest == digest).all(axis=1))
@@ -457,10 +458,10 @@ class SlotPool:
         return None
 
     def acquire(self, key: ChunkKey) -> tuple[int, memoryview] | None:
-        """Pin ``key``'s READY slot for reading: ``(slot, view of its bytes)``, or ``None``.
+        """Pin ``key``'s READY slot for reading. Returns ``(slot, view of its bytes)``, or ``None``.
 
-        Release with :meth:`release` (in a ``finally``): the owner cannot evict
-        the slot while it is pinned.
+        Release it with :meth:`release`, in a ``finally``.
+        The owner cannot evict the slot while it is pinned.
         """
         with self:
             slot = self.find(key)
@@ -476,10 +477,11 @@ class SlotPool:
             self.unpin(slot)
 
     def writable(self, slot: int, generation: int) -> memoryview:
-        """The slot the owner reserved (state WRITING, this generation), for in-place writes.
+        """The slot the owner reserved, for in-place writes.
+        It is in state WRITING, at this generation.
 
-        A TP worker process writes its shard here; the owner then commits. The
-        owner's reservation pin keeps the slot in place until then.
+        A TP worker process writes its shard here, and the owner then commits.
+        The owner's reservation pin keeps the slot in place until then.
         """
         with self:
             if self._state[slot] != WRITING or int(self._generation[slot]) != generation:
@@ -572,8 +574,8 @@ def _private_mapping(size: int, data_offset: int) -> tuple[mmap.mmap, int]:
 
 
 def _page_lock(address: int, size: int, *, required: bool) -> Callable[[], None] | None:
-    """Register ``size`` bytes at ``address`` with CUDA as pinned host memory; returns the
-    undo, or None."""
+    """Register ``size`` bytes at ``address`` with CUDA as pinned host memory.
+    Returns the undo, or None."""
     try:
         import torch
     except ImportError:

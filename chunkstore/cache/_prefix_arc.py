@@ -488,7 +488,7 @@ class PrefixARCPolicy(ARCPolicy):
             del walk[at + 1 :]
 
     def _choose_victim(self, p: float, in_b2: bool, can_evict: CanEvict | None) -> Hashable:
-        """The victim, without moving anything; raises when every resident key is vetoed.
+        """The victim, without moving anything. Raises when every resident key is vetoed.
 
         Orphans come first, then ARC's list order, each candidate walked down to a leaf.
         Only when pins hold every leaf does an inner key come next.

@@ -53,8 +53,8 @@ class RankPart:
     rank: int
     """The rank writing the part."""
     engine: bytes | None
-    """The identity of the rank's engine (``None``: a 1.0 client that sent none; such
-    parts assemble among themselves)."""
+    """The identity of the rank's engine.
+    ``None`` is a 1.0 client that sent none. Such parts assemble among themselves."""
 
     @property
     def assembly(self) -> tuple[ChunkKey, bytes | None]:
@@ -81,7 +81,7 @@ class _Assembly:
 
 
 class NodeAssemblies:
-    """The chunks TP ranks are writing through the node service; thread-safe."""
+    """The chunks TP ranks are writing through the node service. Thread-safe."""
 
     def __init__(
         self,
@@ -130,8 +130,8 @@ class NodeAssemblies:
             return [assembly.lease.slot, assembly.lease.generation]
 
     def expire(self) -> int:
-        """Give up the chunks not whole ``max_age_s`` after their first reservation (run on
-        every reservation); how many."""
+        """Give up the chunks not whole ``max_age_s`` after their first reservation.
+        It runs on every reservation, and returns how many."""
         oldest = self._clock() - self._max_age_s
         with self._lock:
             keys = [k for k, a in self._open.items() if a.started < oldest]
@@ -145,9 +145,9 @@ class NodeAssemblies:
         return len(self._open)
 
     def part_done(self, part: RankPart) -> bool:
-        """``part`` is written; the last part of its engine's chunk seals, checks and
-        publishes the chunk. False when the assembly is gone (given up) or the sealed chunk
-        fails its check."""
+        """Mark ``part`` written.
+        The last part of its engine's chunk seals, checks and publishes the chunk.
+        False when the assembly is gone, given up, or the sealed chunk fails its check."""
         key = part.key
         with self._lock:
             assembly = self._open.get(part.assembly)

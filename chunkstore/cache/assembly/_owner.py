@@ -233,9 +233,9 @@ class AssemblyOwner:
         return AssemblyOwnerStats(**counts, lent=len(self.host.loans.lent()))
 
     def close(self) -> None:
-        """Stop the thread after one last pass (so sealed chunks are published). Idempotent.
+        """Stop the thread after one last pass, so sealed chunks are published. Idempotent.
 
-        Unclaimed loans go back to the cache; claims still open stay lent.
+        Unclaimed loans go back to the cache. Claims still open stay lent.
         """
         if self._stop.is_set():
             return
