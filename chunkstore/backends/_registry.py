@@ -43,10 +43,11 @@ IN_PROCESS_SCHEMES = frozenset({"memory"})
 def register_scheme(
     scheme: str, module: str, attribute: str, hint: str = "", requires: tuple[str, ...] = ()
 ) -> None:
-    """Map URL ``scheme`` to ``module.attribute`` (a callable ``(url, **options) -> Store``).
+    """Map URL ``scheme`` to ``module.attribute``, a callable ``(url, **options) -> Store``.
 
-    ``requires`` names the importable modules the store needs (checked by :func:`check_url`
-    without importing them); ``hint`` says how to install them.
+    ``requires`` names the importable modules the store needs.
+    :func:`check_url` checks them without importing them.
+    ``hint`` says how to install them.
     """
     _SCHEMES[scheme] = (module, attribute, hint)
     _REQUIRES[scheme] = requires

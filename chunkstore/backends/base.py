@@ -105,7 +105,7 @@ class Judgement:
     verdict: ReadVerdict
     """What the read does with the bytes."""
     error: FormatError | None = None
-    """Why the bytes are not served (for logs and quarantine records); ``None`` when OK."""
+    """Why the bytes are not served, for logs and quarantine records. ``None`` when OK."""
     header: ChunkHeader | None = None
     """The validated header, when :func:`judge` found the chunk OK."""
 
@@ -259,22 +259,22 @@ class Store(ABC):
 
     @abstractmethod
     def put_many(self, items: Sequence[tuple[ChunkKey, Buffer]]) -> list[bool]:
-        """Store each chunk atomically (overwriting); True per item that was written."""
+        """Store each chunk atomically, overwriting. True per item that was written."""
 
     @abstractmethod
     def put_if_absent_many(self, items: Sequence[tuple[ChunkKey, Buffer]]) -> list[bool]:
-        """Store each chunk unless its key exists; True per item this call wrote."""
+        """Store each chunk unless its key exists. True per item this call wrote."""
 
     @abstractmethod
     def delete_many(self, keys: Sequence[ChunkKey]) -> int:
-        """Delete keys (missing ones are ignored); returns how many were deleted."""
+        """Delete keys, ignoring missing ones. Returns how many were deleted."""
 
     @abstractmethod
     def list(self, namespace: str | None = None) -> Iterator[ChunkInfo]:
         """Every stored chunk (of one namespace, if given), in no particular order."""
 
     def close(self) -> None:  # noqa: B027 - optional hook: stores without resources need nothing
-        """Release connections and flush; the store is unusable afterwards."""
+        """Release connections and flush. The store is unusable afterwards."""
 
     # --- keys held by chunks this reader cannot use (spec section 6.7) --------------
 
@@ -337,16 +337,16 @@ class Store(ABC):
     # --- validated reads ---------------------------------------------------------
 
     def get_many(self, keys: Sequence[ChunkKey]) -> builtins.list[bytes | None]:
-        """Chunk bytes per key; ``None`` for missing and for corrupt (quarantined) chunks."""
+        """Chunk bytes per key. ``None`` for missing chunks, and for corrupt ones, quarantined."""
         raw = self._read_many(keys)
         return [self._checked(k, d) for k, d in zip(keys, raw)]
 
     def read_unchecked_many(self, keys: Sequence[ChunkKey]) -> builtins.list[bytes | None]:
         """Stored bytes per key with no validation, no quarantine and no access-time update.
 
-        For maintenance tools (verify, cp, inspect) that must not disturb the
-        LRU order ``prune --max-bytes`` relies on. Stores that track access
-        times override this; the default is the raw read.
+        It is for maintenance tools such as verify, cp and inspect.
+        They must not disturb the LRU order that ``prune --max-bytes`` relies on.
+        Stores that track access times override this. The default is the raw read.
         """
         return self._read_many(keys)
 
@@ -396,8 +396,8 @@ class Store(ABC):
             )
 
     def _set_aside_reported(self, key: ChunkKey, exc: Exception) -> None:
-        """Quarantine a chunk :meth:`report_corrupt` counted and log what became of it;
-        never raises."""
+        """Quarantine a chunk :meth:`report_corrupt` counted, and log what became of it.
+        Never raises."""
         try:
             outcome = self._quarantine(key, f"{type(exc).__name__}: {exc}")
         except StoreError as failure:
@@ -427,11 +427,11 @@ class Store(ABC):
         return self.put_many([(key, data)])[0]
 
     def put_if_absent(self, key: ChunkKey, data: Buffer) -> bool:
-        """Store one chunk unless present; True if this call wrote it."""
+        """Store one chunk unless present. True if this call wrote it."""
         return self.put_if_absent_many([(key, data)])[0]
 
     def delete(self, key: ChunkKey) -> bool:
-        """Delete one key; True if it existed."""
+        """Delete one key. True if it existed."""
         return self.delete_many([key]) == 1
 
     # --- prefix lookup -------------------------------------------------------------
@@ -512,8 +512,9 @@ class SupportsGetManyInto(Protocol):
     def get_many_into(
         self, keys: Sequence[ChunkKey], buffers: Sequence[Buffer]
     ) -> list[int | None]:
-        """Fill ``buffers[i]`` with ``keys[i]``'s chunk; per key its size, or ``None`` if
-        missing/corrupt. Every read has ended (no buffer is written any more) on return."""
+        """Fill ``buffers[i]`` with ``keys[i]``'s chunk.
+        Returns per key its size, or ``None`` if missing or corrupt.
+        Every read has ended on return, and no buffer is written any more."""
         ...
 
 
@@ -540,7 +541,7 @@ class SupportsPinning(Protocol):
         ...
 
     def release(self, lease: Any) -> None:
-        """Undo one :meth:`acquire`; idempotent."""
+        """Undo one :meth:`acquire`. Idempotent."""
         ...
 
 
@@ -550,9 +551,9 @@ class SupportsMemoryRegions(Protocol):
     (NIXL) once at start."""
 
     def memory_regions(self) -> Sequence[Any]:
-        """Buffers (numpy arrays, memoryviews, mmaps) that contain every view
-        :meth:`SupportsPinning.acquire` and :meth:`SupportsReserve.reserve` return;
-        they never move or shrink."""
+        """Buffers that contain every view :meth:`SupportsPinning.acquire` and
+        :meth:`SupportsReserve.reserve` return.
+        They are numpy arrays, memoryviews or mmaps, and never move or shrink."""
         ...
 
 
@@ -577,13 +578,13 @@ class SupportsReserve(Protocol):
 
 @runtime_checkable
 class SupportsModelRecords(Protocol):
-    """Small per-model records beside the chunks (``.chunkstore/models/<fingerprint>.json``):
-    which model a fingerprint names (see :mod:`chunkstore.backends._models`)."""
+    """Small per-model records beside the chunks, in ``.chunkstore/models/<fingerprint>.json``.
+    They say which model a fingerprint names, see :mod:`chunkstore.backends._models`."""
 
     def read_model_record(self, fingerprint: bytes) -> bytes | None:
         """The record stored for ``fingerprint``, or ``None``."""
         ...
 
     def write_model_record(self, fingerprint: bytes, record: bytes) -> None:
-        """Store (replace) the record for ``fingerprint``; raises ``StoreError`` on failure."""
+        """Store or replace the record for ``fingerprint``. Raises ``StoreError`` on failure."""
         ...

@@ -38,7 +38,7 @@ class StoredFile:
     """A file in the store that is not a chunk: an orphan temp file or a foreign file."""
 
     path: str
-    """Full path (fsspec path for non-local stores; the object key on S3)."""
+    """Full path. It is the fsspec path for non-local stores, and the object key on S3."""
     namespace: str
     """Namespace directory it sits in ("" at the root)."""
     size: int
@@ -56,7 +56,7 @@ class StrandedFile:
     path: str
     """Full path."""
     namespace: str
-    """The quarantine namespace it sits in; "" in the state directory."""
+    """The quarantine namespace it sits in. "" in the state directory."""
     size: int
     """Bytes."""
     staged: float
@@ -83,7 +83,7 @@ class SetAside(Enum):
     DONE = "done"
     """Moved to quarantine, or deleted (the store's ``quarantine_mode``)."""
     CHANGED = "left (replaced or removed since it was read)"
-    """Left: another chunk is at its name now (a writer's), or none (removed)."""
+    """Left: another chunk, a writer's, is at its name now, or none as it was removed."""
     TAKEN = "left (already set aside by another run)"
     """Left: another run (a reader, ``verify``) moved this very chunk to quarantine first."""
 
@@ -102,7 +102,7 @@ class SupportsMaintenance(Protocol):
     """Access records, a quarantine area and stray files (the filesystem and S3 stores)."""
 
     track_access: bool
-    """Whether reads count as uses (access records); maintenance tools turn it off."""
+    """Whether reads count as uses, in access records. Maintenance tools turn it off."""
     quarantine_mode: str
     """One of :data:`QUARANTINE_MODES`."""
 
@@ -116,7 +116,7 @@ class SupportsMaintenance(Protocol):
         """Unfinished writes last touched at least ``older_than`` seconds ago."""
 
     def remove_orphans(self, grace: float = 3600.0) -> int:
-        """Remove unfinished writes older than ``grace`` seconds; how many went."""
+        """Remove unfinished writes older than ``grace`` seconds. Returns how many went."""
 
     def foreign_files(self) -> list[StoredFile]:
         """Files among the chunks that chunkstore did not write (reported, never touched)."""
