@@ -1,9 +1,9 @@
 """The one exception hierarchy of chunkstore.
 
 Every error the library raises on purpose derives from :class:`ChunkStoreError`.
-Everything a decoder can say about bad bytes is a :class:`FormatError` subclass,
-so callers on the serving path can treat ``except FormatError`` as "this chunk
-is a miss" without ever catching programming errors by accident.
+Everything a decoder can say about bad bytes is a :class:`FormatError` subclass.
+So callers on the serving path can treat ``except FormatError`` as "this chunk is a miss".
+They never catch programming errors by accident.
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ class MissingDependency(ChunkStoreError, ImportError):
 
 
 class StoreError(ChunkStoreError):
-    """A store could not be opened or used (bad credentials, missing bucket, unreadable root)."""
+    """A store could not be opened or used.
+    Examples are bad credentials, a missing bucket, and an unreadable root."""
 
 
 class KeyParseError(ChunkStoreError, ValueError):
@@ -41,7 +42,7 @@ class TruncatedChunk(FormatError):
 
 
 class BadMagic(FormatError):
-    """The input does not start like a chunkstore chunk (foreign or empty file)."""
+    """The input does not start like a chunkstore chunk. It is a foreign or empty file."""
 
 
 class HeaderTooLarge(FormatError):
@@ -55,9 +56,10 @@ class MalformedHeader(FormatError):
 class UnsupportedVersion(FormatError):
     """The chunk needs a newer reader: valid for its writer, a plain miss for this one.
 
-    Raised for an unknown major version, and (through the subclasses below) for
-    what a later minor version of a known major may add. Never damage: stores and
-    tools must not quarantine or delete such a chunk (spec/FORMAT.md section 2).
+    Raised for an unknown major version.
+    The subclasses below are raised for what a later minor of a known major may add.
+    This is never damage.
+    Stores and tools must not quarantine or delete such a chunk, see spec/FORMAT.md section 2.
     """
 
 

@@ -2,30 +2,33 @@
 
 Two kinds of metric live here:
 
-* **instrumented** ones (hits, misses, latencies, bytes, drops, promotions,
-  tier errors) that the code on the data path increments through the
-  per-tier :class:`TierInstruments` a :class:`ChunkstoreMetrics` hands out;
-* **observed** ones (host cache occupancy, evictions, corrupt chunks, queue
-  depth, tier health) read from the watched objects at scrape time by a
-  collector, so the hot path pays nothing for them.
+* **Instrumented** ones: hits, misses, latencies, bytes, drops, promotions, tier errors.
+  The code on the data path increments them.
+  It does so through the per-tier :class:`TierInstruments` a :class:`ChunkstoreMetrics`
+  hands out.
+* **Observed** ones: host cache occupancy, evictions, corrupt chunks, queue depth, tier health.
+  A collector reads them from the watched objects at scrape time.
+  So the hot path pays nothing for them.
 
-Every tier metric carries a ``tier`` label: the store's ``name`` (``host`` for
-the host cache unless renamed). ``direction`` is relative to the tier: ``read``
-counts bytes read out of it, ``write`` bytes written into it.
+Every tier metric carries a ``tier`` label: the store's ``name``.
+The host cache is ``host`` unless renamed.
+``direction`` is relative to the tier.
+``read`` counts bytes read out of it, ``write`` bytes written into it.
 
-Copies between accelerator and host memory (done by an engine adapter, not by
-chunkstore) have their own ``chunkstore_device_*`` metrics with ``direction``
-``device_to_host`` (saves) or ``host_to_device`` (loads); an adapter reports
-each copy with :func:`record_device_transfer`.
+Copies between accelerator and host memory have their own ``chunkstore_device_*`` metrics.
+An engine adapter does those copies, not chunkstore.
+Their ``direction`` is ``device_to_host`` for saves, or ``host_to_device`` for loads.
+An adapter reports each copy with :func:`record_device_transfer`.
 
-The process default: :func:`default_metrics` returns the one
-:class:`ChunkstoreMetrics` of this process, registered in prometheus-client's
-default registry (``prometheus_client.REGISTRY``), which is what
-:func:`start_metrics_server` exposes and what a host application that already
-serves that registry (vLLM's API server does) shows without further work.
-Stores use it unless given another; build a :class:`ChunkstoreMetrics` on a
-private :class:`~prometheus_client.CollectorRegistry` to keep metrics apart
-(tests do).
+The process default: :func:`default_metrics` returns the one :class:`ChunkstoreMetrics`
+of this process.
+It is registered in prometheus-client's default registry, ``prometheus_client.REGISTRY``.
+:func:`start_metrics_server` exposes that registry.
+A host application that already serves it shows the metrics without further work.
+vLLM's API server does.
+Stores use it unless given another.
+To keep metrics apart, build a :class:`ChunkstoreMetrics` on a private
+:class:`~prometheus_client.CollectorRegistry`, as tests do.
 """
 
 from __future__ import annotations
@@ -61,7 +64,8 @@ LATENCY_BUCKETS = (
     10.0,
     30.0,
 )
-"""Seconds: 100 µs (a host hit) to 30 s (a stalled object store)."""
+"""Latency buckets in seconds.
+They run from a host hit at the low end to a stalled object store at the top."""
 THROUGHPUT_BUCKETS = tuple(float(2**e) for e in range(20, 38, 2))
 """Bytes per second: 1 MiB/s to 128 GiB/s in factors of four."""
 DIRECTIONS = ("read", "write")

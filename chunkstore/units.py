@@ -1,14 +1,15 @@
 """Sizes (``500G``) and ages (``7d``) as users write them: CLI flags, store options, vLLM options.
 
-Sizes: a number with an optional suffix. ``K M G T P`` and ``KiB MiB GiB TiB
-PiB`` are powers of 1024 (what ``du -h`` and ``df -h`` print); ``KB MB GB TB
-PB`` are powers of 1000 (what disk vendors print). No suffix or ``B`` means
-bytes. Case does not matter. Ages: one or more ``<number><unit>`` parts with
-units ``s m h d w`` (``90m``, ``1d12h``, ``1.5h``); a bare number is seconds.
+Sizes are a number with an optional suffix.
+``K M G T P`` and ``KiB MiB GiB TiB PiB`` are powers of 1024, as ``du -h`` and ``df -h`` print.
+``KB MB GB TB PB`` are powers of 1000, as disk vendors print.
+No suffix or ``B`` means bytes. Case does not matter.
+Ages are one or more ``<number><unit>`` parts with units ``s m h d w``.
+Examples are ``90m``, ``1d12h`` and ``1.5h``. A bare number is seconds.
 
-Both are bounded (:data:`MAX_BYTES`, :data:`MAX_SECONDS`): a value past the
-bound, infinity or NaN is a :class:`ConfigError`, never an ``OverflowError``
-from a later ``int()`` or a wait.
+Both are bounded, by :data:`MAX_BYTES` and :data:`MAX_SECONDS`.
+A value past the bound, infinity or NaN is a :class:`ConfigError`.
+It is never an ``OverflowError`` from a later ``int()`` or a wait.
 """
 
 from __future__ import annotations
@@ -21,10 +22,10 @@ from decimal import Decimal, InvalidOperation
 from chunkstore.errors import ConfigError
 
 MAX_BYTES = 1 << 60
-"""Largest size accepted (1 EiB): more than any memory pool, disk or bucket quota holds."""
+"""Largest size accepted, 1 EiB. No memory pool, disk or bucket quota holds that much."""
 MAX_SECONDS = 100 * 365 * 86400
-"""Longest duration accepted (100 years); below ``threading.TIMEOUT_MAX``, so any parsed
-duration can be a wait's timeout."""
+"""Longest duration accepted, 100 years.
+It is below ``threading.TIMEOUT_MAX``, so any parsed duration can be a wait's timeout."""
 
 _BINARY = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40, "p": 1 << 50}
 _DECIMAL = {"kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "pb": 10**15}
@@ -40,9 +41,9 @@ def shown(value: object) -> str:
 
 
 def parse_size(text: str | int | float) -> int:
-    """Bytes meant by ``text`` (``"500G"`` -> 536870912000); raises :class:`ConfigError`.
+    """Bytes meant by ``text``, as ``"500G"`` -> 536870912000. Raises :class:`ConfigError`.
 
-    Non-negative ints and floats are byte counts as they are; at most :data:`MAX_BYTES`.
+    Non-negative ints and floats are byte counts as they are, up to :data:`MAX_BYTES`.
     """
     if isinstance(text, bool):
         raise ConfigError(f"invalid size {text!r}")
@@ -82,9 +83,9 @@ def _bounded_size(value: int | float | Decimal, text: object) -> int:
 
 
 def parse_age(text: str | int | float) -> float:
-    """Seconds meant by ``text`` (``"7d"`` -> 604800.0); raises :class:`ConfigError`.
+    """Seconds meant by ``text``, as ``"7d"`` -> 604800.0. Raises :class:`ConfigError`.
 
-    Non-negative ints and floats are seconds as they are; at most :data:`MAX_SECONDS`.
+    Non-negative ints and floats are seconds as they are, up to :data:`MAX_SECONDS`.
     """
     if isinstance(text, bool) or not isinstance(text, (str, int, float)):
         raise ConfigError(f"invalid age {shown(text)}: use e.g. 30s, 90m, 12h, 7d or seconds")

@@ -1,10 +1,10 @@
 """Chunk stores: the interface (``base``) and its implementations, one module each.
 
-``__all__`` is what users of stores need: open one by URL, the interface, its
-optional capabilities, the in-process store, the wrapper base and the wrappers
-built on it (zstd compression). The filesystem and S3 stores are reached
-through :func:`open_store` (or their modules, ``chunkstore.backends._fs`` /
-``.s3``, for their options).
+``__all__`` is what users of stores need.
+That is opening one by URL, the interface and its optional capabilities.
+It is also the in-process store, the wrapper base, and the zstd wrapper built on it.
+The filesystem and S3 stores are reached through :func:`open_store`.
+Their modules, ``chunkstore.backends._fs`` and ``.s3``, hold their options.
 """
 
 from chunkstore.backends._memory import MemoryStore

@@ -1,12 +1,13 @@
 """Batched writes and reads with the results a loop of single calls would give.
 
-Stores that run a batch's writes concurrently (a thread pool, concurrent
-requests) cannot let two writes of the same key race: which one lands, and
-which ``put_if_absent`` wins, would then depend on timing. A loop of single
-calls settles it by order, and so does this: each key is written once, by the
-copy a loop would have left in place. Reads likewise: each key is read once,
-so a corrupt chunk asked for twice is found (counted, quarantined) once, as
-a loop would find it once and then miss the file it set aside.
+Some stores run a batch's writes concurrently, in a thread pool or as concurrent requests.
+They cannot let two writes of the same key race.
+Which one lands, and which ``put_if_absent`` wins, would then depend on timing.
+A loop of single calls settles it by order, and so does this module.
+Each key is written once, by the copy a loop would have left in place.
+Reads likewise: each key is read once.
+So a corrupt chunk asked for twice is found, counted and quarantined once.
+A loop would find it once and then miss the file it set aside.
 """
 
 from __future__ import annotations
@@ -26,11 +27,11 @@ def write_once_per_key(
     *,
     replace: bool,
 ) -> list[bool]:
-    """``write`` the items of distinct keys; True/False per item of ``items``.
+    """``write`` the items of distinct keys. Returns True or False per item of ``items``.
 
-    When replacing, a key given twice is written by its last copy (the earlier
-    ones count as written: a loop would have written and then overwritten
-    them); for put-if-absent, by its first copy (the later ones find it there).
+    When replacing, a key given twice is written by its last copy.
+    The earlier ones count as written: a loop would have written, then overwritten them.
+    For put-if-absent it is written by its first copy. The later ones find it there.
     """
     chosen: dict[ChunkKey, int] = {}
     for i, (key, _) in enumerate(items):
@@ -56,12 +57,13 @@ def read_once_per_key(
     buffers: Sequence[Any],
     read: Callable[[list[ChunkKey], list[Any]], list[Any]],
 ) -> list[Any]:
-    """``read`` each distinct key once, into the buffer of its first copy; per item of
-    ``keys``, what ``read`` gives (a size, ``None`` or an exception).
+    """``read`` each distinct key once, into the buffer of its first copy.
 
-    A later copy of a key gets the first copy's bytes in its own buffer (``None`` when
-    the first found nothing; a :class:`ConfigError` as its result when its buffer is
-    read-only or too small, as a read into it would have raised).
+    Returns per item of ``keys`` what ``read`` gives: a size, ``None`` or an exception.
+    A later copy of a key gets the first copy's bytes in its own buffer.
+    It gets ``None`` when the first found nothing.
+    Its result is a :class:`ConfigError` when its buffer is read-only or too small.
+    A read into it would have raised that.
     """
     first = first_copies(keys)
     if len(first) == len(keys):

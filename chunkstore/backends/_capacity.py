@@ -1,22 +1,24 @@
 """Byte cap for a filesystem store: LRU eviction, shared by every writer process.
 
-Design (spec/FORMAT.md, "Capacity"): a usage ledger ``.chunkstore/usage.json``
-holds the bytes and chunk count of published chunks. Every capped writer
-takes the store's lock file (``flock``) around *account, evict, publish,
-record*, so the check and the rename are one step for all processes: usage
-never exceeds the cap (temp files in flight are not chunks and not counted).
-The chunk data itself is written before the lock is taken, so writers only
-serialise on a rename and a ledger update.
+The design is in spec/FORMAT.md, "Capacity".
+A usage ledger ``.chunkstore/usage.json`` holds the bytes and chunk count of published chunks.
+Every capped writer takes the store's lock file with ``flock``.
+It holds it around *account, evict, publish, record*.
+So the check and the rename are one step for all processes, and usage never exceeds the cap.
+Temp files in flight are not chunks and are not counted.
+The chunk data itself is written before the lock is taken.
+So writers only serialise on a rename and a ledger update.
 
-The ledger is a hint that may drift (a crash after publish, an ``rm`` by hand):
-a missing or unreadable ledger triggers a recount under the lock, every eviction
-scan replaces it with the exact count, and so does an admit whose candidates
-turn out to be gone (the ledger counted files that are no longer there). A store
-without a cap keeps an existing ledger true through a ledger-only limiter
-(``max_bytes=None``: the same lock and bookkeeping, no eviction).
-The list of eviction candidates is an in-process cache of the last scan (no
-index that a fresh process would lack): each candidate is re-checked on disk
-before it is deleted, and one recently read is skipped.
+The ledger is a hint that may drift, after a crash past publish or an ``rm`` by hand.
+A missing or unreadable ledger triggers a recount under the lock.
+Every eviction scan replaces it with the exact count.
+So does an admit whose candidates turn out to be gone.
+The ledger then counted files that are no longer there.
+A store without a cap keeps an existing ledger true through a ledger-only limiter.
+That is ``max_bytes=None``: the same lock and bookkeeping, and no eviction.
+The list of eviction candidates is an in-process cache of the last scan.
+It is no index that a fresh process would lack.
+Each candidate is re-checked on disk before it is deleted, and one recently read is skipped.
 """
 
 from __future__ import annotations
@@ -57,8 +59,9 @@ def _count(value: Any) -> int | None:
 def _parse_ledger(raw: bytes) -> tuple[Usage, int | None] | None:
     """The usage and recorded cap in a ledger, or None if it is not one this code wrote.
 
-    Anything else (a torn write, a list, ``1e999``, a negative or fractional count) is
-    unreadable and recounted: a ledger believed negative would let the store pass its cap.
+    Anything else is unreadable and recounted.
+    That is a torn write, a list, ``1e999``, or a negative or fractional count.
+    A ledger believed negative would let the store pass its cap.
     """
     try:
         doc = json.loads(raw)
@@ -75,12 +78,14 @@ def _parse_ledger(raw: bytes) -> tuple[Usage, int | None] | None:
 class CapacityLimiter:
     """Serialises publishes of one store root and evicts least-recently-used chunks.
 
-    ``max_bytes=None`` keeps the ledger only (a store without a cap writing into a
-    capped store's root): nothing is evicted and the recorded cap is kept.
+    ``max_bytes=None`` keeps the ledger only.
+    That is for a store without a cap writing into a capped store's root.
+    Nothing is evicted, and the recorded cap is kept.
 
-    ``scan()`` yields ``(path, size, access_time)`` for every chunk;
-    ``probe(path)`` returns the current ``(size, access_time)`` or None;
-    ``evict(path)`` deletes a chunk (and its access record) and returns its size or 0.
+    ``scan()`` yields ``(path, size, access_time)`` for every chunk.
+    ``probe(path)`` returns the current ``(size, access_time)``, or None.
+    ``evict(path)`` deletes a chunk and its access record.
+    It returns the chunk's size, or 0.
     """
 
     def __init__(
@@ -158,8 +163,9 @@ class CapacityLimiter:
     def admit(self, final: str, size: int, publish: Callable[[], bool], *, replace: bool) -> bool:
         """Make room for ``size`` bytes at ``final`` and call ``publish`` under the lock.
 
-        Returns what ``publish`` returned, or False when one chunk is larger than the cap
-        (or, for ``replace=False``, when ``final`` already exists).
+        Returns what ``publish`` returned.
+        Returns False when one chunk is larger than the cap.
+        With ``replace=False`` it returns False too when ``final`` already exists.
         """
         if self.max_bytes is not None and size > self.max_bytes:
             log.warning(
@@ -196,8 +202,8 @@ class CapacityLimiter:
             return written
 
     def removed(self, remove: Callable[[], Sequence[tuple[str, int]]]) -> None:
-        """Run ``remove`` (returns the path and size of each chunk it deleted) under the lock
-        and update the ledger."""
+        """Run ``remove`` under the lock and update the ledger.
+        ``remove`` returns the path and size of each chunk it deleted."""
         with self.io.lock(self.lock_path):
             usage = self._load()
             sizes = [size for _, size in remove()]

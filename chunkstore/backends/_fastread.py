@@ -1,33 +1,34 @@
-"""Read a chunk file into a buffer and verify it in the same pass (the local fast path).
+"""Read a chunk file into a buffer and verify it in the same pass: the local fast path.
 
-Reading a whole 32 MiB chunk and then hashing it walks the data twice through
-memory; here each block is hashed right after ``preadv`` copied it, while it
-is still in the CPU cache, which is what keeps verified reads close to raw
-reads. The verdict is exactly :func:`chunkstore.format.decode_chunk`'s with
-``expected_key`` (checksum as spec/FORMAT.md defines it: xxh3-128 over the
-header with the checksum field zeroed, then the stored payload); compressed
-chunks go through ``decode_chunk`` itself.
+Reading a whole 32 MiB chunk and then hashing it walks the data twice through memory.
+Here each block is hashed right after ``preadv`` copied it, while it is in the CPU cache.
+That keeps verified reads close to raw reads.
+The verdict is exactly that of :func:`chunkstore.format.decode_chunk` with ``expected_key``.
+The checksum is the one spec/FORMAT.md defines.
+It is xxh3-128 over the header with the checksum field zeroed, then the stored payload.
+Compressed chunks go through ``decode_chunk`` itself.
 
-Bytes reach the buffer one of three ways (:class:`ChunkFileReader`):
+Bytes reach the buffer in one of three ways, see :class:`ChunkFileReader`.
 
-* ``buffered``: through the page cache (``preadv``);
-* ``direct``: around it (``O_DIRECT``), straight into the buffer, when the
-  buffer is page-aligned (host-cache slots are); the file's last, partial
-  block comes through the page cache unless the buffer has room for the whole
-  aligned block;
-* ``auto``: one ``RWF_NOWAIT`` read of the file's first page (it never waits
-  for the disk) tells whether the page cache holds the file: if it does, the
-  file is read through the page cache. If not (a cold file), a buffer of up
-  to :data:`READAHEAD_FROM` bytes, or a larger one in memory chunkstore mapped
-  on huge pages, is filled around the page cache (``O_DIRECT``); any other
-  larger one through it with sequential readahead, the file's pages dropped
-  when the read ends (:meth:`ChunkFileReader.release`). Either way a cold chunk that lands in
-  the host cache is not also kept in the page cache and does not push hot
-  files out of it. Chunk files are written and read whole, so the first
-  page stands for the rest; a file only partly cached is still read
-  correctly either way. (Readahead is switched off for the probe: a missed
-  ``RWF_NOWAIT`` read would otherwise start reading the file in the
-  background, competing with the read that follows.)
+* ``buffered``: through the page cache, with ``preadv``.
+* ``direct``: around it with ``O_DIRECT``, straight into a page-aligned buffer.
+  Host-cache slots are page-aligned.
+  The file's last, partial block comes through the page cache.
+  It does not when the buffer has room for the whole aligned block.
+* ``auto``: one ``RWF_NOWAIT`` read of the file's first page tells whether the page
+  cache holds the file. That read never waits for the disk.
+  A cached file is read through the page cache.
+  A cold file goes around the page cache into a buffer of up to :data:`READAHEAD_FROM` bytes.
+  So does a larger buffer on huge pages that chunkstore mapped.
+  Any other larger buffer is read through the page cache with sequential readahead.
+  The file's pages are then dropped when the read ends, see :meth:`ChunkFileReader.release`.
+  Either way a cold chunk bound for the host cache is not also kept in the page cache.
+  It does not push hot files out of it.
+  Chunk files are written and read whole, so the first page stands for the rest.
+  A file only partly cached is still read correctly either way.
+  Readahead is off for the probe.
+  A missed ``RWF_NOWAIT`` read would otherwise start reading the file in the background.
+  That would compete with the read that follows.
 """
 
 from __future__ import annotations
@@ -60,19 +61,21 @@ BLOCK = 256 * 1024
 """Bytes read and hashed per step through the page cache: small enough to stay in L2."""
 
 DIRECT_BLOCK = 8 * 1024 * 1024
-"""Bytes per read around the page cache: the disk sees few, large requests (DMA lands in RAM,
-not in the CPU cache, so hashing in small steps would gain nothing)."""
+"""Bytes per read around the page cache, so the disk sees few, large requests.
+DMA lands in RAM, not in the CPU cache, so hashing in small steps would gain nothing."""
 
 READAHEAD_FROM = DIRECT_BLOCK
-"""Buffers larger than this (chunks needing more than one ``O_DIRECT`` request) in 4 KiB pages
-are read through the page cache with readahead when cold in ``auto`` mode, then dropped from
-it: the disk then works ahead while the thread copies and hashes, where ``O_DIRECT`` waits for
-each 8 MiB request in turn, split into several by the scattered pages. Measured on this VM
-(docs/benchmarks.md, Stores): 1.14-1.17x for cold 32 MiB batches; 2 MiB chunks stay direct
-(one request; readahead was no faster there). A buffer in memory chunkstore mapped on huge
-pages (:func:`chunkstore._hugepages.covers`: host cache slots of a private pool, the native
-tier's chunk buffers) stays direct at any size: there each 2 MiB is one request, and direct
-measured faster than readahead (docs/benchmarks.md, "Host pool on huge pages")."""
+"""Size above which ``auto`` mode reads a cold buffer on 4 KiB pages with readahead.
+
+Such a buffer needs more than one ``O_DIRECT`` request.
+It is read through the page cache, then dropped from it.
+The disk then works ahead while the thread copies and hashes.
+``O_DIRECT`` would wait for each 8 MiB request in turn, split by the scattered pages.
+Smaller chunks stay direct: one request, and readahead gains nothing there.
+A buffer on huge pages that chunkstore mapped stays direct at any size.
+:func:`chunkstore._hugepages.covers` tells such buffers apart.
+Host cache slots of a private pool and the native tier's chunk buffers are such buffers.
+See docs/benchmarks.md, Stores and "Host slots on huge pages"."""
 
 ALIGN = 4096
 """Alignment O_DIRECT needs for memory, file offsets and lengths (a page; covers 512 and 4K
@@ -107,8 +110,8 @@ def on_huge_pages(view: memoryview) -> bool:
 
 
 def through_page_cache(fd: int) -> None:
-    """Take ``O_DIRECT`` off ``fd`` (a :class:`ChunkFileReader` may have set it), so that reads
-    of any length, at any offset, into any memory may follow."""
+    """Take ``O_DIRECT`` off ``fd``, which a :class:`ChunkFileReader` may have set.
+    Reads of any length, at any offset, into any memory may then follow."""
     flags = fcntl.fcntl(fd, fcntl.F_GETFL)
     if flags & O_DIRECT:
         fcntl.fcntl(fd, fcntl.F_SETFL, flags & ~O_DIRECT)
@@ -132,18 +135,21 @@ def read_into(fd: int, target: memoryview) -> int:
 class ChunkFileReader:
     """Brings spans of one open file into ``buffer`` at the same offsets.
 
-    ``buffer`` may be longer than the file: in ``direct`` mode the room past
-    the file's end lets its last block be read whole and aligned. ``mode`` is
-    one of :data:`READ_MODES`; a buffer that is not page-aligned is always
-    read ``buffered``. In ``auto`` mode the constructor asks the page cache
-    (one non-blocking read of the first page): a cold file goes around it,
-    or, into a buffer over :data:`READAHEAD_FROM` not on huge pages
-    (:func:`on_huge_pages`), through it with
-    sequential readahead and :attr:`dropping` set, :meth:`release` dropping
-    its pages once the read is over. After the reads,
-    :attr:`went_direct` says whether any bytes bypassed the page cache and
-    :attr:`refused` whether the filesystem rejected O_DIRECT (the reader
-    then finished buffered).
+    ``buffer`` may be longer than the file.
+    In ``direct`` mode the room past the file's end lets its last block be read whole
+    and aligned.
+    ``mode`` is one of :data:`READ_MODES`.
+    A buffer that is not page-aligned is always read ``buffered``.
+    In ``auto`` mode the constructor asks the page cache with one non-blocking read of
+    the first page.
+    A cold file goes around the page cache.
+    Into a buffer over :data:`READAHEAD_FROM` not on huge pages, it goes through it.
+    :func:`on_huge_pages` tells huge pages apart.
+    That read uses sequential readahead and sets :attr:`dropping`.
+    :meth:`release` then drops its pages once the read is over.
+    After the reads, :attr:`went_direct` says whether any bytes bypassed the page cache.
+    :attr:`refused` says whether the filesystem rejected O_DIRECT.
+    The reader then finished buffered.
     """
 
     __slots__ = ("buffer", "direct", "dropping", "fd", "probed", "refused", "went_direct")
@@ -183,15 +189,16 @@ class ChunkFileReader:
         return self._read(start, end)
 
     def release(self) -> None:
-        """The read is over (the fd still open): drop a cold file's pages from the page cache
-        (only clean pages go; a file being written keeps its dirty ones)."""
+        """The read is over, the fd still open: drop a cold file's pages from the page cache.
+        Only clean pages go. A file being written keeps its dirty ones."""
         if self.dropping:
             with contextlib.suppress(OSError):  # only advice: the read itself succeeded
                 os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_DONTNEED)
 
     def _cached(self) -> bool:
-        """Whether the page cache holds the file's first page (read into the buffer, never
-        waiting for the disk); True where the filesystem cannot tell."""
+        """Whether the page cache holds the file's first page. True where the filesystem
+        cannot tell.
+        The page is read into the buffer, never waiting for the disk."""
         view = self.buffer[: self.PROBE]
         os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_RANDOM)
         try:
@@ -260,62 +267,67 @@ class ChunkFileReader:
 
 
 HEAD_READ = ALIGN
-"""Bytes the first read of a buffered verified read brings in: the header of a chunk of up to a
-few hundred tensors (a longer header takes one more read). The payload follows in its own step
-(:meth:`VerifiedRead.finish`), so a batch can parse several headers back to back before
-streaming their payloads (see :class:`VerifiedRead`)."""
+"""Bytes the first read of a buffered verified read brings in.
+That is the header of a chunk of up to a few hundred tensors.
+A longer header takes one more read.
+The payload follows in its own step, :meth:`VerifiedRead.finish`.
+So a batch can parse several headers back to back before streaming their payloads."""
 
 
 class Undecided(Exception):
-    """A read that took the chunk's size from its header (``VerifiedRead(sized=False)``)
-    met anything but a whole, valid chunk: a file shorter or longer than its header says, a
-    damaged header, a checksum or key that does not match, an OS error. It vouches for
-    nothing; the caller reads the file again knowing its size, which gives the verdict
-    exactly as before (rare: only damaged or racing files land here)."""
+    """A read that took the chunk's size from its header met anything but a valid chunk.
+
+    Such a read is ``VerifiedRead(sized=False)``.
+    It may have met a file shorter or longer than its header says, or a damaged header.
+    It may have met a checksum or key that does not match, or an OS error.
+    It vouches for nothing.
+    The caller reads the file again knowing its size, which gives the verdict as before.
+    This is rare: only damaged or racing files land here."""
 
 
 _PAST_END = bytearray(1)
-"""Where the last block's read puts the byte after the chunk's end, if the file has one: only
-the count the kernel returns is looked at (shared by threads; its content never matters)."""
+"""Where the last block's read puts the byte after the chunk's end, if the file has one.
+Only the count the kernel returns is looked at.
+Threads share it, as its content never matters."""
 
 
 class VerifiedRead:
     """A verified read of one chunk file into ``target``, in two steps.
 
-    Constructing it reads and parses the header and sets up the payload's
-    checksum (key derivation and identity are checked here); :meth:`finish`
-    streams the payload block by block, hashing each block right after it
-    lands, and gives the verdict. Both steps raise
-    :class:`~chunkstore.errors.FormatError` subclasses, as
-    :func:`chunkstore.format.decode_chunk` with ``expected_key`` would (with
-    the same verdict; a chunk damaged in both its key and its bytes is
-    reported as a key mismatch, since the key is checked first); after a
-    failure ``target`` holds garbage.
+    Constructing it reads and parses the header and sets up the payload's checksum.
+    Key derivation and identity are checked here.
+    :meth:`finish` streams the payload block by block and gives the verdict.
+    It hashes each block right after it lands.
+    Both steps raise :class:`~chunkstore.errors.FormatError` subclasses.
+    They raise what :func:`chunkstore.format.decode_chunk` with ``expected_key`` would.
+    The verdict is the same too.
+    A chunk damaged in both its key and its bytes is reported as a key mismatch.
+    The key is checked first.
+    After a failure ``target`` holds garbage.
 
-    ``sized`` (the default): ``target`` is exactly the file's size (from
-    ``fstat``). ``sized=False``: ``target`` is a buffer at least as long as the
-    chunk, whose size comes from its header (``data_offset + stored_size``);
-    the last block's read asks for one byte more, so a file longer than its
-    header says is seen without an ``fstat`` as surely as a shorter one. In
-    this mode either step raises :class:`Undecided` instead of any
-    ``FormatError`` or ``OSError``, so that the caller judges the file with
-    its size in hand (the verdict, its message and what is checked first
-    stay exactly those of the sized read); uncompressed chunks read through
-    the page cache only (anything else is :class:`Undecided` at once). When
-    it finishes, the chunk is whole and valid, and :attr:`target` is its
-    bytes.
+    With ``sized``, the default, ``target`` is exactly the file's size from ``fstat``.
+    With ``sized=False``, ``target`` is a buffer at least as long as the chunk.
+    The chunk's size then comes from its header: ``data_offset + stored_size``.
+    The last block's read asks for one byte more.
+    So a file longer than its header says is seen without an ``fstat``, as surely as a
+    shorter one.
+    In this mode either step raises :class:`Undecided` instead of any ``FormatError`` or
+    ``OSError``.
+    The caller then judges the file with its size in hand.
+    The verdict, its message and what is checked first stay those of the sized read.
+    This mode reads uncompressed chunks through the page cache only.
+    Anything else is :class:`Undecided` at once.
+    When it finishes, the chunk is whole and valid, and :attr:`target` is its bytes.
 
     Why two steps: streaming a 2 MiB payload through the CPU cache evicts
-    what the next chunk's header parse and verifier set-up touch (after a
-    payload they cost about 45 µs per chunk, back to back 16 µs, measured).
-    A batch that starts a few of these before finishing any spends 4-9 %
-    less CPU per verified 2 MiB chunk (docs/benchmarks.md); meanwhile each
-    holds its open fd and what its first step read (the header's page, or
-    with O_DIRECT the first block of up to 8 MiB, the whole of a small chunk).
+    what the next chunk's header parse and verifier set-up touch.
+    A batch that starts a few reads before finishing any thus spends less CPU
+    per chunk, see docs/benchmarks.md, Stores.
+    Meanwhile each read holds its open fd and what its first step read.
+    That is the header's page, or with O_DIRECT the first block of up to 8 MiB.
 
-    ``reader`` (a :class:`ChunkFileReader` over ``fd`` and a buffer starting
-    with ``target``) chooses how bytes come in; by default through the page
-    cache.
+    ``reader`` chooses how bytes come in, by default through the page cache.
+    It is a :class:`ChunkFileReader` over ``fd`` and a buffer starting with ``target``.
     """
 
     __slots__ = (
@@ -453,8 +465,8 @@ class VerifiedRead:
         verifier.finish()
 
     def _fill_last(self, start: int, size: int) -> None:
-        """Read ``target[start:size]``, the chunk's last bytes, with the byte past its end;
-        raises unless the file holds exactly ``size`` bytes (sized by the header)."""
+        """Read ``target[start:size]``, the chunk's last bytes, with the byte past its end.
+        Raises unless the file holds exactly ``size`` bytes, the size its header gives."""
         got = os.preadv(self._fd, [self.target[start:size], _PAST_END], start)
         if got != size - start:
             raise TruncatedChunk(f"file holds {start + got} bytes or more, header says {size}")
@@ -468,11 +480,12 @@ def read_verified_into(
     reader: Any = None,
     expected_namespace: str | None = None,
 ) -> None:
-    """Fill ``target`` (exactly the file's size) from ``fd`` and validate it as a chunk.
+    """Fill ``target``, exactly the file's size, from ``fd`` and validate it as a chunk.
 
-    Both steps of :class:`VerifiedRead` at once. Raises a
-    :class:`~chunkstore.errors.FormatError` subclass if the bytes are not a
-    valid chunk (or not the one asked for); ``target`` then holds garbage.
+    This runs both steps of :class:`VerifiedRead` at once.
+    Raises a :class:`~chunkstore.errors.FormatError` subclass if the bytes are not a valid chunk.
+    It raises one too if they are not the chunk asked for.
+    ``target`` then holds garbage.
     """
     VerifiedRead(
         fd, target, expected_key, reader=reader, expected_namespace=expected_namespace

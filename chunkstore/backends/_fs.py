@@ -1,14 +1,15 @@
-"""The filesystem store: a directory tree (local, NFS/Lustre mount, or any fsspec URL).
+"""The filesystem store: a directory tree, local, on an NFS or Lustre mount, or any fsspec URL.
 
-Layout (spec/FORMAT.md, "Store layout"; names in :mod:`chunkstore.backends._layout`)::
+The layout is in spec/FORMAT.md, "Store layout".
+:mod:`chunkstore.backends._layout` holds the names::
 
     <root>/chunkstore-layout.json
     <root>/<namespace>/ab/cd/<hex>.kvc
 
 Nothing is kept only in memory: a fresh process sees every chunk on disk.
-Writes go to a unique temp file in the chunk's directory and are renamed (or,
-for ``put_if_absent``, hard-linked) into place, so readers see whole chunks
-only and a killed writer leaves at most an orphan temp file.
+Writes go to a unique temp file in the chunk's directory.
+They are renamed into place, or hard-linked for ``put_if_absent``.
+So readers see whole chunks only, and a killed writer leaves at most an orphan temp file.
 """
 
 from __future__ import annotations
@@ -140,8 +141,9 @@ class FsStore(FsReads, FsWrites, Upkeep, Store):
         self._touched: dict[ChunkKey, float] = {}
         self._suspects: dict[ChunkKey, FileIdent | None] = {}
         self.read_errors = 0
-        """Reads that failed with an OS error other than absence (EIO, ESTALE, EACCES, a
-        directory at a chunk's path): each was logged and served as a miss."""
+        """Reads that failed with an OS error other than absence.
+        Examples are EIO, ESTALE, EACCES, and a directory at a chunk's path.
+        Each was logged and served as a miss."""
         self._marker_ok = False
         self._marker_lock = threading.Lock()
         self._prefix = self.io.join(self.root, "x")[:-1]  # the root with one separator after it
@@ -247,10 +249,12 @@ class FsStore(FsReads, FsWrites, Upkeep, Store):
             raise StoreError(f"{where}: cannot open store: {exc}") from None
 
     def _refuse_link(self, *parts: str) -> None:
-        """StoreError if ``root/parts[0]`` (or a deeper prefix of ``parts``) is a symbolic
-        link: the store writes its own files (quarantined chunks, ledger, model records)
-        only into real directories of its own, never through a link to elsewhere, where a
-        move or an atomic replace would overwrite someone's file of the same name."""
+        """Raise StoreError if ``root/parts[0]``, or a deeper prefix of ``parts``, is a symlink.
+
+        The store writes its own files only into real directories of its own.
+        Those are quarantined chunks, the ledger and model records.
+        It never writes through a link to elsewhere.
+        There a move or an atomic replace would overwrite someone's file of the same name."""
         path = self.root
         for part in parts:
             path = self.io.join(path, part)
@@ -315,8 +319,8 @@ class FsStore(FsReads, FsWrites, Upkeep, Store):
     def _walk(
         self, namespace: str | None, shard: tuple[int, int] | None = None
     ) -> Iterator[tuple[str, str, list[tuple[str, FileStat]]]]:
-        """(namespace, directory, files) for every fan-out leaf directory (of one shard
-        ``(i, n)``: those whose first fan-out byte is ``i`` modulo ``n``)."""
+        """(namespace, directory, files) for every fan-out leaf directory.
+        With a shard ``(i, n)``, only those whose first fan-out byte is ``i`` modulo ``n``."""
         spaces = self.namespaces()
         if namespace is not None:
             # Only a real directory, as without a name: a namespace that is a symlink to
@@ -419,8 +423,10 @@ class FsStore(FsReads, FsWrites, Upkeep, Store):
     # --- capacity hooks ------------------------------------------------------------
 
     def _limiter(self) -> CapacityLimiter | CapacityIndex | None:
-        """What publishes and deletes go through: the cap, or, without one, the ledger-only
-        limiter while a capped writer's ledger exists (so that it stays true); else None."""
+        """What publishes and deletes go through, or None.
+        That is the cap.
+        Without one, it is the ledger-only limiter while a capped writer's ledger exists.
+        The ledger then stays true."""
         if self.capacity is not None:
             return self.capacity
         if self.io.exists(self._ledger_keeper.ledger_path):

@@ -1,9 +1,10 @@
-"""File primitives under :class:`~chunkstore.backends._fs.FsStore`: plain ``os`` calls for local
-paths (the fast path) and fsspec calls for everything else, behind one small surface.
+"""File primitives under :class:`~chunkstore.backends._fs.FsStore`, behind one small surface.
 
-Both give the store the same guarantees: a chunk appears under its final name
-only complete (temp file in the same directory, then rename or link), and a
-reader holds either the old or the new file, never a mix.
+Local paths use plain ``os`` calls, the fast path. Everything else uses fsspec.
+Both give the store the same guarantees.
+A chunk appears under its final name only complete.
+It is written to a temp file in the same directory, then renamed or linked.
+A reader holds either the old or the new file, never a mix.
 """
 
 from __future__ import annotations
@@ -38,8 +39,8 @@ SMALL_FILE_LIMIT = 1 << 20
 """Largest state file (layout marker, ledger, access record, model record) a store reads."""
 
 _SET_TIME_SLACK = 1.0
-"""Seconds an access time just set may read back earlier than set (a coarse kernel clock
-for the ctime, an NFS server's clock a little behind the client's) and still count as kept."""
+"""Seconds an access time just set may read back earlier than set and still count as kept.
+A coarse kernel clock for the ctime does that, or an NFS server's clock a little behind."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,22 +52,25 @@ class FileStat:
     mtime: float
     """Last write, seconds since the epoch."""
     atime: float
-    """Access time as the store set it explicitly: the filesystem's atime, but not past the
-    ctime (a plain read that moved the atime is not a use); 0 if unknown."""
+    """Access time as the store set it explicitly, or 0 if unknown.
+    It is the filesystem's atime, but not past the ctime.
+    A plain read that moved the atime is not a use."""
     ident: tuple[int, int] | None = None
-    """(inode, mtime_ns) on local filesystems: tells a replaced file from the one read
-    (through fsspec, None: the store compares contents, :func:`content_ident`)."""
+    """(inode, mtime_ns) on local filesystems. It tells a replaced file from the one read.
+    None through fsspec, where the store compares contents with :func:`content_ident`."""
     regular: bool = True
     """A regular file (False: a symlink, FIFO, device or directory where a file is listed)."""
     ctime: float = 0.0
-    """Last change of the inode (a rename sets it: when a file was moved to its name); 0 if
-    unknown (fsspec: its filesystems report no such time, or one with another meaning)."""
+    """Last change of the inode, or 0 if unknown.
+    A rename sets it, so it tells when a file was moved to its name.
+    Under fsspec it is unknown: filesystems report no such time, or one meaning another thing."""
 
 
 def content_ident(data: Any) -> tuple[int, int]:
-    """(size, 64-bit digest) of a file's bytes: which file a read came from where the
-    filesystem offers no identity that a replacement changes (fsspec: a file replaced by
-    another with a different content tells apart; one with the same bytes is the same)."""
+    """The size and a 64-bit digest of a file's bytes.
+    It tells which file a read came from where the filesystem offers no identity.
+    Under fsspec a replacement with other content tells apart.
+    One with the same bytes counts as the same file."""
     # (xxh3, the chunk checksum's family: verify computes this for every chunk it reads, so
     # it must cost a fraction of the check itself; a writer's replacement is no adversary)
     view = memoryview(data).cast("B")
@@ -121,9 +125,10 @@ class LocalIO:
             return None
 
     def scan_files(self, path: str) -> list[tuple[str, FileStat]]:
-        """Entries directly in ``path`` with their own stat, symlinks not followed (vanishing
-        ones skipped); anything but a regular file has ``regular`` False, so a store lists
-        it as foreign and never as a chunk."""
+        """Entries directly in ``path`` with their own stat, symlinks not followed.
+        Entries that vanish meanwhile are skipped.
+        Anything but a regular file has ``regular`` False.
+        A store lists it as foreign and never as a chunk."""
         out: list[tuple[str, FileStat]] = []
         try:
             it = os.scandir(path)
@@ -143,8 +148,9 @@ class LocalIO:
     def _open_read(self, path: str) -> tuple[int, os.stat_result] | None:
         """An fd of the regular file at ``path`` and its fstat; None if there is none.
 
-        Raises ``OSError`` for anything but absence (EIO, ESTALE, EACCES, or a directory
-        or other non-regular file at the path): the store turns those into logged misses.
+        Raises ``OSError`` for anything but absence.
+        That is EIO, ESTALE, EACCES, or a directory or other non-regular file at the path.
+        The store turns those into logged misses.
         """
         fd = self.open_fd(path)
         if fd is None:
@@ -157,8 +163,10 @@ class LocalIO:
         return fd, st
 
     def open_fd(self, path: str) -> int | None:
-        """An fd open for reading whatever is at ``path`` (the caller closes it, and learns
-        from :meth:`stat_fd` or its reads whether it is a regular file); None if nothing is.
+        """An fd open for reading whatever is at ``path``, or None if nothing is.
+
+        The caller closes it.
+        It learns from :meth:`stat_fd` or its reads whether it is a regular file.
 
         Raises ``OSError`` for anything but absence (EIO, ESTALE, EACCES).
         """
@@ -242,12 +250,14 @@ class LocalIO:
         return os.path.isfile(path)
 
     def read_small(self, path: str) -> bytes | None:
-        """A whole small file (marker, ledger, access record), or None if missing.
+        """A whole small file, or None if missing.
 
-        Opened as chunks are: anything but a regular file is an ``OSError``, so a FIFO left
-        at the path is refused instead of blocking the caller until a writer comes. So is a
-        file over :data:`SMALL_FILE_LIMIT` (EFBIG): no state file this code writes comes
-        near it, and a damaged one is not read into memory whole.
+        Such files are a marker, a ledger or an access record.
+        It is opened as chunks are: anything but a regular file is an ``OSError``.
+        So a FIFO left at the path is refused instead of blocking until a writer comes.
+        A file over :data:`SMALL_FILE_LIMIT` is refused too, with EFBIG.
+        No state file this code writes comes near it.
+        A damaged one is then not read into memory whole.
         """
         opened = self._open_read(path)
         if opened is None:
@@ -351,15 +361,18 @@ class LocalIO:
         os.replace(tmp, path)
 
     def set_access(self, path: str, now: float, st: FileStat) -> bool:
-        """Record an access in the file's own atime (explicit, so noatime mounts keep it).
+        """Record an access in the file's own atime, set explicitly so noatime mounts keep it.
 
-        Only the file that was read (``st.ident``) is touched, through an fd of it, with its
-        mtime kept to the nanosecond: a file another writer put in its place since keeps its
-        own times (and ``ident``, which the quarantine guard compares). False when not
-        allowed (another user's file), or where a time set does not show as the access time
-        (a mount whose ctime does not follow ``utime``, e.g. sshfs, which reports the mtime
-        as the ctime: :func:`_filestat` bounds the atime by the ctime): the caller writes an
-        access record.
+        Only the file that was read, ``st.ident``, is touched, through an fd of it.
+        Its mtime is kept to the nanosecond.
+        A file another writer put in its place since keeps its own times.
+        It keeps its ``ident`` too, which the quarantine guard compares.
+        Returns False when not allowed, as for another user's file.
+        Returns False too where a time set does not show as the access time.
+        That happens on a mount whose ctime does not follow ``utime``.
+        An example is sshfs, which reports the mtime as the ctime.
+        :func:`_filestat` bounds the atime by the ctime.
+        On False the caller writes an access record.
         """
         if not self._times_kept:
             return False
@@ -405,9 +418,10 @@ class LocalIO:
 def write_all(fd: int, view: memoryview, direct: bool = False) -> None:
     """Write all of ``view`` at the fd's position.
 
-    With ``direct`` and a page-aligned ``view``, the whole pages go out with O_DIRECT
-    (from the caller's memory to the device, no page-cache copy) and the last, partial
-    page through the page cache; a filesystem that refuses O_DIRECT gets a plain write.
+    With ``direct`` and a page-aligned ``view``, the whole pages go out with O_DIRECT.
+    They go from the caller's memory to the device, with no page-cache copy.
+    The last, partial page goes through the page cache.
+    A filesystem that refuses O_DIRECT gets a plain write.
     """
     done = 0
     body = len(view) - len(view) % ALIGN if direct and O_DIRECT and is_aligned(view) else 0
@@ -431,9 +445,11 @@ def write_all(fd: int, view: memoryview, direct: bool = False) -> None:
 
 
 def read_regular(path: str, limit: int) -> bytes | None:
-    """Up to ``limit`` bytes from the start of the regular file at ``path``; None if nothing
-    is there. ``OSError`` for anything else (EACCES, a directory, a FIFO: opened without
-    waiting for a writer and refused, as :class:`LocalIO` opens a store's files)."""
+    """Up to ``limit`` bytes from the start of the regular file at ``path``.
+    None if nothing is there.
+    Raises ``OSError`` for anything else, such as EACCES, a directory or a FIFO.
+    A FIFO is opened without waiting for a writer and refused.
+    :class:`LocalIO` opens a store's files the same way."""
     try:
         fd = os.open(path, os.O_RDONLY | _O_CLOEXEC | _O_NONBLOCK)
     except (FileNotFoundError, NotADirectoryError):
@@ -446,8 +462,9 @@ def read_regular(path: str, limit: int) -> bytes | None:
 
 
 def _read_at_most(fd: int, limit: int) -> bytes:
-    """The bytes of ``fd`` from its position to its end, at most ``limit`` of them (read in
-    pieces of at most 64 KiB: each read allocates what it asks for, and most files are tiny)."""
+    """The bytes of ``fd`` from its position to its end, at most ``limit`` of them.
+    They are read in pieces of at most 64 KiB.
+    Each read allocates what it asks for, and most files are tiny."""
     parts: list[bytes] = []
     got = 0
     while got < limit and (part := os.read(fd, min(limit - got, 1 << 16))):

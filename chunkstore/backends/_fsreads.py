@@ -62,8 +62,8 @@ class FsIoStats:
     cached_reads: int
     """Chunk reads served through the page cache only, from files it held (or ``buffered``)."""
     cold_reads: int
-    """Chunk reads (``auto``) of files the page cache did not hold: through it with
-    sequential readahead, the file's pages dropped after."""
+    """Chunk reads in ``auto`` mode of files the page cache did not hold.
+    They went through it with sequential readahead, and the file's pages were dropped after."""
 
 
 class FsReads(Store):
@@ -116,9 +116,10 @@ class FsReads(Store):
     ) -> list[tuple[bytes, FileIdent | None] | None]:
         """Like :meth:`read_unchecked_many`, with an ident of the file each read came from.
 
-        Hand the ident to :meth:`quarantine_if_unchanged` / :meth:`delete_if_unchanged`
-        so that a maintenance tool removes the file it judged, never one another writer
-        put in its place since: the inode on local paths, the content through fsspec.
+        Hand the ident to :meth:`quarantine_if_unchanged` or :meth:`delete_if_unchanged`.
+        A maintenance tool then removes the file it judged.
+        It never removes one another writer put in its place since.
+        The ident is the inode on local paths, and the content through fsspec.
         """
         return [
             None if got is None else (got[0], self.io.ident_of_read(*got))
@@ -128,9 +129,10 @@ class FsReads(Store):
     def get_many(self, keys: Sequence[ChunkKey]) -> list[bytes | None]:
         """Chunk bytes per key; ``None`` for missing and corrupt (quarantined) chunks.
 
-        On local paths with verification the result is a ``bytearray`` (read and
-        checksummed in one pass, no extra copy); otherwise ``bytes``. Several chunks
-        are read at a time (``io_workers``).
+        On local paths with verification the result is a ``bytearray``.
+        It is read and checksummed in one pass, with no extra copy.
+        Otherwise it is ``bytes``.
+        Several chunks are read at a time, see ``io_workers``.
         """
         # Each key once (a corrupt chunk asked for twice is counted and set aside once);
         # a later copy of a key gets a buffer of its own (bytes are shared: immutable).
@@ -161,8 +163,9 @@ class FsReads(Store):
     def _read_local(
         self, key: ChunkKey, path: str, buffer: memoryview | None
     ) -> tuple[Any, int] | None:
-        """Read (and, if verifying, check in the same pass) a local chunk into ``buffer``
-        or a new bytearray; (buffer, size), or None if missing or corrupt."""
+        """Read a local chunk into ``buffer`` or a new bytearray.
+        When verifying, it checks it in the same pass.
+        Returns (buffer, size), or None if missing or corrupt."""
         pending = self._start_local(key, path, buffer)
         if pending is None:
             return None
@@ -174,16 +177,18 @@ class FsReads(Store):
     def _start_local(
         self, key: ChunkKey, path: str, buffer: memoryview | None
     ) -> _LocalRead | None:
-        """First step of a local read: open the file, choose how bytes come in and, if
-        verifying, read and check the header; None if missing or corrupt.
+        """First step of a local read. None if missing or corrupt.
 
-        Into a caller's buffer, bytes come in as ``read_mode`` says (the whole buffer is
-        handed to the reader: room past the chunk's end lets an O_DIRECT read take its
-        last block whole). A verified read through the page cache takes the chunk's size
-        from its header, with no ``fstat`` (:class:`VerifiedRead` ``sized=False``); where
-        that read cannot vouch for the file, it is read again with its ``fstat``, which
-        judges it as before. The open file belongs to the returned read until
-        :meth:`_finish_local` ends it."""
+        It opens the file and chooses how bytes come in.
+        When verifying, it reads and checks the header.
+        Into a caller's buffer, bytes come in as ``read_mode`` says.
+        The whole buffer is handed to the reader.
+        Room past the chunk's end lets an O_DIRECT read take its last block whole.
+        A verified read through the page cache takes the chunk's size from its header.
+        It needs no ``fstat``: that is :class:`VerifiedRead` with ``sized=False``.
+        Where that read cannot vouch for the file, the file is read again with its ``fstat``.
+        That read judges it as before.
+        The open file belongs to the returned read until :meth:`_finish_local` ends it."""
         assert isinstance(self.io, LocalIO)
         try:
             fd = self.io.open_fd(path)
@@ -261,8 +266,9 @@ class FsReads(Store):
         return read.out, len(read.view)
 
     def _reread_sized(self, read: _LocalRead) -> None:
-        """Read and judge a chunk again knowing its file's size (its read sized by the header
-        could not vouch for it): the verdict a sized read gives from the start."""
+        """Read and judge a chunk again, knowing its file's size.
+        Its read sized by the header could not vouch for it.
+        Returns the verdict a sized read gives from the start."""
         assert isinstance(self.io, LocalIO)
         read.st = self.io.stat_fd(read.fd, read.path)
         read.out, read.view = self._sized_view(read.fd, read.st, read.out, read.key)
@@ -279,10 +285,12 @@ class FsReads(Store):
     def _sized_view(
         fd: int, st: FileStat, buffer: memoryview | None, key: ChunkKey
     ) -> tuple[Any, memoryview]:
-        """What a read of ``key``'s chunk file open at ``fd`` (of stat ``st``, from
-        ``LocalIO.stat_fd``: a regular file) returns (``buffer``, or a new bytearray of the
-        file's size) and the bytes of that the file fills. A file larger than ``buffer`` is
-        the format error its header shows, else ConfigError (the buffer is too small)."""
+        """What a read of ``key``'s chunk file open at ``fd`` returns, and the bytes it fills.
+
+        ``st`` is the file's stat from ``LocalIO.stat_fd``, a regular file.
+        The read returns ``buffer``, or a new bytearray of the file's size.
+        A file larger than ``buffer`` raises the format error its header shows.
+        Else it raises ConfigError, as the buffer is too small."""
         if buffer is None:
             out = bytearray(st.size)
             return out, memoryview(out)
@@ -387,8 +395,9 @@ class FsReads(Store):
         return results
 
     def _read_into_many(self, keys: list[ChunkKey], buffers: list[Buffer]) -> list[Any]:
-        """:meth:`get_into` for keys given once each; per item its size, None, or the
-        exception its read raised (once every read has ended)."""
+        """:meth:`get_into` for keys given once each.
+        Per item it returns its size, None, or the exception its read raised.
+        It returns once every read has ended."""
         items = list(zip(keys, buffers))
         if not isinstance(self.io, LocalIO):
             return self._pool.map(lambda pair: self._get_into_or_error(*pair), items)
@@ -446,8 +455,8 @@ class FsReads(Store):
     def _admit_read(
         self, key: ChunkKey, judgement: Judgement, st: FileStat, data: Any = None
     ) -> bool:
-        """:meth:`_admit` for a read of ``data`` from the file ``st`` describes (``data`` is
-        needed only where the stat cannot name the file: fsspec)."""
+        """:meth:`_admit` for a read of ``data`` from the file ``st`` describes.
+        ``data`` is needed only where the stat cannot name the file, as under fsspec."""
         if judgement.verdict is ReadVerdict.CORRUPT:
             # remember which file was bad so a concurrent good rewrite is not quarantined
             self._suspects[key] = self.io.ident_of_read(data, st)
@@ -460,9 +469,9 @@ class FsReads(Store):
     # --- access times ------------------------------------------------------------
 
     def _touch(self, key: ChunkKey, path: str, st: FileStat | None, fd: int = -1) -> None:
-        """Record a read of ``key``'s file as an access, at most once per
-        ``access_resolution``. ``st``: the file's stat, or None to ``fstat`` the open ``fd``
-        of it, only when this process's own memory of recent accesses does not settle it."""
+        """Record a read of ``key``'s file as an access, at most once per ``access_resolution``.
+        ``st`` is the file's stat, or None to ``fstat`` the open ``fd`` of it.
+        That happens only when this process's memory of recent accesses does not settle it."""
         if not self.track_access:
             return
         now = time.time()
@@ -502,16 +511,16 @@ class FsReads(Store):
 
 
 GROUP_BYTES = 16 * 1024 * 1024
-"""Buffer bytes one thread takes at once in :meth:`FsStore.get_many_into` (headers first,
-then payloads): a few small chunks share the warm header step; a chunk this big or bigger
-goes alone (its header work is noise against its payload, and single chunks spread best
-over the threads)."""
+"""Buffer bytes one thread takes at once in :meth:`FsStore.get_many_into`.
+It takes headers first, then payloads.
+A few small chunks share the warm header step.
+A chunk this big or bigger goes alone.
+Its header work is noise against its payload, and single chunks spread best over threads."""
 
 GROUP_MAX = 4
-"""At most this many reads are started ahead (open files) per thread. Measured on verified
-2 MiB chunks, one thread, thread CPU per chunk over the bare read + XXH3 loop's in the same
-process: 1.21-1.26x one at a time before (six runs), 1.21-1.28x one at a time in two steps
-(three), 1.17-1.23x by 4 (six), 1.16-1.20x by 8 (three)."""
+"""At most this many reads, each an open file, are started ahead per thread.
+Groups of 4 cost less CPU per chunk than one at a time, and 8 gains little more.
+See docs/benchmarks.md, Stores."""
 
 
 def _group_size(count: int, buffer_bytes: int, workers: int) -> int:
@@ -521,12 +530,15 @@ def _group_size(count: int, buffer_bytes: int, workers: int) -> int:
 
 
 def _refuse_oversized(fd: int, size: int, room: int, key: ChunkKey) -> NoReturn:
-    """A chunk file of ``size`` bytes larger than the caller's buffer of ``room``: raise the
-    :class:`FormatError` its own header shows (:func:`judge_oversized`: a corrupt chunk,
-    quarantined like any other), else :class:`ConfigError` (a whole chunk the caller's
-    buffer is too small for: the caller's mistake).
+    """Judge a chunk file of ``size`` bytes larger than the caller's buffer of ``room``.
 
-    Reads the header only (at most 16 MiB), never the file: it may be anything, of any size.
+    Raises the :class:`FormatError` its own header shows, see :func:`judge_oversized`.
+    That is a corrupt chunk, quarantined like any other.
+    Else raises :class:`ConfigError`: a whole chunk the caller's buffer is too small for.
+    That is the caller's mistake.
+
+    Reads the header only, at most 16 MiB, never the file.
+    The file may be anything, of any size.
     """
     through_page_cache(fd)  # the reader may have opened it around the page cache: not aligned
     head = bytearray(min(header_bytes_needed(os.pread(fd, 8, 0)), size, 8 + MAX_HEADER_BYTES))

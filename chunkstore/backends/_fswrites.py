@@ -70,8 +70,8 @@ class FsWrites(Store):
     # --- writes ------------------------------------------------------------------
 
     def put_many(self, items: Sequence[tuple[ChunkKey, Buffer]]) -> list[bool]:
-        """Store each chunk (several at a time); if any write fails, the others still end
-        before the first failure is raised."""
+        """Store each chunk, several at a time.
+        If any write fails, the others still end before the first failure is raised."""
         return self._put_batch(items, replace=True)
 
     def put_if_absent_many(self, items: Sequence[tuple[ChunkKey, Buffer]]) -> list[bool]:
@@ -209,15 +209,17 @@ class FsWrites(Store):
         return self.read_unchecked_with_idents([key])[0]
 
     def _set_aside(self, key: ChunkKey, ident: FileIdent | None, reason: str | None) -> SetAside:
-        """Quarantine (``reason`` given) or delete the chunk file ``ident`` names.
+        """Quarantine or delete the chunk file ``ident`` names. A given ``reason`` quarantines.
 
-        The file is first renamed away (to quarantine, or to a temp name in quarantine or,
-        when deleting, in the state directory), and only then compared with ``ident``: a
-        rename moves one inode, so what is checked is exactly what left the serving path. A
-        file another writer published in between is put back (unless a yet newer one
-        arrived): nothing good is lost to the race. Through fsspec the comparison is of
-        contents (read again: this is the rare path), and a move is only as atomic as the
-        filesystem's ``mv``.
+        The file is first renamed away, and only then compared with ``ident``.
+        It goes to quarantine, or to a temp name in quarantine.
+        When deleting, the temp name is in the state directory.
+        A rename moves one inode, so what is checked is exactly what left the serving path.
+        A file another writer published in between is put back.
+        It is not when a yet newer one arrived.
+        So nothing good is lost to the race.
+        Through fsspec the comparison is of contents, read again on this rare path.
+        A move there is only as atomic as the filesystem's ``mv``.
         """
         path = self.path_of(key)
         # The note kept beside a quarantined chunk; None: the chunk is deleted instead.
@@ -330,16 +332,19 @@ class FsWrites(Store):
                 yield directory, hex_digest, StrandedFile(path, ns, st.size, st.ctime)
 
     def stranded(self, older_than: float = 0.0) -> builtins.list[StrandedFile]:
-        """Files a set-aside staged (``quarantine/<ns>/.<hex>.<pid>.<rand>.tmp``, the same in
-        the state directory) at least ``older_than`` seconds ago: a process killed between
-        its two renames left them. None through fsspec (no ctime to tell their age by)."""
+        """Files a set-aside staged at least ``older_than`` seconds ago.
+        They are named ``quarantine/<ns>/.<hex>.<pid>.<rand>.tmp``, or the same in the state
+        directory.
+        A process killed between its two renames left them.
+        None through fsspec, which has no ctime to tell their age by."""
         return [f for _, _, f in self._staged(older_than)]
 
     def settle_stranded(self, grace: float = 3600.0) -> builtins.list[StrandedFile]:
-        """Finish the set-asides staged more than ``grace`` seconds ago: a chunk in quarantine
-        gets its quarantine name, the evidence (or is deleted where a copy already holds that
-        name: quarantine keeps one per key); one in the state directory (a delete) is
-        deleted. The files settled."""
+        """Finish the set-asides staged more than ``grace`` seconds ago. Returns the files settled.
+
+        A chunk in quarantine gets its quarantine name, the evidence.
+        It is deleted where a copy already holds that name: quarantine keeps one per key.
+        One in the state directory was being deleted, and is deleted."""
         settled = []
         for directory, hex_digest, f in self._staged(grace):
             try:

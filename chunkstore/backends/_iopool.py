@@ -1,24 +1,24 @@
 """A small, bounded pool of I/O threads that a store owns, for batched calls.
 
-Batched reads and writes of whole chunks spend most of their time in system
-calls (``preadv``, ``write``, ``rename``) that release the GIL, so a few
-threads keep several chunk I/Os in flight: while one thread hashes the block
-it just read, the others wait on the disk or copy from the page cache. The
-pool is started on first use, never holds more than ``workers - 1`` threads
-(the caller's thread is the ``workers``-th: it works through the batch too
-instead of only waiting), and is shut down by the store's ``close``.
+Batched reads and writes of whole chunks spend most of their time in system calls.
+Those are ``preadv``, ``write`` and ``rename``, and they release the GIL.
+So a few threads keep several chunk I/Os in flight.
+While one thread hashes the block it just read, the others wait on the disk or copy.
+The pool is started on first use, and shut down by the store's ``close``.
+It never holds more than ``workers - 1`` threads.
+The caller's thread is the ``workers``-th: it works through the batch too.
 
-Each thread takes the next item of the batch until none is left, so a batch
-costs one hand-off per thread, not one per chunk: per chunk, a future, a
-queue hand-off and a wake-up cost more Python under the GIL than the chunk's
-own bookkeeping (measured: verified 2 MiB reads with 4 workers at 0.84-0.95x of
-one thread before, 0.98-1.0x after, on this project's 2-core machine).
+Each thread takes the next item of the batch until none is left.
+A batch thus costs one hand-off per thread, not one per chunk.
+Per chunk, a future, a queue hand-off and a wake-up would cost more Python under the GIL.
+They cost more than the chunk's own bookkeeping. See docs/benchmarks.md, Stores.
 
-Results keep the order of the inputs. A batch always runs to its end before
-the call returns (no thread keeps touching a caller's buffer afterwards, even
-when the caller is interrupted: an interrupt stops handing out items and is
-raised once the helpers' items have ended); then the first exception, in
-input order, is raised, an interrupt (KeyboardInterrupt) before any other.
+Results keep the order of the inputs.
+A batch always runs to its end before the call returns.
+So no thread keeps touching a caller's buffer afterwards, even when the caller is interrupted.
+An interrupt stops handing out items, and is raised once the helpers' items have ended.
+Then the first exception in input order is raised.
+An interrupt, KeyboardInterrupt, is raised before any other.
 """
 
 from __future__ import annotations
@@ -38,12 +38,11 @@ _NOT_RUN = object()
 class IoPool:
     """Up to ``workers`` threads running one store's batched chunk I/O.
 
-    ``workers=1`` runs everything on the caller's thread (no pool at all).
-    Single-item batches always run inline: a hand-off costs more than it saves,
-    and so do batches started on one of the pool's own threads (a nested batch
-    waiting for free workers that are all waiting for it would never end).
-    A batch from any other thread runs on that thread and up to ``workers - 1``
-    of the pool's.
+    ``workers=1`` runs everything on the caller's thread, with no pool at all.
+    Single-item batches always run inline, since a hand-off costs more than it saves.
+    So do batches started on one of the pool's own threads.
+    A nested batch waiting for free workers that all wait for it would never end.
+    A batch from any other thread runs on that thread and up to ``workers - 1`` of the pool's.
     """
 
     def __init__(self, workers: int, name: str) -> None:
@@ -127,8 +126,8 @@ class IoPool:
 
 
 def _wait_for_all(futures: list[Future[None]]) -> None:
-    """Wait until every future is done, even through an interrupt (raised afterwards): a
-    helper still running reads into or writes from the caller's buffers."""
+    """Wait until every future is done, even through an interrupt, raised afterwards.
+    A helper still running reads into or writes from the caller's buffers."""
     interrupted: BaseException | None = None
     while True:
         try:
@@ -141,8 +140,9 @@ def _wait_for_all(futures: list[Future[None]]) -> None:
 
 
 def raise_first(errors: Sequence[BaseException | None]) -> None:
-    """Raise the first error of a batch, in input order; an interrupt (any BaseException
-    that is not an Exception, such as KeyboardInterrupt) before any ordinary error."""
+    """Raise the first error of a batch, in input order.
+    An interrupt comes before any ordinary error.
+    An interrupt is any BaseException that is not an Exception, such as KeyboardInterrupt."""
     first: BaseException | None = None
     for error in errors:
         if error is None:

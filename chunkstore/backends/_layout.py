@@ -82,8 +82,8 @@ def classify(name: str) -> FileKind:
 
 
 def staged_hex(name: str) -> str | None:
-    """The chunk hex in a set-aside's staged temp name (:func:`temp_name` of a chunk's hex);
-    None for any other name."""
+    """The chunk hex in a set-aside's staged temp name, or None for any other name.
+    That name is :func:`temp_name` of a chunk's hex."""
     match = _STAGED_RE.fullmatch(name)
     return match.group(1) if match else None
 
@@ -128,9 +128,10 @@ _ACCESS_TIME_RE = re.compile(rb"\s*([0-9]{1,18}(\.[0-9]{1,9})?)\s*")
 
 
 def parse_access(data: bytes | None) -> float:
-    """The time in an access record (ASCII decimal seconds, spec 6.5); 0 for a missing, torn
-    or unparsable one. Only decimals count: float() also took ``inf`` and ``1e300``, which
-    made their chunk the most recently used forever (never pruned, never evicted)."""
+    """The time in an access record, in ASCII decimal seconds, see spec 6.5.
+    0 for a missing, torn or unparsable one.
+    Only decimals count. float() also took ``inf`` and ``1e300``.
+    Those made their chunk the most recently used forever, never pruned or evicted."""
     match = _ACCESS_TIME_RE.fullmatch(data or b"")
     return float(match.group(1)) if match else 0.0
 

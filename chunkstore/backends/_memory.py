@@ -49,7 +49,8 @@ class MemoryStore(Store):
                 self._data[key] = (entry[0], entry[1], time.time())
 
     def read_unchecked_many(self, keys: Sequence[ChunkKey]) -> list[bytes | None]:
-        """Stored bytes per key; not a use, so access times (LRU order for prune) stay put."""
+        """Stored bytes per key. This is not a use, so access times stay put.
+        Prune relies on their LRU order."""
         with self._lock:
             return [None if (entry := self._data.get(k)) is None else entry[0] for k in keys]
 

@@ -1,14 +1,15 @@
 """Model records: which model a fingerprint names, kept beside the chunks.
 
-A chunk carries its model's fingerprint only (spec/FORMAT.md 5.1: the BLAKE3
-of the spec's canonical JSON), and format 1.0 is frozen, so the model id
-cannot go into the chunk. Instead a writer that knows its
-:class:`~chunkstore.format.KVSpec` leaves one small record per model in the
-store, ``<root>/.chunkstore/models/<fingerprint>.json``, whose bytes are
-exactly that canonical JSON. The record proves itself: a reader hashes it and
-trusts it only when the hash is the fingerprint, so a stale, foreign or
-damaged record is ignored, never shown as the wrong model. Stores written
-before records existed simply have none (the model shows as unknown).
+A chunk carries its model's fingerprint only.
+That is the BLAKE3 of the spec's canonical JSON, see spec/FORMAT.md 5.1.
+Format 1.0 is frozen, so the model id cannot go into the chunk.
+Instead a writer that knows its :class:`~chunkstore.format.KVSpec` leaves one small record
+per model in the store.
+The record is ``<root>/.chunkstore/models/<fingerprint>.json``.
+Its bytes are exactly that canonical JSON.
+The record proves itself: a reader trusts it only when its hash is the fingerprint.
+So a stale, foreign or damaged record is ignored, never shown as the wrong model.
+Stores written before records existed have none, and the model shows as unknown.
 
 Records are outside the chunk directories: listings, ``verify``, ``prune``
 and the foreign-file report never see them.

@@ -1,10 +1,12 @@
 """``open_store(url)``: URL schemes to store classes, with lazy imports of optional backends.
 
-:func:`check_url` says whether a URL can name a store here (a known scheme, its
-extras installed) without opening anything, so configuration is checked when it
-is parsed. Every failure to open is one line: :func:`open_store` turns whatever
-a backend raises (a refused connection, an unknown host) into a
-:class:`~chunkstore.errors.StoreError` naming the URL, and
+:func:`check_url` says whether a URL can name a store here, without opening anything.
+It can when its scheme is known and the scheme's extras are installed.
+So configuration is checked when it is parsed.
+Every failure to open is one line.
+:func:`open_store` turns whatever a backend raises into a
+:class:`~chunkstore.errors.StoreError` naming the URL.
+A refused connection or an unknown host are examples.
 :func:`open_for_option` also names the option the URL was given in.
 """
 
@@ -41,10 +43,11 @@ IN_PROCESS_SCHEMES = frozenset({"memory"})
 def register_scheme(
     scheme: str, module: str, attribute: str, hint: str = "", requires: tuple[str, ...] = ()
 ) -> None:
-    """Map URL ``scheme`` to ``module.attribute`` (a callable ``(url, **options) -> Store``).
+    """Map URL ``scheme`` to ``module.attribute``, a callable ``(url, **options) -> Store``.
 
-    ``requires`` names the importable modules the store needs (checked by :func:`check_url`
-    without importing them); ``hint`` says how to install them.
+    ``requires`` names the importable modules the store needs.
+    :func:`check_url` checks them without importing them.
+    ``hint`` says how to install them.
     """
     _SCHEMES[scheme] = (module, attribute, hint)
     _REQUIRES[scheme] = requires
@@ -103,11 +106,12 @@ def _scheme_of(url: str) -> str:
 def check_url(url: Any, *, in_process: bool = True) -> None:
     """Whether ``url`` can name a store here, without opening anything.
 
-    Raises :class:`ConfigError` for an empty URL, an unknown scheme, or (with
-    ``in_process=False``: configuration read by several processes, or a CLI run that
-    ends before anyone reads the store) a ``memory://`` URL; raises
-    :class:`MissingDependency` when the scheme's extra is not installed.
-    Chained fsspec URLs (``simplecache::s3://...``) are checked part by part.
+    Raises :class:`ConfigError` for an empty URL or an unknown scheme.
+    With ``in_process=False`` it raises it for a ``memory://`` URL too.
+    That is for configuration read by several processes.
+    It is also for a CLI run that ends before anyone reads the store.
+    Raises :class:`MissingDependency` when the scheme's extra is not installed.
+    Chained fsspec URLs, such as ``simplecache::s3://...``, are checked part by part.
     """
     if not isinstance(url, str) or not url.strip():
         raise ConfigError(f"a store URL must be a non-empty string, got {url!r}")
@@ -154,12 +158,15 @@ def _check_fsspec_scheme(url: str, scheme: str) -> None:
 def open_store(url: str, *, config: str | Path | None = None, **options: Any) -> Store:
     """Open the store at ``url``.
 
-    ``memory://``, ``file:///path`` or a bare path, ``s3://bucket/prefix``, and
-    any other fsspec URL. Options come from keyword arguments, or a JSON/YAML
-    file named by ``config`` (keyword arguments win). Every failure is a
-    :class:`~chunkstore.errors.ChunkStoreError` with a one-line message naming the
-    URL: an unreachable endpoint (a refused connection, an unknown host) is a
-    :class:`~chunkstore.errors.StoreError`, never the backend's own exception.
+    ``url`` is ``memory://``, ``file:///path`` or a bare path, or ``s3://bucket/prefix``.
+    Any other fsspec URL works too.
+    Options come from keyword arguments, or from a JSON or YAML file named by ``config``.
+    Keyword arguments win.
+    Every failure is a :class:`~chunkstore.errors.ChunkStoreError`.
+    Its one-line message names the URL.
+    An unreachable endpoint is a :class:`~chunkstore.errors.StoreError`.
+    A refused connection or an unknown host are such endpoints.
+    The backend's own exception never escapes.
     """
     check_url(url)
     merged = {**load_options(config), **options}
@@ -185,12 +192,14 @@ def open_store(url: str, *, config: str | Path | None = None, **options: Any) ->
 
 
 def open_for_option(option: str, url: Any, *, in_process: bool = False, **options: Any) -> Store:
-    """:func:`open_store` for a URL given in configuration option ``option`` (``tiers``...).
+    """:func:`open_store` for a URL given in configuration option ``option``, like ``tiers``.
 
-    Every failure is one line naming the option and the URL, of the class that
-    says what to do: :class:`ConfigError` (fix the URL or an option),
-    :class:`MissingDependency` (install an extra), :class:`StoreError` (the store
-    cannot be reached or opened). ``in_process=False`` refuses ``memory://``.
+    Every failure is one line naming the option and the URL.
+    Its class says what to do.
+    :class:`ConfigError`: fix the URL or an option.
+    :class:`MissingDependency`: install an extra.
+    :class:`StoreError`: the store cannot be reached or opened.
+    ``in_process=False`` refuses ``memory://``.
     """
     try:
         check_url(url, in_process=in_process)

@@ -1,18 +1,19 @@
 """The S3 store: chunks as objects ``<prefix>/<namespace>/ab/cd/<hex>.kvc`` through s3fs.
 
-Requests go straight to s3fs's aiobotocore client on s3fs's event loop, in
-concurrent batches. Each request is retried with jittered exponential backoff
-on throttling, 5xx and timeouts; a request that still fails is a miss
-(``None``/``False``) and a log line, never an exception into the serving path.
-Problems that make the whole store unusable (missing bucket, bad credentials,
-unreachable endpoint) raise one :class:`~chunkstore.errors.StoreError` at open.
+Requests go straight to s3fs's aiobotocore client on s3fs's event loop, in concurrent batches.
+Each request is retried with jittered exponential backoff on throttling, 5xx and timeouts.
+A request that still fails is a miss, ``None`` or ``False``, and a log line.
+It is never an exception into the serving path.
+Some problems make the whole store unusable: a missing bucket, bad credentials, an
+unreachable endpoint.
+They raise one :class:`~chunkstore.errors.StoreError` at open.
 
-An S3 PUT is atomic, so there are no temp objects; ``put_if_absent`` is a PUT
-with ``If-None-Match: *`` (or, with ``conditional_writes=False`` for S3-compatible
-servers without it, a HEAD then a PUT).
+An S3 PUT is atomic, so there are no temp objects.
+``put_if_absent`` is a PUT with ``If-None-Match: *``.
+Some S3-compatible servers lack it. With ``conditional_writes=False`` it is a HEAD, then a PUT.
 
-With ``data_path="nixl"`` chunk bytes move through NIXL's OBJ backend instead
-(:mod:`chunkstore.backends._s3_nixl`); the same objects either way.
+With ``data_path="nixl"`` chunk bytes move through NIXL's OBJ backend instead.
+See :mod:`chunkstore.backends._s3_nixl`. The objects are the same either way.
 """
 
 from __future__ import annotations
@@ -65,8 +66,9 @@ _CHUNK_KEY_RE = re.compile(r"([0-9a-f]{16})/([0-9a-f]{2})/([0-9a-f]{2})/([0-9a-f
 
 
 def _chunk_key_of(rel: str) -> ChunkKey | None:
-    """The key a chunk object name (relative to the prefix) stands for; None for any other
-    name, or a chunk whose fan-out directories do not match it (foreign, spec 6.1)."""
+    """The key a chunk object name, relative to the prefix, stands for.
+    None for any other name.
+    None too for a chunk whose fan-out directories do not match it: a foreign file, spec 6.1."""
     match = _CHUNK_KEY_RE.fullmatch(rel)
     if match is None or match.group(2) + match.group(3) != match.group(4)[:4]:
         return None
@@ -82,17 +84,21 @@ def _import_s3fs() -> Any:
 
 
 class S3Store(S3Reads, S3Writes, S3Requests, Upkeep, Store):
-    """Chunks in an S3 bucket (or any S3-compatible server) under an optional prefix.
+    """Chunks in an S3 bucket, or any S3-compatible server, under an optional prefix.
 
-    Options: ``endpoint_url``, ``region``, ``key``/``secret``/``token``, ``anon``,
-    ``profile`` (otherwise the usual AWS environment and config files);
-    ``max_attempts`` and ``backoff`` (seconds, doubled per retry, jittered);
-    ``timeout`` (per request, seconds); ``concurrency`` (requests in flight);
-    ``multipart_threshold`` and ``part_size`` (bytes); ``conditional_writes``;
-    ``quarantine`` (``move`` or ``delete``); ``track_access`` and
-    ``access_resolution`` (seconds between access records of one chunk);
-    ``data_path`` (``s3fs``, or ``nixl`` for NIXL's OBJ backend) and ``nixl_params``
-    (extra OBJ backend parameters, strings).
+    Options:
+
+    * ``endpoint_url``, ``region``, ``key``, ``secret``, ``token``, ``anon``, ``profile``.
+      Otherwise the usual AWS environment and config files apply.
+    * ``max_attempts`` and ``backoff``, in seconds, doubled per retry and jittered.
+    * ``timeout``, per request, in seconds.
+    * ``concurrency``: requests in flight.
+    * ``multipart_threshold`` and ``part_size``, in bytes.
+    * ``conditional_writes``.
+    * ``quarantine``: ``move`` or ``delete``.
+    * ``track_access``, and ``access_resolution``: seconds between access records of a chunk.
+    * ``data_path``: ``s3fs``, or ``nixl`` for NIXL's OBJ backend.
+    * ``nixl_params``: extra OBJ backend parameters, as strings.
     """
 
     kind = "s3"

@@ -1,31 +1,34 @@
-"""The NIXL OBJ data path of the S3 store (``S3Store(..., data_path="nixl")``).
+"""The NIXL OBJ data path of the S3 store: ``S3Store(..., data_path="nixl")``.
 
-For deployments that already run NIXL, chunk bytes can move through NIXL's OBJ
-backend (the AWS C++ SDK) instead of s3fs: a WRITE is one PUT of a registered
-host buffer, a READ is a ranged GET straight into one. Object names and bytes
-are the S3 store's, so either data path reads what the other wrote.
+Deployments that already run NIXL can move chunk bytes through NIXL's OBJ backend.
+That backend is the AWS C++ SDK, used instead of s3fs.
+A WRITE is one PUT of a registered host buffer.
+A READ is a ranged GET straight into one.
+Object names and bytes are the S3 store's, so either data path reads what the other wrote.
 
-Only the bytes move here. Listing, HEAD, delete, the layout marker, access
-records, quarantine and conditional (``If-None-Match``) writes stay on s3fs:
-NIXL's OBJ backend can do none of them (its PUT carries no conditions).
+Only the bytes move here.
+Listing, HEAD, delete, the layout marker and access records stay on s3fs.
+So do quarantine and conditional writes with ``If-None-Match``.
+NIXL's OBJ backend can do none of them, as its PUT carries no conditions.
 
-How NIXL OBJ addresses objects: an ``OBJ`` registration ``(0, size, devId,
-object_name)`` maps ``devId`` to the object; a transfer descriptor
-``(offset, length, devId)`` on the remote side then names bytes of that object,
-and the local side is a registered ``DRAM`` range. Its GET is a ranged GET of
-exactly ``length`` bytes and does not report how many arrived (a short object
-leaves the rest of the buffer untouched), so every read first learns the
-object's size from a HEAD (over s3fs) and asks for exactly that.
+How NIXL OBJ addresses objects:
+an ``OBJ`` registration ``(0, size, devId, object_name)`` maps ``devId`` to the object.
+A transfer descriptor ``(offset, length, devId)`` on the remote side then names bytes of it.
+The local side is a registered ``DRAM`` range.
+Its GET is a ranged GET of exactly ``length`` bytes, and does not report how many arrived.
+A short object leaves the rest of the buffer untouched.
+So every read first learns the object's size from a HEAD over s3fs, and asks for that.
 
-Each transfer is waited for until NIXL reports it finished: the AWS SDK may
-still write into (or read from) the buffer until then. A transfer stalled past
-``stall_limit`` is abandoned only when its buffer is ours (it stays referenced
-for good); one into or from a caller's buffer (a host-cache slot) is waited for
-however long it takes, since the caller reuses that memory as soon as we return
-(a caller that cannot wait runs us under its own timeout and keeps the slot
-pinned until we return: ``chunkstore.tiering._guard``). Retries and timeouts are
-the SDK's, bounded through ``AWS_RETRY_MODE``/``AWS_MAX_ATTEMPTS`` (see
-:func:`_sdk_retry_env`).
+Each transfer is waited for until NIXL reports it finished.
+The AWS SDK may still write into or read from the buffer until then.
+A transfer stalled past ``stall_limit`` is abandoned only when its buffer is ours.
+That buffer then stays referenced for good.
+One with a caller's buffer, such as a host-cache slot, is waited for however long it takes.
+The caller reuses that memory as soon as we return.
+A caller that cannot wait runs us under its own timeout.
+It keeps the slot pinned until we return, see ``chunkstore.tiering._guard``.
+Retries and timeouts are the SDK's.
+``AWS_RETRY_MODE`` and ``AWS_MAX_ATTEMPTS`` bound them, see :func:`_sdk_retry_env`.
 """
 
 from __future__ import annotations
@@ -118,9 +121,11 @@ class _Transfer:
     registrations: list[Any] = field(default_factory=list)
     state: str = "PROC"
     agent: Any = None
-    """The agent that posted it: waited on and released through it even after
-    :meth:`NixlObjDataPath.close` dropped the path's own reference (which would turn a
-    running transfer into a miss while the SDK still touches the caller's buffer)."""
+    """The agent that posted it.
+    The transfer is waited on and released through it, even after
+    :meth:`NixlObjDataPath.close` dropped the path's own reference.
+    Otherwise a running transfer would turn into a miss while the SDK still touches the
+    caller's buffer."""
 
 
 def _import_nixl() -> Any:
@@ -142,13 +147,13 @@ def _import_nixl() -> Any:
 def _sdk_retry_env(max_attempts: int) -> Iterator[None]:
     """Bound the AWS C++ SDK's retries while NIXL builds its S3 client.
 
-    NIXL's OBJ backend has no retry or timeout parameter, and the SDK's legacy
-    default retries 10 times with backoff: measured here, a read from a refused
-    port failed after 25 s and one from a server that never answers after 59 s.
-    The SDK reads ``AWS_RETRY_MODE``/``AWS_MAX_ATTEMPTS`` when the client is built,
-    so they are set for that moment only, unless the user already set them.
-    Note: the process environment is shared; the lock keeps two stores from
-    interleaving, and the window is the backend creation only.
+    NIXL's OBJ backend has no retry or timeout parameter.
+    The SDK's legacy default retries 10 times with backoff, which takes tens of seconds.
+    See docs/benchmarks.md, Stores.
+    The SDK reads ``AWS_RETRY_MODE`` and ``AWS_MAX_ATTEMPTS`` when the client is built.
+    They are set for that moment only, unless the user already set them.
+    The process environment is shared: the lock keeps two stores from interleaving.
+    The window is the backend creation only.
     """
     wanted = {"AWS_RETRY_MODE": "standard", "AWS_MAX_ATTEMPTS": str(max_attempts)}
     with _env_lock:
@@ -182,11 +187,16 @@ class NixlObjDataPath:
         probe_name: str,
         stall_limit: float = 120.0,
     ) -> None:
-        """``sizes``: the store's HEAD batch; ``where``: the store URL for messages;
-        ``probe_name``: an object (present or not) under the store's prefix that the open
-        check HEADs; ``stall_limit``: seconds after which a transfer NIXL never finished is
-        abandoned if its buffer is this path's own (it stays referenced for good, so no
-        memory is reused under it); one with a caller's buffer is waited for on."""
+        """Set up the path.
+
+        ``sizes`` is the store's HEAD batch.
+        ``where`` is the store URL for messages.
+        ``probe_name`` is an object under the store's prefix that the open check HEADs.
+        It may be present or not.
+        ``stall_limit`` is in seconds.
+        Past it, a transfer NIXL never finished is abandoned if its buffer is this path's own.
+        That buffer stays referenced for good, so no memory is reused under it.
+        A transfer with a caller's buffer is waited for on."""
         api = _import_nixl()
         self.config = config
         self.where = where
@@ -295,10 +305,12 @@ class NixlObjDataPath:
     # --- transfers -----------------------------------------------------------------------
 
     def _transfer(self, op: str, jobs: Sequence[tuple[str, Any, int]], *, ours: bool) -> list[bool]:
-        """Post one NIXL request per ``(object name, buffer, object offset)`` (so that one
-        failure is that item's alone), then wait for all of them. ``ours``: the buffers are
-        this call's own, so a stalled transfer may be abandoned with them (see the module
-        docstring); else it is waited for until NIXL reports it finished."""
+        """Post one NIXL request per ``(object name, buffer, object offset)``, then wait for all.
+
+        So one failure is that item's alone.
+        ``ours`` says the buffers are this call's own.
+        A stalled transfer may then be abandoned with them, see the module docstring.
+        Otherwise it is waited for until NIXL reports it finished."""
         posted = [self._post(op, name, buffer, offset) for name, buffer, offset in jobs]
         self._wait(posted, may_abandon=ours)
         results = []

@@ -61,8 +61,9 @@ class S3Reads(S3Requests):
     async def _get_tagged(
         self, key: ChunkKey, *, failure_raises: bool = False
     ) -> tuple[bytes, str] | None:
-        """The object's bytes and its ETag (which object they came from); None if missing
-        or unreadable (logged; StoreError instead with ``failure_raises``)."""
+        """The object's bytes, and its ETag, which tells the object they came from.
+        None if missing or unreadable, and logged.
+        With ``failure_raises`` an unreadable object raises StoreError instead."""
         name = self.object_key(key)
         try:
             got = await self._request("get_object", Key=name)
@@ -80,10 +81,10 @@ class S3Reads(S3Requests):
 
     @property
     def read_errors(self) -> int:
-        """Reads (whole objects or byte ranges) that failed for good (after retries) other
-        than by absence, NIXL transfers included: each was logged and served as a miss.
-        (What tells ``verify``/``cp``/``inspect`` a chunk they could not read from one that
-        vanished.)"""
+        """Reads that failed for good after retries, other than by absence.
+        They count whole objects and byte ranges, NIXL transfers included.
+        Each was logged and served as a miss.
+        So ``verify``, ``cp`` and ``inspect`` tell an unreadable chunk from a vanished one."""
         return self._failed_gets + (0 if self._plane is None else self._plane.failed_transfers)
 
     async def _read_many_async(self, keys: Sequence[ChunkKey]) -> list[bytes | None]:
@@ -112,9 +113,11 @@ class S3Reads(S3Requests):
     ) -> list[tuple[bytes, FileIdent | None] | None]:
         """Like :meth:`read_unchecked_many`, with the ETag of the object each read came from.
 
-        Hand it to :meth:`quarantine_if_unchanged` / :meth:`delete_if_unchanged` so that a
-        maintenance tool removes the object it judged, never one a writer put in its place
-        since. (Always plain GETs, also with ``data_path="nixl"``: they carry the ETag.)
+        Hand it to :meth:`quarantine_if_unchanged` or :meth:`delete_if_unchanged`.
+        A maintenance tool then removes the object it judged.
+        It never removes one a writer put in its place since.
+        These reads are always plain GETs, also with ``data_path="nixl"``.
+        Plain GETs carry the ETag.
         """
 
         async def run() -> list[tuple[bytes, str] | None]:
@@ -126,8 +129,9 @@ class S3Reads(S3Requests):
     def get_many(self, keys: Sequence[ChunkKey]) -> list[bytes | None]:
         """Chunk bytes per key; ``None`` for missing, corrupt or unreachable chunks.
 
-        Up to ``concurrency`` GETs are in flight; each body is verified (on the calling
-        thread, off the event loop) as soon as it has arrived, while the others download.
+        Up to ``concurrency`` GETs are in flight.
+        Each body is verified as soon as it has arrived, while the others download.
+        That runs on the calling thread, off the event loop.
         """
         first = first_copies(keys)
         if len(first) < len(keys):
@@ -183,8 +187,9 @@ class S3Reads(S3Requests):
         return results
 
     def _read_into_unique(self, keys: list[ChunkKey], views: list[memoryview]) -> list[Any]:
-        """:meth:`get_many_into` for keys given once each; per key its size, None, or the
-        ConfigError its buffer gave (raised, in order, once every buffer is filled)."""
+        """:meth:`get_many_into` for keys given once each.
+        Per key it returns its size, None, or the ConfigError its buffer gave.
+        The errors are raised in order, once every buffer is filled."""
         out: list[Any] = []
         for key, data, view in zip(keys, self.get_many(keys), views):
             try:
@@ -227,10 +232,12 @@ class S3Reads(S3Requests):
         return None if data is None else self._copy_into(key, data, view)
 
     def _copy_into(self, key: ChunkKey, data: Any, view: memoryview) -> int | None:
-        """``data`` (as :meth:`get_many` served it) into ``view``; its size. An object larger
-        than ``view`` is a miss where it is damaged (judged by its header, as the filesystem
-        store does, when ``verify`` is off and it was served unchecked), else ConfigError
-        (the caller's buffer is too small for a whole chunk)."""
+        """Copy ``data``, as :meth:`get_many` served it, into ``view``. Returns its size.
+
+        An object larger than ``view`` is a miss where it is damaged.
+        When ``verify`` is off and it was served unchecked, its header judges it.
+        The filesystem store does the same.
+        Otherwise it raises ConfigError: the caller's buffer is too small for a whole chunk."""
         size = len(data)
         if size > len(view):
             if not self.verify and not self._admit(key, judge_oversized(key, data, size)):

@@ -44,9 +44,10 @@ _AUTH_CODES = {
 
 
 def _bare_etag(tag: object) -> str:
-    """An ETag's value without its quotes (or a weak ``W/`` prefix): S3-compatible servers
-    quote it in some answers and not in others (a header, an XML body), so ETags are
-    compared bare and sent quoted, as RFC 9110 writes them."""
+    """An ETag's value without its quotes or a weak ``W/`` prefix.
+    S3-compatible servers quote it in some answers and not in others.
+    A header and an XML body may differ.
+    So ETags are compared bare, and sent quoted as RFC 9110 writes them."""
     return str(tag).strip().removeprefix("W/").strip('"')
 
 

@@ -35,9 +35,10 @@ from chunkstore.hashing import ChunkKey
 log = logging.getLogger(__name__)
 
 _WRITER_META = "chunkstore-writer"
-"""User metadata on conditional writes: a token per call, so that a retry answered 412
-(or, for multipart, NoSuchUpload) can tell "my lost first attempt wrote it" from "another
-writer did" (chunks of one key have the same bytes, so comparing bytes or ETags cannot)."""
+"""User metadata on conditional writes: a token per call.
+A retry answered 412, or NoSuchUpload for multipart, then tells two cases apart.
+Either "my lost first attempt wrote it" or "another writer did".
+Chunks of one key have the same bytes, so comparing bytes or ETags cannot tell."""
 
 
 class S3Writes(S3Requests):
@@ -255,13 +256,17 @@ class S3Writes(S3Requests):
         return got
 
     def _set_aside(self, key: ChunkKey, etag: FileIdent | None, reason: str | None) -> SetAside:
-        """Quarantine (``reason`` given) or delete the object of ETag ``etag``; what came of
-        it. A request that fails for good is StoreError ("not done" would read as "replaced
-        meanwhile"; a read's :meth:`report_corrupt` logs it as the outcome).
+        """Quarantine or delete the object of ETag ``etag``, and return what came of it.
 
-        The delete is conditional on the ETag (``If-Match``; with
-        ``conditional_writes=False``, a HEAD comparing ETags just before a plain DELETE), and
-        so is what goes to quarantine: see :meth:`_copy_aside` and :meth:`_move_over`.
+        A given ``reason`` quarantines, and none deletes.
+        A request that fails for good raises StoreError.
+        "Not done" would read as "replaced meanwhile".
+        A read's :meth:`report_corrupt` logs the StoreError as the outcome.
+
+        The delete is conditional on the ETag, with ``If-Match``.
+        With ``conditional_writes=False`` a HEAD compares ETags just before a plain DELETE.
+        What goes to quarantine is conditional too: see :meth:`_copy_aside` and
+        :meth:`_move_over`.
         """
         name = self.object_key(key)
         move = reason is not None and self.quarantine_mode == "move"
@@ -306,15 +311,18 @@ class S3Writes(S3Requests):
         return result
 
     async def _set_aside_by_another(self, dest: str, etag: str | None, held: bool) -> bool:
-        """Whether a set-aside to ``dest`` that was refused (the object gone from its name,
-        or the copy refused by ``If-None-Match``) lost to another run that set the same
-        object aside first: quarantine now holds a copy of the key where it held none, or
-        one of the ETag read. One HEAD, on this refused path only.
+        """Whether a refused set-aside to ``dest`` lost to another run that set it aside first.
 
-        Note: a copy of a multipart object has another ETag than its source, so where
-        quarantine held an earlier copy such a refusal reads as "replaced or removed"; and
-        a plain delete (a prune) of the object just after this store's own copy landed
-        reads as another run's set-aside (the copy that stays is this store's)."""
+        The refusal is the object gone from its name, or the copy refused by
+        ``If-None-Match``.
+        The other run won if quarantine now holds a copy of the key where it held none.
+        It won too if quarantine holds a copy of the ETag read.
+        This costs one HEAD, on this refused path only.
+
+        A copy of a multipart object has another ETag than its source.
+        So where quarantine held an earlier copy, such a refusal reads as "replaced or removed".
+        A plain delete of the object, a prune, may come just after this store's copy landed.
+        That reads as another run's set-aside. The copy that stays is this store's."""
         try:
             head = await self._request("head_object", Key=dest)
         except (_NotFound, _Exists, _Failed):
@@ -332,16 +340,18 @@ class S3Writes(S3Requests):
         return True
 
     async def _copy_aside(self, name: str, dest: str, etag: str | None) -> None:
-        """Set ``name`` aside to ``dest``, where quarantine holds no copy of it: copy it
-        there (``CopySourceIfMatch``), then delete it (conditional on ``etag``). If the
-        delete is refused, another object took the key after the copy, or before it on a
-        server that ignores ``CopySourceIfMatch``: the copy is removed again and the key
-        keeps what the writer put there. Raises _NotFound, _Exists or _Failed when the
-        object was not set aside.
+        """Set ``name`` aside to ``dest``, where quarantine holds no copy of it.
 
-        Note: with ``conditional_writes`` the copy also carries ``If-None-Match: *``, so a
-        copy another reader put at ``dest`` since the caller's HEAD is never overwritten;
-        without it (or on a server that ignores it) that round trip's race remains.
+        It copies the object there with ``CopySourceIfMatch``.
+        It then deletes it, conditional on ``etag``.
+        A refused delete means another object took the key after the copy.
+        On a server that ignores ``CopySourceIfMatch``, it may have taken it before.
+        The copy is then removed again, and the key keeps what the writer put there.
+        Raises _NotFound, _Exists or _Failed when the object was not set aside.
+
+        With ``conditional_writes`` the copy also carries ``If-None-Match: *``.
+        So a copy another reader put at ``dest`` since the caller's HEAD is never overwritten.
+        Without it, or on a server that ignores it, that round trip's race remains.
         """
         conditions: dict[str, str] = {}
         if etag is not None:
@@ -360,18 +370,20 @@ class S3Writes(S3Requests):
             raise
 
     async def _move_over(self, name: str, dest: str, etag: str | None) -> bool:
-        """Set ``name`` aside to ``dest``, where quarantine holds an earlier copy of the key;
-        whether its copy was written there.
+        """Set ``name`` aside to ``dest``, where quarantine holds an earlier copy of the key.
 
-        A copy made first would land on the earlier copy, and if the set-aside then did not
-        happen (the object replaced meanwhile, copied anyway by a server that ignores
-        ``CopySourceIfMatch``), removing that copy would lose both. So the object is read
-        (its ETag compared with ``etag``), deleted on the ETag read, and only then are the
-        bytes read written over the earlier copy. Raises _NotFound, _Exists or _Failed when
-        the object was not set aside.
+        Returns whether its copy was written there.
+        A copy made first would land on the earlier copy.
+        The set-aside might then not happen: the object may have been replaced meanwhile.
+        A server that ignores ``CopySourceIfMatch`` would have copied it anyway.
+        Removing that copy would then lose both.
+        So the object is read first, and its ETag compared with ``etag``.
+        It is deleted on the ETag read.
+        Only then are the bytes read written over the earlier copy.
+        Raises _NotFound, _Exists or _Failed when the object was not set aside.
 
-        Note: a write to quarantine that fails after the delete loses this copy of the
-        damage (logged); the earlier copy stays, and so must the reason beside it.
+        A write to quarantine that fails after the delete loses this copy of the damage.
+        That is logged. The earlier copy stays, and so must the reason beside it.
         """
         got = await self._request("get_object", Key=name)
         read = _bare_etag(got.get("ETag", ""))

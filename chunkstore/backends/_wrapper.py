@@ -1,9 +1,9 @@
 """A store in front of another: the base for cross-cutting behaviour as a wrapper.
 
-:class:`WrapperStore` forwards every operation and capability to the store it
-wraps; a subclass overrides only what it changes (compression on the way in
-and out, for example) and stays a complete :class:`Store`. Model: zarr's
-``WrapperStore``.
+:class:`WrapperStore` forwards every operation and capability to the store it wraps.
+A subclass overrides only what it changes, such as compression on the way in and out.
+It stays a complete :class:`Store`.
+The model is zarr's ``WrapperStore``.
 """
 
 from __future__ import annotations
@@ -21,10 +21,11 @@ __all__ = ["WrapperStore"]
 class WrapperStore(Store):
     """Forwards everything to ``inner``, under the inner store's name and kind.
 
-    Reads go through the inner store's validated :meth:`~Store.get_many` (the
-    inner store verifies and quarantines; the wrapper does not decode chunks a
-    second time), so the wrapper's :attr:`verify` is the inner store's. Closing
-    the wrapper closes the inner store.
+    Reads go through the inner store's validated :meth:`~Store.get_many`.
+    The inner store verifies and quarantines.
+    The wrapper does not decode chunks a second time.
+    So the wrapper's :attr:`verify` is the inner store's.
+    Closing the wrapper closes the inner store.
     """
 
     def __init__(self, inner: Store, *, name: str | None = None) -> None:
@@ -35,9 +36,10 @@ class WrapperStore(Store):
 
     @property
     def verify(self) -> bool:
-        """Whether every chunk read through this wrapper was checked: the inner store's
-        setting (a caller deciding whether to checksum what it got a second time, such
-        as the vLLM native tier, reads this). Setting it sets the inner store's."""
+        """Whether every chunk read through this wrapper was checked.
+        It is the inner store's setting, and setting it sets the inner store's.
+        A caller deciding whether to checksum what it got a second time reads this.
+        The vLLM native tier is such a caller."""
         return self.inner.verify
 
     @verify.setter

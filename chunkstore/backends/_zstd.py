@@ -22,9 +22,10 @@ __all__ = ["ZstdStore"]
 class ZstdStore(WrapperStore):
     """Stores chunks zstd-compressed in ``inner`` and serves them uncompressed.
 
-    The vLLM connector puts one in front of each secondary tier, so compression
-    happens on the write-behind thread and decompression on the prefetch
-    threads: host memory only ever holds chunks ready to copy.
+    The vLLM connector puts one in front of each secondary tier.
+    So compression happens on the write-behind thread.
+    Decompression happens on the prefetch threads.
+    Host memory only ever holds chunks ready to copy.
     """
 
     def _read_many(self, keys: Sequence[ChunkKey]) -> list[bytes | None]:

@@ -1,19 +1,19 @@
 """The store interface: what every tier (memory, filesystem, S3, peers) promises.
 
-A store maps :class:`~chunkstore.hashing.ChunkKey` to the bytes of one chunk
-file. The abstract methods are batched because every real backend is faster
-per key in batches (one directory walk, concurrent S3 requests, one peer
-round trip); single-key conveniences are built on them here.
+A store maps :class:`~chunkstore.hashing.ChunkKey` to the bytes of one chunk file.
+The abstract methods are batched because every real backend is faster per key in batches.
+Examples are one directory walk, concurrent S3 requests and one peer round trip.
+Single-key conveniences are built on them here.
 
-Contracts every implementation keeps (the conformance suite in
-``chunkstore.testing.store_suite`` checks them):
+Every implementation keeps these contracts.
+The conformance suite in ``chunkstore.testing.store_suite`` checks them.
 
-* A missing key is ``None`` / ``False``, never an exception.
-* What a read does with the bytes it got is one rule, :func:`judge` (see
-  :class:`ReadVerdict`): a corrupt chunk read through :meth:`Store.get_many` is
-  a miss, counted in ``corrupt_detected``, handed to :meth:`Store._quarantine`
-  and never returned; a chunk a newer chunkstore wrote is a plain miss, left
-  where it is.
+* A missing key is ``None`` or ``False``, never an exception.
+* One rule, :func:`judge`, says what a read does with the bytes it got.
+  See :class:`ReadVerdict`.
+  A corrupt chunk read through :meth:`Store.get_many` is a miss and is never returned.
+  It is counted in ``corrupt_detected`` and handed to :meth:`Store._quarantine`.
+  A chunk a newer chunkstore wrote is a plain miss, left where it is.
 * ``put`` is atomic: a reader sees the old state or the whole new chunk.
   Two writers of the same key never produce a torn chunk.
 * ``put_if_absent`` writes only when the key is absent and says whether this
@@ -49,8 +49,8 @@ from chunkstore.hashing import ChunkKey
 log = logging.getLogger(__name__)
 
 UNSUPPORTED_GRACE = 3600.0
-"""Default :attr:`Store.unsupported_grace` of shared stores: an hour, far longer than a
-rolling upgrade leaves a newer writer's chunk unread by the newer readers it serves."""
+"""Default :attr:`Store.unsupported_grace` of shared stores: an hour.
+A rolling upgrade leaves a newer writer's chunk unread by newer readers for far less."""
 
 Buffer = Any
 """Anything exposing the buffer protocol (bytes, bytearray, memoryview, numpy array, mmap)."""
@@ -76,12 +76,14 @@ class ReadVerdict(enum.Enum):
     OK = "ok"
     """A valid chunk, the one asked for: serve it."""
     NEWER = "newer"
-    """Written by a newer chunkstore (:class:`~chunkstore.errors.UnsupportedVersion` and its
-    subclasses): a plain miss, not counted, never quarantined: intact for newer readers."""
+    """Written by a newer chunkstore: :class:`~chunkstore.errors.UnsupportedVersion` and its
+    subclasses.
+    A plain miss, not counted and never quarantined. It is intact for newer readers."""
     REFUSED = "refused"
-    """Intact but not for this reader (:class:`~chunkstore.errors.SpecMismatch`: another
-    model; :class:`~chunkstore.errors.AuthenticationError`: no valid MAC for its key): a miss
-    that leaves the stored copy alone. Only readers that ask for a fingerprint or a MAC meet it."""
+    """Intact but not for this reader: a miss that leaves the stored copy alone.
+    :class:`~chunkstore.errors.SpecMismatch` means another model.
+    :class:`~chunkstore.errors.AuthenticationError` means no valid MAC for its key.
+    Only readers that ask for a fingerprint or a MAC meet it."""
     CORRUPT = "corrupt"
     """Damaged bytes (every other :class:`~chunkstore.errors.FormatError`): a miss, counted,
     and quarantined or deleted as the store's policy says."""
@@ -103,7 +105,7 @@ class Judgement:
     verdict: ReadVerdict
     """What the read does with the bytes."""
     error: FormatError | None = None
-    """Why the bytes are not served (for logs and quarantine records); ``None`` when OK."""
+    """Why the bytes are not served, for logs and quarantine records. ``None`` when OK."""
     header: ChunkHeader | None = None
     """The validated header, when :func:`judge` found the chunk OK."""
 
@@ -113,8 +115,8 @@ class Judgement:
 
     @classmethod
     def of(cls, error: FormatError) -> Judgement:
-        """The judgement on a chunk whose check raised ``error`` (a reader that validates
-        as it reads, rather than through :func:`judge`)."""
+        """The judgement on a chunk whose check raised ``error``.
+        It is for a reader that validates as it reads, rather than through :func:`judge`."""
         return cls(verdict_of(error), error)
 
     @property
@@ -130,9 +132,10 @@ def judge(
     mac_key: bytes | None = None,
     expected_fingerprint: bytes | None = None,
 ) -> Judgement:
-    """Check ``data`` as the chunk stored under ``key``: structure, checksum and key, plus
-    the MAC and the model fingerprint where given. Never raises a format error: every
-    defect is a verdict; an OK judgement carries the validated header."""
+    """Check ``data`` as the chunk stored under ``key``.
+    It checks structure, checksum and key, and the MAC and model fingerprint where given.
+    It never raises a format error: every defect is a verdict.
+    An OK judgement carries the validated header."""
     try:
         chunk = decode_chunk(
             data,
@@ -147,16 +150,20 @@ def judge(
 
 
 def judge_oversized(key: ChunkKey, head: Any, size: int) -> Judgement:
-    """The verdict on a stored chunk of ``size`` bytes too large for the buffer it is to be
-    read into, from its header alone (``head``: the file's first bytes, at least the whole
-    header): not OK where the header shows damage (bytes appended after the payload, a
-    truncated payload, a damaged header, another key's chunk); OK for a whole chunk, which
-    the caller's buffer is simply too small for (the caller's mistake, not a miss).
+    """Judge a stored chunk of ``size`` bytes too large for its buffer, from its header alone.
 
-    Every store judges an oversized chunk, with or without ``verify``: by this function
-    (a local file: its header only; any store without ``verify``), or by the full check of
-    bytes it read whole. Damaged bytes are a miss, never an exception, however large (a file
-    of any size may sit under a chunk's name)."""
+    ``head`` is the file's first bytes, at least the whole header.
+    The verdict is not OK where the header shows damage.
+    Damage is bytes appended after the payload, a truncated payload, a damaged header,
+    or another key's chunk.
+    It is OK for a whole chunk that the caller's buffer is too small for.
+    That is the caller's mistake, not a miss.
+
+    Every store judges an oversized chunk, with or without ``verify``.
+    It uses this function, or the full check of bytes it read whole.
+    A local file uses its header only, as does any store without ``verify``.
+    Damaged bytes are a miss, never an exception, however large.
+    A file of any size may sit under a chunk's name."""
     try:
         header = read_header(head)
         declared = header.data_offset + header.stored_size
@@ -173,24 +180,29 @@ def judge_oversized(key: ChunkKey, head: Any, size: int) -> Judgement:
 
 
 SetAsideRunner = Callable[[Callable[[], None]], str | None]
-"""Takes the set-aside of one corrupt chunk (a call that quarantines it and logs what
-became of it; it never raises) and runs it or has it run; returns ``None`` once it has
-taken it, else why it will not run it (then the chunk is left where it is)."""
+"""Takes the set-aside of one corrupt chunk, and runs it or has it run.
+The set-aside is a call that quarantines the chunk and logs what became of it.
+It never raises.
+The runner returns ``None`` once it has taken it, else why it will not run it.
+The chunk is then left where it is."""
 
 _set_aside_runner: ContextVar[SetAsideRunner | None] = ContextVar("set_aside_runner", default=None)
 
 
 @contextmanager
 def set_asides_handed_to(runner: SetAsideRunner) -> Iterator[None]:
-    """Inside the block, a corrupt chunk any store reports (:meth:`Store.report_corrupt`,
-    also through :meth:`Store._admit`) in this thread is counted at once and set aside by
-    ``runner`` (other threads are not affected).
+    """Inside the block, hand this thread's corrupt chunks to ``runner``.
 
-    For a caller that judges a store's chunk on its own thread and must not wait for the
-    store's set-aside, which is I/O on that store (a rename on a mount, requests to S3 or a
-    peer) that may stall: the tiered store hands it to the tier's guard. A context variable
-    rather than a parameter, so that every store's own ``_admit`` (its counters, its log
-    lines) runs unchanged."""
+    A chunk any store reports through :meth:`Store.report_corrupt` is counted at once.
+    :meth:`Store._admit` reports that way too.
+    ``runner`` then sets it aside. Other threads are not affected.
+
+    This is for a caller that judges a store's chunk on its own thread.
+    It must not wait for the store's set-aside, which is I/O on that store and may stall.
+    That I/O is a rename on a mount, or requests to S3 or a peer.
+    The tiered store hands it to the tier's guard.
+    It is a context variable, not a parameter, so every store's own ``_admit`` runs unchanged.
+    Its counters and log lines stay the same."""
     token = _set_aside_runner.set(runner)
     try:
         yield
@@ -230,8 +242,9 @@ class Store(ABC):
 
     @property
     def corrupt_detected(self) -> int:
-        """How many corrupt chunks reads have found so far (each was a miss, and set aside
-        unless replaced or removed since the read: :meth:`report_corrupt`)."""
+        """How many corrupt chunks reads have found so far.
+        Each was a miss. Each was set aside unless replaced or removed since the read.
+        See :meth:`report_corrupt`."""
         return self._corrupt
 
     # --- primitives ------------------------------------------------------------
@@ -246,44 +259,48 @@ class Store(ABC):
 
     @abstractmethod
     def put_many(self, items: Sequence[tuple[ChunkKey, Buffer]]) -> list[bool]:
-        """Store each chunk atomically (overwriting); True per item that was written."""
+        """Store each chunk atomically, overwriting. True per item that was written."""
 
     @abstractmethod
     def put_if_absent_many(self, items: Sequence[tuple[ChunkKey, Buffer]]) -> list[bool]:
-        """Store each chunk unless its key exists; True per item this call wrote."""
+        """Store each chunk unless its key exists. True per item this call wrote."""
 
     @abstractmethod
     def delete_many(self, keys: Sequence[ChunkKey]) -> int:
-        """Delete keys (missing ones are ignored); returns how many were deleted."""
+        """Delete keys, ignoring missing ones. Returns how many were deleted."""
 
     @abstractmethod
     def list(self, namespace: str | None = None) -> Iterator[ChunkInfo]:
         """Every stored chunk (of one namespace, if given), in no particular order."""
 
     def close(self) -> None:  # noqa: B027 - optional hook: stores without resources need nothing
-        """Release connections and flush; the store is unusable afterwards."""
+        """Release connections and flush. The store is unusable afterwards."""
 
     # --- keys held by chunks this reader cannot use (spec section 6.7) --------------
 
     unsupported_grace: float | None = None
-    """Seconds after its write that a chunk this store cannot use (unsupported, corrupt, or
-    failing its MAC) may be replaced by :meth:`put_if_absent`; ``None``: never (a store that
-    keeps no write times). Stores shared by many writers set ``UNSUPPORTED_GRACE``."""
+    """Seconds after its write that :meth:`put_if_absent` may replace a chunk this store
+    cannot use.
+    Such a chunk is unsupported, corrupt, or fails its MAC.
+    ``None`` means never, for a store that keeps no write times.
+    Stores shared by many writers set ``UNSUPPORTED_GRACE``."""
 
     def _written_at(self, key: ChunkKey) -> float | None:
-        """When the chunk stored under ``key`` was written (seconds since the epoch), or
+        """When the chunk stored under ``key`` was written, in seconds since the epoch.
         ``None`` if it is absent or the store cannot tell."""
         return None
 
     def _replaces_unusable(self, key: ChunkKey) -> bool:
-        """Whether :meth:`put_if_absent` may overwrite the chunk that holds ``key``: this
-        store cannot use it and it was written more than :attr:`unsupported_grace` ago.
+        """Whether :meth:`put_if_absent` may overwrite the chunk that holds ``key``.
 
-        Without this, a chunk of an unknown major (a bit flip of its version digit, or a
-        planted file) would keep its key a miss for good: it is never quarantined, and
-        put-if-absent never replaces it. What replaces it is a chunk every later reader
-        reads (spec section 2.8). Costs a stat on every collision and a read of the chunk
-        only when it is older than the grace."""
+        It may when this store cannot use the chunk and it was written more than
+        :attr:`unsupported_grace` ago.
+        Without this, a chunk of an unknown major would keep its key a miss for good.
+        Such a chunk is a bit flip of its version digit, or a planted file.
+        It is never quarantined, and put-if-absent never replaces it.
+        What replaces it is a chunk every later reader reads, see spec section 2.8.
+        This costs a stat on every collision.
+        It reads the chunk only when it is older than the grace."""
         grace = self.unsupported_grace
         if grace is None:
             return False
@@ -313,23 +330,23 @@ class Store(ABC):
         return written
 
     def _quarantine(self, key: ChunkKey, reason: str) -> str:
-        """Move a corrupt chunk out of the serving path; what became of it, for the log
-        (raises StoreError where that failed). Default: delete it."""
+        """Move a corrupt chunk out of the serving path. Returns what became of it, for the log.
+        Raises StoreError where that failed. The default deletes it."""
         return "deleted" if self.delete_many([key]) else "already gone"
 
     # --- validated reads ---------------------------------------------------------
 
     def get_many(self, keys: Sequence[ChunkKey]) -> builtins.list[bytes | None]:
-        """Chunk bytes per key; ``None`` for missing and for corrupt (quarantined) chunks."""
+        """Chunk bytes per key. ``None`` for missing chunks, and for corrupt ones, quarantined."""
         raw = self._read_many(keys)
         return [self._checked(k, d) for k, d in zip(keys, raw)]
 
     def read_unchecked_many(self, keys: Sequence[ChunkKey]) -> builtins.list[bytes | None]:
         """Stored bytes per key with no validation, no quarantine and no access-time update.
 
-        For maintenance tools (verify, cp, inspect) that must not disturb the
-        LRU order ``prune --max-bytes`` relies on. Stores that track access
-        times override this; the default is the raw read.
+        It is for maintenance tools such as verify, cp and inspect.
+        They must not disturb the LRU order that ``prune --max-bytes`` relies on.
+        Stores that track access times override this. The default is the raw read.
         """
         return self._read_many(keys)
 
@@ -347,20 +364,25 @@ class Store(ABC):
     def _admit(self, key: ChunkKey, judgement: Judgement) -> bool:
         """Act on a read's verdict; True only when the bytes may be served.
 
-        Corrupt chunks are counted and quarantined (:meth:`report_corrupt`). A newer
-        chunkstore's chunk (a rolling upgrade sharing this store) and one refused as not
-        ours are misses that touch nothing: quarantining them would destroy a cache that
-        is good for its own readers. Stores extend this to count or log verdicts their way.
+        Corrupt chunks are counted and quarantined by :meth:`report_corrupt`.
+        Two kinds of chunk are misses that touch nothing.
+        One is a newer chunkstore's chunk, as in a rolling upgrade sharing this store.
+        The other is one refused as not ours.
+        Quarantining them would destroy a cache that is good for its own readers.
+        Stores extend this to count or log verdicts their way.
         """
         if judgement.error is not None and judgement.verdict is ReadVerdict.CORRUPT:
             self.report_corrupt(key, judgement.error)
         return judgement.ok
 
     def report_corrupt(self, key: ChunkKey, exc: Exception) -> None:
-        """Count a corrupt chunk and quarantine it; never raises. One warning names the
-        chunk and says what became of it (logged once the set-aside has been tried, so it
-        never claims one that did not happen). Inside :func:`set_asides_handed_to` it is
-        counted here and set aside by the runner, later."""
+        """Count a corrupt chunk and quarantine it. Never raises.
+
+        One warning names the chunk and says what became of it.
+        It is logged once the set-aside has been tried, so it never claims one that did
+        not happen.
+        Inside :func:`set_asides_handed_to` the chunk is counted here.
+        The runner sets it aside later."""
         with self._corrupt_lock:
             self._corrupt += 1
         runner = _set_aside_runner.get()
@@ -374,8 +396,8 @@ class Store(ABC):
             )
 
     def _set_aside_reported(self, key: ChunkKey, exc: Exception) -> None:
-        """Quarantine a chunk :meth:`report_corrupt` counted and log what became of it;
-        never raises."""
+        """Quarantine a chunk :meth:`report_corrupt` counted, and log what became of it.
+        Never raises."""
         try:
             outcome = self._quarantine(key, f"{type(exc).__name__}: {exc}")
         except StoreError as failure:
@@ -405,11 +427,11 @@ class Store(ABC):
         return self.put_many([(key, data)])[0]
 
     def put_if_absent(self, key: ChunkKey, data: Buffer) -> bool:
-        """Store one chunk unless present; True if this call wrote it."""
+        """Store one chunk unless present. True if this call wrote it."""
         return self.put_if_absent_many([(key, data)])[0]
 
     def delete(self, key: ChunkKey) -> bool:
-        """Delete one key; True if it existed."""
+        """Delete one key. True if it existed."""
         return self.delete_many([key]) == 1
 
     # --- prefix lookup -------------------------------------------------------------
@@ -417,9 +439,10 @@ class Store(ABC):
     def lookup_prefix(self, keys: Sequence[ChunkKey]) -> int:
         """How many leading keys of a chain are present.
 
-        Low-latency stores ask for all keys in one batch. High-latency stores
-        rely on chains being monotone in practice (a chunk is stored only after
-        its prefix) and binary-search: at most ceil(log2(n)) + 2 requests.
+        Low-latency stores ask for all keys in one batch.
+        High-latency stores rely on chains being monotone in practice, and binary-search.
+        A chunk is stored only after its prefix.
+        The search takes at most ceil(log2(n)) + 2 requests.
         """
         if not keys:
             return 0
@@ -444,8 +467,9 @@ class Store(ABC):
 def binary_search_prefix(keys: Sequence[ChunkKey], present: Any) -> int:
     """Length of the present prefix, assuming presence is monotone along the chain.
 
-    Checks the last key first (a full hit costs one request), then the first
-    (a full miss costs two), then bisects: ceil(log2(n)) + 2 requests at most.
+    Checks the last key first, so a full hit costs one request.
+    Then it checks the first, so a full miss costs two.
+    Then it bisects: ceil(log2(n)) + 2 requests at most.
     """
     n = len(keys)
     if present(keys[n - 1]):
@@ -488,8 +512,9 @@ class SupportsGetManyInto(Protocol):
     def get_many_into(
         self, keys: Sequence[ChunkKey], buffers: Sequence[Buffer]
     ) -> list[int | None]:
-        """Fill ``buffers[i]`` with ``keys[i]``'s chunk; per key its size, or ``None`` if
-        missing/corrupt. Every read has ended (no buffer is written any more) on return."""
+        """Fill ``buffers[i]`` with ``keys[i]``'s chunk.
+        Returns per key its size, or ``None`` if missing or corrupt.
+        Every read has ended on return, and no buffer is written any more."""
         ...
 
 
@@ -505,16 +530,18 @@ class PinnedChunk(Protocol):
 
 @runtime_checkable
 class SupportsPinning(Protocol):
-    """Fast path: chunks can be pinned in place and read as stable buffers (a host cache over
-    a fixed-slot pool); a peer server hands such buffers to NIXL without a copy."""
+    """Fast path: chunks can be pinned in place and read as stable buffers.
+    A host cache over a fixed-slot pool is such a store.
+    A peer server hands such buffers to NIXL without a copy."""
 
     def acquire(self, key: ChunkKey) -> PinnedChunk | None:
-        """Pin ``key``: an object whose ``view`` holds exactly the chunk's bytes and stays
-        valid and unchanged until :meth:`release`; ``None`` if absent."""
+        """Pin ``key``. ``None`` if absent.
+        Returns an object whose ``view`` holds exactly the chunk's bytes.
+        It stays valid and unchanged until :meth:`release`."""
         ...
 
     def release(self, lease: Any) -> None:
-        """Undo one :meth:`acquire`; idempotent."""
+        """Undo one :meth:`acquire`. Idempotent."""
         ...
 
 
@@ -524,9 +551,9 @@ class SupportsMemoryRegions(Protocol):
     (NIXL) once at start."""
 
     def memory_regions(self) -> Sequence[Any]:
-        """Buffers (numpy arrays, memoryviews, mmaps) that contain every view
-        :meth:`SupportsPinning.acquire` and :meth:`SupportsReserve.reserve` return;
-        they never move or shrink."""
+        """Buffers that contain every view :meth:`SupportsPinning.acquire` and
+        :meth:`SupportsReserve.reserve` return.
+        They are numpy arrays, memoryviews or mmaps, and never move or shrink."""
         ...
 
 
@@ -535,8 +562,9 @@ class SupportsReserve(Protocol):
     """Fast path: incoming chunks can be written straight into a slot (no staging copy)."""
 
     def reserve(self, key: ChunkKey) -> PinnedChunk | None:
-        """A pinned writable slot for ``key`` (its ``view`` spans the whole slot), invisible
-        to readers until :meth:`commit`; ``None`` when there is no room."""
+        """A pinned writable slot for ``key``, or ``None`` when there is no room.
+        Its ``view`` spans the whole slot.
+        Readers do not see it until :meth:`commit`."""
         ...
 
     def commit(self, lease: Any, length: int | None = None) -> None:
@@ -550,13 +578,13 @@ class SupportsReserve(Protocol):
 
 @runtime_checkable
 class SupportsModelRecords(Protocol):
-    """Small per-model records beside the chunks (``.chunkstore/models/<fingerprint>.json``):
-    which model a fingerprint names (see :mod:`chunkstore.backends._models`)."""
+    """Small per-model records beside the chunks, in ``.chunkstore/models/<fingerprint>.json``.
+    They say which model a fingerprint names, see :mod:`chunkstore.backends._models`."""
 
     def read_model_record(self, fingerprint: bytes) -> bytes | None:
         """The record stored for ``fingerprint``, or ``None``."""
         ...
 
     def write_model_record(self, fingerprint: bytes, record: bytes) -> None:
-        """Store (replace) the record for ``fingerprint``; raises ``StoreError`` on failure."""
+        """Store or replace the record for ``fingerprint``. Raises ``StoreError`` on failure."""
         ...

@@ -1,14 +1,15 @@
 """What maintenance tools need from a store beyond the serving interface.
 
-``verify``, ``prune``, ``inspect`` and ``cp`` read without counting a use (or
-``prune --max-bytes`` would see every chunk as just used), move corrupt chunks
-aside, and report or sweep files that are not chunks. Stores that keep such
-state (access records, a quarantine area, temp files or unfinished uploads)
-implement :class:`SupportsMaintenance`; the filesystem and S3 stores also
-implement :class:`SupportsCheckedRemoval`, so that a tool removes exactly the
-file it judged. Like the other ``Supports*`` capabilities (:mod:`chunkstore.backends.base`)
-these are ``runtime_checkable`` protocols, not abstract methods: a store
-without them (memory, peers) simply has nothing to maintain.
+``verify``, ``prune``, ``inspect`` and ``cp`` read without counting a use.
+Otherwise ``prune --max-bytes`` would see every chunk as just used.
+They move corrupt chunks aside, and report or sweep files that are not chunks.
+Stores that keep such state implement :class:`SupportsMaintenance`.
+That state is access records, a quarantine area, temp files or unfinished uploads.
+The filesystem and S3 stores also implement :class:`SupportsCheckedRemoval`.
+A tool then removes exactly the file it judged.
+These are ``runtime_checkable`` protocols, not abstract methods.
+So are the other ``Supports*`` capabilities in :mod:`chunkstore.backends.base`.
+A store without them, such as memory or peers, has nothing to maintain.
 """
 
 from __future__ import annotations
@@ -26,9 +27,10 @@ QUARANTINE_MODES = ("move", "delete")
 """What a store does with a corrupt chunk: move it to its quarantine area, or delete it."""
 
 FileIdent = tuple[int, int] | str
-"""Which file a read came from, for :class:`SupportsCheckedRemoval`: (inode, mtime_ns) of a
-local file, (size, digest of the bytes) of a file read through fsspec, the ETag of an S3
-object."""
+"""Which file a read came from, for :class:`SupportsCheckedRemoval`.
+For a local file it is (inode, mtime_ns).
+For a file read through fsspec it is (size, digest of the bytes).
+For an S3 object it is the ETag."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,7 +38,7 @@ class StoredFile:
     """A file in the store that is not a chunk: an orphan temp file or a foreign file."""
 
     path: str
-    """Full path (fsspec path for non-local stores; the object key on S3)."""
+    """Full path. It is the fsspec path for non-local stores, and the object key on S3."""
     namespace: str
     """Namespace directory it sits in ("" at the root)."""
     size: int
@@ -47,14 +49,14 @@ class StoredFile:
 
 @dataclass(frozen=True, slots=True)
 class StrandedFile:
-    """A set-aside's staged temp file that a process killed between its two renames left
-    behind: in ``quarantine/<ns>/`` (a corrupt chunk on its way to its quarantine name) or
-    in the state directory (a chunk being deleted)."""
+    """A set-aside's staged temp file, left by a process killed between its two renames.
+    In ``quarantine/<ns>/`` it is a corrupt chunk on its way to its quarantine name.
+    In the state directory it is a chunk being deleted."""
 
     path: str
     """Full path."""
     namespace: str
-    """The quarantine namespace it sits in; "" in the state directory."""
+    """The quarantine namespace it sits in. "" in the state directory."""
     size: int
     """Bytes."""
     staged: float
@@ -81,14 +83,15 @@ class SetAside(Enum):
     DONE = "done"
     """Moved to quarantine, or deleted (the store's ``quarantine_mode``)."""
     CHANGED = "left (replaced or removed since it was read)"
-    """Left: another chunk is at its name now (a writer's), or none (removed)."""
+    """Left: another chunk, a writer's, is at its name now, or none as it was removed."""
     TAKEN = "left (already set aside by another run)"
     """Left: another run (a reader, ``verify``) moved this very chunk to quarantine first."""
 
 
 def set_aside_outcome(result: SetAside, mode: str) -> str:
-    """What became of a corrupt chunk a read found (the end of its log line): set aside
-    the store's way (``mode``, one of :data:`QUARANTINE_MODES`), or why it was left."""
+    """What became of a corrupt chunk a read found: the end of its log line.
+    Either it was set aside the store's way, or it says why it was left.
+    ``mode`` is the store's way, one of :data:`QUARANTINE_MODES`."""
     if result is not SetAside.DONE:
         return str(result.value)
     return "quarantined" if mode == "move" else "deleted"
@@ -99,7 +102,7 @@ class SupportsMaintenance(Protocol):
     """Access records, a quarantine area and stray files (the filesystem and S3 stores)."""
 
     track_access: bool
-    """Whether reads count as uses (access records); maintenance tools turn it off."""
+    """Whether reads count as uses, in access records. Maintenance tools turn it off."""
     quarantine_mode: str
     """One of :data:`QUARANTINE_MODES`."""
 
@@ -113,7 +116,7 @@ class SupportsMaintenance(Protocol):
         """Unfinished writes last touched at least ``older_than`` seconds ago."""
 
     def remove_orphans(self, grace: float = 3600.0) -> int:
-        """Remove unfinished writes older than ``grace`` seconds; how many went."""
+        """Remove unfinished writes older than ``grace`` seconds. Returns how many went."""
 
     def foreign_files(self) -> list[StoredFile]:
         """Files among the chunks that chunkstore did not write (reported, never touched)."""
@@ -131,9 +134,11 @@ class SupportsStagingSweep(Protocol):
         """Staged files moved there at least ``older_than`` seconds ago."""
 
     def settle_stranded(self, grace: float = 3600.0) -> list[StrandedFile]:
-        """Move those older than ``grace`` seconds in quarantine to their quarantine name
-        (delete them where a copy already holds it), delete those in the state directory;
-        the files settled."""
+        """Settle the staged files older than ``grace`` seconds. Returns the files settled.
+
+        Those in quarantine move to their quarantine name.
+        They are deleted where a copy already holds it.
+        Those in the state directory are deleted."""
 
 
 @runtime_checkable
@@ -170,10 +175,13 @@ def set_aside_if_still_corrupt(
     current: tuple[Any, FileIdent | None] | None,
     reason: str,
 ) -> str:
-    """Set aside ``key``'s chunk as ``current`` (its bytes and ident, read again now; None
-    if gone) shows it, where damage was reported without saying which file was read: a
-    writer may have published a good copy since, so only a copy judged corrupt now, and only
-    that very one, is set aside. What became of it, for the log (:func:`set_aside_outcome`)."""
+    """Set aside ``key``'s chunk as ``current`` shows it. Returns what became of it.
+
+    ``current`` is its bytes and ident, read again now, or None if gone.
+    This is for damage reported without saying which file was read.
+    A writer may have published a good copy since.
+    So only a copy judged corrupt now is set aside, and only that very one.
+    The result is for the log, see :func:`set_aside_outcome`."""
     if current is None or store._judge(key, current[0]).verdict is not ReadVerdict.CORRUPT:
         return set_aside_outcome(SetAside.CHANGED, store.quarantine_mode)
     return set_aside_outcome(store._set_aside(key, current[1], reason), store.quarantine_mode)

@@ -1,20 +1,21 @@
 """Tier 0: the host-memory chunk cache and its replacement policies.
 
-* :class:`HostCache` - whole chunks in a preallocated (optionally shared,
-  optionally pinned) slot pool, evicted by :class:`PrefixARCPolicy` (default),
-  :class:`ARCPolicy` or :class:`LRUPolicy`;
-* :class:`SlotPool` - the pool itself, which other processes can attach by name;
-* :class:`AssemblyOwner` / :class:`ShardAssembler` - TP rank processes write
-  their head shards into one shared slot per chunk, published once (TP shard
-  assembly, all of it in :mod:`chunkstore.cache.assembly`).
+* :class:`HostCache` keeps whole chunks in a preallocated slot pool.
+  The pool may be shared, and may be pinned.
+  :class:`PrefixARCPolicy`, the default, :class:`ARCPolicy` or :class:`LRUPolicy` evicts.
+* :class:`SlotPool` is the pool itself, which other processes can attach by name.
+* :class:`AssemblyOwner` and :class:`ShardAssembler` run TP shard assembly.
+  TP rank processes write their head shards into one shared slot per chunk.
+  The chunk is published once. All of it is in :mod:`chunkstore.cache.assembly`.
 
-``__all__`` is the cache as users drive it; the pool and assembly classes are
-importable from here too (not curated), for the vLLM adapter and advanced use.
+``__all__`` is the cache as users drive it.
+The pool and assembly classes are importable from here too, but not curated.
+They are for the vLLM adapter and advanced use.
 
-The policies are pure bookkeeping (no I/O), so the trace simulator
-(:mod:`chunkstore.simulator`) replays traces through the very same classes. The
-tiered store, a host cache in front of secondary stores, is one layer up:
-:mod:`chunkstore.tiering`.
+The policies are pure bookkeeping with no I/O.
+So the trace simulator, :mod:`chunkstore.simulator`, replays traces through the same classes.
+The tiered store, a host cache in front of secondary stores, is one layer up.
+See :mod:`chunkstore.tiering`.
 """
 
 from typing import TYPE_CHECKING

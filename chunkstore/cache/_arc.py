@@ -1,24 +1,28 @@
-"""Adaptive Replacement Cache (Megiddo & Modha, FAST 2003, "ARC: a self-tuning, low
-overhead replacement cache", Fig. 4); ``parc``, the host cache's default, builds on it.
+"""Adaptive Replacement Cache, which ``parc``, the host cache's default, builds on.
+
+The paper is Megiddo & Modha, FAST 2003, "ARC: a self-tuning, low overhead replacement
+cache", Fig. 4.
 
 Four lists, each oldest first:
 
-* ``T1`` resident keys seen once recently, ``T2`` resident keys seen at least twice;
-* ``B1`` / ``B2`` ghost keys (no data) recently evicted from ``T1`` / ``T2``.
+* ``T1`` holds resident keys seen once recently, ``T2`` those seen at least twice.
+* ``B1`` and ``B2`` hold ghost keys, with no data, recently evicted from ``T1`` and ``T2``.
 
-``p`` is the adaptive target size of ``T1``: a ghost hit in ``B1`` says "recency
-was evicted too early" and grows it, a ghost hit in ``B2`` shrinks it. With no
-pins and no deletions this class follows the paper's algorithm step by step
-(the hand-traced sequences in ``tests/cache/test_arc_traces.py`` check it).
+``p`` is the adaptive target size of ``T1``.
+A ghost hit in ``B1`` says "recency was evicted too early" and grows it.
+A ghost hit in ``B2`` shrinks it.
+With no pins and no deletions this class follows the paper's algorithm step by step.
+The hand-traced sequences in ``tests/cache/test_arc_traces.py`` check it.
 
 Two deliberate extensions, both no-ops on the paper's request streams:
 
-* a victim vetoed by ``can_evict`` (a pinned slot) is skipped for the next
-  candidate of the same list, then of the other list;
-* :meth:`ARCPolicy.remove` (a deleted chunk) can leave free room while ghosts
-  exist, which the paper never allows, so REPLACE runs only when the resident
-  lists are full, and ghost lists are trimmed back to the paper's bounds
-  (``|T1|+|B1| <= c``, total ``<= 2c``) after every admission.
+* A victim vetoed by ``can_evict``, a pinned slot, is skipped.
+  The next candidate of the same list is tried, then of the other list.
+* :meth:`ARCPolicy.remove` of a deleted chunk can leave free room while ghosts exist.
+  The paper never allows that.
+  So REPLACE runs only when the resident lists are full.
+  Ghost lists are trimmed back to the paper's bounds after every admission.
+  The bounds are ``|T1|+|B1| <= c`` and a total ``<= 2c``.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """A cached chunk's place in its chain, for policies that follow chains.
 
-A chunk key is a digest of its parent's digest and its tokens, so the key
-alone does not name the parent; the chunk header does (spec/FORMAT.md). The
-host cache reads it once, when a chunk is published, and passes it to the
-policy (:meth:`~chunkstore.cache.policy.CachePolicy.link`).
+A chunk key is a digest of its parent's digest and its tokens.
+So the key alone does not name the parent. The chunk header does, see spec/FORMAT.md.
+The host cache reads it once, when a chunk is published.
+It passes it to the policy with :meth:`~chunkstore.cache.policy.CachePolicy.link`.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from chunkstore.hashing import ChunkKey, namespace_of
 def chunk_parent(key: ChunkKey, data: Buffer) -> ChunkKey | None:
     """The key of the chunk before ``key``, read from the chunk header at the start of ``data``.
 
-    ``None`` for a chain's first chunk (its parent is the namespace root, whose
-    first bytes are the namespace), for bytes that are not a chunk, and for a
-    header that names another key.
+    ``None`` for a chain's first chunk, whose parent is the namespace root.
+    The root's first bytes are the namespace.
+    ``None`` too for bytes that are not a chunk, and for a header that names another key.
     """
     try:
         header = read_header(data)

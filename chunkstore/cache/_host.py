@@ -1,23 +1,24 @@
 """HostCache: tier 0, a byte-bounded cache of whole chunks in a slot pool.
 
-A :class:`HostCache` is a :class:`~chunkstore.backends.base.Store` (so the
-conformance suite applies) whose capacity is ``num_slots`` chunks of at most
-``slot_size`` bytes. Which chunks stay is decided by a
-:class:`~chunkstore.cache.policy.CachePolicy` (``parc`` by default); which bytes
-live where is the :class:`~chunkstore.cache._pool.SlotPool`'s business.
+A :class:`HostCache` is a :class:`~chunkstore.backends.base.Store`, so the conformance
+suite applies.
+Its capacity is ``num_slots`` chunks of at most ``slot_size`` bytes.
+A :class:`~chunkstore.cache.policy.CachePolicy` decides which chunks stay, ``parc`` by default.
+The :class:`~chunkstore.cache._pool.SlotPool` decides which bytes live where.
 
-Besides the store methods it offers the host-slot fast paths that device
-copies and peer transfers need:
+Besides the store methods it offers the host-slot fast paths.
+Device copies and peer transfers need them.
 
-* :meth:`HostCache.reserve` / :meth:`HostCache.commit` / :meth:`HostCache.abort`:
-  write a chunk in place (TP shards straight into the slot, then seal);
-* :meth:`HostCache.acquire` / :meth:`HostCache.release`: read a chunk in place;
-* :meth:`HostCache.get_into`: copy a hit into a caller buffer.
+* :meth:`HostCache.reserve`, :meth:`HostCache.commit` and :meth:`HostCache.abort` write a
+  chunk in place. TP shards go straight into the slot, which is then sealed.
+* :meth:`HostCache.acquire` and :meth:`HostCache.release` read a chunk in place.
+* :meth:`HostCache.get_into` copies a hit into a caller buffer.
 
 A slot that is reserved or acquired is **pinned**: the policy never evicts it.
-Every pin belongs to a :class:`~chunkstore.cache._lease.Lease` (the one slot
-handle, also what TP ranks get); leases are context managers so pins are
-released on every exit path, and releasing twice is harmless.
+Every pin belongs to a :class:`~chunkstore.cache._lease.Lease`.
+That is the one slot handle, also what TP ranks get.
+Leases are context managers, so pins are released on every exit path.
+Releasing twice is harmless.
 """
 
 from __future__ import annotations
@@ -91,14 +92,19 @@ class HostCacheStats:
 
 
 class HostCache(Store):
-    """Whole chunks in a preallocated slot pool, evicted by a policy (``parc``). Thread-safe.
+    """Whole chunks in a preallocated slot pool, evicted by a policy, ``parc`` by default.
 
-    ``slot_size``: bytes per slot, or a :class:`ChunkLayout` (its
-    ``total_size``). Capacity is ``num_slots``, or ``capacity_bytes // slot_size``.
-    ``shm_name`` places the pool in ``/dev/shm/<shm_name>`` so other processes
-    can :meth:`SlotPool.attach` it; this process owns it and removes it on
-    :meth:`close`. Host memory is trusted, so ``verify`` defaults to False
-    (chunks are checked when they enter from a secondary tier).
+    Thread-safe.
+    ``slot_size`` is bytes per slot, or a :class:`ChunkLayout` whose ``total_size`` is used.
+    Capacity is ``num_slots``, or ``capacity_bytes // slot_size``.
+    ``shm_name`` places the pool in ``/dev/shm/<shm_name>``.
+    Other processes can then :meth:`SlotPool.attach` it.
+    This process owns it and removes it on :meth:`close`.
+    Host memory is trusted, so ``verify`` defaults to False.
+    Chunks are checked when they enter from a secondary tier.
+
+    One class because every path takes one lock over the pool, the index and the policy.
+    The pool, the leases and the TP slot loans live in modules of their own.
     """
 
     kind = "host"
@@ -163,11 +169,12 @@ class HostCache(Store):
         self._rejected = 0
         self._closed = False
         self.loans = SlotLoans(self)
-        """Slots on loan to TP rank processes (:mod:`chunkstore.cache.assembly`): out of the
-        free list and of the index until adopted (sealed chunk) or recalled."""
+        """Slots on loan to TP rank processes, see :mod:`chunkstore.cache.assembly`.
+        They are out of the free list and of the index until adopted or recalled.
+        A slot is adopted with the chunk sealed in it."""
         self.listener: ChunkListener | None = None
-        """Told of every chunk published here and every one evicted or deleted (the caller
-        holds this cache's lock meanwhile); None: nobody listens."""
+        """Told of every chunk published here, and every one evicted or deleted.
+        The caller holds this cache's lock meanwhile. None means nobody listens."""
 
     # --- capabilities / stats -------------------------------------------------------------
 
@@ -194,8 +201,9 @@ class HostCache(Store):
     def memory_regions(self) -> list[memoryview]:
         """Buffers that contain every view :meth:`acquire` and :meth:`reserve` return.
 
-        They never move while the cache is open: a transfer engine (NIXL)
-        registers them once and then reads or writes any slot in place.
+        They never move while the cache is open.
+        A transfer engine such as NIXL registers them once.
+        It then reads or writes any slot in place.
         """
         self._check_open()
         return [self.pool.data_region()]
@@ -207,18 +215,19 @@ class HostCache(Store):
     # --- fast paths: reserve / commit / abort -------------------------------------------------
 
     def reserve(self, key: ChunkKey, *, evict: bool = True) -> Lease | None:
-        """A pinned, writable slot for ``key`` (``None`` when every slot is pinned).
+        """A pinned, writable slot for ``key``, or ``None`` when every slot is pinned.
 
-        Write the chunk into ``lease.view`` (``slot_size`` bytes; e.g. one
-        :meth:`ChunkLayout.write_shard` per TP rank, then ``seal_chunk``), then
-        :meth:`commit`. Until then readers miss the key. Reserving a key that is
-        already cached replaces it on commit (its old slot serves current readers).
+        Write the chunk into ``lease.view``, which has ``slot_size`` bytes.
+        For example, write one :meth:`ChunkLayout.write_shard` per TP rank, then ``seal_chunk``.
+        Then call :meth:`commit`. Until then readers miss the key.
+        Reserving a key that is already cached replaces it on commit.
+        Its old slot serves current readers.
 
-        ``evict=False`` is for speculative reads (promoting a chunk that a lower
-        tier may not have): it only takes a free slot (``None`` when there is
-        none, not counted as rejected) and leaves the policy alone until
-        :meth:`commit`, so an :meth:`abort` after a miss has evicted nothing
-        and recorded no use of ``key``.
+        ``evict=False`` is for speculative reads, promoting a chunk a lower tier may not have.
+        It only takes a free slot.
+        It returns ``None`` when there is none, not counted as rejected.
+        It leaves the policy alone until :meth:`commit`.
+        So an :meth:`abort` after a miss has evicted nothing and recorded no use of ``key``.
         """
         with self._lock:
             self._check_open()
@@ -241,10 +250,10 @@ class HostCache(Store):
         return Lease(self, key, slot, generation, self.pool.view(slot), writing=True)
 
     def commit(self, lease: Lease, length: int | None = None, *, keep_pinned: bool = False) -> None:
-        """Publish a reserved slot holding ``length`` bytes (default: the whole slot).
+        """Publish a reserved slot holding ``length`` bytes, by default the whole slot.
 
-        ``keep_pinned`` turns the write lease into a read lease that the caller
-        releases later (the tiered store holds it until write-back is done).
+        ``keep_pinned`` turns the write lease into a read lease that the caller releases later.
+        The tiered store holds it until write-back is done.
         """
         if lease.released or not lease.writing:
             raise StaleSlot(f"{lease!r} is not an open reservation")
@@ -283,11 +292,13 @@ class HostCache(Store):
                 self._unpin(slot)
 
     def _yield_to_winner(self, lease: Lease, keep_pinned: bool) -> None:
-        """Finish a reservation whose slot was doomed before it committed (caller holds the lock).
+        """Finish a reservation whose slot was doomed before it committed.
 
-        Chunks are content-addressed, so the cached copy is as good as ours. With
-        ``keep_pinned`` the lease becomes a read lease on that copy: a caller that asked
-        for a pinned chunk never gets a released lease whose slot is reused under it.
+        The caller holds the lock.
+        Chunks are content-addressed, so the cached copy is as good as ours.
+        With ``keep_pinned`` the lease becomes a read lease on that copy.
+        A caller that asked for a pinned chunk never gets a released lease.
+        Its slot could be reused under it.
         """
         pool = self.pool
         winner = self._index.get(lease.key)
@@ -304,7 +315,7 @@ class HostCache(Store):
             raise StaleSlot(f"{lease!r} was replaced before commit and no copy is cached")
 
     def abort(self, lease: Lease) -> None:
-        """Give up a reservation (or release a read lease); idempotent."""
+        """Give up a reservation, or release a read lease. Idempotent."""
         if lease.released:
             return
         if not lease.writing:
@@ -328,7 +339,7 @@ class HostCache(Store):
     # --- fast paths: acquire / release / get_into ---------------------------------------------
 
     def acquire(self, key: ChunkKey) -> Lease | None:
-        """Pin ``key``'s slot for reading in place; ``None`` on a miss. Counts a hit or miss."""
+        """Pin ``key``'s slot for reading in place. ``None`` on a miss. Counts a hit or miss."""
         with self._lock:
             self._check_open()
             slot = self._index.get(key)
@@ -342,7 +353,7 @@ class HostCache(Store):
         return Lease(self, key, slot, generation, view, writing=False)
 
     def release(self, lease: Lease) -> None:
-        """Drop a read pin; idempotent, never raises for an already-released lease."""
+        """Drop a read pin. Idempotent: it never raises for an already-released lease."""
         if lease.released:
             return
         if lease.writing:
@@ -354,10 +365,10 @@ class HostCache(Store):
                 self._unpin(lease.slot)
 
     def get_into(self, key: ChunkKey, buffer: Buffer) -> int | None:
-        """Copy a cached chunk into ``buffer``; its size, or ``None`` on a miss.
+        """Copy a cached chunk into ``buffer``. Returns its size, or ``None`` on a miss.
 
-        With ``verify`` the chunk is checked first; a corrupt one is counted,
-        dropped from the cache and reported as a miss.
+        With ``verify`` the chunk is checked first.
+        A corrupt one is counted, dropped from the cache and reported as a miss.
         """
         lease = self.acquire(key)
         if lease is None:
@@ -395,7 +406,8 @@ class HostCache(Store):
         return out
 
     def read_unchecked_many(self, keys: Sequence[ChunkKey]) -> list[bytes | None]:
-        """Cached bytes per key; not a use (no hit counted, no policy or access-time update)."""
+        """Cached bytes per key. This is not a use.
+        No hit is counted, and neither the policy nor access times are updated."""
         out: list[bytes | None] = []
         for key in keys:
             with self._lock:
@@ -431,12 +443,13 @@ class HostCache(Store):
     def insert(
         self, key: ChunkKey, data: Buffer, *, if_absent: bool = False, keep_pinned: bool = False
     ) -> Insertion:
-        """Copy ``data`` into a slot for ``key``; see :class:`Insertion` for the outcome.
+        """Copy ``data`` into a slot for ``key``. See :class:`Insertion` for the outcome.
 
-        ``if_absent`` writes only when the key is not cached, atomically: the
-        copy then happens under the cache lock, so of two concurrent callers
-        exactly one writes. ``keep_pinned`` returns the slot as a read lease
-        that the caller must release (the tiered store's write-back holds it).
+        ``if_absent`` writes only when the key is not cached, atomically.
+        The copy then happens under the cache lock.
+        So of two concurrent callers exactly one writes.
+        ``keep_pinned`` returns the slot as a read lease that the caller must release.
+        The tiered store's write-back holds it.
         """
         view = _byte_view(data)
         if len(view) > self.slot_size:
@@ -501,15 +514,16 @@ class HostCache(Store):
     # --- TP shard assembly: what SlotLoans (chunkstore.cache._lending) asks of the cache -----
 
     def _spare_slot(self) -> int | None:
-        """A free slot taken out of the cache, evicting by policy when none is free; ``None``
-        when every slot is pinned (caller holds the lock)."""
+        """A free slot taken out of the cache, evicting by policy when none is free.
+        ``None`` when every slot is pinned. The caller holds the lock."""
         if not self._free and not self._steal_slot(exclude=None):
             return None
         return self._free.pop()
 
     def _publish_sealed(self, slot: int, *, keep_pinned: bool) -> Adoption:
-        """Publish the chunk sealed in a lent slot (caller holds the lock and checked the
-        slot); a key already cached is not published again (the caller keeps the slot)."""
+        """Publish the chunk sealed in a lent slot.
+        The caller holds the lock and checked the slot.
+        A key already cached is not published again, and the caller keeps the slot."""
         pool = self.pool
         key = pool.key_of(slot)
         assert key is not None
@@ -535,7 +549,8 @@ class HostCache(Store):
     # --- internals (caller holds self._lock) --------------------------------------------------
 
     def _pin_for_reading(self, slot: int) -> tuple[int, memoryview]:
-        """Pin a READY ``slot``; its generation and the view of its chunk, for a read lease."""
+        """Pin a READY ``slot`` for a read lease.
+        Returns its generation and the view of its chunk."""
         pool = self.pool
         pool.pin(slot)
         return pool.generation(slot), pool.view(slot)[: pool.length(slot)]
@@ -549,7 +564,7 @@ class HostCache(Store):
         return self.pool.state(slot) == READY and self.pool.pins(slot) == 0
 
     def _allocate(self, key: ChunkKey) -> int | None:
-        """A free slot for ``key`` (admitting it to the policy); ``None`` if all are pinned."""
+        """A free slot for ``key``, admitting it to the policy. ``None`` if all are pinned."""
         self._reclaim_doomed()
         if key not in self._policy:
             try:
@@ -573,10 +588,10 @@ class HostCache(Store):
             self.listener.chunk_removed(victim, self.name)
 
     def _steal_slot(self, exclude: ChunkKey | None) -> bool:
-        """Evict one more resident key to free a slot; False if every one is pinned.
+        """Evict one more resident key to free a slot. False if every one is pinned.
 
-        The policy picks the victim by its own rule (ARC keeps a ghost of it), so
-        slots lent ahead of time cost the same history as an ordinary eviction.
+        The policy picks the victim by its own rule, and ARC keeps a ghost of it.
+        So slots lent ahead of time cost the same history as an ordinary eviction.
         """
         victim = self._policy.evict(
             lambda k: k != exclude and k in self._index and self._can_evict(k)

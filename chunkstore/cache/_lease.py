@@ -1,13 +1,14 @@
 """The slot handle: one pinned slot of a host pool, written or read in place.
 
-Every way of holding a slot hands out a :class:`Lease`: a host cache's
-reservations and read pins (:meth:`HostCache.reserve`,
-:meth:`HostCache.acquire`), a TP rank's claim on a lent slot
-(:meth:`ShardAssembler.slot_for_write`) and a rank's read pin
-(:meth:`ShardAssembler.acquire`). The holder that handed it out finishes it:
-a write lease is committed (published) or aborted, a read lease released.
-Leases are context managers so pins go back on every exit path, and finishing
-twice is harmless.
+Every way of holding a slot hands out a :class:`Lease`.
+A host cache's reservations and read pins do: :meth:`HostCache.reserve` and
+:meth:`HostCache.acquire`.
+So do a TP rank's claim on a lent slot, :meth:`ShardAssembler.slot_for_write`, and a
+rank's read pin, :meth:`ShardAssembler.acquire`.
+The holder that handed it out finishes it.
+A write lease is committed, which publishes it, or aborted. A read lease is released.
+Leases are context managers, so pins go back on every exit path.
+Finishing twice is harmless.
 """
 
 from __future__ import annotations
@@ -37,10 +38,11 @@ class LeaseHolder(Protocol):
 class Lease:
     """A pinned slot: ``view`` stays valid and the slot unevictable until it is finished.
 
-    A write lease's ``view`` is the writable slot (or, for a TP rank's claim, the
-    chunk buffer whose byte ranges the rank writes); a read lease's ``view`` holds
-    exactly the chunk's bytes. ``with lease:`` commits a write lease on a clean exit
-    and aborts it if the block raised; it releases a read lease.
+    A write lease's ``view`` is the writable slot.
+    For a TP rank's claim it is the chunk buffer whose byte ranges the rank writes.
+    A read lease's ``view`` holds exactly the chunk's bytes.
+    ``with lease:`` commits a write lease on a clean exit, and aborts it if the block raised.
+    It releases a read lease.
     """
 
     __slots__ = ("_holder", "generation", "key", "released", "sealed", "slot", "view", "writing")

@@ -1,12 +1,13 @@
 """Slots a host cache lends to TP rank processes: the owner side of TP shard assembly.
 
-A :class:`~chunkstore.cache._host.HostCache` stores chunks; its
-:class:`SlotLoans` (``cache.loans``) keeps a few of its slots out of the cache,
-in state ``LENT``, so rank processes can claim them without a round trip
-(:mod:`chunkstore.cache.assembly`). A lent slot comes back by adoption (the
-ranks sealed a chunk in it: it is published as a cached chunk), by being taken
-back (its claim was aborted: it is lent again) or by a recall (nobody claimed
-it: it is free again).
+A :class:`~chunkstore.cache._host.HostCache` stores chunks.
+Its :class:`SlotLoans`, ``cache.loans``, keeps a few of its slots out of the cache.
+They are in state ``LENT``, so rank processes can claim them without a round trip.
+See :mod:`chunkstore.cache.assembly`.
+A lent slot comes back in one of three ways.
+By adoption: the ranks sealed a chunk in it, and it is published as a cached chunk.
+By being taken back: its claim was aborted, and it is lent again.
+By a recall: nobody claimed it, and it is free again.
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ if TYPE_CHECKING:
 
 
 class SlotLoans:
-    """The slots ``cache`` has on loan to rank processes (any assembly state). Thread-safe:
-    every method runs under the cache's lock (its pool's)."""
+    """The slots ``cache`` has on loan to rank processes, in any assembly state.
+    Thread-safe: every method runs under the cache's lock, which is its pool's."""
 
     def __init__(self, cache: HostCache) -> None:
         self._cache = cache
@@ -31,11 +32,11 @@ class SlotLoans:
         return len(self._slots)
 
     def lend(self, available: int) -> int:
-        """Keep ``available`` unclaimed slots on loan; returns how many are unclaimed now.
+        """Keep ``available`` unclaimed slots on loan. Returns how many are unclaimed now.
 
-        Lends free slots first and evicts (by policy, never a pinned or
-        unpersisted chunk) when there are none. Used by
-        :class:`~chunkstore.cache.assembly._owner.AssemblyOwner`.
+        It lends free slots first, and evicts by policy when there are none.
+        It never evicts a pinned or unpersisted chunk.
+        :class:`~chunkstore.cache.assembly._owner.AssemblyOwner` uses it.
         """
         cache = self._cache
         pool = cache.pool
@@ -60,11 +61,12 @@ class SlotLoans:
     def adopt(self, slot: int, *, keep_pinned: bool = False) -> Adoption:
         """Take a SEALED lent slot into the cache as a READY chunk.
 
-        The chunk becomes visible to every reader and enters the policy (the
-        lent room was already counted, so nothing is evicted). ``keep_pinned``
-        returns a read lease the caller releases (the tiered store's
-        write-back). When the key is already cached the assembled copy is a
-        duplicate: the slot goes back on loan and nothing is published.
+        The chunk becomes visible to every reader and enters the policy.
+        The lent room was already counted, so nothing is evicted.
+        ``keep_pinned`` returns a read lease the caller releases.
+        The tiered store's write-back uses that.
+        When the key is already cached the assembled copy is a duplicate.
+        The slot then goes back on loan and nothing is published.
         """
         cache = self._cache
         pool = cache.pool
@@ -80,10 +82,10 @@ class SlotLoans:
             return adoption
 
     def recall(self) -> int:
-        """Return lent slots that no rank has claimed to the cache; how many came back.
+        """Return lent slots that no rank has claimed to the cache. Returns how many came back.
 
-        Claimed or sealed loans stay out (a rank may still be writing them);
-        a later owner's pass adopts or reclaims them.
+        Claimed or sealed loans stay out, as a rank may still be writing them.
+        A later owner's pass adopts or reclaims them.
         """
         cache = self._cache
         pool = cache.pool

@@ -14,47 +14,52 @@ Layout of the mapping (all integers little-endian)::
 
 What is shared, and how races are avoided:
 
-* One process **owns** the pool (the one that created it; in vLLM the
-  scheduler). Only the owner runs the replacement policy and decides which key
-  lives in which slot, so assignment needs no cross-process agreement. The one
-  exception is explicit: slots the owner *lends* to TP rank processes, which
-  claim them per key among themselves (see below).
-* The **slot table** is shared: every process can find a key's slot
-  (:meth:`SlotPool.find`), pin it for reading (:meth:`SlotPool.acquire`) or
-  write into a slot the owner reserved for it (:meth:`SlotPool.writable`).
-* Every change to the table (state, pins, key, generation) happens under the
-  pool lock: a ``threading.RLock`` inside a process plus ``flock`` on the
-  shared-memory file across processes. Slot *payloads* are copied without the
-  lock; the state word makes that safe: a ``READY`` slot is never reassigned
-  while its pin count is non-zero, and a ``WRITING`` slot is invisible to
-  readers until the owner publishes it.
-* ``generation`` grows on every reassignment, so a stale slot number handed to
-  another process is detected instead of writing into someone else's chunk.
-* Limit: read pins held by a process that crashes are never released; such
-  slots stay out of use until the pool is recreated. (Shard writers of a TP
-  claim are tracked per rank instead, so a crashed writer is detected; see
-  :mod:`chunkstore.cache.assembly`.)
-* The claim fields (``tp`` .. ``claimed_at``) and the states ``LENT`` ..
-  ``ABORTED`` belong to TP shard assembly (:mod:`chunkstore.cache.assembly`):
-  the owner lends free slots, rank processes claim one per key, write their
-  shards into it and seal it, and the owner adopts the sealed chunk.
+* One process **owns** the pool: the one that created it, in vLLM the scheduler.
+  Only the owner runs the replacement policy and decides which key lives in which slot.
+  So assignment needs no cross-process agreement.
+  The one exception is explicit: slots the owner *lends* to TP rank processes.
+  Those claim them per key among themselves, see below.
+* The **slot table** is shared.
+  Every process can find a key's slot with :meth:`SlotPool.find`.
+  It can pin a slot for reading with :meth:`SlotPool.acquire`.
+  It can write into a slot the owner reserved for it with :meth:`SlotPool.writable`.
+* Every change to the table happens under the pool lock: state, pins, key, generation.
+  The lock is a ``threading.RLock`` inside a process plus ``flock`` on the shared-memory
+  file across processes.
+  Slot *payloads* are copied without the lock, and the state word makes that safe.
+  A ``READY`` slot is never reassigned while its pin count is non-zero.
+  A ``WRITING`` slot is invisible to readers until the owner publishes it.
+* ``generation`` grows on every reassignment.
+  So a stale slot number handed to another process is detected.
+  It never writes into someone else's chunk.
+* Limit: read pins held by a process that crashes are never released.
+  Such slots stay out of use until the pool is recreated.
+  Shard writers of a TP claim are tracked per rank instead, so a crashed writer is detected.
+  See :mod:`chunkstore.cache.assembly`.
+* The claim fields, ``tp`` to ``claimed_at``, belong to TP shard assembly.
+  So do the states ``LENT`` to ``ABORTED``, see :mod:`chunkstore.cache.assembly`.
+  The owner lends free slots, and rank processes claim one per key.
+  They write their shards into it and seal it, and the owner adopts the sealed chunk.
 
-Pinning (page-locking for fast device copies) uses ``cudaHostRegister``
-through torch when torch and CUDA are present; otherwise the pool is plain
-memory and everything else works the same.
+Pinning page-locks memory for fast device copies.
+It uses ``cudaHostRegister`` through torch when torch and CUDA are present.
+Otherwise the pool is plain memory and everything else works the same.
 
-Huge pages (:mod:`chunkstore._hugepages`): a pool without a name is private
-anonymous memory, nothing but its own process maps it. Where the kernel gives
-transparent huge pages to ``madvise``-d memory, the mapping is one huge page
-larger and the pool is placed in it so that its slot data starts a huge page,
-and the slot data is advised before anything touches it; the header and table
-stay on 4 KiB pages in front of it. Slots then lie on a few physically
-contiguous pieces, so the filesystem store's ``O_DIRECT`` reads into a slot and
-writes from it reach the disk as one request per chunk instead of several
-(see docs/benchmarks.md, "Host pool on huge pages"). The header records the
-same offsets either way. A named pool keeps its layout (other processes read
-it); its slot data is advised too, which only matters where ``/dev/shm`` gets
-huge pages at all (``shmem_enabled``).
+Huge pages, see :mod:`chunkstore._hugepages`.
+A pool without a name is private anonymous memory that only its own process maps.
+The kernel may give transparent huge pages to ``madvise``-d memory.
+Then the mapping is one huge page larger, and the pool is placed so its slot data
+starts a huge page.
+The slot data is advised before anything touches it.
+The header and table stay on 4 KiB pages in front of it.
+Slots then lie on a few physically contiguous pieces.
+So ``O_DIRECT`` reads and writes of the filesystem store reach the disk as one request
+per chunk instead of several.
+See docs/benchmarks.md, "Host slots on huge pages".
+The header records the same offsets either way.
+A named pool keeps its layout, since other processes read it.
+Its slot data is advised too.
+That only matters where ``/dev/shm`` gets huge pages at all, per ``shmem_enabled``.
 """
 
 from __future__ import annotations
@@ -96,11 +101,12 @@ MAX_RANKS = 64
 """Most TP ranks one pool can assemble chunks for (one bit each in ``joined``/``done``)."""
 
 FREE, WRITING, READY, DOOMED = 0, 1, 2, 3
-"""Slot states. DOOMED: deleted or replaced while pinned; freed when the last pin goes."""
+"""Slot states. DOOMED is deleted or replaced while pinned. It is freed when the last pin goes."""
 LENT, CLAIMED, SEALING, SEALED, ABORTED = 4, 5, 6, 7, 8
-"""TP assembly states: lent to rank processes by the owner; claimed for a key; being
-sealed by its last writer; sealed, waiting for the owner to adopt it; given up (freed by
-the owner once no writer is still inside it)."""
+"""TP assembly states, in order.
+A slot is lent to rank processes by the owner, then claimed for a key.
+Its last writer then seals it, and it waits sealed for the owner to adopt it.
+A slot given up is freed by the owner once no writer is still inside it."""
 
 ENTRY = np.dtype(
     [
@@ -134,9 +140,9 @@ def _round_up(value: int, multiple: int) -> int:
 
 
 class SlotPool:
-    """``num_slots`` slots of ``slot_size`` bytes in one mapping; see the module docstring.
+    """``num_slots`` slots of ``slot_size`` bytes in one mapping. See the module docstring.
 
-    Build one with :meth:`create` (owner) or :meth:`attach` (another process).
+    The owner builds one with :meth:`create`. Another process uses :meth:`attach`.
     """
 
     def __init__(
@@ -178,8 +184,8 @@ class SlotPool:
         self._buf = memoryview(mapping)
         table = np.ndarray((num_slots,), dtype=ENTRY, buffer=mapping, offset=offset + table_off)
         self.table = table
-        """The shared slot table (structured array, one :data:`ENTRY` per slot).
-        Read it under the pool lock; only the owner and the assembly protocol write it."""
+        """The shared slot table, a structured array of one :data:`ENTRY` per slot.
+        Read it under the pool lock. Only the owner and the assembly protocol write it."""
         self.rank_pids = np.ndarray(
             (MAX_RANKS,), dtype="<i8", buffer=mapping, offset=offset + RANK_TABLE_OFFSET
         )
@@ -222,11 +228,12 @@ class SlotPool:
         pin_memory: bool | None = None,
         replace: bool = False,
     ) -> SlotPool:
-        """A new pool; ``name`` puts it in ``/dev/shm/<name>`` for other processes to attach.
+        """A new pool. ``name`` puts it in ``/dev/shm/<name>`` for other processes to attach.
 
-        ``pin_memory``: ``None`` pins when torch sees CUDA, ``True`` requires it,
-        ``False`` never pins. ``replace`` removes a leftover pool of the same
-        name (from a crashed owner) instead of refusing to start.
+        With ``pin_memory=None`` it pins when torch sees CUDA.
+        ``True`` requires pinning, and ``False`` never pins.
+        ``replace`` removes a leftover pool of the same name instead of refusing to start.
+        A crashed owner leaves such a pool.
         """
         if slot_size < 1 or num_slots < 1:
             raise ConfigError(
@@ -391,7 +398,7 @@ class SlotPool:
     # --- owner-side transitions (caller holds the lock) ------------------------------------
 
     def assign(self, slot: int, key: ChunkKey) -> int:
-        """FREE -> WRITING for ``key``, pinned once by the caller; returns the new generation."""
+        """FREE -> WRITING for ``key``, pinned once by the caller. Returns the new generation."""
         self._digest[slot] = np.frombuffer(key.digest, np.uint8)
         self._namespace[slot] = np.frombuffer(bytes.fromhex(key.namespace), np.uint8)
         self._length[slot] = 0
@@ -431,7 +438,7 @@ class SlotPool:
         self._pins[slot] += 1
 
     def unpin(self, slot: int) -> int:
-        """One holder fewer; returns the remaining count."""
+        """One holder fewer. Returns the remaining count."""
         pins = int(self._pins[slot])
         if pins == 0:
             raise StaleSlot(f"slot {slot} released more often than acquired")
@@ -441,7 +448,7 @@ class SlotPool:
     # --- cross-process API ------------------------------------------------------------------
 
     def find(self, key: ChunkKey) -> int | None:
-        """The READY slot holding ``key`` (a scan of the table; the owner keeps a dict)."""
+        """The READY slot holding ``key``. This scans the table; the owner keeps a dict."""
         digest = np.frombuffer(key.digest, np.uint8)
         with self:
             hits = np.flatnonzero((self._state == READY) & (self._digest == digest).all(axis=1))
@@ -451,10 +458,10 @@ class SlotPool:
         return None
 
     def acquire(self, key: ChunkKey) -> tuple[int, memoryview] | None:
-        """Pin ``key``'s READY slot for reading: ``(slot, view of its bytes)``, or ``None``.
+        """Pin ``key``'s READY slot for reading. Returns ``(slot, view of its bytes)``, or ``None``.
 
-        Release with :meth:`release` (in a ``finally``): the owner cannot evict
-        the slot while it is pinned.
+        Release it with :meth:`release`, in a ``finally``.
+        The owner cannot evict the slot while it is pinned.
         """
         with self:
             slot = self.find(key)
@@ -470,10 +477,11 @@ class SlotPool:
             self.unpin(slot)
 
     def writable(self, slot: int, generation: int) -> memoryview:
-        """The slot the owner reserved (state WRITING, this generation), for in-place writes.
+        """The slot the owner reserved, for in-place writes.
+        It is in state WRITING, at this generation.
 
-        A TP worker process writes its shard here; the owner then commits. The
-        owner's reservation pin keeps the slot in place until then.
+        A TP worker process writes its shard here, and the owner then commits.
+        The owner's reservation pin keeps the slot in place until then.
         """
         with self:
             if self._state[slot] != WRITING or int(self._generation[slot]) != generation:
@@ -545,14 +553,19 @@ def _shm_path(name: str) -> Path:
 
 
 def _private_mapping(size: int, data_offset: int) -> tuple[mmap.mmap, int]:
-    """Memory for an unnamed pool of ``size`` bytes and where the pool starts in it: private
-    (only this process maps it), placed so that its slot data, from ``data_offset``, starts a
-    huge page where the kernel has them for advised memory (:mod:`chunkstore._hugepages`).
+    """Memory for an unnamed pool of ``size`` bytes, and where the pool starts in it.
 
-    Private, not shared anonymous memory: that is shmem, which gets no huge pages where
-    ``shmem_enabled`` is ``never``; and a process forked from the owner gets a copy of the
-    pool, not a second writer into its slots (nothing shares an unnamed pool across a
-    fork: processes that share a pool attach it by name).
+    The memory is private: only this process maps it.
+    The pool is placed so that its slot data, from ``data_offset``, starts a huge page.
+    That holds where the kernel has huge pages for advised memory.
+    See :mod:`chunkstore._hugepages`.
+
+    It is private, not shared anonymous memory.
+    Shared anonymous memory is shmem, which gets no huge pages where ``shmem_enabled`` is
+    ``never``.
+    And a process forked from the owner gets a copy of the pool, not a second writer.
+    Nothing shares an unnamed pool across a fork.
+    Processes that share a pool attach it by name.
     """
     huge = huge_page_size()
     if huge is None or size - data_offset < huge:
@@ -561,8 +574,8 @@ def _private_mapping(size: int, data_offset: int) -> tuple[mmap.mmap, int]:
 
 
 def _page_lock(address: int, size: int, *, required: bool) -> Callable[[], None] | None:
-    """Register ``size`` bytes at ``address`` with CUDA as pinned host memory; returns the
-    undo, or None."""
+    """Register ``size`` bytes at ``address`` with CUDA as pinned host memory.
+    Returns the undo, or None."""
     try:
         import torch
     except ImportError:

@@ -1,59 +1,65 @@
-"""Prefix-aware ARC ("parc"): ARC's recency/frequency balance, shaped for KV prefix reuse.
+"""Prefix-aware ARC, "parc": ARC's balance of recency and frequency, shaped for KV prefix reuse.
 
-The engine can only use a chunk when every chunk before it in its chain is
-cached too (only the leading run of hits of a request is skipped), shared
-shallow prefixes (system prompts, tool definitions) come back across many
-conversations, and a conversation's next turn comes back after a think time
-that is long compared with a small cache's turnover. Five changes to ARC
-(Megiddo & Modha 2003; :mod:`chunkstore.cache._arc`) follow from that:
+The engine can only use a chunk when every chunk before it in its chain is cached too.
+Only the leading run of hits of a request is skipped.
+Shared shallow prefixes, such as system prompts and tool definitions, come back across
+many conversations.
+A conversation's next turn comes back after a think time.
+That time is long compared with a small cache's turnover.
+Five changes to ARC follow from that.
+ARC is Megiddo & Modha 2003, see :mod:`chunkstore.cache._arc`.
 
-* **Leaf first.** REPLACE picks the least recently used entry of T1 or T2 as
-  ARC does, but when that entry still has resident children it walks down to
-  a leaf of its subtree (into a child seen only once, else the oldest, when
-  there is a choice) and
-  evicts that leaf instead. A chunk is never evicted while a chunk after it
-  stays, so what remains of a chain is a usable prefix rather than a useless
-  tail, and shared shallow chunks (many children) are the last to go.
-* **Orphans go first.** A resident chunk whose parent is gone (an *orphan*)
-  is worth nothing until the parent returns, so it is evicted before anything
-  else. When the walk from the oldest entry ends at the parent of the chunk
-  being admitted (a chain older than everything else, read once, growing),
-  that parent goes and the new chunk is the next orphan: such a chain eats its
-  own tail rather than the rest of the cache. A chain longer than the cache
-  thus keeps its head, and its tail rotates through one slot. (Sparing that
-  parent for another leaf, as an earlier version did, lost tokens on the
-  generated RAG and system-prompt traces at 1-2 % of their blocks.)
-* **A long frequency memory.** Besides ARC's ghosts (at most ``capacity``
-  keys, far too short for think times), the last ``history * capacity``
-  evicted keys are remembered; one that comes back is admitted straight to
-  T2, the list of chunks seen more than once, without moving ARC's target
-  ``p``. A chain reused once is likely to be reused again.
-* **Faster turn to frequency.** A hit in B2 (a chunk that had been reused,
-  evicted too early) shrinks ``p`` by ``frequency_step`` times ARC's step: on
-  KV traces such a return is strong evidence, and ARC's unit steps lag far
-  behind the turnover of a small cache.
-* **Idle frequent chunks expire.** ARC moves ``p`` only on ghost hits, so
-  once T2 holds the chunks of conversations that have ended (read many times,
-  never again) it keeps them while T1 shrinks until new turns are evicted
-  before they come back. Every T2 key carries the lookup count of its last
-  use, and the policy tracks how long T2 chunks stay idle before they are
-  read again: the *reuse horizon*, a running estimate of the 99th percentile
-  of those idle times (never below ``idle_floor * capacity`` lookups). When
-  T2's least recently used chunk has been idle for more than ``idle_margin``
-  times the horizon, REPLACE takes it (leaf first) whatever ``p`` says: hardly
-  anything on this trace comes back after so long. Traces whose chunks do
-  return after long pauses push the horizon out and keep ARC's choice; a
-  percentile rather than the longest idle time seen lets one late return
-  not switch expiry off for good.
+* **Leaf first.** REPLACE picks the least recently used entry of T1 or T2, as ARC does.
+  When that entry still has resident children, it walks down to a leaf of its subtree.
+  Given a choice, it steps into a child seen only once, else the oldest.
+  It evicts that leaf instead.
+  A chunk is never evicted while a chunk after it stays.
+  So what remains of a chain is a usable prefix rather than a useless tail.
+  Shared shallow chunks, with many children, are the last to go.
+* **Orphans go first.** A resident chunk whose parent is gone is an *orphan*.
+  It is worth nothing until the parent returns, so it is evicted before anything else.
+  The walk from the oldest entry may end at the parent of the chunk being admitted.
+  That is a chain older than everything else, read once, growing.
+  Then that parent goes and the new chunk is the next orphan.
+  Such a chain eats its own tail rather than the rest of the cache.
+  A chain longer than the cache thus keeps its head, and its tail rotates through one slot.
+  Sparing that parent for another leaf loses tokens at small capacities.
+  See docs/benchmarks.md, "Tokens saved on traces".
+* **A long frequency memory.** ARC's ghosts hold at most ``capacity`` keys.
+  That is far too short for think times.
+  So the last ``history * capacity`` evicted keys are remembered too.
+  One that comes back is admitted straight to T2, the list of chunks seen more than once.
+  That does not move ARC's target ``p``.
+  A chain reused once is likely to be reused again.
+* **Faster turn to frequency.** A hit in B2 is a chunk that had been reused and was
+  evicted too early.
+  It shrinks ``p`` by ``frequency_step`` times ARC's step.
+  On KV traces such a return is strong evidence.
+  ARC's unit steps lag far behind the turnover of a small cache.
+* **Idle frequent chunks expire.** ARC moves ``p`` only on ghost hits.
+  So T2 may come to hold the chunks of conversations that have ended.
+  Those were read many times and are never read again.
+  ARC keeps them while T1 shrinks, until new turns are evicted before they come back.
+  Here every T2 key carries the lookup count of its last use.
+  The policy tracks how long T2 chunks stay idle before they are read again.
+  The *reuse horizon* is a running estimate of the 99th percentile of those idle times.
+  It is never below ``idle_floor * capacity`` lookups.
+  T2's least recently used chunk may have been idle over ``idle_margin`` times the horizon.
+  REPLACE then takes it, leaf first, whatever ``p`` says.
+  Hardly anything on such a trace comes back after so long.
+  Traces whose chunks return after long pauses push the horizon out and keep ARC's choice.
+  A percentile is used rather than the longest idle time seen.
+  So one late return does not switch expiry off for good.
 
-Chain structure comes from ``parent`` in :meth:`PrefixARCPolicy.admit` /
-:meth:`~PrefixARCPolicy.access` or from :meth:`PrefixARCPolicy.link` (the host
-cache reads it from each chunk's header when the chunk is committed). Keys
-without a known parent are treated as chain roots, and the policy then
-behaves like ARC with a longer memory (and idle expiry). Pins (``can_evict``) are honoured: a
-vetoed leaf makes REPLACE try the next candidate; only when no leaf can go
-is an inner chunk evicted, and :class:`NoEvictableEntry` is raised (state
-unchanged) when nothing can.
+Chain structure comes from ``parent`` in :meth:`PrefixARCPolicy.admit` and
+:meth:`~PrefixARCPolicy.access`, or from :meth:`PrefixARCPolicy.link`.
+The host cache reads it from each chunk's header when the chunk is committed.
+Keys without a known parent are treated as chain roots.
+The policy then behaves like ARC with a longer memory and idle expiry.
+Pins, from ``can_evict``, are honoured.
+A vetoed leaf makes REPLACE try the next candidate.
+Only when no leaf can go is an inner chunk evicted.
+:class:`NoEvictableEntry` is raised, state unchanged, when nothing can.
 """
 
 from __future__ import annotations
@@ -82,10 +88,14 @@ _HORIZON_DOWN = 1 - 0.05 * (1 - _HORIZON_QUANTILE) / _HORIZON_QUANTILE
 
 
 class PrefixARCPolicy(ARCPolicy):
-    """Prefix-aware ARC over ``capacity`` entries; see the module docstring.
+    """Prefix-aware ARC over ``capacity`` entries. See the module docstring.
 
-    ARC's lists, target ``p``, hits (Case I) and ghost bounds are inherited;
-    admission, REPLACE and removal are its own.
+    ARC's lists, target ``p``, hits and ghost bounds are inherited.
+    Admission, REPLACE and removal are its own.
+
+    One class because its hot paths are inlined copies of its careful paths.
+    Split apart, every lookup would pay a call.
+    The decision digests hold both copies to one result.
     """
 
     name = "parc"
@@ -179,8 +189,8 @@ class PrefixARCPolicy(ARCPolicy):
 
     @property
     def reuse_horizon(self) -> float:
-        """Estimated 99th percentile of the idle times (in lookups) after which T2 chunks are
-        read again; never below ``idle_floor * capacity``."""
+        """Estimated 99th percentile of the idle times after which T2 chunks are read again.
+        It counts in lookups, and is never below ``idle_floor * capacity``."""
         if self._rereads_within:
             self._settle_horizon()
         return self._horizon
@@ -254,19 +264,23 @@ class PrefixARCPolicy(ARCPolicy):
     def _admit_unpinned(self, key: Hashable, parent: Hashable | None = None) -> Hashable | None:
         """:meth:`admit` with nothing vetoed: the same decisions in fewer dict operations.
 
-        The hot path of :meth:`access` (the simulator and the benchmark) and of admissions
-        without ``can_evict``. With no veto nothing can refuse, and REPLACE reads neither the
-        ghosts nor the long history, so the key leaves them before the victim is chosen (one
-        ``pop`` each instead of a test and a delete). Without recorded chains there are no
-        orphans and no walk: the victim is the LRU entry of ARC's list, popped off its end.
-        With them, the usual victim is a leaf where REPLACE starts (an orphan just admitted,
-        on a cache full of chains); it is evicted here, line by line as :meth:`_evict_key`
-        and its helpers do it (their three calls cost a tenth of a miss's bytecode). The
-        rest of the admission is :meth:`_enter` (inlined as well: 4 % less bytecode, no
-        difference measurable at 100k entries). The decision digests
-        (tests/cache/test_policy_decisions.py) and
-        ``test_unpinned_admissions_decide_as_the_careful_path`` hold it to the careful path.
+        It is the hot path of :meth:`access` and of admissions without ``can_evict``.
+        The simulator and the benchmark run it.
+        With no veto nothing can refuse.
+        REPLACE then reads neither the ghosts nor the long history.
+        So the key leaves them before the victim is chosen, with one ``pop`` each.
+        Without recorded chains there are no orphans and no walk.
+        The victim is then the LRU entry of ARC's list, popped off its end.
+        With chains, the usual victim is a leaf where REPLACE starts.
+        That is an orphan just admitted, on a cache full of chains.
+        It is evicted here, line by line as :meth:`_evict_key` and its helpers do it.
+        The rest of the admission is :meth:`_enter`, inlined as well.
+        Two tests hold it to the careful path: the decision digests of
+        tests/cache/test_policy_decisions.py, and
+        ``test_unpinned_admissions_decide_as_the_careful_path``.
         """
+        # Inlining _evict_key's three calls saves a tenth of a miss's bytecode. Inlining
+        # _enter saves 4 % of it, with no difference measurable at 100k entries.
         c = self.capacity
         t1, t2, b1, b2 = self.t1, self.t2, self.b1, self.b2
         p = self.p
@@ -343,8 +357,10 @@ class PrefixARCPolicy(ARCPolicy):
         return victim
 
     def _enter(self, key: Hashable, frequent: bool, parent: Hashable | None) -> None:
-        """The end of an admission, victim gone: ``key`` joins T2 (stamped) if ``frequent``,
-        else T1; its resident children stop being orphans; it is linked; ghosts are trimmed."""
+        """The end of an admission, once the victim is gone.
+        ``key`` joins T2, stamped, if ``frequent``, else T1.
+        Its resident children stop being orphans.
+        It is linked, and ghosts are trimmed."""
         t1, t2, b1, b2 = self.t1, self.t2, self.b1, self.b2
         clock = self._clock
         if frequent:
@@ -423,10 +439,10 @@ class PrefixARCPolicy(ARCPolicy):
     # --- REPLACE ---------------------------------------------------------------------------
 
     def _walk_down(self, start: Hashable) -> Hashable | None:
-        """The leaf a walk from ``start`` reaches (see :meth:`_coldest`); ``None`` if it loops.
+        """The leaf a walk from ``start`` reaches, see :meth:`_coldest`. ``None`` if it loops.
 
-        A walk from the same start as the last one resumes where that one's only-child
-        steps end: the steps before are the same while no key on them changed children.
+        A walk from the same start as the last one resumes where its only-child steps end.
+        The steps before are the same while no key on them changed children.
         """
         walk, index = self._walk, self._walk_index
         children = self._children
@@ -472,10 +488,10 @@ class PrefixARCPolicy(ARCPolicy):
             del walk[at + 1 :]
 
     def _choose_victim(self, p: float, in_b2: bool, can_evict: CanEvict | None) -> Hashable:
-        """The victim, without moving anything; raises when every resident key is vetoed.
+        """The victim, without moving anything. Raises when every resident key is vetoed.
 
-        Orphans first, then ARC's list order, each candidate walked down to a leaf;
-        then, only when pins hold every leaf, an inner key.
+        Orphans come first, then ARC's list order, each candidate walked down to a leaf.
+        Only when pins hold every leaf does an inner key come next.
         """
         return self._careful_victim(self._replace_from_t1(p, in_b2), can_evict)
 
@@ -519,10 +535,11 @@ class PrefixARCPolicy(ARCPolicy):
         can_evict: CanEvict | None,
         dead: set[Hashable],
     ) -> Hashable | None:
-        """The leaf reached from ``key`` (see :meth:`_coldest`), if it may be evicted.
+        """The leaf reached from ``key``, if it may be evicted. See :meth:`_coldest`.
 
-        ``dead`` collects the keys of failed walks: a walk that reaches one ends where
-        that one did, so each REPLACE walks every key at most once.
+        ``dead`` collects the keys of failed walks.
+        A walk that reaches one ends where that one did.
+        So each REPLACE walks every key at most once.
         """
         children = self._children
         node = key
@@ -542,11 +559,9 @@ class PrefixARCPolicy(ARCPolicy):
         return None
 
     def _coldest(self, siblings: _Siblings) -> Hashable:
-        """The sibling to walk into: the oldest one seen only once (in T1), else the oldest.
-
-        (Ordering siblings by last use instead costs a timestamp per hit and made no
-        measurable difference on the simulator's traces.)
-        """
+        """The sibling to walk into: the oldest one seen only once, in T1, else the oldest."""
+        # Ordering siblings by last use instead costs a timestamp per hit, and made no
+        # measurable difference on the simulator's traces.
         t1 = self.t1
         if t1:  # (no lookups when T1 is empty)
             for key in siblings:
@@ -607,9 +622,10 @@ class PrefixARCPolicy(ARCPolicy):
 
 
 class _Siblings(dict[Hashable, None]):
-    """Two or more children of one parent (or a lone ``None`` key), in the order they were linked.
+    """Two or more children of one parent, or a lone ``None`` key, in the order linked.
 
-    Its own type so that it can be told from a key (a dict is never hashable, so no key is one).
+    It has its own type so that it can be told from a key.
+    A dict is never hashable, so no key is one.
     """
 
     __slots__ = ()

@@ -1,30 +1,30 @@
 """The replacement-policy interface shared by the host cache and the trace simulator.
 
-A policy only decides *which keys* are resident in a cache of ``capacity``
-entries; it holds no data and does no I/O, so the simulator replays traces
-through exactly the classes the host cache runs. Keys are any hashable value
-(:class:`~chunkstore.hashing.ChunkKey` in the cache, integer hash ids in a
-trace).
+A policy only decides *which keys* are resident in a cache of ``capacity`` entries.
+It holds no data and does no I/O.
+So the simulator replays traces through exactly the classes the host cache runs.
+Keys are any hashable value.
+The cache uses :class:`~chunkstore.hashing.ChunkKey`, a trace integer hash ids.
 
 Callers drive a policy with two events:
 
-* :meth:`CachePolicy.hit` when a resident key is read (it becomes more recent);
-* :meth:`CachePolicy.admit` when a missing key is brought in. At most one
-  resident key is evicted to make room and returned.
+* :meth:`CachePolicy.hit` when a resident key is read. It becomes more recent.
+* :meth:`CachePolicy.admit` when a missing key is brought in.
+  At most one resident key is evicted to make room, and returned.
 
-Chain structure: KV chunks are prefix-chained (a chunk is usable only with
-every chunk before it), and a policy may use that. ``admit(..., parent=)``
-and ``access(key, parent)`` name the key of the chunk before this one (``None``
-for a chain's first chunk, or when unknown), and :meth:`CachePolicy.link`
-records it later for a resident key (the host cache learns the parent from
-the chunk header only once the chunk is written). Policies with
-``follows_chains = False`` (ARC, LRU) ignore it, and the host cache then does
-not read headers for it.
+Chain structure: KV chunks are prefix-chained, and a policy may use that.
+A chunk is usable only with every chunk before it.
+``admit(..., parent=)`` and ``access(key, parent)`` name the key of the chunk before this one.
+That is ``None`` for a chain's first chunk, or when unknown.
+:meth:`CachePolicy.link` records it later for a resident key.
+The host cache learns the parent from the chunk header only once the chunk is written.
+Policies with ``follows_chains = False``, ARC and LRU, ignore it.
+The host cache then does not read headers for it.
 
-``can_evict`` lets the caller veto victims (pinned slots, chunks still being
-written back): the policy then evicts the next candidate in its own order and
-raises :class:`NoEvictableEntry` when every resident key is vetoed, leaving its
-state unchanged.
+``can_evict`` lets the caller veto victims, such as pinned slots or chunks being written back.
+The policy then evicts the next candidate in its own order.
+It raises :class:`NoEvictableEntry` when every resident key is vetoed.
+Its state is then unchanged.
 """
 
 from __future__ import annotations

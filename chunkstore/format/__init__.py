@@ -1,8 +1,10 @@
-"""The chunk format: KV description, byte layout, encode/decode (spec/FORMAT.md).
+"""The chunk format of spec/FORMAT.md: KV description, byte layout, encoding and decoding.
 
-``__all__`` is what users of the format need. The names imported below it with
-``as`` are importable from here too, for chunkstore's own modules and advanced
-use (TP byte ranges, header parsing details), but are not part of the curated API.
+``__all__`` is what users of the format need.
+The names imported below it with ``as`` are importable from here too.
+They are for chunkstore's own modules and advanced use, such as TP byte ranges and header
+parsing details.
+They are not part of the curated API.
 """
 
 from chunkstore.format._chunk import (

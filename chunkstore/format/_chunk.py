@@ -1,8 +1,8 @@
-"""Encoding and decoding whole chunks (spec/FORMAT.md).
+"""Encoding and decoding whole chunks, as spec/FORMAT.md defines them.
 
-Write path: fill the payload of a buffer of ``layout.total_size`` bytes (one
-:meth:`ChunkLayout.write_shard` per TP rank, or :func:`encode_chunk` for whole
-tensors), then :func:`seal_chunk` renders the header and checksum in place.
+Write path: fill the payload of a buffer of ``layout.total_size`` bytes.
+Use one :meth:`ChunkLayout.write_shard` per TP rank, or :func:`encode_chunk` for whole tensors.
+Then :func:`seal_chunk` renders the header and checksum in place.
 Read path: :func:`decode_chunk` validates and returns views into the input.
 """
 
@@ -128,8 +128,8 @@ def _finish_head(
 ) -> None:
     """Add MAC and checksum to ``head`` and write it in front of the payload in ``view``.
 
-    ``checksum`` may be precomputed (fused with the payload copy) only when no MAC is
-    added, since the checksum covers the MAC field.
+    ``checksum`` may be precomputed, fused with the payload copy.
+    That is allowed only when no MAC is added, since the checksum covers the MAC field.
     """
     payload = view[layout.data_offset :]
     positions = layout.template.positions
@@ -187,12 +187,12 @@ def encode_chunk(
     mac_key: bytes | None = None,
     compression: str = "none",
 ) -> Any:
-    """Encode whole tensors (every head) as one chunk; returns ``out`` or a new bytearray.
+    """Encode whole tensors, every head, as one chunk. Returns ``out`` or a new bytearray.
 
-    The checksum is computed tensor by tensor right after each copy, while the
-    bytes are still in cache, instead of in a second pass over the payload.
-    With ``compression="zstd"`` the result is a new ``bytes`` (not safetensors-
-    readable, smaller on cold tiers); ``out`` must then be None.
+    The checksum is computed tensor by tensor right after each copy.
+    The bytes are then still in cache, so no second pass over the payload is needed.
+    With ``compression="zstd"`` the result is a new ``bytes``, and ``out`` must be None.
+    That result is not safetensors-readable, and is smaller on cold tiers.
     """
     if compression != "none" and out is not None:
         raise ConfigError("compressed chunks cannot be encoded into a caller buffer")
@@ -238,10 +238,12 @@ _ZSTD_MAX_BLOCK = 128 * 1024
 
 
 def _zstd_frame_extent(zstd: Any, stored: memoryview) -> tuple[int, int]:
-    """Bytes the zstd frame at the start of ``stored`` spans, and the most its blocks can
-    decompress to, by walking its block headers (RFC 8878 section 3.1.1.2): the
-    decompressor itself ignores whatever follows a frame, and allocates the content size
-    the frame header declares before it finds out the blocks hold less."""
+    """Bytes the zstd frame at the start of ``stored`` spans, and the most its blocks give.
+
+    It walks the frame's block headers, see RFC 8878 section 3.1.1.2.
+    The decompressor itself ignores whatever follows a frame.
+    It allocates the content size the frame header declares, before it finds the blocks
+    hold less."""
     position = int(zstd.frame_header_size(stored))
     most = 0
     while True:
@@ -258,11 +260,12 @@ def _zstd_frame_extent(zstd: Any, stored: memoryview) -> tuple[int, int]:
 
 
 def _unzstd(stored: memoryview, payload_size: int) -> bytes:
-    """The payload of a ``zstd`` chunk (spec section 4.4), or :class:`CompressionError`.
+    """The payload of a ``zstd`` chunk, see spec section 4.4. Raises :class:`CompressionError`.
 
-    The stored payload must be exactly one zstd frame (no skippable frames, nothing after
-    it) that carries a content checksum and declares ``payload_size`` as its content size,
-    so every reader allocates the same bounded output and checks the same digest.
+    The stored payload must be exactly one zstd frame.
+    No skippable frames are allowed, and nothing after it.
+    The frame carries a content checksum and declares ``payload_size`` as its content size.
+    So every reader allocates the same bounded output and checks the same digest.
     """
     zstd = _zstd()
     if bytes(stored[:4]) != _ZSTD_FRAME_MAGIC:
@@ -300,11 +303,11 @@ def _unzstd(stored: memoryview, payload_size: int) -> bytes:
 def recompress(
     data: Any, compression: str, *, mac_key: bytes | None = None, verify: bool = True
 ) -> bytes:
-    """Re-encode a valid chunk with another payload compression (``none`` or ``zstd``).
+    """Re-encode a valid chunk with another payload compression, ``none`` or ``zstd``.
 
-    ``verify=False`` skips the checksum of ``data`` (bytes a verifying store has just
-    checked); a zstd payload is still decompressed under its frame's content checksum and
-    size, and the new chunk's checksum is computed over the payload it holds.
+    ``verify=False`` skips the checksum of ``data``, for bytes a verifying store just checked.
+    A zstd payload is still decompressed under its frame's content checksum and size.
+    The new chunk's checksum is computed over the payload it holds.
     """
     chunk = decode_chunk(data, mac_key=mac_key, verify=verify)
     header = chunk.header
@@ -380,11 +383,12 @@ def decode_chunk(
     expected_fingerprint: bytes | None = None,
     expected_namespace: str | None = None,
 ) -> Chunk:
-    """Validate ``data`` (bytes, bytearray, memoryview, mmap) and return views into it.
+    """Validate ``data`` and return views into it.
 
-    ``verify=False`` skips the checksum (for bytes that never left trusted
-    host memory); structure, key derivation and MAC are always checked. Every
-    defect raises a :class:`~chunkstore.errors.FormatError` subclass.
+    ``data`` is bytes, a bytearray, a memoryview or an mmap.
+    ``verify=False`` skips the checksum, for bytes that never left trusted host memory.
+    Structure, key derivation and MAC are always checked.
+    Every defect raises a :class:`~chunkstore.errors.FormatError` subclass.
     """
     view = memoryview(data).cast("B") if not isinstance(data, memoryview) else data
     if view.format != "B" or view.ndim != 1:
@@ -419,18 +423,20 @@ def decode_chunk(
 class PayloadVerifier:
     """Streaming check of an uncompressed chunk whose header is already parsed.
 
-    For readers that copy the payload block by block (from a file, a socket) and
-    want to hash each block while it is still in cache: construct it with the
-    header and the header bytes (key derivation and identity are checked here),
-    :meth:`update` with the stored payload in order, then :meth:`finish`, which
-    raises :class:`ChecksumMismatch` exactly when :func:`decode_chunk` would.
+    It is for readers that copy the payload block by block, from a file or a socket.
+    They hash each block while it is still in cache.
+    Construct it with the header and the header bytes.
+    Key derivation and identity are checked here.
+    Call :meth:`update` with the stored payload in order, then :meth:`finish`.
+    :meth:`finish` raises :class:`ChecksumMismatch` exactly when :func:`decode_chunk` would.
     """
 
     __slots__ = ("_hasher", "header", "update")
 
     update: Callable[[Any], None]
-    """Hash the next bytes of the stored payload (the hasher's own method: a reader calls it
-    once per block, so no Python frame stands between it and the C hash)."""
+    """Hash the next bytes of the stored payload.
+    It is the hasher's own method.
+    A reader calls it once per block, so no Python frame stands between it and the C hash."""
 
     def __init__(
         self,
@@ -539,10 +545,11 @@ def check_identity(
 ) -> None:
     """What a header alone says about a chunk's identity (spec section 4.3).
 
-    Raises :class:`KeyMismatch` unless the key is BLAKE3(parent || tokens), is
-    ``expected_key`` (if given) and the header's namespace is ``expected_namespace`` (if
-    given: the namespace the reader looked in). Raises :class:`SpecMismatch` unless the
-    fingerprint is ``expected_fingerprint`` (if given)."""
+    Raises :class:`KeyMismatch` unless the key is BLAKE3(parent || tokens).
+    It raises it too unless the key is ``expected_key``, if given.
+    And unless the header's namespace is ``expected_namespace``, if given.
+    That is the namespace the reader looked in.
+    Raises :class:`SpecMismatch` unless the fingerprint is ``expected_fingerprint``, if given."""
     if key_digest(header.parent, header.token_bytes) != header.key:
         raise KeyMismatch(f"chunk {header.key.hex()} is not BLAKE3(parent || tokens)")
     if expected_key is not None and bytes(expected_key) != header.key:

@@ -1,16 +1,15 @@
 """The chunk header: a safetensors JSON header whose ``__metadata__`` carries chunkstore fields.
 
-Writing goes through a :class:`HeaderTemplate`: every field of an uncompressed
-chunk has a fixed width (hex digests, 8 hex digits per token), so one template
-per spec is rendered by overwriting byte ranges, without JSON encoding per chunk.
+This module reads headers: it checks the JSON and returns a :class:`ChunkHeader`.
+Writing goes through a :class:`HeaderTemplate`, in ``_template``.
+That module also reads headers of a known shape by position.
+``_headertypes`` holds what a header says.
 """
 
 from __future__ import annotations
 
-import binascii
 import json
 import re
-import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -28,9 +27,23 @@ from chunkstore.errors import (
     UnsupportedVersion,
 )
 from chunkstore.format._dtypes import dtype_named, is_known_dtype
+from chunkstore.format._headertypes import (
+    _LEN,
+    CHECKSUM_ALGORITHM,
+    MAC_ALGORITHM,
+    _unhex,
+)
+from chunkstore.format._template import _learn, _parse_known
 
-FORMAT_VERSION = "1.0"
-"""The version this library writes."""
+# isort: split
+# Importable from here as before the header module was split.
+from chunkstore.format._headertypes import FORMAT_VERSION as FORMAT_VERSION
+from chunkstore.format._headertypes import ChunkHeader as ChunkHeader
+from chunkstore.format._headertypes import TensorEntry as TensorEntry
+from chunkstore.format._template import HeaderTemplate as HeaderTemplate
+from chunkstore.format._template import _meta_fields as _meta_fields
+from chunkstore.format._template import render_header as render_header
+
 READABLE_MAJORS = frozenset({1})
 """Major versions this library reads (any minor: minors only add optional fields)."""
 _METADATA_OPEN = b'{"__metadata__":{'
@@ -38,8 +51,6 @@ MAGIC = _METADATA_OPEN + b'"chunkstore":"'
 """Bytes 8.. of every chunk: the header must open with the chunkstore version field."""
 MAX_HEADER_BYTES = 16 * 1024 * 1024
 """Readers refuse headers announced larger than this (a damaged length prefix)."""
-CHECKSUM_ALGORITHM = "xxh3-128"
-MAC_ALGORITHM = "blake3-keyed"
 COMPRESSIONS = ("none", "zstd")
 
 KNOWN_MINOR = 0
@@ -51,7 +62,6 @@ _VERSION = re.compile(rb"(0|[1-9][0-9]{0,8})\.(0|[1-9][0-9]{0,8})")
 _MAX_VERSION_CHARS = 19
 _DECIMAL = re.compile(rf"0|[1-9][0-9]{{0,{MAX_DECIMAL_DIGITS - 1}}}", re.ASCII)
 _MAX_INT = 10**MAX_DECIMAL_DIGITS
-_LEN = struct.Struct("<Q")
 _STRUCTURE_BYTES = b"{}[],:0123456789"
 _STRING_BYTES = bytes(b for b in range(0x20, 0x7F) if b not in b'"\\')
 _TENSOR_MEMBERS = {"dtype", "shape", "data_offsets"}
@@ -75,318 +85,6 @@ _META_FIELDS = frozenset(
         "checksum",
     }
 )
-
-
-def _meta_fields(
-    *,
-    version: str,
-    fingerprint: str,
-    namespace: str,
-    key: str,
-    parent: str,
-    tokens: str,
-    compression: str,
-    payload_size: int,
-    stored_size: int,
-    mac: str | None,
-    checksum: str,
-) -> list[tuple[str, str]]:
-    fields = [
-        ("chunkstore", version),
-        ("fingerprint", fingerprint),
-        ("namespace", namespace),
-        ("key", key),
-        ("parent", parent),
-        ("tokens", tokens),
-        ("compression", compression),
-        ("payload_size", str(payload_size)),
-        ("stored_size", str(stored_size)),
-    ]
-    if mac is not None:
-        fields.append(("mac", f"{MAC_ALGORITHM}:{mac}"))
-    fields.append(("checksum", f"{CHECKSUM_ALGORITHM}:{checksum}"))
-    return fields
-
-
-def render_header(
-    meta: Sequence[tuple[str, str]],
-    tensors: Sequence[tuple[str, str, tuple[int, ...], int, int]],
-    alignment: int,
-) -> bytes:
-    """Length prefix + compact JSON header, space-padded so the payload starts aligned."""
-    parts = ['{"__metadata__":{']
-    parts.append(",".join(f"{json.dumps(k)}:{json.dumps(v)}" for k, v in meta))
-    parts.append("}")
-    for name, dtype, shape, offset, nbytes in tensors:
-        shape_text = ",".join(str(d) for d in shape)
-        parts.append(
-            f',{json.dumps(name)}:{{"dtype":"{dtype}","shape":[{shape_text}],'
-            f'"data_offsets":[{offset},{offset + nbytes}]}}'
-        )
-    parts.append("}")
-    body = "".join(parts).encode()
-    total = 8 + len(body)
-    padded = -(-total // alignment) * alignment
-    body += b" " * (padded - total)
-    return _LEN.pack(len(body)) + body
-
-
-@dataclass(frozen=True, slots=True)
-class HeaderTemplate:
-    """A rendered header with placeholder values and the byte position of each variable field."""
-
-    raw: bytes
-    """Length prefix and header, placeholders zeroed."""
-    positions: dict[str, tuple[int, int]]
-    """Field name -> (start, stop) of its variable value inside :attr:`raw`."""
-    entries: tuple[TensorEntry, ...]
-    """The tensor table this header declares, in payload order."""
-    payload_size: int
-    """Payload bytes."""
-
-    @property
-    def data_offset(self) -> int:
-        """Where the payload starts (a multiple of the alignment)."""
-        return len(self.raw)
-
-    @classmethod
-    def build(
-        cls,
-        *,
-        dtype: str,
-        chunk_tokens: int,
-        tensors: Sequence[tuple[str, tuple[int, ...], int, int]],
-        payload_size: int,
-        authenticated: bool,
-        alignment: int,
-        remember: bool = True,
-    ) -> HeaderTemplate:
-        """Render the header of an uncompressed chunk with zeroed digests and tokens.
-
-        ``remember``: let :func:`parse_header` read headers of this shape by position."""
-        widths = {
-            "fingerprint": 64,
-            "namespace": 16,
-            "key": 64,
-            "parent": 64,
-            "tokens": 8 * chunk_tokens,
-            "mac": 64,
-            "checksum": 32,
-        }
-        meta = _meta_fields(
-            version=FORMAT_VERSION,
-            fingerprint="0" * 64,
-            namespace="0" * 16,
-            key="0" * 64,
-            parent="0" * 64,
-            tokens="0" * widths["tokens"],
-            compression="none",
-            payload_size=payload_size,
-            stored_size=payload_size,
-            mac="0" * 64 if authenticated else None,
-            checksum="0" * 32,
-        )
-        raw = render_header(meta, [(n, dtype, s, o, b) for n, s, o, b in tensors], alignment)
-        positions: dict[str, tuple[int, int]] = {}
-        for name, width in widths.items():
-            if name == "mac" and not authenticated:
-                continue
-            marker = f'"{name}":"'.encode()
-            if name == "mac":
-                marker += f"{MAC_ALGORITHM}:".encode()
-            elif name == "checksum":
-                marker += f"{CHECKSUM_ALGORITHM}:".encode()
-            start = raw.index(marker) + len(marker)
-            positions[name] = (start, start + width)
-        entries = tuple(TensorEntry(n, dtype, tuple(s), o, b) for n, s, o, b in tensors)
-        template = cls(raw, positions, entries, payload_size)
-        if remember:
-            _remember(template)
-        return template
-
-
-# Templates of the layouts this process has built, by header length, each with its fixed bytes
-# (everything between its variable fields, as (start, bytes) pieces). Decoding a chunk whose
-# fixed bytes equal a known template skips JSON parsing: the fields are read at known
-# positions. Anything else takes the general JSON path, so foreign writers still work.
-_KNOWN_TEMPLATES: dict[int, list[tuple[HeaderTemplate, tuple[tuple[int, bytes], ...]]]] = {}
-_MAX_TEMPLATES_PER_LENGTH = 8
-
-
-def _remember(template: HeaderTemplate) -> None:
-    bucket = _KNOWN_TEMPLATES.setdefault(len(template.raw), [])
-    if all(known != template for known, _ in bucket):
-        bucket.insert(0, (template, _fixed_spans(template)))
-        del bucket[_MAX_TEMPLATES_PER_LENGTH:]
-
-
-_UNLEARNABLE: set[tuple[int, tuple[TensorEntry, ...], bool, int]] = set()
-"""Header shapes :func:`_learn` found this library renders differently (bounded)."""
-_MAX_UNLEARNABLE = 64
-
-
-def _fixed_spans(template: HeaderTemplate) -> tuple[tuple[int, bytes], ...]:
-    """The template's bytes between its variable fields: (start, bytes) per piece."""
-    spans = []
-    cursor = 0
-    for start, stop in sorted(template.positions.values()):
-        spans.append((cursor, start))
-        cursor = stop
-    spans.append((cursor, len(template.raw)))
-    return tuple((start, template.raw[start:stop]) for start, stop in spans if stop > start)
-
-
-def _learn(raw: bytes, header: ChunkHeader) -> None:
-    """Remember the template of a header the JSON parser accepted, if this library renders
-    headers of its shape byte for byte the same (a reader process that never built the
-    layout still parses each later chunk of it by position).
-
-    Safe for every later input: one that matches the template's fixed bytes differs from
-    ``raw`` only inside the fixed-width hex fields, which both parsers check alike, so the
-    JSON parser would accept it and return the same fields.
-    """
-    from chunkstore.format._layout import ALIGNMENT  # layout builds on this module
-
-    dtypes = {entry.dtype for entry in header.tensors}
-    if header.compression != "none" or header.version != FORMAT_VERSION or len(dtypes) != 1:
-        return
-    shape = (len(raw), header.tensors, header.mac is not None, len(header.token_bytes))
-    if shape in _UNLEARNABLE:
-        return  # a foreign writer's header: not rendered again for every chunk
-    template = HeaderTemplate.build(
-        dtype=dtypes.pop(),
-        chunk_tokens=len(header.token_bytes) // 4,
-        tensors=[(e.name, e.shape, e.offset, e.nbytes) for e in header.tensors],
-        payload_size=header.payload_size,
-        authenticated=header.mac is not None,
-        alignment=ALIGNMENT,
-        remember=False,
-    )
-    skeleton = bytearray(raw)
-    if len(template.raw) == len(raw):
-        for start, stop in template.positions.values():
-            skeleton[start:stop] = b"0" * (stop - start)
-    if skeleton == template.raw:
-        _remember(template)
-        return
-    if len(_UNLEARNABLE) >= _MAX_UNLEARNABLE:
-        _UNLEARNABLE.clear()
-    _UNLEARNABLE.add(shape)
-
-
-def _unhex(text: bytes) -> bytes | None:
-    """The bytes that the lower-case hex digits ``text`` spell; None if ``text`` holds
-    anything else (or an odd number of digits)."""
-    # Note: a2b_hex also takes upper-case digits; the round trip (b2a_hex writes lower case)
-    # refuses them, and both passes together cost less than one translate() over the text.
-    try:
-        value = binascii.a2b_hex(text)
-    except binascii.Error:
-        return None
-    return value if binascii.b2a_hex(value) == text else None
-
-
-def _parse_known(raw: bytes) -> ChunkHeader | None:
-    """Parse ``raw`` by position if its fixed bytes match a known template, else None.
-
-    Only the fixed pieces are compared (``startswith`` at their offsets: no slice of the
-    header is copied), and each variable field is checked and decoded with one C-level pass
-    each (``binascii`` takes the bytes as they are; ``bytes.fromhex`` would need a str, and
-    decoding the 2 KiB token field to one cost more than the rest of the parse): this runs
-    once per chunk read.
-    """
-    for template, pieces in _KNOWN_TEMPLATES.get(len(raw), ()):
-        for start, piece in pieces:
-            if not raw.startswith(piece, start):
-                break
-        else:
-            return _known_fields(raw, template)
-    return None
-
-
-def _known_fields(raw: bytes, template: HeaderTemplate) -> ChunkHeader:
-    """The header ``raw`` holds, whose fixed bytes are ``template``'s."""
-    values: dict[str, bytes] = {}
-    for name, (start, stop) in template.positions.items():
-        value = _unhex(raw[start:stop])
-        if value is None:
-            raise MalformedHeader(f"header field {name!r} must be lower-case hex digits")
-        values[name] = value
-    tokens = values["tokens"]
-    return ChunkHeader(
-        version=FORMAT_VERSION,
-        fingerprint=values["fingerprint"],
-        namespace=values["namespace"].hex(),
-        key=values["key"],
-        parent=values["parent"],
-        token_bytes=tokens,
-        compression="none",
-        payload_size=template.payload_size,
-        stored_size=template.payload_size,
-        checksum=values["checksum"],
-        mac=values.get("mac"),
-        tensors=template.entries,
-        data_offset=len(raw),
-        checksum_span=template.positions["checksum"],
-        mac_span=template.positions.get("mac"),
-    )
-
-
-@dataclass(frozen=True, slots=True)
-class TensorEntry:
-    """One tensor as the header describes it."""
-
-    name: str
-    """Tensor name."""
-    dtype: str
-    """safetensors dtype string."""
-    shape: tuple[int, ...]
-    """Shape."""
-    offset: int
-    """Start inside the (uncompressed) payload."""
-    nbytes: int
-    """Size in bytes."""
-
-
-@dataclass(frozen=True, slots=True)
-class ChunkHeader:
-    """Everything a chunk header says, validated."""
-
-    version: str
-    """Format version the writer emitted (``"1.0"``)."""
-    fingerprint: bytes
-    """32-byte model/KV fingerprint."""
-    namespace: str
-    """16 hex digits: storage namespace."""
-    key: bytes
-    """32-byte chunk key digest."""
-    parent: bytes
-    """32-byte parent digest (the namespace root for a conversation's first chunk)."""
-    token_bytes: bytes
-    """Token ids the chunk covers, as little-endian uint32 bytes (what the key hashes)."""
-    compression: str
-    """``none`` or ``zstd``."""
-    payload_size: int
-    """Uncompressed payload bytes."""
-    stored_size: int
-    """Payload bytes as stored (equal to payload_size when uncompressed)."""
-    checksum: bytes
-    """16-byte xxh3-128 over header (checksum zeroed) and stored payload."""
-    mac: bytes | None
-    """32-byte keyed BLAKE3 MAC, if the writer authenticated the chunk."""
-    tensors: tuple[TensorEntry, ...]
-    """Tensor table in payload order."""
-    data_offset: int
-    """Byte offset of the payload in the file."""
-    checksum_span: tuple[int, int]
-    """Where the checksum hex lies in the file (zeroed when hashing)."""
-    mac_span: tuple[int, int] | None
-    """Where the MAC hex lies in the file (zeroed when computing the MAC)."""
-
-    @property
-    def tokens(self) -> tuple[int, ...]:
-        """Token ids the chunk covers."""
-        return struct.unpack(f"<{len(self.token_bytes) // 4}I", self.token_bytes)
 
 
 def _hex_field(meta: dict[str, Any], name: str, width: int, prefix: str = "") -> bytes:
@@ -421,11 +119,13 @@ def _span(raw: bytes, marker: bytes, width: int) -> tuple[int, int]:
 def _version_of(data: memoryview, header_len: int) -> tuple[str, int, int]:
     """The version string right after the magic, and its major and minor numbers.
 
-    Read from fixed bytes before anything else is checked: every major version keeps the
-    length prefix, the magic and the version there, so a chunk of an unknown major is
-    recognised as such (unsupported, not damaged) whatever else a later major changes.
-    Input that ends before the closing quote is truncated; a ``header_len`` that ends the
-    header before it is malformed in every major (spec section 2.2).
+    They are read from fixed bytes before anything else is checked.
+    Every major version keeps the length prefix, the magic and the version there.
+    So a chunk of an unknown major is recognised as unsupported, not damaged.
+    That holds whatever else a later major changes.
+    Input that ends before the closing quote is truncated.
+    A ``header_len`` that ends the header before it is malformed in every major.
+    See spec section 2.2.
     """
     start = 8 + len(MAGIC)
     window = bytes(data[start : start + _MAX_VERSION_CHARS + 1])
@@ -474,14 +174,16 @@ def _json_object(text: bytes) -> dict[str, Any]:
 
 
 def _split_document(body: bytes) -> tuple[dict[str, Any], bytes]:
-    """Check header bytes (JSON text, then padding) against the lexical rules of section 3.1
-    and split them: the parsed ``__metadata__`` object, and the tensor members' text.
+    """Check header bytes against the lexical rules of section 3.1, and split them.
 
-    Strings hold printable ASCII other than ``"`` and ``\\`` (so no escapes), everything
-    between strings is one of ``{}[],:`` or a digit (compact JSON, integers only), and the
-    padding after the closing brace is spaces only. With these rules a string's bytes are
-    its value, which is what lets every reader find the checksum digits by byte search,
-    and ``__metadata__`` (strings only) ends at the first ``}`` outside a string.
+    The bytes are JSON text, then padding.
+    Returns the parsed ``__metadata__`` object, and the tensor members' text.
+    Strings hold printable ASCII other than ``"`` and ``\\``, so no escapes.
+    Everything between strings is one of ``{}[],:`` or a digit: compact JSON, integers only.
+    The padding after the closing brace is spaces only.
+    With these rules a string's bytes are its value.
+    That lets every reader find the checksum digits by byte search.
+    And ``__metadata__``, strings only, ends at the first ``}`` outside a string.
     """
     # (The header holds the magic and the whole version: _version_of checked header_len.)
     text = body.rstrip(b" ")
@@ -522,8 +224,9 @@ _MAX_KNOWN_TABLE_BYTES = 256 * 1024
 
 
 def _tensor_members(text: bytes) -> dict[str, Any] | None:
-    """The tensor members' text (``"name":{...},...}``) parsed as JSON (spec section 3.4
-    group 4); None for a table already validated (its text is known)."""
+    """The tensor members' text, ``"name":{...},...}``, parsed as JSON.
+    This is spec section 3.4 group 4.
+    None for a table already validated, whose text is known."""
     if text in _KNOWN_TABLES:
         return None
     return _json_object(b"{" + text)
@@ -557,12 +260,13 @@ def _unknown(newer: bool, error: type[UnsupportedVersion], what: str) -> FormatE
 
 
 def tensor_nbytes(itemsize: int, shape: Sequence[int]) -> int | None:
-    """Bytes of a tensor of ``shape``, or None once they pass the largest offset a header
-    can hold (below ``10**18``): such a shape cannot match its ``data_offsets``.
+    """Bytes of a tensor of ``shape``, or None past the largest offset a header can hold.
 
-    Stops at the first dimension that passes the bound: a 16 MiB header holds ~900,000
-    dimensions, and multiplying them all out (a product of millions of digits) took
-    minutes per chunk read.
+    That offset is below ``10**18``.
+    Such a shape cannot match its ``data_offsets``.
+    It stops at the first dimension that passes the bound.
+    A 16 MiB header holds ~900,000 dimensions.
+    Multiplying them all out, a product of millions of digits, took minutes per chunk read.
     """
     nbytes = itemsize
     for dim in shape:
@@ -660,9 +364,10 @@ def _tensor_entries(tensors: dict[str, Any], newer: bool) -> tuple[list[TensorEn
 
 @dataclass(frozen=True, slots=True)
 class OpenHeader:
-    """A header past the checks that are frozen for its major version (spec section 3.4,
-    groups 1-5): everything needed to check the stored payload's length, checksum and MAC,
-    but not yet the compression, dtypes or tensor roles a newer minor may add."""
+    """A header past the checks that are frozen for its major version.
+    Those are groups 1-5 of spec section 3.4.
+    It holds all that checking the stored payload's length, checksum and MAC needs.
+    It has not yet checked what a newer minor may add: compression, dtypes or tensor roles."""
 
     raw: bytes
     """Length prefix and header (with padding)."""
@@ -697,10 +402,11 @@ class OpenHeader:
 def open_header(data: memoryview) -> ChunkHeader | OpenHeader:
     """Run the checks of spec section 3.4 groups 1-5 on the header at the start of ``data``.
 
-    Returns a complete :class:`ChunkHeader` when the header is one of a layout this process
-    knows (read by position), else an :class:`OpenHeader` for :func:`complete_header`.
-    Raises a :class:`~chunkstore.errors.FormatError` subclass for a defect of those groups,
-    and :class:`~chunkstore.errors.UnsupportedVersion` for an unknown major.
+    Returns a complete :class:`ChunkHeader` when the header is of a layout this process knows.
+    Such a header is read by position.
+    Otherwise returns an :class:`OpenHeader` for :func:`complete_header`.
+    Raises a :class:`~chunkstore.errors.FormatError` subclass for a defect of those groups.
+    Raises :class:`~chunkstore.errors.UnsupportedVersion` for an unknown major.
     """
     size = len(data)
     probe = bytes(data[8 : 8 + len(MAGIC)])
@@ -807,14 +513,15 @@ def complete_header(opened: ChunkHeader | OpenHeader) -> ChunkHeader:
 
 
 def parse_header(data: memoryview) -> ChunkHeader:
-    """Validate and parse the header at the start of ``data`` (the whole chunk file or more).
+    """Validate and parse the header at the start of ``data``, the chunk file or more.
 
-    Runs every header check of spec/FORMAT.md section 3.4 (groups 1-5 and 9), but not the
-    stored payload's length, checksum or MAC. Raises a
-    :class:`~chunkstore.errors.FormatError` subclass for every defect. A chunk of an unknown
-    major version, or one of a newer minor using what this reader lacks, raises an
-    :class:`~chunkstore.errors.UnsupportedVersion`: from the header alone that is
-    "unsupported, unverified" (a damaged chunk can look so; :func:`decode_chunk` checks the
-    checksum first for a known major).
+    Runs every header check of spec/FORMAT.md section 3.4, groups 1-5 and 9.
+    It does not check the stored payload's length, checksum or MAC.
+    Raises a :class:`~chunkstore.errors.FormatError` subclass for every defect.
+    A chunk of an unknown major version raises an :class:`~chunkstore.errors.UnsupportedVersion`.
+    So does one of a newer minor that uses what this reader lacks.
+    From the header alone that is "unsupported, unverified".
+    A damaged chunk can look so.
+    :func:`decode_chunk` checks the checksum first for a known major.
     """
     return complete_header(open_header(data))

@@ -1,16 +1,17 @@
 """Chunks as host memory holds them: uncompressed, ready to copy to a device.
 
-Cold tiers may keep chunks zstd-compressed (spec/FORMAT.md §4.4); whatever
-brings one into host memory turns it back into the plain form first, so every
-host slot can be read through the layout's views.
+Cold tiers may keep chunks zstd-compressed, see spec/FORMAT.md §4.4.
+Whatever brings one into host memory turns it back into the plain form first.
+So every host slot can be read through the layout's views.
 
-Except a compressed chunk that carries a MAC: it stays as it is. Its MAC covers
-the header and the stored payload, both of which decompressing re-encodes, and
-host memory holds no MAC key to compute a new one. Host memory is trusted (it
-never checks a MAC), but its chunks leave it again (served to peers, whose
-readers hold the key and refuse a chunk without one; returned by reads; copied
-by ``cp``), and must leave with the MAC they came with. Its readers decode it
-(``decode_chunk`` decompresses); only such chunks pay that.
+A compressed chunk that carries a MAC is the exception: it stays as it is.
+Its MAC covers the header and the stored payload, and decompressing re-encodes both.
+Host memory holds no MAC key to compute a new one.
+Host memory is trusted, and never checks a MAC.
+But its chunks leave it again, and must leave with the MAC they came with.
+They are served to peers, whose readers hold the key and refuse a chunk without one.
+They are also returned by reads, and copied by ``cp``.
+Its readers decode it, as ``decode_chunk`` decompresses. Only such chunks pay that.
 """
 
 from __future__ import annotations
@@ -24,12 +25,13 @@ from chunkstore.format._chunk import read_header, recompress
 def hot_bytes(data: Any, *, verified: bool = False) -> Any:
     """``data`` as host memory should hold it: uncompressed, ready to copy to a device.
 
-    ``verified``: the store that served ``data`` checked its checksum, so decompressing
-    does not hash the compressed chunk again (see :func:`recompress`: the payload is
-    still checked by the zstd frame's own content checksum and size).
-    Bytes that do not parse are returned as they are: the tier that served them
-    already verified them, and the host cache never interprets them otherwise; so is a
-    chunk that carries a MAC (see the module's docstring).
+    ``verified`` says the store that served ``data`` checked its checksum.
+    Decompressing then does not hash the compressed chunk again, see :func:`recompress`.
+    The zstd frame's own content checksum and size still check the payload.
+    Bytes that do not parse are returned as they are.
+    The tier that served them already verified them.
+    The host cache never interprets them otherwise.
+    A chunk that carries a MAC is returned as it is too, see the module's docstring.
     """
     try:
         header = read_header(data)

@@ -1,11 +1,12 @@
 """Where each tensor of a chunk lives, and which byte ranges each TP rank owns.
 
-The canonical payload is, for each layer group in order, for each layer in
-order, the layer's tensors: ``k`` then ``v`` (``[heads, tokens, head_dim]``)
-for attention groups, ``latent`` (``[tokens, head_dim]``) for MLA, ``state``
-(``state_shape``) for state groups. Heads are outermost, so the heads of TP
-rank ``r`` of ``t`` are one contiguous run inside each ``k``/``v`` tensor and a
-rank's share is two ranges per layer, whatever the TP size that wrote it.
+The canonical payload holds each layer's tensors, layer group by group, layer by layer.
+Attention groups have ``k`` then ``v``, each ``[heads, tokens, head_dim]``.
+MLA groups have ``latent``, ``[tokens, head_dim]``.
+State groups have ``state``, of ``state_shape``.
+Heads are outermost.
+So the heads of TP rank ``r`` of ``t`` are one contiguous run inside each ``k`` or ``v`` tensor.
+A rank's share is two ranges per layer, whatever the TP size that wrote it.
 """
 
 from __future__ import annotations
@@ -162,11 +163,12 @@ class ChunkLayout:
     # --- TP ranks -----------------------------------------------------------
 
     def rank_slices(self, rank: int, tp: int, *, for_write: bool = False) -> list[RankSlice]:
-        """Per tensor, the part TP rank ``rank`` of ``tp`` reads (or writes), in payload order.
+        """Per tensor, the part TP rank ``rank`` of ``tp`` reads or writes, in payload order.
 
-        Readers need their heads plus every unsplit tensor (MLA latents and
-        states are replicated on all ranks); writers skip unsplit tensors unless
-        they are rank 0, and replicas of a head unless they own it.
+        Readers need their heads plus every unsplit tensor.
+        MLA latents and states are unsplit: all ranks hold them.
+        Writers skip unsplit tensors unless they are rank 0.
+        They skip replicas of a head unless they own it.
         """
         slices: list[RankSlice] = []
         for slot in self.tensors:
@@ -202,9 +204,10 @@ class ChunkLayout:
         return ranges
 
     def shard_of(self, tensors: Mapping[str, Any], rank: int, tp: int) -> dict[str, Any]:
-        """What rank ``rank`` of ``tp`` holds of whole-model ``tensors``: its heads of split
-        tensors, all of unsplit ones (slices, no copies). Works on numpy arrays, torch
-        tensors, or anything sliceable along the first axis."""
+        """What rank ``rank`` of ``tp`` holds of whole-model ``tensors``.
+        That is its heads of split tensors, and all of unsplit ones.
+        These are slices, not copies.
+        Works on numpy arrays, torch tensors, or anything sliceable along the first axis."""
         out: dict[str, Any] = {}
         for slot in self.tensors:
             full = tensors[slot.name]
@@ -223,8 +226,9 @@ class ChunkLayout:
     def write_shard(self, buf: Any, rank: int, tp: int, shard: Mapping[str, Any]) -> None:
         """Copy rank ``rank``'s tensors (its heads only) into their places in chunk buffer ``buf``.
 
-        Tensors this rank does not write (replicas, unsplit tensors off rank 0)
-        are skipped, so every rank may pass everything it has.
+        Tensors this rank does not write are skipped.
+        Those are replicas, and unsplit tensors off rank 0.
+        So every rank may pass everything it has.
         """
         for name, view in self.shard_views(buf, rank, tp).items():
             slot = self.by_name[name]

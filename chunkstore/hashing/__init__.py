@@ -1,8 +1,9 @@
-"""Prefix-chained BLAKE3 chunk keys and namespace roots (spec/FORMAT.md section 5).
+"""Prefix-chained BLAKE3 chunk keys and namespace roots, see spec/FORMAT.md section 5.
 
-``__all__`` is what users need to name chunks; the names imported below it with
-``as`` (the chain's building blocks) are importable from here too, for chunkstore's
-own modules and advanced use, but are not part of the curated API.
+``__all__`` is what users need to name chunks.
+The names imported below it with ``as`` are the chain's building blocks.
+They are importable from here too, for chunkstore's own modules and advanced use.
+They are not part of the curated API.
 """
 
 from chunkstore.hashing._keys import ChunkKey, chain_keys, namespace_of, namespace_root

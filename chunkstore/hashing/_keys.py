@@ -1,8 +1,9 @@
-"""Prefix-chained chunk keys (spec/FORMAT.md, section "Key derivation").
+"""Prefix-chained chunk keys, see spec/FORMAT.md, section "Key derivation".
 
-``key_0 = BLAKE3(root || tokens[0:C])`` and ``key_i = BLAKE3(key_{i-1} || tokens[iC:(i+1)C])``
-with tokens as little-endian uint32. Nothing here depends on the Python process
-(no ``hash()``, no pickle), so every machine derives the same keys.
+``key_0 = BLAKE3(root || tokens[0:C])`` and ``key_i = BLAKE3(key_{i-1} || tokens[iC:(i+1)C])``.
+Tokens are little-endian uint32.
+Nothing here depends on the Python process: no ``hash()``, no pickle.
+So every machine derives the same keys.
 """
 
 from __future__ import annotations
@@ -144,10 +145,11 @@ def _name(pair: tuple[str, Any]) -> str:
 
 def encode_extra(extra: Mapping[str, Any] | None) -> bytes:
     """``encode_extra`` of spec section 5.2: the bytes the namespace root hashes after the
-    fingerprint. Names sorted by code point, ``None`` values dropped, lists in their order.
+    fingerprint.
 
-    Anything outside the closed set of value types raises :class:`ConfigError`, so no
-    input depends on how a language prints it.
+    Names are sorted by code point, ``None`` values dropped, and lists kept in their order.
+    Anything outside the closed set of value types raises :class:`ConfigError`.
+    So no input depends on how a language prints it.
     """
     if extra is None:
         return b""
@@ -164,10 +166,10 @@ def encode_extra(extra: Mapping[str, Any] | None) -> bytes:
 def namespace_root(model_fingerprint: bytes, *, extra: Mapping[str, Any] | None = None) -> bytes:
     """Derive the 32-byte namespace root from a model fingerprint and optional extra keys.
 
-    ``extra`` holds whatever makes KV for the same tokens differ or must not be
-    shared: a LoRA id, multimodal content hashes, a tenant ``cache_salt``. Keys
-    are sorted, ``None`` values are dropped, so ``{"lora": None}`` equals ``{}``.
-    Values: str, int, bool, bytes, or lists of these (spec section 5.2).
+    ``extra`` holds whatever makes KV for the same tokens differ, or must not be shared.
+    Examples are a LoRA id, multimodal content hashes, and a tenant ``cache_salt``.
+    Keys are sorted and ``None`` values are dropped, so ``{"lora": None}`` equals ``{}``.
+    Values are str, int, bool, bytes, or lists of these, see spec section 5.2.
     """
     if len(model_fingerprint) != DIGEST_SIZE:
         raise ConfigError(
@@ -207,11 +209,11 @@ def chain_keys(
 ) -> list[ChunkKey]:
     """One key per full chunk of ``tokens``; a partial tail gets none.
 
-    ``root`` is the 32-byte namespace root (see :func:`namespace_root`). The
-    i-th key covers ``tokens[i*chunk_tokens:(i+1)*chunk_tokens]`` and every
-    token before it, through the chain. ``after``: the key of the chunk just
-    before ``tokens[0]`` (under the same root), to go on with a chain already
-    computed instead of hashing its prefix again.
+    ``root`` is the 32-byte namespace root, see :func:`namespace_root`.
+    The i-th key covers ``tokens[i*chunk_tokens:(i+1)*chunk_tokens]``.
+    Through the chain it covers every token before it too.
+    ``after`` is the key of the chunk just before ``tokens[0]``, under the same root.
+    It goes on with a chain already computed, instead of hashing its prefix again.
     """
     if chunk_tokens <= 0:
         raise ConfigError(f"chunk_tokens must be positive, got {chunk_tokens}")

@@ -1,11 +1,15 @@
-"""The peer service: instances share host-cached chunks (ZeroMQ control, NIXL or inline data).
+"""The peer service: instances share host-cached chunks.
 
-It sits above ``cache`` (a server serves a host cache in place) and below
-``vllm``. See spec/PROTOCOL.md for the wire protocol. :class:`PeerServer`
-exposes any store (its session/lease table in ``sessions``, its request
-handlers in ``handlers``, its NIXL side in ``staging``); :class:`PeerClient`
-speaks to one server; :class:`PeerStore` is the Store over one or more peers;
-the ``discovery`` module finds them (static list, registry directory, Redis).
+Control goes over ZeroMQ, and data over NIXL or inline.
+It sits above ``cache``, since a server serves a host cache in place.
+It sits below ``vllm``.
+See spec/PROTOCOL.md for the wire protocol.
+:class:`PeerServer` exposes any store.
+Its session and lease table is in ``sessions``, its request handlers in ``handlers``.
+Its NIXL side is in ``staging``.
+:class:`PeerClient` speaks to one server.
+:class:`PeerStore` is the Store over one or more peers.
+The ``discovery`` module finds them: a static list, a registry directory, or Redis.
 Metrics go to an injectable :class:`PeerMetrics`.
 """
 

@@ -27,13 +27,13 @@ class ClientSeries(Protocol):
         ...
 
     def retire(self) -> int:
-        """Drop the series of clients long gone; how many."""
+        """Drop the series of clients long gone. Returns how many."""
         ...
 
 
 class ServerAccounting:
-    """Counters of one peer server; thread-safe. ``name`` gives the server's current name
-    (it is known only once the socket is bound)."""
+    """Counters of one peer server. Thread-safe.
+    ``name`` gives the server's current name, known only once the socket is bound."""
 
     def __init__(
         self,
@@ -49,7 +49,7 @@ class ServerAccounting:
         self._lock = threading.Lock()
         self._clients: set[str] = set()
         self.client_series = client_series
-        """The per-client chunk counts of a node service (bounded over detached clients);
+        """The per-client chunk counts of a node service, bounded over detached clients.
         ``None`` for other servers, whose clients get no chunk counts of their own."""
 
     def count(self, what: str, n: int = 1) -> None:
@@ -104,9 +104,9 @@ class ServerAccounting:
     # --- node service: per client ---------------------------------------------------------
 
     def node_clients(self, attached: dict[str, int]) -> None:
-        """The node clients now attached (client name -> connections); clients that left
-        lose their per-client lease gauge at once, and their chunk counts after a grace
-        period (:attr:`client_series`)."""
+        """The node clients now attached, as client name to connections.
+        Clients that left lose their per-client lease gauge at once.
+        They lose their chunk counts after a grace period, see :attr:`client_series`."""
         name = self._name()
         self.metrics.node_clients.labels(name).set(sum(attached.values()))
         with self._lock:

@@ -1,9 +1,11 @@
 """A fixed block of host memory carved into variable-size allocations.
 
-Used for what NIXL needs registered once and then reused: the server's staging
-area (chunks of a store that cannot pin in place) and the client's receive and
-send buffers. First-fit over a sorted free list: allocations are few and short
-lived (one lease), so simplicity beats a buddy or slab scheme here.
+It serves what NIXL needs registered once and then reused.
+That is the server's staging area, for chunks of a store that cannot pin in place.
+It is also the client's receive and send buffers.
+It allocates first-fit over a sorted free list.
+Allocations are few and short lived, one lease each.
+So simplicity beats a buddy or slab scheme here.
 """
 
 from __future__ import annotations

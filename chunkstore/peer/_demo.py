@@ -1,11 +1,12 @@
 """The peer part of ``chunkstore demo``: a second process pulls chunks the first one serves.
 
-This process plays the prefill instance: it computes (synthesises) the KV
-chunks of a conversation into a store and serves it with a
-:class:`~chunkstore.peer.PeerServer`. A spawned decode process
-connects, looks up the conversation's prefix, pulls the chunks over the best
-data plane both sides have (NIXL when installed, else inline ZeroMQ),
-verifies every byte against what it expects, and reports back.
+This process plays the prefill instance.
+It synthesises the KV chunks of a conversation into a store.
+It serves the store with a :class:`~chunkstore.peer.PeerServer`.
+A spawned decode process connects and looks up the conversation's prefix.
+It pulls the chunks over the best data plane both sides have.
+That is NIXL when installed, else inline ZeroMQ.
+It verifies every byte against what it expects, and reports back.
 """
 
 from __future__ import annotations
@@ -91,8 +92,10 @@ def run_peer_demo(
     secret: bytes | None = None,
     timeout_s: float = 120.0,
 ) -> PeerDemoResult:
-    """Serve a conversation's chunks from ``store`` (default: a new MemoryStore) and let a
-    second process pull and verify them; prints a short account through ``out``."""
+    """Serve a conversation's chunks from ``store``, and let a second process pull them.
+    ``store`` defaults to a new MemoryStore.
+    The second process verifies the chunks.
+    A short account is printed through ``out``."""
     from chunkstore.backends._memory import MemoryStore
     from chunkstore.peer import PeerServer
 

@@ -1,13 +1,14 @@
 """Finding peers: a static list, a registry directory on a shared mount, or Redis.
 
-Servers announce a :class:`PeerInfo` with a heartbeat (:class:`Announcer`);
-an entry not renewed within its TTL disappears (Redis expires the key, the file
-registry ignores and later removes stale files), so a crashed server drops
-out on its own. Clients call ``peers()`` on any source.
+Servers announce a :class:`PeerInfo` with a heartbeat, see :class:`Announcer`.
+An entry not renewed within its TTL disappears.
+Redis expires the key. The file registry ignores stale files and later removes them.
+So a crashed server drops out on its own.
+Clients call ``peers()`` on any source.
 
-``peers()`` is forgiving (an unreachable registry lists nobody, so a serving
-client degrades to fewer peers); tools that must tell "empty" from
-"unreachable" call the registry's ``check()`` first.
+``peers()`` is forgiving: an unreachable registry lists nobody.
+So a serving client degrades to fewer peers.
+Tools that must tell "empty" from "unreachable" call the registry's ``check()`` first.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ log = logging.getLogger(__name__)
 
 _SUFFIX = ".peer.json"
 MAX_RECORD_BYTES = 64 << 10
-"""Largest registry record read; anything bigger is not a record a server wrote."""
+"""Largest registry record read. Anything bigger is not a record a server wrote."""
 _TEXT_FIELDS = ("name", "endpoint")
 _OPTIONAL_TEXT_FIELDS = ("fingerprint", "curve_public_key")
 _OPTIONAL_INT_FIELDS = ("chunk_tokens", "capacity_bytes", "used_bytes")
@@ -47,7 +48,7 @@ class PeerInfo:
     endpoint: str
     """ZeroMQ endpoint clients connect to (``tcp://host:port``)."""
     fingerprint: str | None = None
-    """Model fingerprint served, hex; ``None`` serves any."""
+    """Model fingerprint served, in hex. ``None`` serves any."""
     chunk_tokens: int | None = None
     """Tokens per chunk served."""
     planes: tuple[str, ...] = ()
@@ -73,8 +74,9 @@ class PeerInfo:
     def from_json(cls, text: str | bytes) -> PeerInfo:
         """Parse a registry record; raises ValueError when it is not one.
 
-        Anyone who can write the registry can write a record, so every field is
-        type-checked here: a bad record is skipped by readers, never a crash.
+        Anyone who can write the registry can write a record.
+        So every field is type-checked here.
+        Readers skip a bad record. It never crashes them.
         """
         if len(text) > MAX_RECORD_BYTES:
             raise ValueError("not a peer record (too large)")
@@ -97,8 +99,9 @@ class PeerSource(Protocol):
     """Anything that lists peers."""
 
     def peers(self) -> list[PeerInfo]:
-        """The live peers now; :class:`StoreError` when the source cannot be read at all (an
-        unreachable registry is not an empty one: readers keep the peers they know)."""
+        """The live peers now.
+        Raises :class:`StoreError` when the source cannot be read at all.
+        An unreachable registry is not an empty one: readers keep the peers they know."""
         ...
 
 
@@ -155,10 +158,11 @@ def _is_record(data: dict[str, Any]) -> bool:
 
 
 class FileRegistry:
-    """One JSON file per server in a directory every instance can see (NFS, Lustre, local).
+    """One JSON file per server in a directory every instance can see.
 
-    ``clock`` gives the wall-clock time records expire against (seconds since the
-    epoch; tests pass a fake one to drive expiry without sleeping).
+    The directory may be on NFS, on Lustre, or local.
+    ``clock`` gives the wall-clock time records expire against, in seconds since the epoch.
+    Tests pass a fake one to drive expiry without sleeping.
     """
 
     def __init__(
@@ -215,7 +219,7 @@ class FileRegistry:
             pass
 
     def peers(self) -> list[PeerInfo]:
-        """Live records; stale ones are skipped (and removed once long dead)."""
+        """Live records. Stale ones are skipped, and removed once long dead."""
         out = []
         try:
             # scandir, not glob: glob swallows a directory it may not read (as empty)
@@ -321,8 +325,9 @@ class RedisRegistry:
 
 
 def open_registry(spec: str | os.PathLike[str]) -> Registry:
-    """``redis://host:port/db``: a :class:`RedisRegistry`; a path or ``file://``: a
-    :class:`FileRegistry`."""
+    """Open a registry by URL.
+    ``redis://host:port/db`` opens a :class:`RedisRegistry`.
+    A path or ``file://`` opens a :class:`FileRegistry`."""
     text = os.fspath(spec)
     if text.startswith(("redis://", "rediss://", "unix://")):
         return RedisRegistry(text)

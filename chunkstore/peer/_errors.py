@@ -14,7 +14,7 @@ class PeerUnavailable(PeerError):
 
 
 class PeerRefused(PeerError):
-    """The peer answered with a protocol error (version, fingerprint, auth, limits).
+    """The peer answered with a protocol error, about version, fingerprint, auth or limits.
 
     ``code`` is the error code of spec/PROTOCOL.md ("fingerprint_mismatch", ...).
     """

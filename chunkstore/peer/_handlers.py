@@ -1,10 +1,11 @@
 """The peer server's request handlers: one method per protocol operation.
 
-Requests reach :meth:`RequestHandlers.handle` already decoded, authenticated
-and checked against the field grammar (``protocol.validate_request``), and,
-except for ``hello``, within a known session. Each handler returns the reply
-fields, the data frames and a callback to run once the frames are sent (it
-unpins what they point at), or raises ProtocolViolation for an error reply.
+Requests reach :meth:`RequestHandlers.handle` already decoded and authenticated.
+They are checked against the field grammar by ``protocol.validate_request``.
+Except for ``hello``, they come within a known session.
+Each handler returns the reply fields, the data frames and a callback.
+The callback runs once the frames are sent, and unpins what they point at.
+A handler raises ProtocolViolation for an error reply.
 """
 
 from __future__ import annotations
@@ -35,13 +36,14 @@ Validity = Callable[[ChunkKey, Any], bool]
 
 
 class SlotPlane(Protocol):
-    """A data plane lending the slots of a pool its clients map: the node service's ``shm``
-    (:class:`chunkstore.node.NodeServer`). Reads name pinned slots; writes reserve slots
-    the client fills in place. Each call answers a request of a session offered the plane."""
+    """A data plane lending the slots of a pool its clients map.
+    That is the node service's ``shm``, see :class:`chunkstore.node.NodeServer`.
+    Reads name pinned slots. Writes reserve slots the client fills in place.
+    Each call answers a request of a session offered the plane."""
 
     def hello_fields(self, slot_size: int | None) -> dict[str, Any]:
-        """What a client needs to map the pool; ProtocolViolation when its chunks, of
-        ``slot_size`` bytes, are not the pool's."""
+        """What a client needs to map the pool.
+        Raises ProtocolViolation when its chunks, of ``slot_size`` bytes, are not the pool's."""
         ...
 
     def lend(self, keys: Sequence[ChunkKey]) -> tuple[list[Any], list[Callable[[], None]]]:
@@ -51,12 +53,12 @@ class SlotPlane(Protocol):
     def reserve(
         self, body: dict[str, Any], keys: list[ChunkKey], present: list[bool], owner: Session
     ) -> tuple[list[Any], list[Any], list[Callable[[], None]]]:
-        """A writable slot per key not ``present``, for the ``reserve`` request ``body`` of
-        ``owner``: the reply items, what the lease holds, and the calls that abort."""
+        """A writable slot per key not ``present``, for ``owner``'s ``reserve`` request ``body``.
+        Returns the reply items, what the lease holds, and the calls that abort."""
         ...
 
     def commit(self, held: list[Any], sizes: list[int]) -> list[bool]:
-        """Publish (or give back, size 0) what a lease holds; per key: stored."""
+        """Publish what a lease holds, or give it back with size 0. Returns per key: stored."""
         ...
 
     def session_ended(self, session: Session) -> None:
@@ -88,10 +90,11 @@ def push_check(
 class RequestHandlers:
     """Answers the requests of one peer server over ``store``.
 
-    ``planes`` and ``nixl_reason`` are what the server offers after starting NIXL
-    (``staging`` is its NIXL side, ``None`` without NIXL; ``shm`` its slot plane, ``None``
-    without one); ``name`` and ``stats`` give the server's name and ``stats`` record;
-    ``valid`` checks what clients send (:func:`push_check`).
+    ``planes`` and ``nixl_reason`` are what the server offers after starting NIXL.
+    ``staging`` is its NIXL side, ``None`` without NIXL.
+    ``shm`` is its slot plane, ``None`` without one.
+    ``name`` and ``stats`` give the server's name and ``stats`` record.
+    ``valid`` checks what clients send, see :func:`push_check`.
     """
 
     def __init__(
@@ -139,10 +142,12 @@ class RequestHandlers:
     def handle(
         self, body: dict[str, Any], data: list[Any], source: str, connection: int | None = None
     ) -> Result | None:
-        """The reply to one request (``None``: no reply, a release without ``ack``).
+        """The reply to one request. ``None`` means no reply, for a release without ``ack``.
 
-        ``source`` is the sender's address and ``connection`` its connection on a local
-        (``ipc://``) server, whose sessions end with it; both are used by ``hello`` only.
+        ``source`` is the sender's address.
+        ``connection`` is its connection on a local ``ipc://`` server.
+        Sessions there end with their connection.
+        Only ``hello`` uses either.
         """
         if body["op"] == "hello":
             return self._op_hello(body, source, connection)
@@ -221,8 +226,8 @@ class RequestHandlers:
         return {}, (), None
 
     def session_ended(self, session: Session) -> None:
-        """Give up what ``session`` was still writing over the slot plane (the TP chunks
-        its rank joined and that are not whole yet)."""
+        """Give up what ``session`` was still writing over the slot plane.
+        Those are the TP chunks its rank joined that are not whole yet."""
         if self._shm is not None:
             self._shm.session_ended(session)
 

@@ -1,11 +1,12 @@
 """The node service's unix socket: created owner-only, atomically, and removed by its owner.
 
-ZeroMQ creates an ``ipc://`` socket file with the process umask; a chmod
-afterwards leaves a window in which anyone could connect. So the socket is
-bound inside a fresh private directory (mode 0700) next to the wanted path,
-made 0600 there, and renamed into place: it is never reachable with wider
-permissions. A socket file left by a killed service is replaced; one that a
-live service still answers on is refused.
+ZeroMQ creates an ``ipc://`` socket file with the process umask.
+A chmod afterwards leaves a window in which anyone could connect.
+So the socket is bound inside a fresh private directory, mode 0700, next to the wanted path.
+It is made 0600 there, and renamed into place.
+It is never reachable with wider permissions.
+A socket file left by a killed service is replaced.
+One that a live service still answers on is refused.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ class BoundSocket:
 
 
 def socket_path(endpoint: str) -> Path:
-    """The file of an ``ipc://`` endpoint; ConfigError for anything else."""
+    """The file of an ``ipc://`` endpoint. Raises ConfigError for anything else."""
     if not endpoint.startswith("ipc://") or not endpoint.removeprefix("ipc://"):
         raise ConfigError(f"a node socket is an ipc:// path, got {shown(endpoint)}")
     path = Path(endpoint.removeprefix("ipc://"))

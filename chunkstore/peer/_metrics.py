@@ -1,13 +1,15 @@
-"""Prometheus metrics of the peer server and client (``chunkstore_peer_*``).
+"""Prometheus metrics of the peer server and client: ``chunkstore_peer_*``.
 
-Like :class:`~chunkstore.metrics.ChunkstoreMetrics`, one :class:`PeerMetrics`
-holds every peer metric registered in one registry, and servers, clients and
-peer stores take one as ``metrics=``. Without it they share
-:func:`default_peer_metrics`, registered in prometheus-client's default
-registry (what ``chunkstore serve`` exposes), labelled by server name so that
-several servers and stores in one process report side by side. Build a
-:class:`PeerMetrics` on a private
-:class:`~prometheus_client.CollectorRegistry` to keep metrics apart.
+Like :class:`~chunkstore.metrics.ChunkstoreMetrics`, one :class:`PeerMetrics` holds every
+peer metric registered in one registry.
+Servers, clients and peer stores take one as ``metrics=``.
+Without it they share :func:`default_peer_metrics`.
+That one is registered in prometheus-client's default registry, which ``chunkstore serve``
+exposes.
+It is labelled by server name, so several servers and stores in one process report side
+by side.
+Build a :class:`PeerMetrics` on a private :class:`~prometheus_client.CollectorRegistry`
+to keep metrics apart.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ CLIENT_SECONDS_BUCKETS = (
     2,
     5,
 )
-"""Seconds: a loopback round trip (0.2 ms) to a stalled peer (5 s)."""
+"""Seconds, from a loopback round trip to a stalled peer."""
 
 
 class PeerMetrics:

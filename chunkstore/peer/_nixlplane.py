@@ -1,19 +1,20 @@
 """The NIXL (UCX) data plane: host-to-host READs between registered memory regions.
 
-One :class:`NixlEndpoint` wraps one NIXL agent. The server registers its
-staging arena and the served object's pool once, before handing its agent
-metadata to clients in ``hello``; the client registers its receive arena and
-READs straight from the server's memory. Every transfer has a deadline and
-every NIXL failure becomes ``False`` (a miss), never an exception on the
-serving path. A transfer still running at its deadline fails, but only once
-NIXL reports it ended: until then UCX may still write into (or read from) the
-local memory, which the caller frees or reuses as soon as we return.
+One :class:`NixlEndpoint` wraps one NIXL agent.
+The server registers its staging arena and the served object's pool once.
+It does so before handing its agent metadata to clients in ``hello``.
+The client registers its receive arena and READs straight from the server's memory.
+Every transfer has a deadline.
+Every NIXL failure becomes ``False``, a miss, never an exception on the serving path.
+A transfer still running at its deadline fails, but only once NIXL reports it ended.
+Until then UCX may still write into or read from the local memory.
+The caller frees or reuses that memory as soon as we return.
 
-For the same reason a peer's agent is not removed while a transfer with it is
-running: NIXL then fails that transfer at once ("invalidated during transfer")
-and releasing it does not stop the RMA UCX already posted (measured with UCX over
-TCP: the bytes kept arriving after the release). The removal waits for the last
-such transfer to end.
+For the same reason a peer's agent is not removed while a transfer with it runs.
+NIXL would fail that transfer at once, "invalidated during transfer".
+Releasing it does not stop the RMA that UCX already posted.
+With UCX over TCP the bytes kept arriving after the release.
+The removal waits for the last such transfer to end.
 """
 
 from __future__ import annotations
@@ -123,10 +124,13 @@ class NixlEndpoint:
     """One NIXL agent with its registered regions and the remote agents it knows."""
 
     def __init__(self, role: str, *, progress_delay_us: int | None = None) -> None:
-        """``progress_delay_us``: pause of NIXL's UCX progress thread between passes. NIXL's
-        Python API hard-codes 0 (a busy loop that burns a whole core per agent); the target
-        side must progress for connection set-up and for RMA emulated over TCP, so the thread
-        stays, but sleeps. Default: $CHUNKSTORE_PEER_NIXL_PROGRESS_US, else 200 us."""
+        """Start a NIXL agent for ``role``.
+
+        ``progress_delay_us`` is the pause of NIXL's UCX progress thread between passes.
+        NIXL's Python API hard-codes 0, a busy loop that burns a whole core per agent.
+        The target side must progress for connection set-up and for RMA emulated over TCP.
+        So the thread stays, but sleeps.
+        The default is $CHUNKSTORE_PEER_NIXL_PROGRESS_US, else 200 us."""
         if progress_delay_us is None:
             progress_delay_us = int(os.environ.get("CHUNKSTORE_PEER_NIXL_PROGRESS_US", "200"))
         reason = nixl_unavailable_reason()
@@ -147,7 +151,7 @@ class NixlEndpoint:
     # --- registration -------------------------------------------------------------
 
     def register(self, buffer: Any) -> None:
-        """Register a buffer (numpy array, memoryview, mmap) for transfers; it must not move."""
+        """Register a buffer for transfers: a numpy array, memoryview or mmap. It must not move."""
         address, size = address_of(buffer)
         with self._lock:
             if any(a <= address and address + size <= a + s for a, s, _ in self._regions):
@@ -166,8 +170,9 @@ class NixlEndpoint:
     # --- remote agents ------------------------------------------------------------
 
     def add_remote(self, metadata: bytes) -> str | None:
-        """Load a peer's metadata; returns its agent name, or ``None`` if NIXL rejects it
-        or the endpoint is closed (a late caller would start transfers after close())."""
+        """Load a peer's metadata. Returns its agent name.
+        Returns ``None`` if NIXL rejects it, or if the endpoint is closed.
+        A late caller would otherwise start transfers after close()."""
         with self._lock:  # not between another thread's removal decision and its removal
             if self._closed:
                 return None
@@ -182,10 +187,11 @@ class NixlEndpoint:
         return name
 
     def remove_remote(self, name: str) -> None:
-        """Let go of one use of a peer's agent (one per :meth:`add_remote`: a client's hold,
-        a server's session). Clients sharing a plane may load the same server's agent, so
-        it is removed only after its last user lets go, and then once no transfer with it
-        is running (see the module docstring)."""
+        """Let go of one use of a peer's agent.
+        Each :meth:`add_remote` is one use: a client's hold, or a server's session.
+        Clients sharing a plane may load the same server's agent.
+        So it is removed only after its last user lets go.
+        Even then it waits until no transfer with it is running, see the module docstring."""
         with self._lock:
             count = self._remotes.get(name, 0) - 1
             if count > 0:
@@ -212,9 +218,10 @@ class NixlEndpoint:
     # --- transfers ------------------------------------------------------------------
 
     def read(self, remote: str, pairs: Sequence[tuple[int, int, int]], deadline: float) -> bool:
-        """READ each ``(local_address, remote_address, size)`` from ``remote``; True when all
-        bytes arrived before ``deadline`` (``time.monotonic()``). Never returns while the
-        transfer may still write into the local memory (see the module docstring)."""
+        """READ each ``(local_address, remote_address, size)`` from ``remote``.
+        True when all bytes arrived before ``deadline``, a ``time.monotonic()`` value.
+        Never returns while the transfer may still write into the local memory.
+        See the module docstring."""
         return self._transfer("READ", remote, pairs, deadline)
 
     def write(self, remote: str, pairs: Sequence[tuple[int, int, int]], deadline: float) -> bool:
@@ -298,9 +305,10 @@ class NixlEndpoint:
             self._leaked.append(handle)
 
     def close(self) -> None:
-        """Deregister everything; the endpoint is unusable afterwards. A transfer still
-        running keeps its peer's agent and the registered memory until it ends (the last
-        one finishes the close): removing either under it would let UCX write on unseen."""
+        """Deregister everything. The endpoint is unusable afterwards.
+        A transfer still running keeps its peer's agent and the registered memory until it ends.
+        The last one finishes the close.
+        Removing either under it would let UCX write on unseen."""
         with self._lock:
             self._closed = True
             for name in list(self._remotes):

@@ -1,9 +1,11 @@
-"""Wire format of the peer protocol (spec/PROTOCOL.md): framing, MACs, keys, validation.
+"""Wire format of the peer protocol in spec/PROTOCOL.md: framing, MACs, keys, validation.
 
-A message is one ZeroMQ multipart message ``[body, tag, data...]``: ``body`` is a
-msgpack map, ``tag`` the HMAC-SHA256 of the body (empty when no secret is
-configured) and ``data`` zero or more raw chunk files. Nothing here touches a
-socket, so the rules are testable without ZeroMQ and shared by server and client.
+A message is one ZeroMQ multipart message ``[body, tag, data...]``.
+``body`` is a msgpack map.
+``tag`` is the HMAC-SHA256 of the body, empty when no secret is configured.
+``data`` is zero or more raw chunk files.
+Nothing here touches a socket.
+So the rules are testable without ZeroMQ, and server and client share them.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ LEASE_BYTES = 16
 
 # Bounds of the fields a server keeps or acts on (spec/PROTOCOL.md §4, "Field grammar").
 MAX_CLIENT_NAME_BYTES = 256
-"""Longest ``client`` name in ``hello`` (UTF-8 bytes); the server keeps it per session."""
+"""Longest ``client`` name in ``hello``, in UTF-8 bytes. The server keeps it per session."""
 MAX_HELLO_LIST = 16
 """Most entries of the ``versions`` and ``planes`` lists of ``hello``."""
 MAX_PLANE_NAME_CHARS = 32
@@ -98,7 +100,7 @@ ERROR_CODES = frozenset(
 PLANE_NIXL = "nixl"
 PLANE_INLINE = "inline"
 PLANE_SHM = "shm"
-"""The node plane: client and server map one shared slot pool; replies name slots."""
+"""The node plane: client and server map one shared slot pool. Replies name slots."""
 PLANES = (PLANE_NIXL, PLANE_INLINE, PLANE_SHM)
 """Every data plane this implementation knows."""
 
@@ -115,14 +117,14 @@ def _msgpack() -> Any:
 
 @dataclass(frozen=True, slots=True)
 class Limits:
-    """Size limits a receiver enforces; larger input is rejected and counted."""
+    """Size limits a receiver enforces. Larger input is rejected and counted."""
 
     max_control_bytes: int = 1 << 20
     """Largest msgpack body accepted."""
     max_keys: int = 4096
     """Most keys one request may name."""
     max_frame_bytes: int = 512 << 20
-    """Largest single data frame (one chunk file); also ZMQ_MAXMSGSIZE."""
+    """Largest single data frame, one chunk file. It is also ZMQ_MAXMSGSIZE."""
     max_message_bytes: int = 2 << 30
     """Largest sum of data frames in one message."""
 
@@ -161,7 +163,7 @@ def pack_keys(keys: Sequence[ChunkKey]) -> bytes:
 
 
 def unpack_keys(blob: Any, limits: Limits) -> list[ChunkKey]:
-    """Parse a key blob; raises :class:`ProtocolViolation` on a bad length or count."""
+    """Parse a key blob. Raises :class:`ProtocolViolation` on a bad length or count."""
     if not isinstance(blob, bytes) or len(blob) % KEY_WIRE_BYTES:
         raise ProtocolViolation(MALFORMED, f"keys must be a multiple of {KEY_WIRE_BYTES} bytes")
     count = len(blob) // KEY_WIRE_BYTES
@@ -223,12 +225,12 @@ OPTIONAL_FIELDS: dict[str, dict[str, tuple[type, ...]]] = {
 
 
 def validate_request(body: Any, limits: Limits | None = None) -> dict[str, Any]:
-    """Check a decoded request against the schema and the field grammar; returns it.
+    """Check a decoded request against the schema and the field grammar. Returns it.
 
-    Raises :class:`ProtocolViolation` (``malformed``, ``too_large``,
-    ``unsupported_version``, ``unknown_op``). Every field that names something
-    (a session, a lease, a namespace, a key) or sizes something is checked here,
-    before a server acts on it.
+    Raises :class:`ProtocolViolation`: ``malformed``, ``too_large``,
+    ``unsupported_version`` or ``unknown_op``.
+    Every field that names or sizes something is checked here, before a server acts on it.
+    Such fields name a session, a lease, a namespace or a key.
     """
     if not isinstance(body, dict):
         raise ProtocolViolation(MALFORMED, "the body is not a map")
@@ -269,7 +271,7 @@ def validate_request(body: Any, limits: Limits | None = None) -> dict[str, Any]:
 
 
 def is_wire_int(value: Any) -> TypeGuard[int]:
-    """An integer on the wire; booleans are not integers (spec §3.4)."""
+    """An integer on the wire. Booleans are not integers, see spec §3.4."""
     return isinstance(value, int) and not isinstance(value, bool)
 
 
@@ -444,10 +446,10 @@ FIELD_GRAMMAR: dict[str, Callable[[str, Any, Limits], None]] = {
 class Codec:
     """Encodes and decodes messages, with MACs when a shared secret is configured.
 
-    With a secret, every body carries an HMAC-SHA256 tag over a direction label
-    and the body, and the body lists a keyed BLAKE3-256 MAC per data frame
-    (``dmacs``): SHA-256 would cap the data path at ~2 GB/s, keyed BLAKE3 runs
-    several times faster and is a PRF in its own right.
+    With a secret, every body carries an HMAC-SHA256 tag over a direction label and the body.
+    The body lists a keyed BLAKE3-256 MAC per data frame, in ``dmacs``.
+    SHA-256 would cap the data path, see docs/benchmarks.md, Peers.
+    Keyed BLAKE3 runs several times faster and is a PRF in its own right.
     """
 
     def __init__(self, secret: bytes | None, limits: Limits | None = None) -> None:
@@ -466,7 +468,7 @@ class Codec:
     def encode(
         self, body: Mapping[str, Any], data: Sequence[Any] = (), *, reply: bool, sign: bool = True
     ) -> list[Any]:
-        """Frames ``[body, tag, data...]`` for ``body`` (a map) and ``data`` (buffers)."""
+        """Frames ``[body, tag, data...]`` for ``body``, a map, and ``data``, buffers."""
         fields = dict(body)
         if self.authenticated and data and sign:
             fields["dmacs"] = [self._data_mac(frame) for frame in data]
@@ -481,11 +483,11 @@ class Codec:
     def decode(
         self, frames: Sequence[Any], *, reply: bool
     ) -> tuple[dict[str, Any], list[Any], bool]:
-        """Parse ``[body, tag, data...]``: returns (body, data frames, authentic).
+        """Parse ``[body, tag, data...]``. Returns (body, data frames, authentic).
 
         Raises :class:`ProtocolViolation` for anything malformed or oversized.
-        ``authentic`` is False only when a secret is configured and the tag is
-        wrong; the caller decides what an unauthenticated message may do.
+        ``authentic`` is False only when a secret is configured and the tag is wrong.
+        The caller decides what an unauthenticated message may do.
         """
         if len(frames) < 2:
             raise ProtocolViolation(

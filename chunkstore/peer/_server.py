@@ -1,11 +1,12 @@
-"""PeerServer: exposes a store (a host cache, a tiered store, any Store) to other instances.
+"""PeerServer: exposes a store to other instances, be it a host cache, a tiered store or any.
 
-One I/O thread owns the ZeroMQ ROUTER socket: it receives, checks size,
-framing, version and MAC, and hands valid requests to a small worker pool
-(store calls may block on disk). Workers queue their replies and wake the I/O
-thread through a pipe; only the I/O thread ever touches the socket, as ZeroMQ
-requires. The same loop expires leases and idle sessions, so a dead client
-cannot pin memory beyond its lease.
+One I/O thread owns the ZeroMQ ROUTER socket.
+It receives, and checks size, framing, version and MAC.
+It hands valid requests to a small worker pool, since store calls may block on disk.
+Workers queue their replies and wake the I/O thread through a pipe.
+Only the I/O thread ever touches the socket, as ZeroMQ requires.
+The same loop expires leases and idle sessions.
+So a dead client cannot pin memory beyond its lease.
 """
 
 from __future__ import annotations
@@ -47,7 +48,8 @@ def _zmq() -> Any:
 
 
 def capacity_of(store: Any) -> tuple[int, int] | None:
-    """(capacity, used) bytes when the object reports them (HostCache, TieredStore), else None."""
+    """(capacity, used) bytes when the object reports them, else None.
+    HostCache and TieredStore report them."""
     capacity = getattr(store, "capacity_bytes", None)
     if capacity is None and hasattr(store, "host"):
         capacity = getattr(store.host, "capacity_bytes", None)
@@ -74,7 +76,11 @@ def _source_address(frame: Any) -> str:
 
 
 class PeerServer:
-    """Serves ``store`` over the peer protocol (spec/PROTOCOL.md) until :meth:`stop`."""
+    """Serves ``store`` over the peer protocol of spec/PROTOCOL.md until :meth:`stop`.
+
+    One class because the I/O thread owns the socket, its poller and the reply queue.
+    Sessions, handlers, staging and accounting already live in modules of their own.
+    """
 
     def __init__(
         self,
@@ -139,7 +145,7 @@ class PeerServer:
         return self.config.name or self.endpoint.removeprefix("tcp://")
 
     def start(self) -> PeerServer:
-        """Bind, start NIXL (when offered and available) and the I/O thread; returns self."""
+        """Bind, and start NIXL when offered and available, then the I/O thread. Returns self."""
         zmq = _zmq()
         self._setup_planes()
         self._handlers = RequestHandlers(
@@ -176,7 +182,7 @@ class PeerServer:
         return self
 
     def _setup_planes(self) -> None:
-        """Open each data plane asked for; drop (with its reason) one that cannot start."""
+        """Open each data plane asked for. One that cannot start is dropped, with its reason."""
         planes = tuple(self.config.planes)
         if P.PLANE_SHM in planes:
             self._shm, self.shm_reason = self._open_slot_plane()
@@ -192,17 +198,18 @@ class PeerServer:
             raise ConfigError(f"no data plane left to offer: {reasons}")
 
     def _client_series(self) -> ClientSeries | None:
-        """Where each client's chunk counts go: only a node service counts them (its
-        clients are the engines of the machine, fetching over ``shm``)."""
+        """Where each client's chunk counts go.
+        Only a node service counts them.
+        Its clients are the engines of the machine, fetching over ``shm``."""
         return None
 
     def _open_slot_plane(self) -> tuple[SlotPlane | None, str | None]:
-        """The ``shm`` plane, or ``None`` and why it cannot be offered: only the node
-        service (:class:`chunkstore.node.NodeServer`) lends slots of a shared pool."""
+        """The ``shm`` plane, or ``None`` and why it cannot be offered.
+        Only the node service, :class:`chunkstore.node.NodeServer`, lends slots of a shared pool."""
         return None, "the shm plane is the node service's (serve with chunkstore.node.NodeServer)"
 
     def stop(self) -> None:
-        """Stop serving; releases every lease and pin. Idempotent."""
+        """Stop serving. Releases every lease and pin. Idempotent."""
         self._stopping.set()
         if self._thread is not None:
             self._wake()
@@ -391,8 +398,9 @@ class PeerServer:
         on_sent: Callable[[], None] | None = None,
         on_dropped: Callable[[], None] | None = None,
     ) -> None:
-        """Send ``frames`` from the I/O thread; ``on_sent`` once they are out (or dropped),
-        ``on_dropped`` only if they could not be sent."""
+        """Send ``frames`` from the I/O thread.
+        ``on_sent`` runs once they are out or dropped.
+        ``on_dropped`` runs only if they could not be sent."""
         self._outbox.put((frames, on_sent, on_dropped))
         self._wake()
 
@@ -557,11 +565,12 @@ class PeerServer:
         self._queue_reply([ident, *frames], on_sent, on_dropped)
 
     def _connection_of(self, frame: Any) -> int:
-        """The connection (its file descriptor) a node client's ``hello`` came in on.
+        """The connection, by file descriptor, that a node client's ``hello`` came in on.
 
-        Disconnect events name connections by descriptor, and a closed descriptor is
-        reused by the next connection: so every disconnect queued before this message
-        is taken first (libzmq queues the event before closing the descriptor).
+        Disconnect events name connections by descriptor.
+        The next connection reuses a closed descriptor.
+        So every disconnect queued before this message is taken first.
+        libzmq queues the event before closing the descriptor.
         """
         if self._monitor is not None:
             self._drain_monitor(self._monitor)

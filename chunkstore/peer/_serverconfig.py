@@ -14,15 +14,16 @@ class PeerServerConfig:
     """How a peer server listens, whom it accepts and what it offers."""
 
     bind: str = "tcp://127.0.0.1:0"
-    """ZeroMQ endpoint to listen on; port 0 picks a free port. Loopback by default.
-    ``ipc:///path`` serves the engines of this machine over a unix socket created
-    owner-only (0600); sessions then last as long as their connection (the node service)."""
+    """ZeroMQ endpoint to listen on. Port 0 picks a free port. Loopback by default.
+    ``ipc:///path`` serves the engines of this machine over a unix socket.
+    The socket is created owner-only, 0600.
+    Sessions then last as long as their connection, as in the node service."""
     name: str | None = None
     """Name in registries and ``stats`` (default: host:port)."""
     fingerprint: bytes | None = None
-    """Model fingerprint served; clients with another one are refused. ``None``: any."""
+    """Model fingerprint served. Clients with another one are refused. ``None`` serves any."""
     chunk_tokens: int | None = None
-    """Tokens per chunk served; clients with another size are refused. ``None``: any."""
+    """Tokens per chunk served. Clients with another size are refused. ``None`` serves any."""
     secret: bytes | str | None = None
     """Shared secret for HMAC authentication of every message (default: $CHUNKSTORE_PEER_SECRET)."""
     use_env_secret: bool = True
@@ -32,24 +33,25 @@ class PeerServerConfig:
     curve_public_key: bytes | None = None
     """Z85 CURVE public key matching ``curve_secret_key`` (published to clients)."""
     curve_client_keys: tuple[bytes, ...] | None = None
-    """Z85 public keys of clients allowed to connect under CURVE; ``None``: any client key."""
+    """Z85 public keys of clients allowed to connect under CURVE. ``None`` allows any key."""
     planes: tuple[str, ...] = (P.PLANE_NIXL, P.PLANE_INLINE)
-    """Data planes offered; NIXL is dropped automatically when it cannot start. ``shm`` (the
-    shared slot pool) needs an ``ipc://`` bind and a store whose host pool is shared."""
+    """Data planes offered. NIXL is dropped automatically when it cannot start.
+    ``shm``, the shared slot pool, needs an ``ipc://`` bind and a store whose host pool is
+    shared."""
     staging_bytes: int = 64 << 20
     """NIXL staging arena for chunks of stores that cannot pin in place."""
     default_lease_ms: int = 5_000
     """Lease length when a client asks for 0."""
     max_lease_ms: int = 30_000
-    """Longest lease granted; longer requests are clamped."""
+    """Longest lease granted. Longer requests are clamped."""
     session_idle_s: float = 300.0
     """Sessions (and their leases) idle this long are dropped."""
     max_sessions: int = 1024
     """Most sessions held at once. At the cap a ``hello`` evicts the least recently used
     session idle for ``session_evict_idle_s``, or is refused with ``too_many_sessions``."""
     max_sessions_per_client: int = 64
-    """Most sessions of one client identity (source address and ``client`` name); a further
-    ``hello`` of that identity evicts its least recently used session."""
+    """Most sessions of one client identity: its source address and ``client`` name.
+    A further ``hello`` of that identity evicts its least recently used session."""
     session_evict_idle_s: float = 1.0
     """Under pressure, sessions idle at least this long may be evicted for a new one."""
     workers: int = 4
@@ -62,13 +64,16 @@ class PeerServerConfig:
     limits: P.Limits = field(default_factory=P.Limits)
     """Message size limits."""
     seal_layout: ChunkLayout | None = None
-    """The served model's chunk layout (``chunkstore serve --spec``): with it a node service
-    assembles and seals the chunks of TP engines, whose ranks each write some heads;
-    without it TP ranks cannot save through it (``shm`` plane only)."""
+    """The served model's chunk layout, from ``chunkstore serve --spec``.
+    With it a node service assembles and seals the chunks of TP engines.
+    Their ranks each write some heads.
+    Without it TP ranks cannot save through it. This is for the ``shm`` plane only."""
     handle_on_io_thread: bool | None = None
-    """Answer requests on the I/O thread (saves a thread hop per request, ~0.1 ms) instead
-    of the worker pool. Only for stores that never block; ``None``: yes for in-memory
-    stores (kind ``memory`` or ``host``), no otherwise (a tiered store may read a disk)."""
+    """Answer requests on the I/O thread instead of the worker pool.
+    It saves a thread hop per request, see docs/benchmarks.md, Peers.
+    Only for stores that never block.
+    ``None`` means yes for in-memory stores, of kind ``memory`` or ``host``, and no otherwise.
+    A tiered store may read a disk."""
 
 
 def check_server_config(config: PeerServerConfig) -> None:

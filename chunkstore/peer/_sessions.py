@@ -1,12 +1,13 @@
 """The sessions and leases of one peer server, within its caps.
 
-A session is what ``hello`` opens; a lease holds pins (host slots, staging
-allocations) a client may read over NIXL until it releases them or the lease
-expires. The table admits sessions within ``max_sessions`` and
-``max_sessions_per_client`` (evicting the least recently used where allowed),
-grants and gives back leases, and expires idle sessions and old leases when
-the server's I/O loop sweeps it, so a dead client cannot pin memory beyond
-its lease.
+A session is what ``hello`` opens.
+A lease holds pins, on host slots or staging allocations.
+A client may read them over NIXL until it releases them or the lease expires.
+The table admits sessions within ``max_sessions`` and ``max_sessions_per_client``.
+It evicts the least recently used session where allowed.
+It grants and gives back leases.
+It expires idle sessions and old leases when the server's I/O loop sweeps it.
+So a dead client cannot pin memory beyond its lease.
 """
 
 from __future__ import annotations
@@ -43,8 +44,9 @@ class Session:
     retained: int
     """Bytes the client made us keep (its name and NIXL metadata), for ``stats``."""
     connection: int | None = None
-    """The connection (its file descriptor in the server) a node session lives on: it ends
-    when that connection closes, and never by idling or eviction. ``None`` for TCP peers."""
+    """The connection a node session lives on, by its file descriptor in the server.
+    The session ends when that connection closes, never by idling or eviction.
+    ``None`` for TCP peers."""
 
 
 @dataclass
@@ -62,7 +64,7 @@ class SessionLease:
 
 
 def release_pins(lease: SessionLease) -> None:
-    """Give back every pin of ``lease``; one failing unpin does not keep the others."""
+    """Give back every pin of ``lease``. One failing unpin does not keep the others."""
     for release in lease.releases:
         try:
             release()
@@ -71,10 +73,10 @@ def release_pins(lease: SessionLease) -> None:
 
 
 class SessionTable:
-    """Sessions and leases of one server; thread-safe.
+    """Sessions and leases of one server. Thread-safe.
 
-    ``forget`` is called with every session that ends (bye, eviction, idle
-    expiry) so the server can drop what it loaded for it (its NIXL agent).
+    ``forget`` is called with every session that ends, by bye, eviction or idle expiry.
+    The server then drops what it loaded for it, such as its NIXL agent.
     """
 
     def __init__(
@@ -95,11 +97,13 @@ class SessionTable:
     def admit(self, session_id: bytes, session: Session) -> None:
         """Add a session within the caps, evicting a least recently used one where allowed.
 
-        A client identity at its cap loses its own oldest session (a client that says hello
-        again has most likely lost the old one). A full server evicts the least recently used
-        session idle at least ``session_evict_idle_s``, preferring sessions without leases;
-        when every session is busier than that, the hello is refused (ProtocolViolation
-        ``too_many_sessions``; ``session`` is then forgotten too).
+        A client identity at its cap loses its own oldest session.
+        A client that says hello again has most likely lost the old one.
+        A full server evicts the least recently used session idle at least
+        ``session_evict_idle_s``.
+        It prefers sessions without leases.
+        When every session is busier than that, the hello is refused.
+        That raises ProtocolViolation ``too_many_sessions``, and ``session`` is forgotten too.
         """
         cfg = self._config
         now = time.monotonic()
@@ -148,7 +152,7 @@ class SessionTable:
         return min(candidates, key=lambda k: (k in leased, self._sessions[k].last_seen))
 
     def touch(self, session_id: bytes) -> Session | None:
-        """The session, marked as seen now; ``None`` when unknown or expired."""
+        """The session, marked as seen now. ``None`` when unknown or expired."""
         with self._lock:
             session = self._sessions.get(session_id)
             if session is not None:
@@ -156,7 +160,7 @@ class SessionTable:
         return session
 
     def get(self, session_id: bytes) -> Session:
-        """The session; ProtocolViolation ``no_session`` when unknown or expired."""
+        """The session. Raises ProtocolViolation ``no_session`` when unknown or expired."""
         with self._lock:
             session = self._sessions.get(session_id)
         if session is None:
@@ -180,8 +184,9 @@ class SessionTable:
             self._sessions_changed()
 
     def drop_connection(self, connection: int) -> int:
-        """End every session living on ``connection`` (it closed: the client said bye, exited
-        or was killed); their leases are released. Returns how many sessions ended."""
+        """End every session living on ``connection``, which closed.
+        The client said bye, exited or was killed.
+        Their leases are released. Returns how many sessions ended."""
         with self._lock:
             ended = [k for k, v in self._sessions.items() if v.connection == connection]
         for session_id in ended:
@@ -207,8 +212,8 @@ class SessionTable:
         lease_ms: int | None,
         held: list[Any] | None = None,
     ) -> bytes:
-        """A new lease id; its pins (``releases``, when any) are held for ``lease_ms``
-        (``None``: until released or the session ends; node sessions only)."""
+        """A new lease id. Its pins, the ``releases`` if any, are held for ``lease_ms``.
+        ``None`` holds them until released or the session ends, for node sessions only."""
         lease_id = P.new_token(P.LEASE_BYTES)
         if releases:
             expires = float("inf") if lease_ms is None else time.monotonic() + lease_ms / 1000
@@ -227,7 +232,7 @@ class SessionTable:
         return lease_id
 
     def take_lease(self, session_id: bytes, lease_id: bytes) -> SessionLease | None:
-        """Remove a lease of this session without releasing it (its holder finishes it);
+        """Remove a lease of this session without releasing it. Its holder finishes it.
         ``None`` when it is unknown, ended or another session's."""
         with self._lock:
             lease = self._leases.get(lease_id)
@@ -249,8 +254,9 @@ class SessionTable:
         self._client_leases_changed(clients)
 
     def _client_leases_changed(self, clients: set[str]) -> None:
-        """Recount the leases of these node clients (by name: an engine may hold several
-        connections under one name, and one of them ending leaves the others' leases)."""
+        """Recount the leases of these node clients, by name.
+        An engine may hold several connections under one name.
+        One of them ending leaves the others' leases."""
         with self._lock:
             held = {
                 client: sum(
@@ -265,7 +271,7 @@ class SessionTable:
             self._accounting.client_leases(client, count)
 
     def close_lease(self, session_id: bytes, lease_id: bytes) -> bool:
-        """Release a lease of this session; False when it is unknown, expired or another's."""
+        """Release a lease of this session. False when it is unknown, expired or another's."""
         with self._lock:
             lease = self._leases.get(lease_id)
             if lease is not None and lease.session == session_id:
@@ -288,8 +294,8 @@ class SessionTable:
     # --- upkeep ---------------------------------------------------------------------------
 
     def sweep(self) -> None:
-        """Release expired leases, end sessions idle longer than ``session_idle_s``, and
-        retire the chunk counts of node clients detached past their grace period."""
+        """Release expired leases, and end sessions idle longer than ``session_idle_s``.
+        Retire the chunk counts of node clients detached past their grace period."""
         now = time.monotonic()
         expired: list[SessionLease] = []
         dropped: list[Session] = []

@@ -1,10 +1,12 @@
 """The peer server's NIXL side: its agent, the staging arena, and moving chunks through them.
 
-A store that pins chunks in registered memory (a host cache) is read by
-clients in place; anything else is copied into the staging arena first, which
-is registered once at start. Pushed chunks are READ from the client straight
-into a reserved host slot where the store offers one (verified, then
-committed), else through the arena.
+Clients read a store that pins chunks in registered memory in place.
+A host cache is such a store.
+Anything else is copied into the staging arena first, which is registered once at start.
+Pushed chunks are READ from the client straight into a reserved host slot, if the store
+offers one.
+They are verified there, then committed.
+Otherwise they go through the arena.
 """
 
 from __future__ import annotations
@@ -64,9 +66,10 @@ class NixlStaging:
     ) -> tuple[Items, list[Callable[[], None]]]:
         """Where a client can READ each chunk, and the calls that give the memory back.
 
-        With ``pinning`` chunks are pinned in place when they lie in registered memory
-        (``served_in_place``), else copied to the arena and unpinned at once; without it
-        ``read`` fetches them and they are staged. A full arena is a miss (``staging_full``).
+        With ``pinning``, chunks in registered memory are pinned in place: ``served_in_place``.
+        Others are copied to the arena and unpinned at once.
+        Without it, ``read`` fetches them and they are staged.
+        A full arena is a miss, counted as ``staging_full``.
         """
         items: Items = []
         releases: list[Callable[[], None]] = []
@@ -110,7 +113,7 @@ class NixlStaging:
         return items, releases
 
     def stage(self, blob: Any) -> Allocation | None:
-        """A copy of ``blob`` in the arena; ``None`` when the arena is full."""
+        """A copy of ``blob`` in the arena. ``None`` when the arena is full."""
         allocation = self.arena.allocate(len(blob))
         if allocation is not None:
             self.arena.view(allocation)[:] = memoryview(blob).cast("B")
@@ -130,11 +133,12 @@ class NixlStaging:
         deadline: float,
         count: Callable[[str], None],
     ) -> list[int]:
-        """READ pushed chunks (``todo`` indices) from the client agent ``remote``.
+        """READ pushed chunks, the ``todo`` indices, from the client agent ``remote``.
 
-        Straight into reserved slots where ``reserving`` offers them (checked with
-        ``valid``, then committed; returns those indices), else via the arena into
-        ``blobs``.
+        They go straight into reserved slots where ``reserving`` offers them.
+        There they are checked with ``valid``, then committed.
+        Returns those indices.
+        Others go via the arena into ``blobs``.
         """
         committed: list[int] = []
         for i in todo:

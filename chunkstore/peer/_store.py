@@ -1,11 +1,13 @@
 """PeerStore: a Store over one or more peer servers, usable as a tier of a TieredStore.
 
-Reads ask every peer in parallel and take the best answer; a peer that fails
-is a miss (and is skipped for ``retry_after_s``), never an exception. One read
-call is bounded by one ``timeout_s`` in total: its requests to a peer (``hello``,
-``exists``, ``fetch``, the NIXL READ) share a deadline set when the call starts. Every
-chunk that arrives is verified (checksum, key, and fingerprint or MAC when
-configured) before it is returned: a partial or damaged transfer is a miss.
+Reads ask every peer in parallel and take the best answer.
+A peer that fails is a miss, never an exception, and is skipped for ``retry_after_s``.
+One read call is bounded by one ``timeout_s`` in total.
+Its requests to a peer share a deadline set when the call starts.
+Those are ``hello``, ``exists``, ``fetch`` and the NIXL READ.
+Every chunk that arrives is verified before it is returned.
+The checks are the checksum and key, and the fingerprint or MAC when configured.
+A partial or damaged transfer is a miss.
 Writes push chunks to the peer with the most free capacity.
 """
 
@@ -163,9 +165,10 @@ class PeerStore(Store):
             return list(self._clients.values())
 
     def _retire(self, client: PeerClient) -> None:
-        """Close the client of a peer that left discovery, off the caller's path (caller holds
-        the lock): its goodbye waits for a reply, and a peer that left has often died, so
-        closing it here would cost the read that noticed a whole timeout, under the lock."""
+        """Close the client of a peer that left discovery, off the caller's path.
+        The caller holds the lock.
+        The client's goodbye waits for a reply, and a peer that left has often died.
+        Closing it here would cost the read that noticed a whole timeout, under the lock."""
         self._retiring.add(client)
 
         def close() -> None:
@@ -179,9 +182,10 @@ class PeerStore(Store):
             pass
 
     def _client_for(self, info: PeerInfo, nixl: NixlClientPlane | None) -> PeerClient | None:
-        """A client for a discovered peer; ``None`` (warned once) for a record whose endpoint
-        no client can connect to: anyone who can write a registry can write a record, and
-        one bad record must not turn every read into an exception."""
+        """A client for a discovered peer.
+        ``None``, warned once, for a record whose endpoint no client can connect to.
+        Anyone who can write a registry can write a record.
+        One bad record must not turn every read into an exception."""
         try:
             endpoint = peer_endpoint(info.endpoint)
         except ConfigError as exc:
@@ -208,8 +212,8 @@ class PeerStore(Store):
         call: Callable[[PeerClient], T],
         deadline: float | None = None,
     ) -> list[T | None]:
-        """``call`` on every available client in parallel; ``None`` where it failed.
-        ``deadline`` (monotonic): every request of ``call`` ends by then (a miss if not)."""
+        """``call`` on every available client in parallel. ``None`` where it failed.
+        ``deadline`` is a monotonic time. Every request of ``call`` ends by then, or misses."""
         live = [c for c in clients if c.available]
 
         def safe(client: PeerClient) -> T | None:
@@ -238,7 +242,7 @@ class PeerStore(Store):
     # --- reads -------------------------------------------------------------------------
 
     def lookup_prefix(self, keys: Sequence[ChunkKey]) -> int:
-        """Ask every peer for its prefix length in parallel; the longest wins."""
+        """Ask every peer for its prefix length in parallel. The longest wins."""
         if not keys:
             return 0
         clients = self.clients()
@@ -370,7 +374,9 @@ class PeerStore(Store):
         return f"deleted from {endpoint}"
 
     def get_into(self, key: ChunkKey, buffer: Buffer) -> int | None:
-        """Fetch one chunk into ``buffer`` (a host-pool slot) and verify it; size or ``None``.
+        """Fetch one chunk into ``buffer``, a host-pool slot, and verify it.
+
+        Returns its size, or ``None``.
 
         Over NIXL, a buffer in memory given to :meth:`register_memory` is written
         by the transfer itself, without a staging copy."""
@@ -379,8 +385,8 @@ class PeerStore(Store):
     def get_many_into(
         self, keys: Sequence[ChunkKey], buffers: Sequence[Buffer]
     ) -> list[int | None]:
-        """Batched :meth:`get_into`: one request per peer for all its keys; size or ``None``
-        per key (missing, unreachable or failed verification)."""
+        """Batched :meth:`get_into`: one request per peer for all its keys.
+        Returns the size per key, or ``None`` if missing, unreachable or failing verification."""
         if len(keys) != len(buffers):
             raise ConfigError("get_many_into needs one buffer per key")
         out: list[int | None] = [None] * len(keys)
@@ -409,7 +415,7 @@ class PeerStore(Store):
         return out
 
     def register_memory(self, buffer: Buffer) -> bool:
-        """Register a host pool with NIXL so that :meth:`get_into` reads straight into it;
+        """Register a host pool with NIXL, so that :meth:`get_into` reads straight into it.
         False when NIXL is not in use."""
         nixl = self._shared_nixl()
         if nixl is None:
@@ -443,8 +449,9 @@ class PeerStore(Store):
         return [client for _, client in ranked]
 
     def _push(self, items: Sequence[tuple[ChunkKey, Buffer]], overwrite: bool) -> list[bool]:
-        """Offer chunks to peers, emptiest first, until one holds each. Returns per chunk:
-        overwrite: a peer holds it now; otherwise: this call wrote it (put_if_absent)."""
+        """Offer chunks to peers, emptiest first, until one holds each.
+        With overwrite it returns per chunk whether a peer holds it now.
+        Otherwise it returns whether this call wrote it, as put_if_absent does."""
         out = [False] * len(items)
         remaining = list(range(len(items)))
         for client in self.push_targets():
@@ -463,11 +470,11 @@ class PeerStore(Store):
         return out
 
     def put_many(self, items: Sequence[tuple[ChunkKey, Buffer]]) -> list[bool]:
-        """Push chunks to the emptiest writable peer (overwriting); True where a peer took one."""
+        """Push chunks to the emptiest writable peer, overwriting. True where a peer took one."""
         return self._push(items, overwrite=True)
 
     def put_if_absent_many(self, items: Sequence[tuple[ChunkKey, Buffer]]) -> list[bool]:
-        """Push chunks no peer holds yet; True per chunk this call stored."""
+        """Push chunks no peer holds yet. True per chunk this call stored."""
         if not items:
             return []
         present = self.exists_many([k for k, _ in items])
@@ -479,7 +486,7 @@ class PeerStore(Store):
         return out
 
     def delete_many(self, keys: Sequence[ChunkKey]) -> int:
-        """Delete keys on every peer; returns how many keys were held by at least one."""
+        """Delete keys on every peer. Returns how many keys were held by at least one."""
         if not keys:
             return 0
         clients = self.clients()
@@ -530,8 +537,9 @@ class PeerStore(Store):
 
 
 def open_peer_store(url: str, **options: Any) -> PeerStore:
-    """``peer://host:port[,host:port...]`` for a static list, ``peer+redis://host:port/db`` or
-    ``peer+file:///dir`` for a registry (the factory ``open_store`` uses for these schemes)."""
+    """Open a peer store by URL. ``open_store`` uses this factory for these schemes.
+    ``peer://host:port[,host:port...]`` names a static list.
+    ``peer+redis://host:port/db`` or ``peer+file:///dir`` names a registry."""
     from chunkstore.peer._discovery import open_registry
 
     scheme, rest = url.split("://", 1)

@@ -1,25 +1,26 @@
-"""Belady's MIN: the offline optimum the online policies are measured against.
+"""Belady's MIN: the offline optimum the online policies are compared with.
 
-Demand paging, like the online policies: every missed block is admitted, and
-when the cache is full the resident block whose next use lies farthest in
-the future (or never comes) is evicted. No online policy that admits every
-miss can score more **block hits** on the same access sequence.
+It uses demand paging, like the online policies: every missed block is admitted.
+When the cache is full, the resident block whose next use lies farthest ahead is evicted.
+A block never used again counts as farthest.
+No online policy that admits every miss can score more **block hits** on the same sequence.
 
-For **prompt tokens saved** (the leading run of hits of each request) the
-simulator counts MIN's hits the same way as any policy's. MIN is nearly
-prefix-aware by construction: every request reads a chunk's parent just before
-the chunk, so a parent's next use comes before its child's and MIN evicts the
-child first, except when the child is the block being admitted (demand paging:
-it cannot be the victim), so a chain longer than the free room can keep a
-chunk whose parent it evicted, a hit outside the leading run. MIN's *tokens
-saved* are therefore no proven optimum, but ``MIN hits x block_tokens`` is a
-proven bound on every policy's tokens saved:
-a request saves at most ``block_tokens`` per leading hit, a leading hit is a
-hit, and no policy of the same capacity that admits every miss has more hits
-than MIN (:meth:`~chunkstore.simulator.replay.Simulation.tokens_saved_bound`).
-On the shared and generated traces the two differ by at most 0.4 point, except
-where a cache of a few blocks meets long shared chains (the generated
-system-prompts trace at 1 % of its blocks: 6.9 points).
+**Prompt tokens saved** are the leading run of hits of each request.
+The simulator counts MIN's hits for them the same way as any policy's.
+MIN is nearly prefix-aware by construction.
+Every request reads a chunk's parent just before the chunk.
+So a parent's next use comes before its child's, and MIN evicts the child first.
+The exception is a child that is the block being admitted.
+Under demand paging it cannot be the victim.
+So a chain longer than the free room can keep a chunk whose parent it evicted.
+That is a hit outside the leading run.
+MIN's *tokens saved* are therefore no proven optimum.
+But ``MIN hits x block_tokens`` is a proven bound on every policy's tokens saved.
+A request saves at most ``block_tokens`` per leading hit, and a leading hit is a hit.
+No policy of the same capacity that admits every miss has more hits than MIN.
+See :meth:`~chunkstore.simulator.replay.Simulation.tokens_saved_bound`.
+The two differ most where a cache of a few blocks meets long shared chains.
+See docs/benchmarks.md, "Tokens saved on traces".
 """
 
 from __future__ import annotations

@@ -1,26 +1,27 @@
 """Seeded synthetic request traces for the workloads operators run, in Mooncake format.
 
-Each workload builds prompts out of *segments* (a system prompt, a document,
-a user turn, a tool result: an id and a token count) and turns every prompt
-into prefix-chained block ids exactly as a serving engine keys its KV: block
-``i`` of a prompt is identified by its parent block and the segment pieces it
-covers, so two prompts share block ids precisely as far as they share tokens
-(a partial last block that later fills up becomes a new block).
+Each workload builds prompts out of *segments*, each an id and a token count.
+A segment is a system prompt, a document, a user turn or a tool result.
+Every prompt becomes prefix-chained block ids, exactly as a serving engine keys its KV.
+Block ``i`` of a prompt is identified by its parent block and the segment pieces it covers.
+So two prompts share block ids precisely as far as they share tokens.
+A partial last block that later fills up becomes a new block.
 
-Workloads (:data:`WORKLOADS`):
+Workloads, see :data:`WORKLOADS`:
 
-* ``chat``: multi-turn conversations; each turn re-sends the whole
-  conversation plus the previous answer and a new question after a think time.
-* ``system-prompts``: many short conversations under a few long shared system
-  prompts (Zipf popularity), one or two turns each.
-* ``rag``: a system prompt, then a few documents drawn from a pool with Zipf
-  popularity, then the question.
-* ``agent``: tool definitions shared by every agent, then a loop whose
-  transcript grows by a tool call and its result at every step.
+* ``chat``: multi-turn conversations.
+  After a think time, each turn re-sends the whole conversation.
+  It adds the previous answer and a new question.
+* ``system-prompts``: many short conversations under a few long shared system prompts.
+  The prompts have Zipf popularity. Each conversation has one or two turns.
+* ``rag``: a system prompt, then a few documents, then the question.
+  The documents are drawn from a pool with Zipf popularity.
+* ``agent``: tool definitions shared by every agent, then a loop.
+  Its transcript grows by a tool call and its result at every step.
 
-The same seed and parameters always give the same trace (``random.Random``
-only). :func:`write_trace` writes it as JSON Lines that :func:`load_trace`
-reads like any Mooncake trace.
+The same seed and parameters always give the same trace, using ``random.Random`` only.
+:func:`write_trace` writes it as JSON Lines.
+:func:`load_trace` reads those like any Mooncake trace.
 """
 
 from __future__ import annotations

@@ -1,20 +1,21 @@
 """Replaying a trace through cache policies at several capacities.
 
-Each request looks up its blocks in order; a block is a hit if the cache
-holds it, and is admitted otherwise (what a serving engine does when it
-computes and saves the block). Two results per policy and capacity:
+Each request looks up its blocks in order.
+A block is a hit if the cache holds it, and is admitted otherwise.
+A serving engine does the same when it computes and saves the block.
+Two results per policy and capacity:
 
-* **block hit ratio**: hits over all block lookups;
-* **tokens not recomputed**: per request, the tokens covered by its leading
-  run of hits (KV for block i is only usable if blocks 0..i-1 are too),
-  capped at the prompt length, summed over requests.
+* **Block hit ratio**: hits over all block lookups.
+* **Tokens not recomputed**: per request, the tokens covered by its leading run of hits.
+  KV for block i is only usable if blocks 0..i-1 are too.
+  They are capped at the prompt length, and summed over requests.
 
-Online policies are the real :class:`~chunkstore.cache.policy.CachePolicy`
-classes the host cache runs, told each block's chain parent (the block before
-it in the prompt) as the host cache learns it from chunk headers; ``belady``
-is the offline reference (:mod:`chunkstore.simulator.belady`), and
-:meth:`Simulation.gap_to_belady` measures every policy against it on both
-results.
+Online policies are the real :class:`~chunkstore.cache.policy.CachePolicy` classes the
+host cache runs.
+They are told each block's chain parent, the block before it in the prompt.
+The host cache learns it from chunk headers the same way.
+``belady`` is the offline reference, see :mod:`chunkstore.simulator.belady`.
+:meth:`Simulation.gap_to_belady` compares every policy with it on both results.
 """
 
 from __future__ import annotations
@@ -111,9 +112,10 @@ class Simulation:
     def tokens_saved_bound(self, capacity: int) -> float | None:
         """A proven upper bound on the tokens-saved ratio of any policy at ``capacity``.
 
-        Belady's block hits times the block size (at most every prompt token): a request
-        saves at most ``block_tokens`` per leading hit, a leading hit is a hit, and no
-        policy of ``capacity`` blocks that admits every miss scores more hits than MIN.
+        It is Belady's block hits times the block size, at most every prompt token.
+        A request saves at most ``block_tokens`` per leading hit.
+        A leading hit is a hit.
+        No policy of ``capacity`` blocks that admits every miss scores more hits than MIN.
         ``None`` when Belady was not simulated.
         """
         if "belady" not in self.policies:

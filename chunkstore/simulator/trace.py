@@ -1,22 +1,25 @@
 """Reading request traces for the cache simulator.
 
-Two JSON Lines formats, one request per line (blank lines are skipped):
+Two JSON Lines formats, one request per line. Blank lines are skipped.
 
-* **Mooncake** (``kvcache-ai/Mooncake`` FAST'25 traces): ``timestamp``
-  (ms), ``input_length`` and ``output_length`` (tokens), ``hash_ids`` (one
-  integer per started block of ``block_tokens`` tokens; equal ids are the same
-  prefix-chained block). All four fields are required.
-* **Tokens**: ``tokens``, a list of token ids; blocks are keyed with
-  :func:`~chunkstore.hashing.chain_keys` exactly as a store would key chunks.
+* **Mooncake**, the ``kvcache-ai/Mooncake`` FAST'25 traces.
+  Fields: ``timestamp`` in ms, ``input_length`` and ``output_length`` in tokens,
+  and ``hash_ids``.
+  ``hash_ids`` has one integer per started block of ``block_tokens`` tokens.
+  Equal ids are the same prefix-chained block.
+  All four fields are required.
+* **Tokens**: ``tokens``, a list of token ids.
+  Blocks are keyed with :func:`~chunkstore.hashing.chain_keys`, as a store would key chunks.
   ``timestamp`` and ``output_length`` are optional.
 
-Both formats keep only a request's **full** blocks, as a serving engine does
-(vLLM and chunkstore's connector cache and load whole chunks only): a partial
-last block is never looked up nor admitted, and its tokens always count as
-recomputed. For a Mooncake request these are the first ``input_length //
-block_tokens`` hash ids (the published traces name the partial last block
-too); a request with fewer hash ids than that keeps all of them, and the
-prompt tokens past its last named block count as recomputed.
+Both formats keep only a request's **full** blocks, as a serving engine does.
+vLLM and chunkstore's connector cache and load whole chunks only.
+A partial last block is never looked up nor admitted.
+Its tokens always count as recomputed.
+For a Mooncake request these are the first ``input_length // block_tokens`` hash ids.
+The published traces name the partial last block too.
+A request with fewer hash ids than that keeps all of them.
+Its prompt tokens past its last named block count as recomputed.
 
 Every defect is a :class:`TraceError` that names the file and line; a trace with no
 request, or with no block in any request, is one too.

@@ -31,7 +31,7 @@ from chunkstore.format import (
     read_header,
     recompress,
 )
-from chunkstore.format import _header as header_module
+from chunkstore.format import _template as template_module
 from chunkstore.hashing import namespace_of, namespace_root
 from tests.format.strategies import kv_specs, random_tensors
 
@@ -223,7 +223,7 @@ def test_known_template_fast_path_agrees_with_json_parser(monkeypatch) -> None:
     spec = KVSpec.simple("m", num_layers=2, num_kv_heads=2, head_dim=4, chunk_tokens=8)
     data, *_ = _encode(ChunkLayout(spec, authenticated=True), 5, mac_key=mac_key_from_secret("k"))
     fast = read_header(data)
-    monkeypatch.setattr(header_module, "_KNOWN_TEMPLATES", {})
+    monkeypatch.setattr(template_module, "_KNOWN_TEMPLATES", {})
     slow = read_header(data)
     assert fast == slow
     assert fast.tokens == slow.tokens and len(fast.tokens) == 8
@@ -248,12 +248,12 @@ def test_known_template_fast_path_same_verdict_on_damaged_headers(data: st.DataO
     position = data.draw(st.integers(0, offset - 1), label="position")
     damaged[position] = data.draw(st.integers(0, 255).filter(lambda b: b != chunk[position]))
     fast = _header_verdict(bytes(damaged))
-    saved = dict(header_module._KNOWN_TEMPLATES)
-    header_module._KNOWN_TEMPLATES.clear()
+    saved = dict(template_module._KNOWN_TEMPLATES)
+    template_module._KNOWN_TEMPLATES.clear()
     try:
         slow = _header_verdict(bytes(damaged))
     finally:
-        header_module._KNOWN_TEMPLATES.update(saved)
+        template_module._KNOWN_TEMPLATES.update(saved)
     assert fast == slow
 
 
@@ -262,12 +262,12 @@ def test_a_reader_learns_the_template_of_a_header_it_parsed(monkeypatch) -> None
     a header this library would render differently is never learned."""
     spec = KVSpec.simple("m", num_layers=2, num_kv_heads=2, head_dim=4, chunk_tokens=8)
     chunk, *_ = _encode(ChunkLayout(spec), 9)
-    monkeypatch.setattr(header_module, "_KNOWN_TEMPLATES", {})
-    monkeypatch.setattr(header_module, "_UNLEARNABLE", set())
+    monkeypatch.setattr(template_module, "_KNOWN_TEMPLATES", {})
+    monkeypatch.setattr(template_module, "_UNLEARNABLE", set())
     slow = read_header(chunk)
-    assert len(header_module._KNOWN_TEMPLATES) == 1
+    assert len(template_module._KNOWN_TEMPLATES) == 1
     assert read_header(chunk) == slow
-    (bucket,) = header_module._KNOWN_TEMPLATES.values()
+    (bucket,) = template_module._KNOWN_TEMPLATES.values()
     assert bucket[0][0].raw[:40] == chunk[:40]
 
     # The same header with its metadata fields in another order: valid, but not ours.
@@ -278,8 +278,8 @@ def test_a_reader_learns_the_template_of_a_header_it_parsed(monkeypatch) -> None
     swapped = f'"stored_size":"{header.stored_size}","payload_size":"{header.payload_size}"'
     reordered = body.replace(sizes.encode(), swapped.encode())
     assert reordered != body and len(reordered) == len(body)
-    monkeypatch.setattr(header_module, "_KNOWN_TEMPLATES", {})
+    monkeypatch.setattr(template_module, "_KNOWN_TEMPLATES", {})
     foreign = bytes(raw[:8]) + reordered + b" " * (len(raw) - 8 - len(reordered))
     assert read_header(foreign + bytes(chunk[header.data_offset :])).key == header.key
-    assert not header_module._KNOWN_TEMPLATES
-    assert len(header_module._UNLEARNABLE) == 1
+    assert not template_module._KNOWN_TEMPLATES
+    assert len(template_module._UNLEARNABLE) == 1

@@ -1,57 +1,71 @@
 """TP shard assembly: the ranks of one engine write one chunk into one shared host slot.
 
-With tensor parallelism every rank process holds only its KV heads, but a
-chunk holds all of them (the format is TP-independent). Instead of gathering
-shards anywhere, every rank writes its heads straight into its byte ranges
-(:meth:`ChunkLayout.rank_ranges`) of the same slot of the shared host pool; the
-last writer seals the header; the owner process publishes the chunk once.
+With tensor parallelism every rank process holds only its KV heads.
+A chunk holds all of them, since the format is TP-independent.
+Shards are not gathered anywhere.
+Every rank writes its heads straight into its byte ranges of the same slot of the shared
+host pool, see :meth:`ChunkLayout.rank_ranges`.
+The last writer seals the header.
+The owner process publishes the chunk once.
 
 Roles:
 
-* the **owner** (:class:`AssemblyOwner`, in vLLM the scheduler process) owns the
-  :class:`~chunkstore.cache.HostCache` (index, policy) and, through a
-  :class:`~chunkstore.tiering.TieredStore`, the write-back to secondary tiers;
-* **ranks** (:class:`ShardAssembler`, one per TP worker process) attach the
-  pool by name.
+* The **owner** is an :class:`AssemblyOwner`, in vLLM the scheduler process.
+  It owns the :class:`~chunkstore.cache.HostCache`, with its index and policy.
+  Through a :class:`~chunkstore.tiering.TieredStore` it owns the write-back to
+  secondary tiers.
+* **Ranks** are :class:`ShardAssembler` objects, one per TP worker process.
+  They attach the pool by name.
 
-Why the owner *lends* slots instead of assigning one per key: ranks must not
-wait for a round trip to a busy process on every save, and only the owner may
-run the replacement policy. So the owner keeps a few free slots in state
-``LENT`` (evicting by policy ahead of time), and ranks claim them on their own:
+The owner *lends* slots instead of assigning one per key.
+Ranks must not wait for a round trip to a busy process on every save.
+And only the owner may run the replacement policy.
+So the owner keeps a few free slots in state ``LENT``, evicting by policy ahead of time.
+Ranks claim them on their own:
 
-1. ``slot_for_write(key, parent=, tokens=)``, under the pool lock (``flock``):
-   if a claim for ``key`` exists, join it (set this rank's bit in ``joined``);
-   if the key is already cached or sealed, return ``None``; otherwise take a
-   ``LENT`` slot, record key, TP size, the expected ``writers`` bitmask and the
-   claim time in its table entry and the seal arguments (parent, tokens) in the
-   slot's header area, which no shard write touches (state ``CLAIMED``).
-2. The rank copies its shard into ``claim.view`` without the lock; nothing else
-   writes those bytes (rank ranges are disjoint) and the slot cannot be reused
-   while the rank's bit is in ``joined`` but not in ``done``.
-3. ``mark_written(claim)``: sets the rank's bit in ``done``. The rank that
-   completes ``writers`` moves the slot to ``SEALING`` (exactly one can), seals
-   the header and checksum outside the lock, then sets ``SEALED`` and wakes the
-   owner. Replica ranks (TP larger than the KV head count) and, for MLA, ranks
-   other than 0 write nothing: they are not in ``writers`` and get ``None``.
-4. The owner, woken by a datagram on an abstract Unix socket named after the
-   pool (and every ``sweep_interval`` regardless, so a lost wake-up only
-   delays), adopts each ``SEALED`` slot into its index under the pool lock; that
-   state change happens once per claim, so each chunk is queued for write-back
-   exactly once. It then lends fresh slots.
+1. ``slot_for_write(key, parent=, tokens=)`` runs under the pool lock, a ``flock``.
+   If a claim for ``key`` exists, the rank joins it by setting its bit in ``joined``.
+   If the key is already cached or sealed, it returns ``None``.
+   Otherwise it takes a ``LENT`` slot and moves it to state ``CLAIMED``.
+   It records the key, TP size, the expected ``writers`` bitmask and the claim time in
+   the slot's table entry.
+   It records the seal arguments, parent and tokens, in the slot's header area.
+   No shard write touches that area.
+2. The rank copies its shard into ``claim.view`` without the lock.
+   Nothing else writes those bytes, since rank ranges are disjoint.
+   The slot cannot be reused while the rank's bit is in ``joined`` but not in ``done``.
+3. ``mark_written(claim)`` sets the rank's bit in ``done``.
+   The rank that completes ``writers`` moves the slot to ``SEALING``.
+   Exactly one rank can.
+   It seals the header and checksum outside the lock, then sets ``SEALED`` and wakes the owner.
+   Some ranks write nothing: replica ranks, when TP is larger than the KV head count.
+   For MLA, so do ranks other than 0.
+   They are not in ``writers`` and get ``None``.
+4. A datagram on an abstract Unix socket named after the pool wakes the owner.
+   It also wakes every ``sweep_interval`` regardless, so a lost wake-up only delays.
+   It adopts each ``SEALED`` slot into its index under the pool lock.
+   That state change happens once per claim.
+   So each chunk is queued for write-back exactly once.
+   It then lends fresh slots.
 
-Failures: a claim not sealed ``claim_timeout`` seconds after it was made is
-``ABORTED`` by the owner (so is one whose rank called :meth:`ShardAssembler.abandon`);
-an aborted slot is never published or readable, and is taken back once no
-writer is still inside it. A writer counts as gone when it finished, or when the
-process registered for its rank (``rank_pids`` in the pool header) no longer
-exists or a new process attaches as that rank, so a crashed rank leaks nothing.
-A slow rank that is still copying keeps
-the slot until it calls :meth:`ShardAssembler.mark_written` (which then returns False).
+Failures: the owner moves a claim to ``ABORTED`` when it is not sealed in ``claim_timeout``
+seconds.
+So does a claim whose rank called :meth:`ShardAssembler.abandon`.
+An aborted slot is never published or readable.
+It is taken back once no writer is still inside it.
+A writer counts as gone when it finished.
+It also counts as gone when the process registered for its rank no longer exists.
+The pool header lists those processes in ``rank_pids``.
+A new process attaching as that rank has the same effect.
+So a crashed rank leaks nothing.
+A slow rank that is still copying keeps the slot until it calls
+:meth:`ShardAssembler.mark_written`, which then returns False.
 
 Loads: :meth:`ShardAssembler.acquire` pins a READY slot against eviction from any
-attached process, :meth:`ShardAssembler.read_shard` copies just the rank's heads.
-Reads from rank processes do not update the owner's policy (recency): the
-scheduler records the hit when it plans the load.
+attached process.
+:meth:`ShardAssembler.read_shard` copies just the rank's heads.
+Reads from rank processes do not update the owner's policy.
+The scheduler records the hit when it plans the load.
 """
 
 from __future__ import annotations
@@ -154,14 +168,17 @@ class ShardAssemblerStats:
 
 
 class ShardAssembler:
-    """The rank side of TP shard assembly (see the module docstring).
+    """The rank side of TP shard assembly. See the module docstring.
 
-    ``pool`` is the owner's pool name (attached here, detached on :meth:`close`)
-    or an open :class:`SlotPool`. ``slot_wait``: seconds :meth:`slot_for_write`
-    waits for the owner to lend a slot when none is free (0: give up at once; a
-    skipped save is counted in ``no_slot``). ``mac_key`` for authenticated layouts.
-    ``pin_memory`` (when attaching by name): ``None`` page-locks the mapping in
-    this process when torch sees CUDA, for fast device copies; see :meth:`SlotPool.attach`.
+    ``pool`` is the owner's pool name, or an open :class:`SlotPool`.
+    A pool named here is attached here and detached on :meth:`close`.
+    ``slot_wait`` is how long :meth:`slot_for_write` waits for the owner to lend a slot.
+    It is in seconds, and 0 gives up at once.
+    A skipped save is counted in ``no_slot``.
+    ``mac_key`` is for authenticated layouts.
+    ``pin_memory`` applies when attaching by name.
+    ``None`` page-locks the mapping in this process when torch sees CUDA.
+    That makes device copies fast, see :meth:`SlotPool.attach`.
     """
 
     def __init__(
@@ -251,18 +268,21 @@ class ShardAssembler:
     # --- writes -----------------------------------------------------------------------------
 
     def slot_for_write(self, key: ChunkKey, *, parent: bytes, tokens: Any) -> Lease | None:
-        """This rank's claim on ``key``'s slot (the same slot for every rank), or ``None``.
+        """This rank's claim on ``key``'s slot, or ``None``. Every rank gets the same slot.
 
-        The claim is a write :class:`~chunkstore.cache.Lease`: write the shard into its
-        ``view`` (:meth:`write_shard`), then :meth:`mark_written`; ``with claim:`` does that
-        on a clean exit and abandons it if the block raised; ``sealed`` says whether this
-        rank's mark completed the chunk.
+        The claim is a write :class:`~chunkstore.cache.Lease`.
+        Write the shard into its ``view`` with :meth:`write_shard`, then call
+        :meth:`mark_written`.
+        ``with claim:`` does that on a clean exit, and abandons it if the block raised.
+        ``sealed`` says whether this rank's mark completed the chunk.
 
-        ``parent`` (the previous key's digest, or the namespace root) and
-        ``tokens`` (the chunk's token ids) are the seal arguments; every rank
-        passes the same ones and the first claimant's are kept. ``None``: nothing
-        for this rank to write - the key is cached or sealed already, this rank
-        already wrote it, it writes no bytes (:attr:`writes`), or no slot was free.
+        ``parent`` and ``tokens`` are the seal arguments.
+        ``parent`` is the previous key's digest, or the namespace root.
+        ``tokens`` are the chunk's token ids.
+        Every rank passes the same ones, and the first claimant's are kept.
+        ``None`` means nothing for this rank to write.
+        Either the key is cached or sealed already, or this rank already wrote it.
+        Or this rank writes no bytes, see :attr:`writes`, or no slot was free.
         Raises :class:`~chunkstore.errors.KeyMismatch` when ``key`` is not
         BLAKE3(parent || tokens).
         """
@@ -448,8 +468,9 @@ class ShardAssembler:
     # --- reads ------------------------------------------------------------------------------
 
     def acquire(self, key: ChunkKey) -> Lease | None:
-        """Pin ``key``'s READY slot against eviction (a read :class:`~chunkstore.cache.Lease`;
-        release it, or use ``with``, when done); ``None`` if host memory lacks it."""
+        """Pin ``key``'s READY slot against eviction. ``None`` if host memory lacks it.
+        Returns a read :class:`~chunkstore.cache.Lease`.
+        Release it, or use ``with``, when done."""
         self._check_open()
         got = self.pool.acquire(key)
         if got is None:
@@ -482,8 +503,8 @@ class ShardAssembler:
             return None if views is None else {name: v.copy() for name, v in views.items()}
 
     def _shard_views(self, key: ChunkKey, data: memoryview) -> dict[str, np.ndarray] | None:
-        """Views of this rank's heads in chunk ``data`` (of its decoded payload where it is
-        compressed); None where it is not a chunk of this layout."""
+        """Views of this rank's heads in chunk ``data``, or None if not a chunk of this layout.
+        For a compressed chunk they view its decoded payload."""
         try:
             if read_header(data).compression == "none":
                 if len(data) != self.layout.total_size:

@@ -1,23 +1,29 @@
 """TP engines through the node service: every rank writes its heads into one shared slot.
 
-A TP engine's ranks are separate processes, each holding some KV heads of every
-chunk. Each rank ``reserve``s the chunk with its ``rank``, ``tp`` and ``engine``
-identity: the first reservation of a key by an engine takes a slot, the engine's
-other ranks join it and get the same slot. Parts of different engines never meet:
-two engines saving the same chunk at once assemble it in a slot each (the later
-commit replaces the earlier copy, which holds the same content), so a chunk never
-holds one engine's heads beside another's (their copies need not agree bit for bit,
-and a rank of one engine must not complete, or abort, another engine's chunk).
-Each rank writes its byte ranges (:meth:`ChunkLayout.rank_ranges`) and commits
-its part; when every rank has committed, the service seals the chunk (header
-and checksum, with the layout of its ``--spec``), checks it and publishes it.
-A rank whose connection closes before its part is committed takes the whole
-chunk down with it (the slot is given back): a chunk is published whole or not
-at all; so does the end of the session of any rank that joined it before it is whole.
-A chunk that is still not whole :data:`MAX_AGE_S` after its first reservation is given up
-too: ranks decide to save on their own, and one may never join (it found no room, or
-another engine published the chunk between the ranks' reservations), which would
-otherwise hold the slot for as long as the other ranks' sessions last.
+A TP engine's ranks are separate processes, each holding some KV heads of every chunk.
+Each rank ``reserve``s the chunk with its ``rank``, ``tp`` and ``engine`` identity.
+The first reservation of a key by an engine takes a slot.
+The engine's other ranks join it and get the same slot.
+Parts of different engines never meet.
+Two engines saving the same chunk at once assemble it in a slot each.
+The later commit replaces the earlier copy, which holds the same content.
+So a chunk never holds one engine's heads beside another's.
+Their copies need not agree bit for bit.
+And a rank of one engine must not complete, or abort, another engine's chunk.
+
+Each rank writes its byte ranges, see :meth:`ChunkLayout.rank_ranges`, and commits its part.
+When every rank has committed, the service seals the chunk.
+It writes the header and checksum with the layout of its ``--spec``.
+It then checks the chunk and publishes it.
+A chunk is published whole or not at all.
+A rank whose connection closes before its part is committed takes the whole chunk down.
+The slot is given back.
+The end of the session of any rank that joined the chunk before it is whole does the same.
+A chunk still not whole :data:`MAX_AGE_S` after its first reservation is given up too.
+Ranks decide to save on their own, and one may never join.
+It may have found no room.
+Or another engine published the chunk between the ranks' reservations.
+The slot would otherwise be held as long as the other ranks' sessions last.
 """
 
 from __future__ import annotations
@@ -47,8 +53,8 @@ class RankPart:
     rank: int
     """The rank writing the part."""
     engine: bytes | None
-    """The identity of the rank's engine (``None``: a 1.0 client that sent none; such
-    parts assemble among themselves)."""
+    """The identity of the rank's engine.
+    ``None`` is a 1.0 client that sent none. Such parts assemble among themselves."""
 
     @property
     def assembly(self) -> tuple[ChunkKey, bytes | None]:
@@ -69,12 +75,13 @@ class _Assembly:
     joined: set[int] = field(default_factory=set)
     done: set[int] = field(default_factory=set)
     owners: list[object] = field(default_factory=list)
-    """The sessions of the ranks that joined: one ending before the chunk is whole gives it
-    up (a rank that died after its part, before a slower rank joined)."""
+    """The sessions of the ranks that joined.
+    One ending before the chunk is whole gives it up.
+    That is a rank that died after its part, before a slower rank joined."""
 
 
 class NodeAssemblies:
-    """The chunks TP ranks are writing through the node service; thread-safe."""
+    """The chunks TP ranks are writing through the node service. Thread-safe."""
 
     def __init__(
         self,
@@ -102,9 +109,9 @@ class NodeAssemblies:
         tokens: list[int],
         owner: object,
     ) -> list[int] | None:
-        """``[slot, generation]`` for ``part``'s rank to write its heads of the chunk into;
-        ``None`` when there is no room, or this rank of its engine joined already, or its
-        engine is assembling the chunk with another ``tp``."""
+        """``[slot, generation]`` for ``part``'s rank to write its heads of the chunk into.
+        ``None`` when there is no room, or this rank of its engine joined already.
+        ``None`` too when its engine is assembling the chunk with another ``tp``."""
         self.expire()
         with self._lock:
             assembly = self._open.get(part.assembly)
@@ -123,8 +130,8 @@ class NodeAssemblies:
             return [assembly.lease.slot, assembly.lease.generation]
 
     def expire(self) -> int:
-        """Give up the chunks not whole ``max_age_s`` after their first reservation (run on
-        every reservation); how many."""
+        """Give up the chunks not whole ``max_age_s`` after their first reservation.
+        It runs on every reservation, and returns how many."""
         oldest = self._clock() - self._max_age_s
         with self._lock:
             keys = [k for k, a in self._open.items() if a.started < oldest]
@@ -138,9 +145,9 @@ class NodeAssemblies:
         return len(self._open)
 
     def part_done(self, part: RankPart) -> bool:
-        """``part`` is written; the last part of its engine's chunk seals, checks and
-        publishes the chunk. False when the assembly is gone (given up) or the sealed chunk
-        fails its check."""
+        """Mark ``part`` written.
+        The last part of its engine's chunk seals, checks and publishes the chunk.
+        False when the assembly is gone, given up, or the sealed chunk fails its check."""
         key = part.key
         with self._lock:
             assembly = self._open.get(part.assembly)

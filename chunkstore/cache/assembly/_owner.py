@@ -1,9 +1,9 @@
-"""The owner side of TP shard assembly (see :mod:`chunkstore.cache.assembly._assembler`).
+"""The owner side of TP shard assembly, see :mod:`chunkstore.cache.assembly._assembler`.
 
-The process that owns the host cache lends free slots to the rank processes,
-adopts each sealed chunk into its index exactly once (and queues it for
-write-back), aborts claims that are not sealed in time and takes their slots
-back once no live writer is inside.
+The process that owns the host cache lends free slots to the rank processes.
+It adopts each sealed chunk into its index exactly once, and queues it for write-back.
+It aborts claims that are not sealed in time.
+It takes their slots back once no live writer is inside.
 """
 
 from __future__ import annotations
@@ -56,13 +56,15 @@ class WritesBack(Protocol):
 class AssemblyOwner:
     """The owner side of TP shard assembly: lends slots, publishes sealed chunks once.
 
-    ``store`` is a tiered store (:class:`WritesBack`: adopted chunks are
-    queued for write-back) or a bare :class:`HostCache`, created with ``shm_name`` so rank
-    processes can attach. ``lend_slots``: free slots kept on loan (default: a
-    quarter of the pool, at most 64; the most chunks ranks can start between two
-    owner passes). ``claim_timeout``: seconds after which an unsealed claim is
-    aborted. ``sweep_interval``: seconds between passes when no rank wakes the
-    owner. ``on_publish`` is called with the keys of each pass's new chunks.
+    ``store`` is a tiered store, or a bare :class:`HostCache`.
+    A tiered store is :class:`WritesBack`: adopted chunks are queued for write-back.
+    The host cache must be created with ``shm_name``, so rank processes can attach.
+    ``lend_slots`` is the free slots kept on loan.
+    It is the most chunks ranks can start between two owner passes.
+    The default is a quarter of the pool, at most 64.
+    ``claim_timeout`` is the seconds after which an unsealed claim is aborted.
+    ``sweep_interval`` is the seconds between passes when no rank wakes the owner.
+    ``on_publish`` is called with the keys of each pass's new chunks.
     Call :meth:`start` for the background thread, or :meth:`collect` yourself.
     """
 
@@ -164,8 +166,8 @@ class AssemblyOwner:
     def collect(self) -> list[ChunkKey]:
         """One pass: publish sealed chunks, abort overdue claims, reclaim slots, lend more.
 
-        Returns the keys published by this pass (each is in host memory, and
-        queued for write-back when the owner has a tiered store).
+        Returns the keys published by this pass. Each is in host memory.
+        Each is queued for write-back when the owner has a tiered store.
         """
         published: list[ChunkKey] = []
         leases: list[Any] = []
@@ -231,9 +233,9 @@ class AssemblyOwner:
         return AssemblyOwnerStats(**counts, lent=len(self.host.loans.lent()))
 
     def close(self) -> None:
-        """Stop the thread after one last pass (so sealed chunks are published). Idempotent.
+        """Stop the thread after one last pass, so sealed chunks are published. Idempotent.
 
-        Unclaimed loans go back to the cache; claims still open stay lent.
+        Unclaimed loans go back to the cache. Claims still open stay lent.
         """
         if self._stop.is_set():
             return
