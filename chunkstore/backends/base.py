@@ -75,7 +75,7 @@ class ReadVerdict(enum.Enum):
 
     OK = "ok"
     """A valid chunk, the one asked for: serve it."""
-    NEWER = "newer"
+    UNSUPPORTED = "unsupported"
     """Written by a newer chunkstore: :class:`~chunkstore.errors.UnsupportedVersion` and its
     subclasses.
     A plain miss, not counted and never quarantined. It is intact for newer readers."""
@@ -92,7 +92,7 @@ class ReadVerdict(enum.Enum):
 def verdict_of(error: FormatError) -> ReadVerdict:
     """The verdict on a chunk whose check raised ``error``."""
     if isinstance(error, UnsupportedVersion):
-        return ReadVerdict.NEWER
+        return ReadVerdict.UNSUPPORTED
     if isinstance(error, (SpecMismatch, AuthenticationError)):
         return ReadVerdict.REFUSED
     return ReadVerdict.CORRUPT
@@ -311,7 +311,7 @@ class Store(ABC):
         if data is None:
             return False
         judgement = self._judge(key, data)
-        if judgement.verdict in (ReadVerdict.NEWER, ReadVerdict.CORRUPT):
+        if judgement.verdict in (ReadVerdict.UNSUPPORTED, ReadVerdict.CORRUPT):
             return True
         return isinstance(judgement.error, AuthenticationError)
 

@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from chunkstore.hashing import ChunkKey
 
+# ReadVerdict's values (a test checks it), spelled out here so that the CLI starts without
+# importing the backends.
 OK = "ok"
 CORRUPT = "corrupt"
 UNSUPPORTED = "unsupported"
@@ -37,9 +39,9 @@ def judge(data: Any, key: ChunkKey) -> Verdict:
     # The serving path's rule decides: a newer writer's chunk is reported, never damage.
     judged = judge_read(key, data)
     if judged.error is not None:
-        newer = judged.verdict is ReadVerdict.NEWER
+        unsupported = judged.verdict is ReadVerdict.UNSUPPORTED
         problem = f"{type(judged.error).__name__}: {judged.error}"
-        return Verdict(UNSUPPORTED if newer else CORRUPT, problem)
+        return Verdict(UNSUPPORTED if unsupported else CORRUPT, problem)
     header = judged.header  # judge_read hands the header of every chunk it passes
     if header is not None and header.namespace != key.namespace:
         return Verdict(

@@ -17,10 +17,10 @@ from chunkstore.testing.store_suite import corrupt_copies, newer_major_copy
 # Every FormatError of chunkstore.errors, and what a read makes of it. A new subclass
 # fails test_every_format_error_has_a_verdict until someone decides its verdict here.
 EXPECTED = {
-    errors.UnsupportedVersion: ReadVerdict.NEWER,
-    errors.UnsupportedFeature: ReadVerdict.NEWER,
-    errors.UnknownDType: ReadVerdict.NEWER,
-    errors.UnknownCompression: ReadVerdict.NEWER,
+    errors.UnsupportedVersion: ReadVerdict.UNSUPPORTED,
+    errors.UnsupportedFeature: ReadVerdict.UNSUPPORTED,
+    errors.UnknownDType: ReadVerdict.UNSUPPORTED,
+    errors.UnknownCompression: ReadVerdict.UNSUPPORTED,
     errors.SpecMismatch: ReadVerdict.REFUSED,
     errors.AuthenticationError: ReadVerdict.REFUSED,
     errors.FormatError: ReadVerdict.CORRUPT,
@@ -77,7 +77,7 @@ def test_judge_another_keys_chunk_is_corrupt() -> None:
 
 def test_judge_a_newer_major_version_is_newer() -> None:
     judgement = judge(CHUNKS[0].key, newer_major_copy(CHUNKS[0]))
-    assert judgement.verdict is ReadVerdict.NEWER
+    assert judgement.verdict is ReadVerdict.UNSUPPORTED
     assert isinstance(judgement.error, errors.UnsupportedVersion)
 
 
@@ -136,3 +136,13 @@ def test_a_store_admits_an_ok_chunk() -> None:
     store = RecordingStore()
     assert store._admit(CHUNKS[0].key, Judgement(ReadVerdict.OK)) is True
     assert store.corrupt_detected == 0 and store.quarantined == []
+
+
+def test_the_cli_words_are_the_verdicts_values() -> None:
+    from chunkstore.cli import integrity
+
+    assert {integrity.OK, integrity.UNSUPPORTED, integrity.CORRUPT} == {
+        ReadVerdict.OK.value,
+        ReadVerdict.UNSUPPORTED.value,
+        ReadVerdict.CORRUPT.value,
+    }

@@ -363,7 +363,7 @@ def _read_header(
     try:
         header = read_header_of(store, info.key)
     except FormatError as exc:
-        newer = verdict_of(exc) is ReadVerdict.NEWER  # written by a newer chunkstore
+        newer = verdict_of(exc) is ReadVerdict.UNSUPPORTED  # written by a newer chunkstore
         (unsupported if newer else corrupt).append(Problem(info, f"{type(exc).__name__}: {exc}"))
         return
     if header is None:  # removed since listing
