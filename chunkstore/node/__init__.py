@@ -7,7 +7,6 @@ tiers and the write-behind. Every engine of the machine maps the pool and reads
 or writes chunks in place. :class:`NodeClient` is one engine's attachment.
 :class:`NodeStore` is the Store over it. See "One cache per node" in
 docs/cache.md, and the ``shm`` plane in spec/PROTOCOL.md.
-
 """
 
 from chunkstore.node._client import (

@@ -406,7 +406,6 @@ class NodeClient:
 
     def close(self) -> None:
         """Say goodbye and unmap the pool. The service releases our leases."""
-
         with self._lock:
             self._peer.close()
             if self._pool is not None:

@@ -110,7 +110,6 @@ class NodeClientSeries:
     def _add(self, client: str, result: str, n: int) -> None:
         """Count ``n`` in the series. The caller holds the lock, so a retirement never runs
         between the tally and the series."""
-
         key = (client, result)
         self._counts[key] = self._counts.get(key, 0) + n
         self._metrics.node_client_chunks.labels(self._server(), client, result).inc(n)

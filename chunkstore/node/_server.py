@@ -24,7 +24,6 @@ class NodeServer(PeerServer):
 
     ``seal_layout`` is the served model's chunk layout. With it, the server seals the
     chunks whose parts the ranks of TP engines write.
-
     """
 
     def _client_series(self) -> ClientSeries | None:

@@ -217,7 +217,6 @@ class ShmPlane:
 
     def _commit_parts(self, parts: list[Any], sizes: list[int]) -> list[bool]:
         """A TP rank's parts are written with size > 0, or given up with 0. Per part: accepted."""
-
         assert self._assemblies is not None  # parts exist only with assemblies
         stored = []
         for part, size in zip(parts, sizes):

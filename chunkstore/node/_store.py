@@ -106,7 +106,6 @@ class NodeStore(Store):
 
     def close(self) -> None:
         """Detach from the service. It releases whatever we still held."""
-
         self.client.close()
 
 

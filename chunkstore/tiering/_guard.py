@@ -364,6 +364,5 @@ class GuardedTier:
 
     def close(self) -> None:
         """Stop the worker threads. Calls still running are abandoned, not awaited."""
-
         if self._executor is not None:
             self._executor.shutdown(wait=False, cancel_futures=True)

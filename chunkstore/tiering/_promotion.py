@@ -269,7 +269,6 @@ class Promoter:
     ) -> int:
         """For round-trip-bound tiers: ask for ``batch`` chunks per call. The store overlaps
         them."""
-
         loaded = 0
         for start in range(0, len(keys), batch):
             self._check_open()

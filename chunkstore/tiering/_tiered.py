@@ -36,7 +36,6 @@
 * :mod:`~chunkstore.tiering._promotion`: copying chunks up into host memory.
 * :mod:`~chunkstore.tiering._prefetch`: the background walks.
 * :mod:`~chunkstore.tiering._writes`: write-behind and write-through.
-
 """
 
 from __future__ import annotations
@@ -83,7 +82,6 @@ class TierStats:
     """Chunks written into this tier."""
     dropped: dict[str, int]
     """Writes to this tier not performed, by reason: queue_full, tier_down, tier_error."""
-
     errors: int
     """Calls that failed or timed out."""
     up: bool

@@ -230,7 +230,6 @@ class ChunkStoreWorker:
         """Mark the KV tensors valid again after wake-up. They keep the same virtual
         addresses. vLLM discarded their contents and also resets its prefix cache.
         Idempotent."""
-
         self.suspended = False
 
     def _track(self, pending: _PendingLoad | _PendingSave) -> None:
@@ -374,7 +373,6 @@ class ChunkStoreWorker:
 
         This is the device part of a load, without bookkeeping. ``batch.fence`` says when
         it is complete. ``tools/gpu_check.py`` times it.
-
         """
         assert self.copier is not None
         with self.copier.loading(

@@ -264,7 +264,6 @@ class ChunkStoreTier(SecondaryTierManager):
         self._verdicts: dict[str, dict[ChunkKey, bool | Future[bool]]] = {}
         self.corrupt = 0
         """Chunks that failed verification on load. They are failed loads, never primary bytes."""
-
         log.info(
             "chunkstore tier: model %s, %d-token chunks, stores %s",
             self.engine.spec.model_id,
@@ -535,7 +534,6 @@ class ChunkStoreTier(SecondaryTierManager):
         """``data``'s payload if it is ``key``'s chunk for this model. Where the store
         ``verified`` the read, its own check already covered the checksum. Structure and
         identity are checked again here."""
-
         try:
             chunk = decode_chunk(
                 data,
