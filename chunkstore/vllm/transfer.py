@@ -1,27 +1,28 @@
 """Device <-> host copies of chunk payloads: plain copies on CPU, a side stream on CUDA.
 
 The worker converts between vLLM's paged KV cache and the canonical chunk
-tensors (:mod:`chunkstore.vllm.layouts`); this module only decides *where*
-those canonical tensors live and how their bytes reach host memory:
+tensors of :mod:`chunkstore.vllm.layouts`. This module only decides *where*
+those canonical tensors live, and how their bytes reach host memory.
 
-* :class:`HostCopier` (KV cache on the CPU): the canonical tensors are views
-  straight into the host chunk buffers, so the layout conversion is the only
-  copy and every transfer is complete when the ``with`` block ends.
-* :class:`ImageCopier` (any other torch device): the canonical tensors live in
-  a device *image* (the rank's byte ranges of each chunk, packed); the bytes
-  move between the image and the host buffers with one copy per contiguous
-  run (one per chunk at TP=1). Blocking copies; the fallback for devices
-  without a specialised copier.
-* :class:`CudaCopier`: the same images, but conversion kernels and copies run
-  on a dedicated side stream. Saves: the side stream waits for the forward
-  pass, gathers into the image, and the compute stream then waits only for
-  that gather (device to device) before its next kernels may overwrite the
-  blocks; the device -> host copy overlaps the next forward pass. Loads: the
-  host -> device copy and the scatter run on the side stream and the compute
-  stream waits on an event (no CPU stall). Host buffers that are pinned (the
-  host pool registers itself with ``cudaHostRegister``) are copied to and from
-  directly with ``non_blocking=True``; others go through a pinned staging
-  buffer. Completion is an event the worker polls (:meth:`Fence.poll`).
+* :class:`HostCopier` is for a KV cache on the CPU. The canonical tensors are
+  views straight into the host chunk buffers. So the layout conversion is the
+  only copy, and every transfer is complete when the ``with`` block ends.
+* :class:`ImageCopier` is for any other torch device. The canonical tensors
+  live in a device *image*: the rank's byte ranges of each chunk, packed. The
+  bytes move between the image and the host buffers with one copy per
+  contiguous run. At TP=1 that is one per chunk. The copies block. This is the
+  fallback for devices without a specialised copier.
+* :class:`CudaCopier` uses the same images. But conversion kernels and copies
+  run on a dedicated side stream. On saves, the side stream waits for the
+  forward pass and gathers into the image. The compute stream then waits only
+  for that device-to-device gather before its next kernels may overwrite the
+  blocks. The device -> host copy overlaps the next forward pass. On loads,
+  the host -> device copy and the scatter run on the side stream. The compute
+  stream waits on an event, with no CPU stall. Some host buffers are pinned,
+  because the host pool registers itself with ``cudaHostRegister``. Those are
+  copied to and from directly with ``non_blocking=True``. Others go through a
+  pinned staging buffer. Completion is an event the worker polls, through
+  :meth:`Fence.poll`.
 
 :func:`select_copier` picks one from the KV cache's device. The CUDA calls go
 through :class:`CudaRuntime`, so tests run :class:`CudaCopier` on CPU tensors
