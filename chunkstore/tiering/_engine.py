@@ -2,18 +2,18 @@
 
 An engine's workers write each chunk they save into a slot, seal it, and read
 chunks back from host memory while they copy them to the device. The
-:class:`EngineCache` protocol is that interface, written once for every engine:
+:class:`EngineCache` protocol is that interface, written once for every engine.
 
-* :class:`ProcessCache` - this process's own host cache in front of a
-  :class:`~chunkstore.tiering.TieredStore`, with prefetch for the scheduler and
-  the TP assembly owner (its ranks then use a :class:`RankCache`);
-* :class:`RankCache` - a TP rank's part of a shared host pool that another
+* :class:`ProcessCache`: this process's own host cache in front of a
+  :class:`~chunkstore.tiering.TieredStore`. It has prefetch for the scheduler,
+  and is the TP assembly owner. Its ranks then use a :class:`RankCache`.
+* :class:`RankCache`: a TP rank's part of a shared host pool that another
   process owns.
 
-The node service's engine caches (its pool, reached over a socket) implement
-the same protocol in the engine adapter that uses them. Every chunk reaches a
-device through host memory: a secondary-tier hit is first prefetched into host
-memory (:meth:`ProcessCache.submit_prefetch`).
+The node service's engine caches implement the same protocol, in the engine
+adapter that uses them. Their pool is reached over a socket. Every chunk
+reaches a device through host memory. A secondary-tier hit is first prefetched
+into host memory, through :meth:`ProcessCache.submit_prefetch`.
 """
 
 from __future__ import annotations
@@ -139,18 +139,20 @@ class SaveSlot(Protocol):
 
 
 class EngineCache(Protocol):
-    """What an engine's worker needs of its chunks' home: :class:`ProcessCache` (whole
-    chunks, the process's own host cache), :class:`RankCache` (a TP rank's heads in a shared
-    slot) and the node service's caches are each one, so the worker never asks which."""
+    """What an engine's worker needs of its chunks' home.
+
+    :class:`ProcessCache` holds whole chunks in the process's own host cache.
+    :class:`RankCache` holds a TP rank's heads in a shared slot. Those and the node
+    service's caches each implement this, so the worker never asks which."""
 
     def read_host(self, key: ChunkKey) -> AbstractContextManager[Any | None]:
         """The chunk's bytes in host memory, pinned meanwhile; None if absent."""
         ...
 
     def read_check(self, data: Any) -> Callable[[], bool] | None:
-        """For ``data`` from :meth:`read_host` (its context still open): a check to run once
-        the copies out of it are complete (whether it held the chunk all along), or None when
-        nothing can take the pin back meanwhile."""
+        """A check for ``data`` from :meth:`read_host`, while its context is still open.
+        Run it once the copies out of it are complete. It says whether ``data`` held the
+        chunk all along. None when nothing can take the pin back meanwhile."""
         ...
 
     def save_slot(self, save: ChunkIdentity) -> SaveSlot | None:
@@ -377,9 +379,9 @@ class RankCache:
         return None
 
     def save_slot(self, save: ChunkIdentity) -> Lease | None:
-        """This rank's claim on the chunk's shared slot (write only this rank's heads), or None:
-        nothing to write (cached already, written by this rank, a replica rank, or no slot
-        free)."""
+        """This rank's claim on the chunk's shared slot; write only this rank's heads. None
+        when there is nothing to write. The chunk may be cached already, or written by this
+        rank. This may be a replica rank, or no slot may be free."""
         assembler = self.assembler()
         if assembler is None:
             return None
