@@ -5,8 +5,8 @@ chunks back from host memory while they copy them to the device. The
 :class:`EngineCache` protocol is that interface, written once for every engine.
 
 * :class:`ProcessCache`: this process's own host cache in front of a
-  :class:`~chunkstore.tiering.TieredStore`. It has prefetch for the scheduler,
-  and is the TP assembly owner. Its ranks then use a :class:`RankCache`.
+  :class:`~chunkstore.tiering.TieredStore`. It has prefetch for the scheduler.
+  It also runs the TP assembly owner, and its ranks then use a :class:`RankCache`.
 * :class:`RankCache`: a TP rank's part of a shared host pool that another
   process owns.
 
@@ -184,9 +184,9 @@ class ProcessCache:
     """This process's host memory in front of the secondary tiers, as an engine uses
     them. Thread-safe.
 
-    ``stores`` replaces ``tiers`` with already open stores (tests).
+    ``stores`` replaces ``tiers`` with already open stores, for tests.
     ``compression="zstd"`` puts a :class:`~chunkstore.backends.ZstdStore` in front of
-    each tier (host memory holds chunks uncompressed, ready to copy). ``shm_name``
+    each tier. Host memory holds chunks uncompressed, ready to copy. ``shm_name``
     shares the host pool with TP rank processes and runs the assembly owner that
     publishes the chunks they write.
     """
