@@ -110,12 +110,12 @@ class TierWrites:
         self,
         on_timeout: Callable[[TierUnavailable], None] | None = None,
     ) -> list[tuple[GuardedTier, list[bool] | None, str]]:
-        """Wait for each tier's write: per tier what it answered, or ``None`` and why it
-        failed (``tier_down``: its writes are stopped; ``tier_error``: it failed or timed
-        out, or is in back-off).
+        """Wait for each tier's write. Per tier, returns what it answered, or ``None`` and
+        why it failed. ``tier_down`` means its writes are stopped. ``tier_error`` means it
+        failed, timed out, or is in back-off.
 
         A failed tier counts the items as dropped. ``on_timeout`` hears of each call
-        that timed out and still runs (it may still read the items' memory)."""
+        that timed out and still runs. Such a call may still read the items' memory."""
         out: list[tuple[GuardedTier, list[bool] | None, str]] = []
         for tier, call, refused in self.calls:
             if call is None:
