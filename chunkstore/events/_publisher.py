@@ -1,12 +1,13 @@
 """A ZeroMQ publisher of KV event batches with vLLM's sequence numbers and replay.
 
-Wire (the same as vLLM's ``ZmqEventPublisher``, so the same subscribers work):
+The wire is the same as vLLM's ``ZmqEventPublisher``, so the same subscribers
+work.
 
-* PUB socket: each batch is three frames ``(topic, seq, payload)``; ``seq`` is
-  8 bytes, big-endian, counting from 0 since the publisher started;
-* ROUTER replay socket: a request is ``(b"", start_seq)``; the answer is every
-  buffered batch with ``seq >= start_seq`` as ``(b"", topic, seq, payload)``,
-  then ``(b"", b"", -1 as 8 signed bytes, b"")``.
+* PUB socket: each batch is three frames ``(topic, seq, payload)``. ``seq`` is
+  8 bytes, big-endian, counting from 0 since the publisher started.
+* ROUTER replay socket: a request is ``(b"", start_seq)``. The answer is every
+  buffered batch with ``seq >= start_seq`` as ``(b"", topic, seq, payload)``.
+  Then comes ``(b"", b"", -1 as 8 signed bytes, b"")``.
 
 A subscriber that sees ``seq`` start again from a small number knows the
 publisher restarted; the first batch of a chunkstore publisher starts with
@@ -41,9 +42,9 @@ def _zmq() -> Any:
 class EventPublisher:
     """Publishes :class:`EventBatch` objects on ``endpoint``, replays from ``replay_endpoint``.
 
-    :meth:`publish` never blocks: batches queue for the sending thread, at most
-    ``max_queue`` (beyond that the oldest queued batch is dropped and counted in
-    :attr:`dropped`; it gets no sequence number, so subscribers see no gap). The
+    :meth:`publish` never blocks. Batches queue for the sending thread, at most
+    ``max_queue``. Beyond that the oldest queued batch is dropped and counted in
+    :attr:`dropped`. It gets no sequence number, so subscribers see no gap. The
     last ``buffer_steps`` sent batches can be replayed. Close with :meth:`close`.
     """
 
