@@ -21,9 +21,10 @@ chunks never appear under another's keys. ``medium`` is ``STORAGE``,
 ``ownership`` ``shared``.
 
 :class:`ChunkQuery` answers routers that ask instead of listen, over a ZeroMQ
-REP socket. A request is a msgpack map ``{"namespace": str, "keys": [32-byte
-digests]}``. It gets ``{"exists": [bool, ...], "prefix": int}``, or
-``{"error": str}``. ``prefix`` is how many leading keys are stored.
+REP socket. A request is a msgpack map
+``{"namespace": str, "keys": [32-byte digests]}``. It gets
+``{"exists": [bool, ...], "prefix": int}``, or ``{"error": str}``. ``prefix`` is
+how many leading keys are stored.
 """
 
 from __future__ import annotations
