@@ -1,15 +1,16 @@
 """Device KV page layouts <-> the canonical chunk layout. The only layout-specific code.
 
-A layout class knows how one attention layer's paged KV tensor (as vLLM hands
-it to ``register_kv_caches``) stores the keys and values of one block, and
-converts between that and the canonical per-chunk tensors of the format:
-``k``/``v`` as ``[heads, tokens, head_dim]`` (``latent`` as ``[tokens, dim]``
-for MLA). Heads here are the rank's local heads; the caller places them at the
-rank's head offset in the chunk.
+A layout class knows how one attention layer's paged KV tensor stores the keys
+and values of one block. The tensor is the one vLLM hands to
+``register_kv_caches``. The class converts between that and the canonical
+per-chunk tensors of the format. Those are ``k``/``v`` as
+``[heads, tokens, head_dim]``, and ``latent`` as ``[tokens, dim]`` for MLA.
+Heads here are the rank's local heads. The caller places them at the rank's
+head offset in the chunk.
 
 Adding a layout is one small class with ``gather``/``scatter`` and an entry in
 :func:`detect_layout`. Everything works on torch tensors and block-id index
-tensors, so the same code runs on CPU and (with device tensors) on GPUs.
+tensors. So the same code runs on CPU, and on GPUs with device tensors.
 """
 
 from __future__ import annotations
@@ -177,10 +178,10 @@ class CpuAmxLayout(DeviceLayout):
 class PagedKVLayout(DeviceLayout):
     """vLLM GPU backends: the logical per-layer view ``[B, H, N, 2*D]``, ``K | V`` per token.
 
-    vLLM 0.32 hands every standard backend's cache over as this logical shape;
-    the physical order (NHD for FlashAttention/Triton, HND for FlashInfer's
-    preferred layout) lives only in the strides, and torch indexing follows
-    them. Subclasses differ in the stride order they accept, nothing else.
+    vLLM 0.32 hands every standard backend's cache over as this logical shape.
+    The physical order lives only in the strides, and torch indexing follows
+    them. It is NHD for FlashAttention/Triton, and HND for FlashInfer's preferred
+    layout. Subclasses differ in the stride order they accept, nothing else.
     """
 
     name = "paged_kv"
