@@ -1,7 +1,7 @@
 """The connector's options (``kv_connector_extra_config``), parsed and validated at start-up.
 
-Every option is listed in :data:`OPTIONS` with its meaning; an unknown key or a
-bad value raises :class:`~chunkstore.errors.ConfigError` naming the option, so a
+Every option is listed in :data:`OPTIONS` with its meaning. An unknown key or a
+bad value raises :class:`~chunkstore.errors.ConfigError` naming the option. So a
 typo fails ``vllm serve`` at start-up instead of being silently ignored.
 No vLLM import here: the scheduler and the tests parse configs without it.
 """

@@ -1,9 +1,9 @@
-"""The connector's counters, without vLLM (the worker and scheduler halves count here).
+"""The connector's counters, without vLLM. The worker and scheduler halves count here.
 
 :class:`~chunkstore.vllm.stats.ChunkStoreStats` wraps a :class:`Counters`'
-data for vLLM's logging and Prometheus hooks; keeping the counting itself free
-of vLLM lets worker code run in processes that never import it (tests with
-simulated TP ranks).
+data for vLLM's logging and Prometheus hooks. The counting itself stays free of
+vLLM. So worker code can run in processes that never import it, such as tests
+with simulated TP ranks.
 """
 
 from __future__ import annotations

