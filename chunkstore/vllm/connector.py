@@ -6,8 +6,8 @@ Loaded by configuration only::
         "kv_connector_module_path": "chunkstore.vllm", "kv_role": "kv_both",
         "kv_connector_extra_config": {"host_cache": "8G", "tiers": ["file:///mnt/kv"]}}'
 
-vLLM builds one instance per role: the scheduler one plans (keys, lookups,
-loads, saves), each worker one moves bytes. This class only dispatches to
+vLLM builds one instance per role. The scheduler one plans keys, lookups, loads
+and saves. Each worker one moves bytes. This class only dispatches to
 :class:`~chunkstore.vllm.scheduler.ChunkStoreScheduler` and
 :class:`~chunkstore.vllm.worker.ChunkStoreWorker`.
 """
