@@ -109,10 +109,10 @@ def _tokens(x: torch.Tensor, n_blocks: int, block_size: int) -> torch.Tensor:
 
 
 class CpuVecLayout(DeviceLayout):
-    """vLLM CPU backend, ``vec`` and ``vec16`` ISAs (AVX2/AVX-512): ``[B, H, N, 2*D]``.
+    """vLLM CPU backend, ``vec`` and ``vec16`` ISAs for AVX2/AVX-512: ``[B, H, N, 2*D]``.
 
-    Each ``(block, head)`` page is K then V. K is stored transposed,
-    ``[D, N]`` (the kernel reads it column-major); V is ``[N, D]``.
+    Each ``(block, head)`` page is K then V. K is stored transposed, as
+    ``[D, N]``, because the kernel reads it column-major. V is ``[N, D]``.
     """
 
     name = "cpu_vec"
@@ -142,13 +142,13 @@ class CpuVecLayout(DeviceLayout):
 
 
 class CpuAmxLayout(DeviceLayout):
-    """vLLM CPU backend, ``amx`` ISA (bf16 on AMX CPUs): ``[B, H, N, 2*D]``, K then V per page.
+    """vLLM CPU backend, ``amx`` ISA for bf16 on AMX CPUs: ``[B, H, N, 2*D]``, K then V per page.
 
-    K holds pairs of head dims (32-bit words) in groups of 16 tokens:
+    K holds pairs of head dims, as 32-bit words, in groups of 16 tokens:
     ``K[t, d] = Kpage[t//16, d//2, t%16, d%2]``. V holds pairs of tokens per
-    group of 16 head dims: ``V[t, d] = Vpage[d//16, t//2, d%16, t%2]``
-    (csrc/cpu/cpu_attn_amx.hpp). Checked against vLLM's own cache-write op on an
-    AMX CPU (tests/vllm/test_layouts.py).
+    group of 16 head dims: ``V[t, d] = Vpage[d//16, t//2, d%16, t%2]``.
+    See csrc/cpu/cpu_attn_amx.hpp. Checked against vLLM's own cache-write op on
+    an AMX CPU, in tests/vllm/test_layouts.py.
     """
 
     name = "cpu_amx"

@@ -43,10 +43,10 @@ class ChunkSave:
 
 @dataclass
 class ChunkStoreMetadata:
-    """One step's loads (before the forward pass) and saves (after it).
+    """One step's loads, before the forward pass, and saves, after it.
 
     Registered as a virtual subclass of vLLM's ``KVConnectorMetadata`` by
-    :mod:`chunkstore.vllm.connector` (no vLLM import here).
+    :mod:`chunkstore.vllm.connector`. There is no vLLM import here.
     """
 
     loads: list[ChunkLoad] = field(default_factory=list)

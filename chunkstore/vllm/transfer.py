@@ -85,8 +85,8 @@ class ShardMap:
     """A rank's tensors inside a chunk payload and inside a packed image of just those bytes.
 
     ``runs`` are the contiguous ``(payload_offset, image_offset, length)``
-    pieces a transfer copies: one at TP=1 (the whole payload), two per layer
-    (its K and V heads) at TP>1.
+    pieces a transfer copies. At TP=1 there is one, the whole payload. At TP>1
+    there are two per layer, its K and V heads.
     """
 
     tensors: tuple[ShardTensor, ...]
