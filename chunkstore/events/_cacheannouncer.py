@@ -48,10 +48,10 @@ LOCALITY = "LOCAL"
 
 
 class CacheAnnouncer:
-    """Publishes what ``host`` (a host cache) stores and drops on ``publisher``.
+    """Publishes what the host cache ``host`` stores and drops on ``publisher``.
 
-    At most ``capacity`` changes wait between two publications (beyond that the
-    announcer starts over, see :attr:`resyncs`); ``page`` events go in one batch.
+    At most ``capacity`` changes wait between two publications. Beyond that the
+    announcer starts over; see :attr:`resyncs`. ``page`` events go in one batch.
     """
 
     def __init__(

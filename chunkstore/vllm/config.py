@@ -199,8 +199,9 @@ def parse_config(
 ) -> ConnectorConfig:
     """Validate ``kv_connector_extra_config`` against the engine's ``block_size``.
 
-    ``kv_role`` (``kv_producer``/``kv_consumer``/``kv_both``) sets the defaults
-    of ``load`` and ``save``. ``extra`` must be a mapping (or None: all defaults).
+    ``kv_role`` is ``kv_producer``, ``kv_consumer`` or ``kv_both``. It sets the
+    defaults of ``load`` and ``save``. ``extra`` must be a mapping, or None for
+    all defaults.
     """
     if extra is None:
         extra = {}

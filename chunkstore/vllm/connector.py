@@ -131,8 +131,8 @@ class ChunkStoreConnector(KVConnectorBase_V1, SupportsHMA):
         )
 
     def _make_node_store(self, rank: int | None = None) -> NodeCache:
-        """The store over the node service: the engine's (scheduler, TP=1 worker), or one TP
-        rank's (``rank``)."""
+        """The store over the node service. It is the engine's, for the scheduler and a
+        TP=1 worker, or the TP rank ``rank``'s."""
         assert self.cfg.node is not None
         engine_id = str(self._kv_transfer_config.engine_id)
         name = f"{engine_id}:{os.getpid()}"

@@ -84,9 +84,9 @@ class _Identity:
 class ConnectorEvents:
     """Chunkstore's residency events, as vLLM ``KVCacheEvent`` objects. Thread-safe.
 
-    ``mediums`` maps tier names (see :func:`tier_mediums`); events of other
+    ``mediums`` maps tier names; see :func:`tier_mediums`. Events of other
     tiers are ignored. At most ``capacity`` events wait between two
-    :meth:`take` calls (older ones are dropped and counted); at most
+    :meth:`take` calls. Older ones are dropped and counted. At most
     ``identities`` chunk keys are remembered.
     """
 

@@ -102,8 +102,9 @@ class ShardMap:
     def build(cls, layout: ChunkLayout, rank: int, tp: int, *, for_write: bool) -> ShardMap:
         """The tensors rank ``rank`` of ``tp`` reads (``for_write=False``) or writes.
 
-        Writers skip replicated heads they do not own and unsplit tensors (MLA
-        latents) unless they are rank 0, exactly as :meth:`ChunkLayout.rank_ranges`.
+        Writers skip replicated heads they do not own. They also skip unsplit
+        tensors such as MLA latents, unless they are rank 0. This is exactly as
+        :meth:`ChunkLayout.rank_ranges` does.
         """
         tensors: list[ShardTensor] = []
         runs: list[tuple[int, int, int]] = []
@@ -553,8 +554,8 @@ class CudaCopier(ImageCopier):
 def select_copier(device: torch.device | str, runtime: CudaRuntime | None = None) -> DeviceCopier:
     """The copier for a KV cache on ``device``: host views on CPU, side stream on CUDA.
 
-    Other devices (XPU, HPU, ...) get blocking copies through device images.
-    ``runtime`` replaces the torch.cuda calls (tests).
+    Other devices, such as XPU and HPU, get blocking copies through device images.
+    ``runtime`` replaces the torch.cuda calls, for tests.
     """
     device = torch.device(device)
     if device.type == "cpu":
