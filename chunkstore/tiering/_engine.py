@@ -87,16 +87,16 @@ class PrefetchResult:
     """What a prefetch brought into host memory."""
 
     fetched: int = 0
-    """How many chunks (from the first key asked for) are now in host memory."""
+    """How many chunks, from the first key asked for, are now in host memory."""
     sources: list[str] = field(default_factory=list)
     """Per fetched chunk, where from: ``host`` (already there) or the tier's kind
     (``fs``, ``s3``, ``peer``, ...)."""
     corrupt: int = 0
-    """Corrupt chunks found (and quarantined by the tiers) meanwhile."""
+    """Corrupt chunks found meanwhile. The tiers quarantined them."""
 
 
 class ChunkIdentity(Protocol):
-    """What sealing a chunk needs to know of it (an engine adapter's save record)."""
+    """What sealing a chunk needs to know of it: an engine adapter's save record."""
 
     @property
     def key(self) -> ChunkKey: ...
@@ -122,7 +122,7 @@ def seal_save(layout: ChunkLayout, view: Any, save: ChunkIdentity) -> None:
 
 @dataclass(frozen=True, slots=True)
 class PlainBuffer:
-    """A chunk buffer outside the host pool (every slot was pinned): stored by copy."""
+    """A chunk buffer outside the host pool, used when every slot was pinned. Stored by copy."""
 
     view: bytearray
     """The whole chunk's bytes."""
@@ -160,7 +160,7 @@ class EngineCache(Protocol):
         ...
 
     def save_done(self, save: ChunkIdentity, slot: SaveSlot) -> None:
-        """The bytes are in ``slot``: seal and keep the chunk (or this rank's part of it)."""
+        """The bytes are in ``slot``: seal and keep the chunk, or this rank's part of it."""
         ...
 
     def save_abandoned(self, slot: SaveSlot) -> None:
@@ -216,7 +216,7 @@ class ProcessCache:
             ]
         )
         self.tiers: list[Store] = opened
-        """The secondary tiers, fastest first (as opened; the tiered store guards them)."""
+        """The secondary tiers, fastest first, as opened. The tiered store guards them."""
         for tier in opened:
             record_model(tier, layout.spec)  # so `chunkstore inspect` names the model
         cache = HostCache(
@@ -241,11 +241,11 @@ class ProcessCache:
 
     @property
     def tiers_are_fast(self) -> bool:
-        """Whether every tier answers lookups locally (no per-request round trip)."""
+        """Whether every tier answers lookups locally, with no per-request round trip."""
         return not any(tier.high_latency for tier in self.tiers)
 
     def tier_prefix(self, keys: Sequence[ChunkKey]) -> int:
-        """How many leading ``keys`` host memory and the tiers hold (lookup only; errors miss)."""
+        """How many leading ``keys`` host memory and the tiers hold. Lookup only; errors miss."""
         return self.tiered.lookup_prefix(keys)
 
     def submit_prefetch(self, keys: Sequence[ChunkKey]) -> Future[PrefetchResult]:
@@ -265,7 +265,7 @@ class ProcessCache:
     # --- data ----------------------------------------------------------------
 
     def read_host(self, key: ChunkKey) -> AbstractContextManager[Any | None]:
-        """The chunk's bytes in host memory, pinned meanwhile (None if absent)."""
+        """The chunk's bytes in host memory, pinned meanwhile; None if absent."""
         return _pinned(self.host.cache.acquire(key))
 
     def read_check(self, data: Any) -> Callable[[], bool] | None:
@@ -291,7 +291,7 @@ class ProcessCache:
         return self.reserve(save.key) or PlainBuffer(bytearray(self.layout.total_size))
 
     def save_done(self, save: ChunkIdentity, slot: SaveSlot) -> None:
-        """Seal the chunk written into ``slot`` and keep it (host memory, then the tiers)."""
+        """Seal the chunk written into ``slot`` and keep it: host memory, then the tiers."""
         seal_save(self.layout, slot.view, save)
         if isinstance(slot, Lease):
             self.commit(slot)  # in host memory now; written behind to the tiers
@@ -299,7 +299,7 @@ class ProcessCache:
             self.put(save.key, slot.view)
 
     def save_abandoned(self, slot: SaveSlot) -> None:
-        """Give up a slot from :meth:`save_slot` (nothing is stored)."""
+        """Give up a slot from :meth:`save_slot`. Nothing is stored."""
         if isinstance(slot, Lease):
             self.abort(slot)
 
@@ -308,17 +308,17 @@ class ProcessCache:
         self.tiered.put(key, data)
 
     def drop(self, key: ChunkKey) -> None:
-        """Forget ``key`` in host memory (a chunk that failed to load); tiers keep theirs."""
+        """Forget ``key``, a chunk that failed to load, in host memory. Tiers keep theirs."""
         self.host.delete(key)
 
     def flush(self, timeout: float | None = None) -> None:
-        """Wait until everything stored so far (and sealed by TP ranks) is written behind."""
+        """Wait until everything stored so far is written behind, also what TP ranks sealed."""
         if self.owner is not None:
             self.owner.collect()  # chunks the ranks sealed but the owner thread has not seen
         self.tiered.flush(timeout)
 
     def reset_host(self) -> None:
-        """Forget everything in host memory (secondary tiers keep their chunks)."""
+        """Forget everything in host memory. Secondary tiers keep their chunks."""
         self.host.clear()
 
     def close(self) -> None:
@@ -394,7 +394,7 @@ class RankCache:
         self._assembler.mark_written(slot)
 
     def save_abandoned(self, slot: SaveSlot) -> None:
-        """Give up a claim (the chunk is not published)."""
+        """Give up a claim. The chunk is not published."""
         assert isinstance(slot, Lease) and self._assembler is not None
         self._assembler.abandon(slot)
 

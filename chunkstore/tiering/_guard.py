@@ -314,7 +314,7 @@ class GuardedTier:
         return found
 
     def count_reads(self, hits: int, misses: int) -> None:
-        """Account chunks this tier served (``hits``) and did not have or could not serve."""
+        """Account chunks this tier served as ``hits``, and those it lacked or could not serve."""
         with self._lock:
             self.hits += hits
             self.misses += misses

@@ -73,7 +73,7 @@ class Prefetcher:
         return self._submit(self._prefetch_quietly, list(keys), default=[])
 
     def close(self) -> None:
-        """Wait for the running jobs once the owner has closed (they see it at their next step)."""
+        """Wait for the running jobs once the owner has closed. They see it at their next step."""
         with self._lock:
             background, self._background = self._background, None
         if background is not None:

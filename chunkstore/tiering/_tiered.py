@@ -71,7 +71,7 @@ class TierStats:
     """Counters of one secondary tier."""
 
     name: str
-    """The tier's store name (its metric label)."""
+    """The tier's store name, which is its metric label."""
     hits: int
     """Chunks this tier served after every tier above it missed."""
     misses: int
@@ -247,7 +247,7 @@ class TieredStore(Store):
         )
 
     def health(self) -> TieredHealth:
-        """Queue depth and tier liveness (for the metrics collector)."""
+        """Queue depth and tier liveness, for the metrics collector."""
         return TieredHealth(
             queue_depth=self._writer.depth,
             queue_capacity=self._writer.capacity,
@@ -255,12 +255,12 @@ class TieredStore(Store):
         )
 
     def dropped_keys(self) -> list[ChunkKey]:
-        """The most recent (up to 100) chunks whose write-back was dropped, oldest first."""
+        """The most recent chunks whose write-back was dropped, up to 100, oldest first."""
         return self._writer.dropped_keys()
 
     @property
     def corrupt_detected(self) -> int:
-        """Corrupt chunks found in host memory (with ``verify``) and by every tier."""
+        """Corrupt chunks found in host memory with ``verify``, and by every tier."""
         return (
             self._corrupt
             + self.host.corrupt_detected
@@ -333,7 +333,7 @@ class TieredStore(Store):
         self._writer.enqueue(lease)
 
     def memory_regions(self) -> list[memoryview]:
-        """The host cache's :meth:`HostCache.memory_regions` (every slot view lies inside)."""
+        """The host cache's :meth:`HostCache.memory_regions`. Every slot view lies inside."""
         self._check_open()
         return self.host.memory_regions()
 
@@ -369,7 +369,7 @@ class TieredStore(Store):
     def _judge_tier_bytes(
         self, tier: GuardedTier, key: ChunkKey, data: Any, tier_verifies: bool
     ) -> Any | None:
-        """``data`` if it may be served (promoted into host memory if asked), else None."""
+        """``data`` if it may be served, else None. It is promoted into host memory if asked."""
         checked = self._check_tier_bytes(tier, key, data, tier_verifies)
         if checked is False:
             return None

@@ -67,7 +67,7 @@ class WriteBehindQueue(Generic[T]):
         self._thread.start()
 
     def offer(self, item: T) -> bool:
-        """Queue ``item``; False (and the item is not taken) when full or closed."""
+        """Queue ``item``. False when full or closed, and the item is not taken."""
         with self._cond:
             if self._closing or len(self._items) >= self.capacity:
                 return False
@@ -77,7 +77,7 @@ class WriteBehindQueue(Generic[T]):
 
     @property
     def depth(self) -> int:
-        """Items waiting (not counting the batch being written)."""
+        """Items waiting, not counting the batch being written."""
         return len(self._items)
 
     @property

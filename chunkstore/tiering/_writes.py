@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 RECENT_DROPS = 100
 """How many dropped keys :meth:`TierWriter.dropped_keys` remembers."""
 DROP_LOG_INTERVAL = 10.0
-"""Seconds between two warnings about dropped writes (the ones between are counted)."""
+"""Seconds between two warnings about dropped writes. The ones between are counted."""
 
 
 class TierWriter:
@@ -61,7 +61,7 @@ class TierWriter:
         self._tiers = TierList(self._targets)
         self._name = name
         self.capacity = queue_size if self._targets else 0
-        """Most chunks that may wait (0 without targets)."""
+        """Most chunks that may wait; 0 without targets."""
         self._queue: WriteBehindQueue[Lease] | None = (
             WriteBehindQueue(
                 self._write_back,
@@ -78,13 +78,13 @@ class TierWriter:
         self._drops_unreported = 0
         self._last_drop_log = float("-inf")
         self.listener: ChunkListener | None = None
-        """Told of every chunk a write here stored in a tier (not of one the tier had)."""
+        """Told of every chunk a write here stored in a tier, not of one the tier had."""
 
     # --- reporting ------------------------------------------------------------------------
 
     @property
     def depth(self) -> int:
-        """Chunks waiting (not counting the batch being written)."""
+        """Chunks waiting, not counting the batch being written."""
         return self._queue.depth if self._queue else 0
 
     @property
@@ -100,7 +100,7 @@ class TierWriter:
     # --- write-behind ---------------------------------------------------------------------
 
     def enqueue(self, lease: Lease) -> None:
-        """Queue the chunk under ``lease`` (a pinned read lease) for write-back; takes it over."""
+        """Queue the chunk under ``lease``, a pinned read lease, for write-back. Takes it over."""
         if self._queue is None:
             self._host.release(lease)
             return
@@ -271,7 +271,7 @@ class _Holds:
         self._release = release
 
     def until_settled(self, failure: TierUnavailable) -> None:
-        """Keep the batch until the call behind ``failure`` has ended (if it still runs)."""
+        """Keep the batch until the call behind ``failure`` has ended, if it still runs."""
         if failure.pending is None:
             return
         with self._lock:
