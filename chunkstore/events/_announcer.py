@@ -182,7 +182,7 @@ class ChunkQuery:
         self.endpoint = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
         """The bound address."""
         self.errors = 0
-        """Requests refused (malformed, too many keys)."""
+        """Requests refused: malformed, or with too many keys."""
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="chunkstore-query", daemon=True)
         self._thread.start()

@@ -122,7 +122,7 @@ class EventPublisher:
         return True
 
     def close(self, timeout: float = 2.0) -> None:
-        """Send what is queued (up to ``timeout``), stop the thread, close the sockets."""
+        """Send what is queued, up to ``timeout``. Then stop the thread and close the sockets."""
         with self._cond:
             if self._closing:
                 return

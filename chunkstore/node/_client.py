@@ -137,7 +137,7 @@ class NodeReservation:
     views: list[memoryview | None]
     """Per key: the whole writable slot, or ``None`` (already present, or no room)."""
     present: list[bool]
-    """Per key: the service already holds it (nothing to write)."""
+    """Per key: the service already holds it, so there is nothing to write."""
 
 
 class NodeClient:

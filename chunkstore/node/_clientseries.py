@@ -24,7 +24,7 @@ from chunkstore.peer._metrics import PeerMetrics
 DETACHED = "detached"
 """The ``client`` label of the counts of engines whose own series were retired."""
 DETACHED_GRACE_S = 300.0
-"""Seconds a detached engine's series stay (its last counts get scraped meanwhile)."""
+"""Seconds a detached engine's series stay. Its last counts get scraped meanwhile."""
 MAX_DETACHED_CLIENTS = 64
 """Detached engines whose series are kept at once; beyond, the oldest are retired early."""
 RESULTS = ("hit", "miss")

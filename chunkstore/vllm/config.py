@@ -50,7 +50,7 @@ OPTIONS: dict[str, str] = {
 
 
 MAX_CHUNK_TOKENS = 1 << 20
-"""Most tokens per chunk (far beyond any useful chunk: a chunk holds every layer's KV)."""
+"""Most tokens per chunk. That is far beyond any useful chunk, which holds every layer's KV."""
 MAX_TIERS = 16
 """Most secondary tiers."""
 MAX_TEXT = 1024
@@ -82,7 +82,7 @@ class ConnectorConfig:
     tiers: tuple[str, ...]
     """Secondary tier URLs, fastest first."""
     chunk_tokens: int
-    """Tokens per chunk (a multiple of the block size)."""
+    """Tokens per chunk, a multiple of the block size."""
     model_id: str | None
     """Namespace model name override; None means the engine's model name."""
     namespace: str | None
@@ -106,7 +106,7 @@ class ConnectorConfig:
     metrics_port: int | None
     """Port of the chunkstore_* metrics endpoint, or None for none."""
     node: str | None = None
-    """The node service's endpoint (``ipc:///path``), or None: the engine's own host cache."""
+    """The node service's endpoint, such as ``ipc:///path``. None: the engine's own host cache."""
 
 
 def _bool(extra: Mapping[str, Any], name: str, default: bool) -> bool:

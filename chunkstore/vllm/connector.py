@@ -107,7 +107,7 @@ class ChunkStoreConnector(KVConnectorBase_V1, SupportsHMA):
             # tier threads and, at TP > 1, the pool's /dev/shm name.
             self._release_store = functools.partial(release_shared, self.pool_name)
         self.shut_down = False
-        """Whether :meth:`shutdown` ran (it releases this connector's hold on the store once)."""
+        """Whether :meth:`shutdown` ran. It releases this connector's hold on the store once."""
         self.metrics_server: MetricsServer | None = None
         self.events: ConnectorEvents | None = None
         """KV events for vLLM's publisher (scheduler side, ``--kv-events-config`` on)."""

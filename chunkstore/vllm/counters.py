@@ -45,7 +45,7 @@ class Counters:
         return not any(self.data.values())
 
     def take(self) -> dict[str, float] | None:
-        """The counts so far (None if empty), and start again from zero."""
+        """The counts so far, and start again from zero. None if empty."""
         if self.is_empty():
             return None
         data, self.data = self.data, dict.fromkeys(COUNTERS, 0)

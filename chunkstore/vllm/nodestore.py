@@ -105,7 +105,7 @@ class NodeCache:
         return 0
 
     def submit_prefetch(self, keys: Sequence[ChunkKey]) -> Future[PrefetchResult]:
-        """Nothing to prefetch here (never asked: there are no tiers of our own)."""
+        """Nothing to prefetch here. Never asked, as there are no tiers of our own."""
         done: Future[PrefetchResult] = Future()
         done.set_result(PrefetchResult())
         return done
@@ -158,7 +158,7 @@ class NodeCache:
         self.client.abort(slot.reservation)
 
     def drop(self, key: ChunkKey) -> None:
-        """Forget a chunk that failed to load (the node deletes it from host memory)."""
+        """Forget a chunk that failed to load. The node deletes it from host memory."""
         self.client.delete([key])
 
     def flush(self, timeout: float | None = None) -> None:
@@ -201,7 +201,7 @@ class NodeRankCache(NodeCache):
         self.rank = rank
         self.tp = tp
         self.engine = engine_identity(engine)
-        """The engine's identity on the wire (the same on all its ranks)."""
+        """The engine's identity on the wire. It is the same on all its ranks."""
 
     def save_slot(self, save: ChunkIdentity) -> SaveSlot | None:
         """This rank's share of the chunk's shared slot, or None (held already, no room,

@@ -97,7 +97,7 @@ class ChunkBuffers:
         return memoryview(mapping)[start : start + self.size]
 
     def give(self, buffers: Iterable[memoryview]) -> None:
-        """Return buffers nothing uses any more (those past ``keep`` idle ones are unmapped)."""
+        """Return buffers nothing uses any more. Those past ``keep`` idle ones are unmapped."""
         with self._lock:
             for buffer in buffers:
                 # (After close, buffers that calls abandoned at shutdown kept are unmapped.)
@@ -107,7 +107,7 @@ class ChunkBuffers:
                     _unmap(buffer)
 
     def release_after(self, pending: Sequence[Future[object]], buffers: list[memoryview]) -> None:
-        """Give ``buffers`` back once every call in ``pending`` has ended (now if none)."""
+        """Give ``buffers`` back once every call in ``pending`` has ended, or now if none."""
         waiting = [f for f in pending if not f.done()]
         if not waiting:
             self.give(buffers)

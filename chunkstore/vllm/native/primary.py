@@ -124,7 +124,7 @@ class PrimaryLayout:
                 offset += blocks_per_chunk * heads * engine.block_size * 2 * head_dim * item
             self._regions.append(regions)
         self.kv_bytes = offset
-        """Bytes of KV in a slot (the rest is padding)."""
+        """Bytes of KV in a slot. The rest is padding."""
         self._whole = self._whole_slot_shape(tp_size, total_heads)
         # Gather block by block (one copy per block, every layer) where a slot's token rows
         # are a whole number of 4 KiB pages apart: one copy of the whole 6-d view then reads

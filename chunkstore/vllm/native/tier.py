@@ -307,7 +307,7 @@ class ChunkStoreTier(SecondaryTierManager):
         return LookupResult.HIT if verdict else LookupResult.MISS
 
     def _held(self, key: ChunkKey) -> bool:
-        """Whether some store holds ``key`` (a store that is down answers no)."""
+        """Whether some store holds ``key``. A store that is down answers no."""
         return self._tier_list.exists_many([key], count=True)[0]
 
     # --- stores ---------------------------------------------------------------------

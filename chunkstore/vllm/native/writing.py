@@ -58,7 +58,7 @@ class ChunkWriting:
             self.release()
 
     def release(self) -> None:
-        """Give the permit back (once): the writes ended, or were settled."""
+        """Give the permit back, once: the writes ended, or were settled."""
         with self._lock:
             holds, self._holds_permit = self._holds_permit, False
         if holds:
