@@ -80,7 +80,7 @@ def release_shared(name: str) -> None:
 
 
 def shared_names() -> list[str]:
-    """The names of the shared stores open in this process (none once every engine shut down)."""
+    """The names of the shared stores open in this process. Empty once every engine shut down."""
     with _SHARED_LOCK:
         return sorted(_SHARED)
 

@@ -24,9 +24,9 @@ class TinyModelSpec:
     """Shape of the generated model; the defaults are what the tests use."""
 
     num_layers: int = 2
-    """Decoder layers (the benchmark uses 8 so prefill costs something)."""
+    """Decoder layers. The benchmark uses 8 so prefill costs something."""
     num_heads: int = 4
-    """Attention (query) heads."""
+    """Attention heads, that is query heads."""
     num_kv_heads: int = 2
     """KV heads: fewer than ``num_heads`` so GQA paths run."""
     head_dim: int = 32

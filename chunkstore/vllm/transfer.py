@@ -69,7 +69,7 @@ class ShardTensor:
     """The part of one canonical tensor a TP rank reads or writes."""
 
     name: str
-    """Tensor name in the chunk (``layers.3.k``)."""
+    """Tensor name in the chunk, such as ``layers.3.k``."""
     payload_offset: int
     """Byte offset of the rank's part inside the chunk payload."""
     image_offset: int
@@ -94,7 +94,7 @@ class ShardMap:
     runs: tuple[tuple[int, int, int], ...]
     """Merged contiguous pieces (payload offset, image offset, length)."""
     image_size: int
-    """Bytes of a packed image (sum of the rank's parts)."""
+    """Bytes of a packed image: the sum of the rank's parts."""
     payload_size: int
     """Bytes of a whole chunk payload."""
 
@@ -445,7 +445,7 @@ class CudaCopier(ImageCopier):
         """The side stream all conversion kernels and copies run on."""
         self.timing = timing
         self.staged_batches = 0
-        """Batches that went through a pinned staging buffer (unpinned host memory)."""
+        """Batches that went through a pinned staging buffer, for unpinned host memory."""
         self._warned_unpinned = False
 
     def index(self, values: Sequence[int]) -> torch.Tensor:
