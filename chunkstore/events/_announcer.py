@@ -79,7 +79,7 @@ class StoreAnnouncer:
         self.page = page
         self.max_chunks = max_chunks
         self.untracked = 0
-        """Chunks seen past ``max_chunks`` in the last listing (not announced)."""
+        """Chunks seen past ``max_chunks`` in the last listing. They are not announced."""
         self._held: set[ChunkKey] = set()
         self._started = False
         self._stop = threading.Event()
@@ -188,7 +188,7 @@ class ChunkQuery:
         self._thread.start()
 
     def answer(self, request: bytes) -> dict[str, Any]:
-        """The reply to one request (also what the socket sends)."""
+        """The reply to one request. It is also what the socket sends."""
         try:
             keys = _parse_query(request)
         except ValueError as exc:

@@ -68,7 +68,7 @@ class EventPublisher:
         try:
             self._pub.bind(endpoint)
             self.endpoint = self._pub.getsockopt_string(zmq.LAST_ENDPOINT)
-            """Where subscribers connect (the bound address, port resolved)."""
+            """Where subscribers connect: the bound address, with the port resolved."""
             self.replay_endpoint: str | None = None
             """Where replay requests go, if any."""
             if replay_endpoint is not None:
@@ -96,7 +96,7 @@ class EventPublisher:
 
     @property
     def sent(self) -> int:
-        """Batches sent so far (the next one's ``seq``)."""
+        """Batches sent so far. This is the next one's ``seq``."""
         return self._next_seq
 
     def publish(self, batch: EventBatch) -> None:

@@ -35,7 +35,7 @@ class Received:
     restarted: bool = False
     """The publisher started again before this batch: forget what it said before."""
     payload: bytes = b""
-    """The batch as sent (msgpack), for decoders of their own."""
+    """The batch as sent, in msgpack, for decoders of their own."""
 
 
 class EventSubscriber:
@@ -59,7 +59,7 @@ class EventSubscriber:
         self.topic = topic.encode()
         self.replay_timeout = replay_timeout
         self.expected: int | None = None
-        """The next sequence number (None before the first batch)."""
+        """The next sequence number; None before the first batch."""
         self.lost = 0
         """Batches missed that no replay could supply."""
         self.replayed = 0
@@ -99,7 +99,7 @@ class EventSubscriber:
         self.close()
 
     def receive(self, timeout: float = 0.1, max_batches: int = 10_000) -> list[Received]:
-        """Batches that arrived within ``timeout`` seconds (those missed, replayed first)."""
+        """Batches that arrived within ``timeout`` seconds. Those missed are replayed first."""
         out: list[Received] = []
         deadline = time.monotonic() + timeout
         while len(out) < max_batches:

@@ -94,7 +94,7 @@ class RankShare:
     rank: int
     """This process's TP rank."""
     tp: int
-    """The engine's TP size (how many parts make a chunk)."""
+    """The engine's TP size: how many parts make a chunk."""
     parents: Sequence[bytes]
     """Per key: the parent digest for the chunk header."""
     tokens: Sequence[Sequence[int]]
@@ -179,14 +179,14 @@ class NodeClient:
         )
         self._peer = PeerClient(self.endpoint, config, metrics=metrics)
         self.slot_size = slot_size
-        """This engine's chunk size (the pool's slot size once attached)."""
+        """This engine's chunk size. Once attached, it is the pool's slot size."""
         self._lock = threading.RLock()
         self._pool: SlotPool | None = None
         self._pool_id: tuple[str, int] | None = None
         self._pool_session: bytes | None = None
         self._down_until = 0.0
         self.refusal: str | None = None
-        """The service's last refusal of this engine (``None`` once attached)."""
+        """The service's last refusal of this engine; ``None`` once attached."""
 
     # --- attachment ---------------------------------------------------------------------
 
