@@ -53,7 +53,7 @@ class TierMedium:
     ownership: str
     """The tier's name."""
     announces_removals: bool
-    """Whether removals from this tier are published (host memory only)."""
+    """Whether removals from this tier are published. Only host memory's are."""
 
 
 def tier_mediums(host_name: str, tiers: Iterable[Any]) -> dict[str, TierMedium]:

@@ -54,4 +54,4 @@ class ChunkStoreMetadata:
     saves: list[ChunkSave] = field(default_factory=list)
     """Chunks to copy device -> host."""
     async_load_reqs: set[str] = field(default_factory=set)
-    """Requests whose loads this step are asynchronous (completion via transfer results)."""
+    """Requests whose loads this step are asynchronous. They complete via transfer results."""

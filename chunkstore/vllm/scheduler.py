@@ -80,7 +80,7 @@ class ChunkStoreScheduler:
         self._loads: dict[str, list[ChunkLoad]] = {}
         self.stats = Counters()
         self.events: ConnectorEvents | None = None
-        """Told which vLLM blocks each saved or prefetched chunk stands for (KV events on)."""
+        """Told which vLLM blocks each saved or prefetched chunk stands for, with KV events on."""
 
     # --- keys ------------------------------------------------------------------
 
@@ -295,7 +295,7 @@ class ChunkStoreScheduler:
         return True
 
     def take_stats(self) -> dict[str, float] | None:
-        """Counters since the last call (None if nothing happened)."""
+        """Counters since the last call; None if nothing happened."""
         return self.stats.take()
 
 

@@ -488,7 +488,7 @@ class ChunkStoreWorker:
         self._track(_PendingSave(batch.fence, t0, batch.nbytes, saves, slots))
 
     def _save_slot(self, save: ChunkSave) -> Any | None:
-        """Host memory for ``save`` (None: nothing to do, or it failed: a future miss)."""
+        """Host memory for ``save``. None: nothing to do, or it failed and is a future miss."""
         try:
             return self.store.save_slot(save)
         except Exception as exc:  # noqa: BLE001 - a failed save is a future miss

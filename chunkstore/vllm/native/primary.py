@@ -232,7 +232,7 @@ class PrimaryLayout:
                 )
 
     def from_payload(self, payload: Any, slot: Any) -> None:
-        """Write a verified chunk ``payload`` into a ``slot`` (every rank's heads)."""
+        """Write a verified chunk ``payload`` into a ``slot``, with every rank's heads."""
         if self._whole is not None:
             np.copyto(self._slot_as_payload(slot), self._payload_array(payload))
             return

@@ -30,7 +30,7 @@ class LoadJobChunk:
         self._pool = pool
         self._give_permit = give_permit
         self.buffers = pool.take(1)
-        """The chunk's buffer (a list, as the stores' batch reads take them)."""
+        """The chunk's buffer, in a list, as the stores' batch reads take them."""
         self.pending: list[Future[Any]] = []
         """Calls that timed out but still run, and may still write into the buffer."""
         self.read: TierRead | None = None

@@ -73,12 +73,12 @@ from chunkstore.vllm.native.requests import (
 from chunkstore.vllm.native.writing import ChunkWriting
 
 MAX_TIER_THREADS = 256
-"""Most threads one tier may run (the ``threads`` option)."""
+"""Most threads one tier may run: the ``threads`` option."""
 CALLS_IN_FLIGHT = 8
 """Calls one store runs at once, reads and writes. With huge-page buffers each chunk is one
 device request, and 8 in flight beat 4 (docs/benchmarks.md, "Native tier")."""
 IDLE_BUFFER_BYTES = 256 << 20
-"""Chunk buffers the tier keeps mapped between jobs (at least two per thread)."""
+"""Chunk buffers the tier keeps mapped between jobs, at least two per thread."""
 
 log = logging.getLogger(__name__)
 
@@ -118,7 +118,7 @@ def _store_options(url: str, store_options: Any) -> dict[str, Any]:
 
 
 class ChunkStoreTier(SecondaryTierManager):
-    """A vLLM secondary tier backed by chunkstore stores (see the module docstring)."""
+    """A vLLM secondary tier backed by chunkstore stores. See the module docstring."""
 
     medium: ClassVar[Medium] = Medium.STORAGE
 
@@ -229,7 +229,7 @@ class ChunkStoreTier(SecondaryTierManager):
         # Started whole, as vLLM's own tiers start theirs: the first jobs wait for no thread.
         self._pool = started_executor(threads, "chunkstore-tier")
         self.max_converting = _conversions_at_once(threads, _cores())
-        """Conversions (gather + checksum) running at once (see :func:`_conversions_at_once`)."""
+        """Conversions, gather and checksum, running at once. See :func:`_conversions_at_once`."""
         self._converting = threading.BoundedSemaphore(self.max_converting)
         self.max_writing = 2 * CALLS_IN_FLIGHT
         """Chunks converted whose writes are neither ended nor settled, at most. That is

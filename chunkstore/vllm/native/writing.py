@@ -24,7 +24,7 @@ __all__ = ["ChunkWriting"]
 
 
 class ChunkWriting:
-    """One chunk whose writes are under way (see the module docstring)."""
+    """One chunk whose writes are under way. See the module docstring."""
 
     __slots__ = ("writes", "_give_permit", "_give_buffer", "_running", "_holds_permit", "_lock")
 
@@ -65,5 +65,5 @@ class ChunkWriting:
             self._give_permit()
 
     def futures(self) -> list[Future[Any]]:
-        """The writes started (done once nothing reads the buffer any more)."""
+        """The writes started. They are done once nothing reads the buffer any more."""
         return [] if self.writes is None else self.writes.futures()
