@@ -158,7 +158,7 @@ class CacheAnnouncer:
             return stored, removed
 
     def _resync(self) -> tuple[int, int]:
-        """``AllBlocksCleared``, then every chunk the cache holds (caller holds ``_pass``)."""
+        """``AllBlocksCleared``, then every chunk the cache holds. The caller holds ``_pass``."""
         self._held.clear()
         self._publish([all_blocks_cleared()])
         events: list[dict[str, Any]] = []

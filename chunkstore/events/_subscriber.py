@@ -222,7 +222,7 @@ class EventSubscriber:
 
 
 def _decoded(payload: bytes) -> EventBatch:
-    """The batch, or an empty one for a payload that is not a batch (its number counts)."""
+    """The batch, or an empty one for a payload that is not a batch. Its number counts."""
     try:
         return decode_batch(payload)
     except ValueError:

@@ -55,7 +55,7 @@ class NodeClientSeries:
         self._detached: OrderedDict[str, float] = OrderedDict()
         """Detached engines whose series are still kept, oldest first: when they detached."""
         self._counts: dict[tuple[str, str], int] = {}
-        """What each kept series holds (what a retired engine's series add to ``detached``)."""
+        """What each kept series holds. A retired engine's series add this to ``detached``."""
         self._lock = threading.Lock()
 
     def attached(self, clients: Iterable[str]) -> None:

@@ -52,7 +52,7 @@ class DemoTurn:
     prompt_tokens: int
     """Prompt tokens over all prompts."""
     first_tokens: tuple[int, ...]
-    """The greedy first token of every prompt (equal in every turn when reloads are right)."""
+    """The greedy first token of every prompt. It is equal in every turn when reloads are right."""
 
     @property
     def computed_tokens(self) -> int:

@@ -58,7 +58,7 @@ class DeviceLayout:
             )
 
     def expected_shape(self, shape: Sequence[int]) -> tuple[int, ...]:
-        """The full tensor shape this layout expects, given the actual one (for num_blocks)."""
+        """The full tensor shape this layout expects, given the actual one for num_blocks."""
         raise NotImplementedError
 
     def gather(
@@ -73,7 +73,7 @@ class DeviceLayout:
     def scatter(
         self, kv: torch.Tensor, blocks: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None
     ) -> None:
-        """Write canonical ``k``/``v`` (shaped as :meth:`gather` returns) into ``blocks``."""
+        """Write canonical ``k``/``v``, shaped as :meth:`gather` returns, into ``blocks``."""
         raise NotImplementedError
 
     def gather_range(
