@@ -1,18 +1,19 @@
 """Events for routers: which chunks chunkstore holds, as it changes.
 
 * :class:`EventBuffer` collects :class:`ChunkEvent` records from the host cache
-  and the tiered store (any :class:`ChunkListener` can); engine adapters map
-  them onto their engine's events (:mod:`chunkstore.vllm.events`).
+  and the tiered store. Any :class:`ChunkListener` can. Engine adapters map
+  them onto their engine's events, as :mod:`chunkstore.vllm.events` does.
 * :func:`encode_batch` / :func:`decode_batch` write and read vLLM's KV event
-  wire format without vLLM; :class:`EventPublisher` sends batches with vLLM's
+  wire format without vLLM. :class:`EventPublisher` sends batches with vLLM's
   sequence numbers and replay socket.
-* :class:`EventSubscriber` and :class:`PrefixIndex` are the other end: a
-  subscriber that replays what it missed, and an index that answers "longest
-  cached prefix, and where".
-* :class:`StoreAnnouncer` publishes what shared stores hold (``chunkstore serve
-  --events``); :class:`ChunkQuery` answers "which of these chunks exist".
-* :class:`CacheAnnouncer` publishes what one host cache holds as it changes
-  (the node service's ``chunkstore serve --node-events``).
+* :class:`EventSubscriber` and :class:`PrefixIndex` are the other end. The
+  subscriber replays what it missed. The index answers "longest cached prefix,
+  and where".
+* :class:`StoreAnnouncer` publishes what shared stores hold, for
+  ``chunkstore serve --events``. :class:`ChunkQuery` answers "which of these
+  chunks exist".
+* :class:`CacheAnnouncer` publishes what one host cache holds as it changes.
+  It serves the node service's ``chunkstore serve --node-events``.
 
 pyzmq and msgpack are imported when a publisher, subscriber or codec is used.
 """

@@ -1,23 +1,30 @@
 """Announce what shared stores hold, and answer "which of these chunks exist".
 
-:class:`StoreAnnouncer` speaks for the stores themselves, not for one engine:
-it lists them, and publishes the difference from its last listing. So a chunk
-any writer stored is announced (``BlockStored``), and a chunk that left every
-store (pruned, deleted, set aside as corrupt) is announced gone
-(``BlockRemoved``). A new announcer starts with ``AllBlocksCleared``, then
-announces everything listed, in pages.
+:class:`StoreAnnouncer` speaks for the stores themselves, not for one engine.
+It lists them, and publishes the difference from its last listing. So a chunk
+any writer stored is announced with ``BlockStored``. A chunk that left every
+store is announced gone with ``BlockRemoved``. It may have been pruned,
+deleted, or set aside as corrupt. A new announcer starts with
+``AllBlocksCleared``, then announces everything listed, in pages.
 
-Events name chunks by chunkstore's keys: ``block_hashes`` is the chunk's
-32-byte key, ``parent_block_hash`` its parent's (the namespace root for a
-first chunk), ``token_ids`` the tokens it covers and ``block_size`` their
-number. ``extra_keys`` carries ``("namespace", <16 hex digits>)``: keys derive
-from the namespace (model, LoRA, cache salt), so one tenant's chunks never
-appear under another's keys. ``medium`` is ``STORAGE``, ``ownership`` ``shared``.
+Events name chunks by chunkstore's keys:
+
+* ``block_hashes`` is the chunk's 32-byte key.
+* ``parent_block_hash`` is its parent's. For a first chunk it is the namespace
+  root.
+* ``token_ids`` are the tokens it covers.
+* ``block_size`` is their number.
+* ``extra_keys`` carries ``("namespace", <16 hex digits>)``.
+
+Keys derive from the namespace: model, LoRA and cache salt. So one tenant's
+chunks never appear under another's keys. ``medium`` is ``STORAGE``,
+``ownership`` ``shared``.
 
 :class:`ChunkQuery` answers routers that ask instead of listen, over a ZeroMQ
-REP socket: a msgpack map ``{"namespace": str, "keys": [32-byte digests]}``
-gets ``{"exists": [bool, ...], "prefix": int}`` (how many leading keys are
-stored), or ``{"error": str}``.
+REP socket. A request is a msgpack map
+``{"namespace": str, "keys": [32-byte digests]}``. It gets
+``{"exists": [bool, ...], "prefix": int}``, or ``{"error": str}``. ``prefix`` is
+how many leading keys are stored.
 """
 
 from __future__ import annotations
@@ -72,7 +79,7 @@ class StoreAnnouncer:
         self.page = page
         self.max_chunks = max_chunks
         self.untracked = 0
-        """Chunks seen past ``max_chunks`` in the last listing (not announced)."""
+        """Chunks seen past ``max_chunks`` in the last listing. They are not announced."""
         self._held: set[ChunkKey] = set()
         self._started = False
         self._stop = threading.Event()
@@ -175,13 +182,13 @@ class ChunkQuery:
         self.endpoint = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
         """The bound address."""
         self.errors = 0
-        """Requests refused (malformed, too many keys)."""
+        """Requests refused: malformed, or with too many keys."""
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="chunkstore-query", daemon=True)
         self._thread.start()
 
     def answer(self, request: bytes) -> dict[str, Any]:
-        """The reply to one request (also what the socket sends)."""
+        """The reply to one request. It is also what the socket sends."""
         try:
             keys = _parse_query(request)
         except ValueError as exc:

@@ -1,22 +1,27 @@
-"""Announce what one host cache holds, as it changes (the node service's events).
+"""Announce what one host cache holds, as it changes. These are the node service's events.
 
 :class:`CacheAnnouncer` listens to a :class:`~chunkstore.cache.HostCache`
-(its ``listener`` attribute, the hook the tiered store's ``watch`` sets) and
-publishes the changes on an :class:`EventPublisher`: ``BlockStored`` when a
-chunk is published in host memory (written by an engine, sealed from TP
-ranks' parts, promoted from a tier), ``BlockRemoved`` when the cache evicts or
-deletes it. It starts with ``AllBlocksCleared``, then announces what the cache
-holds already; it ends with ``AllBlocksCleared`` (the pool goes with it).
+through its ``listener`` attribute. That is the hook the tiered store's
+``watch`` sets. It publishes the changes on an :class:`EventPublisher`.
+``BlockStored`` says a chunk was published in host memory. The chunk may be
+written by an engine, sealed from TP ranks' parts, or promoted from a tier.
+``BlockRemoved`` says the cache evicted or deleted it. The announcer starts
+with ``AllBlocksCleared``, then announces what the cache holds already. It
+ends with ``AllBlocksCleared``, because the pool goes with it.
 
-Events name chunks as the shared-store announcer does: ``block_hashes`` is
-the chunk's 32-byte key, ``parent_block_hash`` its parent's (the namespace
-root for a first chunk), ``token_ids`` the tokens it covers (read from the
-chunk's header) and ``block_size`` their number; ``extra_keys`` carries
-``("namespace", <16 hex digits>)``. ``medium`` is ``CPU``, ``locality``
-``LOCAL`` and ``ownership`` ``node``: the host cache every engine of the
-machine shares.
+Events name chunks as the shared-store announcer does:
 
-The listener only queues (it runs with the cache's lock held); a thread
+* ``block_hashes`` is the chunk's 32-byte key.
+* ``parent_block_hash`` is its parent's. For a first chunk it is the namespace
+  root.
+* ``token_ids`` are the tokens it covers, read from the chunk's header.
+* ``block_size`` is their number.
+* ``extra_keys`` carries ``("namespace", <16 hex digits>)``.
+
+``medium`` is ``CPU``, ``locality`` ``LOCAL`` and ``ownership`` ``node``. That
+is the host cache every engine of the machine shares.
+
+The listener only queues, because it runs with the cache's lock held. A thread
 publishes every ``interval`` seconds. Changes to one chunk between two
 publications are folded into its latest state. If the queue overflowed,
 the announcer starts over: ``AllBlocksCleared``, then the listing.
@@ -43,10 +48,10 @@ LOCALITY = "LOCAL"
 
 
 class CacheAnnouncer:
-    """Publishes what ``host`` (a host cache) stores and drops on ``publisher``.
+    """Publishes what the host cache ``host`` stores and drops on ``publisher``.
 
-    At most ``capacity`` changes wait between two publications (beyond that the
-    announcer starts over, see :attr:`resyncs`); ``page`` events go in one batch.
+    At most ``capacity`` changes wait between two publications. Beyond that the
+    announcer starts over; see :attr:`resyncs`. ``page`` events go in one batch.
     """
 
     def __init__(
@@ -153,7 +158,7 @@ class CacheAnnouncer:
             return stored, removed
 
     def _resync(self) -> tuple[int, int]:
-        """``AllBlocksCleared``, then every chunk the cache holds (caller holds ``_pass``)."""
+        """``AllBlocksCleared``, then every chunk the cache holds. The caller holds ``_pass``."""
         self._held.clear()
         self._publish([all_blocks_cleared()])
         events: list[dict[str, Any]] = []

@@ -1,12 +1,13 @@
 """A ZeroMQ publisher of KV event batches with vLLM's sequence numbers and replay.
 
-Wire (the same as vLLM's ``ZmqEventPublisher``, so the same subscribers work):
+The wire is the same as vLLM's ``ZmqEventPublisher``, so the same subscribers
+work.
 
-* PUB socket: each batch is three frames ``(topic, seq, payload)``; ``seq`` is
-  8 bytes, big-endian, counting from 0 since the publisher started;
-* ROUTER replay socket: a request is ``(b"", start_seq)``; the answer is every
-  buffered batch with ``seq >= start_seq`` as ``(b"", topic, seq, payload)``,
-  then ``(b"", b"", -1 as 8 signed bytes, b"")``.
+* PUB socket: each batch is three frames ``(topic, seq, payload)``. ``seq`` is
+  8 bytes, big-endian, counting from 0 since the publisher started.
+* ROUTER replay socket: a request is ``(b"", start_seq)``. The answer is every
+  buffered batch with ``seq >= start_seq`` as ``(b"", topic, seq, payload)``.
+  Then comes ``(b"", b"", -1 as 8 signed bytes, b"")``.
 
 A subscriber that sees ``seq`` start again from a small number knows the
 publisher restarted; the first batch of a chunkstore publisher starts with
@@ -41,9 +42,9 @@ def _zmq() -> Any:
 class EventPublisher:
     """Publishes :class:`EventBatch` objects on ``endpoint``, replays from ``replay_endpoint``.
 
-    :meth:`publish` never blocks: batches queue for the sending thread, at most
-    ``max_queue`` (beyond that the oldest queued batch is dropped and counted in
-    :attr:`dropped`; it gets no sequence number, so subscribers see no gap). The
+    :meth:`publish` never blocks. Batches queue for the sending thread, at most
+    ``max_queue``. Beyond that the oldest queued batch is dropped and counted in
+    :attr:`dropped`. It gets no sequence number, so subscribers see no gap. The
     last ``buffer_steps`` sent batches can be replayed. Close with :meth:`close`.
     """
 
@@ -67,7 +68,7 @@ class EventPublisher:
         try:
             self._pub.bind(endpoint)
             self.endpoint = self._pub.getsockopt_string(zmq.LAST_ENDPOINT)
-            """Where subscribers connect (the bound address, port resolved)."""
+            """Where subscribers connect: the bound address, with the port resolved."""
             self.replay_endpoint: str | None = None
             """Where replay requests go, if any."""
             if replay_endpoint is not None:
@@ -95,7 +96,7 @@ class EventPublisher:
 
     @property
     def sent(self) -> int:
-        """Batches sent so far (the next one's ``seq``)."""
+        """Batches sent so far. This is the next one's ``seq``."""
         return self._next_seq
 
     def publish(self, batch: EventBatch) -> None:
@@ -121,7 +122,7 @@ class EventPublisher:
         return True
 
     def close(self, timeout: float = 2.0) -> None:
-        """Send what is queued (up to ``timeout``), stop the thread, close the sockets."""
+        """Send what is queued, up to ``timeout``. Then stop the thread and close the sockets."""
         with self._cond:
             if self._closing:
                 return

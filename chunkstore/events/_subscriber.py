@@ -35,7 +35,7 @@ class Received:
     restarted: bool = False
     """The publisher started again before this batch: forget what it said before."""
     payload: bytes = b""
-    """The batch as sent (msgpack), for decoders of their own."""
+    """The batch as sent, in msgpack, for decoders of their own."""
 
 
 class EventSubscriber:
@@ -59,7 +59,7 @@ class EventSubscriber:
         self.topic = topic.encode()
         self.replay_timeout = replay_timeout
         self.expected: int | None = None
-        """The next sequence number (None before the first batch)."""
+        """The next sequence number; None before the first batch."""
         self.lost = 0
         """Batches missed that no replay could supply."""
         self.replayed = 0
@@ -99,7 +99,7 @@ class EventSubscriber:
         self.close()
 
     def receive(self, timeout: float = 0.1, max_batches: int = 10_000) -> list[Received]:
-        """Batches that arrived within ``timeout`` seconds (those missed, replayed first)."""
+        """Batches that arrived within ``timeout`` seconds. Those missed are replayed first."""
         out: list[Received] = []
         deadline = time.monotonic() + timeout
         while len(out) < max_batches:
@@ -134,13 +134,15 @@ class EventSubscriber:
         return out
 
     def _fetch(self) -> tuple[list[tuple[int, bytes]], bool]:
-        """Replay from :attr:`expected`: (the batches, whether the publisher restarted).
+        """Replay from :attr:`expected`. Returns the batches, and whether the publisher
+        restarted.
 
-        The replay starts one batch early: if the publisher sends another batch under the
-        number of the last one delivered, it is a new publisher, and its batches from 0 are
-        the answer. (Sequence numbers alone cannot tell a restart from a gap.) So is a
-        complete, empty answer: a publisher that sent the last batch delivered still buffers
-        it, or newer ones; one that has not sent as many batches yet is a new one.
+        The replay starts one batch early. The publisher may send another batch under the
+        number of the last one delivered. Then it is a new publisher, and its batches from
+        0 are the answer. Sequence numbers alone cannot tell a restart from a gap. A
+        complete, empty answer also means a new publisher. A publisher that sent the last
+        batch delivered still buffers it, or newer ones. One that has not sent as many
+        batches yet is a new one.
         """
         start = self.expected or 0
         if self._last is None or start == 0:
@@ -220,7 +222,7 @@ class EventSubscriber:
 
 
 def _decoded(payload: bytes) -> EventBatch:
-    """The batch, or an empty one for a payload that is not a batch (its number counts)."""
+    """The batch, or an empty one for a payload that is not a batch. Its number counts."""
     try:
         return decode_batch(payload)
     except ValueError:
@@ -232,18 +234,19 @@ class PrefixIndex:
 
     Feed it with :meth:`apply`; ask :meth:`longest_prefix`. A publisher's
     restart forgets everything it said. ``AllBlocksCleared`` forgets what it
-    said except blocks of an engine's own tiers (stored with an ``ownership``
-    other than ``shared``): vLLM sends it when it resets its GPU prefix cache,
-    which chunkstore's host memory and tiers survive (their removals come as
-    ``BlockRemoved``). A shared-store announcer's (``ownership="shared"``) and
-    a node service's (``ownership="node"``) are forgotten: each sends
-    ``AllBlocksCleared`` when it starts, and a node service when it stops.
+    said except blocks of an engine's own tiers. Those were stored with an
+    ``ownership`` other than ``shared``. vLLM sends ``AllBlocksCleared`` when it
+    resets its GPU prefix cache, which chunkstore's host memory and tiers survive.
+    Their removals come as ``BlockRemoved``. The blocks of a shared-store announcer
+    (``ownership="shared"``) and of a node service (``ownership="node"``) are
+    forgotten. Each sends ``AllBlocksCleared`` when it starts, and a node service
+    also when it stops.
     """
 
     def __init__(self) -> None:
         self._held: dict[tuple[str, str], set[Any]] = {}
         self._tiers: set[tuple[str, str]] = set()
-        """(publisher, medium) pairs of an engine's own tiers, which survive AllBlocksCleared."""
+        """(publisher, medium) pairs of an engine's own tiers. They survive AllBlocksCleared."""
 
     def apply(self, source: str, received: Received) -> None:
         """Apply one batch from publisher ``source``."""

@@ -31,7 +31,7 @@ class EventBatch:
     """One published message."""
 
     ts: float
-    """When the publisher made the batch (its clock, seconds since the epoch)."""
+    """When the publisher made the batch, by its clock, in seconds since the epoch."""
     events: list[dict[str, Any]]
     """The events, as tagged maps."""
     data_parallel_rank: int | None = None

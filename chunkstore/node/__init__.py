@@ -1,12 +1,12 @@
 """One host cache per machine: engines attach to the node service of ``chunkstore serve --node``.
 
-Both halves of the service are here. :class:`NodeServer` (a
+Both halves of the service are here. :class:`NodeServer` is a
 :class:`~chunkstore.peer.PeerServer` on a unix socket that offers the ``shm``
-plane) owns the host slot pool in ``/dev/shm``, the replacement policy, the
-tiers and the write-behind; every engine of the machine maps the pool and
-reads or writes chunks in place. :class:`NodeClient` is one engine's
-attachment; :class:`NodeStore` is the Store over it. See docs/cache.md
-("One cache per node") and spec/PROTOCOL.md (the ``shm`` plane).
+plane. It owns the host slot pool in ``/dev/shm``, the replacement policy, the
+tiers and the write-behind. Every engine of the machine maps the pool and reads
+or writes chunks in place. :class:`NodeClient` is one engine's attachment.
+:class:`NodeStore` is the Store over it. See "One cache per node" in
+docs/cache.md, and the ``shm`` plane in spec/PROTOCOL.md.
 """
 
 from chunkstore.node._client import (

@@ -1,18 +1,18 @@
 """NodeClient: an engine's connection to its machine's node service.
 
-Control messages go over the node's unix socket (the peer protocol, plane
-``shm``); chunk bytes never do: the client maps the service's slot pool and
-reads or writes slots in place. Every lease is held by the service on the
-client's behalf and ends when the client releases it or its connection
-closes, so a killed engine leaks no slot.
+Control messages go over the node's unix socket, with the peer protocol and
+plane ``shm``. Chunk bytes never do. The client maps the service's slot pool
+and reads or writes slots in place. Every lease is held by the service on the
+client's behalf. It ends when the client releases it or its connection closes.
+So a killed engine leaks no slot.
 
-The client never blocks an engine on a dead service: requests are bounded by
-``timeout_s``, a closed connection fails the next request at once (ZMQ
-``IMMEDIATE``), and after a failure the service counts as down for
-``retry_after_s`` (every call is a miss, without I/O). Then the client
-attaches again: a fresh ``hello`` and, when the service was restarted, the
-new pool is mapped. A request that merely times out keeps the connection
-open: closing it would end the session, and the service would release the
+The client never blocks an engine on a dead service. Requests are bounded by
+``timeout_s``. A closed connection fails the next request at once, through ZMQ
+``IMMEDIATE``. After a failure the service counts as down for
+``retry_after_s``. Every call is then a miss, without I/O. Then the client
+attaches again. It sends a fresh ``hello``, and maps the new pool when the
+service was restarted. A request that merely times out keeps the connection
+open. Closing it would end the session. The service would then release the
 pins and abort the reservations of copies the engine is still making.
 """
 
@@ -55,7 +55,7 @@ REFUSALS = frozenset(
 
 
 class NodeRefused(ConfigError):
-    """The node service refused this engine (other model, chunk size, secret or version)."""
+    """The node service refused this engine: other model, chunk size, secret or version."""
 
 
 def node_endpoint(url: str) -> str:
@@ -77,9 +77,9 @@ def node_endpoint(url: str) -> str:
 def engine_identity(name: str) -> bytes:
     """The ``engine`` identity of spec/PROTOCOL.md §9.7 for an engine named ``name``.
 
-    Every rank of one engine must pass the same name (vLLM: the engine's
-    ``kv_transfer_config.engine_id``, which vLLM makes the same on every rank of a TP
-    group and unique per engine and data-parallel replica); the node combines the parts
+    Every rank of one engine must pass the same name. In vLLM that is the engine's
+    ``kv_transfer_config.engine_id``. vLLM makes it the same on every rank of a TP
+    group, and unique per engine and data-parallel replica. The node combines the parts
     of a chunk only among reservations naming the same identity. A digest keeps the
     wire field short whatever the name.
     """
@@ -94,7 +94,7 @@ class RankShare:
     rank: int
     """This process's TP rank."""
     tp: int
-    """The engine's TP size (how many parts make a chunk)."""
+    """The engine's TP size: how many parts make a chunk."""
     parents: Sequence[bytes]
     """Per key: the parent digest for the chunk header."""
     tokens: Sequence[Sequence[int]]
@@ -137,16 +137,16 @@ class NodeReservation:
     views: list[memoryview | None]
     """Per key: the whole writable slot, or ``None`` (already present, or no room)."""
     present: list[bool]
-    """Per key: the service already holds it (nothing to write)."""
+    """Per key: the service already holds it, so there is nothing to write."""
 
 
 class NodeClient:
-    """One engine's attachment to a node service; thread-safe (one request at a time).
+    """One engine's attachment to a node service. Thread-safe: one request at a time.
 
-    ``slot_size`` is this engine's chunk size in bytes: a node whose pool slots
-    differ refuses it, as does one serving another ``fingerprint`` or
-    ``chunk_tokens``. :meth:`attach` raises :class:`NodeRefused` for those;
-    every other method turns any failure into a miss.
+    ``slot_size`` is this engine's chunk size in bytes. A node whose pool slots
+    differ refuses it. So does one serving another ``fingerprint`` or
+    ``chunk_tokens``. :meth:`attach` raises :class:`NodeRefused` for those.
+    Every other method turns any failure into a miss.
     """
 
     def __init__(
@@ -179,14 +179,14 @@ class NodeClient:
         )
         self._peer = PeerClient(self.endpoint, config, metrics=metrics)
         self.slot_size = slot_size
-        """This engine's chunk size (the pool's slot size once attached)."""
+        """This engine's chunk size. Once attached, it is the pool's slot size."""
         self._lock = threading.RLock()
         self._pool: SlotPool | None = None
         self._pool_id: tuple[str, int] | None = None
         self._pool_session: bytes | None = None
         self._down_until = 0.0
         self.refusal: str | None = None
-        """The service's last refusal of this engine (``None`` once attached)."""
+        """The service's last refusal of this engine; ``None`` once attached."""
 
     # --- attachment ---------------------------------------------------------------------
 
@@ -198,8 +198,8 @@ class NodeClient:
     def attach(self) -> bool:
         """Attach now: True when attached, False when the service is unreachable.
 
-        Raises :class:`NodeRefused` (one line naming both sides) when the service
-        refuses this engine.
+        Raises :class:`NodeRefused` when the service refuses this engine. Its message
+        is one line naming both sides.
         """
         with self._lock:
             try:
@@ -228,7 +228,7 @@ class NodeClient:
         return True
 
     def _sync_pool(self) -> None:
-        """Map the pool of the current session (again, when the service was restarted)."""
+        """Map the pool of the current session. Maps it again when the service was restarted."""
         info = self._peer.server_info
         session = info.get("s")
         if session == self._pool_session and self._pool is not None:
@@ -256,7 +256,7 @@ class NodeClient:
         self._pool_session = session
 
     def _request(self, op: str, fields: dict[str, Any]) -> dict[str, Any] | None:
-        """One request; ``None`` (after logging) when the service is down or refuses."""
+        """One request. ``None`` when the service is down or refuses, after logging."""
         try:
             if not self._ensure_attached():
                 return None
@@ -276,7 +276,7 @@ class NodeClient:
     # --- operations -----------------------------------------------------------------------
 
     def lookup(self, keys: Sequence[ChunkKey]) -> int:
-        """How many leading keys the node holds (0 when it is down)."""
+        """How many leading keys the node holds; 0 when it is down."""
         if not keys:
             return 0
         with self._lock:
@@ -284,7 +284,7 @@ class NodeClient:
         return int(reply["prefix"]) if reply is not None else 0
 
     def exists(self, keys: Sequence[ChunkKey]) -> list[bool]:
-        """Per key: whether the node holds it (all False when it is down)."""
+        """Per key: whether the node holds it. All False when it is down."""
         with self._lock:
             reply = self._request("exists", {"keys": P.pack_keys(keys)}) if keys else None
         return _flags(reply, "present", len(keys))
@@ -311,14 +311,14 @@ class NodeClient:
         return NodeRead(reply.get("lease") if reply else None, views, slots, pool)
 
     def still_valid(self, read: NodeRead, index: int) -> bool:
-        """Whether ``read.views[index]`` still holds the leased chunk (check after copying)."""
+        """Whether ``read.views[index]`` still holds the leased chunk. Check after copying."""
         held = read.slots[index]
         if held is None or read.pool is None or read.pool.closed:
             return False
         return read.pool.generation(held[0]) == held[1]
 
     def release(self, read: NodeRead) -> None:
-        """Give the pins back (no round trip; the service also drops them if we die)."""
+        """Give the pins back, with no round trip. The service also drops them if we die."""
         if read.lease is None:
             return
         with self._lock:
@@ -338,10 +338,10 @@ class NodeClient:
         if_absent: bool = True,
         part: RankShare | None = None,
     ) -> NodeReservation:
-        """Writable slots for ``keys`` (``if_absent``: none for keys the node holds).
+        """Writable slots for ``keys``. With ``if_absent``, none for keys the node holds.
 
-        ``part``: this process is one TP rank of an engine and writes only its heads; the
-        ranks of one engine get the same slot per key, and the node seals and publishes
+        ``part`` says this process is one TP rank of an engine and writes only its heads.
+        The ranks of one engine get the same slot per key. The node seals and publishes
         the chunk once every rank has committed its part.
         """
         with self._lock:
@@ -371,8 +371,8 @@ class NodeClient:
         return NodeReservation(lease, views, [bool(p) for p in present])
 
     def commit(self, reservation: NodeReservation, sizes: Sequence[int]) -> list[bool]:
-        """Publish what was written: ``sizes[i]`` bytes of slot ``i`` (0: give it back).
-        Per key: whether the node stored it (it checks every chunk first)."""
+        """Publish what was written: ``sizes[i]`` bytes of slot ``i``. A size of 0 gives the
+        slot back. Per key: whether the node stored it. It checks every chunk first."""
         if reservation.lease is None:
             return [False] * len(sizes)
         wanted = [size if view is not None else 0 for size, view in zip(sizes, reservation.views)]
@@ -392,20 +392,20 @@ class NodeClient:
         self.release(NodeRead(reservation.lease, [], [], None))
 
     def delete(self, keys: Sequence[ChunkKey]) -> list[bool]:
-        """Per key: whether the node held it (and now does not)."""
+        """Per key: whether the node held it and now does not."""
         with self._lock:
             reply = self._request("delete", {"keys": P.pack_keys(keys)}) if keys else None
         return _flags(reply, "deleted", len(keys))
 
     def stats(self) -> dict[str, Any]:
-        """The service's counters (empty when it is down)."""
+        """The service's counters; empty when it is down."""
         with self._lock:
             reply = self._request("stats", {})
         stats = reply.get("stats") if reply is not None else None
         return stats if isinstance(stats, dict) else {}
 
     def close(self) -> None:
-        """Say goodbye (the service releases our leases) and unmap the pool."""
+        """Say goodbye and unmap the pool. The service releases our leases."""
         with self._lock:
             self._peer.close()
             if self._pool is not None:

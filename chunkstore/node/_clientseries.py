@@ -1,15 +1,15 @@
 """A node service's per-client chunk counts, bounded however many engines come and go.
 
 ``chunkstore_node_client_chunks_total{server,client,result}`` has one series per
-engine name. Engines are often short-lived (a restart, an autoscaled replica, a
-test run), so the series of engines that detached must not stay for ever; but
+engine name. Engines are often short-lived: a restart, an autoscaled replica, a
+test run. So the series of engines that detached must not stay for ever. But
 removing a series when its engine detaches would lose the counts it gained
 since the last scrape. So a detached engine's series are kept for a grace
-period (:data:`DETACHED_GRACE_S`, several scrape intervals), and for at most
-:data:`MAX_DETACHED_CLIENTS` engines at once (the oldest go first); then their
-counts are added to the ``client="detached"`` series and theirs are removed.
-Summed over ``client``, every count only grows: what leaves one series arrives
-in ``detached`` in the same step.
+period of :data:`DETACHED_GRACE_S`, several scrape intervals. They are kept for
+at most :data:`MAX_DETACHED_CLIENTS` engines at once, and the oldest go first.
+Then their counts are added to the ``client="detached"`` series, and theirs are
+removed. Summed over ``client``, every count only grows. What leaves one series
+arrives in ``detached`` in the same step.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from chunkstore.peer._metrics import PeerMetrics
 DETACHED = "detached"
 """The ``client`` label of the counts of engines whose own series were retired."""
 DETACHED_GRACE_S = 300.0
-"""Seconds a detached engine's series stay (its last counts get scraped meanwhile)."""
+"""Seconds a detached engine's series stay. Its last counts get scraped meanwhile."""
 MAX_DETACHED_CLIENTS = 64
 """Detached engines whose series are kept at once; beyond, the oldest are retired early."""
 RESULTS = ("hit", "miss")
@@ -33,8 +33,8 @@ RESULTS = ("hit", "miss")
 class NodeClientSeries:
     """The ``chunkstore_node_client_chunks_total`` series of one node service; thread-safe.
 
-    ``server`` gives the service's current name (the ``server`` label); ``clock`` is
-    monotonic seconds (tests pass a fake one).
+    ``server`` gives the service's current name, the ``server`` label. ``clock`` is
+    monotonic seconds; tests pass a fake one.
     """
 
     def __init__(
@@ -55,12 +55,12 @@ class NodeClientSeries:
         self._detached: OrderedDict[str, float] = OrderedDict()
         """Detached engines whose series are still kept, oldest first: when they detached."""
         self._counts: dict[tuple[str, str], int] = {}
-        """What each kept series holds (what a retired engine's series add to ``detached``)."""
+        """What each kept series holds. A retired engine's series add this to ``detached``."""
         self._lock = threading.Lock()
 
     def attached(self, clients: Iterable[str]) -> None:
-        """The engines attached now (by name); those that left start their grace period, and
-        those back within it keep their series."""
+        """Set the engines attached now, by name. Those that left start their grace period.
+        Those back within it keep their series."""
         now = self._clock()
         current = set(clients)
         with self._lock:
@@ -83,8 +83,8 @@ class NodeClientSeries:
             self._add(label, "miss", misses)
 
     def retire(self) -> int:
-        """Retire the detached engines past their grace period (or beyond the bound); how
-        many. Also done on every change of the attached engines."""
+        """Retire the detached engines past their grace period or beyond the bound. Returns
+        how many. Also done on every change of the attached engines."""
         with self._lock:
             return self._retire(self._clock())
 
@@ -108,8 +108,8 @@ class NodeClientSeries:
         return retired
 
     def _add(self, client: str, result: str, n: int) -> None:
-        """Count ``n`` in the series (caller holds the lock, so a retirement never runs
-        between the tally and the series)."""
+        """Count ``n`` in the series. The caller holds the lock, so a retirement never runs
+        between the tally and the series."""
         key = (client, result)
         self._counts[key] = self._counts.get(key, 0) + n
         self._metrics.node_client_chunks.labels(self._server(), client, result).inc(n)

@@ -17,12 +17,13 @@ from chunkstore.peer._server import PeerServer
 
 
 class NodeServer(PeerServer):
-    """Serves ``store`` (a host cache in shared memory, or a tiered store over one) to the
-    engines of this machine: a :class:`~chunkstore.peer.PeerServer` that also offers the
-    ``shm`` plane (ask for it with ``planes=("shm",)`` and an ``ipc://`` bind).
+    """Serves ``store`` to the engines of this machine. ``store`` is a host cache in shared
+    memory, or a tiered store over one. This is a :class:`~chunkstore.peer.PeerServer`
+    that also offers the ``shm`` plane. Ask for it with ``planes=("shm",)`` and an
+    ``ipc://`` bind.
 
-    With ``seal_layout`` (the served model's chunk layout) it seals the chunks whose parts
-    the ranks of TP engines write.
+    ``seal_layout`` is the served model's chunk layout. With it, the server seals the
+    chunks whose parts the ranks of TP engines write.
     """
 
     def _client_series(self) -> ClientSeries | None:

@@ -1,15 +1,18 @@
 """The node service's shared-memory data plane (``shm``): slots of one pool that clients map.
 
-The node service serves a host cache whose slot pool lives in ``/dev/shm``;
-the engines of the machine map the same pool. A read names slots instead of
-sending bytes: the server pins each chunk's slot *on the client's behalf*
-(the pin is the server's, released when the lease ends or the client's
-connection closes, so a killed client leaks nothing) and replies
-``[slot, generation, size]``; the client copies straight out of its mapping.
-A write reserves slots the client fills in place; on commit the server
-checks every chunk (the socket is the trust boundary: a client may be buggy)
-before it is published and queued for write-behind. The ranks of a TP engine
-reserve the same slot, one part each (:class:`~chunkstore.cache.assembly.NodeAssemblies`).
+The node service serves a host cache whose slot pool lives in ``/dev/shm``.
+The engines of the machine map the same pool.
+
+A read names slots instead of sending bytes. The server pins each chunk's slot
+*on the client's behalf*. The pin is the server's. It is released when the
+lease ends or the client's connection closes, so a killed client leaks nothing.
+The server replies ``[slot, generation, size]``, and the client copies straight
+out of its mapping.
+
+A write reserves slots the client fills in place. On commit the server checks
+every chunk before it is published and queued for write-behind. The socket is
+the trust boundary, and a client may be buggy. The ranks of a TP engine reserve
+the same slot, one part each. See :class:`~chunkstore.cache.assembly.NodeAssemblies`.
 """
 
 from __future__ import annotations
@@ -37,8 +40,8 @@ or ``None``."""
 
 
 def shared_pool_of(store: Store) -> SlotPool | None:
-    """The named shared slot pool behind ``store`` (a host cache, or a tiered store's host
-    cache), or ``None`` when its pool is private or it has none."""
+    """The named shared slot pool behind ``store``, or ``None`` when its pool is private or
+    it has none. ``store`` is a host cache, or a tiered store with a host cache."""
     host = getattr(store, "host", store)
     pool = getattr(host, "pool", None)
     if isinstance(pool, SlotPool) and pool.name is not None:
@@ -47,11 +50,11 @@ def shared_pool_of(store: Store) -> SlotPool | None:
 
 
 class ShmPlane:
-    """Reads and writes of one store through its shared slot pool (a
-    :class:`~chunkstore.peer._handlers.SlotPlane`).
+    """Reads and writes of one store through its shared slot pool. This is a
+    :class:`~chunkstore.peer._handlers.SlotPlane`.
 
-    ``valid`` checks each committed chunk; with ``seal_layout`` (the served model's
-    chunk layout) the ranks of TP engines write parts of one chunk, sealed here.
+    ``valid`` checks each committed chunk. ``seal_layout`` is the served model's chunk
+    layout. With it, the ranks of TP engines write parts of one chunk, sealed here.
     """
 
     def __init__(
@@ -87,7 +90,8 @@ class ShmPlane:
 
     def hello_fields(self, slot_size: int | None) -> dict[str, Any]:
         """What a client needs to map the pool: its name and geometry. A node client's
-        chunks (``slot_size`` bytes) must be the size of the pool's slots (one chunk a slot)."""
+        chunks of ``slot_size`` bytes must be the size of the pool's slots. One chunk
+        fills one slot."""
         served = self.pool.slot_size
         if slot_size is not None and slot_size != served:
             raise ProtocolViolation(
@@ -121,9 +125,10 @@ class ShmPlane:
     def reserve(
         self, body: dict[str, Any], keys: list[ChunkKey], present: list[bool], owner: Session
     ) -> tuple[list[Any], list[Any], list[Callable[[], None]]]:
-        """A writable slot per key not ``present`` (``None`` when there is no room), for the
-        ``reserve`` request ``body`` of session ``owner``: a whole chunk's, or (``tp`` > 1) a
-        TP rank's part of one shared by its engine's ranks."""
+        """A writable slot per key not ``present``; ``None`` when there is no room. This
+        serves the ``reserve`` request ``body`` of session ``owner``. A slot holds a whole
+        chunk. With ``tp`` > 1 it holds a TP rank's part of one shared by its engine's
+        ranks."""
         if body.get("tp", 1) > 1:
             return self._reserve_parts(body, keys, present, owner)
         items, leases, releases = self._reserve_whole(keys, present)
@@ -188,8 +193,8 @@ class ShmPlane:
         return items, held, releases
 
     def commit(self, held: list[Any], sizes: list[int]) -> list[bool]:
-        """Publish what a reservation holds (size 0 is the client giving the slot back); per
-        key: stored. A TP rank's part counts as stored once accepted into its chunk."""
+        """Publish what a reservation holds. Size 0 is the client giving the slot back.
+        Per key: stored. A TP rank's part counts as stored once accepted into its chunk."""
         if any(isinstance(part, RankPart) for part in held):
             return self._commit_parts(held, sizes)
         return self._commit_whole(held, sizes)
@@ -211,7 +216,7 @@ class ShmPlane:
         return stored
 
     def _commit_parts(self, parts: list[Any], sizes: list[int]) -> list[bool]:
-        """A TP rank's parts are written (size > 0) or given up (0); per part: accepted."""
+        """A TP rank's parts are written with size > 0, or given up with 0. Per part: accepted."""
         assert self._assemblies is not None  # parts exist only with assemblies
         stored = []
         for part, size in zip(parts, sizes):

@@ -1,10 +1,10 @@
 """NodeStore: the Store over a node service, every byte through the mapped pool.
 
-Reads copy a chunk straight out of the slot the service pinned for us
-(checking afterwards that the slot was not reassigned); writes fill a slot the
-service reserved and commit it, and the service checks the chunk before
-anyone can read it. When the service is down every read is a miss and every
-write is refused (False): an engine recomputes instead of waiting.
+Reads copy a chunk straight out of the slot the service pinned for us. They
+check afterwards that the slot was not reassigned. Writes fill a slot the
+service reserved and commit it. The service checks the chunk before anyone can
+read it. When the service is down every read is a miss. Every write is then
+refused with False. An engine recomputes instead of waiting.
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ from chunkstore.node._client import NodeClient
 
 
 class NodeStore(Store):
-    """Chunks held by this machine's node service (see :class:`NodeClient`).
+    """Chunks held by this machine's node service. See :class:`NodeClient`.
 
-    ``verify`` defaults to False as for a host cache: the service checked every
-    chunk when it entered (commit, or promotion from a tier).
+    ``verify`` defaults to False as for a host cache. The service checked every
+    chunk when it entered, on commit or on promotion from a tier.
     """
 
     kind = "node"
@@ -105,7 +105,7 @@ class NodeStore(Store):
         return iter(())
 
     def close(self) -> None:
-        """Detach from the service (it releases whatever we still held)."""
+        """Detach from the service. It releases whatever we still held."""
         self.client.close()
 
 

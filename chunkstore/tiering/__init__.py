@@ -1,15 +1,15 @@
 """The tiering layer: what sits between host memory and the stores.
 
-* :class:`TieredStore` - a host cache in front of secondary stores, as one
-  :class:`~chunkstore.backends.Store`: write-behind, promotion, prefetch and
-  tier fail-over;
-* :class:`TierList` - the ordered, guarded tiers, with the one read loop and
-  the one write fan-out that ``TieredStore`` and an engine's own tier
-  (the vLLM native tier) both use;
-* :class:`GuardedTier` - one tier's calls, with a timeout and a back-off;
-* :class:`EngineCache` - what an engine's workers save into and load from:
-  :class:`ProcessCache` (this process's host cache in front of the tiers) or
-  :class:`RankCache` (a TP rank's part of a shared host pool).
+* :class:`TieredStore`: a host cache in front of secondary stores, as one
+  :class:`~chunkstore.backends.Store`. It does write-behind, promotion, prefetch
+  and tier fail-over.
+* :class:`TierList`: the ordered, guarded tiers. It has the one read loop and
+  the one write fan-out. ``TieredStore`` and an engine's own tier both use
+  them, such as the vLLM native tier.
+* :class:`GuardedTier`: one tier's calls, with a timeout and a back-off.
+* :class:`EngineCache`: what an engine's workers save into and load from.
+  :class:`ProcessCache` is this process's host cache in front of the tiers.
+  :class:`RankCache` is a TP rank's part of a shared host pool.
 
 An engine adapter needs only this layer and :mod:`chunkstore.cache`.
 """

@@ -1,11 +1,11 @@
 """The tiered part of ``chunkstore demo``: a host cache smaller than the working set.
 
-Four conversations take turns; every turn extends its conversation's prompt,
-looks the chunk chain up across tiers, loads what is there (host memory
-first, then the store, promoting into host memory) and computes and writes
-the rest. Host memory holds fewer chunks than the conversations need, so
-later turns find their older chunks only in the store: the output shows hits
-per tier and promotions turn by turn.
+Four conversations take turns. Every turn extends its conversation's prompt and
+looks the chunk chain up across tiers. It loads what is there: host memory
+first, then the store, promoting into host memory. It computes and writes the
+rest. Host memory holds fewer chunks than the conversations need. So later
+turns find their older chunks only in the store. The output shows hits per tier
+and promotions turn by turn.
 """
 
 from __future__ import annotations

@@ -2,18 +2,18 @@
 
 An engine's workers write each chunk they save into a slot, seal it, and read
 chunks back from host memory while they copy them to the device. The
-:class:`EngineCache` protocol is that interface, written once for every engine:
+:class:`EngineCache` protocol is that interface, written once for every engine.
 
-* :class:`ProcessCache` - this process's own host cache in front of a
-  :class:`~chunkstore.tiering.TieredStore`, with prefetch for the scheduler and
-  the TP assembly owner (its ranks then use a :class:`RankCache`);
-* :class:`RankCache` - a TP rank's part of a shared host pool that another
+* :class:`ProcessCache`: this process's own host cache in front of a
+  :class:`~chunkstore.tiering.TieredStore`. It has prefetch for the scheduler.
+  It also runs the TP assembly owner, and its ranks then use a :class:`RankCache`.
+* :class:`RankCache`: a TP rank's part of a shared host pool that another
   process owns.
 
-The node service's engine caches (its pool, reached over a socket) implement
-the same protocol in the engine adapter that uses them. Every chunk reaches a
-device through host memory: a secondary-tier hit is first prefetched into host
-memory (:meth:`ProcessCache.submit_prefetch`).
+The node service's engine caches implement the same protocol, in the engine
+adapter that uses them. Their pool is reached over a socket. Every chunk
+reaches a device through host memory. A secondary-tier hit is first prefetched
+into host memory, through :meth:`ProcessCache.submit_prefetch`.
 """
 
 from __future__ import annotations
@@ -87,16 +87,16 @@ class PrefetchResult:
     """What a prefetch brought into host memory."""
 
     fetched: int = 0
-    """How many chunks (from the first key asked for) are now in host memory."""
+    """How many chunks, from the first key asked for, are now in host memory."""
     sources: list[str] = field(default_factory=list)
     """Per fetched chunk, where from: ``host`` (already there) or the tier's kind
     (``fs``, ``s3``, ``peer``, ...)."""
     corrupt: int = 0
-    """Corrupt chunks found (and quarantined by the tiers) meanwhile."""
+    """Corrupt chunks found meanwhile. The tiers quarantined them."""
 
 
 class ChunkIdentity(Protocol):
-    """What sealing a chunk needs to know of it (an engine adapter's save record)."""
+    """What sealing a chunk needs to know of it: an engine adapter's save record."""
 
     @property
     def key(self) -> ChunkKey: ...
@@ -122,7 +122,7 @@ def seal_save(layout: ChunkLayout, view: Any, save: ChunkIdentity) -> None:
 
 @dataclass(frozen=True, slots=True)
 class PlainBuffer:
-    """A chunk buffer outside the host pool (every slot was pinned): stored by copy."""
+    """A chunk buffer outside the host pool, used when every slot was pinned. Stored by copy."""
 
     view: bytearray
     """The whole chunk's bytes."""
@@ -139,18 +139,20 @@ class SaveSlot(Protocol):
 
 
 class EngineCache(Protocol):
-    """What an engine's worker needs of its chunks' home: :class:`ProcessCache` (whole
-    chunks, the process's own host cache), :class:`RankCache` (a TP rank's heads in a shared
-    slot) and the node service's caches are each one, so the worker never asks which."""
+    """What an engine's worker needs of its chunks' home.
+
+    :class:`ProcessCache` holds whole chunks in the process's own host cache.
+    :class:`RankCache` holds a TP rank's heads in a shared slot. Those and the node
+    service's caches each implement this, so the worker never asks which."""
 
     def read_host(self, key: ChunkKey) -> AbstractContextManager[Any | None]:
         """The chunk's bytes in host memory, pinned meanwhile; None if absent."""
         ...
 
     def read_check(self, data: Any) -> Callable[[], bool] | None:
-        """For ``data`` from :meth:`read_host` (its context still open): a check to run once
-        the copies out of it are complete (whether it held the chunk all along), or None when
-        nothing can take the pin back meanwhile."""
+        """A check for ``data`` from :meth:`read_host`, while its context is still open.
+        Run it once the copies out of it are complete. It says whether ``data`` held the
+        chunk all along. None when nothing can take the pin back meanwhile."""
         ...
 
     def save_slot(self, save: ChunkIdentity) -> SaveSlot | None:
@@ -158,7 +160,7 @@ class EngineCache(Protocol):
         ...
 
     def save_done(self, save: ChunkIdentity, slot: SaveSlot) -> None:
-        """The bytes are in ``slot``: seal and keep the chunk (or this rank's part of it)."""
+        """The bytes are in ``slot``: seal and keep the chunk, or this rank's part of it."""
         ...
 
     def save_abandoned(self, slot: SaveSlot) -> None:
@@ -182,9 +184,9 @@ class ProcessCache:
     """This process's host memory in front of the secondary tiers, as an engine uses
     them. Thread-safe.
 
-    ``stores`` replaces ``tiers`` with already open stores (tests).
+    ``stores`` replaces ``tiers`` with already open stores, for tests.
     ``compression="zstd"`` puts a :class:`~chunkstore.backends.ZstdStore` in front of
-    each tier (host memory holds chunks uncompressed, ready to copy). ``shm_name``
+    each tier. Host memory holds chunks uncompressed, ready to copy. ``shm_name``
     shares the host pool with TP rank processes and runs the assembly owner that
     publishes the chunks they write.
     """
@@ -214,7 +216,7 @@ class ProcessCache:
             ]
         )
         self.tiers: list[Store] = opened
-        """The secondary tiers, fastest first (as opened; the tiered store guards them)."""
+        """The secondary tiers, fastest first, as opened. The tiered store guards them."""
         for tier in opened:
             record_model(tier, layout.spec)  # so `chunkstore inspect` names the model
         cache = HostCache(
@@ -239,11 +241,11 @@ class ProcessCache:
 
     @property
     def tiers_are_fast(self) -> bool:
-        """Whether every tier answers lookups locally (no per-request round trip)."""
+        """Whether every tier answers lookups locally, with no per-request round trip."""
         return not any(tier.high_latency for tier in self.tiers)
 
     def tier_prefix(self, keys: Sequence[ChunkKey]) -> int:
-        """How many leading ``keys`` host memory and the tiers hold (lookup only; errors miss)."""
+        """How many leading ``keys`` host memory and the tiers hold. Lookup only; errors miss."""
         return self.tiered.lookup_prefix(keys)
 
     def submit_prefetch(self, keys: Sequence[ChunkKey]) -> Future[PrefetchResult]:
@@ -263,7 +265,7 @@ class ProcessCache:
     # --- data ----------------------------------------------------------------
 
     def read_host(self, key: ChunkKey) -> AbstractContextManager[Any | None]:
-        """The chunk's bytes in host memory, pinned meanwhile (None if absent)."""
+        """The chunk's bytes in host memory, pinned meanwhile; None if absent."""
         return _pinned(self.host.cache.acquire(key))
 
     def read_check(self, data: Any) -> Callable[[], bool] | None:
@@ -289,7 +291,7 @@ class ProcessCache:
         return self.reserve(save.key) or PlainBuffer(bytearray(self.layout.total_size))
 
     def save_done(self, save: ChunkIdentity, slot: SaveSlot) -> None:
-        """Seal the chunk written into ``slot`` and keep it (host memory, then the tiers)."""
+        """Seal the chunk written into ``slot`` and keep it: host memory, then the tiers."""
         seal_save(self.layout, slot.view, save)
         if isinstance(slot, Lease):
             self.commit(slot)  # in host memory now; written behind to the tiers
@@ -297,7 +299,7 @@ class ProcessCache:
             self.put(save.key, slot.view)
 
     def save_abandoned(self, slot: SaveSlot) -> None:
-        """Give up a slot from :meth:`save_slot` (nothing is stored)."""
+        """Give up a slot from :meth:`save_slot`. Nothing is stored."""
         if isinstance(slot, Lease):
             self.abort(slot)
 
@@ -306,17 +308,17 @@ class ProcessCache:
         self.tiered.put(key, data)
 
     def drop(self, key: ChunkKey) -> None:
-        """Forget ``key`` in host memory (a chunk that failed to load); tiers keep theirs."""
+        """Forget ``key``, a chunk that failed to load, in host memory. Tiers keep theirs."""
         self.host.delete(key)
 
     def flush(self, timeout: float | None = None) -> None:
-        """Wait until everything stored so far (and sealed by TP ranks) is written behind."""
+        """Wait until everything stored so far is written behind, also what TP ranks sealed."""
         if self.owner is not None:
             self.owner.collect()  # chunks the ranks sealed but the owner thread has not seen
         self.tiered.flush(timeout)
 
     def reset_host(self) -> None:
-        """Forget everything in host memory (secondary tiers keep their chunks)."""
+        """Forget everything in host memory. Secondary tiers keep their chunks."""
         self.host.clear()
 
     def close(self) -> None:
@@ -377,9 +379,9 @@ class RankCache:
         return None
 
     def save_slot(self, save: ChunkIdentity) -> Lease | None:
-        """This rank's claim on the chunk's shared slot (write only this rank's heads), or None:
-        nothing to write (cached already, written by this rank, a replica rank, or no slot
-        free)."""
+        """This rank's claim on the chunk's shared slot; write only this rank's heads. None
+        when there is nothing to write. The chunk may be cached already, or written by this
+        rank. This may be a replica rank, or no slot may be free."""
         assembler = self.assembler()
         if assembler is None:
             return None
@@ -392,7 +394,7 @@ class RankCache:
         self._assembler.mark_written(slot)
 
     def save_abandoned(self, slot: SaveSlot) -> None:
-        """Give up a claim (the chunk is not published)."""
+        """Give up a claim. The chunk is not published."""
         assert isinstance(slot, Lease) and self._assembler is not None
         self._assembler.abandon(slot)
 

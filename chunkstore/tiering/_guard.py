@@ -1,22 +1,23 @@
 """Calls into a secondary tier with a timeout and a back-off after failures.
 
 A tier that raises or does not answer within ``timeout`` is marked down for
-``retry_after`` seconds: calls during that time fail fast (the tiered store
-treats them as misses or dropped writes), and the first call after it tries
+``retry_after`` seconds. Calls during that time fail fast. The tiered store
+treats them as misses or dropped writes. The first call after that time tries
 the tier again. The serving path never sees the tier's exception.
 
-Reads and writes have separate health. A write that fails because the tier is
-full, read-only or not writable for us (ENOSPC, EDQUOT, EFBIG, EROFS, EACCES,
-EPERM) stops only the writes: what the tier holds stays readable. Any other
-failure (the tier is unreachable, hangs, or a read fails) stops both. A bad
-entry or a bad argument (a key that does not parse, a damaged chunk) says
-nothing about the tier's health and marks nothing down.
+Reads and writes have separate health. Some writes fail because the tier is
+full, read-only or not writable for us. The errors are ENOSPC, EDQUOT, EFBIG,
+EROFS, EACCES and EPERM. Such a failure stops only the writes, and what the
+tier holds stays readable. Any other failure stops both. Examples are an
+unreachable tier, a hang, or a failed read. A bad entry or a bad argument says
+nothing about the tier's health and marks nothing down. Examples are a key that
+does not parse, or a damaged chunk.
 
-A call that times out cannot be stopped: it goes on running on its worker
-thread and may still read or write the memory it was given. The
-:class:`TierUnavailable` it raises therefore carries the still-running call
-(``pending``), and the caller gives that memory back only from
-:meth:`TierUnavailable.when_settled` (a host slot stays pinned until then).
+A call that times out cannot be stopped. It goes on running on its worker
+thread and may still read or write the memory it was given. So the
+:class:`TierUnavailable` it raises carries the still-running call as
+``pending``. The caller gives that memory back only from
+:meth:`TierUnavailable.when_settled`. A host slot stays pinned until then.
 """
 
 from __future__ import annotations
@@ -52,7 +53,7 @@ _NOT_THE_TIER = (KeyParseError, FormatError, ConfigError)
 
 
 def _causes(exc: BaseException) -> list[BaseException]:
-    """``exc`` and the exceptions it was raised from or during (stores re-wrap OSErrors)."""
+    """``exc`` and the exceptions it was raised from or during. Stores re-wrap OSErrors."""
     chain: list[BaseException] = []
     current: BaseException | None = exc
     while current is not None and current not in chain:
@@ -62,7 +63,7 @@ def _causes(exc: BaseException) -> list[BaseException]:
 
 
 def is_write_fault(exc: BaseException) -> bool:
-    """Whether ``exc`` (or what it wraps) says "cannot write here": full, read-only, denied."""
+    """Whether ``exc`` or what it wraps says "cannot write here": full, read-only, denied."""
     return any(
         isinstance(e, PermissionError) or (isinstance(e, OSError) and e.errno in WRITE_FAULT_ERRNOS)
         for e in _causes(exc)
@@ -70,7 +71,7 @@ def is_write_fault(exc: BaseException) -> bool:
 
 
 class TierUnavailable(Exception):
-    """Internal: the tier is in back-off, failed, or timed out (never leaves the cache package)."""
+    """Internal: the tier is in back-off, failed, or timed out. Never leaves the cache package."""
 
     def __init__(self, name: str, pending: Future[Any] | None = None) -> None:
         super().__init__(name)
@@ -90,7 +91,7 @@ class TierUnavailable(Exception):
 
 
 class GuardedCall(Generic[R]):
-    """A call :meth:`GuardedTier.start` began; :meth:`result` waits for it (once)."""
+    """A call :meth:`GuardedTier.start` began. :meth:`result` waits for it, once."""
 
     def __init__(
         self,
@@ -118,8 +119,8 @@ class GuardedCall(Generic[R]):
         return self._tier._settle(self._op, self.future, self._deadline)
 
     def seconds(self) -> float:
-        """From the start of the call to its end (not to when the caller took the result):
-        what the store's latency metrics record."""
+        """From the start of the call to its end, not to when the caller took the result.
+        This is what the store's latency metrics record."""
         # A waiter may wake before the done callback ran: then the end is now.
         end = self._ended if self._ended >= self._began else time.perf_counter()
         return end - self._began
@@ -128,9 +129,9 @@ class GuardedCall(Generic[R]):
 class GuardedTier:
     """One secondary store plus its health, counters and metric instruments.
 
-    The counters (``hits``, ``misses``, ``promotions``, ``writes``, ``errors``,
-    ``dropped``) are changed only through the ``count_*`` methods and the
-    guarded calls themselves, under the tier's own lock.
+    The counters are ``hits``, ``misses``, ``promotions``, ``writes``, ``errors`` and
+    ``dropped``. They change only through the ``count_*`` methods and the guarded
+    calls themselves, under the tier's own lock.
     """
 
     def __init__(
@@ -171,17 +172,17 @@ class GuardedTier:
         self.writes = 0
         self.errors = 0
         self.abandoned = 0
-        """Timed-out calls still running (each may hold host memory until it ends)."""
+        """Timed-out calls still running. Each may hold host memory until it ends."""
         self.dropped: dict[str, int] = {}
 
     @property
     def up(self) -> bool:
-        """False while reads of the tier are in back-off (it failed or did not answer)."""
+        """False while reads of the tier are in back-off: it failed or did not answer."""
         return self._is_up(self._read_down_until)
 
     @property
     def writable(self) -> bool:
-        """False while writes to the tier are in back-off (also when it is full or read-only)."""
+        """False while writes to the tier are in back-off, also when it is full or read-only."""
         return self._is_up(self._write_down_until)
 
     def _is_up(self, until: float | None) -> bool:
@@ -190,17 +191,18 @@ class GuardedTier:
     def call(self, op: str, fn: Callable[..., R], *args: Any) -> R:
         """``fn(*args)`` under the timeout; raises :class:`TierUnavailable` instead of failing.
 
-        ``op`` names the operation: ``put`` and ``delete`` are writes (checked
-        against :attr:`writable`), everything else reads (:attr:`up`).
+        ``op`` names the operation. ``put`` and ``delete`` are writes, checked against
+        :attr:`writable`. Everything else is a read, checked against :attr:`up`.
         """
         return self.start(op, fn, *args).result()
 
     def start(self, op: str, fn: Callable[..., R], *args: Any) -> GuardedCall[R]:
-        """Begin :meth:`call` without waiting for it: the caller does other work (converts
-        the next chunk) while this one runs, then takes its :meth:`GuardedCall.result`.
+        """Begin :meth:`call` without waiting for it. The caller does other work while this
+        one runs, such as converting the next chunk. Then it takes its
+        :meth:`GuardedCall.result`.
 
         The timeout counts from now. Raises :class:`TierUnavailable` at once while the tier
-        is in back-off for ``op``; without a timeout the call runs here, before returning.
+        is in back-off for ``op``. Without a timeout the call runs here, before returning.
         """
         write = op in WRITE_OPS
         if not (self.writable if write else self.up):
@@ -219,15 +221,17 @@ class GuardedTier:
         return GuardedCall(self, op, future, time.monotonic() + self.timeout, began)
 
     def hand_off(self, op: str, fn: Callable[..., Any], *args: Any) -> str | None:
-        """Begin ``fn(*args)`` as :meth:`start` does, and let nobody wait for it: for work
-        whose outcome the caller does not need (setting aside a damaged copy a read found),
-        so that a tier stalling in it holds one of its own workers, not the caller.
+        """Begin ``fn(*args)`` as :meth:`start` does, and let nobody wait for it.
 
-        What it raises is judged as :meth:`call` judges it (logged, counted, the tier backed
-        off) when it ends. It has no deadline to miss: the tier's next call that someone
-        waits for finds a tier that stalls. Without a timeout it runs here, before returning.
-        ``None`` once it is made; else why it was not (the tier is in back-off for ``op``,
-        or closed), and ``fn`` is not called."""
+        This is for work whose outcome the caller does not need, such as setting aside a
+        damaged copy a read found. A tier stalling in it then holds one of its own workers,
+        not the caller.
+
+        When it ends, what it raises is judged as :meth:`call` judges it. It is logged and
+        counted, and the tier is backed off. It has no deadline to miss. The tier's next
+        call that someone waits for finds a tier that stalls. Without a timeout it runs
+        here, before returning. Returns ``None`` once it is made. Else it returns why it
+        was not: the tier is in back-off for ``op``, or closed. Then ``fn`` is not called."""
         try:
             call = self.start(op, fn, *args)
         except TierUnavailable:
@@ -249,8 +253,9 @@ class GuardedTier:
 
     def handing_off_set_asides(self) -> AbstractContextManager[None]:
         """Within the block, a corrupt chunk this thread reports to a store is set aside by
-        this tier's guard (:meth:`hand_off`, as a ``delete``), not on this thread: for a
-        caller that judged this tier's chunk itself (:func:`set_asides_handed_to`)."""
+        this tier's guard, not on this thread. The guard runs it through :meth:`hand_off`
+        as a ``delete``. This is for a caller that judged this tier's chunk itself, as in
+        :func:`set_asides_handed_to`."""
         return set_asides_handed_to(lambda set_aside: self.hand_off("delete", set_aside))
 
     def _settle(self, op: str, future: Future[R], deadline: float | None) -> R:
@@ -309,7 +314,7 @@ class GuardedTier:
         return found
 
     def count_reads(self, hits: int, misses: int) -> None:
-        """Account chunks this tier served (``hits``) and did not have or could not serve."""
+        """Account chunks this tier served as ``hits``, and those it lacked or could not serve."""
         with self._lock:
             self.hits += hits
             self.misses += misses
@@ -336,7 +341,7 @@ class GuardedTier:
         self.instruments.dropped(reason, count)
 
     def _failed(self, op: str, why: str, *, writes_only: bool) -> None:
-        """Back off: from writes only (full, read-only tier), else from reads and writes."""
+        """Back off from writes only for a full or read-only tier. Else back off from both."""
         with self._lock:
             self.errors += 1
             now = self._clock()
@@ -358,6 +363,6 @@ class GuardedTier:
             )
 
     def close(self) -> None:
-        """Stop the worker threads (calls still running are abandoned, not awaited)."""
+        """Stop the worker threads. Calls still running are abandoned, not awaited."""
         if self._executor is not None:
             self._executor.shutdown(wait=False, cancel_futures=True)

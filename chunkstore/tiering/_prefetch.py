@@ -1,11 +1,11 @@
 """Prefetch: a tiered store's chain walks on background threads.
 
 :meth:`Prefetcher.lookup_prefix_async` runs the owner's ``lookup_prefix`` for a
-scheduler that must not wait for a slow tier; :meth:`Prefetcher.prefetch`
-walks the chain the same way and brings each tier's run of chunks into host
-memory (:meth:`~chunkstore.tiering._promotion.Promoter.pull`). Both return a
-future that never fails: a tier error or a closed store only shortens the
-result. The worker threads start on first use.
+scheduler that must not wait for a slow tier. :meth:`Prefetcher.prefetch`
+walks the chain the same way. It brings each tier's run of chunks into host
+memory, through :meth:`~chunkstore.tiering._promotion.Promoter.pull`. Both
+return a future that never fails. A tier error or a closed store only shortens
+the result. The worker threads start on first use.
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ class Prefetcher:
         return self._submit(self._prefetch_quietly, list(keys), default=[])
 
     def close(self) -> None:
-        """Wait for the running jobs once the owner has closed (they see it at their next step)."""
+        """Wait for the running jobs once the owner has closed. They see it at their next step."""
         with self._lock:
             background, self._background = self._background, None
         if background is not None:
@@ -119,9 +119,9 @@ class Prefetcher:
     def _prefetch_into(self, keys: list[ChunkKey], sources: list[str]) -> None:
         """Walk the chain like ``lookup_prefix``, loading each tier's run into host memory.
 
-        Every chunk of the prefix stays pinned until the walk ends, so loading
-        a later chunk can never evict an earlier one: when host memory cannot
-        hold more, the prefix ends there.
+        Every chunk of the prefix stays pinned until the walk ends. So loading a
+        later chunk can never evict an earlier one. When host memory cannot hold
+        more, the prefix ends there.
         """
         held: list[Lease] = []
         try:

@@ -1,15 +1,15 @@
 """Promotion: copying chunks from a secondary tier into host memory.
 
-One chunk at a time for a read that missed host memory
-(:meth:`Promoter.promote_from`, :meth:`Promoter.promote_bytes`), or a run of
-a chain at a time for a prefetch (:meth:`Promoter.pull`). Every chunk lands
-decompressed (:func:`~chunkstore.format.hot_bytes`; one that carries a MAC as
-it came, which decompressing would drop) in a host slot that stays pinned for
-the caller.
+A read that missed host memory promotes one chunk at a time, through
+:meth:`Promoter.promote_from` or :meth:`Promoter.promote_bytes`. A prefetch
+promotes a run of a chain at a time, through :meth:`Promoter.pull`. Every chunk
+lands decompressed in a host slot that stays pinned for the caller. See
+:func:`~chunkstore.format.hot_bytes`. A chunk that carries a MAC lands as it
+came, because decompressing would drop the MAC.
 
-A tier call that timed out may still write into the slot it was given, so
-such a slot is given back only when that call has ended
-(:meth:`~chunkstore.tiering._guard.TierUnavailable.when_settled`); until then it
+A tier call that timed out may still write into the slot it was given. So such
+a slot is given back only when that call has ended, through
+:meth:`~chunkstore.tiering._guard.TierUnavailable.when_settled`. Until then it
 stays pinned and cannot be handed to another chunk.
 """
 
@@ -31,19 +31,21 @@ NO_ROOM = object()
 """Promotion outcome: the tier may have the chunk, but every host slot is pinned."""
 
 PULL_BATCH = 16
-"""Chunks a prefetch asks of a tier per call (batched tiers overlap them)."""
+"""Chunks a prefetch asks of a tier per call. Batched tiers overlap them."""
 
 
 class Promoter:
     """Copies chunks from :class:`GuardedTier` tiers into pinned slots of ``host``.
 
-    ``check_open`` raises when the owning store has closed; a long pull calls
-    it between chunks so that closing the store ends it early. ``check`` judges
-    the bytes a tier served before they land in host memory, given the tier's
-    ``verify`` as it stood when the read began: True where they were checked
-    (by the tier's read or by it), False where they may not be served (counted
-    and set aside by it; the promotion ends as a miss), ``None`` where nothing
-    checked them (decompressing then hashes a compressed chunk).
+    ``check_open`` raises when the owning store has closed. A long pull calls it
+    between chunks, so closing the store ends it early.
+
+    ``check`` judges the bytes a tier served before they land in host memory. It
+    is given the tier's ``verify`` as it stood when the read began. It returns
+    True where the bytes were checked, by the tier's read or by ``check`` itself.
+    It returns False where they may not be served. ``check`` then counts them and
+    sets them aside, and the promotion ends as a miss. It returns ``None`` where
+    nothing checked them. Decompressing then hashes a compressed chunk.
     """
 
     def __init__(
@@ -64,16 +66,18 @@ class Promoter:
     # --- one chunk, for a read ---------------------------------------------------------------
 
     def promote_from(self, tier: GuardedTier, key: ChunkKey) -> Lease | object | None:
-        """``key`` from ``tier`` into a pinned host slot: a read lease, ``None`` (the tier
-        does not have it) or :data:`NO_ROOM` (it may, but every host slot is pinned).
+        """``key`` from ``tier`` into a pinned host slot. Returns a read lease, or ``None``
+        when the tier does not have it. Returns :data:`NO_ROOM` when it may, but every
+        host slot is pinned.
 
-        Host memory is not made room in before the tier has shown it holds the
-        chunk: a miss (the common case for a new prompt) must not evict a
-        resident chunk, which may exist nowhere else (its write-back dropped).
-        A free slot is read into directly; when there is none, a low-latency
-        tier is asked ``exists`` first (a stat, then the zero-copy read into
-        the evicted slot), a round-trip-bound one is read into a private
-        buffer that is then copied in (a copy costs less than a second trip).
+        Host memory is not made room in before the tier has shown it holds the chunk.
+        A miss is the common case for a new prompt. It must not evict a resident chunk,
+        which may exist nowhere else if its write-back was dropped.
+
+        A free slot is read into directly. When there is none, a low-latency tier is
+        asked ``exists`` first. That is a stat, then the zero-copy read into the evicted
+        slot. A round-trip-bound tier is read into a private buffer that is then copied
+        in. A copy costs less than a second trip.
         """
         if self._withheld(key):
             return None
@@ -97,16 +101,17 @@ class Promoter:
     def promote_bytes(
         self, tier: GuardedTier, key: ChunkKey, data: bytes, *, verified: bool
     ) -> None:
-        """Copy ``data``, just read from ``tier``, into host memory (unpinned) if it fits.
+        """Copy ``data``, just read from ``tier``, into host memory if it fits. It is not
+        pinned.
 
-        ``verified``: its checksum was checked (by the tier's read or by the caller)."""
+        ``verified`` says its checksum was checked, by the tier's read or by the caller."""
         if self._withheld(key):
             return
         if self.host.put(key, hot_bytes(data, verified=verified)):
             tier.count_promotions()
 
     def _promote_copy(self, tier: GuardedTier, key: ChunkKey) -> Lease | object | None:
-        """Read ``key`` from ``tier`` into private memory, then into host memory (evicting)."""
+        """Read ``key`` from ``tier`` into private memory, then into host memory. May evict."""
         started = time.perf_counter()
         tier_verifies = tier.store.verify
         try:
@@ -128,14 +133,13 @@ class Promoter:
     def _promote_into(self, tier: GuardedTier, key: ChunkKey, slot: Lease) -> Lease | None:
         """Load ``key`` from ``tier`` straight into reserved ``slot``; a read lease or ``None``.
 
-        The tier writes into the slot in place (zero-copy, also with a
-        timeout); a read that timed out keeps the reservation until it ends.
+        The tier writes into the slot in place. This is zero-copy, also with a timeout.
+        A read that timed out keeps the reservation until it ends.
 
-        Why pin rather than read through a private buffer: ``tier_timeout``
-        is on by default, so a bounce buffer would cost a copy on every
-        promotion (and write-back), while pinning costs only when a call
-        actually times out, and then at most one slot per stuck worker (calls
-        queued behind it are cancelled and the tier backs off).
+        Why pin rather than read through a private buffer? ``tier_timeout`` is on by
+        default. So a bounce buffer would cost a copy on every promotion and write-back.
+        Pinning costs only when a call actually times out. Then it costs at most one
+        slot per stuck worker. Calls queued behind it are cancelled and the tier backs off.
         """
         started = time.perf_counter()
         size: int | None = None
@@ -176,8 +180,8 @@ class Promoter:
     def pull(self, tier: GuardedTier, keys: list[ChunkKey], held: list[Lease]) -> int:
         """Copy ``keys`` from ``tier`` into pinned host slots, in order; how many made it.
 
-        The read leases of the chunks that made it are appended to ``held``
-        (the caller releases them).
+        The read leases of the chunks that made it are appended to ``held``.
+        The caller releases them.
         """
         if any(self._withheld(key) for key in keys):
             keys = keys[: next(i for i, key in enumerate(keys) if self._withheld(key))]
@@ -201,12 +205,13 @@ class Promoter:
     def _pull_into_slots(
         self, tier: GuardedTier, keys: list[ChunkKey], held: list[Lease], batch: int = PULL_BATCH
     ) -> int:
-        """Tiers with batched zero-copy reads: reserve host slots for up to ``batch`` chunks,
-        then let the tier fill them all with several reads in flight (``get_many_into``).
+        """For tiers with batched zero-copy reads. Reserve host slots for up to ``batch``
+        chunks. Then let the tier fill them all with several reads in flight, through
+        ``get_many_into``.
 
-        The prefix ends at the first chunk that did not arrive; its slot and the later
-        ones of the batch are given back. A call that timed out keeps the whole batch
-        reserved until it has ended (it may still write into the slots), as
+        The prefix ends at the first chunk that did not arrive. Its slot and the later
+        ones of the batch are given back. A call that timed out may still write into the
+        slots. So it keeps the whole batch reserved until it has ended, as
         :meth:`_promote_into` does for one slot.
         """
         store: Any = tier.store
@@ -262,7 +267,8 @@ class Promoter:
     def _pull_batched(
         self, tier: GuardedTier, keys: list[ChunkKey], held: list[Lease], batch: int = PULL_BATCH
     ) -> int:
-        """Round-trip-bound tiers: ask for ``batch`` chunks per call (the store overlaps them)."""
+        """For round-trip-bound tiers: ask for ``batch`` chunks per call. The store overlaps
+        them."""
         loaded = 0
         for start in range(0, len(keys), batch):
             self._check_open()

@@ -1,38 +1,41 @@
 """TieredStore: the host cache in front of secondary tiers, as one store.
 
-* ``put``: the chunk goes into host memory first (the caller's copy is then
-  done) and is queued, still pinned in its host slot, for a background write to
-  the secondary tiers: every tier (``write_tiers="all"``) or the first only
-  (``"first"``). A full queue drops the write (counted per tier as
-  ``queue_full``, logged with the key) rather than block the caller or grow
-  memory. If host memory cannot take the chunk (every slot pinned, or the chunk
-  is larger than a slot) it is written to the tiers synchronously instead.
+* ``put``: the chunk goes into host memory first. The caller's copy is then
+  done. The chunk is queued, still pinned in its host slot, for a background
+  write to the secondary tiers. ``write_tiers="all"`` writes every tier, and
+  ``"first"`` the first only. A full queue drops the write rather than block
+  the caller or grow memory. The drop is counted per tier as ``queue_full`` and
+  logged with the key. Host memory may not take the chunk, when every slot is
+  pinned or the chunk is larger than a slot. Then it is written to the tiers
+  synchronously instead.
 * ``get`` / ``get_into`` / ``acquire``: the first tier that has the chunk, host
-  first; a hit in a lower tier is copied into host memory (promotion).
-* ``lookup_prefix``: host index first, then each tier (batched) from where the
-  previous one stopped, until a full pass over the tiers adds nothing.
-* ``prefetch`` / ``lookup_prefix_async``: the same walk on a background thread,
-  returning a future (never failing: a tier error only shortens the result);
-  ``prefetch`` also copies the chunks it finds into host memory and reports
+  first. A hit in a lower tier is copied into host memory. This is promotion.
+* ``lookup_prefix``: host index first. Then each tier is asked, batched, from
+  where the previous one stopped. This repeats until a full pass over the
+  tiers adds nothing.
+* ``prefetch`` / ``lookup_prefix_async``: the same walk on a background thread.
+  They return a future that never fails. A tier error only shortens the result.
+  ``prefetch`` also copies the chunks it finds into host memory. It reports
   where each came from.
-* A tier that raises or times out is a miss (reads) or a dropped write, and is
-  retried after ``retry_after`` seconds; the caller never sees its exception.
-  A timed-out call keeps running in the background, so host memory handed to
-  it (a slot being promoted into, a slot being written back) stays pinned
-  until it ends; a caller's own buffer is never handed to a call that may
-  outlive it (a private copy is used instead).
-* ``delete`` never waits for the write-behind queue: queued write-backs of the
-  deleted keys are withdrawn, and a write already under way is undone (the
-  keys deleted again from the tiers) when it ends.
-* Eviction never loses a chunk waiting for write-back (its slot is pinned
-  until written); :meth:`TieredStore.close` flushes the queue. A crash loses at
+* A tier that raises or times out is a miss on reads, or a dropped write. It
+  is retried after ``retry_after`` seconds. The caller never sees its exception.
+  A timed-out call keeps running in the background. So host memory handed to
+  it stays pinned until it ends. That is a slot being promoted into, or a slot
+  being written back. A caller's own buffer is never handed to a call that may
+  outlive it. A private copy is used instead.
+* ``delete`` never waits for the write-behind queue. Queued write-backs of the
+  deleted keys are withdrawn. A write already under way is undone when it ends:
+  the keys are deleted again from the tiers.
+* Eviction never loses a chunk waiting for write-back. Its slot is pinned
+  until written. :meth:`TieredStore.close` flushes the queue. A crash loses at
   most the queued chunks, and only the host copy of them.
 
-``TieredStore`` is the public face; its parts each live in their own module:
-:mod:`~chunkstore.tiering._guard` (a tier's timeout, back-off and counters),
-:mod:`~chunkstore.tiering._promotion` (copying chunks up into host memory),
-:mod:`~chunkstore.tiering._prefetch` (the background walks) and
-:mod:`~chunkstore.tiering._writes` (write-behind and write-through).
+``TieredStore`` is the public face. Its parts each live in their own module:
+
+* :mod:`~chunkstore.tiering._guard`: a tier's timeout, back-off and counters.
+* :mod:`~chunkstore.tiering._promotion`: copying chunks up into host memory.
+* :mod:`~chunkstore.tiering._prefetch`: the background walks.
+* :mod:`~chunkstore.tiering._writes`: write-behind and write-through.
 """
 
 from __future__ import annotations
@@ -68,17 +71,17 @@ class TierStats:
     """Counters of one secondary tier."""
 
     name: str
-    """The tier's store name (its metric label)."""
+    """The tier's store name, which is its metric label."""
     hits: int
-    """Chunks this tier served (after every tier above it missed)."""
+    """Chunks this tier served after every tier above it missed."""
     misses: int
-    """Chunks asked of this tier that it did not have (or could not serve)."""
+    """Chunks asked of this tier that it did not have or could not serve."""
     promotions: int
     """Chunks copied from this tier into host memory."""
     writes: int
     """Chunks written into this tier."""
     dropped: dict[str, int]
-    """Writes to this tier not performed, by reason (queue_full, tier_down, tier_error)."""
+    """Writes to this tier not performed, by reason: queue_full, tier_down, tier_error."""
     errors: int
     """Calls that failed or timed out."""
     up: bool
@@ -244,7 +247,7 @@ class TieredStore(Store):
         )
 
     def health(self) -> TieredHealth:
-        """Queue depth and tier liveness (for the metrics collector)."""
+        """Queue depth and tier liveness, for the metrics collector."""
         return TieredHealth(
             queue_depth=self._writer.depth,
             queue_capacity=self._writer.capacity,
@@ -252,12 +255,12 @@ class TieredStore(Store):
         )
 
     def dropped_keys(self) -> list[ChunkKey]:
-        """The most recent (up to 100) chunks whose write-back was dropped, oldest first."""
+        """The most recent chunks whose write-back was dropped, up to 100, oldest first."""
         return self._writer.dropped_keys()
 
     @property
     def corrupt_detected(self) -> int:
-        """Corrupt chunks found in host memory (with ``verify``) and by every tier."""
+        """Corrupt chunks found in host memory with ``verify``, and by every tier."""
         return (
             self._corrupt
             + self.host.corrupt_detected
@@ -330,7 +333,7 @@ class TieredStore(Store):
         self._writer.enqueue(lease)
 
     def memory_regions(self) -> list[memoryview]:
-        """The host cache's :meth:`HostCache.memory_regions` (every slot view lies inside)."""
+        """The host cache's :meth:`HostCache.memory_regions`. Every slot view lies inside."""
         self._check_open()
         return self.host.memory_regions()
 
@@ -366,7 +369,7 @@ class TieredStore(Store):
     def _judge_tier_bytes(
         self, tier: GuardedTier, key: ChunkKey, data: Any, tier_verifies: bool
     ) -> Any | None:
-        """``data`` if it may be served (promoted into host memory if asked), else None."""
+        """``data`` if it may be served, else None. It is promoted into host memory if asked."""
         checked = self._check_tier_bytes(tier, key, data, tier_verifies)
         if checked is False:
             return None
@@ -442,22 +445,24 @@ class TieredStore(Store):
         self, tier: GuardedTier, key: ChunkKey, data: Any, tier_verifies: bool
     ) -> bool | None:
         """Whether ``data``, which ``tier`` served as ``key``'s chunk, was checked and may be
-        served: True where the tier's read checked it (``tier_verifies``: its ``verify`` as
-        it stood when the read began; read afterwards, a flag turned on meanwhile would vouch
-        for bytes nobody checked) or, with ``verify``, where it passes the check here (a
-        corrupt chunk is counted and set aside: False). ``None``: nothing checked it
-        (``verify`` off here and in the tier).
+        served.
 
-        Judged and acted on as the tier's own verifying read would (its MAC key and model,
-        where it knows them): it counts damage and sets aside its copy (its guarded
-        quarantine). Not a delete from
-        every tier, as for a corrupt host chunk: a lower tier's copy is intact and is
-        served next.
+        True where the tier's read checked it. ``tier_verifies`` is the tier's ``verify``
+        as it stood when the read began. Read afterwards, a flag turned on meanwhile would
+        vouch for bytes nobody checked. With ``verify``, also True where the chunk passes
+        the check here. A corrupt chunk is counted and set aside, and the answer is False.
+        ``None`` means nothing checked it: ``verify`` is off here and in the tier.
 
-        The set-aside is I/O on the tier (a rename on a mount, requests to S3 or a peer),
-        which may stall: it is handed to the tier's guard and not waited for, so the read
-        goes on to its miss or the next tier's copy at once. A tier in back-off for writes
-        is not asked (the copy stays, logged; a later read finds it again)."""
+        The chunk is judged and acted on as the tier's own verifying read would. That uses
+        its MAC key and model, where it knows them. It counts damage and sets aside its
+        copy through its guarded quarantine. This is not a delete from every tier, as for a
+        corrupt host chunk. A lower tier's copy is intact and is served next.
+
+        The set-aside is I/O on the tier, which may stall. It may be a rename on a mount,
+        or requests to S3 or a peer. It is handed to the tier's guard and not waited for.
+        So the read goes on to its miss or the next tier's copy at once. A tier in back-off
+        for writes is not asked. The copy then stays and is logged; a later read finds it
+        again."""
         if tier_verifies:
             return True
         if not self.verify:
@@ -469,10 +474,9 @@ class TieredStore(Store):
     def _load_from_tiers(self, key: ChunkKey, buffer: Buffer) -> int | None:
         """Without promotion: the first tier's copy straight into ``buffer``.
 
-        ``buffer`` is the caller's and is reused as soon as we return, so a
-        tier with a timeout (whose call may outlive the wait) reads into
-        private memory that is copied over; only an inline call (no timeout)
-        gets ``buffer`` itself.
+        ``buffer`` is the caller's and is reused as soon as we return. A tier with a
+        timeout has calls that may outlive the wait. So it reads into private memory
+        that is copied over. Only an inline call, with no timeout, gets ``buffer`` itself.
         """
         for tier in self.tiers:
             if not tier.up:
@@ -530,9 +534,9 @@ class TieredStore(Store):
     def lookup_prefix(self, keys: Sequence[ChunkKey]) -> int:
         """Leading keys present in any tier: host first, then each tier from where it stopped.
 
-        The host is asked again after every tier that made progress: a chunk can be in
-        host memory only (its write-back still queued) while older ones were already
-        evicted to the tiers, so the prefix may alternate between host and tiers.
+        The host is asked again after every tier that made progress. A chunk can be in
+        host memory only, with its write-back still queued. Older ones may already have
+        been evicted to the tiers. So the prefix may alternate between host and tiers.
         """
         self._check_open()
         position = self._host_prefix(keys, 0)
@@ -561,7 +565,7 @@ class TieredStore(Store):
     # --- background lookups and prefetch -------------------------------------------------
 
     def lookup_prefix_async(self, keys: Sequence[ChunkKey]) -> Future[int]:
-        """:meth:`lookup_prefix` on a background thread; the future never fails (0 at worst).
+        """:meth:`lookup_prefix` on a background thread. The future never fails; 0 at worst.
 
         For a scheduler that must not wait for a slow tier: poll ``done()``
         and ask again at its next step.
@@ -571,15 +575,17 @@ class TieredStore(Store):
     def prefetch(self, keys: Sequence[ChunkKey]) -> Future[list[str]]:
         """Bring the leading present ``keys`` into host memory, on a background thread.
 
-        The future resolves to one entry per key from the first on, saying
-        where it is now in host memory from: ``"host"`` (was there already) or
-        the ``kind`` of the tier it was read from (``"fs"``, ``"s3"``, ``"peer"``,
-        ...). It stops at the first key that no tier has or that could not be
-        brought in (tier error or timeout, corrupt chunk, host memory full of
-        pinned chunks), so ``len(result)`` is the usable prefix. It never
-        raises. The prefix is pinned while it is gathered (a later chunk never
-        evicts an earlier one) and unpinned when the future resolves: acquire
-        the chunks before relying on them.
+        The future resolves to one entry per key from the first on. Each entry says
+        where the chunk now in host memory came from. ``"host"`` means it was there
+        already. Otherwise it is the ``kind`` of the tier it was read from, such as
+        ``"fs"``, ``"s3"`` or ``"peer"``.
+
+        It stops at the first key that no tier has or that could not be brought in.
+        Causes are a tier error or timeout, a corrupt chunk, or host memory full of
+        pinned chunks. So ``len(result)`` is the usable prefix. It never raises.
+        The prefix is pinned while it is gathered, so a later chunk never evicts an
+        earlier one. It is unpinned when the future resolves. Acquire the chunks
+        before relying on them.
         """
         return self._prefetcher.prefetch(keys)
 
@@ -629,7 +635,8 @@ class TieredStore(Store):
         return False
 
     def close(self) -> None:
-        """Flush pending write-backs, stop the drain thread, close host memory (and tiers)."""
+        """Flush pending write-backs, stop the drain thread, and close host memory.
+        Close the tiers too where this store owns them."""
         if self._closed:
             return
         self._closed = True

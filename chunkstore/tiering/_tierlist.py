@@ -61,7 +61,7 @@ class TierRead:
         verified: bool,
     ) -> None:
         self.index = index
-        """The tier's place in the list (a key it misses is asked of the next)."""
+        """The tier's place in the list. A key it misses is asked of the next."""
         self.tier = tier
         self.asked = asked
         """Positions of the keys asked for, in the caller's list."""
@@ -73,7 +73,7 @@ class TierRead:
 
     @property
     def into_buffers(self) -> bool:
-        """Whether the store reads into the caller's buffers (else into its own memory)."""
+        """Whether the store reads into the caller's buffers, else into its own memory."""
         return self._views is not None
 
     def result(self) -> list[Any]:
@@ -100,7 +100,7 @@ class TierWrites:
         self.nbytes = nbytes
         """Bytes handed to each tier."""
         self.if_absent = if_absent
-        """Whether each write is a put-if-absent (else a plain put)."""
+        """Whether each write is a put-if-absent, else a plain put."""
 
     def futures(self) -> list[Future[Any]]:
         """The calls started: each done once nothing reads the items' memory any more."""
@@ -110,12 +110,12 @@ class TierWrites:
         self,
         on_timeout: Callable[[TierUnavailable], None] | None = None,
     ) -> list[tuple[GuardedTier, list[bool] | None, str]]:
-        """Wait for each tier's write: per tier what it answered, or ``None`` and why it
-        failed (``tier_down``: its writes are stopped; ``tier_error``: it failed or timed
-        out, or is in back-off).
+        """Wait for each tier's write. Per tier, returns what it answered, or ``None`` and
+        why it failed. ``tier_down`` means its writes are stopped. ``tier_error`` means it
+        failed, timed out, or is in back-off.
 
         A failed tier counts the items as dropped. ``on_timeout`` hears of each call
-        that timed out and still runs (it may still read the items' memory)."""
+        that timed out and still runs. Such a call may still read the items' memory."""
         out: list[tuple[GuardedTier, list[bool] | None, str]] = []
         for tier, call, refused in self.calls:
             if call is None:

@@ -1,12 +1,12 @@
 """A bounded write-behind queue drained by one background thread.
 
-The caller's ``put`` only appends (or, when the queue is full, is told so and
-drops): it never blocks on a slow tier and memory never grows without bound.
-Items are whatever the owner wants written; here, pinned host-cache leases,
-so a queued chunk cannot be evicted before it is persisted. The owner can take
-items back (:meth:`WriteBehindQueue.withdraw`, e.g. for a deleted key) without
-waiting for the queue; an item already being written is handed to ``undo``
-once its write has ended.
+The caller's ``put`` only appends. When the queue is full, it is told so and
+drops. It never blocks on a slow tier, and memory never grows without bound.
+Items are whatever the owner wants written. Here they are pinned host-cache
+leases, so a queued chunk cannot be evicted before it is persisted. The owner
+can take items back without waiting for the queue, as for a deleted key. That
+is :meth:`WriteBehindQueue.withdraw`. An item already being written is handed
+to ``undo`` once its write has ended.
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ class WriteBehindQueue(Generic[T]):
         self._thread.start()
 
     def offer(self, item: T) -> bool:
-        """Queue ``item``; False (and the item is not taken) when full or closed."""
+        """Queue ``item``. False when full or closed, and the item is not taken."""
         with self._cond:
             if self._closing or len(self._items) >= self.capacity:
                 return False
@@ -77,7 +77,7 @@ class WriteBehindQueue(Generic[T]):
 
     @property
     def depth(self) -> int:
-        """Items waiting (not counting the batch being written)."""
+        """Items waiting, not counting the batch being written."""
         return len(self._items)
 
     @property
@@ -107,13 +107,14 @@ class WriteBehindQueue(Generic[T]):
             return any(match(item) for item in (*self._withdrawn_late, *self._undoing))
 
     def supersede(self, match: Callable[[T], bool], timeout: float | None = None) -> list[T]:
-        """Take back the waiting items ``match`` selects, then wait (up to ``timeout``) until
-        no batch being written (or being undone) holds one; the caller owns the returned
-        items again.
+        """Take back the waiting items ``match`` selects. Then wait, up to ``timeout``,
+        until no batch being written or being undone holds one. The caller owns the
+        returned items again.
 
-        For a newer write that goes around the queue: the older items must neither land
-        after it (so waiting ones are withdrawn, and one being written is waited for) nor
-        be undone after it (unlike :meth:`withdraw`, nothing goes to ``undo``).
+        This is for a newer write that goes around the queue. The older items must not
+        land after it. So waiting ones are withdrawn, and one being written is waited
+        for. Nor may they be undone after it. Unlike :meth:`withdraw`, nothing goes to
+        ``undo``.
         """
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:

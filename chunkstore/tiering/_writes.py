@@ -1,19 +1,18 @@
 """Writes from host memory to a tiered store's secondary tiers.
 
 Write-behind: a chunk committed to host memory is queued, still pinned in its
-slot, and the drain thread of a :class:`~chunkstore.tiering._writeback.WriteBehindQueue`
+slot. The drain thread of a :class:`~chunkstore.tiering._writeback.WriteBehindQueue`
 writes it to the target tiers in batches, reading the slots in place. A full
-queue drops the write (counted per tier as ``queue_full`` and logged with
-the key) rather than block the caller or grow memory.
+queue drops the write rather than block the caller or grow memory. The drop is
+counted per tier as ``queue_full`` and logged with the key.
 
 Write-through: a chunk host memory cannot take is written to the target tiers
-at once (:meth:`TierWriter.write_through`).
+at once, by :meth:`TierWriter.write_through`.
 
-Both start the write on every target tier at once
-(:meth:`~chunkstore.tiering._tierlist.TierList.start_writes`). A write that
-times out may still be reading its memory: a write-back batch stays pinned
-until every such call has ended, and a write-through hands the tiers a private
-copy.
+Both start the write on every target tier at once, through
+:meth:`~chunkstore.tiering._tierlist.TierList.start_writes`. A write that times
+out may still be reading its memory. So a write-back batch stays pinned until
+every such call has ended. A write-through hands the tiers a private copy.
 """
 
 from __future__ import annotations
@@ -38,7 +37,7 @@ log = logging.getLogger(__name__)
 RECENT_DROPS = 100
 """How many dropped keys :meth:`TierWriter.dropped_keys` remembers."""
 DROP_LOG_INTERVAL = 10.0
-"""Seconds between two warnings about dropped writes (the ones between are counted)."""
+"""Seconds between two warnings about dropped writes. The ones between are counted."""
 
 
 class TierWriter:
@@ -62,7 +61,7 @@ class TierWriter:
         self._tiers = TierList(self._targets)
         self._name = name
         self.capacity = queue_size if self._targets else 0
-        """Most chunks that may wait (0 without targets)."""
+        """Most chunks that may wait; 0 without targets."""
         self._queue: WriteBehindQueue[Lease] | None = (
             WriteBehindQueue(
                 self._write_back,
@@ -79,13 +78,13 @@ class TierWriter:
         self._drops_unreported = 0
         self._last_drop_log = float("-inf")
         self.listener: ChunkListener | None = None
-        """Told of every chunk a write here stored in a tier (not of one the tier had)."""
+        """Told of every chunk a write here stored in a tier, not of one the tier had."""
 
     # --- reporting ------------------------------------------------------------------------
 
     @property
     def depth(self) -> int:
-        """Chunks waiting (not counting the batch being written)."""
+        """Chunks waiting, not counting the batch being written."""
         return self._queue.depth if self._queue else 0
 
     @property
@@ -101,7 +100,7 @@ class TierWriter:
     # --- write-behind ---------------------------------------------------------------------
 
     def enqueue(self, lease: Lease) -> None:
-        """Queue the chunk under ``lease`` (a pinned read lease) for write-back; takes it over."""
+        """Queue the chunk under ``lease``, a pinned read lease, for write-back. Takes it over."""
         if self._queue is None:
             self._host.release(lease)
             return
@@ -126,7 +125,8 @@ class TierWriter:
 
     def deleted_in_flight(self, key: ChunkKey) -> bool:
         """Whether ``key`` was deleted while its write-back was under way, and that write
-        is not undone yet: its copy in the tiers is on its way out, never to be promoted."""
+        is not undone yet. Its copy in the tiers is then on its way out, never to be
+        promoted."""
         if self._queue is None:
             return False
         return self._queue.undo_pending(lambda lease: lease.key == key)
@@ -144,9 +144,9 @@ class TierWriter:
     def _write_back(self, batch: list[Lease]) -> None:
         """Drain-thread side: write a batch to the target tiers, then unpin it.
 
-        The tiers read the slots in place (no copy on the common path). A write
-        that times out may still be reading them, so the batch stays pinned
-        until every such call has ended: the slots cannot be reused and their
+        The tiers read the slots in place, with no copy on the common path. A write
+        that times out may still be reading them. So the batch stays pinned until
+        every such call has ended. Until then the slots cannot be reused and their
         bytes stored under these keys.
         """
 
@@ -183,10 +183,12 @@ class TierWriter:
         return self._write_all([(key, view)], len(view), if_absent=if_absent)
 
     def supersede(self, key: ChunkKey) -> None:
-        """Before writing ``key`` around host memory: drop the older copy host memory may
-        still hold (its slot pinned for write-back, so it could not be replaced), take back
-        its queued write-back and let one under way end first; otherwise reads, and later
-        the tiers, would go back to the older bytes."""
+        """Prepare to write ``key`` around host memory.
+
+        Drop the older copy host memory may still hold. Its slot was pinned for
+        write-back, so it could not be replaced. Take back its queued write-back, and
+        let one under way end first. Otherwise reads, and later the tiers, would go back
+        to the older bytes."""
         self._host.delete_many([key])
         if self._queue is None:
             return
@@ -269,7 +271,7 @@ class _Holds:
         self._release = release
 
     def until_settled(self, failure: TierUnavailable) -> None:
-        """Keep the batch until the call behind ``failure`` has ended (if it still runs)."""
+        """Keep the batch until the call behind ``failure`` has ended, if it still runs."""
         if failure.pending is None:
             return
         with self._lock:

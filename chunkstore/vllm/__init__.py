@@ -1,7 +1,7 @@
 """The vLLM adapter: ``ChunkStoreConnector`` for ``vllm serve --kv-transfer-config``.
 
-``import chunkstore.vllm`` works without vLLM installed (config parsing and the
-layout classes need only torch); the connector class itself is imported on
+``import chunkstore.vllm`` works without vLLM installed. Config parsing and the
+layout classes need only torch. The connector class itself is imported on
 first access, with an install hint if vLLM is missing.
 """
 

@@ -1,7 +1,7 @@
 """The connector's options (``kv_connector_extra_config``), parsed and validated at start-up.
 
-Every option is listed in :data:`OPTIONS` with its meaning; an unknown key or a
-bad value raises :class:`~chunkstore.errors.ConfigError` naming the option, so a
+Every option is listed in :data:`OPTIONS` with its meaning. An unknown key or a
+bad value raises :class:`~chunkstore.errors.ConfigError` naming the option. So a
 typo fails ``vllm serve`` at start-up instead of being silently ignored.
 No vLLM import here: the scheduler and the tests parse configs without it.
 """
@@ -50,7 +50,7 @@ OPTIONS: dict[str, str] = {
 
 
 MAX_CHUNK_TOKENS = 1 << 20
-"""Most tokens per chunk (far beyond any useful chunk: a chunk holds every layer's KV)."""
+"""Most tokens per chunk. That is far beyond any useful chunk, which holds every layer's KV."""
 MAX_TIERS = 16
 """Most secondary tiers."""
 MAX_TEXT = 1024
@@ -82,7 +82,7 @@ class ConnectorConfig:
     tiers: tuple[str, ...]
     """Secondary tier URLs, fastest first."""
     chunk_tokens: int
-    """Tokens per chunk (a multiple of the block size)."""
+    """Tokens per chunk, a multiple of the block size."""
     model_id: str | None
     """Namespace model name override; None means the engine's model name."""
     namespace: str | None
@@ -106,7 +106,7 @@ class ConnectorConfig:
     metrics_port: int | None
     """Port of the chunkstore_* metrics endpoint, or None for none."""
     node: str | None = None
-    """The node service's endpoint (``ipc:///path``), or None: the engine's own host cache."""
+    """The node service's endpoint, such as ``ipc:///path``. None: the engine's own host cache."""
 
 
 def _bool(extra: Mapping[str, Any], name: str, default: bool) -> bool:
@@ -199,8 +199,9 @@ def parse_config(
 ) -> ConnectorConfig:
     """Validate ``kv_connector_extra_config`` against the engine's ``block_size``.
 
-    ``kv_role`` (``kv_producer``/``kv_consumer``/``kv_both``) sets the defaults
-    of ``load`` and ``save``. ``extra`` must be a mapping (or None: all defaults).
+    ``kv_role`` is ``kv_producer``, ``kv_consumer`` or ``kv_both``. It sets the
+    defaults of ``load`` and ``save``. ``extra`` must be a mapping, or None for
+    all defaults.
     """
     if extra is None:
         extra = {}

@@ -6,8 +6,8 @@ Loaded by configuration only::
         "kv_connector_module_path": "chunkstore.vllm", "kv_role": "kv_both",
         "kv_connector_extra_config": {"host_cache": "8G", "tiers": ["file:///mnt/kv"]}}'
 
-vLLM builds one instance per role: the scheduler one plans (keys, lookups,
-loads, saves), each worker one moves bytes. This class only dispatches to
+vLLM builds one instance per role. The scheduler one plans keys, lookups, loads
+and saves. Each worker one moves bytes. This class only dispatches to
 :class:`~chunkstore.vllm.scheduler.ChunkStoreScheduler` and
 :class:`~chunkstore.vllm.worker.ChunkStoreWorker`.
 """
@@ -107,7 +107,7 @@ class ChunkStoreConnector(KVConnectorBase_V1, SupportsHMA):
             # tier threads and, at TP > 1, the pool's /dev/shm name.
             self._release_store = functools.partial(release_shared, self.pool_name)
         self.shut_down = False
-        """Whether :meth:`shutdown` ran (it releases this connector's hold on the store once)."""
+        """Whether :meth:`shutdown` ran. It releases this connector's hold on the store once."""
         self.metrics_server: MetricsServer | None = None
         self.events: ConnectorEvents | None = None
         """KV events for vLLM's publisher (scheduler side, ``--kv-events-config`` on)."""
@@ -131,8 +131,8 @@ class ChunkStoreConnector(KVConnectorBase_V1, SupportsHMA):
         )
 
     def _make_node_store(self, rank: int | None = None) -> NodeCache:
-        """The store over the node service: the engine's (scheduler, TP=1 worker), or one TP
-        rank's (``rank``)."""
+        """The store over the node service. It is the engine's, for the scheduler and a
+        TP=1 worker, or the TP rank ``rank``'s."""
         assert self.cfg.node is not None
         engine_id = str(self._kv_transfer_config.engine_id)
         name = f"{engine_id}:{os.getpid()}"

@@ -1,9 +1,9 @@
-"""The connector's counters, without vLLM (the worker and scheduler halves count here).
+"""The connector's counters, without vLLM. The worker and scheduler halves count here.
 
 :class:`~chunkstore.vllm.stats.ChunkStoreStats` wraps a :class:`Counters`'
-data for vLLM's logging and Prometheus hooks; keeping the counting itself free
-of vLLM lets worker code run in processes that never import it (tests with
-simulated TP ranks).
+data for vLLM's logging and Prometheus hooks. The counting itself stays free of
+vLLM. So worker code can run in processes that never import it, such as tests
+with simulated TP ranks.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ class Counters:
         return not any(self.data.values())
 
     def take(self) -> dict[str, float] | None:
-        """The counts so far (None if empty), and start again from zero."""
+        """The counts so far, and start again from zero. None if empty."""
         if self.is_empty():
             return None
         data, self.data = self.data, dict.fromkeys(COUNTERS, 0)

@@ -1,15 +1,16 @@
 """``chunkstore demo --vllm``: a tiny vLLM engine on CPU, its prompts computed once and reloaded.
 
-A random-weight Llama is built at run time (nothing is downloaded), served by
-vLLM with :class:`~chunkstore.vllm.ChunkStoreConnector` over a directory store,
-and asked the same long prompts three times:
+A random-weight Llama is built at run time, and nothing is downloaded. vLLM
+serves it with :class:`~chunkstore.vllm.ChunkStoreConnector` over a directory
+store. It is asked the same long prompts three times.
 
-1. cold: computed (and saved as chunks);
-2. after ``reset_prefix_cache()``: reloaded from host memory;
-3. after the connector's host memory is dropped too: reloaded from the directory.
+1. Cold: computed, and saved as chunks.
+2. After ``reset_prefix_cache()``: reloaded from host memory.
+3. After the connector's host memory is dropped too: reloaded from the directory.
 
-Each turn prints its time to first token and where the prompt's tokens came
-from (vLLM's ``prompt_tokens_cached_by_source``). Needs the ``vllm`` extra.
+Each turn prints its time to first token. It also prints where the prompt's
+tokens came from, as vLLM's ``prompt_tokens_cached_by_source``. Needs the
+``vllm`` extra.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ class DemoTurn:
     prompt_tokens: int
     """Prompt tokens over all prompts."""
     first_tokens: tuple[int, ...]
-    """The greedy first token of every prompt (equal in every turn when reloads are right)."""
+    """The greedy first token of every prompt. It is equal in every turn when reloads are right."""
 
     @property
     def computed_tokens(self) -> int:

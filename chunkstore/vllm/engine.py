@@ -33,13 +33,13 @@ class LayerInfo:
     """One attention layer of this worker."""
 
     name: str
-    """vLLM layer name (key of ``register_kv_caches``)."""
+    """vLLM layer name, the key of ``register_kv_caches``."""
     layer: int
     """Global layer index in the model."""
     group: int
-    """vLLM KV cache group index (its block ids list)."""
+    """vLLM KV cache group index, which picks its block ids list."""
     kind: str
-    """Format layer-group kind (attention, sliding_window, mla)."""
+    """Format layer-group kind: attention, sliding_window or mla."""
     head_start: int
     """First canonical head this rank holds."""
     head_stop: int
@@ -55,19 +55,19 @@ class EngineKV:
     """What the connector knows about the engine's KV cache."""
 
     spec: KVSpec
-    """Canonical description (model, dtype, chunk_tokens, groups)."""
+    """Canonical description: model, dtype, chunk_tokens and groups."""
     layout: ChunkLayout
     """Byte layout of every chunk."""
     layers: dict[str, LayerInfo]
     """Attention layers by vLLM layer name."""
     block_size: int
-    """Engine block size (tokens per block, same for every group)."""
+    """Engine block size in tokens per block, the same for every group."""
     tp_rank: int
     """This worker's tensor-parallel rank."""
     tp_size: int
     """Tensor-parallel size."""
     num_groups: int
-    """vLLM KV cache groups (more than one for hybrid models)."""
+    """vLLM KV cache groups. Hybrid models have more than one."""
     namespace_extra: str | None
     """Operator-chosen namespace string."""
 

@@ -2,22 +2,23 @@
 
 The connector's scheduler side owns one :class:`ConnectorEvents`. The tiered
 store tells it which chunks host memory published or dropped, and which ones
-write-back stored in a tier (:meth:`~chunkstore.tiering.TieredStore.watch`). The
-scheduler tells it, when it plans a save or a prefetch, which of vLLM's block
-hashes a chunk key stands for. :meth:`ConnectorEvents.take` joins the two, and
-vLLM's scheduler publishes the result with its own GPU events (through
-``ChunkStoreConnector.take_events``), so ``--kv-events-config`` works unchanged.
+write-back stored in a tier, through :meth:`~chunkstore.tiering.TieredStore.watch`.
+When the scheduler plans a save or a prefetch, it tells it which of vLLM's block
+hashes a chunk key stands for. :meth:`ConnectorEvents.take` joins the two.
+vLLM's scheduler publishes the result with its own GPU events, through
+``ChunkStoreConnector.take_events``. So ``--kv-events-config`` works unchanged.
 
 Rules:
 
-* a chunk in host memory is ``medium="CPU"``, ``locality="LOCAL"``; one stored
-  in a filesystem or S3 tier is ``medium="STORAGE"``; ``ownership`` names the tier;
-* removals are announced for host memory only, and only for chunks announced
-  before: a shared tier's chunk may still serve other engines, so this engine
-  never claims it is gone;
-* a peer tier's chunks are the peer's to announce; none are published here;
-* a chunk whose vLLM block hashes are not known (another engine's, or a key
-  forgotten past ``identities``) is counted in :attr:`ConnectorEvents.unmapped`.
+* A chunk in host memory is ``medium="CPU"``, ``locality="LOCAL"``. One stored
+  in a filesystem or S3 tier is ``medium="STORAGE"``. ``ownership`` names the tier.
+* Removals are announced for host memory only, and only for chunks announced
+  before. A shared tier's chunk may still serve other engines. So this engine
+  never claims it is gone.
+* A peer tier's chunks are the peer's to announce. None are published here.
+* Some chunks have vLLM block hashes that are not known. They may be another
+  engine's, or have a key forgotten past ``identities``. Such chunks are counted
+  in :attr:`ConnectorEvents.unmapped`.
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ __all__ = ["ConnectorEvents", "TierMedium", "tier_mediums"]
 MEDIUM_CPU = "CPU"
 MEDIUM_STORAGE = "STORAGE"
 _REMOTE_KINDS = frozenset({"s3"})
-"""Tier kinds whose storage is reached over the network (``locality="REMOTE"``)."""
+"""Tier kinds whose storage is reached over the network: ``locality="REMOTE"``."""
 _SILENT_KINDS = frozenset({"peer"})
 """Tier kinds whose chunks another process announces."""
 
@@ -52,7 +53,7 @@ class TierMedium:
     ownership: str
     """The tier's name."""
     announces_removals: bool
-    """Whether removals from this tier are published (host memory only)."""
+    """Whether removals from this tier are published. Only host memory's are."""
 
 
 def tier_mediums(host_name: str, tiers: Iterable[Any]) -> dict[str, TierMedium]:
@@ -83,9 +84,9 @@ class _Identity:
 class ConnectorEvents:
     """Chunkstore's residency events, as vLLM ``KVCacheEvent`` objects. Thread-safe.
 
-    ``mediums`` maps tier names (see :func:`tier_mediums`); events of other
+    ``mediums`` maps tier names; see :func:`tier_mediums`. Events of other
     tiers are ignored. At most ``capacity`` events wait between two
-    :meth:`take` calls (older ones are dropped and counted); at most
+    :meth:`take` calls. Older ones are dropped and counted. At most
     ``identities`` chunk keys are remembered.
     """
 

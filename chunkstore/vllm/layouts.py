@@ -1,15 +1,16 @@
 """Device KV page layouts <-> the canonical chunk layout. The only layout-specific code.
 
-A layout class knows how one attention layer's paged KV tensor (as vLLM hands
-it to ``register_kv_caches``) stores the keys and values of one block, and
-converts between that and the canonical per-chunk tensors of the format:
-``k``/``v`` as ``[heads, tokens, head_dim]`` (``latent`` as ``[tokens, dim]``
-for MLA). Heads here are the rank's local heads; the caller places them at the
-rank's head offset in the chunk.
+A layout class knows how one attention layer's paged KV tensor stores the keys
+and values of one block. The tensor is the one vLLM hands to
+``register_kv_caches``. The class converts between that and the canonical
+per-chunk tensors of the format. Those are ``k``/``v`` as
+``[heads, tokens, head_dim]``, and ``latent`` as ``[tokens, dim]`` for MLA.
+Heads here are the rank's local heads. The caller places them at the rank's
+head offset in the chunk.
 
 Adding a layout is one small class with ``gather``/``scatter`` and an entry in
 :func:`detect_layout`. Everything works on torch tensors and block-id index
-tensors, so the same code runs on CPU and (with device tensors) on GPUs.
+tensors. So the same code runs on CPU, and on GPUs with device tensors.
 """
 
 from __future__ import annotations
@@ -57,7 +58,7 @@ class DeviceLayout:
             )
 
     def expected_shape(self, shape: Sequence[int]) -> tuple[int, ...]:
-        """The full tensor shape this layout expects, given the actual one (for num_blocks)."""
+        """The full tensor shape this layout expects, given the actual one for num_blocks."""
         raise NotImplementedError
 
     def gather(
@@ -72,7 +73,7 @@ class DeviceLayout:
     def scatter(
         self, kv: torch.Tensor, blocks: torch.Tensor, k: torch.Tensor, v: torch.Tensor | None
     ) -> None:
-        """Write canonical ``k``/``v`` (shaped as :meth:`gather` returns) into ``blocks``."""
+        """Write canonical ``k``/``v``, shaped as :meth:`gather` returns, into ``blocks``."""
         raise NotImplementedError
 
     def gather_range(
@@ -108,10 +109,10 @@ def _tokens(x: torch.Tensor, n_blocks: int, block_size: int) -> torch.Tensor:
 
 
 class CpuVecLayout(DeviceLayout):
-    """vLLM CPU backend, ``vec`` and ``vec16`` ISAs (AVX2/AVX-512): ``[B, H, N, 2*D]``.
+    """vLLM CPU backend, ``vec`` and ``vec16`` ISAs for AVX2/AVX-512: ``[B, H, N, 2*D]``.
 
-    Each ``(block, head)`` page is K then V. K is stored transposed,
-    ``[D, N]`` (the kernel reads it column-major); V is ``[N, D]``.
+    Each ``(block, head)`` page is K then V. K is stored transposed, as
+    ``[D, N]``, because the kernel reads it column-major. V is ``[N, D]``.
     """
 
     name = "cpu_vec"
@@ -141,13 +142,13 @@ class CpuVecLayout(DeviceLayout):
 
 
 class CpuAmxLayout(DeviceLayout):
-    """vLLM CPU backend, ``amx`` ISA (bf16 on AMX CPUs): ``[B, H, N, 2*D]``, K then V per page.
+    """vLLM CPU backend, ``amx`` ISA for bf16 on AMX CPUs: ``[B, H, N, 2*D]``, K then V per page.
 
-    K holds pairs of head dims (32-bit words) in groups of 16 tokens:
+    K holds pairs of head dims, as 32-bit words, in groups of 16 tokens:
     ``K[t, d] = Kpage[t//16, d//2, t%16, d%2]``. V holds pairs of tokens per
-    group of 16 head dims: ``V[t, d] = Vpage[d//16, t//2, d%16, t%2]``
-    (csrc/cpu/cpu_attn_amx.hpp). Checked against vLLM's own cache-write op on an
-    AMX CPU (tests/vllm/test_layouts.py).
+    group of 16 head dims: ``V[t, d] = Vpage[d//16, t//2, d%16, t%2]``.
+    See csrc/cpu/cpu_attn_amx.hpp. Checked against vLLM's own cache-write op on
+    an AMX CPU, in tests/vllm/test_layouts.py.
     """
 
     name = "cpu_amx"
@@ -177,10 +178,10 @@ class CpuAmxLayout(DeviceLayout):
 class PagedKVLayout(DeviceLayout):
     """vLLM GPU backends: the logical per-layer view ``[B, H, N, 2*D]``, ``K | V`` per token.
 
-    vLLM 0.32 hands every standard backend's cache over as this logical shape;
-    the physical order (NHD for FlashAttention/Triton, HND for FlashInfer's
-    preferred layout) lives only in the strides, and torch indexing follows
-    them. Subclasses differ in the stride order they accept, nothing else.
+    vLLM 0.32 hands every standard backend's cache over as this logical shape.
+    The physical order lives only in the strides, and torch indexing follows
+    them. It is NHD for FlashAttention/Triton, and HND for FlashInfer's preferred
+    layout. Subclasses differ in the stride order they accept, nothing else.
     """
 
     name = "paged_kv"

@@ -20,7 +20,7 @@ class ChunkLoad:
     block_ids: tuple[tuple[int, ...], ...]
     """Per KV cache group, the chunk's blocks (``blocks_per_chunk`` each; 0 = null block)."""
     skip_blocks: int
-    """Leading blocks of the chunk already computed on the device (left untouched)."""
+    """Leading blocks of the chunk already computed on the device. They are left untouched."""
     is_async: bool
     """Reported through ``get_transfer_results`` (hybrid models) rather than sync errors."""
 
@@ -34,7 +34,7 @@ class ChunkSave:
     key: ChunkKey
     """Key of the new chunk."""
     parent: bytes
-    """Parent digest (namespace root for the first chunk)."""
+    """Parent digest. For the first chunk it is the namespace root."""
     tokens: tuple[int, ...]
     """The ``chunk_tokens`` tokens the chunk covers."""
     block_ids: tuple[tuple[int, ...], ...]
@@ -43,10 +43,10 @@ class ChunkSave:
 
 @dataclass
 class ChunkStoreMetadata:
-    """One step's loads (before the forward pass) and saves (after it).
+    """One step's loads, before the forward pass, and saves, after it.
 
     Registered as a virtual subclass of vLLM's ``KVConnectorMetadata`` by
-    :mod:`chunkstore.vllm.connector` (no vLLM import here).
+    :mod:`chunkstore.vllm.connector`. There is no vLLM import here.
     """
 
     loads: list[ChunkLoad] = field(default_factory=list)
@@ -54,4 +54,4 @@ class ChunkStoreMetadata:
     saves: list[ChunkSave] = field(default_factory=list)
     """Chunks to copy device -> host."""
     async_load_reqs: set[str] = field(default_factory=set)
-    """Requests whose loads this step are asynchronous (completion via transfer results)."""
+    """Requests whose loads this step are asynchronous. They complete via transfer results."""

@@ -1,15 +1,15 @@
 """The connector's store when the engine attaches to its machine's node service.
 
 :class:`NodeCache` answers the scheduler and the worker as
-:class:`~chunkstore.tiering.ProcessCache` does, but host memory is the
-node service's (``chunkstore serve --node``): lookups and leases go over its
-unix socket, chunk bytes are copied straight between the device and the
+:class:`~chunkstore.tiering.ProcessCache` does. But host memory is the node
+service's, from ``chunkstore serve --node``. Lookups and leases go over its
+unix socket. Chunk bytes are copied straight between the device and the
 service's shared pool. The service owns the policy, the tiers and the
-write-behind, so this store has no tiers of its own and nothing to flush.
+write-behind. So this store has no tiers of its own and nothing to flush.
 
-When the service is down every lookup is a miss and every save is dropped:
-the engine recomputes and keeps serving, and attaches again once the service
-is back (see :class:`~chunkstore.node.NodeClient`).
+When the service is down every lookup is a miss and every save is dropped.
+The engine recomputes and keeps serving. It attaches again once the service
+is back; see :class:`~chunkstore.node.NodeClient`.
 """
 
 from __future__ import annotations
@@ -62,9 +62,9 @@ class _NodeHostView:
 class NodeCache:
     """Host memory of the node service, as the connector uses it. Thread-safe.
 
-    Raises :class:`~chunkstore.node.NodeRefused` (one line naming both sides) when
-    the service refuses this engine's model or chunk size; a service that is not
-    running yet is not an error (misses until it is).
+    Raises :class:`~chunkstore.node.NodeRefused` when the service refuses this
+    engine's model or chunk size. Its message is one line naming both sides. A
+    service that is not running yet is not an error. Lookups miss until it is.
     """
 
     tiers: Sequence[Store] = ()
@@ -105,7 +105,7 @@ class NodeCache:
         return 0
 
     def submit_prefetch(self, keys: Sequence[ChunkKey]) -> Future[PrefetchResult]:
-        """Nothing to prefetch here (never asked: there are no tiers of our own)."""
+        """Nothing to prefetch here. Never asked, as there are no tiers of our own."""
         done: Future[PrefetchResult] = Future()
         done.set_result(PrefetchResult())
         return done
@@ -129,9 +129,10 @@ class NodeCache:
             self.client.release(read)
 
     def read_check(self, data: Any) -> Callable[[], bool] | None:
-        """Whether the slot ``data`` lies in still held the leased chunk: the service holds
-        the pins for us, and takes them back when our session ends (a dropped connection, a
-        restarted service), after which the slot may be reused under a copy in flight."""
+        """Whether the slot ``data`` lies in still held the leased chunk. The service holds
+        the pins for us. It takes them back when our session ends, as on a dropped
+        connection or a restarted service. After that the slot may be reused under a copy
+        in flight."""
         with self._reads_lock:
             read = self._reads.get(id(data))
         if read is None:
@@ -157,7 +158,7 @@ class NodeCache:
         self.client.abort(slot.reservation)
 
     def drop(self, key: ChunkKey) -> None:
-        """Forget a chunk that failed to load (the node deletes it from host memory)."""
+        """Forget a chunk that failed to load. The node deletes it from host memory."""
         self.client.delete([key])
 
     def flush(self, timeout: float | None = None) -> None:
@@ -174,14 +175,14 @@ class NodeCache:
 
 
 class NodeRankCache(NodeCache):
-    """A TP rank's side of an engine attached to a node service (TP > 1).
+    """A TP rank's side of an engine attached to a node service, for TP > 1.
 
-    Every rank process attaches on its own; a save reserves the chunk as this
-    rank's part (:class:`~chunkstore.node.RankShare`): the ranks of the engine
-    get one shared slot, each writes its heads there, and the service seals
-    and publishes the chunk when the last part is committed (it needs the
-    model's ``--spec`` for that). ``engine`` names the engine, the same on every
-    rank (vLLM's ``kv_transfer_config.engine_id``): the service combines parts of
+    Every rank process attaches on its own. A save reserves the chunk as this
+    rank's part, a :class:`~chunkstore.node.RankShare`. The ranks of the engine
+    get one shared slot, and each writes its heads there. The service seals and
+    publishes the chunk when the last part is committed. It needs the model's
+    ``--spec`` for that. ``engine`` names the engine, the same on every rank. In
+    vLLM that is ``kv_transfer_config.engine_id``. The service combines parts of
     one engine only. Loads read the rank's heads from the slot the service pins
     for it.
     """
@@ -200,7 +201,7 @@ class NodeRankCache(NodeCache):
         self.rank = rank
         self.tp = tp
         self.engine = engine_identity(engine)
-        """The engine's identity on the wire (the same on all its ranks)."""
+        """The engine's identity on the wire. It is the same on all its ranks."""
 
     def save_slot(self, save: ChunkIdentity) -> SaveSlot | None:
         """This rank's share of the chunk's shared slot, or None (held already, no room,

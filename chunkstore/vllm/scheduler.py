@@ -1,16 +1,16 @@
 """Scheduler side: chunk keys from tokens, lookups in host then tiers, load and save plans.
 
-Rules (issue 6 / DESIGN.md):
+Rules, from issue 6 and DESIGN.md:
 
 * Device blocks are claimed only for chunks already in host memory. A chunk
-  only a secondary tier holds is prefetched into host memory first while
-  vLLM is told to ask again later (``None``); a prefetch that fails or runs
+  only a secondary tier holds is prefetched into host memory first. Meanwhile
+  vLLM is told to ask again later, with ``None``. A prefetch that fails or runs
   past ``prefetch_timeout_s`` becomes a shorter hit or a miss.
-* Hits are whole chunks, and never the whole prompt (vLLM must compute at
-  least one token to sample from).
+* Hits are whole chunks, and never the whole prompt. vLLM must compute at
+  least one token to sample from.
 * Saves are planned for full chunks only, in the step whose forward pass
-  completes them; the worker copies them out in ``wait_for_save`` of that same
-  step, so block freeing never waits for a save.
+  completes them. The worker copies them out in ``wait_for_save`` of that same
+  step. So block freeing never waits for a save.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ log = logging.getLogger(__name__)
 __all__ = ["ChunkStoreScheduler"]
 
 _NULL_BLOCK = 0
-"""vLLM's block pool reserves block 0 as the null block (skipped sliding-window slots)."""
+"""vLLM's block pool reserves block 0 as the null block, for skipped sliding-window slots."""
 
 _TIER_SOURCES = {"peer": CacheHitSource.P2P}
 """Tier kinds that are not disks for vLLM's hit-source metric (fs, s3, ... count as DISK)."""
@@ -80,7 +80,7 @@ class ChunkStoreScheduler:
         self._loads: dict[str, list[ChunkLoad]] = {}
         self.stats = Counters()
         self.events: ConnectorEvents | None = None
-        """Told which vLLM blocks each saved or prefetched chunk stands for (KV events on)."""
+        """Told which vLLM blocks each saved or prefetched chunk stands for, with KV events on."""
 
     # --- keys ------------------------------------------------------------------
 
@@ -295,7 +295,7 @@ class ChunkStoreScheduler:
         return True
 
     def take_stats(self) -> dict[str, float] | None:
-        """Counters since the last call (None if nothing happened)."""
+        """Counters since the last call; None if nothing happened."""
         return self.stats.take()
 
 

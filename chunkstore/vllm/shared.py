@@ -49,12 +49,12 @@ _SHARED_LOCK = threading.Lock()
 
 
 def acquire_shared(name: str, factory: Callable[[], S]) -> S:
-    """The process's store for ``name`` (the engine id), made by ``factory()`` on first use;
-    each call is one more user, who calls :func:`release_shared` when done.
+    """The process's store for ``name``, the engine id. ``factory()`` makes it on first
+    use. Each call is one more user, who calls :func:`release_shared` when done.
 
     The scheduler and worker connectors of one engine live in the same process
-    whenever TP is 1 (always, with ``VLLM_ENABLE_V1_MULTIPROCESSING=0``, and in
-    the engine-core process of ``vllm serve``); they share host memory this way.
+    whenever TP is 1. That is always so with ``VLLM_ENABLE_V1_MULTIPROCESSING=0``,
+    and in the engine-core process of ``vllm serve``. They share host memory this way.
     """
     with _SHARED_LOCK:
         entry = _SHARED.get(name)
@@ -80,7 +80,7 @@ def release_shared(name: str) -> None:
 
 
 def shared_names() -> list[str]:
-    """The names of the shared stores open in this process (none once every engine shut down)."""
+    """The names of the shared stores open in this process. Empty once every engine shut down."""
     with _SHARED_LOCK:
         return sorted(_SHARED)
 

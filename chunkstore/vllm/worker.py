@@ -1,15 +1,16 @@
 """Worker side: device pages <-> chunks in host memory, through the detected layout.
 
-Loads are issued in ``start_load_kv`` (before the forward pass for synchronous
-loads). Saves are issued in ``wait_for_save``, after the step's forward pass
-has written the blocks: one gather per layer for all chunks of the step into
-each chunk's rank part, then a device -> host copy. Where the bytes live and
-how they move is the copier's business (:mod:`chunkstore.vllm.transfer`): on
-CPU the conversion writes straight into the host buffers and everything is
-done on return; on CUDA it runs on a side stream and the worker polls events
-(:meth:`ChunkStoreWorker.poll`, called every step) to seal finished saves,
-hand them to the store, release host slots of finished loads and report
-finished asynchronous loads.
+Loads are issued in ``start_load_kv``. For synchronous loads that is before the
+forward pass. Saves are issued in ``wait_for_save``, after the step's forward
+pass has written the blocks. Each layer gets one gather for all chunks of the
+step into each chunk's rank part. Then comes a device -> host copy.
+
+Where the bytes live and how they move is the business of the copier in
+:mod:`chunkstore.vllm.transfer`. On CPU the conversion writes straight into the
+host buffers, and everything is done on return. On CUDA it runs on a side
+stream, and the worker polls events in :meth:`ChunkStoreWorker.poll`, called
+every step. Polling seals finished saves and hands them to the store. It
+releases host slots of finished loads and reports finished asynchronous loads.
 """
 
 from __future__ import annotations
@@ -49,7 +50,8 @@ _TORCH_DTYPES = {
 
 
 _MAX_IN_FLIGHT = 4
-"""Batches of copies (one per step and direction) that may be unfinished at once."""
+"""Batches of copies that may be unfinished at once. A batch is one step's copies in one
+direction."""
 
 
 @dataclass
@@ -67,14 +69,14 @@ class _PendingLoad(_Pending):
     async_reqs: set[str]
     """Asynchronous loads reported finished once the copies are complete."""
     failed_reqs: set[str]
-    """Asynchronous loads that failed, reported (failed) once the copies are complete."""
+    """Asynchronous loads that failed. They are reported as failed once the copies are complete."""
     checks: list[tuple[ChunkLoad, Callable[[], bool]]]
-    """Loads whose host bytes the store may take back during the copy (a node service's
-    pins): each check runs once the copies are complete; a failed one fails its load."""
+    """Loads whose host bytes the store may take back during the copy, as a node service's
+    pins can be. Each check runs once the copies are complete. A failed check fails its load."""
 
     @property
     def checks_sync_loads(self) -> bool:
-        """Whether a synchronous load awaits its check (reported in the step that loads)."""
+        """Whether a synchronous load awaits its check. It is reported in the step that loads."""
         return any(not load.is_async for load, _ in self.checks)
 
 
@@ -88,9 +90,9 @@ class _PendingSave(_Pending):
 class ChunkStoreWorker:
     """The worker-role half of :class:`~chunkstore.vllm.ChunkStoreConnector`.
 
-    ``metrics`` receives every batch of device copies
-    (``chunkstore_device_*{direction="device_to_host"|"host_to_device"}``);
-    default: the process's :func:`chunkstore.metrics.default_metrics`.
+    ``metrics`` receives every batch of device copies as
+    ``chunkstore_device_*{direction="device_to_host"|"host_to_device"}``.
+    It defaults to the process's :func:`chunkstore.metrics.default_metrics`.
     """
 
     def __init__(
@@ -113,9 +115,9 @@ class ChunkStoreWorker:
         """Chosen in :meth:`register_kv_caches` from the KV cache's device."""
         layout, rank, tp = engine.layout, engine.tp_rank, engine.tp_size
         self.read_map = ShardMap.build(layout, rank, tp, for_write=False)
-        """This rank's part of a chunk on loads (its heads, and MLA latents)."""
+        """This rank's part of a chunk on loads: its heads, and MLA latents."""
         self.write_map = ShardMap.build(layout, rank, tp, for_write=True)
-        """This rank's part of a chunk on saves (owned heads; MLA on rank 0 only)."""
+        """This rank's part of a chunk on saves: its owned heads. MLA saves on rank 0 only."""
         if metrics is None:
             from chunkstore.metrics import default_metrics
 
@@ -127,8 +129,9 @@ class ChunkStoreWorker:
         self._failed_recving: set[str] = set()
         self.stats = Counters()
         self.suspended = False
-        """Between :meth:`suspend` and :meth:`resume` (vLLM sleep mode): device memory is not
-        touched; loads fail (recomputed) and saves are skipped (future misses)."""
+        """True between :meth:`suspend` and :meth:`resume`, during vLLM sleep mode. Device
+        memory is not touched then. Loads fail and are recomputed. Saves are skipped and
+        become future misses."""
 
     # --- registration -------------------------------------------------------------
 
@@ -141,8 +144,9 @@ class ChunkStoreWorker:
     ) -> None:
         """Detect each layer's layout; unknown layouts raise :class:`ConfigError` at start-up.
 
-        ``copier`` overrides the one chosen from the tensors' device and ``cpu_isa`` the CPU
-        attention ISA vLLM would pick for this machine (tests that write pages themselves).
+        ``copier`` overrides the one chosen from the tensors' device. ``cpu_isa`` overrides
+        the CPU attention ISA vLLM would pick for this machine. Tests that write pages
+        themselves use both.
         """
         backends = backends if backends is not None else self._backend_names()
         for name, kv in kv_caches.items():
@@ -204,7 +208,7 @@ class ChunkStoreWorker:
     # --- copies in flight ------------------------------------------------------------
 
     def poll(self) -> None:
-        """Finish every batch whose device copies are complete (oldest first)."""
+        """Finish every batch whose device copies are complete, oldest first."""
         while self._pending and self._pending[0].fence.poll():
             self._finish(self._pending.pop(0))
 
@@ -216,15 +220,16 @@ class ChunkStoreWorker:
             self._finish(pending)
 
     def suspend(self) -> None:
-        """Before vLLM's sleep mode unmaps the KV cache: finish every copy in flight (saves are
-        sealed and handed to the store, loads release their pinned host slots), then leave
-        device memory alone until :meth:`resume`. Idempotent."""
+        """Finish every copy in flight before vLLM's sleep mode unmaps the KV cache. Saves are
+        sealed and handed to the store. Loads release their pinned host slots. Then device
+        memory is left alone until :meth:`resume`. Idempotent."""
         self.drain()
         self.suspended = True
 
     def resume(self) -> None:
-        """After wake-up: the KV tensors are valid again (same virtual addresses, contents
-        discarded by vLLM, which also resets its prefix cache). Idempotent."""
+        """Mark the KV tensors valid again after wake-up. They keep the same virtual
+        addresses. vLLM discarded their contents and also resets its prefix cache.
+        Idempotent."""
         self.suspended = False
 
     def _track(self, pending: _PendingLoad | _PendingSave) -> None:
@@ -258,7 +263,7 @@ class ChunkStoreWorker:
         self.metrics.record_device_transfer("device_to_host", pending.nbytes, seconds)
 
     def _check_loads(self, pending: _PendingLoad) -> None:
-        """Fail the loads whose host bytes were taken back while they were copied: the
+        """Fail the loads whose host bytes were taken back while they were copied. The
         device blocks may hold another chunk's bytes, so vLLM must recompute them."""
         revoked = [load for load, still_held in pending.checks if not still_held()]
         if not revoked:
@@ -275,8 +280,8 @@ class ChunkStoreWorker:
         pending.chunks -= len(revoked)
 
     def _store_saves(self, pending: _PendingSave) -> None:
-        """Chunks whose bytes are in host memory: seal and store them (or mark this rank's
-        part written: the last rank's mark seals, the owner publishes)."""
+        """Seal and store the chunks whose bytes are in host memory. Or mark this rank's
+        part written instead. The last rank's mark seals, and the owner publishes."""
         for save, slot in zip(pending.saves, pending.slots):
             try:
                 self.store.save_done(save, slot)
@@ -348,8 +353,8 @@ class ChunkStoreWorker:
         )
 
     def _abandon_loads(self, loads: list[ChunkLoad], leases: ExitStack) -> None:
-        """Loads whose copies failed part-way: wait for what was issued, then report them
-        failed (an asynchronous request is recomputed as soon as it is reported)."""
+        """Handle loads whose copies failed part-way. Wait for what was issued, then report
+        them failed. An asynchronous request is recomputed as soon as it is reported."""
         self._settle_device()
         leases.close()
         first_of: set[str] = set()
@@ -366,8 +371,8 @@ class ChunkStoreWorker:
     def copy_in(self, loads: list[ChunkLoad], payloads: list[Any], *, block_compute: bool) -> Batch:
         """Issue the host -> device copies and scatters of ``loads`` from chunk ``payloads``.
 
-        The device part of a load, without bookkeeping: ``batch.fence`` says when
-        it is complete (``tools/gpu_check.py`` times it).
+        This is the device part of a load, without bookkeeping. ``batch.fence`` says when
+        it is complete. ``tools/gpu_check.py`` times it.
         """
         assert self.copier is not None
         with self.copier.loading(
@@ -483,7 +488,7 @@ class ChunkStoreWorker:
         self._track(_PendingSave(batch.fence, t0, batch.nbytes, saves, slots))
 
     def _save_slot(self, save: ChunkSave) -> Any | None:
-        """Host memory for ``save`` (None: nothing to do, or it failed: a future miss)."""
+        """Host memory for ``save``. None: nothing to do, or it failed and is a future miss."""
         try:
             return self.store.save_slot(save)
         except Exception as exc:  # noqa: BLE001 - a failed save is a future miss

@@ -1,25 +1,26 @@
 """Reusable page-aligned chunk buffers for the tier's store and load jobs.
 
 A fresh 2 MiB ``bytearray`` per chunk costs a zero fill and a page fault per
-4 KiB page on first touch, on every job; these buffers are mapped once and
-reused. A new one is mapped private and populated in the same call: the kernel
-fills its pages in one pass instead of one fault each. Being page-aligned, they let the
-filesystem store read them with ``O_DIRECT`` where it reads around the page
-cache. A buffer goes back to the free list only once nothing uses it any
-more: a store call that timed out still runs and may still read or write its
-buffers, so those are released when the abandoned call ends (:meth:`ChunkBuffers.release_after`).
+4 KiB page on first touch, on every job. These buffers are mapped once and
+reused. A new one is mapped private and populated in the same call. The kernel
+fills its pages in one pass instead of one fault each. Being page-aligned, they
+let the filesystem store read them with ``O_DIRECT`` where it reads around the
+page cache. A buffer goes back to the free list only once nothing uses it any
+more. A store call that timed out still runs and may still read or write its
+buffers. So those are released when the abandoned call ends, through
+:meth:`ChunkBuffers.release_after`.
 
-Where the kernel offers transparent huge pages (``madvise`` mode or ``always``), a
-buffer of at least one huge page is placed so that a chosen offset in it (the
-chunk's payload) starts a huge page, and the huge pages under it are asked for (the
-rest of the mapping is asked never to be one: it costs address space, not memory).
-Then the payload is one physically contiguous piece per huge page, so an
-``O_DIRECT`` transfer of a 2 MiB chunk reaches the device as one request of a
-few segments instead of 513 scattered pages split into three requests, on a
-disk that takes at most 254 segments a request (docs/benchmarks.md, "Native
-tier"). vLLM's own fs tier transfers straight from its
-primary region (4 KiB shared-memory pages); a tier that must copy to convert
-the layout anyway gets this for nothing.
+The kernel may offer transparent huge pages, in ``madvise`` mode or ``always``.
+Then a buffer of at least one huge page is placed so that a chosen offset in it
+starts a huge page. That offset is the chunk's payload. The huge pages under the
+payload are asked for. The rest of the mapping is asked never to be one; it
+costs address space, not memory. The payload is then one physically contiguous
+piece per huge page. So an ``O_DIRECT`` transfer of a 2 MiB chunk reaches the
+device as one request of a few segments. Without huge pages it is 513 scattered
+pages split into three requests. That disk takes at most 254 segments a
+request; see "Native tier" in docs/benchmarks.md. vLLM's own fs tier
+transfers straight from its primary region, in 4 KiB shared-memory pages. A
+tier that must copy to convert the layout anyway gets this for nothing.
 """
 
 from __future__ import annotations
@@ -35,9 +36,9 @@ from chunkstore._hugepages import PAGE, huge_page_size, map_huge_aligned, unregi
 __all__ = ["PAGE", "ChunkBuffers", "huge_page_size"]
 
 _NEW_BUFFER_FLAGS = mmap.MAP_PRIVATE | getattr(mmap, "MAP_POPULATE", 0)
-"""Private (no shared-memory file behind the pages) and populated at mapping time."""
+"""Private, with no shared-memory file behind the pages, and populated at mapping time."""
 _MADV_POPULATE_WRITE = 23
-"""Linux >= 5.14: fault a range in, writable, in one call (Python 3.11 has no name for it)."""
+"""Linux >= 5.14: fault a range in, writable, in one call. Python 3.11 has no name for it."""
 
 
 class ChunkBuffers:
@@ -96,7 +97,7 @@ class ChunkBuffers:
         return memoryview(mapping)[start : start + self.size]
 
     def give(self, buffers: Iterable[memoryview]) -> None:
-        """Return buffers nothing uses any more (those past ``keep`` idle ones are unmapped)."""
+        """Return buffers nothing uses any more. Those past ``keep`` idle ones are unmapped."""
         with self._lock:
             for buffer in buffers:
                 # (After close, buffers that calls abandoned at shutdown kept are unmapped.)
@@ -106,7 +107,7 @@ class ChunkBuffers:
                     _unmap(buffer)
 
     def release_after(self, pending: Sequence[Future[object]], buffers: list[memoryview]) -> None:
-        """Give ``buffers`` back once every call in ``pending`` has ended (now if none)."""
+        """Give ``buffers`` back once every call in ``pending`` has ended, or now if none."""
         waiting = [f for f in pending if not f.done()]
         if not waiting:
             self.give(buffers)

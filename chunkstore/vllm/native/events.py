@@ -1,10 +1,10 @@
-"""KV events of the native tier: which chunks its store jobs wrote, for vLLM's publisher.
+"""KV events of the native tier. They say which chunks its store jobs wrote, for vLLM's publisher.
 
 vLLM's OffloadingConnector turns each ``OffloadingEvent`` a secondary tier yields
 from ``take_events`` into ``BlockStored`` events under vLLM's block hashes. The
-tier announces a chunk once every store took it (the job succeeded). It never
-announces removals: its stores are shared, and another engine may still use a
-chunk this one no longer sees.
+tier announces a chunk once every store took it, when the job succeeded. It
+never announces removals. Its stores are shared, and another engine may still
+use a chunk this one no longer sees.
 """
 
 from __future__ import annotations

@@ -1,21 +1,23 @@
 """Slots of vLLM's CPU primary tier <-> canonical chunk payloads, through the layout classes.
 
 vLLM 0.33's ``TieringOffloadingSpec`` keeps offloaded KV in one shared host
-region of equal slots ("chunks", ``primary_kv_view.strides[0]`` bytes each).
-With the default direct layout a slot holds, for every TP worker in rank
-order, that worker's pages of every layer in the KV cache group's layer order,
-``blocks_per_chunk`` pages per layer; a page is one block of the layer's KV
-cache as the attention backend stores it (``[N, H, 2*D]`` for the ``LBNHC``
-cache layout, ``[H, N, 2*D]`` for ``LBHNC``), then padding up to the slot
-size::
+region of equal slots. vLLM calls them "chunks". Each is
+``primary_kv_view.strides[0]`` bytes.
+
+The default direct layout goes by TP worker in rank order. For each worker, a
+slot holds that worker's pages of every layer, in the KV cache group's layer
+order. Each layer has ``blocks_per_chunk`` pages. A page is one block of the
+layer's KV cache as the attention backend stores it. That is ``[N, H, 2*D]``
+for the ``LBNHC`` cache layout, and ``[H, N, 2*D]`` for ``LBHNC``. Padding
+fills the rest of the slot::
 
     slot = rank0(layer0 pages | layer1 pages | ...) | rank1(...) | ... | pad
 
-(``vllm/v1/kv_offload/cpu/shared_offload_region.py`` and
-``offloading/worker.py`` of vLLM 0.33.) Each rank's pages are read and
-written with the existing :mod:`chunkstore.vllm.layouts` classes, and each
-rank's heads are placed with the connector's :class:`~chunkstore.vllm.transfer.ShardMap`,
-so a chunk is the same bytes whatever TP size or block size wrote it.
+The source is ``vllm/v1/kv_offload/cpu/shared_offload_region.py`` and
+``offloading/worker.py`` of vLLM 0.33. Each rank's pages are read and written
+with the existing :mod:`chunkstore.vllm.layouts` classes. Each rank's heads are
+placed with the connector's :class:`~chunkstore.vllm.transfer.ShardMap`. So a
+chunk is the same bytes whatever TP size or block size wrote it.
 """
 
 from __future__ import annotations
@@ -122,7 +124,7 @@ class PrimaryLayout:
                 offset += blocks_per_chunk * heads * engine.block_size * 2 * head_dim * item
             self._regions.append(regions)
         self.kv_bytes = offset
-        """Bytes of KV in a slot (the rest is padding)."""
+        """Bytes of KV in a slot. The rest is padding."""
         self._whole = self._whole_slot_shape(tp_size, total_heads)
         # Gather block by block (one copy per block, every layer) where a slot's token rows
         # are a whole number of 4 KiB pages apart: one copy of the whole 6-d view then reads
@@ -155,11 +157,11 @@ class PrimaryLayout:
     def _whole_slot_shape(self, tp_size: int, heads: int) -> tuple[int, ...] | None:
         """The payload as ``[L, 2, H, n, N, D]`` when one strided copy converts a whole slot.
 
-        True for one rank whose slot holds layers 0..L-1 in order, with the canonical
-        payload ``layers.0.k, layers.0.v, layers.1.k, ...`` back to back: then the slot's
-        pages and the payload are two views of the same 6-d array in different dimension
-        orders, and strided numpy copies between them replace two torch copies per layer.
-        Anything else (TP > 1, reordered layers) goes layer by layer.
+        This holds for one rank whose slot holds layers 0..L-1 in order. The canonical
+        payload ``layers.0.k, layers.0.v, layers.1.k, ...`` is then back to back. The
+        slot's pages and the payload are two views of the same 6-d array, in different
+        dimension orders. Strided numpy copies between them replace two torch copies per
+        layer. Anything else goes layer by layer, such as TP > 1 or reordered layers.
         """
         if tp_size != 1:
             return None
@@ -230,7 +232,7 @@ class PrimaryLayout:
                 )
 
     def from_payload(self, payload: Any, slot: Any) -> None:
-        """Write a verified chunk ``payload`` into a ``slot`` (every rank's heads)."""
+        """Write a verified chunk ``payload`` into a ``slot``, with every rank's heads."""
         if self._whole is not None:
             np.copyto(self._slot_as_payload(slot), self._payload_array(payload))
             return

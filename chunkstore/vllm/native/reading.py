@@ -1,9 +1,9 @@
 """One chunk of a load job: its key, its buffer, and the reads that may still write into it.
 
 A load job of :class:`~chunkstore.vllm.native.tier.ChunkStoreTier` starts the
-reads of its next chunks (on the stores' guard threads, where the store also
-checks the checksum) before it scatters the current chunk into its primary
-slot. Each read is a :class:`~chunkstore.tiering._tierlist.TierRead` of the
+reads of its next chunks before it scatters the current chunk into its primary
+slot. The reads run on the stores' guard threads, where the store also checks
+the checksum. Each read is a :class:`~chunkstore.tiering._tierlist.TierRead` of the
 tier's :class:`~chunkstore.tiering._tierlist.TierList`, taken in turn.
 """
 
@@ -30,7 +30,7 @@ class LoadJobChunk:
         self._pool = pool
         self._give_permit = give_permit
         self.buffers = pool.take(1)
-        """The chunk's buffer (a list, as the stores' batch reads take them)."""
+        """The chunk's buffer, in a list, as the stores' batch reads take them."""
         self.pending: list[Future[Any]] = []
         """Calls that timed out but still run, and may still write into the buffer."""
         self.read: TierRead | None = None

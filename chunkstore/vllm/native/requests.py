@@ -1,28 +1,29 @@
 """From vLLM's offload keys to chunkstore keys: the request's tokens, found and checked.
 
-vLLM's tier API hands a secondary tier an ``OffloadKey`` (vLLM's block hash
-of the chunk's last block, plus a group index) and a ``ReqContext`` (request
-id, the key's end-token position) - no tokens and no salts. A chunkstore
-key is BLAKE3 over the tokens under a namespace root (model fingerprint,
-LoRA, ``cache_salt``, multimodal hashes), and a chunk carries its tokens, so
-the tier needs the request itself. The choice, and why it is sound:
+vLLM's tier API hands a secondary tier an ``OffloadKey`` and a ``ReqContext``.
+The ``OffloadKey`` is vLLM's block hash of the chunk's last block, plus a group
+index. The ``ReqContext`` is the request id and the key's end-token position.
+Neither has tokens or salts. A chunkstore key is BLAKE3 over the tokens under a
+namespace root. The root covers the model fingerprint, LoRA, ``cache_salt`` and
+multimodal hashes. A chunk also carries its tokens. So the tier needs the
+request itself. The choice, and why it is sound:
 
-* vLLM announces every request to the tier in ``on_new_request``, called by
-  ``OffloadingConnectorScheduler.on_new_request(request)`` (or its
-  ``request_finished``) in the scheduler process. :func:`caller_request`
-  takes the ``Request`` from that caller's frame - the object itself, by
-  identity of ``request_id`` - and the tier keeps it until
+* vLLM announces every request to the tier in ``on_new_request``. That is
+  called by ``OffloadingConnectorScheduler.on_new_request(request)``, or its
+  ``request_finished``, in the scheduler process. :func:`caller_request`
+  takes the ``Request`` from that caller's frame. It takes the object itself,
+  by identity of ``request_id``. The tier keeps it until
   ``on_request_finished``.
-* Every key is then checked against vLLM's own hash chain before it is used:
+* Every key is then checked against vLLM's own hash chain before it is used.
   ``request.block_hashes[end // tokens_per_hash - 1]`` must equal the
-  offload key's block hash. A key that does not match (another process's
-  request, a future vLLM that stops calling the tier this way) is a miss or
-  a skipped store, never a chunk under the wrong tokens.
-* The namespace root comes from :meth:`~chunkstore.vllm.engine.EngineKV.root_of`,
-  the same function the connector uses, so both paths name a chunk alike.
+  offload key's block hash. A key that does not match is a miss or a skipped
+  store, never a chunk under the wrong tokens. Such a key may come from another
+  process's request, or a future vLLM that stops calling the tier this way.
+* The namespace root comes from :meth:`~chunkstore.vllm.engine.EngineKV.root_of`.
+  The connector uses the same function, so both paths name a chunk alike.
 
-The engine's description (:func:`caller_engine`) is found the same way, once,
-when vLLM builds the tier inside ``OffloadingConnectorScheduler.__init__``.
+The engine's description, :func:`caller_engine`, is found the same way. It is
+found once, when vLLM builds the tier inside ``OffloadingConnectorScheduler.__init__``.
 """
 
 from __future__ import annotations

@@ -5,16 +5,18 @@ One entry in ``TieringOffloadingSpec``'s ``secondary_tiers``::
     {"type": "ChunkStoreTier", "module_path": "chunkstore.vllm.native",
      "tiers": ["file:///mnt/kv"]}
 
-vLLM owns the CPU primary tier; this tier stores what vLLM demotes as
-chunk-format v1 files with the connector's keys (so the connector and this
-tier hit each other's chunks, and the CLI works on them), and loads them back
-into primary slots. Everything runs off the scheduler thread: lookups are
-answered ``RETRY`` until a background existence check returns, stores and
-loads run on the tier's threads, and every store call goes through a
-:class:`~chunkstore.tiering._guard.GuardedTier` (timeout, back-off), so a tier
-that is down turns into misses and failed jobs, never a stalled engine.
-A chunk that fails its checksum or names other tokens is a failed load (vLLM
-recomputes it); its bytes never reach the primary slot.
+vLLM owns the CPU primary tier. This tier stores what vLLM demotes as
+chunk-format v1 files. It uses the connector's keys, so the connector and this
+tier hit each other's chunks, and the CLI works on them. It loads chunks back
+into primary slots.
+
+Everything runs off the scheduler thread. Lookups are answered ``RETRY`` until
+a background existence check returns. Stores and loads run on the tier's
+threads. Every store call goes through a
+:class:`~chunkstore.tiering._guard.GuardedTier`, with a timeout and back-off.
+So a tier that is down turns into misses and failed jobs, never a stalled engine.
+A chunk that fails its checksum or names other tokens is a failed load, and
+vLLM recomputes it. Its bytes never reach the primary slot.
 """
 
 from __future__ import annotations
@@ -71,12 +73,12 @@ from chunkstore.vllm.native.requests import (
 from chunkstore.vllm.native.writing import ChunkWriting
 
 MAX_TIER_THREADS = 256
-"""Most threads one tier may run (the ``threads`` option)."""
+"""Most threads one tier may run: the ``threads`` option."""
 CALLS_IN_FLIGHT = 8
 """Calls one store runs at once, reads and writes. With huge-page buffers each chunk is one
 device request, and 8 in flight beat 4 (docs/benchmarks.md, "Native tier")."""
 IDLE_BUFFER_BYTES = 256 << 20
-"""Chunk buffers the tier keeps mapped between jobs (at least two per thread)."""
+"""Chunk buffers the tier keeps mapped between jobs, at least two per thread."""
 
 log = logging.getLogger(__name__)
 
@@ -101,12 +103,12 @@ __all__ = ["ChunkStoreTier"]
 
 
 def _store_options(url: str, store_options: Any) -> dict[str, Any]:
-    """Options to open the tier at ``url`` with: the user's ``store_options``, and for a
-    local directory ``write_mode="direct"`` unless they say otherwise.
+    """Options to open the tier at ``url`` with. They are the user's ``store_options``.
+    A local directory also gets ``write_mode="direct"`` unless they say otherwise.
 
     What vLLM demotes here leaves host memory because host memory is full. Writing it
-    through the page cache would only push other pages out, and it is slower
-    (docs/benchmarks.md, "Native tier"). vLLM's own fs tier writes with O_DIRECT too.
+    through the page cache would only push other pages out. It is slower too, as
+    docs/benchmarks.md shows under "Native tier". vLLM's own fs tier writes with O_DIRECT too.
     Reads still pick cached or direct per file.
     """
     options = tier_open_options(url, dict(store_options.get(url, {})))
@@ -116,7 +118,7 @@ def _store_options(url: str, store_options: Any) -> dict[str, Any]:
 
 
 class ChunkStoreTier(SecondaryTierManager):
-    """A vLLM secondary tier backed by chunkstore stores (see the module docstring)."""
+    """A vLLM secondary tier backed by chunkstore stores. See the module docstring."""
 
     medium: ClassVar[Medium] = Medium.STORAGE
 
@@ -227,17 +229,17 @@ class ChunkStoreTier(SecondaryTierManager):
         # Started whole, as vLLM's own tiers start theirs: the first jobs wait for no thread.
         self._pool = started_executor(threads, "chunkstore-tier")
         self.max_converting = _conversions_at_once(threads, _cores())
-        """Conversions (gather + checksum) running at once (see :func:`_conversions_at_once`)."""
+        """Conversions, gather and checksum, running at once. See :func:`_conversions_at_once`."""
         self._converting = threading.BoundedSemaphore(self.max_converting)
         self.max_writing = 2 * CALLS_IN_FLIGHT
-        """Chunks converted whose writes are neither ended nor settled, at most: enough for
-        every guard thread to find its next write queued when one ends, and a bound on the
-        buffers a burst of stores holds. Not more: a call's timeout counts from when it is
-        queued, so a longer queue on the guard's threads would time out a slow but healthy
-        store (and put it in back-off) however many cores the host has."""
+        """Chunks converted whose writes are neither ended nor settled, at most. That is
+        enough for every guard thread to find its next write queued when one ends. It also
+        bounds the buffers a burst of stores holds. It is not more, because a call's timeout
+        counts from when it is queued. A longer queue on the guard's threads would time out
+        a slow but healthy store and put it in back-off, however many cores the host has."""
         self._writing = threading.BoundedSemaphore(self.max_writing)
         self.max_reading = 2 * CALLS_IN_FLIGHT
-        """Chunk reads started and not yet scattered, at most (the same bound as writes)."""
+        """Chunk reads started and not yet scattered, at most. It is the same bound as writes."""
         self._reading = threading.BoundedSemaphore(self.max_reading)
         try:
             self._buffers.reserve(self.max_writing + self.max_reading)
@@ -251,8 +253,8 @@ class ChunkStoreTier(SecondaryTierManager):
         self._loads: dict[int, tuple[str, list[ChunkKey]]] = {}
         self._stores: dict[int, tuple[str, list[ChunkKey]]] = {}
         self.events: TierEvents | None = None
-        """BlockStored events of finished store jobs (``enable_kv_events`` and vLLM's
-        KV events both on)."""
+        """BlockStored events of finished store jobs. Set only when ``enable_kv_events``
+        and vLLM's KV events are both on."""
         if (
             options.get("enable_kv_events")
             and offloading_spec.kv_events_config.enable_kv_cache_events
@@ -261,7 +263,7 @@ class ChunkStoreTier(SecondaryTierManager):
         self._finished: deque[JobResult] = deque()
         self._verdicts: dict[str, dict[ChunkKey, bool | Future[bool]]] = {}
         self.corrupt = 0
-        """Chunks that failed verification on load (failed loads, never primary bytes)."""
+        """Chunks that failed verification on load. They are failed loads, never primary bytes."""
         log.info(
             "chunkstore tier: model %s, %d-token chunks, stores %s",
             self.engine.spec.model_id,
@@ -305,7 +307,7 @@ class ChunkStoreTier(SecondaryTierManager):
         return LookupResult.HIT if verdict else LookupResult.MISS
 
     def _held(self, key: ChunkKey) -> bool:
-        """Whether some store holds ``key`` (a store that is down answers no)."""
+        """Whether some store holds ``key``. A store that is down answers no."""
         return self._tier_list.exists_many([key], count=True)[0]
 
     # --- stores ---------------------------------------------------------------------
@@ -365,8 +367,8 @@ class ChunkStoreTier(SecondaryTierManager):
 
     def _start_chunk(self, job_id: int, address: ChunkAddress, slot: int) -> ChunkWriting | None:
         """Convert the primary ``slot`` into ``address``'s chunk and start writing it to every
-        store (the caller holds a permit of ``_writing``, handed to the result); None when
-        the chunk could not be made (permit given back)."""
+        store. The caller holds a permit of ``_writing``, which passes to the result. None
+        when the chunk could not be made; the permit is then given back."""
         layout = self.primary.layout
         try:
             (buffer,) = self._buffers.take(1)
@@ -461,9 +463,9 @@ class ChunkStoreTier(SecondaryTierManager):
             self._finished.append(JobResult(job_id, ok, kept, time.perf_counter() - t0, nbytes))
 
     def _start_load(self, job_id: int, address: ChunkAddress | None) -> LoadJobChunk | None:
-        """Start reading ``address``'s chunk from the first store that takes calls (the
-        caller holds a permit of ``_reading``, handed to the result); None when it could
-        not start (permit given back)."""
+        """Start reading ``address``'s chunk from the first store that takes calls. The
+        caller holds a permit of ``_reading``, which passes to the result. None when it
+        could not start; the permit is then given back."""
         if address is None:
             self._reading.release()
             return None
@@ -482,8 +484,8 @@ class ChunkStoreTier(SecondaryTierManager):
         return load
 
     def _finish_load(self, job_id: int, load: LoadJobChunk) -> Any | None:
-        """The verified payload of a started load (asking the later stores where the first
-        has no good copy); None when no store has one."""
+        """The verified payload of a started load; None when no store has one. Where the
+        first store has no good copy, the later stores are asked."""
         try:
             (payload,) = self._tier_list.finish_read(
                 [load.key],
@@ -512,10 +514,10 @@ class ChunkStoreTier(SecondaryTierManager):
     def _move_off(self, buffers: list[Any], asked: list[int], running: Future[Any]) -> bool:
         """Give the keys at ``asked`` fresh buffers, as a timed-out read into them still runs.
 
-        The next store's bytes must not land where the late call may still write: they are
-        verified as they are read, and anything written over them afterwards would reach the
+        The next store's bytes must not land where the late call may still write. They are
+        verified as they are read. Anything written over them afterwards would reach the
         primary slot unchecked. The old buffers go back once the call ends. False when no
-        buffer could be had (the load then reads no more).
+        buffer could be had; the load then reads no more.
         """
         try:
             fresh = self._buffers.take(len(asked))
@@ -529,9 +531,9 @@ class ChunkStoreTier(SecondaryTierManager):
         return True
 
     def _payload(self, tier: GuardedTier, key: ChunkKey, data: Any, verified: bool) -> Any | None:
-        """``data``'s payload if it is ``key``'s chunk for this model; the store's own check
-        already covered the checksum where it ``verified`` the read (structure and identity
-        again here)."""
+        """``data``'s payload if it is ``key``'s chunk for this model. Where the store
+        ``verified`` the read, its own check already covered the checksum. Structure and
+        identity are checked again here."""
         try:
             chunk = decode_chunk(
                 data,

@@ -1,13 +1,14 @@
 """One chunk on its way to the tier's stores: its writes, its buffer and its permit.
 
 A store job of :class:`~chunkstore.vllm.native.tier.ChunkStoreTier` converts its
-chunks one after another and starts each one's writes (a guarded call per store)
-as soon as the chunk is sealed, then takes the results in order afterwards. A
+chunks one after another. It starts each one's writes as soon as the chunk is
+sealed, with a guarded call per store. Then it takes the results in order. A
 :class:`ChunkWriting` is one such chunk. It holds one permit of the tier's
-bound on chunks in flight and the buffer the writes read: both go back the
-moment its last write ends (so the next chunk, of any job, can start), or the
-permit goes back when the job settles a write that timed out (which may still
-run, and keeps its buffer until it ends) - whichever comes first, once.
+bound on chunks in flight, and the buffer the writes read. Both go back the
+moment its last write ends, so the next chunk of any job can start. Or the
+permit goes back when the job settles a write that timed out. Such a write may
+still run, and keeps its buffer until it ends. Whichever comes first happens,
+once.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ __all__ = ["ChunkWriting"]
 
 
 class ChunkWriting:
-    """One chunk whose writes are under way (see the module docstring)."""
+    """One chunk whose writes are under way. See the module docstring."""
 
     __slots__ = ("writes", "_give_permit", "_give_buffer", "_running", "_holds_permit", "_lock")
 
@@ -57,12 +58,12 @@ class ChunkWriting:
             self.release()
 
     def release(self) -> None:
-        """Give the permit back (once): the writes ended, or were settled."""
+        """Give the permit back, once: the writes ended, or were settled."""
         with self._lock:
             holds, self._holds_permit = self._holds_permit, False
         if holds:
             self._give_permit()
 
     def futures(self) -> list[Future[Any]]:
-        """The writes started (done once nothing reads the buffer any more)."""
+        """The writes started. They are done once nothing reads the buffer any more."""
         return [] if self.writes is None else self.writes.futures()
