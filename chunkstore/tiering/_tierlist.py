@@ -168,9 +168,9 @@ class TierList:
         With ``buffers`` (one per key), a store that reads into given memory fills them;
         without, every store returns bytes of its own. ``unchecked``: the maintenance
         read (no check, no use counted)."""
+        asked = [keys[i] for i in missing]
         for index in range(first, len(self.tiers)):
             tier = self.tiers[index]
-            asked = [keys[i] for i in missing]
             store = tier.store
             verified = store.verify
             try:
