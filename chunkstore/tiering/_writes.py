@@ -57,10 +57,9 @@ class TierWriter:
         name: str,
     ) -> None:
         self._host = host
-        self._targets = tuple(targets)
-        self._tiers = TierList(self._targets)
+        self._tiers = TierList(targets)
         self._name = name
-        self.capacity = queue_size if self._targets else 0
+        self.capacity = queue_size if self._tiers else 0
         """Most chunks that may wait; 0 without targets."""
         self._queue: WriteBehindQueue[Lease] | None = (
             WriteBehindQueue(
@@ -70,7 +69,7 @@ class TierWriter:
                 name=f"chunkstore-writeback-{name}",
                 undo=self._undo_writes,
             )
-            if self._targets
+            if self._tiers
             else None
         )
         self._lock = threading.Lock()
@@ -107,7 +106,7 @@ class TierWriter:
         if self._queue.offer(lease):
             return
         self._host.release(lease)
-        for tier in self._targets:
+        for tier in self._tiers:
             tier.count_drop("queue_full")
         self._report_drop(lease.key, "write-behind queue full")
 
@@ -165,7 +164,7 @@ class TierWriter:
     def _undo_writes(self, batch: list[Lease]) -> None:
         """Drain-thread side: keys deleted while their write-back was under way."""
         keys = list(dict.fromkeys(lease.key for lease in batch))
-        for tier in self._targets:
+        for tier in self._tiers:
             try:
                 tier.call("delete", tier.store.delete_many, keys)
             except TierUnavailable:
@@ -176,7 +175,7 @@ class TierWriter:
     def write_through(self, key: ChunkKey, data: Buffer, *, if_absent: bool) -> bool:
         """Host memory could not take the chunk: write it to the target tiers now."""
         view: Buffer = memoryview(data).cast("B")
-        if any(tier.timeout is not None for tier in self._targets):
+        if any(tier.timeout is not None for tier in self._tiers):
             # A call that times out goes on reading its input after we return, while the
             # caller may reuse its buffer: hand the tiers a private copy (slow path only).
             view = bytes(view)
@@ -192,8 +191,8 @@ class TierWriter:
         self._host.delete_many([key])
         if self._queue is None:
             return
-        known = [t.timeout for t in self._targets if t.timeout is not None]
-        bound = max(known) if known and len(known) == len(self._targets) else None
+        known = [t.timeout for t in self._tiers if t.timeout is not None]
+        bound = max(known) if known and len(known) == len(self._tiers) else None
         for lease in self._queue.supersede(lambda lease: lease.key == key, bound):
             self._host.release(lease)
 
