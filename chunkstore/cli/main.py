@@ -5,10 +5,10 @@ Each subcommand is a module in :mod:`chunkstore.cli.commands` with
 ``(args) -> int``. User mistakes surface as one line on stderr and a non-zero
 exit code (see :mod:`chunkstore.cli.exitcodes`), never as a traceback.
 
-Every command's parser is built on every run, ``--help`` included, so a command
-module imports at its top only what its parser needs; stores, the format, caches,
-peers and their dependencies (numpy, ml_dtypes, prometheus_client, pyzmq) are
-imported where the command runs.
+A run that names a command builds that command's parser alone; ``--help`` and
+anything else build them all. So a command module imports at its top only what its
+parser needs; stores, the format, caches, peers and their dependencies (numpy,
+ml_dtypes, prometheus_client, pyzmq) are imported where the command runs.
 """
 
 from __future__ import annotations
@@ -57,8 +57,21 @@ def _configure_logging(verbosity: int) -> None:
     handler.setLevel(level)
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The full parser, with every subcommand module found in ``chunkstore.cli.commands``."""
+def _module_named(argv: Sequence[str]) -> str | None:
+    """The command module ``argv``'s first word names, if it comes before any other option."""
+    for arg in argv:
+        if arg in ("-v", "-vv", "-vvv", "--verbose"):
+            continue
+        if arg.startswith("-"):
+            return None
+        name = arg.replace("-", "_")
+        known = {info.name for info in pkgutil.iter_modules(commands.__path__)}
+        return name if name in known else None
+    return None
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The parser, with every subcommand module in ``chunkstore.cli.commands``, or ``only``."""
     parser = argparse.ArgumentParser(
         prog="chunkstore",
         description=(
@@ -71,16 +84,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"chunkstore {__version__}")
     parser.add_argument("-v", "--verbose", action="count", default=0, help="log more (-vv: debug)")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for info in sorted(pkgutil.iter_modules(commands.__path__), key=lambda m: m.name):
-        module = importlib.import_module(f"{commands.__name__}.{info.name}")
-        module.register(subparsers)
+    names = [info.name for info in pkgutil.iter_modules(commands.__path__)]
+    for name in sorted(names) if only is None else [only]:
+        importlib.import_module(f"{commands.__name__}.{name}").register(subparsers)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the console script; returns the process exit code."""
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    words = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(_module_named(words))
+    args = parser.parse_args(words)
     _configure_logging(args.verbose)
     if not getattr(args, "func", None):
         parser.print_help()

@@ -11,10 +11,9 @@ from __future__ import annotations
 import struct
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import blake3
-import numpy as np
 import xxhash
 
 from chunkstore.errors import (
@@ -40,6 +39,9 @@ from chunkstore.format._header import (
     render_header,
 )
 from chunkstore.format._layout import ALIGNMENT, ChunkLayout
+
+if TYPE_CHECKING:
+    import numpy as np
 
 _MAC_CONTEXT = "chunkstore 2026-11 chunk mac key v1"
 _ZERO_HEX = b"0" * 64
@@ -82,6 +84,8 @@ def key_digest(parent: bytes, tokens: Any) -> bytes:
 
     ``tokens`` is a sequence of ids or, already encoded, little-endian uint32 bytes.
     """
+    import numpy as np
+
     hasher = blake3.blake3(bytes(parent))
     if isinstance(tokens, (bytes, bytearray, memoryview)):
         hasher.update(tokens)
@@ -94,6 +98,8 @@ def _render_head(
     layout: ChunkLayout, *, key: bytes, parent: bytes, namespace: str, tokens: Any, verify_key: bool
 ) -> bytearray:
     """The header with every field filled in except MAC and checksum (left zeroed)."""
+    import numpy as np
+
     token_array = np.ascontiguousarray(tokens, dtype="<u4")
     if token_array.shape != (layout.spec.chunk_tokens,):
         raise ConfigError(
@@ -194,6 +200,8 @@ def encode_chunk(
     With ``compression="zstd"`` the result is a new ``bytes``, and ``out`` must be None.
     That result is not safetensors-readable, and is smaller on cold tiers.
     """
+    import numpy as np
+
     if compression != "none" and out is not None:
         raise ConfigError("compressed chunks cannot be encoded into a caller buffer")
     buf = bytearray(layout.total_size) if out is None else out
@@ -355,6 +363,8 @@ class Chunk:
 
     def tensor(self, name: str) -> np.ndarray:
         """A read-only view of tensor ``name`` (no copy for uncompressed chunks)."""
+        import numpy as np
+
         for entry in self.header.tensors:
             if entry.name == name:
                 flat = np.frombuffer(self.payload, np.uint8, entry.nbytes, entry.offset)
@@ -367,6 +377,8 @@ class Chunk:
 
     def copy_into(self, arrays: Mapping[str, np.ndarray]) -> None:
         """Copy tensors into caller-provided arrays of matching shape (one copy, no temporaries)."""
+        import numpy as np
+
         for name, target in arrays.items():
             source = self.tensor(name)
             if target.shape != source.shape or target.nbytes != source.nbytes:
@@ -484,6 +496,8 @@ def decode_into(
     copied while still in cache). On :class:`ChecksumMismatch` the arrays may
     already hold damaged bytes: treat them as garbage, like any miss.
     """
+    import numpy as np
+
     view = memoryview(data).cast("B") if not isinstance(data, memoryview) else data
     if view.format != "B" or view.ndim != 1:
         view = view.cast("B")

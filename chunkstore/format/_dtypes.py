@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from chunkstore.errors import ConfigError
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 @dataclass(frozen=True, slots=True)
@@ -17,8 +19,12 @@ class DType:
     """The safetensors dtype string written in the header (``"BF16"``)."""
     itemsize: int
     """Bytes per element."""
-    numpy: np.dtype
-    """The numpy dtype used for views (ml_dtypes supplies bf16 and fp8)."""
+
+    @property
+    def numpy(self) -> np.dtype:
+        """The numpy dtype used for views; ml_dtypes supplies bf16 and fp8."""
+        found = _NUMPY.get(self.name)
+        return found if found is not None else _numpy_dtype(self.name)
 
 
 _NUMPY_NAMES = {
@@ -31,23 +37,29 @@ _NUMPY_NAMES = {
     "U8": "uint8",
 }
 """Each safetensors name's numpy type name, in numpy or else in ml_dtypes."""
+_ITEMSIZES = {"BF16": 2, "F16": 2, "F32": 4, "F8_E4M3": 1, "F8_E5M2": 1, "I8": 1, "U8": 1}
+"""Bytes per element of each safetensors name."""
 _FROM_ML_DTYPES = frozenset({"BF16", "F8_E4M3", "F8_E5M2"})
-# Note: importing ml_dtypes takes about a second, so it loads on the first lookup of a type it
-# supplies: `chunkstore --help` and `ls` never need it (tools/bench_cli_startup.py).
-_TABLE: dict[str, DType] = {}
-"""The types looked up so far, by safetensors name."""
+# numpy and ml_dtypes load on the first view of a tensor, not on import: the CLI's
+# `--help` and `ls` never need them (tools/bench_cli_startup.py).
+_TABLE = {name: DType(name, size) for name, size in _ITEMSIZES.items()}
+"""Each safetensors name's :class:`DType`."""
+_NUMPY: dict[str, np.dtype] = {}
+"""The numpy dtypes looked up so far, by safetensors name."""
 
 
-def _entry(name: str) -> DType:
-    """The :class:`DType` of safetensors name ``name``, built on first use."""
+def _numpy_dtype(name: str) -> np.dtype:
+    """The numpy dtype of safetensors name ``name``, built on first use."""
+    import numpy as np
+
     if name in _FROM_ML_DTYPES:
         import ml_dtypes
 
-        numpy = np.dtype(getattr(ml_dtypes, _NUMPY_NAMES[name]))
+        found = np.dtype(getattr(ml_dtypes, _NUMPY_NAMES[name]))
     else:
-        numpy = np.dtype(_NUMPY_NAMES[name])
+        found = np.dtype(_NUMPY_NAMES[name])
     # Two threads may build the same entry; both are equal, so either may stay.
-    return _TABLE.setdefault(name, DType(name, numpy.itemsize, numpy))
+    return _NUMPY.setdefault(name, found)
 
 
 _ALIASES = {
@@ -85,7 +97,7 @@ def dtype_named(name: str) -> DType:
     key = name if name in _NUMPY_NAMES else _ALIASES.get(str(name).lower())
     if key is None:
         raise ConfigError(f"unknown dtype {name!r}; known: {', '.join(sorted(_NUMPY_NAMES))}")
-    return _TABLE.get(key) or _entry(key)
+    return _TABLE[key]
 
 
 def is_known_dtype(name: str) -> bool:

@@ -14,14 +14,15 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from chunkstore.errors import ConfigError, LayoutError
 from chunkstore.format._dtypes import dtype_named
 from chunkstore.format._header import HeaderTemplate
 from chunkstore.format._spec import ATTENTION, MLA, SLIDING_WINDOW, KVSpec
+
+if TYPE_CHECKING:
+    import numpy as np
 
 ALIGNMENT = 4096
 """The payload (safetensors data section) starts at a multiple of this many bytes."""
@@ -155,6 +156,8 @@ class ChunkLayout:
 
     def tensor_view(self, buf: Any, name: str) -> np.ndarray:
         """A writable numpy view of tensor ``name`` inside chunk buffer ``buf`` (no copy)."""
+        import numpy as np
+
         slot = self.by_name[name]
         start = self.data_offset + slot.offset
         flat = np.frombuffer(buf, dtype=np.uint8, count=slot.nbytes, offset=start)
@@ -230,6 +233,8 @@ class ChunkLayout:
         Those are replicas, and unsplit tensors off rank 0.
         So every rank may pass everything it has.
         """
+        import numpy as np
+
         for name, view in self.shard_views(buf, rank, tp).items():
             slot = self.by_name[name]
             if slot.split_heads:

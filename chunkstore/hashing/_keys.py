@@ -11,12 +11,14 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import blake3
-import numpy as np
 
 from chunkstore.errors import ConfigError, KeyParseError
+
+if TYPE_CHECKING:
+    import numpy as np
 
 DIGEST_SIZE = 32
 NAMESPACE_HEX_CHARS = 16
@@ -183,6 +185,8 @@ def namespace_root(model_fingerprint: bytes, *, extra: Mapping[str, Any] | None 
 
 def tokens_as_le_u32(tokens: Any) -> np.ndarray:
     """Tokens (list, numpy array, torch tensor) as a contiguous little-endian uint32 array."""
+    import numpy as np
+
     if hasattr(tokens, "detach") and hasattr(
         tokens, "cpu"
     ):  # torch.Tensor, without importing torch
