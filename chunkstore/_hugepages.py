@@ -5,7 +5,7 @@ reaches the block device as 513 physical segments; a virtio disk that takes at
 most 254 segments a request (``/sys/block/*/queue/max_segments``) then splits
 every chunk into three requests. From memory backed by huge pages the same
 chunk is one or two physically contiguous pieces, one request. Both the
-native vLLM tier's chunk buffers (:mod:`chunkstore.vllm.native.buffers`) and
+native vLLM tier's chunk buffers (:mod:`chunkstore.tiering._buffers`) and
 the host cache's private slot pool (:mod:`chunkstore.cache._pool`) map their
 memory here.
 

@@ -30,6 +30,7 @@ LAYERS: dict[str, int] = {
     "testing": 5,
     "cache": 6,
     "tiering": 7,
+    "device": 7,
     "simulator": 7,
     "peer": 8,
     "node": 9,
@@ -40,7 +41,8 @@ LAYERS: dict[str, int] = {
 """Each top-level part of chunkstore and its layer: a part imports only parts of lower
 layers (``testing``, the store suite and chunk factories, sits on ``backends``; ``node``
 on ``peer``, whose client and protocol it speaks; the demos and the simulator beside the
-layer they drive). Parts of one layer do not import each other."""
+layer they drive; ``device``, the torch copies an engine adapter makes, beside the
+tiering layer). Parts of one layer do not import each other."""
 
 
 def imported_modules(path: Path) -> set[str]:
@@ -76,7 +78,8 @@ def sources() -> list[Path]:
 
 def test_every_part_of_the_package_has_a_layer() -> None:
     parts = {path.relative_to(PACKAGE).parts[0].removesuffix(".py") for path in sources()}
-    assert {"format", "hashing", "backends", "cache", "peer", "node", "vllm", "cli"} <= parts
+    assert {"format", "hashing", "backends", "cache", "tiering", "device", "peer", "node"} <= parts
+    assert {"vllm", "cli"} <= parts
     assert parts - set(LAYERS) == set()
 
 

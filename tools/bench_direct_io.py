@@ -1,7 +1,7 @@
 """O_DIRECT chunk files from huge-page buffers vs 4 KiB-page buffers, on this machine's disk.
 
 What ``ChunkStoreTier`` gains by staging chunks in huge-page buffers
-(:mod:`chunkstore.vllm.native.buffers`), measured without any tier: ``--files`` new
+(:mod:`chunkstore.tiering._buffers`), measured without any tier: ``--files`` new
 files of one 2 MiB chunk each (a 4 KiB header page + the payload, as chunk format v1
 lays it out) are written with ``O_DIRECT`` (temp name, then rename) and read back with
 ``O_DIRECT``, ``--threads`` at a time, from three kinds of buffer:
@@ -38,7 +38,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from chunkstore.vllm.native.buffers import ChunkBuffers, huge_page_size  # noqa: E402
+from chunkstore._hugepages import huge_page_size  # noqa: E402
+from chunkstore.tiering import ChunkBuffers  # noqa: E402
 
 HEADER = 4096
 PAYLOAD = 2 << 20

@@ -7,6 +7,8 @@
   the one write fan-out. ``TieredStore`` and an engine's own tier both use
   them, such as the vLLM native tier.
 * :class:`GuardedTier`: one tier's calls, with a timeout and a back-off.
+* :class:`ChunkBuffers`: reusable page-aligned chunk buffers, on huge pages where
+  the kernel offers them, for an engine tier's jobs.
 * :class:`EngineCache`: what an engine's workers save into and load from.
   :class:`ProcessCache` is this process's host cache in front of the tiers.
   :class:`RankCache` is a TP rank's part of a shared host pool.
@@ -19,6 +21,7 @@ from typing import TYPE_CHECKING
 from chunkstore import _lazy
 
 if TYPE_CHECKING:
+    from chunkstore.tiering._buffers import ChunkBuffers
     from chunkstore.tiering._engine import (
         ChunkIdentity,
         EngineCache,
@@ -51,6 +54,7 @@ _LAZY = {
             "tier_open_options",
         )
     },
+    "ChunkBuffers": "chunkstore.tiering._buffers",
     "TierList": "chunkstore.tiering._tierlist",
     "TierRead": "chunkstore.tiering._tierlist",
     "TierWrites": "chunkstore.tiering._tierlist",
@@ -69,6 +73,7 @@ def __getattr__(name: str) -> object:
 
 
 __all__ = [
+    "ChunkBuffers",
     "ChunkIdentity",
     "EngineCache",
     "GuardedCall",

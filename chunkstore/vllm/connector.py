@@ -31,12 +31,12 @@ from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from chunkstore.errors import ConfigError
 from chunkstore.metrics import MetricsServer, start_metrics_server
+from chunkstore.node import NodeCache, NodeRankCache
 from chunkstore.tiering import ProcessCache, RankCache
 from chunkstore.vllm.config import ConnectorConfig, parse_config
 from chunkstore.vllm.engine import EngineKV, describe_engine
 from chunkstore.vllm.events import ConnectorEvents, tier_mediums
 from chunkstore.vllm.metadata import ChunkStoreMetadata
-from chunkstore.vllm.nodestore import NodeCache, NodeRankCache
 from chunkstore.vllm.scheduler import ChunkStoreScheduler
 from chunkstore.vllm.shared import acquire_shared, release_shared
 from chunkstore.vllm.stats import ChunkStorePromMetrics, ChunkStoreStats

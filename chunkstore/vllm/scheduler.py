@@ -24,13 +24,13 @@ from typing import Any
 from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from chunkstore.hashing import ChunkKey
+from chunkstore.node import NodeCache
 from chunkstore.tiering import PrefetchResult, ProcessCache
 from chunkstore.vllm.config import ConnectorConfig
 from chunkstore.vllm.counters import Counters
 from chunkstore.vllm.engine import EngineKV
 from chunkstore.vllm.events import ConnectorEvents
 from chunkstore.vllm.metadata import ChunkLoad, ChunkSave, ChunkStoreMetadata
-from chunkstore.vllm.nodestore import NodeCache
 
 log = logging.getLogger(__name__)
 

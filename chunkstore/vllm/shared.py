@@ -18,7 +18,7 @@ __all__ = ["SharedCache", "acquire_shared", "flush_shared", "release_shared", "s
 
 class SharedCache(Protocol):
     """What the per-process registry needs: a :class:`~chunkstore.tiering.ProcessCache`, or a
-    :class:`~chunkstore.vllm.nodestore.NodeCache`."""
+    :class:`~chunkstore.node._engine.NodeCache`."""
 
     closed: bool
 

@@ -6,7 +6,7 @@ pass has written the blocks. Each layer gets one gather for all chunks of the
 step into each chunk's rank part. Then comes a device -> host copy.
 
 Where the bytes live and how they move is the business of the copier in
-:mod:`chunkstore.vllm.transfer`. On CPU the conversion writes straight into the
+:mod:`chunkstore.device`. On CPU the conversion writes straight into the
 host buffers, and everything is done on return. On CUDA it runs on a side
 stream, and the worker polls events in :meth:`ChunkStoreWorker.poll`, called
 every step. Polling seals finished saves and hands them to the store. It
@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from chunkstore.device import Batch, DeviceCopier, Fence, ShardMap, select_copier
 from chunkstore.errors import ChunkStoreError, ConfigError
 from chunkstore.format import MLA, decode_chunk
 from chunkstore.tiering import EngineCache, SaveSlot
@@ -32,7 +33,6 @@ from chunkstore.vllm.counters import Counters
 from chunkstore.vllm.engine import EngineKV
 from chunkstore.vllm.layouts import DeviceLayout, detect_layout
 from chunkstore.vllm.metadata import ChunkLoad, ChunkSave, ChunkStoreMetadata
-from chunkstore.vllm.transfer import Batch, DeviceCopier, Fence, ShardMap, select_copier
 
 log = logging.getLogger(__name__)
 

@@ -42,7 +42,7 @@ def test_tiers_belong_to_the_node_service() -> None:
 
 
 def test_an_engine_with_another_chunk_size_is_refused(node: Node) -> None:
-    from chunkstore.vllm.nodestore import NodeCache
+    from chunkstore.node import NodeCache
 
     other = ChunkLayout(small_spec(chunk_tokens=32))
     with pytest.raises(NodeRefused, match="slots"):
@@ -50,7 +50,7 @@ def test_an_engine_with_another_chunk_size_is_refused(node: Node) -> None:
 
 
 def test_a_save_through_the_connector_store_is_published_and_read_in_place(node: Node) -> None:
-    from chunkstore.vllm.nodestore import NodeCache
+    from chunkstore.node import NodeCache
 
     layout = ChunkLayout(small_spec())
     chunk = sample_chunks(1, seed=4, layout=layout)[0]
@@ -72,7 +72,7 @@ def test_a_save_through_the_connector_store_is_published_and_read_in_place(node:
 def test_tp_ranks_save_their_heads_into_one_slot_and_the_engine_reads_it_whole(
     sealing_node: Node,
 ) -> None:
-    from chunkstore.vllm.nodestore import NodeCache, NodeRankCache
+    from chunkstore.node import NodeCache, NodeRankCache
 
     layout = ChunkLayout(small_spec())
     chunk = sample_chunks(1, seed=15, layout=layout)[0]

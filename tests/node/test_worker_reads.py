@@ -115,8 +115,8 @@ def test_an_async_load_taken_back_during_its_copy_fails_its_request(
 def test_a_sync_load_still_copying_is_checked_before_the_step_reports_its_errors(
     engine_node: tuple[Node, Callable[..., Harness]],
 ) -> None:
-    from chunkstore.vllm.transfer import CudaCopier
-    from tests.vllm.fake_cuda import FakeRuntime
+    from chunkstore.device import CudaCopier
+    from tests.device.fake_cuda import FakeRuntime
 
     node, make = engine_node
     h = make()

@@ -16,10 +16,10 @@ pytest.importorskip("vllm")
 
 from vllm.v1.request import RequestStatus  # noqa: E402
 
+from chunkstore.device import CudaCopier  # noqa: E402
 from chunkstore.vllm.testing import sample_prompt_ids  # noqa: E402
-from chunkstore.vllm.transfer import CudaCopier  # noqa: E402
+from tests.device.fake_cuda import FakeRuntime  # noqa: E402
 
-from .fake_cuda import FakeRuntime  # noqa: E402
 from .harness import make_harness, shut_down  # noqa: E402
 
 PROMPT = sample_prompt_ids(300, seed=21)

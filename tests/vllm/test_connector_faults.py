@@ -17,9 +17,9 @@ from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
 from vllm.v1.request import Request
 
 import tests.vllm.harness as H
+from chunkstore.device import CudaCopier
 from chunkstore.vllm.testing import sample_prompt_ids
-from chunkstore.vllm.transfer import CudaCopier
-from tests.vllm.fake_cuda import FakeRuntime
+from tests.device.fake_cuda import FakeRuntime
 
 PROMPT = sample_prompt_ids(300, seed=1)
 SAMPLED = 5

@@ -28,7 +28,7 @@ from chunkstore.backends import open_store
 from chunkstore.errors import ConfigError
 from chunkstore.format import decode_chunk
 from chunkstore.metrics import default_metrics
-from chunkstore.vllm.native import buffers as buffers_module
+from chunkstore.tiering import _buffers as buffers_module
 from chunkstore.vllm.native import tier as tier_module
 from chunkstore.vllm.testing import sample_prompt_ids
 from tests.backends.test_fastread import refuse_o_direct

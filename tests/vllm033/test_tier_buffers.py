@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from chunkstore import _hugepages
-from chunkstore.vllm.native import buffers
-from chunkstore.vllm.native.buffers import PAGE, ChunkBuffers
+from chunkstore._hugepages import PAGE
+from chunkstore.tiering import ChunkBuffers
+from chunkstore.tiering import _buffers as buffers
 
 
 def _address(buffer) -> int:

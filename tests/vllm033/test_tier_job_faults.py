@@ -11,7 +11,8 @@ import pytest
 import torch
 
 import chunkstore.vllm.native.tier as tier_module
-from chunkstore.vllm.native.buffers import PAGE, ChunkBuffers
+from chunkstore._hugepages import PAGE
+from chunkstore.tiering import ChunkBuffers
 from chunkstore.vllm.native.reading import LoadJobChunk
 from chunkstore.vllm.native.tier import CALLS_IN_FLIGHT
 from chunkstore.vllm.testing import sample_prompt_ids
@@ -175,7 +176,7 @@ def test_a_start_up_without_memory_for_buffers_leaves_no_threads_or_stores(
     # Reserving the tier's buffers is the last thing start-up does; where it fails (no
     # memory) the stores already opened and the threads already started used to stay behind.
     from chunkstore.backends._fs import FsStore
-    from chunkstore.vllm.native.buffers import ChunkBuffers
+    from chunkstore.tiering import ChunkBuffers
 
     def no_memory(self, count):
         raise MemoryError("no memory for the tier's buffers")

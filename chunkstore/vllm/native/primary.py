@@ -16,7 +16,7 @@ fills the rest of the slot::
 The source is ``vllm/v1/kv_offload/cpu/shared_offload_region.py`` and
 ``offloading/worker.py`` of vLLM 0.33. Each rank's pages are read and written
 with the existing :mod:`chunkstore.vllm.layouts` classes. Each rank's heads are
-placed with the connector's :class:`~chunkstore.vllm.transfer.ShardMap`. So a
+placed with the connector's :class:`~chunkstore.device.ShardMap`. So a
 chunk is the same bytes whatever TP size or block size wrote it.
 """
 
@@ -29,11 +29,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from chunkstore.device import ShardMap, byte_tensor
 from chunkstore.errors import ConfigError
 from chunkstore.format import ATTENTION, ChunkLayout
 from chunkstore.vllm.engine import EngineKV
 from chunkstore.vllm.layouts import FlashAttnLayout, FlashInferHNDLayout, PagedKVLayout
-from chunkstore.vllm.transfer import ShardMap, byte_tensor
 
 __all__ = ["PrimaryLayout", "TORCH_DTYPES"]
 

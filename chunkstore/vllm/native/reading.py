@@ -14,8 +14,8 @@ from concurrent.futures import Future
 from typing import Any
 
 from chunkstore.hashing import ChunkKey
+from chunkstore.tiering import ChunkBuffers
 from chunkstore.tiering._tierlist import TierRead
-from chunkstore.vllm.native.buffers import ChunkBuffers
 
 __all__ = ["LoadJobChunk"]
 

@@ -52,14 +52,13 @@ from chunkstore.errors import ConfigError, FormatError
 from chunkstore.format import decode_chunk, recompress
 from chunkstore.hashing import ChunkKey
 from chunkstore.metrics import default_metrics
-from chunkstore.tiering import seal_save, tier_open_options
+from chunkstore.tiering import ChunkBuffers, seal_save, tier_open_options
 from chunkstore.tiering._guard import GuardedTier
 from chunkstore.tiering._tierlist import TierList, TierWrites
 
 # The connector's option parsers: the same words for the same mistakes.
 from chunkstore.vllm.config import parse_config, positive_int_option, seconds_option
 from chunkstore.vllm.engine import describe_engine
-from chunkstore.vllm.native.buffers import ChunkBuffers
 from chunkstore.vllm.native.events import TierEvents
 from chunkstore.vllm.native.options import TIER_OPTIONS
 from chunkstore.vllm.native.primary import PrimaryLayout

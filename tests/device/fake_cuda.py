@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from chunkstore.vllm.transfer import CudaRuntime
+from chunkstore.device import CudaRuntime
 
 
 class FakeStream:

@@ -1,8 +1,8 @@
 """Device <-> host copies of chunk payloads: plain copies on CPU, a side stream on CUDA.
 
-The worker converts between vLLM's paged KV cache and the canonical chunk
-tensors of :mod:`chunkstore.vllm.layouts`. This module only decides *where*
-those canonical tensors live, and how their bytes reach host memory.
+An engine's worker converts between its paged KV cache and a chunk's canonical
+tensors; for vLLM, :mod:`chunkstore.vllm.layouts` does. This module only decides
+*where* those canonical tensors live, and how their bytes reach host memory.
 
 * :class:`HostCopier` is for a KV cache on the CPU. The canonical tensors are
   views straight into the host chunk buffers. So the layout conversion is the
@@ -274,7 +274,7 @@ class DeviceCopier:
         """Device tensors holding each chunk's rank part, copied from ``payloads``.
 
         With ``block_compute`` the next forward pass waits for the block's
-        work (synchronous loads); without it, the caller must not let vLLM use
+        work (synchronous loads); without it, the caller must not let the engine use
         the blocks before ``batch.fence`` completes.
         """
         raise NotImplementedError

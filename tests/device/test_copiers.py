@@ -12,15 +12,15 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from chunkstore.errors import ConfigError  # noqa: E402
-from chunkstore.format import ATTENTION, MLA, ChunkLayout, KVSpec, LayerGroup  # noqa: E402
-from chunkstore.vllm.transfer import (  # noqa: E402
+from chunkstore.device import (  # noqa: E402
     CudaCopier,
     HostCopier,
     ImageCopier,
     ShardMap,
     select_copier,
 )
+from chunkstore.errors import ConfigError  # noqa: E402
+from chunkstore.format import ATTENTION, MLA, ChunkLayout, KVSpec, LayerGroup  # noqa: E402
 
 from .fake_cuda import FakeRuntime  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""The connector's store when the engine attaches to its machine's node service.
+"""An engine's cache when it attaches to its machine's node service.
 
 :class:`NodeCache` answers the scheduler and the worker as
 :class:`~chunkstore.tiering.ProcessCache` does. But host memory is the node
@@ -26,7 +26,7 @@ from typing import Any
 from chunkstore.backends import Store
 from chunkstore.format import ChunkLayout
 from chunkstore.hashing import ChunkKey
-from chunkstore.node import (
+from chunkstore.node._client import (
     NodeClient,
     NodeRead,
     NodeRefused,
@@ -60,7 +60,7 @@ class _NodeHostView:
 
 
 class NodeCache:
-    """Host memory of the node service, as the connector uses it. Thread-safe.
+    """Host memory of the node service, as an engine adapter uses it. Thread-safe.
 
     Raises :class:`~chunkstore.node.NodeRefused` when the service refuses this
     engine's model or chunk size. Its message is one line naming both sides. A

@@ -1,4 +1,4 @@
-"""Reusable page-aligned chunk buffers for the tier's store and load jobs.
+"""Reusable page-aligned chunk buffers for an engine tier's store and load jobs.
 
 A fresh 2 MiB ``bytearray`` per chunk costs a zero fill and a page fault per
 4 KiB page on first touch, on every job. These buffers are mapped once and
