@@ -47,7 +47,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
-from chunkstore.backends.base import Buffer, ChunkInfo, Store, SupportsGetInto
+from chunkstore.backends.base import Buffer, ChunkInfo, Store
 from chunkstore.cache._host import HostCache, HostCacheStats
 from chunkstore.cache._lease import Lease
 from chunkstore.errors import ConfigError
@@ -472,38 +472,27 @@ class TieredStore(Store):
             return tier.store._admit(key, judgement)
 
     def _load_from_tiers(self, key: ChunkKey, buffer: Buffer) -> int | None:
-        """Without promotion: the first tier's copy straight into ``buffer``.
+        """Without promotion: the first tier's good copy, in ``buffer``.
 
-        ``buffer`` is the caller's and is reused as soon as we return. A tier with a
-        timeout has calls that may outlive the wait. So it reads into private memory
-        that is copied over. Only an inline call, with no timeout, gets ``buffer`` itself.
+        ``buffer`` is the caller's, reused as soon as we return. A tier with a timeout
+        has calls that may outlive the wait, so then the tiers read into their own
+        memory, copied over. Tiers with no timeout read into ``buffer`` itself.
         """
-        for tier in self.tiers:
-            if not tier.up:
-                tier.count_reads(0, 1)
-                continue
-            started = time.perf_counter()
-            tier_verifies = tier.store.verify
-            try:
-                if tier.timeout is None and isinstance(tier.store, SupportsGetInto):
-                    size = tier.call("get", tier.store.get_into, key, buffer)
-                else:
-                    data = tier.call("get", tier.store.get, key)
-                    size = None if data is None else _copy(buffer, data)
-            except TierUnavailable:
-                size = None
-            if (
-                size is not None
-                and self._check_tier_bytes(tier, key, _view(buffer, size), tier_verifies) is False
-            ):
-                size = None  # counted and set aside by the tier: a miss there
-            if size is None:
-                tier.count_reads(0, 1)
-                continue
-            tier.instruments.record_read(size, time.perf_counter() - started)
-            tier.count_reads(1, 0)
-            return size
-        return None
+        inline = all(tier.timeout is None for tier in self._tier_list)
+        (data,) = self._tier_list.read_many(
+            [key], judge=self._judge_unpromoted, buffers=[buffer] if inline else None, count=True
+        )
+        if data is None:
+            return None
+        if isinstance(data, memoryview) and data.obj is memoryview(buffer).obj:
+            return len(data)  # read in place
+        return _copy(buffer, data)
+
+    def _judge_unpromoted(
+        self, tier: GuardedTier, key: ChunkKey, data: Any, tier_verifies: bool
+    ) -> Any | None:
+        """``data`` if it may be served, else None (counted and set aside by the tier)."""
+        return None if self._check_tier_bytes(tier, key, data, tier_verifies) is False else data
 
     def release(self, lease: Lease) -> None:
         """Unpin a lease from :meth:`acquire`; idempotent."""
@@ -659,11 +648,6 @@ class TieredStore(Store):
     def __repr__(self) -> str:
         names = ", ".join([self.host.name, *(t.name for t in self.tiers)])
         return f"TieredStore({names}; write_tiers={self.write_tiers!r})"
-
-
-def _view(buffer: Buffer, size: int) -> memoryview:
-    """The first ``size`` bytes of ``buffer``, as bytes."""
-    return memoryview(buffer).cast("B")[:size]
 
 
 def _copy(buffer: Buffer, data: bytes | memoryview) -> int:

@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from typing import Any
 
-from chunkstore.backends.base import Buffer, SupportsGetManyInto
+from chunkstore.backends.base import Buffer, SupportsGetInto, SupportsGetManyInto
 from chunkstore.hashing import ChunkKey
 from chunkstore.tiering._guard import GuardedCall, GuardedTier, TierUnavailable
 
@@ -44,6 +44,11 @@ __all__ = ["Judge", "TierList", "TierRead", "TierWrites", "keep_all"]
 def keep_all(_tier: GuardedTier, _key: ChunkKey, data: Any, _verified: bool) -> Any:
     """The judge of maintenance reads: every served chunk is kept as it is."""
     return data
+
+
+def _get_one_into(store: SupportsGetInto, key: ChunkKey, buffer: memoryview) -> list[int | None]:
+    """``store.get_into`` of one key, answered as a batch read of one."""
+    return [store.get_into(key, buffer)]
 
 
 class TierRead:
@@ -168,6 +173,7 @@ class TierList:
         With ``buffers`` (one per key), a store that reads into given memory fills them;
         without, every store returns bytes of its own. ``unchecked``: the maintenance
         read (no check, no use counted)."""
+        # A store that reads one chunk into memory, and not a batch, still does for one.
         asked = [keys[i] for i in missing]
         for index in range(first, len(self.tiers)):
             tier = self.tiers[index]
@@ -180,6 +186,10 @@ class TierList:
                 if buffers is not None and isinstance(store, SupportsGetManyInto):
                     views = [memoryview(buffers[i]) for i in missing]
                     call = tier.start("get", store.get_many_into, asked, views)
+                    return TierRead(index, tier, missing, call, views, verified)
+                if buffers is not None and len(asked) == 1 and isinstance(store, SupportsGetInto):
+                    views = [memoryview(buffers[missing[0]])]
+                    call = tier.start("get", _get_one_into, store, asked[0], views[0])
                     return TierRead(index, tier, missing, call, views, verified)
                 whole = tier.start("get", store.get_many, asked)
                 return TierRead(index, tier, missing, whole, None, verified)
@@ -257,13 +267,16 @@ class TierList:
         keys: Sequence[ChunkKey],
         *,
         judge: Judge,
+        buffers: list[Any] | None = None,
         count: bool = False,
         unchecked: bool = False,
     ) -> list[Any | None]:
-        """:meth:`finish_read` of a read started now, into the stores' own memory."""
+        """:meth:`finish_read` of a read started now, into the stores' own memory or into
+        ``buffers``. Give ``buffers`` only where no call can outlive the read: tiers with
+        no timeout, or memory that stays the read's until every call has ended."""
         missing = list(range(len(keys)))
-        read = self._start_next(keys, None, missing, 0, count, unchecked)
-        return self.finish_read(keys, None, read, judge=judge, count=count, unchecked=unchecked)
+        read = self._start_next(keys, buffers, missing, 0, count, unchecked)
+        return self.finish_read(keys, buffers, read, judge=judge, count=count, unchecked=unchecked)
 
     # --- presence -------------------------------------------------------------------------
 

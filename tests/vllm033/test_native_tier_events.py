@@ -58,7 +58,7 @@ def test_a_finished_store_job_is_one_stored_event_of_its_keys(tier_env):
 
 def test_a_failed_store_job_announces_nothing(tier_env, monkeypatch):
     tier, mem = tier_env(events=True, enable_kv_events=True)
-    for guarded in tier.guarded:
+    for guarded in tier.tiers:
         monkeypatch.setattr(guarded.store, "put_if_absent_many", _refuse)
     keys, results = store(tier, mem, make_request(PROMPT, "fail"), [0, 1])
     assert [r.success for r in results] == [False]

@@ -193,14 +193,14 @@ class ChunkStoreTier(SecondaryTierManager):
         self._flat = memoryview(primary_kv_view).cast("B")
         metrics = default_metrics()
         self.stores: list[Store] = []
-        self.guarded: list[GuardedTier] = []
+        guarded: list[GuardedTier] = []
         try:
             for url in cfg.tiers:
                 store = open_for_option("tiers", url, **_store_options(url, cfg.store_options))
                 self.stores.append(store)
                 metrics.watch_store(store)
                 # Started whole, so the first writes wait for no thread start.
-                self.guarded.append(
+                guarded.append(
                     GuardedTier(
                         store,
                         metrics.tier(store.name),
@@ -211,9 +211,11 @@ class ChunkStoreTier(SecondaryTierManager):
                     )
                 )
         except BaseException:
+            self.tiers = TierList(guarded)
             self._close_stores()
             raise
-        self._tier_list = TierList(self.guarded)
+        self.tiers = TierList(guarded)
+        """The stores, each behind its guard, in the order they are read."""
         for store in self.stores:
             record_model(store, self.engine.spec)  # so `chunkstore inspect` names the model
         layout = self.primary.layout
@@ -221,7 +223,7 @@ class ChunkStoreTier(SecondaryTierManager):
         # buffers kept: every thread's job of a few chunks, within IDLE_BUFFER_BYTES.
         size = layout.total_size + layout.total_size // 64 + 65536
         # Each chunk's payload on a huge-page boundary, where the kernel gives huge pages:
-        # O_DIRECT moves it in far fewer device requests (see buffers.py).
+        # O_DIRECT moves it in far fewer device requests (see chunkstore.tiering.ChunkBuffers).
         self._buffers = ChunkBuffers(
             size, keep=max(2 * threads, IDLE_BUFFER_BYTES // size), huge_at=layout.data_offset
         )
@@ -307,7 +309,7 @@ class ChunkStoreTier(SecondaryTierManager):
 
     def _held(self, key: ChunkKey) -> bool:
         """Whether some store holds ``key``. A store that is down answers no."""
-        return self._tier_list.exists_many([key], count=True)[0]
+        return self.tiers.exists_many([key], count=True)[0]
 
     # --- stores ---------------------------------------------------------------------
 
@@ -383,7 +385,7 @@ class ChunkStoreTier(SecondaryTierManager):
                 seal_save(layout, view, address)
             data = recompress(view, "zstd") if self.compression == "zstd" else view
             writing.writes = TierWrites(1, len(data), if_absent=True)
-            self._tier_list.start_writes(writing.writes, [(address.key, data)])
+            self.tiers.start_writes(writing.writes, [(address.key, data)])
             writing.all_started()
             return writing
         except Exception:  # noqa: BLE001 - a failed store is a future miss
@@ -475,7 +477,7 @@ class ChunkStoreTier(SecondaryTierManager):
             self._reading.release()
             return None
         try:
-            load.read = self._tier_list.start_read([load.key], load.buffers, [0])
+            load.read = self.tiers.start_read([load.key], load.buffers, [0])
         except Exception:  # noqa: BLE001 - a failed load is recomputed by vLLM
             log.exception("chunkstore tier: load job %d failed", job_id)
             load.close()
@@ -486,7 +488,7 @@ class ChunkStoreTier(SecondaryTierManager):
         """The verified payload of a started load; None when no store has one. Where the
         first store has no good copy, the later stores are asked."""
         try:
-            (payload,) = self._tier_list.finish_read(
+            (payload,) = self.tiers.finish_read(
                 [load.key],
                 load.buffers,
                 load.read,
@@ -599,11 +601,11 @@ class ChunkStoreTier(SecondaryTierManager):
         self._buffers.close()
 
     def _close_stores(self) -> None:
-        for tier in self.guarded:
+        for tier in self.tiers:
             tier.close()
         for store in self.stores:
             try:
                 store.close()
             except Exception:  # noqa: BLE001 - closing is best effort at shutdown
                 log.exception("chunkstore tier: closing %s failed", store.name)
-        self.guarded, self.stores = [], []
+        self.tiers, self.stores = TierList(()), []
