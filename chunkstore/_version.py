@@ -1,1 +1,3 @@
+"""The package version, read by the build and by `chunkstore --version`."""
+
 __version__ = "0.1.0"

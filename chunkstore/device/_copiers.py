@@ -46,20 +46,6 @@ from chunkstore.format import ChunkLayout
 
 log = logging.getLogger(__name__)
 
-__all__ = [
-    "Batch",
-    "CudaCopier",
-    "CudaRuntime",
-    "DeviceCopier",
-    "Fence",
-    "HostCopier",
-    "ImageCopier",
-    "ShardMap",
-    "ShardTensor",
-    "byte_tensor",
-    "select_copier",
-]
-
 
 # --- where a rank's tensors are ------------------------------------------------------------
 

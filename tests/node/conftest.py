@@ -35,9 +35,13 @@ SLOT_SIZE = len(sample_chunks(1)[0].data)
 """The chunk size of the test conversations (what every simulated engine uses)."""
 
 
-def wait_until(condition: Callable[[], bool], what: str) -> None:
-    """Poll ``condition`` until true; fail naming ``what`` after :data:`PATIENCE_S`."""
-    deadline = time.monotonic() + PATIENCE_S
+ENGINE_START_S = 600.0
+"""How long a test waits for a vLLM engine process to start and serve its first request."""
+
+
+def wait_until(condition: Callable[[], bool], what: str, patience: float = PATIENCE_S) -> None:
+    """Poll ``condition`` until true; fail naming ``what`` after ``patience`` seconds."""
+    deadline = time.monotonic() + patience
     while not condition():
         if time.monotonic() > deadline:
             pytest.fail(f"timed out waiting for {what}")

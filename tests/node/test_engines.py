@@ -17,7 +17,7 @@ import pytest
 pytest.importorskip("vllm")
 
 from chunkstore.vllm.testing import sample_prompt_ids  # noqa: E402
-from tests.node.conftest import Child, engine_chunk_size, wait_until  # noqa: E402
+from tests.node.conftest import ENGINE_START_S, Child, engine_chunk_size, wait_until  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.vllm_kernels]
 
@@ -94,7 +94,8 @@ def test_engine_b_hits_what_engine_a_computed_and_survives_the_service(
         pause = tmp_path / "pause"
         pause.mkdir()
         engine_b = _engine(tiny_model, socket, tmp_path, "b", pause)
-        wait_until(lambda: (pause / "paused").exists(), "engine B's first request")
+        # Engine B's first request comes after its whole start-up, as slow as engine A's.
+        wait_until(lambda: (pause / "paused").exists(), "engine B's first request", ENGINE_START_S)
         host_after, tiers_after = _reads(metrics_url)
         assert tiers_after == tiers_before  # served from host memory only: no tier read
         assert host_after >= host_before + 4
