@@ -32,7 +32,7 @@ _NUMPY_NAMES = {
 }
 """Each safetensors name's numpy type name, in numpy or else in ml_dtypes."""
 _FROM_ML_DTYPES = frozenset({"BF16", "F8_E4M3", "F8_E5M2"})
-# Note: importing ml_dtypes takes about a second, so it loads on the first lookup of a type it
+# Note: importing ml_dtypes is slow, so it loads on the first lookup of a type it
 # supplies: `chunkstore --help` and `ls` never need it (tools/bench_cli_startup.py).
 _TABLE: dict[str, DType] = {}
 """The types looked up so far, by safetensors name."""
