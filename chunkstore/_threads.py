@@ -13,9 +13,8 @@ def started_executor(workers: int, prefix: str) -> ThreadPoolExecutor:
 
     The executor otherwise starts one thread per submitted task until it has
     ``workers``, so the first tasks of a burst each wait for a thread start, and
-    every new thread competes for the GIL with the submitter while it does
-    (measured on the native vLLM tier: the first chunk write began 5-10 ms after
-    its job was submitted). Parking one task per thread on a barrier makes it
+    every new thread competes for the GIL with the submitter while it does.
+    Parking one task per thread on a barrier makes it
     start them all now: no thread ends its task before all have begun, so every
     submit finds no idle thread and starts one.
     """

@@ -14,7 +14,9 @@ import sys
 import time
 from collections.abc import Callable
 
+import blake3
 import numpy as np
+import xxhash
 
 from chunkstore.format import (
     ChunkLayout,
@@ -86,6 +88,14 @@ def bench_chunk(name: str, spec: KVSpec, repeat: int, number: int) -> None:
         t = best_of(fn, repeat=repeat, number=number)
         target = f"(goal >= {goal}x)" if goal else "(no goal: the connector's path)"
         print(f"  {label:38s} {mib / 1024 / t:6.2f} GiB/s  ratio {copy / t:5.2f}x  {target}")
+    # The floor under every verified step: one XXH3-128 pass over the payload, no copy; and
+    # BLAKE3 on one thread, the checksum the format did not take (spec/FORMAT.md, §4.1).
+    for label, digest in [
+        ("XXH3-128 over the payload alone", lambda: xxhash.xxh3_128(payload).digest()),
+        ("BLAKE3, one thread, for comparison", lambda: blake3.blake3(payload).digest()),
+    ]:
+        t = best_of(digest, repeat=repeat, number=number)
+        print(f"  {label:38s} {mib / 1024 / t:6.2f} GiB/s  ratio {copy / t:5.2f}x  (no goal)")
 
 
 def vllm_default_block_hashes(tokens: list[int], block: int = 16) -> list[bytes]:

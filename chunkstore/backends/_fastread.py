@@ -321,8 +321,8 @@ class VerifiedRead:
 
     Why two steps: streaming a 2 MiB payload through the CPU cache evicts
     what the next chunk's header parse and verifier set-up touch.
-    A batch that starts a few reads before finishing any thus spends less CPU
-    per chunk, see docs/benchmarks.md, Stores.
+    A batch that starts a few reads before finishing any thus finds that work
+    still in the CPU cache.
     Meanwhile each read holds its open fd and what its first step read.
     That is the header's page, or with O_DIRECT the first block of up to 8 MiB.
 

@@ -11,7 +11,7 @@ The caller's thread is the ``workers``-th: it works through the batch too.
 Each thread takes the next item of the batch until none is left.
 A batch thus costs one hand-off per thread, not one per chunk.
 Per chunk, a future, a queue hand-off and a wake-up would cost more Python under the GIL.
-They cost more than the chunk's own bookkeeping. See docs/benchmarks.md, Stores.
+They cost more than the chunk's own bookkeeping.
 
 Results keep the order of the inputs.
 A batch always runs to its end before the call returns.

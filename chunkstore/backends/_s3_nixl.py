@@ -148,8 +148,7 @@ def _sdk_retry_env(max_attempts: int) -> Iterator[None]:
     """Bound the AWS C++ SDK's retries while NIXL builds its S3 client.
 
     NIXL's OBJ backend has no retry or timeout parameter.
-    The SDK's legacy default retries 10 times with backoff, which takes tens of seconds.
-    See docs/benchmarks.md, Stores.
+    The SDK's legacy default retries 10 times with backoff before a call fails.
     The SDK reads ``AWS_RETRY_MODE`` and ``AWS_MAX_ATTEMPTS`` when the client is built.
     They are set for that moment only, unless the user already set them.
     The process environment is shared: the lock keeps two stores from interleaving.

@@ -70,7 +70,7 @@ class PeerServerConfig:
     Without it TP ranks cannot save through it. This is for the ``shm`` plane only."""
     handle_on_io_thread: bool | None = None
     """Answer requests on the I/O thread instead of the worker pool.
-    It saves a thread hop per request, see docs/benchmarks.md, Peers.
+    It saves a thread hop per request.
     Only for stores that never block.
     ``None`` means yes for in-memory stores, of kind ``memory`` or ``host``, and no otherwise.
     A tiered store may read a disk."""

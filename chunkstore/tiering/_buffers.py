@@ -17,8 +17,8 @@ payload are asked for. The rest of the mapping is asked never to be one; it
 costs address space, not memory. The payload is then one physically contiguous
 piece per huge page. So an ``O_DIRECT`` transfer of a 2 MiB chunk reaches the
 device as one request of a few segments. Without huge pages it is 513 scattered
-pages split into three requests. That disk takes at most 254 segments a
-request; see "Native tier" in docs/benchmarks.md. vLLM's own fs tier
+pages, which a disk that limits the segments of a request splits into several;
+``tools/bench_direct_io.py`` compares the two. vLLM's own fs tier
 transfers straight from its primary region, in 4 KiB shared-memory pages. A
 tier that must copy to convert the layout anyway gets this for nothing.
 """

@@ -883,8 +883,8 @@ def _takes_o_direct(directory):
 
 @pytest.mark.parametrize(("cores", "at_once"), [(1, 1), (2, 1), (3, 2)])
 def test_conversions_leave_a_core_to_the_threads_writing(tier_env, monkeypatch, cores, at_once):
-    # With as many conversions as cores, the writes of a burst waited for a core to start
-    # (docs/benchmarks.md): one core is left to the stores' threads, where there are two.
+    # With as many conversions as cores, the writes of a burst would wait for a core to
+    # start: one core is left to the stores' threads, where there are two.
     import chunkstore.vllm.native.tier as tier_module
 
     monkeypatch.setattr(tier_module, "_cores", lambda: cores)

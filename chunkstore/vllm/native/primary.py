@@ -130,7 +130,7 @@ class PrimaryLayout:
         # are a whole number of 4 KiB pages apart: one copy of the whole 6-d view then reads
         # each row's head_dim piece from addresses 4 KiB apart, the same cache sets. Per
         # block is faster there and slower for rows 1-2 KiB apart, and the load's scatter
-        # gains nothing (docs/benchmarks.md, "Native tier").
+        # gains nothing.
         row = total_heads * 2 * head_dim * item
         self._gather_by_block = page_cls is FlashAttnLayout and row % 4096 == 0
         self._item = np.dtype(f"<u{item}")

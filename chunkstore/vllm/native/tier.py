@@ -75,7 +75,7 @@ MAX_TIER_THREADS = 256
 """Most threads one tier may run: the ``threads`` option."""
 CALLS_IN_FLIGHT = 8
 """Calls one store runs at once, reads and writes. With huge-page buffers each chunk is one
-device request, and 8 in flight beat 4 (docs/benchmarks.md, "Native tier")."""
+device request, so the disk needs several of them in flight to stay busy."""
 IDLE_BUFFER_BYTES = 256 << 20
 """Chunk buffers the tier keeps mapped between jobs, at least two per thread."""
 
@@ -92,8 +92,8 @@ def _conversions_at_once(threads: int, cores: int) -> int:
     """How many chunk conversions (gather and checksum) a tier runs at once.
 
     One fewer than ``cores``, at least one, and no more than ``threads``. The core left
-    over starts the writes that keep the disk busy. With one conversion per core, the
-    first write of a burst waited for a core (docs/benchmarks.md, "Native tier").
+    over starts the writes that keep the disk busy, so the first write of a burst does not
+    wait for a core.
     """
     return max(1, min(threads, cores - 1))
 
@@ -106,8 +106,8 @@ def _store_options(url: str, store_options: Any) -> dict[str, Any]:
     A local directory also gets ``write_mode="direct"`` unless they say otherwise.
 
     What vLLM demotes here leaves host memory because host memory is full. Writing it
-    through the page cache would only push other pages out. It is slower too, as
-    docs/benchmarks.md shows under "Native tier". vLLM's own fs tier writes with O_DIRECT too.
+    through the page cache would only push other pages out. vLLM's own fs tier writes with
+    O_DIRECT too.
     Reads still pick cached or direct per file.
     """
     options = tier_open_options(url, dict(store_options.get(url, {})))
