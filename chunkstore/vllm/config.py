@@ -107,10 +107,7 @@ class ConnectorConfig:
     metrics_port: int | None
     """Port of the chunkstore_* metrics endpoint; None means no endpoint."""
     node: str | None = None
-    """The node service's endpoint, such as ``ipc:///path``.
-
-None means the engine uses its own host cache.
-"""
+    """The node service's endpoint, such as ``ipc:///path``; None means the engine's own cache."""
 
 
 def _bool(extra: Mapping[str, Any], name: str, default: bool) -> bool:

@@ -67,7 +67,7 @@ class EngineKV:
     tp_size: int
     """Tensor-parallel size."""
     num_groups: int
-    """vLLM KV cache groups. Hybrid models have more than one."""
+    """Number of vLLM KV cache groups, more than one for hybrid models."""
     namespace_extra: str | None
     """Operator-chosen namespace string."""
 

@@ -23,7 +23,7 @@ class ChunkLoad:
     block_ids: tuple[tuple[int, ...], ...]
     """Per KV cache group, the chunk's ``blocks_per_chunk`` blocks; 0 is the null block."""
     skip_blocks: int
-    """Leading blocks of the chunk already computed on the device; they are left untouched."""
+    """Leading blocks of the chunk already computed on the device, which stay untouched."""
     is_async: bool  # set for hybrid models
     """Whether the load reports through ``get_transfer_results``, not as a sync error."""
 
@@ -37,7 +37,7 @@ class ChunkSave:
     key: ChunkKey
     """Key of the new chunk."""
     parent: bytes
-    """Parent digest. For the first chunk it is the namespace root."""
+    """Parent digest: the previous chunk's key, or the namespace root for the first chunk."""
     tokens: tuple[int, ...]
     """The ``chunk_tokens`` tokens the chunk covers."""
     block_ids: tuple[tuple[int, ...], ...]

@@ -81,10 +81,8 @@ class ChunkStoreScheduler:
         self._loads: dict[str, list[ChunkLoad]] = {}
         self.stats = Counters()
         self.events: ConnectorEvents | None = None
-        """Events to tell which vLLM blocks each saved or prefetched chunk stands for.
-
-        It is set when KV events are on.
-        """
+        """The KV events, told which vLLM blocks each saved or prefetched chunk stands for."""
+        # None unless KV events are on.
 
     # --- keys ------------------------------------------------------------------
 

@@ -71,12 +71,10 @@ class _PendingLoad(_Pending):
     """Asynchronous loads to report finished once the copies are complete."""
     failed_reqs: set[str]
     """Asynchronous loads to report failed once the copies are complete."""
+    # A node service can take its pins back. Each check runs once the copies are complete, and
+    # a failed check fails its load.
     checks: list[tuple[ChunkLoad, Callable[[], bool]]]
-    """Loads whose host bytes the store may take back during the copy, with their checks.
-
-    A node service's pins can be taken back. Each check runs once the copies
-    are complete. A failed check fails its load.
-    """
+    """Loads whose host bytes the store may take back during the copy, with their checks."""
 
     @property
     def checks_sync_loads(self) -> bool:

@@ -38,7 +38,7 @@ from chunkstore.vllm.layouts import FlashAttnLayout, FlashInferHNDLayout, PagedK
 __all__ = ["PrimaryLayout", "TORCH_DTYPES"]
 
 TORCH_DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32}
-"""Chunk dtypes the tier converts, as a primary page of an attention layer holds them."""
+"""Chunk dtypes the tier converts: those a primary page of an attention layer holds."""
 
 _PAGE_LAYOUTS: dict[str, type[PagedKVLayout]] = {
     "LBNHC": FlashAttnLayout,

@@ -253,10 +253,8 @@ class ChunkStoreTier(SecondaryTierManager):
         self._loads: dict[int, tuple[str, list[ChunkKey]]] = {}
         self._stores: dict[int, tuple[str, list[ChunkKey]]] = {}
         self.events: TierEvents | None = None
-        """BlockStored events of finished store jobs, or None.
-
-        It is set only when ``enable_kv_events`` and vLLM's KV events are both on.
-        """
+        """BlockStored events of finished store jobs, or None when events are off."""
+        # Set only when enable_kv_events and vLLM's KV events are both on.
         if (
             options.get("enable_kv_events")
             and offloading_spec.kv_events_config.enable_kv_cache_events
@@ -265,7 +263,7 @@ class ChunkStoreTier(SecondaryTierManager):
         self._finished: deque[JobResult] = deque()
         self._verdicts: dict[str, dict[ChunkKey, bool | Future[bool]]] = {}
         self.corrupt = 0
-        """Chunks that failed verification on load; their loads fail."""
+        """Number of chunks that failed verification on load."""
         log.info(
             "chunkstore tier: model %s, %d-token chunks, stores %s",
             self.engine.spec.model_id,
