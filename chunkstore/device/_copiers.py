@@ -574,9 +574,8 @@ def select_copier(device: torch.device | str, runtime: CudaRuntime | None = None
 
     CPU gets a :class:`HostCopier` and CUDA a :class:`CudaCopier`. Other
     devices, such as XPU and HPU, get an :class:`ImageCopier`. Tests pass
-    ``runtime`` to replace the torch.cuda calls. Raises
-    :class:`~chunkstore.errors.ConfigError` for CUDA when torch sees no CUDA
-    device.
+    ``runtime`` to replace the torch.cuda calls. Without ``runtime``, a CUDA
+    device that torch cannot see raises :class:`~chunkstore.errors.ConfigError`.
     """
     device = torch.device(device)
     if device.type == "cpu":

@@ -88,7 +88,7 @@ def run_tiered_demo(
     turns: int = 4,
     policy: str = DEFAULT_POLICY,
 ) -> TieredDemoReport:
-    """Run the workload with ``host_chunks`` of host memory before the store at ``store_url``."""
+    """Run the workload: ``host_chunks`` of host memory in front of the store at ``store_url``."""
     layout = ChunkLayout(TIERED_DEMO_SPEC)
     step = TIERED_DEMO_SPEC.chunk_tokens
     root = namespace_root(layout.fingerprint, extra={"demo": "tiered"})

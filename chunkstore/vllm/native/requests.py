@@ -108,7 +108,7 @@ class RequestKeys:
         self._block_hash_of = block_hash_of
         self._requests: dict[str, _Tracked] = {}
         self.unmatched = 0
-        """Offload keys not tied to tokens, which become misses or skipped stores."""
+        """Number of offload keys not tied to tokens; each became a miss or a skipped store."""
 
     def track(self, req_id: str, request: Any) -> None:
         """Remember the vLLM ``Request`` ``request`` until :meth:`forget`."""
