@@ -1,10 +1,10 @@
-"""Chunk payloads between an engine's device memory and host buffers, with torch.
+"""Torch copiers that move chunk payloads between device memory and host buffers.
 
-:func:`select_copier` picks a :class:`DeviceCopier` from the KV cache's device:
-:class:`HostCopier` on CPU, :class:`CudaCopier` on CUDA (a side stream and events),
-:class:`ImageCopier` on any other device. :class:`ShardMap` says which bytes of each
-chunk a tensor-parallel rank holds. Nothing here is about one engine: an adapter
-converts its own KV layout and hands these copiers the canonical tensors.
+:func:`select_copier` picks a :class:`DeviceCopier` from the KV cache's device.
+CPU gets a :class:`HostCopier` and CUDA a :class:`CudaCopier`. Any other
+device gets an :class:`ImageCopier`. :class:`ShardMap` says which bytes of each
+chunk a tensor-parallel rank holds. Nothing here serves one engine alone. An
+adapter converts its own KV layout and hands the copiers canonical tensors.
 """
 
 from chunkstore.device._copiers import (

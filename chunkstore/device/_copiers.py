@@ -1,32 +1,30 @@
-"""Device <-> host copies of chunk payloads: plain copies on CPU, a side stream on CUDA.
+"""Copiers that move chunk payloads between device and host memory.
 
-An engine's worker converts between its paged KV cache and a chunk's canonical
-tensors; for vLLM, :mod:`chunkstore.vllm.layouts` does. This module only decides
-*where* those canonical tensors live, and how their bytes reach host memory.
+An engine's worker converts its paged KV cache to a chunk's canonical tensors.
+For vLLM, :mod:`chunkstore.vllm.layouts` does that. This module decides where
+those tensors live and how their bytes reach host memory.
 
-* :class:`HostCopier` is for a KV cache on the CPU. The canonical tensors are
-  views straight into the host chunk buffers. So the layout conversion is the
-  only copy, and every transfer is complete when the ``with`` block ends.
-* :class:`ImageCopier` is for any other torch device. The canonical tensors
-  live in a device *image*: the rank's byte ranges of each chunk, packed. The
-  bytes move between the image and the host buffers with one copy per
-  contiguous run. At TP=1 that is one per chunk. The copies block. This is the
-  fallback for devices without a specialised copier.
-* :class:`CudaCopier` uses the same images. But conversion kernels and copies
-  run on a dedicated side stream. On saves, the side stream waits for the
-  forward pass and gathers into the image. The compute stream then waits only
-  for that device-to-device gather before its next kernels may overwrite the
-  blocks. The device -> host copy overlaps the next forward pass. On loads,
-  the host -> device copy and the scatter run on the side stream. The compute
-  stream waits on an event, with no CPU stall. Some host buffers are pinned,
-  because the host pool registers itself with ``cudaHostRegister``. Those are
-  copied to and from directly with ``non_blocking=True``. Others go through a
-  pinned staging buffer. Completion is an event the worker polls, through
-  :meth:`Fence.poll`.
+* :class:`HostCopier` serves a KV cache on the CPU. Its canonical tensors are
+  views into the host chunk buffers. The layout conversion is the only copy.
+  Every transfer is complete when the ``with`` block ends.
+* :class:`ImageCopier` serves any other torch device. Its canonical tensors
+  live in a device *image*: the rank's byte ranges of each chunk, packed.
+  Each contiguous run is one copy between image and host buffer. At TP=1 a
+  chunk is one run. The copies block. Devices without their own copier get
+  this one.
+* :class:`CudaCopier` uses the same images. Its kernels and copies run on a
+  side stream. On saves, the side stream waits for the forward pass. It then
+  gathers the blocks into the image. The compute stream waits only for that
+  gather before it may overwrite the blocks. The copy to host overlaps the
+  next forward pass. On loads, the copy to device and the scatter run on the
+  side stream. The compute stream waits on an event; the CPU does not stall.
+  The host pool pins its buffers with ``cudaHostRegister``. Pinned buffers
+  are copied directly with ``non_blocking=True``. Other buffers go through a
+  pinned staging buffer. The worker polls completion with :meth:`Fence.poll`.
 
-:func:`select_copier` picks one from the KV cache's device. The CUDA calls go
-through :class:`CudaRuntime`, so tests run :class:`CudaCopier` on CPU tensors
-with a stand-in runtime.
+:func:`select_copier` picks a copier from the KV cache's device. All CUDA calls
+go through :class:`CudaRuntime`. Tests replace it to run :class:`CudaCopier`
+on CPU tensors.
 """
 
 from __future__ import annotations
@@ -63,22 +61,22 @@ class ShardTensor:
     nbytes: int
     """Size in bytes."""
     shape: tuple[int, ...]
-    """Shape of the rank's part (its heads only for split tensors)."""
+    """Shape of the rank's part."""
 
 
 @dataclass(frozen=True, slots=True)
 class ShardMap:
-    """A rank's tensors inside a chunk payload and inside a packed image of just those bytes.
+    """Where a rank's tensors lie in a chunk payload and in a packed image.
 
-    ``runs`` are the contiguous ``(payload_offset, image_offset, length)``
-    pieces a transfer copies. At TP=1 there is one, the whole payload. At TP>1
-    there are two per layer, its K and V heads.
+    The packed image holds only the rank's bytes. ``runs`` lists the
+    contiguous pieces a transfer copies. At TP=1 the one run is the whole
+    payload. At TP>1 each layer has two runs: its K heads and its V heads.
     """
 
     tensors: tuple[ShardTensor, ...]
     """The rank's tensors, in payload order."""
     runs: tuple[tuple[int, int, int], ...]
-    """Merged contiguous pieces (payload offset, image offset, length)."""
+    """Contiguous pieces as ``(payload_offset, image_offset, length)``."""
     image_size: int
     """Bytes of a packed image: the sum of the rank's parts."""
     payload_size: int
@@ -86,11 +84,12 @@ class ShardMap:
 
     @classmethod
     def build(cls, layout: ChunkLayout, rank: int, tp: int, *, for_write: bool) -> ShardMap:
-        """The tensors rank ``rank`` of ``tp`` reads (``for_write=False``) or writes.
+        """The map of tensors that rank ``rank`` of ``tp`` reads or writes.
 
-        Writers skip replicated heads they do not own. They also skip unsplit
-        tensors such as MLA latents, unless they are rank 0. This is exactly as
-        :meth:`ChunkLayout.rank_ranges` does.
+        ``for_write`` selects the tensors the rank writes. Writers skip
+        replicated heads they do not own. Only rank 0 writes unsplit tensors,
+        such as MLA latents. :meth:`ChunkLayout.rank_ranges` follows the same
+        rules.
         """
         tensors: list[ShardTensor] = []
         runs: list[tuple[int, int, int]] = []
@@ -108,7 +107,7 @@ class ShardMap:
     def views(
         self, flat: torch.Tensor, dtype: torch.dtype, *, image: bool
     ) -> dict[str, torch.Tensor]:
-        """Typed views of every tensor inside ``flat`` (uint8): a packed image or a payload."""
+        """Typed views of every tensor in ``flat``, a uint8 image or payload."""
         out = {}
         for t in self.tensors:
             start = t.image_offset if image else t.payload_offset
@@ -120,10 +119,13 @@ class ShardMap:
 
 
 class Fence:
-    """Completion of one batch of copies. :meth:`poll` until true, or :meth:`wait`."""
+    """Completion of one batch of copies.
+
+    Call :meth:`poll` until it returns true, or call :meth:`wait`.
+    """
 
     def poll(self) -> bool:
-        """Whether the copies are complete (and any host-side finishing step has run)."""
+        """Whether the copies and any host-side finishing step are complete."""
         raise NotImplementedError
 
     def wait(self) -> None:
@@ -132,12 +134,15 @@ class Fence:
 
     @property
     def seconds(self) -> float | None:
-        """Time the copies took once complete (device time when measured on the device)."""
+        """Seconds the copies took, or None until they complete.
+
+        The time is device time when the device measured it.
+        """
         raise NotImplementedError
 
 
 class DoneFence(Fence):
-    """Copies that completed before the fence was made (CPU, blocking copies)."""
+    """Copies that completed before the fence was made."""
 
     def __init__(self, seconds: float) -> None:
         self._seconds = seconds
@@ -154,10 +159,11 @@ class DoneFence(Fence):
 
 
 class EventFence(Fence):
-    """Copies that complete when a device event does; holds their buffers until then.
+    """Copies that complete with a device event.
 
-    ``finish`` runs once on the host after the event (staging buffer -> host
-    chunk buffer for saves into unpinned memory).
+    The fence holds the copies' buffers until the event completes. Then
+    ``finish`` runs once on the host. Saves into unpinned memory use it to
+    copy the staging buffer into the host chunk buffer.
     """
 
     def __init__(
@@ -205,8 +211,7 @@ class Batch:
     """One step's chunks on their way between host buffers and the device."""
 
     views: list[dict[str, torch.Tensor]]
-    """Per chunk, tensor name -> the rank's part on the device (fill it for saves, read it
-    for loads)."""
+    """Per chunk, a map from tensor name to the rank's part on the device."""
     nbytes: int
     """Bytes moved between device and host by this batch."""
     fence: Fence | None = None
@@ -214,14 +219,17 @@ class Batch:
     keep: list[Any] = field(default_factory=list)
     """Buffers the copies read or write; the fence holds them until complete."""
     start: Any = None
-    """Device event recorded before the copies (CUDA timing), or None."""
+    """Device event recorded before the copies, or None."""
 
 
 # --- copiers ------------------------------------------------------------------------------
 
 
 def byte_tensor(buffer: Any) -> torch.Tensor:
-    """A uint8 tensor over a host buffer (no copy; read-only buffers are fine for reads)."""
+    """A uint8 tensor over a host buffer, without a copy.
+
+    A read-only buffer is fine for loads.
+    """
     with warnings.catch_warnings():
         # Host chunks are read-only bytes on loads; torch only warns about it.
         warnings.simplefilter("ignore", UserWarning)
@@ -229,11 +237,11 @@ def byte_tensor(buffer: Any) -> torch.Tensor:
 
 
 class DeviceCopier:
-    """Moves chunk payloads between host buffers and a device. See the module docstring.
+    """Moves chunk payloads between host buffers and a device.
 
-    ``saving`` / ``loading`` are context managers: run the layout conversion
-    inside the block (it is placed on the copier's stream), read
-    ``batch.fence`` after it.
+    :meth:`saving` and :meth:`loading` are context managers. Run the layout
+    conversion inside the block; it then runs on the copier's stream. Read
+    ``batch.fence`` after the block.
     """
 
     name = "abstract"
@@ -246,29 +254,30 @@ class DeviceCopier:
     def saving(
         self, payloads: Sequence[Any], shard: ShardMap, dtype: torch.dtype
     ) -> contextlib.AbstractContextManager[Batch]:
-        """Device tensors to fill with each chunk's rank part; copied into ``payloads`` after.
+        """Yield device tensors to fill; copy them into ``payloads`` after the block.
 
-        ``payloads`` are writable host buffers of ``shard.payload_size`` bytes
-        (the payload part of a chunk buffer). They must stay alive until the
-        fence completes.
+        Each payload is a writable host buffer of ``shard.payload_size`` bytes.
+        It is the payload part of a chunk buffer. The caller keeps the buffers
+        alive until the fence completes.
         """
         raise NotImplementedError
 
     def loading(
         self, payloads: Sequence[Any], shard: ShardMap, dtype: torch.dtype, *, block_compute: bool
     ) -> contextlib.AbstractContextManager[Batch]:
-        """Device tensors holding each chunk's rank part, copied from ``payloads``.
+        """Yield device tensors that hold each chunk's rank part from ``payloads``.
 
-        With ``block_compute`` the next forward pass waits for the block's
-        work (synchronous loads); without it, the caller must not let the engine use
-        the blocks before ``batch.fence`` completes.
+        With ``block_compute``, the next forward pass waits for this work.
+        Without it, the caller keeps the engine off the blocks until
+        ``batch.fence`` completes.
         """
         raise NotImplementedError
 
     def settle(self) -> None:
-        """Wait for device work a batch issued that no fence covers (one that failed part-way).
+        """Wait for device work that no fence covers, such as a failed batch's.
 
-        Host and image copiers complete every copy before they return: nothing to wait for.
+        Host and image copiers finish every copy before they return. For them
+        this does nothing.
         """
 
     def __repr__(self) -> str:
@@ -276,7 +285,10 @@ class DeviceCopier:
 
 
 class HostCopier(DeviceCopier):
-    """KV cache in host memory: canonical tensors are views of the chunk buffers themselves."""
+    """Copier for a KV cache in host memory.
+
+    Its canonical tensors are views of the chunk buffers.
+    """
 
     name = "host"
 
@@ -309,7 +321,7 @@ class HostCopier(DeviceCopier):
 
 
 class ImageCopier(DeviceCopier):
-    """Any torch device: packed device images, blocking copies run by run."""
+    """Copier for any torch device, with blocking copies through device images."""
 
     name = "image"
 
@@ -319,7 +331,7 @@ class ImageCopier(DeviceCopier):
     # Hooks the CUDA copier overrides; here: no streams, copies complete on return.
 
     def _on_side(self) -> contextlib.AbstractContextManager[Any]:
-        """Context in which conversion and copies run; yields the compute stream (or None)."""
+        """Context for conversion and copies; yields the compute stream or None."""
         return contextlib.nullcontext()
 
     def _empty_image(self, n: int, size: int) -> torch.Tensor:
@@ -388,7 +400,10 @@ class ImageCopier(DeviceCopier):
 
 
 class CudaRuntime:
-    """The torch.cuda calls :class:`CudaCopier` makes, in one place (tests substitute it)."""
+    """The torch.cuda calls that :class:`CudaCopier` makes.
+
+    Tests substitute a stand-in.
+    """
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
@@ -418,7 +433,10 @@ class CudaRuntime:
 
 
 class CudaCopier(ImageCopier):
-    """CUDA: a side stream, pinned host memory, ``non_blocking`` copies, events the worker polls."""
+    """Copier for CUDA, with a side stream and ``non_blocking`` copies.
+
+    The worker polls an event for each batch.
+    """
 
     name = "cuda"
 
@@ -431,12 +449,12 @@ class CudaCopier(ImageCopier):
         """The side stream all conversion kernels and copies run on."""
         self.timing = timing
         self.staged_batches = 0
-        """Batches that went through a pinned staging buffer, for unpinned host memory."""
+        """Number of batches copied through a pinned staging buffer."""
         self._warned_unpinned = False
 
     def index(self, values: Sequence[int]) -> torch.Tensor:
-        # A pageable host tensor would make the copy synchronise the stream (and so wait for
-        # the forward pass); from pinned memory it is queued like any other copy.
+        # A copy from pageable memory would synchronise the stream and wait for the forward
+        # pass. A copy from pinned memory is queued like any other.
         host = self.runtime.pin(torch.tensor(list(values), dtype=torch.long))
         return host.to(self.device, non_blocking=True)
 
@@ -538,10 +556,12 @@ class CudaCopier(ImageCopier):
 
 
 def select_copier(device: torch.device | str, runtime: CudaRuntime | None = None) -> DeviceCopier:
-    """The copier for a KV cache on ``device``: host views on CPU, side stream on CUDA.
+    """The copier for a KV cache on ``device``.
 
-    Other devices, such as XPU and HPU, get blocking copies through device images.
-    ``runtime`` replaces the torch.cuda calls, for tests.
+    CPU gets a :class:`HostCopier` and CUDA a :class:`CudaCopier`. Other
+    devices, such as XPU and HPU, get an :class:`ImageCopier`. Tests pass
+    ``runtime`` to replace the torch.cuda calls. Without ``runtime``, a CUDA
+    device that torch cannot see raises :class:`~chunkstore.errors.ConfigError`.
     """
     device = torch.device(device)
     if device.type == "cpu":

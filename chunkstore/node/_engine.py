@@ -1,13 +1,13 @@
-"""An engine's cache when it attaches to its machine's node service.
+"""Engine caches kept in the machine's node service: NodeCache and NodeRankCache.
 
 :class:`NodeCache` answers the scheduler and the worker as
-:class:`~chunkstore.tiering.ProcessCache` does. But host memory is the node
-service's, from ``chunkstore serve --node``. Lookups and leases go over its
-unix socket. Chunk bytes are copied straight between the device and the
+:class:`~chunkstore.tiering.ProcessCache` does. But the node service owns the
+host memory. ``chunkstore serve --node`` runs that service. Lookups and leases
+go over its unix socket. Chunk bytes move straight between the device and the
 service's shared pool. The service owns the policy, the tiers and the
-write-behind. So this store has no tiers of its own and nothing to flush.
+write-behind. So this store has no tiers and nothing to flush.
 
-When the service is down every lookup is a miss and every save is dropped.
+While the service is down, lookups miss and saves are dropped.
 The engine recomputes and keeps serving. It attaches again once the service
 is back; see :class:`~chunkstore.node.NodeClient`.
 """
@@ -41,16 +41,16 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class NodeSlot:
-    """A slot of the node service's pool, reserved for one chunk this engine saves."""
+    """A pool slot reserved for one chunk this engine saves."""
 
     view: memoryview
     """The whole writable slot in this process's mapping of the pool."""
     reservation: NodeReservation
-    """The service's reservation (committed or aborted by the store)."""
+    """The service's reservation, which the store commits or aborts."""
 
 
 class _NodeHostView:
-    """The node's host memory as the scheduler asks it (``contains``)."""
+    """The node's host memory as the scheduler queries it."""
 
     def __init__(self, client: NodeClient) -> None:
         self._client = client
@@ -60,7 +60,9 @@ class _NodeHostView:
 
 
 class NodeCache:
-    """Host memory of the node service, as an engine adapter uses it. Thread-safe.
+    """The node service's host memory, for an engine adapter.
+
+    The class is thread-safe.
 
     Raises :class:`~chunkstore.node.NodeRefused` when the service refuses this
     engine's model or chunk size. Its message is one line naming both sides. A
@@ -68,7 +70,7 @@ class NodeCache:
     """
 
     tiers: Sequence[Store] = ()
-    """None of its own: the service's tiers stand behind its host memory."""
+    """No tiers of its own; the service's tiers stand behind its host memory."""
     tiers_are_fast = True
 
     def __init__(self, endpoint: str, *, layout: ChunkLayout, client_name: str | None = None):
@@ -89,23 +91,26 @@ class NodeCache:
         self.host = _NodeHostView(self.client)
         self.closed = False
         self._reads: dict[int, NodeRead] = {}
-        """The open reads of :meth:`read_host`, by the identity of the view they yielded (it
-        stays alive while its read is open, so the identity is not reused meanwhile)."""
+        """The open reads of :meth:`read_host`, keyed by the identity of the view they yielded."""
+        # The view stays alive while its read is open, so its identity is not reused.
         self._reads_lock = threading.Lock()
 
     # --- lookups ---------------------------------------------------------------------
 
     def host_run(self, keys: Sequence[ChunkKey], start: int = 0) -> int:
-        """Index one past the last of the consecutive keys from ``start`` the node holds (in
-        host memory, or in its tiers: it promotes them when they are read)."""
+        """The end of the run of keys from ``start`` that the node holds.
+
+        A key may be in host memory or in the node's tiers. Reads promote keys
+        from its tiers.
+        """
         return start + self.client.lookup(list(keys[start:]))
 
     def tier_prefix(self, keys: Sequence[ChunkKey]) -> int:
-        """Nothing beyond the node: it looked in its tiers already."""
+        """Return 0: the node looked in its tiers already."""
         return 0
 
     def submit_prefetch(self, keys: Sequence[ChunkKey]) -> Future[PrefetchResult]:
-        """Nothing to prefetch here. Never asked, as there are no tiers of our own."""
+        """Prefetch nothing; with no tiers of our own, nobody asks."""
         done: Future[PrefetchResult] = Future()
         done.set_result(PrefetchResult())
         return done
@@ -114,7 +119,7 @@ class NodeCache:
 
     @contextmanager
     def read_host(self, key: ChunkKey) -> Iterator[Any | None]:
-        """The chunk's bytes in the node's pool, pinned by the service meanwhile."""
+        """The chunk's bytes in the node's pool, which the service pins meanwhile."""
         read: NodeRead = self.client.acquire([key])
         view = read.views[0]
         if view is not None:
@@ -129,10 +134,12 @@ class NodeCache:
             self.client.release(read)
 
     def read_check(self, data: Any) -> Callable[[], bool] | None:
-        """Whether the slot ``data`` lies in still held the leased chunk. The service holds
-        the pins for us. It takes them back when our session ends, as on a dropped
-        connection or a restarted service. After that the slot may be reused under a copy
-        in flight."""
+        """Whether the slot under ``data`` still held the leased chunk.
+
+        The service holds the pins for us. It takes them back when our session
+        ends. A dropped connection or a restarted service ends it. The slot may
+        then be reused under a copy in flight.
+        """
         with self._reads_lock:
             read = self._reads.get(id(data))
         if read is None:
@@ -140,14 +147,17 @@ class NodeCache:
         return functools.partial(self.client.still_valid, read, 0)
 
     def save_slot(self, save: ChunkIdentity) -> SaveSlot | None:
-        """A slot of the node's pool for the chunk, or None: the node holds it already, has
-        no room, or is down (the save is dropped; a later request recomputes)."""
+        """A slot of the node's pool for the chunk, or None.
+
+        The node may hold the chunk already, have no room or be down. The save
+        is then dropped. A later request recomputes the chunk.
+        """
         reservation = self.client.reserve([save.key])
         view = reservation.views[0]
         return NodeSlot(view, reservation) if view is not None else None
 
     def save_done(self, save: ChunkIdentity, slot: SaveSlot) -> None:
-        """Seal the chunk in its slot and commit it: the node checks and publishes it."""
+        """Seal the chunk in its slot and commit it; the node checks and publishes it."""
         assert isinstance(slot, NodeSlot)
         seal_save(self.layout, slot.view, save)
         self.client.commit(slot.reservation, [self.layout.total_size])
@@ -158,14 +168,14 @@ class NodeCache:
         self.client.abort(slot.reservation)
 
     def drop(self, key: ChunkKey) -> None:
-        """Forget a chunk that failed to load. The node deletes it from host memory."""
+        """Forget a chunk that failed to load; the node deletes it."""
         self.client.delete([key])
 
     def flush(self, timeout: float | None = None) -> None:
-        """Nothing: the node writes behind to its tiers itself."""
+        """Return at once: the node writes behind itself."""
 
     def reset_host(self) -> None:
-        """Nothing: the node's host memory is every engine's; one engine does not clear it."""
+        """Do nothing: the node's host memory serves every engine."""
 
     def close(self) -> None:
         if self.closed:
@@ -175,16 +185,16 @@ class NodeCache:
 
 
 class NodeRankCache(NodeCache):
-    """A TP rank's side of an engine attached to a node service, for TP > 1.
+    """A TP rank's side of an engine on a node service, at TP > 1.
 
     Every rank process attaches on its own. A save reserves the chunk as this
-    rank's part, a :class:`~chunkstore.node.RankShare`. The ranks of the engine
-    get one shared slot, and each writes its heads there. The service seals and
-    publishes the chunk when the last part is committed. It needs the model's
-    ``--spec`` for that. ``engine`` names the engine, the same on every rank. In
-    vLLM that is ``kv_transfer_config.engine_id``. The service combines parts of
-    one engine only. Loads read the rank's heads from the slot the service pins
-    for it.
+    rank's part, a :class:`~chunkstore.node.RankShare`. The engine's ranks get
+    one shared slot. Each writes its heads there. The service seals and
+    publishes the chunk once the last part is committed. For that it needs the
+    model's ``--spec``. ``engine`` names the engine, the same on every rank.
+    In vLLM it is ``kv_transfer_config.engine_id``. The service combines parts
+    of one engine only. On loads, the service pins a slot. The rank reads its
+    heads from it.
     """
 
     def __init__(
@@ -201,23 +211,29 @@ class NodeRankCache(NodeCache):
         self.rank = rank
         self.tp = tp
         self.engine = engine_identity(engine)
-        """The engine's identity on the wire. It is the same on all its ranks."""
+        """The engine's identity on the wire, the same on all its ranks."""
 
     def save_slot(self, save: ChunkIdentity) -> SaveSlot | None:
-        """This rank's share of the chunk's shared slot, or None (held already, no room,
-        the service cannot assemble TP chunks, or it is down)."""
+        """This rank's share of the chunk's shared slot, or None.
+
+        The chunk may be held already, or there is no room. Or the service is
+        down, or cannot assemble TP chunks.
+        """
         share = RankShare(self.rank, self.tp, [save.parent], [save.tokens], self.engine)
         reservation = self.client.reserve([save.key], part=share)
         view = reservation.views[0]
         return NodeSlot(view, reservation) if view is not None else None
 
     def save_done(self, save: ChunkIdentity, slot: SaveSlot) -> None:
-        """This rank's heads are in place; the service seals the chunk after the last part."""
+        """Mark this rank's heads in place.
+
+        The service seals the chunk after the last part.
+        """
         assert isinstance(slot, NodeSlot)
         self.client.commit(slot.reservation, [self.layout.total_size])
 
     def drop(self, key: ChunkKey) -> None:
-        """Nothing: the scheduler's side decides what the node forgets."""
+        """Do nothing: the scheduler's side decides what the node forgets."""
 
 
 def _unknown_read() -> bool:

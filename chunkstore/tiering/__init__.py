@@ -4,11 +4,11 @@
   :class:`~chunkstore.backends.Store`. It does write-behind, promotion, prefetch
   and tier fail-over.
 * :class:`TierList`: the ordered, guarded tiers. It has the one read loop and
-  the one write fan-out. ``TieredStore`` and an engine's own tier both use
-  them, such as the vLLM native tier.
+  the one write fan-out. ``TieredStore`` uses it. So does an engine's own
+  tier, such as the vLLM native tier.
 * :class:`GuardedTier`: one tier's calls, with a timeout and a back-off.
-* :class:`ChunkBuffers`: reusable page-aligned chunk buffers, on huge pages where
-  the kernel offers them, for an engine tier's jobs.
+* :class:`ChunkBuffers`: reusable page-aligned chunk buffers for an engine
+  tier's jobs. They use huge pages where the kernel offers them.
 * :class:`EngineCache`: what an engine's workers save into and load from.
   :class:`ProcessCache` is this process's host cache in front of the tiers.
   :class:`RankCache` is a TP rank's part of a shared host pool.
@@ -37,8 +37,8 @@ if TYPE_CHECKING:
     from chunkstore.tiering._tiered import TieredHealth, TieredStats, TieredStore, TierStats
     from chunkstore.tiering._tierlist import TierList, TierRead, TierWrites
 
-# Note: the tiered store pulls in numpy, the backends and prometheus_client; it loads on
-# first use, as the host cache does.
+# The tiered store pulls in numpy, the backends and prometheus_client. So it loads on first
+# use, as the host cache does.
 _LAZY = {
     **{
         name: "chunkstore.tiering._engine"

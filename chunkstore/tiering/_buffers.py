@@ -1,26 +1,26 @@
 """Reusable page-aligned chunk buffers for an engine tier's store and load jobs.
 
-A fresh 2 MiB ``bytearray`` per chunk costs a zero fill and a page fault per
-4 KiB page on first touch, on every job. These buffers are mapped once and
+A fresh ``bytearray`` per chunk costs a zero fill on every job. It also costs
+a page fault per page on first touch. These buffers are mapped once and
 reused. A new one is mapped private and populated in the same call. The kernel
-fills its pages in one pass instead of one fault each. Being page-aligned, they
-let the filesystem store read them with ``O_DIRECT`` where it reads around the
-page cache. A buffer goes back to the free list only once nothing uses it any
-more. A store call that timed out still runs and may still read or write its
-buffers. So those are released when the abandoned call ends, through
-:meth:`ChunkBuffers.release_after`.
+then fills its pages in one pass, not one fault each. The buffers are
+page-aligned. So the filesystem store can read them with ``O_DIRECT`` when it
+reads around the page cache. A buffer goes back to the free list only once
+nothing uses it. A store call that timed out still runs. It may still read or
+write its buffers. :meth:`ChunkBuffers.release_after` releases those buffers
+when the abandoned call ends.
 
-The kernel may offer transparent huge pages, in ``madvise`` mode or ``always``.
-Then a buffer of at least one huge page is placed so that a chosen offset in it
-starts a huge page. That offset is the chunk's payload. The huge pages under the
-payload are asked for. The rest of the mapping is asked never to be one; it
-costs address space, not memory. The payload is then one physically contiguous
-piece per huge page. So an ``O_DIRECT`` transfer of a 2 MiB chunk reaches the
-device as one request of a few segments. Without huge pages it is 513 scattered
-pages, which a disk that limits the segments of a request splits into several;
+The kernel may offer transparent huge pages, in ``madvise`` or ``always``
+mode. Then a buffer of at least one huge page is placed so that a chosen
+offset starts a huge page. That offset is the chunk's payload. The buffer asks
+for huge pages under the payload. It asks that the rest of the mapping never
+be one. That costs address space, not memory. The payload is then one
+physically contiguous piece per huge page. An ``O_DIRECT`` transfer of a chunk
+thus reaches the device as one request of a few segments. Without huge pages,
+it is many scattered pages over several requests;
 ``tools/bench_direct_io.py`` compares the two. vLLM's own fs tier
-transfers straight from its primary region, in 4 KiB shared-memory pages. A
-tier that must copy to convert the layout anyway gets this for nothing.
+transfers straight from its primary region, in shared-memory pages. A tier
+that must copy to convert the layout gets huge pages at no extra cost.
 """
 
 from __future__ import annotations
@@ -36,20 +36,21 @@ from chunkstore._hugepages import PAGE, huge_page_size, map_huge_aligned, unregi
 __all__ = ["PAGE", "ChunkBuffers", "huge_page_size"]
 
 _NEW_BUFFER_FLAGS = mmap.MAP_PRIVATE | getattr(mmap, "MAP_POPULATE", 0)
-"""Private, with no shared-memory file behind the pages, and populated at mapping time."""
+"""Mapping flags: private, with no shared-memory file behind it, populated at once."""
+# Linux >= 5.14 has it; Python 3.11 has no name for it.
 _MADV_POPULATE_WRITE = 23
-"""Linux >= 5.14: fault a range in, writable, in one call. Python 3.11 has no name for it."""
+"""``madvise`` advice that faults a range in, writable, in one call."""
 
 
 class ChunkBuffers:
-    """A free list of page-aligned buffers of ``size`` bytes, keeping at most ``keep`` idle."""
+    """A free list of page-aligned buffers of ``size`` bytes, with at most ``keep`` idle."""
 
     def __init__(self, size: int, keep: int, huge_at: int = 0) -> None:
         self.size = -(-size // PAGE) * PAGE
-        """Bytes per buffer (a whole number of pages)."""
+        """Bytes per buffer, a whole number of pages."""
         self._keep = keep
         self._huge_at = huge_at
-        """Offset in each buffer that starts a huge page (where huge pages are used)."""
+        """Offset in each buffer that starts a huge page, where huge pages are used."""
         huge = huge_page_size()
         self._huge = huge if huge is not None and self.size - huge_at >= huge else None
         self._free: list[memoryview] = []
@@ -58,8 +59,8 @@ class ChunkBuffers:
 
     @property
     def huge_pages(self) -> bool:
-        """Whether new buffers ask for huge pages from ``huge_at`` on (see the module
-        docstring; what the kernel gave shows in /proc/meminfo's ``AnonHugePages``)."""
+        """Whether new buffers ask for huge pages from ``huge_at`` on."""
+        # What the kernel gave shows in /proc/meminfo's AnonHugePages.
         return self._huge is not None
 
     def take(self, count: int) -> list[memoryview]:
@@ -72,8 +73,9 @@ class ChunkBuffers:
     def reserve(self, count: int) -> None:
         """Map idle buffers now, up to ``count`` and ``keep`` of them.
 
-        The first jobs then map none: threads that map their first buffers at once delay
-        the first chunk."""
+        The first jobs then map none. Threads that all map their first buffers
+        at once would delay the first chunk.
+        """
         with self._lock:
             wanted = min(count, self._keep) - len(self._free)
         if wanted > 0:
@@ -86,8 +88,8 @@ class ChunkBuffers:
         huge = self._huge
         if huge is None:
             return memoryview(mmap.mmap(-1, self.size, flags=_NEW_BUFFER_FLAGS))
-        # Populated only once the huge pages are asked for (map_huge_aligned did): a 4 KiB
-        # page faulted in first would keep its huge page from forming.
+        # Populate only after map_huge_aligned asked for the huge pages. A small page faulted
+        # in first would keep its huge page from forming.
         mapping, start = map_huge_aligned(self.size, self._huge_at, huge)
         try:
             _populate(mapping, start, self.size)
@@ -97,10 +99,10 @@ class ChunkBuffers:
         return memoryview(mapping)[start : start + self.size]
 
     def give(self, buffers: Iterable[memoryview]) -> None:
-        """Return buffers nothing uses any more. Those past ``keep`` idle ones are unmapped."""
+        """Return buffers that nothing uses any more; idle ones past ``keep`` are unmapped."""
         with self._lock:
             for buffer in buffers:
-                # (After close, buffers that calls abandoned at shutdown kept are unmapped.)
+                # After close, buffers kept by calls abandoned at shutdown are unmapped.
                 if not self._closed and len(self._free) < self._keep:
                     self._free.append(buffer)
                 else:
@@ -135,8 +137,11 @@ class ChunkBuffers:
 
 
 def _populate(mapping: mmap.mmap, start: int, length: int) -> None:
-    """Fault ``length`` bytes from ``start`` in now, writable: the first chunk converted into
-    a new buffer then pays no fault per page (or per huge page) on the job's thread."""
+    """Fault ``length`` bytes from ``start`` in now, writable.
+
+    The first chunk converted into a new buffer then pays no page faults on the
+    job's thread.
+    """
     try:
         mapping.madvise(_MADV_POPULATE_WRITE, start, length)
         return

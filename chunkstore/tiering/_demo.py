@@ -1,11 +1,11 @@
 """The tiered part of ``chunkstore demo``: a host cache smaller than the working set.
 
-Four conversations take turns. Every turn extends its conversation's prompt and
-looks the chunk chain up across tiers. It loads what is there: host memory
-first, then the store, promoting into host memory. It computes and writes the
-rest. Host memory holds fewer chunks than the conversations need. So later
-turns find their older chunks only in the store. The output shows hits per tier
-and promotions turn by turn.
+Four conversations take turns. Every turn extends its conversation's prompt.
+It looks up the chunk chain across tiers. It loads what is there, from host
+memory first and then from the store. Store hits are promoted into host
+memory. The turn computes and writes the rest. Host memory holds fewer chunks
+than the conversations need. So later turns find their older chunks only in
+the store. The output shows hits per tier and promotions, turn by turn.
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ TIERED_DEMO_SPEC = KVSpec.simple(
     dtype="BF16",
     chunk_tokens=32,
 )
-"""A small model (4 layers, 2 KV heads of 64, 32-token chunks: 68 KiB per chunk)."""
+"""A small model: 4 layers, 2 KV heads of 64 and 32-token chunks."""
 
 
 @dataclass
@@ -51,7 +51,7 @@ class TieredDemoReport:
     host_hits: int = 0
     """Chunks loaded from host memory."""
     store_hits: int = 0
-    """Chunks loaded from the store (and promoted)."""
+    """Chunks loaded from the store and promoted."""
     computed: int = 0
     """Chunks computed and written."""
     promotions: int = 0
@@ -59,13 +59,13 @@ class TieredDemoReport:
     evictions: int = 0
     """Chunks the host policy evicted."""
     writes_dropped: int = 0
-    """Write-backs dropped (should be 0 here)."""
+    """Write-backs dropped."""
     host_slots: int = 0
     """Host capacity in chunks."""
     working_set: int = 0
     """Distinct chunks over all conversations."""
     turns: list[tuple[str, int, int, int, int]] = field(default_factory=list)
-    """(conversation, turn, host hits, store hits, computed) per turn."""
+    """Per turn: conversation, turn, host hits, store hits and chunks computed."""
 
 
 def _conversations(step: int, count: int, turns: int) -> list[tuple[str, list[np.ndarray]]]:

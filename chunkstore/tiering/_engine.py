@@ -1,19 +1,19 @@
 """What an engine adapter keeps its chunks in: host memory in front of the tiers.
 
-An engine's workers write each chunk they save into a slot, seal it, and read
-chunks back from host memory while they copy them to the device. The
-:class:`EngineCache` protocol is that interface, written once for every engine.
+An engine's workers write each chunk they save into a slot and seal it. They
+read chunks from host memory while they copy them to the device. The
+:class:`EngineCache` protocol is that interface, written once for all engines.
 
 * :class:`ProcessCache`: this process's own host cache in front of a
-  :class:`~chunkstore.tiering.TieredStore`. It has prefetch for the scheduler.
-  It also runs the TP assembly owner, and its ranks then use a :class:`RankCache`.
+  :class:`~chunkstore.tiering.TieredStore`. It prefetches for the scheduler.
+  It can run the TP assembly owner. Its ranks then use a :class:`RankCache`.
 * :class:`RankCache`: a TP rank's part of a shared host pool that another
   process owns.
 
-The node service's engine caches implement the same protocol, in the engine
-adapter that uses them. Their pool is reached over a socket. Every chunk
-reaches a device through host memory. A secondary-tier hit is first prefetched
-into host memory, through :meth:`ProcessCache.submit_prefetch`.
+The node service's engine caches implement the same protocol. They live in the
+engine adapter that uses them. Their pool is reached over a socket. Every
+chunk reaches a device through host memory. :meth:`ProcessCache.submit_prefetch`
+first brings a secondary-tier hit into host memory.
 """
 
 from __future__ import annotations
@@ -52,15 +52,18 @@ __all__ = [
 
 
 def tier_open_options(url: str, options: dict[str, Any]) -> dict[str, Any]:
-    """A directory tier is created on first use (a KV cache, not data to protect), unless the
-    user's ``store_options`` say otherwise."""
+    """Store options for ``url``: a directory tier is created on first use.
+
+    The user's ``store_options`` may say otherwise.
+    """
     if "://" not in url or url.startswith("file://"):
+        # A KV cache, not data to protect.
         return {"create": True, **options}
     return dict(options)
 
 
 class _HostView:
-    """The host cache as the scheduler and tests ask it: by key, host memory only."""
+    """The host cache as the scheduler and tests query it: by key, in host memory only."""
 
     def __init__(self, cache: HostCache) -> None:
         self.cache = cache
@@ -89,10 +92,9 @@ class PrefetchResult:
     fetched: int = 0
     """How many chunks, from the first key asked for, are now in host memory."""
     sources: list[str] = field(default_factory=list)
-    """Per fetched chunk, where from: ``host`` (already there) or the tier's kind
-    (``fs``, ``s3``, ``peer``, ...)."""
+    """Per fetched chunk, its source: ``host`` or the tier's kind, such as ``fs``."""
     corrupt: int = 0
-    """Corrupt chunks found meanwhile. The tiers quarantined them."""
+    """Corrupt chunks found meanwhile; the tiers quarantined them."""
 
 
 class ChunkIdentity(Protocol):
@@ -107,8 +109,10 @@ class ChunkIdentity(Protocol):
 
 
 def seal_save(layout: ChunkLayout, view: Any, save: ChunkIdentity) -> None:
-    """Write the header and checksum of the chunk ``save`` names around the KV the worker
-    copied into ``view`` (the whole chunk buffer)."""
+    """Write the header and checksum of the chunk that ``save`` names.
+
+    ``view`` is the whole chunk buffer. The worker copied the KV into it.
+    """
     seal_chunk(
         layout,
         view,
@@ -122,15 +126,22 @@ def seal_save(layout: ChunkLayout, view: Any, save: ChunkIdentity) -> None:
 
 @dataclass(frozen=True, slots=True)
 class PlainBuffer:
-    """A chunk buffer outside the host pool, used when every slot was pinned. Stored by copy."""
+    """A chunk buffer outside the host pool, for when every slot is pinned.
+
+    Storing it copies the bytes.
+    """
 
     view: bytearray
     """The whole chunk's bytes."""
 
 
 class SaveSlot(Protocol):
-    """Where a worker writes a chunk it saves: a host-pool slot (a :class:`Lease`, also a
-    rank's claim on a shared slot), a node service's slot, or a :class:`PlainBuffer`."""
+    """Where a worker writes a chunk it saves.
+
+    It is a host-pool slot, a node service's slot or a :class:`PlainBuffer`.
+    A host-pool slot is a :class:`Lease`. A rank's claim on a shared slot is a
+    lease too.
+    """
 
     @property
     def view(self) -> Any:
@@ -142,8 +153,10 @@ class EngineCache(Protocol):
     """What an engine's worker needs of its chunks' home.
 
     :class:`ProcessCache` holds whole chunks in the process's own host cache.
-    :class:`RankCache` holds a TP rank's heads in a shared slot. Those and the node
-    service's caches each implement this, so the worker never asks which."""
+    :class:`RankCache` holds a TP rank's heads in a shared slot. Both implement
+    this protocol, and so do the node service's caches. The worker never asks
+    which one it has.
+    """
 
     def read_host(self, key: ChunkKey) -> AbstractContextManager[Any | None]:
         """The chunk's bytes in host memory, pinned meanwhile; None if absent."""
@@ -151,20 +164,23 @@ class EngineCache(Protocol):
 
     def read_check(self, data: Any) -> Callable[[], bool] | None:
         """A check for ``data`` from :meth:`read_host`, while its context is still open.
-        Run it once the copies out of it are complete. It says whether ``data`` held the
-        chunk all along. None when nothing can take the pin back meanwhile."""
+
+        Run it once the copies out of ``data`` are complete. It says whether
+        ``data`` held the chunk all along. None means nothing can take the pin
+        back meanwhile.
+        """
         ...
 
     def save_slot(self, save: ChunkIdentity) -> SaveSlot | None:
-        """Where to write the chunk ``save`` names, or None: nothing for this process to write."""
+        """Where to write the chunk ``save`` names; None when this process has nothing to write."""
         ...
 
     def save_done(self, save: ChunkIdentity, slot: SaveSlot) -> None:
-        """The bytes are in ``slot``: seal and keep the chunk, or this rank's part of it."""
+        """Seal and keep the chunk in ``slot``, or this rank's part of it."""
         ...
 
     def save_abandoned(self, slot: SaveSlot) -> None:
-        """The copy into ``slot`` failed: give the slot up, nothing is stored."""
+        """Give up ``slot`` after a failed copy; nothing is stored."""
         ...
 
     def drop(self, key: ChunkKey) -> None:
@@ -181,14 +197,14 @@ class EngineCache(Protocol):
 
 
 class ProcessCache:
-    """This process's host memory in front of the secondary tiers, as an engine uses
-    them. Thread-safe.
+    """This process's host memory in front of the secondary tiers, for an engine.
 
-    ``stores`` replaces ``tiers`` with already open stores, for tests.
-    ``compression="zstd"`` puts a :class:`~chunkstore.backends.ZstdStore` in front of
-    each tier. Host memory holds chunks uncompressed, ready to copy. ``shm_name``
-    shares the host pool with TP rank processes and runs the assembly owner that
-    publishes the chunks they write.
+    The class is thread-safe. Tests pass ``stores``, already open, in place of
+    ``tiers``. ``compression="zstd"`` puts a
+    :class:`~chunkstore.backends.ZstdStore` in front of each tier. Host memory
+    holds chunks uncompressed, ready to copy. ``shm_name`` shares the host pool
+    with TP rank processes. It also runs the assembly owner. The owner
+    publishes the chunks the ranks write.
     """
 
     def __init__(
@@ -216,7 +232,7 @@ class ProcessCache:
             ]
         )
         self.tiers: list[Store] = opened
-        """The secondary tiers, fastest first, as opened. The tiered store guards them."""
+        """The secondary tiers, fastest first, as opened; the tiered store guards them."""
         for tier in opened:
             record_model(tier, layout.spec)  # so `chunkstore inspect` names the model
         cache = HostCache(
@@ -227,8 +243,9 @@ class ProcessCache:
         """Host memory in front of the tiers: write-behind, promotion, metrics."""
         self.host = _HostView(cache)
         self.owner: AssemblyOwner | None = None
-        """The TP shard-assembly owner (``shm_name`` given): lends slots to rank processes,
-        publishes what they seal once and queues it for write-back."""
+        """The TP shard-assembly owner, or None without ``shm_name``."""
+        # The owner lends slots to rank processes. It publishes what they seal, once, and
+        # queues it for write-back.
         if shm_name is not None:
             self.owner = AssemblyOwner(self.tiered).start()
         self.closed = False
@@ -236,7 +253,7 @@ class ProcessCache:
     # --- lookups -------------------------------------------------------------
 
     def host_run(self, keys: Sequence[ChunkKey], start: int = 0) -> int:
-        """Index one past the last of the consecutive keys from ``start`` held in host memory."""
+        """The end index of the run of keys from ``start`` that host memory holds."""
         return start + self.host.cache.lookup_prefix(list(keys[start:]))
 
     @property
@@ -245,12 +262,17 @@ class ProcessCache:
         return not any(tier.high_latency for tier in self.tiers)
 
     def tier_prefix(self, keys: Sequence[ChunkKey]) -> int:
-        """How many leading ``keys`` host memory and the tiers hold. Lookup only; errors miss."""
+        """How many leading ``keys`` host memory and the tiers hold.
+
+        It only looks up. Errors count as misses.
+        """
         return self.tiered.lookup_prefix(keys)
 
     def submit_prefetch(self, keys: Sequence[ChunkKey]) -> Future[PrefetchResult]:
-        """Bring the longest prefix of ``keys`` that some tier holds into host memory, on the
-        tiered store's prefetch threads; the future never fails."""
+        """Bring the longest prefix of ``keys`` that some tier holds into host memory.
+
+        The tiered store's prefetch threads do the work. The future never fails.
+        """
         corrupt_before = self.tiered.corrupt_detected
         result: Future[PrefetchResult] = Future()
 
@@ -269,12 +291,15 @@ class ProcessCache:
         return _pinned(self.host.cache.acquire(key))
 
     def read_check(self, data: Any) -> Callable[[], bool] | None:
-        """None: this process's own pins hold until it releases them."""
+        """Return None: this process's own pins hold until it releases them."""
         return None
 
     def reserve(self, key: ChunkKey) -> Lease | None:
-        """A pinned host slot to write ``key`` into (``lease.view``), or None when every slot is
-        pinned; finish with :meth:`commit` (queues the write-back) or :meth:`abort`."""
+        """A pinned host slot to write ``key`` into, or None when every slot is pinned.
+
+        Write into ``lease.view``. Finish with :meth:`commit`, which queues the
+        write-back, or with :meth:`abort`.
+        """
         return self.tiered.reserve(key)
 
     def commit(self, lease: Lease) -> None:
@@ -282,12 +307,15 @@ class ProcessCache:
         self.tiered.commit(lease)
 
     def abort(self, lease: Lease) -> None:
-        """Give up a reservation; idempotent."""
+        """Give up a reservation; a second call does nothing."""
         self.tiered.abort(lease)
 
     def save_slot(self, save: ChunkIdentity) -> Lease | PlainBuffer:
-        """Where to write the whole chunk: a pinned host slot when the cache has room, else a
-        plain buffer (stored with a copy)."""
+        """Where to write the whole chunk.
+
+        It is a pinned host slot when the cache has room. Otherwise it is a plain
+        buffer, which is stored by copy.
+        """
         return self.reserve(save.key) or PlainBuffer(bytearray(self.layout.total_size))
 
     def save_done(self, save: ChunkIdentity, slot: SaveSlot) -> None:
@@ -299,7 +327,7 @@ class ProcessCache:
             self.put(save.key, slot.view)
 
     def save_abandoned(self, slot: SaveSlot) -> None:
-        """Give up a slot from :meth:`save_slot`. Nothing is stored."""
+        """Give up a slot from :meth:`save_slot`; nothing is stored."""
         if isinstance(slot, Lease):
             self.abort(slot)
 
@@ -308,17 +336,17 @@ class ProcessCache:
         self.tiered.put(key, data)
 
     def drop(self, key: ChunkKey) -> None:
-        """Forget ``key``, a chunk that failed to load, in host memory. Tiers keep theirs."""
+        """Forget ``key``, a chunk that failed to load, in host memory; tiers keep theirs."""
         self.host.delete(key)
 
     def flush(self, timeout: float | None = None) -> None:
-        """Wait until everything stored so far is written behind, also what TP ranks sealed."""
+        """Wait until everything stored so far is written behind, including TP ranks' chunks."""
         if self.owner is not None:
             self.owner.collect()  # chunks the ranks sealed but the owner thread has not seen
         self.tiered.flush(timeout)
 
     def reset_host(self) -> None:
-        """Forget everything in host memory. Secondary tiers keep their chunks."""
+        """Forget everything in host memory; secondary tiers keep their chunks."""
         self.host.clear()
 
     def close(self) -> None:
@@ -335,12 +363,12 @@ class ProcessCache:
 class RankCache:
     """A TP rank's view of its engine's shared host pool, which the scheduler process owns.
 
-    Saves: :meth:`claim` gives this rank its part of a chunk's slot
-    (:class:`~chunkstore.cache.ShardAssembler`); the last rank to mark its
-    part written seals the chunk and the owner publishes it once. Loads:
-    :meth:`read_host` pins a chunk's slot while the rank reads its heads.
-    The pool is attached on first use: vLLM starts the workers before the
-    scheduler that creates it.
+    On saves, :meth:`claim` gives this rank its part of a chunk's slot,
+    through a :class:`~chunkstore.cache.ShardAssembler`. The last rank to mark
+    its part written seals the chunk. The owner publishes it once. On loads,
+    :meth:`read_host` pins a chunk's slot while the rank reads its heads. The
+    pool is attached on first use. vLLM starts the workers before the
+    scheduler that creates the pool.
     """
 
     def __init__(self, pool_name: str, layout: ChunkLayout, *, rank: int, tp: int) -> None:
@@ -353,8 +381,7 @@ class RankCache:
         self._warned = False
 
     def assembler(self) -> ShardAssembler | None:
-        """The attached :class:`~chunkstore.cache.ShardAssembler`, or None while the pool is
-        not there yet."""
+        """The attached :class:`~chunkstore.cache.ShardAssembler`; None until the pool exists."""
         with self._lock:
             if self._assembler is None:
                 try:
@@ -375,34 +402,40 @@ class RankCache:
         return _pinned(assembler.acquire(key) if assembler is not None else None)
 
     def read_check(self, data: Any) -> Callable[[], bool] | None:
-        """None: a rank's pins on the shared pool hold until it releases them."""
+        """Return None: a rank's pins on the shared pool hold until it releases them."""
         return None
 
     def save_slot(self, save: ChunkIdentity) -> Lease | None:
-        """This rank's claim on the chunk's shared slot; write only this rank's heads. None
-        when there is nothing to write. The chunk may be cached already, or written by this
-        rank. This may be a replica rank, or no slot may be free."""
+        """This rank's claim on the chunk's shared slot; write only this rank's heads.
+
+        Returns None when there is nothing to write. The chunk may be cached
+        already. This rank may have written it, or be a replica rank. Or no slot
+        may be free.
+        """
         assembler = self.assembler()
         if assembler is None:
             return None
         return assembler.slot_for_write(save.key, parent=save.parent, tokens=list(save.tokens))
 
     def save_done(self, save: ChunkIdentity, slot: SaveSlot) -> None:
-        """This rank's part is in place; the last rank's mark seals the chunk and the owner
-        publishes it."""
+        """Mark this rank's part as written.
+
+        The last rank's mark seals the chunk. The owner then publishes it.
+        """
         assert isinstance(slot, Lease) and self._assembler is not None
         self._assembler.mark_written(slot)
 
     def save_abandoned(self, slot: SaveSlot) -> None:
-        """Give up a claim. The chunk is not published."""
+        """Give up a claim; the chunk is not published."""
         assert isinstance(slot, Lease) and self._assembler is not None
         self._assembler.abandon(slot)
 
     def drop(self, key: ChunkKey) -> None:
-        """Nothing: only the owner may evict; a chunk that fails to load stays a load error."""
+        """Do nothing: only the owner may evict."""
+        # A chunk that fails to load stays a load error.
 
     def flush(self, timeout: float | None = None) -> None:
-        """Nothing to wait for: the owner writes published chunks to the tiers."""
+        """Return at once: the owner writes published chunks to the tiers."""
 
     def close(self) -> None:
         with self._lock:
@@ -413,7 +446,7 @@ class RankCache:
 
 @contextmanager
 def _pinned(lease: Lease | None) -> Iterator[Any | None]:
-    """``lease``'s bytes while the block runs, then the pin is released; None for no lease."""
+    """Yield ``lease``'s bytes, or None for no lease; release the pin after the block."""
     if lease is None:
         yield None
         return

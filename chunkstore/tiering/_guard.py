@@ -1,22 +1,23 @@
 """Calls into a secondary tier with a timeout and a back-off after failures.
 
-A tier that raises or does not answer within ``timeout`` is marked down for
-``retry_after`` seconds. Calls during that time fail fast. The tiered store
-treats them as misses or dropped writes. The first call after that time tries
-the tier again. The serving path never sees the tier's exception.
+A tier that raises, or does not answer within ``timeout``, is marked down.
+It stays down for ``retry_after`` seconds. Calls during that time fail fast.
+The tiered store treats them as misses or dropped writes. The first call after
+that time tries the tier again. The serving path never sees the tier's
+exception.
 
 Reads and writes have separate health. Some writes fail because the tier is
 full, read-only or not writable for us. The errors are ENOSPC, EDQUOT, EFBIG,
-EROFS, EACCES and EPERM. Such a failure stops only the writes, and what the
-tier holds stays readable. Any other failure stops both. Examples are an
-unreachable tier, a hang, or a failed read. A bad entry or a bad argument says
-nothing about the tier's health and marks nothing down. Examples are a key that
+EROFS, EACCES and EPERM. Such a failure stops only the writes. What the tier
+holds stays readable. Any other failure stops both. Examples are an
+unreachable tier, a hang or a failed read. A bad entry or a bad argument says
+nothing about the tier's health. It marks nothing down. Examples are a key that
 does not parse, or a damaged chunk.
 
 A call that times out cannot be stopped. It goes on running on its worker
-thread and may still read or write the memory it was given. So the
-:class:`TierUnavailable` it raises carries the still-running call as
-``pending``. The caller gives that memory back only from
+thread. It may still read or write the memory it was given. So the
+:class:`TierUnavailable` it raises carries the running call as ``pending``.
+The caller gives that memory back only from
 :meth:`TierUnavailable.when_settled`. A host slot stays pinned until then.
 """
 
@@ -53,7 +54,10 @@ _NOT_THE_TIER = (KeyParseError, FormatError, ConfigError)
 
 
 def _causes(exc: BaseException) -> list[BaseException]:
-    """``exc`` and the exceptions it was raised from or during. Stores re-wrap OSErrors."""
+    """``exc`` and the exceptions it was raised from or during.
+
+    Stores re-wrap OSErrors, so the chain matters.
+    """
     chain: list[BaseException] = []
     current: BaseException | None = exc
     while current is not None and current not in chain:
@@ -63,7 +67,7 @@ def _causes(exc: BaseException) -> list[BaseException]:
 
 
 def is_write_fault(exc: BaseException) -> bool:
-    """Whether ``exc`` or what it wraps says "cannot write here": full, read-only, denied."""
+    """Whether ``exc`` or what it wraps says the tier is full, read-only or denied."""
     return any(
         isinstance(e, PermissionError) or (isinstance(e, OSError) and e.errno in WRITE_FAULT_ERRNOS)
         for e in _causes(exc)
@@ -71,18 +75,21 @@ def is_write_fault(exc: BaseException) -> bool:
 
 
 class TierUnavailable(Exception):
-    """Internal: the tier is in back-off, failed, or timed out. Never leaves the cache package."""
+    """The tier is in back-off, failed or timed out.
+
+    The error is internal. It never leaves the cache package.
+    """
 
     def __init__(self, name: str, pending: Future[Any] | None = None) -> None:
         super().__init__(name)
         self.pending = pending
-        """The timed-out call, still running: buffers passed to it are still in use."""
+        """The timed-out call, which still runs and still uses the buffers passed to it."""
 
     def when_settled(self, release: Callable[[], None]) -> None:
         """Run ``release`` once nothing uses the memory handed to the failed call.
 
-        At once when the call has ended (or never started); otherwise on the
-        worker thread when the abandoned call finishes.
+        If the call has ended or never started, ``release`` runs at once.
+        Otherwise it runs on the worker thread when the abandoned call ends.
         """
         if self.pending is None:
             release()
@@ -91,7 +98,7 @@ class TierUnavailable(Exception):
 
 
 class GuardedCall(Generic[R]):
-    """A call :meth:`GuardedTier.start` began. :meth:`result` waits for it, once."""
+    """A call that :meth:`GuardedTier.start` began; :meth:`result` waits for it once."""
 
     def __init__(
         self,
@@ -104,7 +111,7 @@ class GuardedCall(Generic[R]):
         self._tier = tier
         self._op = op
         self.future = future
-        """The call itself: done once nothing uses the memory handed to it any more."""
+        """The call's future, done once nothing uses the memory handed to it."""
         self._deadline = deadline
         self._began = began
         self._ended = 0.0
@@ -114,24 +121,29 @@ class GuardedCall(Generic[R]):
         self._ended = time.perf_counter()
 
     def result(self) -> R:
-        """What the call returned, waiting until its deadline at most; raises
-        :class:`TierUnavailable` as :meth:`GuardedTier.call` does."""
+        """What the call returned, waiting at most until its deadline.
+
+        Raises :class:`TierUnavailable` as :meth:`GuardedTier.call` does.
+        """
         return self._tier._settle(self._op, self.future, self._deadline)
 
     def seconds(self) -> float:
-        """From the start of the call to its end, not to when the caller took the result.
-        This is what the store's latency metrics record."""
+        """Seconds from the start of the call to its end.
+
+        The time stops at the call's end, not when the caller took the result.
+        The store's latency metrics record this time.
+        """
         # A waiter may wake before the done callback ran: then the end is now.
         end = self._ended if self._ended >= self._began else time.perf_counter()
         return end - self._began
 
 
 class GuardedTier:
-    """One secondary store plus its health, counters and metric instruments.
+    """One secondary store with its health, counters and metric instruments.
 
-    The counters are ``hits``, ``misses``, ``promotions``, ``writes``, ``errors`` and
-    ``dropped``. They change only through the ``count_*`` methods and the guarded
-    calls themselves, under the tier's own lock.
+    The counters are ``hits``, ``misses``, ``promotions``, ``writes``,
+    ``errors`` and ``dropped``. Only the ``count_*`` methods and the guarded
+    calls change them. They do so under the tier's own lock.
     """
 
     def __init__(
@@ -154,10 +166,10 @@ class GuardedTier:
         self._read_down_until: float | None = None
         self._write_down_until: float | None = None
         self._lock = threading.Lock()
-        # Note: a call that times out keeps running on its worker (Python threads cannot be
-        # stopped); the pool lets later calls proceed past a few stuck ones once the tier is
-        # retried, and TierUnavailable.pending tells the caller its buffers are still in use.
-        # start_workers: all of them now (a tier taking bursts of writes from its first call).
+        # A call that times out keeps running on its worker; Python threads cannot be
+        # stopped. Once the tier is retried, the pool lets later calls pass a few stuck ones.
+        # TierUnavailable.pending tells the caller its buffers are still in use.
+        # start_workers starts them all now, for a tier that takes bursts of writes at once.
         prefix = f"chunkstore-tier-{self.name}"
         self._executor = (
             None
@@ -172,37 +184,39 @@ class GuardedTier:
         self.writes = 0
         self.errors = 0
         self.abandoned = 0
-        """Timed-out calls still running. Each may hold host memory until it ends."""
+        """Timed-out calls still running; each may hold host memory until it ends."""
         self.dropped: dict[str, int] = {}
 
     @property
     def up(self) -> bool:
-        """False while reads of the tier are in back-off: it failed or did not answer."""
+        """False while reads of the tier are in back-off after a failure or a timeout."""
         return self._is_up(self._read_down_until)
 
     @property
     def writable(self) -> bool:
-        """False while writes to the tier are in back-off, also when it is full or read-only."""
+        """False while writes to the tier are in back-off, as when it is full or read-only."""
         return self._is_up(self._write_down_until)
 
     def _is_up(self, until: float | None) -> bool:
         return until is None or self._clock() >= until
 
     def call(self, op: str, fn: Callable[..., R], *args: Any) -> R:
-        """``fn(*args)`` under the timeout; raises :class:`TierUnavailable` instead of failing.
+        """Run ``fn(*args)`` under the timeout.
 
-        ``op`` names the operation. ``put`` and ``delete`` are writes, checked against
-        :attr:`writable`. Everything else is a read, checked against :attr:`up`.
+        Any failure raises :class:`TierUnavailable`. ``op`` names the operation.
+        ``put`` and ``delete`` are writes, checked against :attr:`writable`.
+        Every other operation is a read, checked against :attr:`up`.
         """
         return self.start(op, fn, *args).result()
 
     def start(self, op: str, fn: Callable[..., R], *args: Any) -> GuardedCall[R]:
-        """Begin :meth:`call` without waiting for it. The caller does other work while this
-        one runs, such as converting the next chunk. Then it takes its
-        :meth:`GuardedCall.result`.
+        """Begin :meth:`call` without waiting for it.
 
-        The timeout counts from now. Raises :class:`TierUnavailable` at once while the tier
-        is in back-off for ``op``. Without a timeout the call runs here, before returning.
+        The caller does other work while the call runs, such as converting the
+        next chunk. It then takes :meth:`GuardedCall.result`. The timeout counts
+        from now. While the tier is in back-off for ``op``, this raises
+        :class:`TierUnavailable` at once. Without a timeout, the call runs here,
+        before this returns.
         """
         write = op in WRITE_OPS
         if not (self.writable if write else self.up):
@@ -223,15 +237,17 @@ class GuardedTier:
     def hand_off(self, op: str, fn: Callable[..., Any], *args: Any) -> str | None:
         """Begin ``fn(*args)`` as :meth:`start` does, and let nobody wait for it.
 
-        This is for work whose outcome the caller does not need, such as setting aside a
-        damaged copy a read found. A tier stalling in it then holds one of its own workers,
-        not the caller.
+        This is for work whose outcome the caller does not need. An example is
+        setting aside a damaged copy that a read found. A tier that stalls in it
+        holds one of its own workers, not the caller.
 
-        When it ends, what it raises is judged as :meth:`call` judges it. It is logged and
-        counted, and the tier is backed off. It has no deadline to miss. The tier's next
-        call that someone waits for finds a tier that stalls. Without a timeout it runs
-        here, before returning. Returns ``None`` once it is made. Else it returns why it
-        was not: the tier is in back-off for ``op``, or closed. Then ``fn`` is not called."""
+        When the call ends, :meth:`call`'s rules judge what it raised. A failure
+        is logged and counted, and the tier is backed off. The call has no
+        deadline to miss. The next waited-for call finds a stalling tier.
+        Without a timeout, the call runs here, before this returns. Returns
+        ``None`` once the call is made. Otherwise it returns why not: the tier
+        is in back-off for ``op``, or closed. ``fn`` is then not called.
+        """
         try:
             call = self.start(op, fn, *args)
         except TierUnavailable:
@@ -252,10 +268,12 @@ class GuardedTier:
         return None
 
     def handing_off_set_asides(self) -> AbstractContextManager[None]:
-        """Within the block, a corrupt chunk this thread reports to a store is set aside by
-        this tier's guard, not on this thread. The guard runs it through :meth:`hand_off`
-        as a ``delete``. This is for a caller that judged this tier's chunk itself, as in
-        :func:`set_asides_handed_to`."""
+        """Within the block, hand this thread's corrupt-chunk reports to this tier's guard.
+
+        The guard sets the chunk aside, not this thread. It runs the set-aside
+        through :meth:`hand_off` as a ``delete``. A caller uses this when it
+        judged this tier's chunk itself, as :func:`set_asides_handed_to` does.
+        """
         return set_asides_handed_to(lambda set_aside: self.hand_off("delete", set_aside))
 
     def _settle(self, op: str, future: Future[R], deadline: float | None) -> R:
@@ -265,8 +283,8 @@ class GuardedTier:
             wait_s = None if deadline is None else max(0.0, deadline - time.monotonic())
             result = future.result(wait_s)
         except FutureTimeout:
-            # A call still queued behind stuck ones is cancelled; one already running is not
-            # stoppable, so the caller must keep its buffers alive until it ends.
+            # A call still queued behind stuck ones is cancelled. One already running cannot
+            # be stopped, so the caller keeps its buffers alive until it ends.
             pending = None if future.cancel() else self._abandon(future)
             self._failed(op, f"timed out after {self.timeout} s", writes_only=False)
             raise TierUnavailable(self.name, pending) from None
@@ -314,7 +332,7 @@ class GuardedTier:
         return found
 
     def count_reads(self, hits: int, misses: int) -> None:
-        """Account chunks this tier served as ``hits``, and those it lacked or could not serve."""
+        """Count ``hits`` chunks this tier served and ``misses`` it lacked or could not serve."""
         with self._lock:
             self.hits += hits
             self.misses += misses
@@ -324,24 +342,24 @@ class GuardedTier:
             self.instruments.misses.inc(misses)
 
     def count_promotions(self, count: int = 1) -> None:
-        """Account ``count`` chunks copied from this tier into host memory."""
+        """Count ``count`` chunks copied from this tier into host memory."""
         with self._lock:
             self.promotions += count
         self.instruments.promotions.inc(count)
 
     def count_writes(self, count: int) -> None:
-        """Account ``count`` chunks written into this tier."""
+        """Count ``count`` chunks written into this tier."""
         with self._lock:
             self.writes += count
 
     def count_drop(self, reason: str, count: int = 1) -> None:
-        """Account ``count`` writes to this tier that were not performed."""
+        """Count ``count`` writes to this tier that were not performed."""
         with self._lock:
             self.dropped[reason] = self.dropped.get(reason, 0) + count
         self.instruments.dropped(reason, count)
 
     def _failed(self, op: str, why: str, *, writes_only: bool) -> None:
-        """Back off from writes only for a full or read-only tier. Else back off from both."""
+        """Back off from writes only for a full or read-only tier; else from both."""
         with self._lock:
             self.errors += 1
             now = self._clock()

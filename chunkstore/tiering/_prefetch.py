@@ -1,11 +1,12 @@
-"""Prefetch: a tiered store's chain walks on background threads.
+"""The prefetcher: a tiered store's chain walks on background threads.
 
-:meth:`Prefetcher.lookup_prefix_async` runs the owner's ``lookup_prefix`` for a
-scheduler that must not wait for a slow tier. :meth:`Prefetcher.prefetch`
-walks the chain the same way. It brings each tier's run of chunks into host
-memory, through :meth:`~chunkstore.tiering._promotion.Promoter.pull`. Both
-return a future that never fails. A tier error or a closed store only shortens
-the result. The worker threads start on first use.
+:meth:`Prefetcher.lookup_prefix_async` runs the owner's ``lookup_prefix``.
+It serves a scheduler that must not wait for a slow tier.
+:meth:`Prefetcher.prefetch` walks the chain the same way. It brings each
+tier's run of chunks into host memory with
+:meth:`~chunkstore.tiering._promotion.Promoter.pull`. Both return a future
+that never fails. A tier error or a closed store only shortens the result. The
+worker threads start on first use.
 """
 
 from __future__ import annotations
@@ -31,11 +32,11 @@ HOST_SOURCE = "host"
 
 
 class Prefetcher:
-    """Background lookups and prefetches over ``host`` and ``tiers`` (in lookup order).
+    """Background lookups and prefetches over ``host`` and ``tiers``, in lookup order.
 
-    ``lookup_prefix`` is the owner's synchronous walk; ``check_open`` raises
-    and ``closed`` answers True once the owner has closed (a job then ends
-    with what it has, quietly). ``workers`` threads serve the jobs.
+    ``lookup_prefix`` is the owner's synchronous walk. Once the owner has
+    closed, ``check_open`` raises and ``closed`` answers True. A job then ends
+    quietly with what it has. ``workers`` threads serve the jobs.
     """
 
     def __init__(
@@ -62,18 +63,21 @@ class Prefetcher:
         self._background: ThreadPoolExecutor | None = None
 
     def lookup_prefix_async(self, keys: Sequence[ChunkKey]) -> Future[int]:
-        """The owner's ``lookup_prefix`` on a background thread; resolves to 0 at worst."""
+        """Run the owner's ``lookup_prefix`` on a background thread; 0 at worst."""
         return self._submit(self._lookup_quietly, list(keys), default=0)
 
     def prefetch(self, keys: Sequence[ChunkKey]) -> Future[list[str]]:
-        """Bring the leading present ``keys`` into host memory; where each came from.
+        """Bring the leading present ``keys`` into host memory; report each one's source.
 
         See :meth:`chunkstore.tiering.TieredStore.prefetch` for the contract.
         """
         return self._submit(self._prefetch_quietly, list(keys), default=[])
 
     def close(self) -> None:
-        """Wait for the running jobs once the owner has closed. They see it at their next step."""
+        """Wait for the running jobs once the owner has closed.
+
+        Each job sees the close at its next step.
+        """
         with self._lock:
             background, self._background = self._background, None
         if background is not None:

@@ -1,16 +1,16 @@
-"""Promotion: copying chunks from a secondary tier into host memory.
+"""The promoter, which copies chunks from a secondary tier into host memory.
 
-A read that missed host memory promotes one chunk at a time, through
+A read that missed host memory promotes one chunk at a time. It uses
 :meth:`Promoter.promote_from` or :meth:`Promoter.promote_bytes`. A prefetch
-promotes a run of a chain at a time, through :meth:`Promoter.pull`. Every chunk
-lands decompressed in a host slot that stays pinned for the caller. See
+promotes a run of a chain with :meth:`Promoter.pull`. Every chunk lands
+decompressed in a host slot that stays pinned for the caller; see
 :func:`~chunkstore.format.hot_bytes`. A chunk that carries a MAC lands as it
-came, because decompressing would drop the MAC.
+came. Decompressing would drop the MAC.
 
-A tier call that timed out may still write into the slot it was given. So such
-a slot is given back only when that call has ended, through
-:meth:`~chunkstore.tiering._guard.TierUnavailable.when_settled`. Until then it
-stays pinned and cannot be handed to another chunk.
+A tier call that timed out may still write into its slot. Such a slot goes
+back only when the call has ended, through
+:meth:`~chunkstore.tiering._guard.TierUnavailable.when_settled`. Until then
+it stays pinned. No other chunk gets it.
 """
 
 from __future__ import annotations
@@ -31,21 +31,21 @@ NO_ROOM = object()
 """Promotion outcome: the tier may have the chunk, but every host slot is pinned."""
 
 PULL_BATCH = 16
-"""Chunks a prefetch asks of a tier per call. Batched tiers overlap them."""
+"""Chunks a prefetch asks of a tier per call; batched tiers overlap them."""
 
 
 class Promoter:
     """Copies chunks from :class:`GuardedTier` tiers into pinned slots of ``host``.
 
     ``check_open`` raises when the owning store has closed. A long pull calls it
-    between chunks, so closing the store ends it early.
+    between chunks. So closing the store ends the pull early.
 
-    ``check`` judges the bytes a tier served before they land in host memory. It
-    is given the tier's ``verify`` as it stood when the read began. It returns
-    True where the bytes were checked, by the tier's read or by ``check`` itself.
-    It returns False where they may not be served. ``check`` then counts them and
-    sets them aside, and the promotion ends as a miss. It returns ``None`` where
-    nothing checked them. Decompressing then hashes a compressed chunk.
+    ``check`` judges the bytes a tier served before they land in host memory.
+    It gets the tier's ``verify`` as it stood when the read began. It returns
+    True when the tier's read or ``check`` itself checked the bytes. It returns
+    False when the bytes may not be served. ``check`` then counts them and sets
+    them aside. The promotion ends as a miss. It returns ``None`` when nothing
+    checked the bytes. Decompressing then hashes a compressed chunk.
     """
 
     def __init__(
@@ -59,25 +59,26 @@ class Promoter:
         """Where promoted chunks go."""
         self._check_open = check_open
         self._check = check
-        # A chunk deleted while its write-back was landing: the tiers' copy is about to be
-        # undone, and promoted it would outlive the undo in host memory.
+        # A chunk deleted while its write-back was landing. The tiers' copy is about to be
+        # undone; promoted, it would outlive the undo in host memory.
         self._withheld = withheld
 
     # --- one chunk, for a read ---------------------------------------------------------------
 
     def promote_from(self, tier: GuardedTier, key: ChunkKey) -> Lease | object | None:
-        """``key`` from ``tier`` into a pinned host slot. Returns a read lease, or ``None``
-        when the tier does not have it. Returns :data:`NO_ROOM` when it may, but every
-        host slot is pinned.
+        """Copy ``key`` from ``tier`` into a pinned host slot.
 
-        Host memory is not made room in before the tier has shown it holds the chunk.
-        A miss is the common case for a new prompt. It must not evict a resident chunk,
-        which may exist nowhere else if its write-back was dropped.
+        Returns a read lease, or ``None`` when the tier lacks the chunk. Returns
+        :data:`NO_ROOM` when the tier may have it but every host slot is pinned.
 
-        A free slot is read into directly. When there is none, a low-latency tier is
-        asked ``exists`` first. That is a stat, then the zero-copy read into the evicted
-        slot. A round-trip-bound tier is read into a private buffer that is then copied
-        in. A copy costs less than a second trip.
+        Nothing is evicted before the tier shows that it holds the chunk. A miss
+        is the common case for a new prompt. It must not evict a resident
+        chunk. That chunk may exist nowhere else if its write-back was dropped.
+
+        A free slot is read into directly. Without one, a low-latency tier is
+        first asked ``exists``, a stat. The zero-copy read into the evicted slot
+        follows. A round-trip-bound tier is read into a private buffer. That
+        buffer is then copied in. A copy costs less than a second trip.
         """
         if self._withheld(key):
             return None
@@ -101,17 +102,21 @@ class Promoter:
     def promote_bytes(
         self, tier: GuardedTier, key: ChunkKey, data: bytes, *, verified: bool
     ) -> None:
-        """Copy ``data``, just read from ``tier``, into host memory if it fits. It is not
-        pinned.
+        """Copy ``data``, just read from ``tier``, into host memory if it fits.
 
-        ``verified`` says its checksum was checked, by the tier's read or by the caller."""
+        The copy is not pinned. ``verified`` says that the tier's read or the
+        caller checked its checksum.
+        """
         if self._withheld(key):
             return
         if self.host.put(key, hot_bytes(data, verified=verified)):
             tier.count_promotions()
 
     def _promote_copy(self, tier: GuardedTier, key: ChunkKey) -> Lease | object | None:
-        """Read ``key`` from ``tier`` into private memory, then into host memory. May evict."""
+        """Read ``key`` from ``tier`` into private memory, then into host memory.
+
+        This may evict.
+        """
         started = time.perf_counter()
         tier_verifies = tier.store.verify
         try:
@@ -131,16 +136,16 @@ class Promoter:
         return outcome.lease
 
     def _promote_into(self, tier: GuardedTier, key: ChunkKey, slot: Lease) -> Lease | None:
-        """Load ``key`` from ``tier`` straight into reserved ``slot``; a read lease or ``None``.
+        """Load ``key`` from ``tier`` straight into reserved ``slot``.
 
-        The tier writes into the slot in place. This is zero-copy, also with a timeout.
-        A read that timed out keeps the reservation until it ends.
-
-        Why pin rather than read through a private buffer? ``tier_timeout`` is on by
-        default. So a bounce buffer would cost a copy on every promotion and write-back.
-        Pinning costs only when a call actually times out. Then it costs at most one
-        slot per stuck worker. Calls queued behind it are cancelled and the tier backs off.
+        Returns a read lease, or ``None``. The tier writes into the slot in
+        place. This is zero-copy, even with a timeout. A read that timed out
+        keeps the reservation until it ends.
         """
+        # Why pin rather than read through a private buffer? tier_timeout is on by default,
+        # so a bounce buffer would cost a copy on every promotion and write-back. Pinning
+        # costs only when a call times out, and then at most one slot per stuck worker.
+        # Calls queued behind it are cancelled and the tier backs off.
         started = time.perf_counter()
         size: int | None = None
         tier_verifies = tier.store.verify
@@ -178,7 +183,7 @@ class Promoter:
     # --- a run of chunks, for a prefetch -------------------------------------------------------
 
     def pull(self, tier: GuardedTier, keys: list[ChunkKey], held: list[Lease]) -> int:
-        """Copy ``keys`` from ``tier`` into pinned host slots, in order; how many made it.
+        """Copy ``keys`` from ``tier`` into pinned host slots, in order; return how many made it.
 
         The read leases of the chunks that made it are appended to ``held``.
         The caller releases them.
@@ -205,14 +210,14 @@ class Promoter:
     def _pull_into_slots(
         self, tier: GuardedTier, keys: list[ChunkKey], held: list[Lease], batch: int = PULL_BATCH
     ) -> int:
-        """For tiers with batched zero-copy reads. Reserve host slots for up to ``batch``
-        chunks. Then let the tier fill them all with several reads in flight, through
-        ``get_many_into``.
+        """Pull for tiers with batched zero-copy reads.
 
-        The prefix ends at the first chunk that did not arrive. Its slot and the later
-        ones of the batch are given back. A call that timed out may still write into the
-        slots. So it keeps the whole batch reserved until it has ended, as
-        :meth:`_promote_into` does for one slot.
+        Reserve host slots for up to ``batch`` chunks. The tier then fills them
+        with several reads in flight, through ``get_many_into``. The prefix ends
+        at the first chunk that did not arrive. Its slot and the batch's later
+        slots are given back. A call that timed out may still write into the
+        slots. So it keeps the whole batch reserved until it has ended.
+        :meth:`_promote_into` does the same for one slot.
         """
         store: Any = tier.store
         loaded = 0
@@ -267,8 +272,10 @@ class Promoter:
     def _pull_batched(
         self, tier: GuardedTier, keys: list[ChunkKey], held: list[Lease], batch: int = PULL_BATCH
     ) -> int:
-        """For round-trip-bound tiers: ask for ``batch`` chunks per call. The store overlaps
-        them."""
+        """Pull for round-trip-bound tiers: ask for ``batch`` chunks per call.
+
+        The store overlaps them.
+        """
         loaded = 0
         for start in range(0, len(keys), batch):
             self._check_open()

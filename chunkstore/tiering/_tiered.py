@@ -1,34 +1,35 @@
 """TieredStore: the host cache in front of secondary tiers, as one store.
 
 * ``put``: the chunk goes into host memory first. The caller's copy is then
-  done. The chunk is queued, still pinned in its host slot, for a background
-  write to the secondary tiers. ``write_tiers="all"`` writes every tier, and
-  ``"first"`` the first only. A full queue drops the write rather than block
-  the caller or grow memory. The drop is counted per tier as ``queue_full`` and
-  logged with the key. Host memory may not take the chunk, when every slot is
-  pinned or the chunk is larger than a slot. Then it is written to the tiers
-  synchronously instead.
-* ``get`` / ``get_into`` / ``acquire``: the first tier that has the chunk, host
-  first. A hit in a lower tier is copied into host memory. This is promotion.
-* ``lookup_prefix``: host index first. Then each tier is asked, batched, from
-  where the previous one stopped. This repeats until a full pass over the
-  tiers adds nothing.
-* ``prefetch`` / ``lookup_prefix_async``: the same walk on a background thread.
-  They return a future that never fails. A tier error only shortens the result.
-  ``prefetch`` also copies the chunks it finds into host memory. It reports
-  where each came from.
-* A tier that raises or times out is a miss on reads, or a dropped write. It
-  is retried after ``retry_after`` seconds. The caller never sees its exception.
-  A timed-out call keeps running in the background. So host memory handed to
-  it stays pinned until it ends. That is a slot being promoted into, or a slot
-  being written back. A caller's own buffer is never handed to a call that may
-  outlive it. A private copy is used instead.
-* ``delete`` never waits for the write-behind queue. Queued write-backs of the
-  deleted keys are withdrawn. A write already under way is undone when it ends:
-  the keys are deleted again from the tiers.
-* Eviction never loses a chunk waiting for write-back. Its slot is pinned
+  done. The chunk stays pinned in its host slot and is queued. A background
+  thread writes it to the secondary tiers. ``write_tiers="all"`` writes every
+  tier; ``"first"`` writes the first only. A full queue drops the write. It
+  never blocks the caller or grows memory. Each drop is counted per tier as
+  ``queue_full`` and logged with the key. Host memory may refuse the chunk.
+  Every slot may be pinned, or the chunk may exceed a slot. The chunk is then
+  written to the tiers synchronously.
+* ``get``, ``get_into`` and ``acquire`` read from the first tier that has the
+  chunk, host first. A hit in a lower tier is copied into host memory. This
+  is promotion.
+* ``lookup_prefix`` asks the host index first. It then asks each tier, in
+  batches, from where the previous one stopped. It repeats until a full pass
+  over the tiers adds nothing.
+* ``prefetch`` and ``lookup_prefix_async`` run the same walk on a background
+  thread. They return a future that never fails. A tier error only shortens
+  the result. ``prefetch`` also copies the chunks it finds into host memory.
+  It reports where each came from.
+* A tier that raises or times out gives a miss on reads or a dropped write.
+  It is retried after ``retry_after`` seconds. The caller never sees its
+  exception. A timed-out call keeps running in the background. Host memory
+  handed to it stays pinned until it ends. That memory is a slot being
+  promoted into or written back. A caller's own buffer never goes to a call
+  that may outlive it. A private copy goes instead.
+* ``delete`` never waits for the write-behind queue. It withdraws queued
+  write-backs of the deleted keys. A write already under way is undone when it
+  ends. The keys are then deleted again from the tiers.
+* Eviction never loses a chunk that waits for write-back. Its slot is pinned
   until written. :meth:`TieredStore.close` flushes the queue. A crash loses at
-  most the queued chunks, and only the host copy of them.
+  most the queued chunks, and only their host copies.
 
 ``TieredStore`` is the public face. Its parts each live in their own module:
 
@@ -63,7 +64,7 @@ from chunkstore.tiering._writes import TierWriter
 log = logging.getLogger(__name__)
 
 WRITE_TIERS = ("all", "first")
-"""``write_tiers`` values: write-through to every secondary tier, or only the first."""
+"""The ``write_tiers`` values: write to every secondary tier, or to the first only."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,7 +82,7 @@ class TierStats:
     writes: int
     """Chunks written into this tier."""
     dropped: dict[str, int]
-    """Writes to this tier not performed, by reason: queue_full, tier_down, tier_error."""
+    """Writes to this tier not performed, by reason: queue_full, tier_down or tier_error."""
     errors: int
     """Calls that failed or timed out."""
     up: bool
@@ -113,25 +114,27 @@ class TieredHealth:
     queue_capacity: int
     """Most chunks that may wait."""
     tiers_up: tuple[tuple[str, bool], ...]
-    """(tier name, answering?) per secondary tier."""
+    """Per secondary tier, its name and whether it answers."""
 
 
 class TieredStore(Store):
-    """A :class:`HostCache` in front of secondary stores; see the module docstring.
+    """A :class:`HostCache` in front of secondary stores; the module docstring has the rules.
 
-    The tiered store owns ``host`` and, with ``close_tiers``, the tiers. It closes
-    them in :meth:`close`. ``tier_timeout=None`` calls tiers inline, with no timeout
-    thread. ``clock`` exists for tests of the back-off. ``prefetch_workers`` is the
-    number of threads serving :meth:`prefetch` and :meth:`lookup_prefix_async`.
+    The tiered store owns ``host``. With ``close_tiers`` it owns the tiers too.
+    It closes what it owns in :meth:`close`. ``tier_timeout=None`` calls tiers
+    inline, with no timeout thread. Tests of the back-off pass ``clock``.
+    ``prefetch_workers`` threads serve :meth:`prefetch` and
+    :meth:`lookup_prefix_async`.
 
-    ``verify`` checks chunks served from host memory. A corrupt one is counted and
-    deleted from every tier. It also checks, on every read path, chunks from a tier
-    opened without ``verify``. A corrupt one is counted and set aside by that tier,
-    without waiting, and a lower tier's copy is read next. Off by default: host
-    memory is trusted, and every secondary tier checks what it returns.
+    ``verify`` checks chunks served from host memory. A corrupt one is counted
+    and deleted from every tier. On every read path, ``verify`` also checks
+    chunks from a tier opened without ``verify``. A corrupt one is counted. That
+    tier sets it aside, without waiting. A lower tier's copy is read next.
+    ``verify`` is off by default. Host memory is trusted, and every secondary
+    tier checks what it returns.
 
-    One class of about 500 lines because it is the whole ``Store`` interface of the
-    layer: each method routes, and the work is in the modules named above.
+    The class is the layer's whole ``Store`` interface. Each method routes. The
+    work is in the modules named above.
     """
 
     kind = "tiered"
@@ -216,8 +219,11 @@ class TieredStore(Store):
         self.metrics.watch_tiered(self)
 
     def watch(self, listener: ChunkListener | None) -> None:
-        """Tell ``listener`` what host memory publishes and drops, and what write-back and
-        write-through store in the tiers (None: stop). One listener at a time."""
+        """Tell ``listener`` what host memory publishes and drops.
+
+        It also hears what write-back and write-through store in the tiers.
+        There is one listener at a time. None stops the calls.
+        """
         self.host.listener = listener
         self._writer.listener = listener
 
@@ -255,7 +261,7 @@ class TieredStore(Store):
         )
 
     def dropped_keys(self) -> list[ChunkKey]:
-        """The most recent chunks whose write-back was dropped, up to 100, oldest first."""
+        """The latest chunks whose write-back was dropped, up to 100, oldest first."""
         return self._writer.dropped_keys()
 
     @property
@@ -302,9 +308,9 @@ class TieredStore(Store):
         return True
 
     def reserve(self, key: ChunkKey) -> Lease | None:
-        """A pinned writable host slot for ``key`` (see :meth:`HostCache.reserve`).
+        """A pinned writable host slot for ``key``, as :meth:`HostCache.reserve` gives.
 
-        ``None`` when every slot is pinned: fall back to :meth:`put` with a
+        ``None`` means every slot is pinned. Fall back to :meth:`put` with a
         buffer of your own. Finish with :meth:`commit` or :meth:`abort`.
         """
         self._check_open()
@@ -317,15 +323,15 @@ class TieredStore(Store):
         self._writer.enqueue(lease)
 
     def abort(self, lease: Lease) -> None:
-        """Give up a reservation; idempotent."""
+        """Give up a reservation; a second call does nothing."""
         self.host.abort(lease)
 
     def write_back(self, lease: Lease) -> None:
-        """Queue a chunk already in host memory for write-back; takes over ``lease``.
+        """Queue a chunk already in host memory for write-back; take over ``lease``.
 
-        ``lease`` is a read lease on the host slot (e.g. from
-        :meth:`SlotLoans.adopt` with ``keep_pinned``); the store releases it
-        once the chunk is written (or the write is dropped).
+        ``lease`` is a read lease on the host slot. :meth:`SlotLoans.adopt`
+        with ``keep_pinned`` gives one. The store releases it once the chunk is
+        written or the write is dropped.
         """
         if self._closed:
             self.host.release(lease)
@@ -333,7 +339,7 @@ class TieredStore(Store):
         self._writer.enqueue(lease)
 
     def memory_regions(self) -> list[memoryview]:
-        """The host cache's :meth:`HostCache.memory_regions`. Every slot view lies inside."""
+        """The host cache's :meth:`HostCache.memory_regions`; every slot view lies inside."""
         self._check_open()
         return self.host.memory_regions()
 
@@ -344,9 +350,13 @@ class TieredStore(Store):
     # --- reads ----------------------------------------------------------------------------
 
     def get_many(self, keys: Sequence[ChunkKey]) -> list[bytes | None]:
-        """Chunk bytes per key, host memory first, then each tier; ``None`` where no tier
-        has a good copy. Checked once each: with ``verify``, chunks from host memory and
-        from tiers that do not check their own here; the other tiers' by those tiers."""
+        """Chunk bytes per key, from host memory first, then each tier.
+
+        An entry is ``None`` where no tier has a good copy. Each chunk is
+        checked once. With ``verify``, this store checks chunks from host
+        memory and from tiers that do not check their own. The other tiers
+        check theirs.
+        """
         return self._read_many(keys)
 
     def _read_many(self, keys: Sequence[ChunkKey]) -> list[bytes | None]:
@@ -369,7 +379,7 @@ class TieredStore(Store):
     def _judge_tier_bytes(
         self, tier: GuardedTier, key: ChunkKey, data: Any, tier_verifies: bool
     ) -> Any | None:
-        """``data`` if it may be served, else None. It is promoted into host memory if asked."""
+        """``data`` if it may be served, else None; promote it into host memory if asked."""
         checked = self._check_tier_bytes(tier, key, data, tier_verifies)
         if checked is False:
             return None
@@ -378,10 +388,10 @@ class TieredStore(Store):
         return data
 
     def read_unchecked_many(self, keys: Sequence[ChunkKey]) -> list[bytes | None]:
-        """Stored bytes per key from the first tier holding each, host first.
+        """Stored bytes per key from the first tier that holds each, host first.
 
-        For maintenance tools: no verification, no promotion, no hit or
-        access-time update in any tier.
+        This is for maintenance tools. It verifies nothing and promotes
+        nothing. No tier updates hits or access times.
         """
         self._check_open()
         out = self.host.read_unchecked_many(keys)
@@ -395,7 +405,7 @@ class TieredStore(Store):
         return out
 
     def get_into(self, key: ChunkKey, buffer: Buffer) -> int | None:
-        """Fill ``buffer`` from the first tier holding ``key``; its size, or ``None``."""
+        """Fill ``buffer`` from the first tier holding ``key``; return the size, or ``None``."""
         lease, settled = self._acquire(key)
         if lease is not None:
             try:
@@ -404,20 +414,20 @@ class TieredStore(Store):
                 self.host.release(lease)
         if settled:
             return None
-        # No promotion (disabled, or host memory full of pinned chunks): read around it.
+        # No promotion, because it is off or every host slot is pinned: read around it.
         return self._load_from_tiers(key, buffer)
 
     def acquire(self, key: ChunkKey) -> Lease | None:
         """Pin ``key`` in host memory for reading in place, promoting it from a lower tier.
 
-        ``None`` if no tier has it, or if it is not in host memory and cannot be
-        promoted (promotion off, or every slot pinned). Release the lease
-        (``with lease:``) when done.
+        Returns ``None`` if no tier has it. Also returns ``None`` if it is not
+        in host memory and cannot be promoted. Promotion may be off, or every
+        slot pinned. Release the lease when done, as with ``with lease:``.
         """
         return self._acquire(key)[0]
 
     def _acquire(self, key: ChunkKey) -> tuple[Lease | None, bool]:
-        """(lease, settled): ``settled`` is False when the tiers were not (all) asked."""
+        """A lease and ``settled``, which is False when not every tier was asked."""
         self._check_open()
         started = time.perf_counter()
         lease = self.host.acquire(key)
@@ -444,25 +454,27 @@ class TieredStore(Store):
     def _check_tier_bytes(
         self, tier: GuardedTier, key: ChunkKey, data: Any, tier_verifies: bool
     ) -> bool | None:
-        """Whether ``data``, which ``tier`` served as ``key``'s chunk, was checked and may be
-        served.
+        """Whether ``data``, served by ``tier`` as ``key``'s chunk, was checked and may be served.
 
-        True where the tier's read checked it. ``tier_verifies`` is the tier's ``verify``
-        as it stood when the read began. Read afterwards, a flag turned on meanwhile would
-        vouch for bytes nobody checked. With ``verify``, also True where the chunk passes
-        the check here. A corrupt chunk is counted and set aside, and the answer is False.
-        ``None`` means nothing checked it: ``verify`` is off here and in the tier.
+        True means the tier's read checked it. ``tier_verifies`` is the tier's
+        ``verify`` as it stood when the read began. A flag read later might
+        have turned on meanwhile. It would vouch for bytes nobody checked. With
+        ``verify``, True also means the chunk passed the check here. A corrupt
+        chunk is counted and set aside, and the answer is False. ``None`` means
+        nothing checked it: ``verify`` is off here and in the tier.
 
-        The chunk is judged and acted on as the tier's own verifying read would. That uses
-        its MAC key and model, where it knows them. It counts damage and sets aside its
-        copy through its guarded quarantine. This is not a delete from every tier, as for a
-        corrupt host chunk. A lower tier's copy is intact and is served next.
+        The chunk is judged as the tier's own verifying read would judge it.
+        That uses the tier's MAC key and model, where it knows them. Damage is
+        counted. The tier's guarded quarantine sets its copy aside. Unlike a
+        corrupt host chunk, it is not deleted from every tier. A lower tier's
+        copy is intact and is served next.
 
-        The set-aside is I/O on the tier, which may stall. It may be a rename on a mount,
-        or requests to S3 or a peer. It is handed to the tier's guard and not waited for.
-        So the read goes on to its miss or the next tier's copy at once. A tier in back-off
-        for writes is not asked. The copy then stays and is logged; a later read finds it
-        again."""
+        The set-aside is I/O on the tier and may stall. It may be a rename on a
+        mount, or requests to S3 or a peer. It goes to the tier's guard, and
+        nobody waits for it. So the read moves on at once, to its miss or the
+        next tier's copy. A tier in back-off for writes is not asked. The copy
+        then stays and is logged. A later read finds it again.
+        """
         if tier_verifies:
             return True
         if not self.verify:
@@ -472,11 +484,12 @@ class TieredStore(Store):
             return tier.store._admit(key, judgement)
 
     def _load_from_tiers(self, key: ChunkKey, buffer: Buffer) -> int | None:
-        """Without promotion: the first tier's good copy, in ``buffer``.
+        """Read the first tier's good copy into ``buffer``, without promotion.
 
-        ``buffer`` is the caller's, reused as soon as we return. A tier with a timeout
-        has calls that may outlive the wait, so then the tiers read into their own
-        memory, copied over. Tiers with no timeout read into ``buffer`` itself.
+        ``buffer`` is the caller's. The caller reuses it as soon as this
+        returns. A tier with a timeout has calls that may outlive the wait. Such
+        tiers read into their own memory, which is then copied over. Tiers with
+        no timeout read into ``buffer`` itself.
         """
         inline = all(tier.timeout is None for tier in self._tier_list)
         (data,) = self._tier_list.read_many(
@@ -491,11 +504,11 @@ class TieredStore(Store):
     def _judge_unpromoted(
         self, tier: GuardedTier, key: ChunkKey, data: Any, tier_verifies: bool
     ) -> Any | None:
-        """``data`` if it may be served, else None (counted and set aside by the tier)."""
+        """``data`` if it may be served, else None; the tier counts and sets aside a bad copy."""
         return None if self._check_tier_bytes(tier, key, data, tier_verifies) is False else data
 
     def release(self, lease: Lease) -> None:
-        """Unpin a lease from :meth:`acquire`; idempotent."""
+        """Unpin a lease from :meth:`acquire`; a second call does nothing."""
         self.host.release(lease)
 
     def _count_host(self, hits: int, misses: int, started: float, nbytes: int) -> None:
@@ -521,11 +534,12 @@ class TieredStore(Store):
         return present
 
     def lookup_prefix(self, keys: Sequence[ChunkKey]) -> int:
-        """Leading keys present in any tier: host first, then each tier from where it stopped.
+        """How many leading keys any tier holds: host first, then each tier in turn.
 
-        The host is asked again after every tier that made progress. A chunk can be in
-        host memory only, with its write-back still queued. Older ones may already have
-        been evicted to the tiers. So the prefix may alternate between host and tiers.
+        Each tier starts where the previous one stopped. The host is asked again
+        after every tier that made progress. A chunk can be in host memory only,
+        with its write-back still queued. Older chunks may already be evicted to
+        the tiers. So the prefix may alternate between host and tiers.
         """
         self._check_open()
         position = self._host_prefix(keys, 0)
@@ -554,27 +568,27 @@ class TieredStore(Store):
     # --- background lookups and prefetch -------------------------------------------------
 
     def lookup_prefix_async(self, keys: Sequence[ChunkKey]) -> Future[int]:
-        """:meth:`lookup_prefix` on a background thread. The future never fails; 0 at worst.
+        """Run :meth:`lookup_prefix` on a background thread; the future never fails.
 
-        For a scheduler that must not wait for a slow tier: poll ``done()``
-        and ask again at its next step.
+        The result is 0 at worst. This serves a scheduler that must not wait for
+        a slow tier. It polls ``done()`` and asks again at its next step.
         """
         return self._prefetcher.lookup_prefix_async(keys)
 
     def prefetch(self, keys: Sequence[ChunkKey]) -> Future[list[str]]:
         """Bring the leading present ``keys`` into host memory, on a background thread.
 
-        The future resolves to one entry per key from the first on. Each entry says
-        where the chunk now in host memory came from. ``"host"`` means it was there
-        already. Otherwise it is the ``kind`` of the tier it was read from, such as
-        ``"fs"``, ``"s3"`` or ``"peer"``.
+        The future resolves to one entry per key, from the first on. Each entry
+        says where the chunk now in host memory came from. ``"host"`` means it
+        was there already. Otherwise it is the ``kind`` of the tier it was read
+        from, such as ``"fs"``, ``"s3"`` or ``"peer"``.
 
-        It stops at the first key that no tier has or that could not be brought in.
-        Causes are a tier error or timeout, a corrupt chunk, or host memory full of
-        pinned chunks. So ``len(result)`` is the usable prefix. It never raises.
-        The prefix is pinned while it is gathered, so a later chunk never evicts an
-        earlier one. It is unpinned when the future resolves. Acquire the chunks
-        before relying on them.
+        It stops at the first key that no tier has or that it cannot bring in.
+        A tier error or timeout, a corrupt chunk, or host memory full of pinned
+        chunks can cause that. So ``len(result)`` is the usable prefix. It never
+        raises. The prefix stays pinned while it is gathered. A later chunk thus
+        never evicts an earlier one. It is unpinned when the future resolves.
+        Acquire the chunks before relying on them.
         """
         return self._prefetcher.prefetch(keys)
 
@@ -582,10 +596,10 @@ class TieredStore(Store):
 
     def delete_many(self, keys: Sequence[ChunkKey]) -> int:
         self._check_open()
-        # A queued write-back would resurrect the chunk after we delete it. Withdraw those
-        # instead of waiting for the queue (a stalled tier would stall the caller, and the
-        # quarantine of a corrupt host chunk runs on the read path); one being written now is
-        # undone by the drain thread when it ends.
+        # A queued write-back would resurrect the chunk after we delete it. Withdraw those;
+        # do not wait for the queue. A stalled tier would stall the caller, and the quarantine
+        # of a corrupt host chunk runs on the read path. The drain thread undoes a write in
+        # progress when it ends.
         self._writer.withdraw(keys)
         present = self.exists_many(keys)
         self.host.delete_many(keys)
@@ -620,12 +634,14 @@ class TieredStore(Store):
 
     @property
     def high_latency(self) -> bool:
-        """Never: the host index answers first and each tier picks its own strategy."""
+        """False: the host index answers first, and each tier picks its own strategy."""
         return False
 
     def close(self) -> None:
-        """Flush pending write-backs, stop the drain thread, and close host memory.
-        Close the tiers too where this store owns them."""
+        """Flush pending write-backs, stop the drain thread and close host memory.
+
+        Close the tiers too where this store owns them.
+        """
         if self._closed:
             return
         self._closed = True

@@ -2,21 +2,22 @@
 
 A :class:`TierList` is what a tiered store and an engine's own tier share.
 
-* **Reads.** Each tier is asked, in order, for the keys the earlier tiers did
-  not serve: one batch call per tier. A store that reads into memory it is
-  given fills the caller's buffers. The caller's ``judge`` decides what a
-  served chunk is worth; a chunk it refuses is asked of the next tier.
-  :meth:`TierList.start_read` begins the first call, so that a caller can
-  overlap it with other work; :meth:`TierList.finish_read` takes it and asks
+* **Reads.** Each tier in turn gets one batch call. It is asked for the keys
+  the earlier tiers did not serve. A store that reads into given memory fills
+  the caller's buffers. The caller's ``judge`` decides what a served chunk is
+  worth. A chunk it refuses is asked of the next tier.
+  :meth:`TierList.start_read` begins the first call. The caller can overlap
+  it with other work. :meth:`TierList.finish_read` takes the result and asks
   the later tiers.
 * **Presence.** :meth:`TierList.exists_many` asks each tier that is up about
   the keys no earlier tier holds.
 * **Writes.** :meth:`TierList.start_writes` starts a batch's write on every
-  tier at once; :meth:`TierWrites.settle` takes the results, counting each drop.
+  tier at once. :meth:`TierWrites.settle` takes the results and counts each
+  drop.
 
-A call that timed out goes on running and may still write into the buffers it
-was given. The read loop then asks ``fresh`` for new buffers before the next
-tier reads: a late write must never land over bytes already judged.
+A call that timed out goes on running. It may still write into its buffers.
+So the read loop asks ``fresh`` for new buffers before the next tier reads. A
+late write must never land over bytes already judged.
 """
 
 from __future__ import annotations
@@ -31,12 +32,18 @@ from chunkstore.hashing import ChunkKey
 from chunkstore.tiering._guard import GuardedCall, GuardedTier, TierUnavailable
 
 Judge = Callable[[GuardedTier, ChunkKey, Any, bool], Any]
-"""``judge(tier, key, data, verified)``: what to keep of ``data``, which ``tier`` served as
-``key``'s chunk, or ``None`` to ask the next tier. ``verified``: the tier's read checked it."""
+"""``judge(tier, key, data, verified)`` returns what to keep of a served chunk.
+
+``tier`` served ``data`` as ``key``'s chunk. ``verified`` says the tier's read
+checked it. ``None`` asks the next tier.
+"""
 
 Fresh = Callable[[list[int], Future[Any]], bool]
-"""``fresh(positions, running)``: give those keys new buffers, as ``running`` may still
-write into the old ones; False if none could be had (the read then stops)."""
+"""``fresh(positions, running)`` gives the keys at ``positions`` new buffers.
+
+``running`` may still write into the old ones. It returns False if no buffer
+is free. The read then stops.
+"""
 
 __all__ = ["Judge", "TierList", "TierRead", "TierWrites", "keep_all"]
 
@@ -66,14 +73,14 @@ class TierRead:
         verified: bool,
     ) -> None:
         self.index = index
-        """The tier's place in the list. A key it misses is asked of the next."""
+        """The tier's place in the list; a key it misses is asked of the next."""
         self.tier = tier
         self.asked = asked
         """Positions of the keys asked for, in the caller's list."""
         self.call = call
         self.verified = verified
-        """The store's ``verify`` as the read began: whether it checked what it returns.
-        Read afterwards, a flag turned on meanwhile would vouch for unchecked bytes."""
+        """Whether the store checked what it returns: its ``verify`` as the read began."""
+        # Read later, a flag turned on meanwhile would vouch for unchecked bytes.
         self._views = views
 
     @property
@@ -84,7 +91,8 @@ class TierRead:
     def result(self) -> list[Any]:
         """Each asked key's bytes, ``None`` where the store has no good copy.
 
-        Raises :class:`TierUnavailable` as a guarded call does."""
+        Raises :class:`TierUnavailable` as a guarded call does.
+        """
         got = self.call.result()
         if self._views is None:
             return list(got)
@@ -99,7 +107,7 @@ class TierWrites:
     def __init__(self, count: int, nbytes: int, *, if_absent: bool) -> None:
         self.calls: list[tuple[GuardedTier, GuardedCall[Any] | None, str]] = []
         """Per tier: its call, or ``None`` and why it was refused at once."""
-        # Not the items themselves: a view kept here would keep its buffer mapped.
+        # Counts and sizes, not the items: a view kept here would keep its buffer mapped.
         self.count = count
         """Items in the batch."""
         self.nbytes = nbytes
@@ -108,19 +116,21 @@ class TierWrites:
         """Whether each write is a put-if-absent, else a plain put."""
 
     def futures(self) -> list[Future[Any]]:
-        """The calls started: each done once nothing reads the items' memory any more."""
+        """The calls started; each is done once nothing reads the items' memory."""
         return [call.future for _, call, _ in self.calls if call is not None]
 
     def settle(
         self,
         on_timeout: Callable[[TierUnavailable], None] | None = None,
     ) -> list[tuple[GuardedTier, list[bool] | None, str]]:
-        """Wait for each tier's write. Per tier, returns what it answered, or ``None`` and
-        why it failed. ``tier_down`` means its writes are stopped. ``tier_error`` means it
-        failed, timed out, or is in back-off.
+        """Wait for each tier's write.
 
-        A failed tier counts the items as dropped. ``on_timeout`` hears of each call
-        that timed out and still runs. Such a call may still read the items' memory."""
+        Per tier, returns what it answered, or ``None`` and why it failed.
+        ``tier_down`` means its writes are stopped. ``tier_error`` means it
+        failed, timed out or is in back-off. A failed tier counts the items as
+        dropped. ``on_timeout`` hears of each call that timed out and still
+        runs. Such a call may still read the items' memory.
+        """
         out: list[tuple[GuardedTier, list[bool] | None, str]] = []
         for tier, call, refused in self.calls:
             if call is None:
@@ -167,13 +177,15 @@ class TierList:
         *,
         unchecked: bool = False,
     ) -> TierRead | None:
-        """Start reading the keys at ``missing`` from the first tier, from ``first`` on,
-        that takes calls; ``None`` when none does.
+        """Start reading the keys at ``missing`` from the first tier that takes calls.
 
-        With ``buffers`` (one per key), a store that reads into given memory fills them;
-        without, every store returns bytes of its own. ``unchecked``: the maintenance
-        read (no check, no use counted)."""
-        # A store that reads one chunk into memory, and not a batch, still does for one.
+        The search starts at tier ``first``. Returns ``None`` when no tier takes
+        calls. ``buffers`` holds one buffer per key. A store that reads into
+        given memory fills them. Without ``buffers``, every store returns bytes
+        of its own. ``unchecked`` makes it the maintenance read. That read
+        checks nothing and counts no use.
+        """
+        # A store with get_into but no batch form still reads into the buffer for one key.
         asked = [keys[i] for i in missing]
         for index in range(first, len(self.tiers)):
             tier = self.tiers[index]
@@ -209,12 +221,14 @@ class TierList:
         count: bool = False,
         unchecked: bool = False,
     ) -> list[Any | None]:
-        """What ``judge`` kept of each key's chunk, from the first tier that served one it
-        kept; ``None`` where no tier did. ``read`` is the first tier's call, started.
+        """What ``judge`` kept of each key's chunk, from the first tier that served one.
 
-        ``count``: count each tier's hits and misses (a store's reads; an engine's tier
-        counts at lookup instead). Calls that timed out but still run are added to
-        ``pending``; with ``buffers``, ``fresh`` gives their keys new buffers first."""
+        An entry is ``None`` where no tier served a chunk it kept. ``read`` is the
+        first tier's call, already started. ``count`` counts each tier's hits and
+        misses. A store's reads set it. An engine's tier counts at lookup
+        instead. Calls that timed out but still run are added to ``pending``.
+        With ``buffers``, ``fresh`` first gives their keys new buffers.
+        """
         kept: list[Any | None] = [None] * len(keys)
         while read is not None:
             tier = read.tier
@@ -252,7 +266,7 @@ class TierList:
         count: bool,
         unchecked: bool = False,
     ) -> TierRead | None:
-        """:meth:`start_read`, counting a miss of each key in each tier that refused it."""
+        """Run :meth:`start_read`, counting a miss for each key in each refusing tier."""
         if not missing:
             return None
         read = self.start_read(keys, buffers, missing, first, unchecked=unchecked)
@@ -271,9 +285,13 @@ class TierList:
         count: bool = False,
         unchecked: bool = False,
     ) -> list[Any | None]:
-        """:meth:`finish_read` of a read started now, into the stores' own memory or into
-        ``buffers``. Give ``buffers`` only where no call can outlive the read: tiers with
-        no timeout, or memory that stays the read's until every call has ended."""
+        """Start a read now and :meth:`finish_read` it.
+
+        The stores read into their own memory, or into ``buffers``. Give
+        ``buffers`` only where no call can outlive the read. That holds for
+        tiers with no timeout. It also holds for memory that stays the read's
+        until every call has ended.
+        """
         missing = list(range(len(keys)))
         read = self._start_next(keys, buffers, missing, 0, count, unchecked)
         return self.finish_read(keys, buffers, read, judge=judge, count=count, unchecked=unchecked)
@@ -281,9 +299,11 @@ class TierList:
     # --- presence -------------------------------------------------------------------------
 
     def exists_many(self, keys: Sequence[ChunkKey], *, count: bool = False) -> list[bool]:
-        """Whether some tier that is up holds each key (a tier that fails answers no).
+        """Whether some tier that is up holds each key; a tier that fails answers no.
 
-        ``count``: count each tier's hits and misses (an engine's lookups)."""
+        With ``count``, each tier counts its hits and misses. An engine's
+        lookups use it.
+        """
         present = [False] * len(keys)
         missing = list(range(len(keys)))
         for tier in self.tiers:
@@ -314,11 +334,14 @@ class TierList:
         items: list[tuple[ChunkKey, Buffer]],
         tiers: Sequence[GuardedTier] | None = None,
     ) -> TierWrites:
-        """Start writing ``items`` on every tier (or on ``tiers``) at once, into ``writes``.
+        """Start writing ``items`` on every tier at once, recording the calls in ``writes``.
 
-        A tier whose writes are stopped (full, read-only) or in back-off is refused at
-        once; :meth:`TierWrites.settle` counts it. Each call is in ``writes`` as soon as
-        it starts, so a caller that meets an error part-way still knows what runs."""
+        ``tiers`` limits the write to some tiers. A tier is refused at once if
+        its writes are stopped or in back-off. A full or read-only tier has its
+        writes stopped. :meth:`TierWrites.settle` counts a refusal. Each call
+        enters ``writes`` as soon as it starts. So a caller that meets an error
+        part-way still knows what runs.
+        """
         for tier in self.tiers if tiers is None else tiers:
             if not tier.writable:  # a full or read-only tier still serves reads
                 writes.calls.append((tier, None, "tier_down"))

@@ -1,12 +1,12 @@
 """A bounded write-behind queue drained by one background thread.
 
-The caller's ``put`` only appends. When the queue is full, it is told so and
-drops. It never blocks on a slow tier, and memory never grows without bound.
-Items are whatever the owner wants written. Here they are pinned host-cache
-leases, so a queued chunk cannot be evicted before it is persisted. The owner
-can take items back without waiting for the queue, as for a deleted key. That
-is :meth:`WriteBehindQueue.withdraw`. An item already being written is handed
-to ``undo`` once its write has ended.
+The caller's ``put`` only appends. When the queue is full, ``put`` says so
+and the caller drops the item. It never blocks on a slow tier. Memory never
+grows without bound. Items are whatever the owner wants written. Here they are
+pinned host-cache leases. So a queued chunk cannot be evicted before it is
+persisted. :meth:`WriteBehindQueue.withdraw` takes items back without waiting
+for the queue, as for a deleted key. An item already being written goes to
+``undo`` once its write has ended.
 """
 
 from __future__ import annotations
@@ -28,10 +28,10 @@ T = TypeVar("T")
 class WriteBehindQueue(Generic[T]):
     """At most ``capacity`` items waiting; ``write(batch)`` runs on the drain thread.
 
-    ``write`` receives up to ``batch_size`` items in queue order and owns them
-    from then on (it must release whatever they hold, even when it raises).
-    ``undo`` (on the drain thread, after ``write`` returned) receives the items
-    of that batch that were withdrawn while it was being written.
+    ``write`` receives up to ``batch_size`` items in queue order. It owns them
+    from then on. It must release whatever they hold, even when it raises.
+    ``undo`` receives the batch's items that were withdrawn during the write.
+    It runs on the drain thread, after ``write`` returned.
     """
 
     def __init__(
@@ -57,8 +57,8 @@ class WriteBehindQueue(Generic[T]):
         self._items: deque[T] = deque()
         self._batch: list[T] = []
         self._withdrawn_late: list[T] = []
-        # Withdrawn items of the last batch while ``undo`` runs for them: a newer write
-        # around the queue waits for these too, or the late undo would remove it.
+        # Withdrawn items of the last batch while undo runs for them. A newer write around
+        # the queue waits for these too. Otherwise the late undo would remove it.
         self._undoing: list[T] = []
         self._in_flight = 0
         self._closing = False
@@ -67,7 +67,7 @@ class WriteBehindQueue(Generic[T]):
         self._thread.start()
 
     def offer(self, item: T) -> bool:
-        """Queue ``item``. False when full or closed, and the item is not taken."""
+        """Queue ``item``; return False, without taking it, when full or closed."""
         with self._cond:
             if self._closing or len(self._items) >= self.capacity:
                 return False
@@ -87,10 +87,11 @@ class WriteBehindQueue(Generic[T]):
             return len(self._items) + self._in_flight
 
     def withdraw(self, match: Callable[[T], bool]) -> list[T]:
-        """Take back the waiting items for which ``match`` is true (the caller owns them again).
+        """Take back the waiting items for which ``match`` is true.
 
-        Matching items of the batch being written cannot be taken back; they
-        go to ``undo`` when that write ends. Never waits for a write.
+        The caller owns the returned items again. Matching items of the batch
+        being written cannot be taken back. They go to ``undo`` when that
+        write ends. This never waits for a write.
         """
         with self._cond:
             taken = [item for item in self._items if match(item)]
@@ -101,20 +102,22 @@ class WriteBehindQueue(Generic[T]):
         return taken
 
     def undo_pending(self, match: Callable[[T], bool]) -> bool:
-        """Whether an item ``match`` selects was withdrawn while being written and its undo
-        has not ended yet (its copy may be in the targets for a while longer)."""
+        """Whether an item ``match`` selects was withdrawn during its write, and awaits undo.
+
+        Until its undo ends, its copy may stay in the targets.
+        """
         with self._cond:
             return any(match(item) for item in (*self._withdrawn_late, *self._undoing))
 
     def supersede(self, match: Callable[[T], bool], timeout: float | None = None) -> list[T]:
-        """Take back the waiting items ``match`` selects. Then wait, up to ``timeout``,
-        until no batch being written or being undone holds one. The caller owns the
-        returned items again.
+        """Take back the waiting items ``match`` selects, then wait for the rest.
 
-        This is for a newer write that goes around the queue. The older items must not
-        land after it. So waiting ones are withdrawn, and one being written is waited
-        for. Nor may they be undone after it. Unlike :meth:`withdraw`, nothing goes to
-        ``undo``.
+        The wait lasts up to ``timeout``, until no batch being written or undone
+        holds a match. The caller owns the returned items again. This serves a
+        newer write that goes around the queue. Older items must not land after
+        it. So waiting ones are withdrawn, and one being written is waited for.
+        They may not be undone after it either. Unlike :meth:`withdraw`, this
+        sends nothing to ``undo``.
         """
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
@@ -141,7 +144,7 @@ class WriteBehindQueue(Generic[T]):
         return True
 
     def close(self, timeout: float | None = None) -> list[T]:
-        """Write what is queued, stop the thread; returns items left unwritten on timeout."""
+        """Write what is queued and stop the thread; return items left unwritten on timeout."""
         self.flush(timeout)
         with self._cond:
             self._closing = True

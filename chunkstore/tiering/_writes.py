@@ -1,13 +1,14 @@
 """Writes from host memory to a tiered store's secondary tiers.
 
 Write-behind: a chunk committed to host memory is queued, still pinned in its
-slot. The drain thread of a :class:`~chunkstore.tiering._writeback.WriteBehindQueue`
-writes it to the target tiers in batches, reading the slots in place. A full
-queue drops the write rather than block the caller or grow memory. The drop is
-counted per tier as ``queue_full`` and logged with the key.
+slot. A :class:`~chunkstore.tiering._writeback.WriteBehindQueue` drains the
+queue on its thread. It writes chunks to the target tiers in batches and reads
+the slots in place. A full queue drops the write. It never blocks the caller
+or grows memory. Each drop is counted per tier as ``queue_full`` and logged
+with the key.
 
-Write-through: a chunk host memory cannot take is written to the target tiers
-at once, by :meth:`TierWriter.write_through`.
+Write-through: :meth:`TierWriter.write_through` writes a chunk that host
+memory cannot take. It goes to the target tiers at once.
 
 Both start the write on every target tier at once, through
 :meth:`~chunkstore.tiering._tierlist.TierList.start_writes`. A write that times
@@ -37,14 +38,14 @@ log = logging.getLogger(__name__)
 RECENT_DROPS = 100
 """How many dropped keys :meth:`TierWriter.dropped_keys` remembers."""
 DROP_LOG_INTERVAL = 10.0
-"""Seconds between two warnings about dropped writes. The ones between are counted."""
+"""Seconds between two warnings about dropped writes; drops in between are counted."""
 
 
 class TierWriter:
-    """Writes chunks of ``host`` to ``targets``: queued behind the caller, or at once.
+    """Writes chunks of ``host`` to ``targets``, queued behind the caller or at once.
 
-    With no targets nothing is queued (a queued lease is released at once).
-    ``name`` is the owning store's, for thread names and log lines.
+    With no targets nothing is queued. A lease to queue is released at once.
+    ``name`` is the owning store's name, for thread names and log lines.
     """
 
     def __init__(
@@ -77,7 +78,8 @@ class TierWriter:
         self._drops_unreported = 0
         self._last_drop_log = float("-inf")
         self.listener: ChunkListener | None = None
-        """Told of every chunk a write here stored in a tier, not of one the tier had."""
+        """The listener told of each chunk a write here stored in a tier."""
+        # It is not told of a chunk the tier already had.
 
     # --- reporting ------------------------------------------------------------------------
 
@@ -92,14 +94,17 @@ class TierWriter:
         return self._queue.pending if self._queue else 0
 
     def dropped_keys(self) -> list[ChunkKey]:
-        """The most recent chunks whose write-back was dropped, oldest first."""
+        """The latest chunks whose write-back was dropped, oldest first."""
         with self._lock:
             return list(self._recent_drops)
 
     # --- write-behind ---------------------------------------------------------------------
 
     def enqueue(self, lease: Lease) -> None:
-        """Queue the chunk under ``lease``, a pinned read lease, for write-back. Takes it over."""
+        """Queue the chunk under ``lease``, a pinned read lease, for write-back.
+
+        The writer takes over the lease.
+        """
         if self._queue is None:
             self._host.release(lease)
             return
@@ -113,8 +118,8 @@ class TierWriter:
     def withdraw(self, keys: Sequence[ChunkKey]) -> None:
         """Take back the queued write-backs of ``keys`` without waiting for the queue.
 
-        A write-back of one of them already under way is undone (the keys
-        deleted again from the targets) when it ends.
+        A write-back of one of them may already be under way. It is undone when
+        it ends: the keys are deleted again from the targets.
         """
         if self._queue is None:
             return
@@ -123,9 +128,10 @@ class TierWriter:
             self._host.release(lease)
 
     def deleted_in_flight(self, key: ChunkKey) -> bool:
-        """Whether ``key`` was deleted while its write-back was under way, and that write
-        is not undone yet. Its copy in the tiers is then on its way out, never to be
-        promoted."""
+        """Whether ``key`` was deleted during its write-back, and the undo has not ended.
+
+        Its copy in the tiers is then on its way out. It must never be promoted.
+        """
         if self._queue is None:
             return False
         return self._queue.undo_pending(lambda lease: lease.key == key)
@@ -141,12 +147,12 @@ class TierWriter:
                 self._host.release(lease)
 
     def _write_back(self, batch: list[Lease]) -> None:
-        """Drain-thread side: write a batch to the target tiers, then unpin it.
+        """Write a batch to the target tiers on the drain thread, then unpin it.
 
-        The tiers read the slots in place, with no copy on the common path. A write
-        that times out may still be reading them. So the batch stays pinned until
-        every such call has ended. Until then the slots cannot be reused and their
-        bytes stored under these keys.
+        The tiers read the slots in place, with no copy on the common path. A
+        write that times out may still be reading them. So the batch stays
+        pinned until every such call has ended. Until then no other chunk can
+        reuse the slots and have its bytes stored under these keys.
         """
 
         def release_batch() -> None:
@@ -162,7 +168,7 @@ class TierWriter:
             holds.done()
 
     def _undo_writes(self, batch: list[Lease]) -> None:
-        """Drain-thread side: keys deleted while their write-back was under way."""
+        """Undo, on the drain thread, writes of keys deleted during their write-back."""
         keys = list(dict.fromkeys(lease.key for lease in batch))
         for tier in self._tiers:
             try:
@@ -173,11 +179,11 @@ class TierWriter:
     # --- write-through --------------------------------------------------------------------
 
     def write_through(self, key: ChunkKey, data: Buffer, *, if_absent: bool) -> bool:
-        """Host memory could not take the chunk: write it to the target tiers now."""
+        """Write a chunk that host memory could not take to the target tiers now."""
         view: Buffer = memoryview(data).cast("B")
         if any(tier.timeout is not None for tier in self._tiers):
-            # A call that times out goes on reading its input after we return, while the
-            # caller may reuse its buffer: hand the tiers a private copy (slow path only).
+            # A call that times out goes on reading its input after we return. The caller may
+            # reuse its buffer meanwhile. So hand the tiers a private copy; this is the slow path.
             view = bytes(view)
         return self._write_all([(key, view)], len(view), if_absent=if_absent)
 
@@ -185,9 +191,10 @@ class TierWriter:
         """Prepare to write ``key`` around host memory.
 
         Drop the older copy host memory may still hold. Its slot was pinned for
-        write-back, so it could not be replaced. Take back its queued write-back, and
-        let one under way end first. Otherwise reads, and later the tiers, would go back
-        to the older bytes."""
+        write-back, so it could not be replaced. Take back its queued
+        write-back. Let one under way end first. Otherwise reads, and later the
+        tiers, would go back to the older bytes.
+        """
         self._host.delete_many([key])
         if self._queue is None:
             return
@@ -206,10 +213,11 @@ class TierWriter:
         if_absent: bool,
         holds: _Holds | None = None,
     ) -> bool:
-        """Write ``items`` to every target tier at once; whether some tier stored them.
+        """Write ``items`` to every target tier at once; return whether some tier stored them.
 
-        ``holds`` keeps their memory alive past a timeout. Without it the buffers must be
-        private to this write (a timed-out call may read them later).
+        ``holds`` keeps their memory alive past a timeout. Without it, the
+        buffers must be private to this write. A timed-out call may read them
+        later.
         """
         writes = self._tiers.start_writes(
             TierWrites(len(items), nbytes, if_absent=if_absent), items
@@ -230,9 +238,9 @@ class TierWriter:
                     if ok:
                         self.listener.chunk_stored(key, tier.name)
             if not if_absent:
-                # A plain put answers False for an item it could not store (S3 after its
-                # retries, a failed NIXL write): that write-back is lost, so count it. For
-                # put_if_absent False means the tier already had the chunk.
+                # A plain put answers False for an item it could not store, such as S3 after its
+                # retries or a failed NIXL write. That write-back is lost, so count it. For
+                # put_if_absent, False means the tier already had the chunk.
                 failed = [key for (key, _), ok in zip(items, written, strict=True) if not ok]
                 if failed:
                     tier.count_drop("tier_error", len(failed))
@@ -260,7 +268,7 @@ class TierWriter:
 
 
 class _Holds:
-    """Releases a write-back batch once the drain thread and every abandoned write are done."""
+    """Releases a write-back batch once the drain thread and all abandoned writes are done."""
 
     __slots__ = ("_count", "_lock", "_release")
 

@@ -1,8 +1,8 @@
 """The vLLM adapter: ``ChunkStoreConnector`` for ``vllm serve --kv-transfer-config``.
 
 ``import chunkstore.vllm`` works without vLLM installed. Config parsing and the
-layout classes need only torch. The connector class itself is imported on
-first access, with an install hint if vLLM is missing.
+layout classes need only torch. The connector class loads on first access.
+Without vLLM, it raises :class:`~chunkstore.errors.MissingDependency` with an install hint.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
-"""The connector's options (``kv_connector_extra_config``), parsed and validated at start-up.
+"""The connector's options from ``kv_connector_extra_config``, parsed and validated.
 
-Every option is listed in :data:`OPTIONS` with its meaning. An unknown key or a
-bad value raises :class:`~chunkstore.errors.ConfigError` naming the option. So a
-typo fails ``vllm serve`` at start-up instead of being silently ignored.
-No vLLM import here: the scheduler and the tests parse configs without it.
+:data:`OPTIONS` lists every option with its meaning. An unknown key or a bad
+value raises :class:`~chunkstore.errors.ConfigError` that names the option. A
+typo thus fails ``vllm serve`` at start-up. This module does not import vLLM.
+The scheduler and the tests parse configs without it.
 """
 
 from __future__ import annotations
@@ -50,17 +50,18 @@ OPTIONS: dict[str, str] = {
 
 
 MAX_CHUNK_TOKENS = 1 << 20
-"""Most tokens per chunk. That is far beyond any useful chunk, which holds every layer's KV."""
+"""Most tokens per chunk."""
 MAX_TIERS = 16
 """Most secondary tiers."""
 MAX_TEXT = 1024
-"""Longest string option (model_id, namespace, shared_pool) and tier URL, in characters."""
+"""Longest string option or tier URL, in characters."""
 
 
 def parse_size(value: Any, option: str = "size") -> int:
-    """Bytes from an int or a string like ``8G``, ``512MiB``, ``1.5g`` (:mod:`chunkstore.units`).
+    """Bytes from an int or a string such as ``8G``, ``512MiB`` or ``1.5g``.
 
-    Errors name ``option``; the size must be positive.
+    :mod:`chunkstore.units` parses the string. The size must be positive.
+    Errors name ``option``.
     """
     try:
         n = units.parse_size(value)
@@ -73,7 +74,7 @@ def parse_size(value: Any, option: str = "size") -> int:
 
 @dataclass(frozen=True, slots=True)
 class ConnectorConfig:
-    """Validated connector options; see :data:`OPTIONS` for what each one means."""
+    """Validated connector options; :data:`OPTIONS` says what each one means."""
 
     host_cache_bytes: int
     """Host cache capacity in bytes."""
@@ -96,17 +97,17 @@ class ConnectorConfig:
     prefetch_timeout_s: float
     """Secondary-tier prefetch deadline per request."""
     verify_host: bool
-    """Verify chunks read from host memory."""
+    """Whether chunks read from host memory are verified."""
     compression: str
-    """'none' or 'zstd' for secondary tiers."""
+    """Compression for secondary tiers: 'none' or 'zstd'."""
     store_options: Mapping[str, Mapping[str, Any]]
     """Per-URL store options."""
     shared_pool: str | None
     """Shared host pool name, or None for the default."""
     metrics_port: int | None
-    """Port of the chunkstore_* metrics endpoint, or None for none."""
+    """Port of the chunkstore_* metrics endpoint; None means no endpoint."""
     node: str | None = None
-    """The node service's endpoint, such as ``ipc:///path``. None: the engine's own host cache."""
+    """The node service's endpoint, such as ``ipc:///path``; None means the engine's own cache."""
 
 
 def _bool(extra: Mapping[str, Any], name: str, default: bool) -> bool:
@@ -119,8 +120,11 @@ def _bool(extra: Mapping[str, Any], name: str, default: bool) -> bool:
 
 
 def positive_int_option(value: Any, name: str, maximum: int) -> int:
-    """Option ``name`` as an integer in 1..``maximum`` (an int or its digits), else one
-    :class:`ConfigError` line naming the option."""
+    """Option ``name`` as an integer from 1 to ``maximum``.
+
+    The value may be an int or a string of digits. Any other value raises a
+    one-line :class:`ConfigError` that names the option.
+    """
     expected = f"{name}: expected an integer 1..{maximum}, got {shown(value)}"
     if isinstance(value, bool) or not isinstance(value, (int, str)):
         raise ConfigError(expected)
@@ -134,8 +138,11 @@ def positive_int_option(value: Any, name: str, maximum: int) -> int:
 
 
 def seconds_option(extra: Mapping[str, Any], name: str, default: float) -> float:
-    """Duration option ``name`` of ``extra`` in seconds (``default`` when absent), bounded as
-    :func:`~chunkstore.units.parse_age` bounds it; errors name the option."""
+    """Duration option ``name`` of ``extra``, in seconds.
+
+    An absent option is ``default``. :func:`~chunkstore.units.parse_age` sets
+    the bounds. Errors name the option.
+    """
     try:
         return units.parse_age(extra.get(name, default))
     except ConfigError as exc:
@@ -200,14 +207,14 @@ def parse_config(
     """Validate ``kv_connector_extra_config`` against the engine's ``block_size``.
 
     ``kv_role`` is ``kv_producer``, ``kv_consumer`` or ``kv_both``. It sets the
-    defaults of ``load`` and ``save``. ``extra`` must be a mapping, or None for
-    all defaults.
+    defaults of ``load`` and ``save``. ``extra`` is a mapping, or None for all
+    defaults.
     """
     if extra is None:
         extra = {}
     if not isinstance(extra, Mapping):
-        # A string such as "host_cache=2G" is the usual mistake; dict() of it fails with a
-        # ValueError about "update sequence elements" that names no option.
+        # A string such as "host_cache=2G" is the usual mistake. dict() of it raises a
+        # ValueError that names no option.
         raise ConfigError(
             "kv_connector_extra_config: expected a JSON object of options, e.g. "
             f'{{"host_cache": "8G", "tiers": ["/mnt/kv"]}}, got {shown(extra)}'

@@ -1,13 +1,14 @@
 """``ChunkStoreConnector``: vLLM's KV connector interface over chunkstore.
 
-Loaded by configuration only::
+Configuration alone loads it::
 
     vllm serve MODEL --kv-transfer-config '{"kv_connector": "ChunkStoreConnector",
         "kv_connector_module_path": "chunkstore.vllm", "kv_role": "kv_both",
         "kv_connector_extra_config": {"host_cache": "8G", "tiers": ["file:///mnt/kv"]}}'
 
-vLLM builds one instance per role. The scheduler one plans keys, lookups, loads
-and saves. Each worker one moves bytes. This class only dispatches to
+Each role gets its own instance. The scheduler's instance plans keys,
+lookups, loads and saves. Each worker's instance moves bytes. This class only
+dispatches to
 :class:`~chunkstore.vllm.scheduler.ChunkStoreScheduler` and
 :class:`~chunkstore.vllm.worker.ChunkStoreWorker`.
 """
@@ -49,8 +50,8 @@ log = logging.getLogger(__name__)
 
 __all__ = ["ChunkStoreConnector"]
 
-# ChunkStoreMetadata is defined without vLLM (worker code runs in processes that never import
-# it); vLLM's base class is an empty marker, so a virtual subclass is all it takes.
+# ChunkStoreMetadata needs no vLLM, for worker processes that never import it. vLLM's base
+# class is an empty marker, so a virtual subclass suffices.
 KVConnectorMetadata.register(ChunkStoreMetadata)
 
 
@@ -81,13 +82,13 @@ class ChunkStoreConnector(KVConnectorBase_V1, SupportsHMA):
         self.worker: ChunkStoreWorker | None = None
         self.store: ProcessCache | RankCache | NodeCache
         if role == KVConnectorRole.WORKER and self.engine.tp_size > 1 and self.cfg.node:
-            # Each TP rank attaches to the node service and writes its heads into the slot
-            # the service shares among the engine's ranks; the service seals the chunk.
+            # Each TP rank attaches to the node service. It writes its heads into the slot
+            # the engine's ranks share. The service seals the chunk.
             self.store = self._make_node_store(rank=self.engine.tp_rank)
             self._release_store: Callable[[], None] = self.store.close
         elif role == KVConnectorRole.WORKER and self.engine.tp_size > 1:
-            # TP workers run in their own processes: they attach the scheduler's host pool
-            # and write their heads into shared slots instead of holding a cache each.
+            # TP workers run in their own processes. They attach the scheduler's host pool
+            # and write their heads into shared slots; they hold no cache of their own.
             self.store = RankCache(
                 self.pool_name,
                 self.engine.layout,
@@ -97,8 +98,8 @@ class ChunkStoreConnector(KVConnectorBase_V1, SupportsHMA):
             # A rank detaches from the pool; the scheduler's store owns it and its /dev/shm name.
             self._release_store = self.store.close
         else:
-            # TP=1: scheduler and worker share one process (vLLM runs the single worker
-            # inside the engine core), so they share this process's store by name.
+            # TP=1: vLLM runs the single worker inside the engine core. Scheduler and
+            # worker share this process's store by name.
             if self.cfg.node is not None:
                 self.store = acquire_shared(self.pool_name, self._make_node_store)
             else:
@@ -107,10 +108,10 @@ class ChunkStoreConnector(KVConnectorBase_V1, SupportsHMA):
             # tier threads and, at TP > 1, the pool's /dev/shm name.
             self._release_store = functools.partial(release_shared, self.pool_name)
         self.shut_down = False
-        """Whether :meth:`shutdown` ran. It releases this connector's hold on the store once."""
+        """Whether :meth:`shutdown` has released this connector's hold on the store."""
         self.metrics_server: MetricsServer | None = None
         self.events: ConnectorEvents | None = None
-        """KV events for vLLM's publisher (scheduler side, ``--kv-events-config`` on)."""
+        """KV events for vLLM's publisher, on the scheduler side with ``--kv-events-config``."""
         if role == KVConnectorRole.SCHEDULER:
             assert isinstance(self.store, (ProcessCache, NodeCache))
             self.scheduler = ChunkStoreScheduler(self.engine, self.cfg, self.store)
@@ -131,8 +132,11 @@ class ChunkStoreConnector(KVConnectorBase_V1, SupportsHMA):
         )
 
     def _make_node_store(self, rank: int | None = None) -> NodeCache:
-        """The store over the node service. It is the engine's, for the scheduler and a
-        TP=1 worker, or the TP rank ``rank``'s."""
+        """The store over the node service.
+
+        The scheduler and a TP=1 worker get the engine's store. A worker at TP>1
+        gets the store of its rank ``rank``.
+        """
         assert self.cfg.node is not None
         engine_id = str(self._kv_transfer_config.engine_id)
         name = f"{engine_id}:{os.getpid()}"
@@ -144,8 +148,8 @@ class ChunkStoreConnector(KVConnectorBase_V1, SupportsHMA):
                 layout=self.engine.layout,
                 rank=rank,
                 tp=self.engine.tp_size,
-                # vLLM gives every rank of a TP group the same engine_id (rank 0's), unique
-                # per engine and data-parallel replica: the node assembles parts by it.
+                # vLLM gives every rank of a TP group rank 0's engine_id. It is unique per engine
+                # and data-parallel replica. The node assembles parts by it.
                 engine=engine_id,
                 client_name=name,
             )
@@ -153,7 +157,7 @@ class ChunkStoreConnector(KVConnectorBase_V1, SupportsHMA):
             raise ConfigError(f"ChunkStoreConnector: {exc}") from None
 
     def _watch_store(self, store: ProcessCache) -> ConnectorEvents:
-        """Events for what ``store``'s host memory and tiers hold, fed by the tiered store."""
+        """Events for the chunks that ``store``'s host memory and tiers hold."""
         cache = store.host.cache
         events = ConnectorEvents(
             block_size=self.engine.block_size,
@@ -179,9 +183,9 @@ class ChunkStoreConnector(KVConnectorBase_V1, SupportsHMA):
 
     @classmethod
     def supports_sleep_mode(cls, kv_transfer_config: Any) -> bool:
-        # vLLM 0.33+ asks before enabling sleep mode. chunkstore registers no device memory
-        # with anyone (NIXL moves host memory only) and drains its copies in
-        # unregister_kv_caches, so the KV cache may be unmapped and remapped under it.
+        # vLLM 0.33+ asks before enabling sleep mode. chunkstore registers no device memory;
+        # NIXL moves host memory only. unregister_kv_caches drains the copies. So the KV cache
+        # may be unmapped and remapped under chunkstore.
         return True
 
     @property

@@ -1,9 +1,9 @@
-"""The connector's counters, without vLLM. The worker and scheduler halves count here.
+"""The connector's counters, which the worker and scheduler halves update.
 
 :class:`~chunkstore.vllm.stats.ChunkStoreStats` wraps a :class:`Counters`'
-data for vLLM's logging and Prometheus hooks. The counting itself stays free of
-vLLM. So worker code can run in processes that never import it, such as tests
-with simulated TP ranks.
+data for vLLM's logging and Prometheus hooks. The counting itself needs no
+vLLM. Worker code thus runs in processes that never import vLLM. Tests with
+simulated TP ranks are such processes.
 """
 
 from __future__ import annotations
@@ -28,13 +28,13 @@ COUNTERS: dict[str, str] = {
 
 
 class Counters:
-    """Counters since the last report (every name of :data:`COUNTERS`, starting at 0)."""
+    """Counters since the last report, one per name in :data:`COUNTERS`."""
 
     __slots__ = ("data",)
 
     def __init__(self) -> None:
         self.data: dict[str, float] = dict.fromkeys(COUNTERS, 0)
-        """Counter name -> value."""
+        """Map from counter name to value."""
 
     def add(self, name: str, value: float = 1) -> None:
         """Add ``value`` to counter ``name``."""
@@ -45,7 +45,7 @@ class Counters:
         return not any(self.data.values())
 
     def take(self) -> dict[str, float] | None:
-        """The counts so far, and start again from zero. None if empty."""
+        """Return the counts so far and reset them to zero; None if nothing was counted."""
         if self.is_empty():
             return None
         data, self.data = self.data, dict.fromkeys(COUNTERS, 0)

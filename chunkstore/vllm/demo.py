@@ -1,8 +1,8 @@
 """``chunkstore demo --vllm``: a tiny vLLM engine on CPU, its prompts computed once and reloaded.
 
-A random-weight Llama is built at run time, and nothing is downloaded. vLLM
-serves it with :class:`~chunkstore.vllm.ChunkStoreConnector` over a directory
-store. It is asked the same long prompts three times.
+The demo builds a random-weight Llama at run time and downloads nothing. vLLM
+serves it with :class:`~chunkstore.vllm.ChunkStoreConnector`. The connector
+uses a directory store. The engine gets the same long prompts three times.
 
 1. Cold: computed, and saved as chunks.
 2. After ``reset_prefix_cache()``: reloaded from host memory.
@@ -27,6 +27,7 @@ from chunkstore.vllm.testing import TinyModelSpec, engine_env, make_tiny_llama, 
 
 __all__ = ["DEMO_MODEL", "DemoTurn", "VllmDemoResult", "run_vllm_demo"]
 
+# Large enough that prefill costs something on a CPU, small enough to build in seconds.
 DEMO_MODEL = TinyModelSpec(
     num_layers=4,
     num_heads=8,
@@ -35,8 +36,7 @@ DEMO_MODEL = TinyModelSpec(
     intermediate_size=1024,
     max_position_embeddings=4096,
 )
-"""Large enough that a 1536-token prefill costs something on a CPU, small enough to build in
-seconds."""
+"""The demo model's shape."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,11 +48,12 @@ class DemoTurn:
     ttft_s: float
     """Median time to first token over the prompts, in seconds."""
     cached_tokens: dict[str, int]
-    """Prompt tokens served from a cache, by vLLM's source label (host, disk, ...)."""
+    """Prompt tokens served from a cache, by vLLM's source label."""
     prompt_tokens: int
     """Prompt tokens over all prompts."""
+    # Equal in every turn if reloads are right.
     first_tokens: tuple[int, ...]
-    """The greedy first token of every prompt. It is equal in every turn when reloads are right."""
+    """The greedy first token of every prompt."""
 
     @property
     def computed_tokens(self) -> int:
@@ -67,7 +68,7 @@ class VllmDemoResult:
     store: str
     """URL of the directory store the chunks went to."""
     turns: tuple[DemoTurn, ...]
-    """Cold, host reload, directory reload."""
+    """The three turns: cold, host reload, directory reload."""
     chunk_files: int
     """Chunk files in the store afterwards."""
 
@@ -122,7 +123,10 @@ def run_vllm_demo(
     prompt_tokens: int = 1536,
     out: Callable[[str], None] = print,
 ) -> VllmDemoResult:
-    """Run the three turns and print a table; ``store`` defaults to a temporary directory."""
+    """Run the three turns and print a table.
+
+    ``store`` defaults to a temporary directory.
+    """
     for name, value in engine_env().items():
         os.environ.setdefault(name, value)
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # the table is the output

@@ -1,9 +1,9 @@
 """The engine's KV cache as the format sees it: a KVSpec, its ChunkLayout and per-layer facts.
 
-Built from vLLM's ``VllmConfig`` and ``KVCacheConfig`` at connector start-up,
-identically on the scheduler and on every worker, so both sides derive the
-same keys and the same chunk layout. TP size, block size and attention
-backend are deliberately absent from the spec: chunks are shared across them.
+The connector builds it at start-up from vLLM's ``VllmConfig`` and
+``KVCacheConfig``. The scheduler and every worker build it the same way. So
+both sides derive the same keys and chunk layout. The spec leaves out TP
+size, block size and attention backend. Chunks are shared across them.
 """
 
 from __future__ import annotations
@@ -67,7 +67,7 @@ class EngineKV:
     tp_size: int
     """Tensor-parallel size."""
     num_groups: int
-    """vLLM KV cache groups. Hybrid models have more than one."""
+    """Number of vLLM KV cache groups, more than one for hybrid models."""
     namespace_extra: str | None
     """Operator-chosen namespace string."""
 
@@ -82,7 +82,7 @@ class EngineKV:
     def root(
         self, *, lora: Any = None, cache_salt: str | None = None, mm_hashes: Sequence[str] = ()
     ) -> bytes:
-        """Namespace root for a request: the model fingerprint plus what makes its KV distinct."""
+        """Namespace root for a request: the model fingerprint and what sets its KV apart."""
         return namespace_root(
             self.layout.fingerprint,
             extra={
@@ -96,8 +96,8 @@ class EngineKV:
     def root_of(self, request: Any) -> bytes:
         """Namespace root of a vLLM ``Request``: its LoRA, ``cache_salt`` and multimodal hashes.
 
-        The one place both ways into vLLM (the connector and the native tier) derive it, so a
-        chunk saved through either is found through the other.
+        The connector and the native tier both derive the root here. A chunk
+        saved through one is thus found through the other.
         """
         lora = getattr(request, "lora_request", None)
         mm = [f.identifier for f in (getattr(request, "mm_features", None) or [])]
@@ -108,7 +108,7 @@ class EngineKV:
         )
 
     def keys(self, tokens: Any, root: bytes, after: ChunkKey | None = None) -> list[ChunkKey]:
-        """Keys of every full chunk of ``tokens`` (that follow the chunk keyed ``after``)."""
+        """Keys of every full chunk of ``tokens`` after the chunk keyed ``after``."""
         return chain_keys(tokens, root=root, chunk_tokens=self.spec.chunk_tokens, after=after)
 
 
@@ -121,7 +121,10 @@ def _layer_index(name: str) -> int:
 def describe_engine(
     vllm_config: Any, kv_cache_config: Any, cfg: ConnectorConfig, *, tp_rank: int = 0
 ) -> EngineKV:
-    """Derive the canonical KV description; unsupported cache types raise :class:`ConfigError`."""
+    """Derive the canonical KV description.
+
+    Raises :class:`ConfigError` for an unsupported cache type.
+    """
     from vllm.v1.kv_cache_interface import (
         FullAttentionSpec,
         MLAAttentionSpec,

@@ -1,24 +1,26 @@
 """vLLM KV events for what chunkstore holds: ``BlockStored`` / ``BlockRemoved`` per chunk.
 
 The connector's scheduler side owns one :class:`ConnectorEvents`. The tiered
-store tells it which chunks host memory published or dropped, and which ones
-write-back stored in a tier, through :meth:`~chunkstore.tiering.TieredStore.watch`.
-When the scheduler plans a save or a prefetch, it tells it which of vLLM's block
-hashes a chunk key stands for. :meth:`ConnectorEvents.take` joins the two.
-vLLM's scheduler publishes the result with its own GPU events, through
-``ChunkStoreConnector.take_events``. So ``--kv-events-config`` works unchanged.
+store reports to it through :meth:`~chunkstore.tiering.TieredStore.watch`. It
+reports chunks that host memory published or dropped. It also reports chunks
+that write-back stored in a tier. The scheduler plans saves and prefetches.
+It then tells the events which vLLM block hashes a chunk key stands for.
+:meth:`ConnectorEvents.take` joins the two. vLLM's scheduler publishes the
+result with its own GPU events, through ``ChunkStoreConnector.take_events``.
+So ``--kv-events-config`` works unchanged.
 
 Rules:
 
-* A chunk in host memory is ``medium="CPU"``, ``locality="LOCAL"``. One stored
-  in a filesystem or S3 tier is ``medium="STORAGE"``. ``ownership`` names the tier.
-* Removals are announced for host memory only, and only for chunks announced
-  before. A shared tier's chunk may still serve other engines. So this engine
-  never claims it is gone.
-* A peer tier's chunks are the peer's to announce. None are published here.
-* Some chunks have vLLM block hashes that are not known. They may be another
-  engine's, or have a key forgotten past ``identities``. Such chunks are counted
-  in :attr:`ConnectorEvents.unmapped`.
+* A chunk in host memory is ``medium="CPU"``, ``locality="LOCAL"``. A chunk
+  in a filesystem or S3 tier is ``medium="STORAGE"``. ``ownership`` names the
+  tier.
+* Only host memory announces removals. It announces them only for chunks it
+  announced before. A shared tier's chunk may still serve other engines. So
+  this engine never claims it is gone.
+* The peer announces a peer tier's chunks. None are published here.
+* Some chunks have unknown vLLM block hashes. They may be another engine's.
+  Or their key was forgotten past ``identities``. Such chunks are counted in
+  :attr:`ConnectorEvents.unmapped`.
 """
 
 from __future__ import annotations
@@ -48,16 +50,17 @@ class TierMedium:
 
     medium: str
     """``CPU`` or ``STORAGE``."""
+    # A mount may be local or shared.
     locality: str | None
-    """``LOCAL``, ``REMOTE`` or None (unknown: a mount may be local or shared)."""
+    """``LOCAL``, ``REMOTE``, or None when unknown."""
     ownership: str
     """The tier's name."""
     announces_removals: bool
-    """Whether removals from this tier are published. Only host memory's are."""
+    """Whether removals from this tier are published; only host memory's are."""
 
 
 def tier_mediums(host_name: str, tiers: Iterable[Any]) -> dict[str, TierMedium]:
-    """Tier name -> how it is named in events, for host memory and the ``tiers`` (stores)."""
+    """Map each tier name to its naming in events, for host memory and ``tiers``."""
     mediums = {host_name: TierMedium(MEDIUM_CPU, "LOCAL", host_name, True)}
     for tier in tiers:
         kind = str(getattr(tier, "kind", ""))
@@ -82,7 +85,9 @@ class _Identity:
 
 
 class ConnectorEvents:
-    """Chunkstore's residency events, as vLLM ``KVCacheEvent`` objects. Thread-safe.
+    """Chunkstore's residency events, as vLLM ``KVCacheEvent`` objects.
+
+    The class is thread-safe.
 
     ``mediums`` maps tier names; see :func:`tier_mediums`. Events of other
     tiers are ignored. At most ``capacity`` events wait between two
@@ -103,20 +108,22 @@ class ConnectorEvents:
         self.blocks_per_chunk = blocks_per_chunk
         self.mediums = dict(mediums)
         self.buffer = EventBuffer(capacity)
-        """Where the tiered store's listener calls land."""
+        """The listener that receives the tiered store's calls."""
         self.identities = identities
         self.unmapped = 0
         """Events not published because the chunk's vLLM block hashes were not known."""
         self._ids: OrderedDict[ChunkKey, _Identity] = OrderedDict()
         self._held: dict[ChunkKey, set[str]] = {}
-        """Chunk -> tiers announcing removals where a store was published."""
+        """Per chunk, the removal-announcing tiers that published its store."""
         self._lock = threading.Lock()
 
     # --- what the scheduler tells ------------------------------------------------------
 
     def remember(self, request: Any, first: int, keys: Sequence[ChunkKey]) -> None:
-        """``keys`` are the request's chunks ``first``, ``first + 1``, ...: note their vLLM
-        block hashes, so that events about them can name the blocks."""
+        """Note the vLLM block hashes of ``keys``, so that events can name the blocks.
+
+        ``keys`` are the request's chunks ``first``, ``first + 1`` and so on.
+        """
         bpc, bs = self.blocks_per_chunk, self.block_size
         hashes = list(request.block_hashes)
         if len(hashes) * bs > request.num_tokens + bs:

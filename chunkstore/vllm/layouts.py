@@ -1,16 +1,16 @@
-"""Device KV page layouts <-> the canonical chunk layout. The only layout-specific code.
+"""Layout classes that convert device KV pages to and from canonical chunk tensors.
 
-A layout class knows how one attention layer's paged KV tensor stores the keys
-and values of one block. The tensor is the one vLLM hands to
-``register_kv_caches``. The class converts between that and the canonical
-per-chunk tensors of the format. Those are ``k``/``v`` as
-``[heads, tokens, head_dim]``, and ``latent`` as ``[tokens, dim]`` for MLA.
-Heads here are the rank's local heads. The caller places them at the rank's
-head offset in the chunk.
+This module holds the only layout-specific code. vLLM hands one paged KV
+tensor per attention layer to ``register_kv_caches``. A layout class knows how
+that tensor stores one block's keys and values. It converts between the pages
+and the format's canonical per-chunk tensors. Those are ``k`` and ``v`` as
+``[heads, tokens, head_dim]``. For MLA, ``latent`` is ``[tokens, dim]``. The
+heads are the rank's local heads. The caller places them at the rank's head
+offset in the chunk.
 
-Adding a layout is one small class with ``gather``/``scatter`` and an entry in
-:func:`detect_layout`. Everything works on torch tensors and block-id index
-tensors. So the same code runs on CPU, and on GPUs with device tensors.
+A new layout is one small class with ``gather`` and ``scatter``. It also needs
+an entry in :func:`detect_layout`. The code works on torch tensors and
+block-id index tensors. So it runs on CPU tensors and GPU tensors alike.
 """
 
 from __future__ import annotations
@@ -38,11 +38,14 @@ __all__ = [
 
 
 class DeviceLayout:
-    """How one layer's paged KV tensor holds a block. Subclasses set ``name`` and implement both."""
+    """How one layer's paged KV tensor holds a block.
+
+    Subclasses set ``name`` and implement :meth:`gather` and :meth:`scatter`.
+    """
 
     name: ClassVar[str] = "abstract"
     has_values: ClassVar[bool] = True
-    """False for MLA: one latent tensor per token, no separate V."""
+    """Whether the layout has separate K and V; False for MLA's one latent per token."""
 
     def __init__(self, *, num_heads: int, head_dim: int, block_size: int) -> None:
         self.num_heads = num_heads
@@ -58,13 +61,15 @@ class DeviceLayout:
             )
 
     def expected_shape(self, shape: Sequence[int]) -> tuple[int, ...]:
-        """The full tensor shape this layout expects, given the actual one for num_blocks."""
+        """The full tensor shape this layout expects, with the block count from ``shape``."""
         raise NotImplementedError
 
     def gather(
         self, kv: torch.Tensor, blocks: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Canonical ``(k, v)`` for ``blocks`` in order: ``[heads, len(blocks)*block_size, dim]``.
+        """Canonical ``(k, v)`` for ``blocks``, in order.
+
+        Each is ``[heads, len(blocks)*block_size, dim]``.
 
         For MLA ``k`` is the latent ``[tokens, dim]`` and ``v`` is None.
         """
@@ -79,8 +84,11 @@ class DeviceLayout:
     def gather_range(
         self, kv: torch.Tensor, first: int, count: int, k_out: torch.Tensor, v_out: Any
     ) -> None:
-        """Copy the canonical K/V of blocks ``first .. first+count`` into ``k_out``/``v_out``
-        (shaped as :meth:`gather` returns). Layouts override it to skip the temporaries."""
+        """Copy the canonical K/V of blocks ``first .. first+count`` into ``k_out``/``v_out``.
+
+        The outputs are shaped as :meth:`gather` returns. Layouts override this
+        to skip the temporaries.
+        """
         import torch
 
         k, v = self.gather(kv, torch.arange(first, first + count, device=kv.device))
@@ -109,7 +117,9 @@ def _tokens(x: torch.Tensor, n_blocks: int, block_size: int) -> torch.Tensor:
 
 
 class CpuVecLayout(DeviceLayout):
-    """vLLM CPU backend, ``vec`` and ``vec16`` ISAs for AVX2/AVX-512: ``[B, H, N, 2*D]``.
+    """vLLM CPU backend with the ``vec`` or ``vec16`` ISA: ``[B, H, N, 2*D]``.
+
+    These ISAs serve AVX2 and AVX-512 CPUs.
 
     Each ``(block, head)`` page is K then V. K is stored transposed, as
     ``[D, N]``, because the kernel reads it column-major. V is ``[N, D]``.
@@ -142,13 +152,14 @@ class CpuVecLayout(DeviceLayout):
 
 
 class CpuAmxLayout(DeviceLayout):
-    """vLLM CPU backend, ``amx`` ISA for bf16 on AMX CPUs: ``[B, H, N, 2*D]``, K then V per page.
+    """vLLM CPU backend with the ``amx`` ISA for bf16: ``[B, H, N, 2*D]``.
 
-    K holds pairs of head dims, as 32-bit words, in groups of 16 tokens:
-    ``K[t, d] = Kpage[t//16, d//2, t%16, d%2]``. V holds pairs of tokens per
-    group of 16 head dims: ``V[t, d] = Vpage[d//16, t//2, d%16, t%2]``.
-    See csrc/cpu/cpu_attn_amx.hpp. Checked against vLLM's own cache-write op on
-    an AMX CPU, in tests/vllm/test_layouts.py.
+    Each page is K then V. K holds pairs of head dims as 32-bit words. They
+    come in groups of 16 tokens: ``K[t, d] = Kpage[t//16, d//2, t%16, d%2]``.
+    V holds pairs of tokens per group of 16 head dims:
+    ``V[t, d] = Vpage[d//16, t//2, d%16, t%2]``. The source is
+    csrc/cpu/cpu_attn_amx.hpp. tests/vllm/test_layouts.py checks this against
+    vLLM's own cache-write op on an AMX CPU.
     """
 
     name = "cpu_amx"
@@ -176,12 +187,12 @@ class CpuAmxLayout(DeviceLayout):
 
 
 class PagedKVLayout(DeviceLayout):
-    """vLLM GPU backends: the logical per-layer view ``[B, H, N, 2*D]``, ``K | V`` per token.
+    """vLLM GPU backends: the logical per-layer view ``[B, H, N, 2*D]``.
 
-    vLLM 0.32 hands every standard backend's cache over as this logical shape.
-    The physical order lives only in the strides, and torch indexing follows
-    them. It is NHD for FlashAttention/Triton, and HND for FlashInfer's preferred
-    layout. Subclasses differ in the stride order they accept, nothing else.
+    Each token holds ``K | V``. vLLM 0.32 hands over every standard backend's
+    cache in this logical shape. Only the strides hold the physical order.
+    torch indexing follows them. FlashAttention and Triton use NHD. FlashInfer
+    prefers HND. Subclasses differ only in the stride order they accept.
     """
 
     name = "paged_kv"
@@ -193,7 +204,7 @@ class PagedKVLayout(DeviceLayout):
 
     def check(self, kv: torch.Tensor) -> None:
         super().check(kv)
-        # A size-1 dim (one KV head per rank, e.g. 8 heads at TP=8) has no meaningful stride.
+        # A size-1 dim has no meaningful stride. One KV head per rank gives one.
         wanted = tuple(d for d in self.stride_order or () if kv.shape[d] > 1)
         if self.stride_order is not None and physical_order(kv) != wanted:
             raise ConfigError(
@@ -232,28 +243,31 @@ class PagedKVLayout(DeviceLayout):
 
 
 class FlashAttnLayout(PagedKVLayout):
-    """FlashAttention / Triton: NHD in memory, ``[B, N, H, 2*D]`` (vLLM ``LBNHC``)."""
+    """FlashAttention and Triton: NHD in memory, ``[B, N, H, 2*D]``, vLLM's ``LBNHC``."""
 
     name = "flash_attn"
     stride_order = (0, 2, 1, 3)
 
 
 class FlashInferNHDLayout(PagedKVLayout):
-    """FlashInfer NHD: same memory order as FlashAttention (``LBNHC``)."""
+    """FlashInfer NHD: the same memory order as FlashAttention, ``LBNHC``."""
 
     name = "flashinfer_nhd"
     stride_order = (0, 2, 1, 3)
 
 
 class FlashInferHNDLayout(PagedKVLayout):
-    """FlashInfer HND: heads outside tokens inside each block, ``[B, H, N, 2*D]`` (``LBHNC``)."""
+    """FlashInfer HND: heads outside tokens in each block, ``[B, H, N, 2*D]``, ``LBHNC``."""
 
     name = "flashinfer_hnd"
     stride_order = (0, 1, 2, 3)
 
 
 class MLALayout(DeviceLayout):
-    """MLA: ``[B, 1, N, latent]``, one compressed latent (with its rope part) per token, no V."""
+    """MLA: ``[B, 1, N, latent]``, one compressed latent per token and no V.
+
+    The latent includes its rope part.
+    """
 
     name = "mla"
     has_values = False
@@ -270,8 +284,10 @@ class MLALayout(DeviceLayout):
 
 
 def physical_order(t: torch.Tensor) -> tuple[int, ...]:
-    """Logical dims of size > 1 sorted from the largest stride to the smallest (ties keep their
-    order)."""
+    """Logical dims of size > 1, from the largest stride to the smallest.
+
+    Ties keep their order.
+    """
     dims = [i for i in range(t.dim()) if t.shape[i] > 1]
     strides = t.stride()
     return tuple(sorted(dims, key=lambda i: (-strides[i], i)))
@@ -297,9 +313,10 @@ LAYOUTS: dict[str, type[DeviceLayout]] = {
 }
 
 
+# vec16 serves block sizes that are not a multiple of 32. It writes its pages exactly as vec
+# does; tests check this against vLLM's own cache-write op.
 _CPU_ISA_LAYOUTS = {"vec": "cpu_vec", "vec16": "cpu_vec", "amx": "cpu_amx"}
-"""CPU attention ISA -> layout. ``vec16`` (block sizes that are not a multiple of 32, e.g. 16)
-writes its pages exactly as ``vec`` does: checked against vLLM's own cache-write op."""
+"""Map from CPU attention ISA to layout."""
 
 
 def detect_layout(
@@ -312,13 +329,14 @@ def detect_layout(
     cpu_isa: str | None = None,
     mla: bool = False,
 ) -> DeviceLayout:
-    """Pick the layout of one layer's KV tensor, or raise :class:`ConfigError` naming what was seen.
+    """Pick the layout of one layer's KV tensor.
 
-    ``backend`` is vLLM's attention backend name (``CPU_ATTN``, ``FLASH_ATTN``,
-    ``FLASHINFER``, ...) and ``cpu_isa`` the CPU attention ISA (``vec``,
-    ``amx``, ...). The CPU backend reinterprets its pages, so it is recognised
-    by name; GPU backends share the logical ``[B, H, N, 2*D]`` view and are told
-    apart by strides.
+    ``backend`` is vLLM's attention backend name, such as ``CPU_ATTN``,
+    ``FLASH_ATTN`` or ``FLASHINFER``. ``cpu_isa`` is the CPU attention ISA,
+    such as ``vec`` or ``amx``. The CPU backend reinterprets its pages. So it
+    is recognised by name. GPU backends share the logical ``[B, H, N, 2*D]``
+    view. Their strides tell them apart. An unknown layout raises
+    :class:`ConfigError` that names what was seen.
     """
     args = {"num_heads": num_heads, "head_dim": head_dim, "block_size": block_size}
     shape = tuple(kv.shape)

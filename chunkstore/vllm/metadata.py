@@ -1,4 +1,7 @@
-"""What the scheduler-side connector tells the workers each step (picklable, no vLLM)."""
+"""The plans the scheduler-side connector sends the workers each step.
+
+The classes are picklable and need no vLLM.
+"""
 
 from __future__ import annotations
 
@@ -18,11 +21,11 @@ class ChunkLoad:
     key: ChunkKey
     """Chunk to read."""
     block_ids: tuple[tuple[int, ...], ...]
-    """Per KV cache group, the chunk's blocks (``blocks_per_chunk`` each; 0 = null block)."""
+    """Per KV cache group, the chunk's ``blocks_per_chunk`` blocks; 0 is the null block."""
     skip_blocks: int
-    """Leading blocks of the chunk already computed on the device. They are left untouched."""
-    is_async: bool
-    """Reported through ``get_transfer_results`` (hybrid models) rather than sync errors."""
+    """Leading blocks of the chunk already computed on the device, which stay untouched."""
+    is_async: bool  # set for hybrid models
+    """Whether the load reports through ``get_transfer_results``, not as a sync error."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,7 +37,7 @@ class ChunkSave:
     key: ChunkKey
     """Key of the new chunk."""
     parent: bytes
-    """Parent digest. For the first chunk it is the namespace root."""
+    """Parent digest: the previous chunk's key, or the namespace root for the first chunk."""
     tokens: tuple[int, ...]
     """The ``chunk_tokens`` tokens the chunk covers."""
     block_ids: tuple[tuple[int, ...], ...]
@@ -45,8 +48,8 @@ class ChunkSave:
 class ChunkStoreMetadata:
     """One step's loads, before the forward pass, and saves, after it.
 
-    Registered as a virtual subclass of vLLM's ``KVConnectorMetadata`` by
-    :mod:`chunkstore.vllm.connector`. There is no vLLM import here.
+    :mod:`chunkstore.vllm.connector` registers it as a virtual subclass of
+    vLLM's ``KVConnectorMetadata``. This module imports no vLLM.
     """
 
     loads: list[ChunkLoad] = field(default_factory=list)
@@ -54,4 +57,4 @@ class ChunkStoreMetadata:
     saves: list[ChunkSave] = field(default_factory=list)
     """Chunks to copy device -> host."""
     async_load_reqs: set[str] = field(default_factory=set)
-    """Requests whose loads this step are asynchronous. They complete via transfer results."""
+    """Requests whose loads this step are asynchronous; transfer results complete them."""

@@ -1,16 +1,17 @@
-"""Scheduler side: chunk keys from tokens, lookups in host then tiers, load and save plans.
+"""The scheduler side: chunk keys, lookups in host then tiers, load and save plans.
 
 Rules, from issue 6 and DESIGN.md:
 
 * Device blocks are claimed only for chunks already in host memory. A chunk
-  only a secondary tier holds is prefetched into host memory first. Meanwhile
-  vLLM is told to ask again later, with ``None``. A prefetch that fails or runs
-  past ``prefetch_timeout_s`` becomes a shorter hit or a miss.
+  that only a secondary tier holds is first prefetched into host memory.
+  Meanwhile vLLM gets ``None``, which means "ask again later". A prefetch may
+  fail or run past ``prefetch_timeout_s``. It then becomes a shorter hit or a
+  miss.
 * Hits are whole chunks, and never the whole prompt. vLLM must compute at
   least one token to sample from.
-* Saves are planned for full chunks only, in the step whose forward pass
-  completes them. The worker copies them out in ``wait_for_save`` of that same
-  step. So block freeing never waits for a save.
+* Saves are planned for full chunks only. The plan comes in the step whose
+  forward pass completes the chunk. The worker copies it out in that step's
+  ``wait_for_save``. So block freeing never waits for a save.
 """
 
 from __future__ import annotations
@@ -37,13 +38,13 @@ log = logging.getLogger(__name__)
 __all__ = ["ChunkStoreScheduler"]
 
 _NULL_BLOCK = 0
-"""vLLM's block pool reserves block 0 as the null block, for skipped sliding-window slots."""
+"""The null block, which vLLM's block pool reserves for skipped sliding-window slots."""
 
 _TIER_SOURCES = {"peer": CacheHitSource.P2P}
-"""Tier kinds that are not disks for vLLM's hit-source metric (fs, s3, ... count as DISK)."""
+"""Tier kinds that vLLM's hit-source metric does not count as DISK."""
 _HOST_SOURCE = "host"
 _PREFETCH_POLL_S = 0.002
-"""Longest the scheduler waits on an in-flight prefetch per lookup before saying "later"."""
+"""Longest wait on an in-flight prefetch per lookup, before the answer "later"."""
 
 
 @dataclass
@@ -54,15 +55,15 @@ class _Request:
     root: bytes
     keys: list[ChunkKey] = field(default_factory=list)
     saved: int = 0
-    """Chunks [0, saved) are stored or planned; saves continue from here."""
+    """Index of the first chunk not yet stored or planned; saves continue from here."""
     prefetch: Future[PrefetchResult] | None = None
     prefetch_from: int = 0
     prefetch_deadline: float = 0.0
     prefetch_done: bool = False
     tier_sources: dict[int, str] = field(default_factory=dict)
-    """Chunk index -> tier kind it was prefetched from."""
+    """Map from chunk index to the tier kind it was prefetched from."""
     hit: tuple[int, int, int] | None = None
-    """(first chunk, end chunk, locally computed tokens) of the last lookup's hit."""
+    """The last lookup's hit: first chunk, end chunk and locally computed tokens."""
     sources: dict[CacheHitSource, int] = field(default_factory=dict)
 
 
@@ -80,7 +81,8 @@ class ChunkStoreScheduler:
         self._loads: dict[str, list[ChunkLoad]] = {}
         self.stats = Counters()
         self.events: ConnectorEvents | None = None
-        """Told which vLLM blocks each saved or prefetched chunk stands for, with KV events on."""
+        """The KV events, told which vLLM blocks each saved or prefetched chunk stands for."""
+        # None unless KV events are on.
 
     # --- keys ------------------------------------------------------------------
 
@@ -95,8 +97,8 @@ class ChunkStoreScheduler:
         """Keys of the first ``num_tokens // chunk_tokens`` chunks, extending the chain."""
         c = self.engine.chunk_tokens
         tokens = st.request.all_token_ids
-        # Never past the tokens known: a key of a chunk with a token missing would be wrong
-        # (and is cached for the rest of the request).
+        # Never past the known tokens. A key for a chunk with a missing token would be
+        # wrong, and it stays cached for the rest of the request.
         want = min(num_tokens, len(tokens)) // c
         if want > len(st.keys):
             after = st.keys[-1] if st.keys else None
@@ -109,8 +111,8 @@ class ChunkStoreScheduler:
         self, request: Any, num_computed_tokens: int
     ) -> tuple[int | None, bool]:
         if _has_prompt_embeds(request):
-            # Embedded positions read as token 0: keys of token ids alone would give two
-            # different prompts one key. Such requests neither load nor save.
+            # Embedded positions read as token 0. Keys of token ids alone would give two
+            # prompts one key. Such requests neither load nor save.
             return 0, False
         st = self._state(request)  # (also when loads are off: saves start from it)
         if not self.cfg.load:
@@ -125,8 +127,8 @@ class ChunkStoreScheduler:
         end = self.store.host_run(keys, start)
         if st.prefetch is not None:
             if not st.prefetch.done() and time.monotonic() < st.prefetch_deadline:
-                # Yield the GIL for a moment: an idle engine loop re-asking at full speed
-                # would otherwise starve the prefetch thread it is waiting for.
+                # Yield the GIL for a moment. An idle engine loop that asks again at once
+                # would starve the prefetch thread it waits for.
                 wait([st.prefetch], timeout=_PREFETCH_POLL_S)
             if not st.prefetch.done() and time.monotonic() < st.prefetch_deadline:
                 return None, False
@@ -134,7 +136,7 @@ class ChunkStoreScheduler:
             end = self.store.host_run(keys, start)
         elif end < len(keys) and self.store.tiers and not st.prefetch_done:
             if self.store.tiers_are_fast and self.store.tier_prefix(keys[end:]) == 0:
-                # A local lookup (a few stat calls) says miss: no need to make vLLM wait.
+                # A local lookup says miss, so vLLM need not wait.
                 st.prefetch_done = True
                 return self._hit(st, start, end, num_computed_tokens)
             # Device blocks only for chunks already in host memory: fetch first, ask later.
@@ -149,7 +151,10 @@ class ChunkStoreScheduler:
     def _hit(
         self, st: _Request, start: int, end: int, num_computed_tokens: int
     ) -> tuple[int, bool]:
-        """Record chunks [start, end) as the request's hit; return vLLM's (tokens, async)."""
+        """Record chunks ``start`` to ``end`` as the request's hit.
+
+        Returns vLLM's ``(tokens, async)`` pair. ``end`` is exclusive.
+        """
         c = self.engine.chunk_tokens
         self.stats.add("lookups")
         if end <= start:
@@ -254,8 +259,8 @@ class ChunkStoreScheduler:
         if st is None:
             return
         request = st.request
-        # With asynchronous scheduling the token sampled last step is still a placeholder
-        # here: a chunk is saved once all its tokens are known (a step later), never before.
+        # With asynchronous scheduling, last step's sampled token is still a placeholder
+        # here. A chunk is saved once all its tokens are known, a step later.
         computed = min(computed, len(request.all_token_ids))
         if not self.cfg.save_decode:
             computed = min(computed, request.num_prompt_tokens)
@@ -300,5 +305,5 @@ class ChunkStoreScheduler:
 
 
 def _has_prompt_embeds(request: Any) -> bool:
-    """Whether some prompt positions are embeddings (vLLM's ``--enable-prompt-embeds``)."""
+    """Whether some prompt positions are embeddings, from ``--enable-prompt-embeds``."""
     return getattr(request, "prompt_embeds", None) is not None

@@ -1,9 +1,10 @@
-"""One engine cache per engine and process, shared by the connectors that serve it.
+"""A per-process registry of engine caches, shared by the connectors of one engine.
 
-The scheduler and worker connectors of one engine may live in one process. They then
-share one :class:`~chunkstore.tiering.ProcessCache` (or node cache) by the engine's id:
-:func:`acquire_shared` makes it on first use, and its last user's :func:`release_shared`
-closes it.
+The scheduler and worker connectors of one engine may live in one process.
+They then share one cache, keyed by the engine's id. The cache is a
+:class:`~chunkstore.tiering.ProcessCache` or a node cache.
+:func:`acquire_shared` makes it on first use. The last user's
+:func:`release_shared` closes it.
 """
 
 from __future__ import annotations
@@ -17,8 +18,11 @@ __all__ = ["SharedCache", "acquire_shared", "flush_shared", "release_shared", "s
 
 
 class SharedCache(Protocol):
-    """What the per-process registry needs: a :class:`~chunkstore.tiering.ProcessCache`, or a
-    :class:`~chunkstore.node._engine.NodeCache`."""
+    """What the registry needs of a shared cache.
+
+    Both :class:`~chunkstore.tiering.ProcessCache` and
+    :class:`~chunkstore.node._engine.NodeCache` provide it.
+    """
 
     closed: bool
 
@@ -42,19 +46,23 @@ class _SharedEntry:
     users: int = 0
 
 
-# The registry the rule "every resource has one owner" allows: keyed by name, reference-counted,
-# the store (host pool, tier threads, assembly owner, /dev/shm file) closed by its last user.
+# The rule "every resource has one owner" allows this registry. It is keyed by name and
+# reference-counted. The last user closes the store: host pool, tier threads,
+# assembly owner and /dev/shm file.
 _SHARED: dict[str, _SharedEntry] = {}
 _SHARED_LOCK = threading.Lock()
 
 
 def acquire_shared(name: str, factory: Callable[[], S]) -> S:
-    """The process's store for ``name``, the engine id. ``factory()`` makes it on first
-    use. Each call is one more user, who calls :func:`release_shared` when done.
+    """The process's store for ``name``, the engine id.
 
-    The scheduler and worker connectors of one engine live in the same process
-    whenever TP is 1. That is always so with ``VLLM_ENABLE_V1_MULTIPROCESSING=0``,
-    and in the engine-core process of ``vllm serve``. They share host memory this way.
+    ``factory()`` makes the store on first use. Each call adds one user. Each
+    user calls :func:`release_shared` when done.
+
+    At TP=1, one engine's scheduler and worker connectors share a process.
+    ``VLLM_ENABLE_V1_MULTIPROCESSING=0`` always puts them in one process.
+    So does the engine-core process of ``vllm serve``. The two connectors
+    share host memory through this store.
     """
     with _SHARED_LOCK:
         entry = _SHARED.get(name)
@@ -66,8 +74,11 @@ def acquire_shared(name: str, factory: Callable[[], S]) -> S:
 
 
 def release_shared(name: str) -> None:
-    """One user of the shared store ``name`` is done with it; the last one closes it (which
-    removes its shared host pool from ``/dev/shm``). Unknown names are ignored."""
+    """Drop one user of the shared store ``name``.
+
+    The last user closes the store. Closing removes its shared host pool from
+    ``/dev/shm``. Unknown names are ignored.
+    """
     with _SHARED_LOCK:
         entry = _SHARED.get(name)
         if entry is None:
@@ -80,13 +91,16 @@ def release_shared(name: str) -> None:
 
 
 def shared_names() -> list[str]:
-    """The names of the shared stores open in this process. Empty once every engine shut down."""
+    """The names of the shared stores open in this process.
+
+    The result is empty once every engine has shut down.
+    """
     with _SHARED_LOCK:
         return sorted(_SHARED)
 
 
 def flush_shared(timeout: float | None = None) -> None:
-    """Wait for the write-behind of every shared store of this process (tests, benchmarks)."""
+    """Wait for the write-behind of every shared store in this process."""
     with _SHARED_LOCK:
         stores = [entry.store for entry in _SHARED.values()]
     for store in stores:

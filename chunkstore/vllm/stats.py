@@ -1,4 +1,4 @@
-"""Connector statistics through vLLM's hooks (logged periodically and exported to Prometheus)."""
+"""Connector statistics for vLLM's hooks, which log them and export them to Prometheus."""
 
 from __future__ import annotations
 
@@ -17,7 +17,10 @@ __all__ = ["COUNTERS", "ChunkStorePromMetrics", "ChunkStoreStats"]
 
 @dataclass
 class ChunkStoreStats(KVConnectorStats):
-    """Counters since the last report; aggregation across workers and intervals is a sum."""
+    """Counters since the last report.
+
+    Counts from several workers or intervals aggregate by sum.
+    """
 
     def __post_init__(self) -> None:
         for name in COUNTERS:

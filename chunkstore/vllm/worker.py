@@ -1,16 +1,17 @@
-"""Worker side: device pages <-> chunks in host memory, through the detected layout.
+"""The worker side: copies between device pages and chunks in host memory.
 
-Loads are issued in ``start_load_kv``. For synchronous loads that is before the
-forward pass. Saves are issued in ``wait_for_save``, after the step's forward
-pass has written the blocks. Each layer gets one gather for all chunks of the
-step into each chunk's rank part. Then comes a device -> host copy.
+The detected layout converts the pages. Loads are issued in ``start_load_kv``.
+Synchronous loads thus come before the forward pass. Saves are issued in
+``wait_for_save``, after the forward pass wrote the blocks. Each layer gets one
+gather for all of the step's chunks. It writes each chunk's rank part. A copy
+to host follows.
 
-Where the bytes live and how they move is the business of the copier in
-:mod:`chunkstore.device`. On CPU the conversion writes straight into the
-host buffers, and everything is done on return. On CUDA it runs on a side
-stream, and the worker polls events in :meth:`ChunkStoreWorker.poll`, called
-every step. Polling seals finished saves and hands them to the store. It
-releases host slots of finished loads and reports finished asynchronous loads.
+The copier from :mod:`chunkstore.device` decides where the bytes live and how
+they move. On CPU the conversion writes into the host buffers directly. All
+work is done on return. On CUDA the work runs on a side stream. The worker
+polls its events in :meth:`ChunkStoreWorker.poll`, once a step. Polling seals
+finished saves and hands them to the store. It releases the host slots of
+finished loads. It reports finished asynchronous loads.
 """
 
 from __future__ import annotations
@@ -49,9 +50,9 @@ _TORCH_DTYPES = {
 }
 
 
+# A batch is one step's copies in one direction.
 _MAX_IN_FLIGHT = 4
-"""Batches of copies that may be unfinished at once. A batch is one step's copies in one
-direction."""
+"""Most batches of copies unfinished at once."""
 
 
 @dataclass
@@ -67,16 +68,20 @@ class _PendingLoad(_Pending):
     """Pins on the host slots being read."""
     chunks: int
     async_reqs: set[str]
-    """Asynchronous loads reported finished once the copies are complete."""
+    """Asynchronous loads to report finished once the copies are complete."""
     failed_reqs: set[str]
-    """Asynchronous loads that failed. They are reported as failed once the copies are complete."""
+    """Asynchronous loads to report failed once the copies are complete."""
+    # A node service can take its pins back. Each check runs once the copies are complete, and
+    # a failed check fails its load.
     checks: list[tuple[ChunkLoad, Callable[[], bool]]]
-    """Loads whose host bytes the store may take back during the copy, as a node service's
-    pins can be. Each check runs once the copies are complete. A failed check fails its load."""
+    """Loads whose host bytes the store may take back during the copy, with their checks."""
 
     @property
     def checks_sync_loads(self) -> bool:
-        """Whether a synchronous load awaits its check. It is reported in the step that loads."""
+        """Whether a synchronous load awaits its check.
+
+        Such a load is reported in the step that loads it.
+        """
         return any(not load.is_async for load, _ in self.checks)
 
 
@@ -84,7 +89,7 @@ class _PendingLoad(_Pending):
 class _PendingSave(_Pending):
     saves: list[ChunkSave]
     slots: list[SaveSlot]
-    """Where each save's bytes are being written; sealed and stored when complete."""
+    """Where each save's bytes go; the save is sealed and stored when complete."""
 
 
 class ChunkStoreWorker:
@@ -112,12 +117,13 @@ class ChunkStoreWorker:
         self.layouts: dict[str, DeviceLayout] = {}
         self.torch_dtype = _TORCH_DTYPES[engine.layout.dtype.name]
         self.copier: DeviceCopier | None = None
-        """Chosen in :meth:`register_kv_caches` from the KV cache's device."""
+        """The copier, chosen in :meth:`register_kv_caches` from the KV cache's device."""
         layout, rank, tp = engine.layout, engine.tp_rank, engine.tp_size
         self.read_map = ShardMap.build(layout, rank, tp, for_write=False)
-        """This rank's part of a chunk on loads: its heads, and MLA latents."""
+        """This rank's part of a chunk on loads: its heads and MLA latents."""
+        # Only rank 0 saves MLA latents.
         self.write_map = ShardMap.build(layout, rank, tp, for_write=True)
-        """This rank's part of a chunk on saves: its owned heads. MLA saves on rank 0 only."""
+        """This rank's part of a chunk on saves: its owned heads."""
         if metrics is None:
             from chunkstore.metrics import default_metrics
 
@@ -129,9 +135,9 @@ class ChunkStoreWorker:
         self._failed_recving: set[str] = set()
         self.stats = Counters()
         self.suspended = False
-        """True between :meth:`suspend` and :meth:`resume`, during vLLM sleep mode. Device
-        memory is not touched then. Loads fail and are recomputed. Saves are skipped and
-        become future misses."""
+        """Whether vLLM sleep mode holds the worker, between :meth:`suspend` and :meth:`resume`."""
+        # While suspended, device memory is not touched. Loads fail and are recomputed. Saves
+        # are skipped and become future misses.
 
     # --- registration -------------------------------------------------------------
 
@@ -142,10 +148,11 @@ class ChunkStoreWorker:
         copier: DeviceCopier | None = None,
         cpu_isa: str | None = None,
     ) -> None:
-        """Detect each layer's layout; unknown layouts raise :class:`ConfigError` at start-up.
+        """Detect each layer's layout.
 
-        ``copier`` overrides the one chosen from the tensors' device. ``cpu_isa`` overrides
-        the CPU attention ISA vLLM would pick for this machine. Tests that write pages
+        An unknown layout raises :class:`ConfigError` at start-up. ``copier``
+        replaces the copier chosen from the tensors' device. ``cpu_isa``
+        replaces the CPU attention ISA vLLM would pick. Tests that write pages
         themselves use both.
         """
         backends = backends if backends is not None else self._backend_names()
@@ -220,22 +227,28 @@ class ChunkStoreWorker:
             self._finish(pending)
 
     def suspend(self) -> None:
-        """Finish every copy in flight before vLLM's sleep mode unmaps the KV cache. Saves are
-        sealed and handed to the store. Loads release their pinned host slots. Then device
-        memory is left alone until :meth:`resume`. Idempotent."""
+        """Finish every copy in flight before vLLM's sleep mode unmaps the KV cache.
+
+        Saves are sealed and handed to the store. Loads release their pinned
+        host slots. Device memory is then left alone until :meth:`resume`. A
+        second call does nothing.
+        """
         self.drain()
         self.suspended = True
 
     def resume(self) -> None:
-        """Mark the KV tensors valid again after wake-up. They keep the same virtual
-        addresses. vLLM discarded their contents and also resets its prefix cache.
-        Idempotent."""
+        """Mark the KV tensors valid again after wake-up.
+
+        The tensors keep their virtual addresses. vLLM discarded their contents.
+        It also resets its prefix cache. A second call does nothing.
+        """
         self.suspended = False
 
     def _track(self, pending: _PendingLoad | _PendingSave) -> None:
         self._pending.append(pending)
         self.poll()
-        # Bound host buffers held by unfinished copies: wait for the oldest beyond the limit.
+        # Bound the host buffers that unfinished copies hold: beyond the limit, wait for the
+        # oldest.
         while len(self._pending) > _MAX_IN_FLIGHT:
             oldest = self._pending.pop(0)
             oldest.fence.wait()
@@ -263,8 +276,11 @@ class ChunkStoreWorker:
         self.metrics.record_device_transfer("device_to_host", pending.nbytes, seconds)
 
     def _check_loads(self, pending: _PendingLoad) -> None:
-        """Fail the loads whose host bytes were taken back while they were copied. The
-        device blocks may hold another chunk's bytes, so vLLM must recompute them."""
+        """Fail the loads whose host bytes were taken back during their copy.
+
+        The device blocks may hold another chunk's bytes. vLLM must recompute
+        them.
+        """
         revoked = [load for load, still_held in pending.checks if not still_held()]
         if not revoked:
             return
@@ -280,8 +296,11 @@ class ChunkStoreWorker:
         pending.chunks -= len(revoked)
 
     def _store_saves(self, pending: _PendingSave) -> None:
-        """Seal and store the chunks whose bytes are in host memory. Or mark this rank's
-        part written instead. The last rank's mark seals, and the owner publishes."""
+        """Seal and store the chunks whose bytes are in host memory.
+
+        At TP>1, mark this rank's part written instead. The last rank's mark
+        seals the chunk. The owner publishes it.
+        """
         for save, slot in zip(pending.saves, pending.slots):
             try:
                 self.store.save_done(save, slot)
@@ -327,8 +346,8 @@ class ChunkStoreWorker:
             leases.close()
             self._finished_recving |= meta.async_load_reqs
             return
-        # A failed asynchronous request is recomputed as soon as it is reported: report it only
-        # after this batch's copies, which may still write into its blocks, are complete.
+        # vLLM recomputes a failed asynchronous request as soon as it is reported. So report it
+        # only after this batch's copies are complete; they may still write into its blocks.
         self._failed_recving -= failed_async
         sync = any(not load.is_async for load, _ in accepted)
         try:
@@ -353,14 +372,17 @@ class ChunkStoreWorker:
         )
 
     def _abandon_loads(self, loads: list[ChunkLoad], leases: ExitStack) -> None:
-        """Handle loads whose copies failed part-way. Wait for what was issued, then report
-        them failed. An asynchronous request is recomputed as soon as it is reported."""
+        """Handle loads whose copies failed part-way.
+
+        Wait for the copies already issued, then report the loads failed. vLLM
+        recomputes an asynchronous request as soon as it is reported.
+        """
         self._settle_device()
         leases.close()
         first_of: set[str] = set()
         for load in loads:
-            # The chunks are sound; only each request's first leaves host memory, so that
-            # vLLM's retry sees a shorter hit instead of the same failing copy again.
+            # The chunks are sound. Only each request's first chunk leaves host memory. vLLM's
+            # retry then sees a shorter hit, not the same failing copy.
             self._fail(load, drop=load.req_id not in first_of)
             first_of.add(load.req_id)
 
@@ -369,10 +391,10 @@ class ChunkStoreWorker:
             self.copier.settle()
 
     def copy_in(self, loads: list[ChunkLoad], payloads: list[Any], *, block_compute: bool) -> Batch:
-        """Issue the host -> device copies and scatters of ``loads`` from chunk ``payloads``.
+        """Issue the copies to device and scatters of ``loads`` from chunk ``payloads``.
 
-        This is the device part of a load, without bookkeeping. ``batch.fence`` says when
-        it is complete. ``tools/gpu_check.py`` times it.
+        This is the device part of a load, without bookkeeping. ``batch.fence``
+        says when it is complete. ``tools/gpu_check.py`` times it.
         """
         assert self.copier is not None
         with self.copier.loading(
@@ -383,10 +405,10 @@ class ChunkStoreWorker:
         return batch
 
     def copy_out(self, saves: list[ChunkSave], payloads: list[Any]) -> Batch:
-        """Issue the gathers and device -> host copies of ``saves`` into chunk ``payloads``.
+        """Issue the gathers and copies to host of ``saves`` into chunk ``payloads``.
 
-        The device part of a save, without sealing or storing: ``batch.fence``
-        says when the bytes are in ``payloads``.
+        This is the device part of a save, without sealing or storing.
+        ``batch.fence`` says when the bytes are in ``payloads``.
         """
         assert self.copier is not None
         with self.copier.saving(payloads, self.write_map, self.torch_dtype) as batch:
@@ -396,8 +418,11 @@ class ChunkStoreWorker:
     def _open_chunk(
         self, load: ChunkLoad, leases: ExitStack
     ) -> tuple[Any, Callable[[], bool] | None]:
-        """The payload of a chunk in host memory, pinned there until ``leases`` closes, and
-        the store's check to run after copying it (None: nothing can take the pin back)."""
+        """The payload of a chunk in host memory and the store's check for it.
+
+        The payload stays pinned until ``leases`` closes. The check runs after
+        the copy. It is None when nothing can take the pin back.
+        """
         data = leases.enter_context(self.store.read_host(load.key))
         if data is None:
             raise ChunkStoreError("chunk left host memory before it was loaded")
@@ -411,10 +436,10 @@ class ChunkStoreWorker:
         return chunk.payload, check
 
     def _fail(self, load: ChunkLoad, *, drop: bool = True) -> None:
-        """Report ``load`` failed; ``drop``: also take its chunk out of host memory."""
+        """Report ``load`` failed; with ``drop``, also take its chunk out of host memory."""
         self.stats.add("load_errors")
-        # The request's first failed chunk leaves host memory so vLLM's retry sees a shorter
-        # hit, not a loop; chunks after it stay (a later request can still use them).
+        # The request's first failed chunk leaves host memory. vLLM's retry then sees a
+        # shorter hit, not a loop. Later chunks stay for later requests.
         if drop:
             self.store.drop(load.key)
         if load.is_async:
@@ -464,8 +489,8 @@ class ChunkStoreWorker:
         t0 = time.perf_counter()
         layout = self.engine.layout
         saves = list(meta.saves)
-        # Straight into host memory: a pinned slot of this process's cache (or a plain buffer
-        # when every slot is pinned), or at TP > 1 this rank's ranges of the shared slot.
+        # Straight into host memory: a pinned slot of this process's cache, or a plain buffer
+        # when every slot is pinned. At TP > 1, this rank's ranges of the shared slot.
         wanted = [(s, self._save_slot(s)) for s in saves]
         saves = [s for s, slot in wanted if slot is not None]
         slots = [slot for _, slot in wanted if slot is not None]
@@ -488,7 +513,10 @@ class ChunkStoreWorker:
         self._track(_PendingSave(batch.fence, t0, batch.nbytes, saves, slots))
 
     def _save_slot(self, save: ChunkSave) -> Any | None:
-        """Host memory for ``save``. None: nothing to do, or it failed and is a future miss."""
+        """Host memory for ``save``.
+
+        None means nothing to do, or a failure. A failed save is a future miss.
+        """
         try:
             return self.store.save_slot(save)
         except Exception as exc:  # noqa: BLE001 - a failed save is a future miss
@@ -519,7 +547,7 @@ class ChunkStoreWorker:
     # --- results -------------------------------------------------------------------
 
     def take_transfer_results(self) -> tuple[set[str], set[str]]:
-        """(finished receiving, failed receiving) since the last call."""
+        """The requests that finished and that failed receiving since the last call."""
         self.poll()
         done, failed = self._finished_recving, self._failed_recving
         self._finished_recving, self._failed_recving = set(), set()
@@ -532,17 +560,20 @@ class ChunkStoreWorker:
         return errors
 
     def _check_sync_loads(self) -> None:
-        """Finish the batches holding synchronous loads that await their check: vLLM takes a
-        failed synchronous load only in the step that loaded it (it truncates by that step's
-        tokens). Their copies precede the step's forward pass on the device, so this waits at
-        most for the pass to begin; batches without such loads are not waited for."""
+        """Finish the batches that hold synchronous loads awaiting their check.
+
+        vLLM takes a failed synchronous load only in the step that loaded it.
+        It truncates by that step's tokens. On the device, these copies come
+        before the step's forward pass. So this waits at most until the pass
+        begins. Batches without such loads are not waited for.
+        """
         while any(isinstance(p, _PendingLoad) and p.checks_sync_loads for p in self._pending):
             pending = self._pending.pop(0)
             pending.fence.wait()
             self._finish(pending)
 
     def take_stats(self) -> dict[str, float] | None:
-        """Counters since the last call (None if nothing happened)."""
+        """Counters since the last call; None if nothing happened."""
         return self.stats.take()
 
 

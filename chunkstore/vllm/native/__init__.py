@@ -1,8 +1,9 @@
 """chunkstore as a secondary tier of vLLM 0.33's own ``OffloadingConnector``.
 
-``{"type": "ChunkStoreTier", "module_path": "chunkstore.vllm.native", "tiers": [...]}`` in
-``TieringOffloadingSpec``'s ``secondary_tiers``. The class is imported on first access (it
-subclasses vLLM's ``SecondaryTierManager``), with an install hint if this vLLM has no tiering.
+Add ``{"type": "ChunkStoreTier", "module_path": "chunkstore.vllm.native", "tiers": [...]}``
+to ``TieringOffloadingSpec``'s ``secondary_tiers``. The class subclasses vLLM's
+``SecondaryTierManager``. It loads on first access. If this vLLM has no tiering, that
+access raises :class:`~chunkstore.errors.MissingDependency` with an install hint.
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
-"""KV events of the native tier. They say which chunks its store jobs wrote, for vLLM's publisher.
+"""KV events of the native tier: the chunks its store jobs wrote, for vLLM's publisher.
 
-vLLM's OffloadingConnector turns each ``OffloadingEvent`` a secondary tier yields
-from ``take_events`` into ``BlockStored`` events under vLLM's block hashes. The
-tier announces a chunk once every store took it, when the job succeeded. It
-never announces removals. Its stores are shared, and another engine may still
-use a chunk this one no longer sees.
+A secondary tier yields ``OffloadingEvent`` objects from ``take_events``.
+vLLM's OffloadingConnector turns each into ``BlockStored`` events under vLLM's
+block hashes. The tier announces a chunk after a successful job, once every
+store took it. It never announces removals. Its stores are shared. Another
+engine may still use a chunk that this one no longer sees.
 """
 
 from __future__ import annotations
@@ -19,7 +19,10 @@ __all__ = ["TierEvents"]
 
 
 class TierEvents:
-    """Store jobs in flight, and the events of those that finished. Thread-safe."""
+    """Store jobs in flight and the events of finished ones.
+
+    The class is thread-safe.
+    """
 
     def __init__(self, *, locality: Locality | None, ownership: str) -> None:
         self.locality = locality

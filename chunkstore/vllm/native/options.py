@@ -1,5 +1,8 @@
-"""The options of a ``ChunkStoreTier`` entry in ``secondary_tiers`` (besides ``type`` and
-``module_path``), with their meaning. No vLLM import: the docs test reads them anywhere."""
+"""The options of a ``ChunkStoreTier`` entry in ``secondary_tiers``, with their meaning.
+
+``type`` and ``module_path`` are not listed. This module imports no vLLM. So
+the docs test reads the options anywhere.
+"""
 
 from __future__ import annotations
 

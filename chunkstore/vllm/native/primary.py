@@ -1,23 +1,23 @@
-"""Slots of vLLM's CPU primary tier <-> canonical chunk payloads, through the layout classes.
+"""Conversion between vLLM's CPU primary-tier slots and canonical chunk payloads.
 
-vLLM 0.33's ``TieringOffloadingSpec`` keeps offloaded KV in one shared host
-region of equal slots. vLLM calls them "chunks". Each is
+In vLLM 0.33, ``TieringOffloadingSpec`` keeps offloaded KV in one shared host
+region of equal slots. vLLM calls them "chunks". Each slot is
 ``primary_kv_view.strides[0]`` bytes.
 
-The default direct layout goes by TP worker in rank order. For each worker, a
-slot holds that worker's pages of every layer, in the KV cache group's layer
+The default direct layout orders TP workers by rank. Each worker's part of a
+slot holds its pages of every layer. The layers come in the KV cache group's
 order. Each layer has ``blocks_per_chunk`` pages. A page is one block of the
-layer's KV cache as the attention backend stores it. That is ``[N, H, 2*D]``
-for the ``LBNHC`` cache layout, and ``[H, N, 2*D]`` for ``LBHNC``. Padding
-fills the rest of the slot::
+layer's KV cache, as the attention backend stores it. It is ``[N, H, 2*D]``
+for the ``LBNHC`` cache layout and ``[H, N, 2*D]`` for ``LBHNC``. The source is
+vLLM 0.33's ``vllm/v1/kv_offload/cpu/shared_offload_region.py`` and
+``offloading/worker.py``.
+
+The :mod:`chunkstore.vllm.layouts` classes read and write each rank's pages.
+The connector's :class:`~chunkstore.device.ShardMap` places each rank's heads.
+So a chunk has the same bytes at any TP size or block size. Padding fills the
+rest of the slot::
 
     slot = rank0(layer0 pages | layer1 pages | ...) | rank1(...) | ... | pad
-
-The source is ``vllm/v1/kv_offload/cpu/shared_offload_region.py`` and
-``offloading/worker.py`` of vLLM 0.33. Each rank's pages are read and written
-with the existing :mod:`chunkstore.vllm.layouts` classes. Each rank's heads are
-placed with the connector's :class:`~chunkstore.device.ShardMap`. So a
-chunk is the same bytes whatever TP size or block size wrote it.
 """
 
 from __future__ import annotations
@@ -38,13 +38,13 @@ from chunkstore.vllm.layouts import FlashAttnLayout, FlashInferHNDLayout, PagedK
 __all__ = ["PrimaryLayout", "TORCH_DTYPES"]
 
 TORCH_DTYPES = {"BF16": torch.bfloat16, "F16": torch.float16, "F32": torch.float32}
-"""Chunk dtypes the tier converts (what a primary page of an attention layer holds)."""
+"""Chunk dtypes the tier converts: those a primary page of an attention layer holds."""
 
 _PAGE_LAYOUTS: dict[str, type[PagedKVLayout]] = {
     "LBNHC": FlashAttnLayout,
     "LBHNC": FlashInferHNDLayout,
 }
-"""vLLM ``kv_cache_layout`` -> the layout class whose page order it is."""
+"""Map from vLLM's ``kv_cache_layout`` to the layout class with its page order."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,7 +54,7 @@ class _Region:
     offset: int
     """Byte offset inside the slot."""
     layer: int
-    """Global layer index (names the chunk tensors ``layers.<layer>.k|v``)."""
+    """Global layer index, as in the chunk tensor names ``layers.<layer>.k|v``."""
     heads: int
     """KV heads this rank holds."""
 
@@ -124,17 +124,16 @@ class PrimaryLayout:
                 offset += blocks_per_chunk * heads * engine.block_size * 2 * head_dim * item
             self._regions.append(regions)
         self.kv_bytes = offset
-        """Bytes of KV in a slot. The rest is padding."""
+        """Bytes of KV in a slot; the rest is padding."""
         self._whole = self._whole_slot_shape(tp_size, total_heads)
-        # Gather block by block (one copy per block, every layer) where a slot's token rows
-        # are a whole number of 4 KiB pages apart: one copy of the whole 6-d view then reads
-        # each row's head_dim piece from addresses 4 KiB apart, the same cache sets. Per
-        # block is faster there and slower for rows 1-2 KiB apart, and the load's scatter
-        # gains nothing.
+        # Gather block by block where a slot's token rows are a whole number of 4 KiB pages
+        # apart. One copy of the whole 6-d view would then read each row's head_dim piece from
+        # addresses 4 KiB apart, which share cache sets. Other row spacings and the load's
+        # scatter keep the whole-slot copy.
         row = total_heads * 2 * head_dim * item
         self._gather_by_block = page_cls is FlashAttnLayout and row % 4096 == 0
         self._item = np.dtype(f"<u{item}")
-        """Same-width unsigned integers: the whole-slot copy moves KV as raw elements."""
+        """Unsigned integers of the KV width, for the whole-slot copy of raw elements."""
         if offset > slot_bytes:
             raise ConfigError(
                 f"vLLM's primary tier slots hold {slot_bytes} bytes, but {len(layer_order)} "
@@ -157,11 +156,12 @@ class PrimaryLayout:
     def _whole_slot_shape(self, tp_size: int, heads: int) -> tuple[int, ...] | None:
         """The payload as ``[L, 2, H, n, N, D]`` when one strided copy converts a whole slot.
 
-        This holds for one rank whose slot holds layers 0..L-1 in order. The canonical
-        payload ``layers.0.k, layers.0.v, layers.1.k, ...`` is then back to back. The
-        slot's pages and the payload are two views of the same 6-d array, in different
-        dimension orders. Strided numpy copies between them replace two torch copies per
-        layer. Anything else goes layer by layer, such as TP > 1 or reordered layers.
+        That is so when one rank's slot holds layers 0 to L-1 in order. The
+        canonical payload ``layers.0.k, layers.0.v, layers.1.k, ...`` is then
+        contiguous. The slot's pages and the payload view one 6-d array. Only
+        their dimension orders differ. Strided numpy copies between them replace
+        two torch copies per layer. Other cases go layer by layer. TP > 1 and
+        reordered layers are such cases.
         """
         if tp_size != 1:
             return None
@@ -186,11 +186,11 @@ class PrimaryLayout:
         return (len(regions), 2, heads, n, bs, d)
 
     def _slot_as_payload(self, slot: Any) -> np.ndarray:
-        """The slot's KV as a ``[L, 2, H, n, N, D]`` view (see :meth:`_whole_slot_shape`).
+        """The slot's KV as the ``[L, 2, H, n, N, D]`` view of :meth:`_whole_slot_shape`.
 
-        numpy, not torch: a single-threaded copy that releases the GIL. The tier runs
-        several jobs at once, and torch's intra-op threads per copy would oversubscribe
-        the cores they share.
+        The view is numpy, not torch. A numpy copy is single-threaded and
+        releases the GIL. The tier runs several jobs at once. Torch's intra-op
+        threads per copy would oversubscribe the shared cores.
         """
         assert self._whole is not None
         layers, _, h, n, bs, d = self._whole
@@ -206,7 +206,10 @@ class PrimaryLayout:
         return flat.reshape(self._whole)
 
     def to_payload(self, slot: Any, payload: Any) -> None:
-        """Fill a chunk ``payload`` (writable, ``layout.payload_size`` bytes) from a ``slot``."""
+        """Fill a chunk ``payload`` from a ``slot``.
+
+        ``payload`` is writable and ``layout.payload_size`` bytes long.
+        """
         if self._whole is not None:
             source, target = self._slot_as_payload(slot), self._payload_array(payload)
             if not self._gather_by_block:

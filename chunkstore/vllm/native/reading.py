@@ -1,10 +1,11 @@
-"""One chunk of a load job: its key, its buffer, and the reads that may still write into it.
+"""One chunk of a load job: its key, its buffer and the reads that may still write into it.
 
-A load job of :class:`~chunkstore.vllm.native.tier.ChunkStoreTier` starts the
-reads of its next chunks before it scatters the current chunk into its primary
-slot. The reads run on the stores' guard threads, where the store also checks
-the checksum. Each read is a :class:`~chunkstore.tiering._tierlist.TierRead` of the
-tier's :class:`~chunkstore.tiering._tierlist.TierList`, taken in turn.
+A load job of :class:`~chunkstore.vllm.native.tier.ChunkStoreTier` reads ahead.
+It starts the reads of its next chunks before it scatters the current chunk
+into its primary slot. The reads run on the stores' guard threads. The store
+checks the checksum there too. Each read is a
+:class:`~chunkstore.tiering._tierlist.TierRead` of the tier's
+:class:`~chunkstore.tiering._tierlist.TierList`, taken in turn.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ __all__ = ["LoadJobChunk"]
 
 
 class LoadJobChunk:
-    """One chunk of a load job: read into a buffer of the tier's, then scattered."""
+    """One chunk of a load job, read into one of the tier's buffers and then scattered."""
 
     __slots__ = ("key", "buffers", "pending", "read", "_pool", "_give_permit")
 
@@ -30,16 +31,19 @@ class LoadJobChunk:
         self._pool = pool
         self._give_permit = give_permit
         self.buffers = pool.take(1)
-        """The chunk's buffer, in a list, as the stores' batch reads take them."""
+        """The chunk's buffer in a one-item list, the form the stores' batch reads take."""
         self.pending: list[Future[Any]] = []
-        """Calls that timed out but still run, and may still write into the buffer."""
+        """Calls that timed out but still run; they may still write into the buffer."""
         self.read: TierRead | None = None
         """The read started and not yet taken."""
 
     def close(self) -> None:
-        """Give the buffer back once nothing writes into it any more. A read started but
-        never taken (the job ended before it) is cancelled if it is still queued; one
-        already running keeps the buffer until it ends."""
+        """Give the buffer back once nothing writes into it any more.
+
+        A read may start but never be taken, because the job ended first. If it
+        is still queued, it is cancelled. If it already runs, it keeps the
+        buffer until it ends.
+        """
         running = []
         if self.read is not None and not self.read.call.future.cancel():
             running.append(self.read.call.future)

@@ -1,22 +1,22 @@
 """``ChunkStoreTier``: chunkstore's stores as a secondary tier of vLLM 0.33's OffloadingConnector.
 
-One entry in ``TieringOffloadingSpec``'s ``secondary_tiers``::
+It is one entry in ``TieringOffloadingSpec``'s ``secondary_tiers``::
 
     {"type": "ChunkStoreTier", "module_path": "chunkstore.vllm.native",
      "tiers": ["file:///mnt/kv"]}
 
 vLLM owns the CPU primary tier. This tier stores what vLLM demotes as
-chunk-format v1 files. It uses the connector's keys, so the connector and this
-tier hit each other's chunks, and the CLI works on them. It loads chunks back
-into primary slots.
+chunk-format v1 files. It loads chunks back into primary slots. It uses the
+connector's keys. So the connector and this tier hit each other's chunks. The
+CLI works on them too.
 
-Everything runs off the scheduler thread. Lookups are answered ``RETRY`` until
-a background existence check returns. Stores and loads run on the tier's
+All work runs off the scheduler thread. Lookups get ``RETRY`` until a
+background existence check returns. Stores and loads run on the tier's
 threads. Every store call goes through a
 :class:`~chunkstore.tiering._guard.GuardedTier`, with a timeout and back-off.
-So a tier that is down turns into misses and failed jobs, never a stalled engine.
-A chunk that fails its checksum or names other tokens is a failed load, and
-vLLM recomputes it. Its bytes never reach the primary slot.
+A tier that is down thus causes misses and failed jobs. It never stalls the
+engine. A chunk may fail its checksum or name other tokens. Its load then
+fails, and vLLM recomputes it. Its bytes never reach the primary slot.
 """
 
 from __future__ import annotations
@@ -74,10 +74,10 @@ from chunkstore.vllm.native.writing import ChunkWriting
 MAX_TIER_THREADS = 256
 """Most threads one tier may run: the ``threads`` option."""
 CALLS_IN_FLIGHT = 8
-"""Calls one store runs at once, reads and writes. With huge-page buffers each chunk is one
-device request, so the disk needs several of them in flight to stay busy."""
+"""Calls one store runs at once, reads and writes together."""
+# With huge-page buffers each chunk is one device request: several in flight keep the disk busy.
 IDLE_BUFFER_BYTES = 256 << 20
-"""Chunk buffers the tier keeps mapped between jobs, at least two per thread."""
+"""Bytes of chunk buffers the tier keeps mapped between jobs; at least two per thread."""
 
 log = logging.getLogger(__name__)
 
@@ -89,11 +89,11 @@ def _cores() -> int:
 
 
 def _conversions_at_once(threads: int, cores: int) -> int:
-    """How many chunk conversions (gather and checksum) a tier runs at once.
+    """How many chunk conversions a tier runs at once.
 
-    One fewer than ``cores``, at least one, and no more than ``threads``. The core left
-    over starts the writes that keep the disk busy, so the first write of a burst does not
-    wait for a core.
+    A conversion is a gather and a checksum. The count is one fewer than
+    ``cores``, at least one, and at most ``threads``. The core left over starts
+    the writes that keep the disk busy.
     """
     return max(1, min(threads, cores - 1))
 
@@ -102,13 +102,13 @@ __all__ = ["ChunkStoreTier"]
 
 
 def _store_options(url: str, store_options: Any) -> dict[str, Any]:
-    """Options to open the tier at ``url`` with. They are the user's ``store_options``.
-    A local directory also gets ``write_mode="direct"`` unless they say otherwise.
+    """Options to open the tier at ``url`` with: the user's ``store_options``.
 
-    What vLLM demotes here leaves host memory because host memory is full. Writing it
-    through the page cache would only push other pages out. vLLM's own fs tier writes with
-    O_DIRECT too.
-    Reads still pick cached or direct per file.
+    A local directory also gets ``write_mode="direct"``, unless the options
+    say otherwise. vLLM demotes chunks here because host memory is full.
+    Writing them through the page cache would only push other pages out.
+    vLLM's own fs tier writes with O_DIRECT too. Reads still pick cached or
+    direct per file.
     """
     options = tier_open_options(url, dict(store_options.get(url, {})))
     if "://" not in url or url.startswith("file://"):
@@ -117,7 +117,7 @@ def _store_options(url: str, store_options: Any) -> dict[str, Any]:
 
 
 class ChunkStoreTier(SecondaryTierManager):
-    """A vLLM secondary tier backed by chunkstore stores. See the module docstring."""
+    """A vLLM secondary tier backed by chunkstore stores; the module docstring has the rules."""
 
     medium: ClassVar[Medium] = Medium.STORAGE
 
@@ -219,28 +219,28 @@ class ChunkStoreTier(SecondaryTierManager):
         for store in self.stores:
             record_model(store, self.engine.spec)  # so `chunkstore inspect` names the model
         layout = self.primary.layout
-        # Room for a zstd chunk a little larger than the raw one (incompressible KV). Idle
-        # buffers kept: every thread's job of a few chunks, within IDLE_BUFFER_BYTES.
+        # Room for a zstd chunk of incompressible KV, a little larger than the raw one. The
+        # idle buffers kept cover every thread's job of a few chunks, within IDLE_BUFFER_BYTES.
         size = layout.total_size + layout.total_size // 64 + 65536
-        # Each chunk's payload on a huge-page boundary, where the kernel gives huge pages:
-        # O_DIRECT moves it in far fewer device requests (see chunkstore.tiering.ChunkBuffers).
+        # Each chunk's payload starts on a huge-page boundary, where the kernel gives huge
+        # pages. O_DIRECT then moves it in fewer device requests; see ChunkBuffers.
         self._buffers = ChunkBuffers(
             size, keep=max(2 * threads, IDLE_BUFFER_BYTES // size), huge_at=layout.data_offset
         )
         # Started whole, as vLLM's own tiers start theirs: the first jobs wait for no thread.
         self._pool = started_executor(threads, "chunkstore-tier")
         self.max_converting = _conversions_at_once(threads, _cores())
-        """Conversions, gather and checksum, running at once. See :func:`_conversions_at_once`."""
+        """Most conversions at once, from :func:`_conversions_at_once`."""
         self._converting = threading.BoundedSemaphore(self.max_converting)
         self.max_writing = 2 * CALLS_IN_FLIGHT
-        """Chunks converted whose writes are neither ended nor settled, at most. That is
-        enough for every guard thread to find its next write queued when one ends. It also
-        bounds the buffers a burst of stores holds. It is not more, because a call's timeout
-        counts from when it is queued. A longer queue on the guard's threads would time out
-        a slow but healthy store and put it in back-off, however many cores the host has."""
+        """Most converted chunks whose writes are neither ended nor settled."""
+        # Enough for every guard thread to find its next write queued when one ends. It also
+        # bounds the buffers a burst of stores holds. A call's timeout counts from when it is
+        # queued, so a longer queue would time out a slow but healthy store and put it in
+        # back-off, however many cores the host has.
         self._writing = threading.BoundedSemaphore(self.max_writing)
         self.max_reading = 2 * CALLS_IN_FLIGHT
-        """Chunk reads started and not yet scattered, at most. It is the same bound as writes."""
+        """Most chunk reads started and not yet scattered; the same bound as writes."""
         self._reading = threading.BoundedSemaphore(self.max_reading)
         try:
             self._buffers.reserve(self.max_writing + self.max_reading)
@@ -254,8 +254,8 @@ class ChunkStoreTier(SecondaryTierManager):
         self._loads: dict[int, tuple[str, list[ChunkKey]]] = {}
         self._stores: dict[int, tuple[str, list[ChunkKey]]] = {}
         self.events: TierEvents | None = None
-        """BlockStored events of finished store jobs. Set only when ``enable_kv_events``
-        and vLLM's KV events are both on."""
+        """BlockStored events of finished store jobs, or None when events are off."""
+        # Set only when enable_kv_events and vLLM's KV events are both on.
         if (
             options.get("enable_kv_events")
             and offloading_spec.kv_events_config.enable_kv_cache_events
@@ -264,7 +264,7 @@ class ChunkStoreTier(SecondaryTierManager):
         self._finished: deque[JobResult] = deque()
         self._verdicts: dict[str, dict[ChunkKey, bool | Future[bool]]] = {}
         self.corrupt = 0
-        """Chunks that failed verification on load. They are failed loads, never primary bytes."""
+        """Number of chunks that failed verification on load."""
         log.info(
             "chunkstore tier: model %s, %d-token chunks, stores %s",
             self.engine.spec.model_id,
@@ -308,7 +308,7 @@ class ChunkStoreTier(SecondaryTierManager):
         return LookupResult.HIT if verdict else LookupResult.MISS
 
     def _held(self, key: ChunkKey) -> bool:
-        """Whether some store holds ``key``. A store that is down answers no."""
+        """Whether some store holds ``key``; a store that is down answers no."""
         return self.tiers.exists_many([key], count=True)[0]
 
     # --- stores ---------------------------------------------------------------------
@@ -333,19 +333,19 @@ class ChunkStoreTier(SecondaryTierManager):
         t0 = time.perf_counter()
         ok = all(a is not None for a in addresses)
         nbytes = 0
-        # Note: the job's chunks are converted one after another on this thread, and each
-        # one's writes start as soon as it is sealed, on the stores' guard threads: this
-        # thread converts chunk i+1 while chunk i is on the disk, the disk gets the next
-        # write without waiting for a thread to wake, and results are taken in order.
+        # This thread converts the job's chunks one after another. Each chunk's writes start
+        # on the stores' guard threads once it is sealed. So this thread converts chunk i+1
+        # while chunk i is on the disk. The disk gets the next write without waiting for a
+        # thread to wake. Results are taken in order.
         started: deque[ChunkWriting] = deque()
         try:
             try:
                 for address, slot in zip(addresses, slots):
                     if address is None:
                         continue  # no tokens for this key: not stored (a future miss)
-                    # A chunk may start only with a permit of the tier's bound. A job holding
-                    # some settles its own oldest instead of waiting for other jobs' (which
-                    # could be waiting for its permits in turn); one holding none waits.
+                    # A chunk starts only with a permit of the tier's bound. A job that holds
+                    # permits settles its own oldest chunk. It does not wait for other jobs,
+                    # which could wait for its permits in turn. A job with no permit waits.
                     while not self._writing.acquire(blocking=not started):
                         stored, size = self._settle(started.popleft())
                         ok, nbytes = ok and stored, nbytes + size
@@ -362,14 +362,17 @@ class ChunkStoreTier(SecondaryTierManager):
             log.exception("chunkstore tier: store job %d failed", job_id)
             ok = False
         finally:
-            # Every submitted job is reported, whatever happened (vLLM's drain_jobs waits for
-            # each one's result, and reset_cache asserts none is left).
+            # Every submitted job is reported, whatever happened. vLLM's drain_jobs waits for
+            # each result, and reset_cache asserts that none is left.
             self._finished.append(JobResult(job_id, ok, None, time.perf_counter() - t0, nbytes))
 
     def _start_chunk(self, job_id: int, address: ChunkAddress, slot: int) -> ChunkWriting | None:
-        """Convert the primary ``slot`` into ``address``'s chunk and start writing it to every
-        store. The caller holds a permit of ``_writing``, which passes to the result. None
-        when the chunk could not be made; the permit is then given back."""
+        """Convert the primary ``slot`` into ``address``'s chunk and start its writes.
+
+        Every store gets a write. The caller holds a permit of ``_writing``. The
+        permit passes to the result. Returns None when the chunk could not be
+        made. The permit is then given back.
+        """
         layout = self.primary.layout
         try:
             (buffer,) = self._buffers.take(1)
@@ -391,13 +394,16 @@ class ChunkStoreTier(SecondaryTierManager):
         except Exception:  # noqa: BLE001 - a failed store is a future miss
             log.exception("chunkstore tier: store job %d failed", job_id)
             writing.release()
-            # A write already started ends on its own (its result is not needed): the buffer
+            # A write already started ends on its own; its result is not needed. The buffer
             # goes back once nothing reads it any more.
             self._buffers.release_after(writing.futures(), [buffer])
             return None
 
     def _settle(self, writing: ChunkWriting) -> tuple[bool, int]:
-        """Wait for a started chunk's writes; (whether every store took it, bytes written)."""
+        """Wait for a started chunk's writes.
+
+        Returns whether every store took the chunk, and the bytes written.
+        """
         try:
             assert writing.writes is not None
             settled = writing.writes.settle()
@@ -425,13 +431,13 @@ class ChunkStoreTier(SecondaryTierManager):
     ) -> None:
         t0 = time.perf_counter()
         loaded = 0
-        # Note: pipelined as stores are. The job's reads (and the stores' checksum checks)
-        # run ahead on the stores' guard threads while this thread scatters the chunks that
-        # came back, in order, into their slots. A read may start only with a permit of the
-        # tier's bound (a job holding none waits for one; one holding some starts no more
-        # than are free), so reads in flight, and the buffers they fill, stay bounded. A
-        # load fills a prefix of its keys: it ends at the first chunk no store has (reads
-        # already started past it are dropped; their slots are never written).
+        # Loads are pipelined like stores. The job's reads and the stores' checksum checks
+        # run ahead on the stores' guard threads. Meanwhile this thread scatters the chunks
+        # that came back into their slots, in order. A read starts only with a permit of the
+        # tier's bound. A job with no permit waits for one. A job with permits starts no more
+        # than are free. So reads in flight, and the buffers they fill, stay bounded. A load
+        # fills a prefix of its keys. It ends at the first chunk no store has. Reads started
+        # past that chunk are dropped, and their slots are never written.
         wanted = next((i for i, a in enumerate(addresses) if a is None), len(addresses))
         started: deque[LoadJobChunk | None] = deque()
         try:
@@ -464,9 +470,12 @@ class ChunkStoreTier(SecondaryTierManager):
             self._finished.append(JobResult(job_id, ok, kept, time.perf_counter() - t0, nbytes))
 
     def _start_load(self, job_id: int, address: ChunkAddress | None) -> LoadJobChunk | None:
-        """Start reading ``address``'s chunk from the first store that takes calls. The
-        caller holds a permit of ``_reading``, which passes to the result. None when it
-        could not start; the permit is then given back."""
+        """Start reading ``address``'s chunk from the first store that takes calls.
+
+        The caller holds a permit of ``_reading``. The permit passes to the
+        result. Returns None when the read could not start. The permit is then
+        given back.
+        """
         if address is None:
             self._reading.release()
             return None
@@ -485,8 +494,10 @@ class ChunkStoreTier(SecondaryTierManager):
         return load
 
     def _finish_load(self, job_id: int, load: LoadJobChunk) -> Any | None:
-        """The verified payload of a started load; None when no store has one. Where the
-        first store has no good copy, the later stores are asked."""
+        """The verified payload of a started load; None when no store has one.
+
+        If the first store has no good copy, the later stores are asked.
+        """
         try:
             (payload,) = self.tiers.finish_read(
                 [load.key],
@@ -513,12 +524,13 @@ class ChunkStoreTier(SecondaryTierManager):
         return True
 
     def _move_off(self, buffers: list[Any], asked: list[int], running: Future[Any]) -> bool:
-        """Give the keys at ``asked`` fresh buffers, as a timed-out read into them still runs.
+        """Give the keys at ``asked`` fresh buffers, because a timed-out read still runs.
 
-        The next store's bytes must not land where the late call may still write. They are
-        verified as they are read. Anything written over them afterwards would reach the
-        primary slot unchecked. The old buffers go back once the call ends. False when no
-        buffer could be had; the load then reads no more.
+        The late call may still write into the old buffers. The next store's
+        bytes must land elsewhere. They are verified as they are read. Bytes
+        written over them later would reach the primary slot unchecked. The old
+        buffers go back once the call ends. Returns False when no buffer is
+        free. The load then reads no more.
         """
         try:
             fresh = self._buffers.take(len(asked))
@@ -532,9 +544,11 @@ class ChunkStoreTier(SecondaryTierManager):
         return True
 
     def _payload(self, tier: GuardedTier, key: ChunkKey, data: Any, verified: bool) -> Any | None:
-        """``data``'s payload if it is ``key``'s chunk for this model. Where the store
-        ``verified`` the read, its own check already covered the checksum. Structure and
-        identity are checked again here."""
+        """``data``'s payload if it is ``key``'s chunk for this model.
+
+        If the store ``verified`` the read, its check covered the checksum.
+        Structure and identity are checked here in any case.
+        """
         try:
             chunk = decode_chunk(
                 data,
@@ -546,9 +560,9 @@ class ChunkStoreTier(SecondaryTierManager):
             # A newer writer's chunk or another model's is a plain miss; only damage is reported.
             if verdict_of(exc) is ReadVerdict.CORRUPT:
                 self.corrupt += 1
-                # The store's set-aside (a rename on a mount, requests to S3 or a peer) runs
-                # on the store's guard, not on this job's thread: a store stalling in it
-                # must not hold a load job (and its permits) past the store's timeout.
+                # The store's set-aside runs on the store's guard, not on this job's thread. It
+                # may be a rename on a mount or requests to S3 or a peer. A store that stalls in it
+                # must not hold a load job and its permits past the store's timeout.
                 with tier.handing_off_set_asides():
                     tier.store.report_corrupt(key, exc)
             return None

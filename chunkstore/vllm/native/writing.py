@@ -1,14 +1,14 @@
 """One chunk on its way to the tier's stores: its writes, its buffer and its permit.
 
 A store job of :class:`~chunkstore.vllm.native.tier.ChunkStoreTier` converts its
-chunks one after another. It starts each one's writes as soon as the chunk is
-sealed, with a guarded call per store. Then it takes the results in order. A
-:class:`ChunkWriting` is one such chunk. It holds one permit of the tier's
-bound on chunks in flight, and the buffer the writes read. Both go back the
-moment its last write ends, so the next chunk of any job can start. Or the
-permit goes back when the job settles a write that timed out. Such a write may
-still run, and keeps its buffer until it ends. Whichever comes first happens,
-once.
+chunks one after another. Once a chunk is sealed, the job starts its writes.
+Each store gets one guarded call. The job then takes the results in order. A
+:class:`ChunkWriting` is one such chunk. It holds the buffer the writes read.
+It also holds one permit of the tier's bound on chunks in flight. Both go back
+when its last write ends. The next chunk of any job can then start. The permit
+may go back earlier, when the job settles a write that timed out. Such a write
+may still run. It keeps its buffer until it ends. The permit goes back once,
+on whichever comes first.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ __all__ = ["ChunkWriting"]
 
 
 class ChunkWriting:
-    """One chunk whose writes are under way. See the module docstring."""
+    """One chunk whose writes are under way; the module docstring has the rules."""
 
     __slots__ = ("writes", "_give_permit", "_give_buffer", "_running", "_holds_permit", "_lock")
 
@@ -32,8 +32,8 @@ class ChunkWriting:
         self.writes: TierWrites | None = None
         """The writes to every store, once made."""
         self._give_permit = give_permit
-        # The buffer goes back before the permit: chunks in flight then hold no more buffers
-        # than there are permits (a call that timed out keeps its buffer until it ends).
+        # The buffer goes back before the permit. Chunks in flight then hold no more buffers
+        # than there are permits. A call that timed out keeps its buffer until it ends.
         self._give_buffer = give_buffer
         # Calls not ended, plus one until every call is registered.
         self._running = 1
@@ -41,7 +41,7 @@ class ChunkWriting:
         self._lock = threading.Lock()
 
     def all_started(self) -> None:
-        """:attr:`writes` are started: once they all end, buffer and permit go back."""
+        """Note that :attr:`writes` started; buffer and permit go back once all end."""
         assert self.writes is not None
         for future in self.writes.futures():
             with self._lock:
@@ -58,7 +58,7 @@ class ChunkWriting:
             self.release()
 
     def release(self) -> None:
-        """Give the permit back, once: the writes ended, or were settled."""
+        """Give the permit back once, when the writes end or are settled."""
         with self._lock:
             holds, self._holds_permit = self._holds_permit, False
         if holds:
