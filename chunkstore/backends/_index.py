@@ -48,6 +48,10 @@ SOCKET_TIMEOUT = 2.0
 """Seconds one request to the index may take before it counts as failed."""
 MAX_VICTIMS = 256
 """Chunks one admit may evict (a chunk as large as the cap evicts at most this many)."""
+EVICT_WORKERS = 8
+"""Victims one index deletes at a time. A delete waits on the filesystem or the object
+store (an unlink took 1-4 ms on a local disk holding 10^6 chunk files), so the deletes of
+one eviction overlap; each is the same checked delete as alone."""
 BATCH = 1000
 """Repairs a reconcile sends in one script call (one round trip), and entries it checks
 against the files before it takes the missing ones out in one call; also the most requests
@@ -146,6 +150,8 @@ class CapacityIndex:
         # are deleted; the publish waits for that (see reserve). Requests queue up in
         # order; the thread sends what is queued in one pipeline (see _drain).
         self._behind: concurrent.futures.ThreadPoolExecutor | None = None
+        # Victims are deleted up to EVICT_WORKERS at a time (started on first use).
+        self._deleters: concurrent.futures.ThreadPoolExecutor | None = None
         self._queued: collections.deque[tuple[Any, ...]] = collections.deque()
         self._draining = False
         self._down_until = 0.0
@@ -384,6 +390,10 @@ class CapacityIndex:
             behind, self._behind = self._behind, None
         if behind is not None:
             behind.shutdown(wait=True)
+        with self._lock:
+            deleters, self._deleters = self._deleters, None
+        if deleters is not None:
+            deleters.shutdown(wait=True)
 
     def fits(self, size: int) -> bool:
         """Whether one chunk of ``size`` bytes may be stored at all (not larger than the cap)."""
@@ -562,17 +572,30 @@ class CapacityIndex:
                 return
 
     def _delete(self, victims: Sequence[Any]) -> int:
-        deleted = 0
-        for raw in victims:
-            name = raw.decode() if isinstance(raw, bytes) else str(raw)
-            try:
-                if self._evict(self._path_of(name)):
-                    deleted += 1
-            except OSError as exc:
-                # Out of the index but still on disk: the next reconcile counts it again.
-                log.warning("%s: cannot evict %s: %s", self._label, name, exc)
-        self.evicted += deleted
+        """Delete the files of ``victims`` (names the index took out), up to
+        :data:`EVICT_WORKERS` at a time; how many were there. Returns once all are done."""
+        names = [raw.decode() if isinstance(raw, bytes) else str(raw) for raw in victims]
+        if len(names) > 1:
+            with self._lock:
+                if self._deleters is None:
+                    self._deleters = concurrent.futures.ThreadPoolExecutor(
+                        EVICT_WORKERS, thread_name_prefix=f"{self._label}-evict"
+                    )
+                deleters = self._deleters
+            deleted = sum(deleters.map(self._delete_one, names))
+        else:
+            deleted = sum(map(self._delete_one, names))
+        with self._lock:
+            self.evicted += deleted
         return deleted
+
+    def _delete_one(self, name: str) -> bool:
+        try:
+            return bool(self._evict(self._path_of(name)))
+        except OSError as exc:
+            # Out of the index but still on disk: the next reconcile counts it again.
+            log.warning("%s: cannot evict %s: %s", self._label, name, exc)
+            return False
 
 
 def store_identity(marker: bytes) -> str:

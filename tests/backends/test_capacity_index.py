@@ -727,3 +727,67 @@ def test_a_full_reconcile_keeps_a_stale_mark_set_while_it_walked(
     index._scan = lambda shard: iter(walk)
     index.reconcile()
     assert not index.stale()
+
+
+# --- eviction deletes its victims several at a time --------------------------------------
+
+
+def test_an_eviction_deletes_all_its_victims_several_at_a_time(
+    tmp_path: Path, redis_url: str
+) -> None:
+    store = FsStore(str(tmp_path / "s"), create=True, index=redis_url)
+    store.put_many([(c.key, c.data) for c in CHUNKS[:20]])
+    _aged(store, CHUNKS[:20])
+    index = store.index
+    assert index is not None
+    index.reconcile()  # the files' (old, distinct) times as the LRU order
+    evict = index._evict
+    lock = threading.Lock()
+    running = [0, 0, 0]  # now, most at once, calls
+    both = threading.Barrier(2, timeout=30)
+
+    def slow(path: str) -> int:
+        with lock:
+            running[0] += 1
+            running[1] = max(running[:2])
+            running[2] += 1
+            first = running[2] <= 2
+        if first:
+            both.wait()  # the first two deletes meet: they run at once
+        try:
+            return evict(path)
+        finally:
+            with lock:
+                running[0] -= 1
+
+    index._evict = slow
+    assert index.evict(max_bytes=5 * SIZE) == 15
+    assert 2 <= running[1] <= _index.EVICT_WORKERS
+    assert index.evicted == 15
+    assert disk_usage(store) == (5 * SIZE, 5)
+    assert (index.usage().bytes, index.usage().chunks) == disk_usage(store)
+
+
+def test_a_victim_that_cannot_be_deleted_is_logged_and_counted_back_by_reconcile(
+    tmp_path: Path, redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = FsStore(str(tmp_path / "s"), create=True, index=redis_url)
+    store.put_many([(c.key, c.data) for c in CHUNKS[:10]])
+    index = store.index
+    assert index is not None
+    stuck = store.path_of(CHUNKS[3].key)
+    evict = index._evict
+
+    def refusing(path: str) -> int:
+        if path == stuck:
+            raise PermissionError(13, "Permission denied", path)
+        return evict(path)
+
+    index._evict = refusing
+    with caplog.at_level("WARNING", logger=_index.__name__):
+        assert index.evict(max_bytes=0) == 9
+    assert "cannot evict" in caplog.text and CHUNKS[3].key.hex in caplog.text
+    assert [i.key for i in store.list()] == [CHUNKS[3].key]  # on disk, out of the index
+    assert index.usage().chunks == 0
+    assert index.reconcile().added == 1
+    assert (index.usage().bytes, index.usage().chunks) == disk_usage(store)
