@@ -7,6 +7,7 @@ sharded reconciles; eviction that never walks the store.
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import signal
 import subprocess
@@ -185,7 +186,7 @@ for chunk in sample_chunks(400, seed=int(sys.argv[4])):
 
 
 def test_writers_killed_at_any_point_are_repaired_by_reconcile(
-    tmp_path: Path, redis_url: str
+    tmp_path: Path, redis_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     root = str(tmp_path / "s")
     cap = 20 * SIZE
@@ -204,6 +205,8 @@ def test_writers_killed_at_any_point_are_repaired_by_reconcile(
         time.sleep(delay)
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
+    # the writers are dead: their reservations need not wait out the grace to be taken out
+    monkeypatch.setattr(_index, "RESERVATION_GRACE", 0.0)
     store = FsStore(root, max_bytes=cap, index=redis_url)
     index = store.index
     assert index is not None
@@ -494,10 +497,10 @@ def test_reconcile_takes_out_missing_files_across_batches(
     assert index is not None
     for chunk in CHUNKS[:10]:
         os.remove(store.path_of(chunk.key))  # behind the index's back
-    removes = _counted_calls(index, "_remove")
+    removes = _counted_calls(index, "_remove_gone")
     result = index.reconcile()
     assert (result.walked, result.added, result.removed) == (10, 0, 10)
-    assert removes == [4, 4, 2]
+    assert removes == [5, 5, 3]  # the oldest reservation kept, then 4, 4 and 2 names
     assert {i.key for i in store.list()} == {c.key for c in CHUNKS[10:20]}
     assert (index.usage().bytes, index.usage().chunks) == disk_usage(store)
 
@@ -791,3 +794,58 @@ def test_a_victim_that_cannot_be_deleted_is_logged_and_counted_back_by_reconcile
     assert index.usage().chunks == 0
     assert index.reconcile().added == 1
     assert (index.usage().bytes, index.usage().chunks) == disk_usage(store)
+
+
+# --- reconcile and reservations whose files are not published yet ------------------------
+
+
+def test_a_reconcile_keeps_a_reservation_whose_temp_file_is_being_written(
+    tmp_path: Path, redis_url: str
+) -> None:
+    root = str(tmp_path / "s")
+    writer = FsStore(root, create=True, index=redis_url)
+    writer.put_many([(c.key, c.data) for c in CHUNKS[:3]])
+    other = FsStore(root, index=redis_url).index  # another machine's reconcile
+    assert writer.index is not None and other is not None
+    results = []
+    write_temp = writer._write_temp
+
+    def writing(key: object, view: memoryview) -> str:
+        results.append(other.reconcile())  # the entry is reserved, its file not there yet
+        return write_temp(key, view)  # type: ignore[arg-type]
+
+    writer._write_temp = writing  # type: ignore[method-assign]
+    writer.put(CHUNKS[3].key, CHUNKS[3].data)
+    writer.index.flush()
+    assert [(r.walked, r.added, r.removed) for r in results] == [(3, 0, 0)]
+    assert (other.usage().bytes, other.usage().chunks) == disk_usage(writer) == (4 * SIZE, 4)
+    name = writer._name_of(writer.path_of(CHUNKS[3].key))
+    assert other.client.zscore(other._keys[1], name) is not None  # committed: in the LRU order
+    assert other.client.zscore(other._keys[3], name) is None  # no longer reserved
+
+
+def test_a_reconcile_takes_out_a_reservation_older_than_the_grace(
+    tmp_path: Path, redis_url: str
+) -> None:
+    store = FsStore(str(tmp_path / "s"), create=True, index=redis_url)
+    index = store.index
+    assert index is not None
+    store.put_many([(c.key, c.data) for c in CHUNKS[:2]])
+    dead, live = (store.path_of(c.key) for c in CHUNKS[2:4])
+    for path in (dead, live):  # writers that reserved, then were killed or are still writing
+        assert index.reserve(path, SIZE).result()
+    old = time.time() - _index.RESERVATION_GRACE - 1
+    index.client.zadd(index._keys[3], {index._name_of(dead): old})
+    result = index.reconcile()
+    assert (result.walked, result.added, result.removed) == (2, 0, 1)
+    assert (index.usage().bytes, index.usage().chunks) == (3 * SIZE, 3)  # the live one counted
+    assert index.client.zrange(index._keys[3], 0, -1) == [index._name_of(live).encode()]
+    index.release(live, _done(True))  # that writer gave up after all
+    assert (index.usage().bytes, index.usage().chunks) == disk_usage(store)
+    assert index.client.zcard(index._keys[3]) == 0
+
+
+def _done(value: bool) -> concurrent.futures.Future[bool]:
+    future: concurrent.futures.Future[bool] = concurrent.futures.Future()
+    future.set_result(value)
+    return future
