@@ -340,8 +340,8 @@ class CapacityIndex:
 
         def stage(pipe: Any, request: tuple[Any, ...]) -> None:
             kind = request[0]
-            if kind == "reserve":
-                args = self._add_args(request[1], request[2], "reserve")
+            if kind in ("reserve", "publish"):
+                args = self._add_args(request[1], request[2], kind)
                 pipe.evalsha(self._add.sha, 4, *self._keys, *args)
             elif kind == "commit":
                 pipe.evalsha(self._commit.sha, 3, *self._keys[1:], request[1], request[2])
@@ -416,17 +416,21 @@ class CapacityIndex:
             return False
         return True
 
-    def account(self, path: str, size: int, *, reserve: bool = False) -> bool:
-        """Count a chunk just published at ``path`` (``reserve``: about to be) and delete
-        the least recently used chunks the index chose to bring usage back under the cap
-        (never this one). True if the index had no entry for it before; False if it had,
-        or is down."""
-        args = self._add_args(self._name_of(path), size, "reserve" if reserve else "publish")
-        ok, out = self._call("account", lambda: self._add(keys=self._keys, args=args))
-        if not ok:
-            return False
-        self._delete(out[1:])
-        return bool(int(out[0]))
+    def account_many(self, published: Sequence[tuple[str, int]]) -> list[bool]:
+        """Count the chunks just published, each ``(path, size)``, in one pipeline (one round
+        trip per :data:`BATCH`), and delete the least recently used chunks the index chose
+        to bring usage back under the cap (never one it is counting then). For each chunk:
+        True if the index had no entry for it before; False if it had, or is down."""
+        new: list[bool] = []
+        for start in range(0, len(published), BATCH):
+            requests = [
+                ("publish", self._name_of(path), size)
+                for path, size in published[start : start + BATCH]
+            ]
+            results = self._pipelined(requests)
+            self._delete([victim for out in results if out is not None for victim in out[1:]])
+            new += [out is not None and bool(int(out[0])) for out in results]
+        return new
 
     def _add_args(self, name: str, size: int, mode: str) -> list[Any]:
         cap = -1 if self.max_bytes is None else self.max_bytes

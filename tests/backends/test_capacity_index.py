@@ -849,3 +849,43 @@ def _done(value: bool) -> concurrent.futures.Future[bool]:
     future: concurrent.futures.Future[bool] = concurrent.futures.Future()
     future.set_result(value)
     return future
+
+
+def test_s3_put_many_accounts_its_batch_in_one_round_trip(
+    s3_endpoint: str, s3_bucket: str, redis_url: str
+) -> None:
+    pytest.importorskip("s3fs")
+    from chunkstore.backends._s3 import S3Store
+
+    store = S3Store(
+        s3_bucket,
+        f"batched/{uuid.uuid4().hex[:8]}",
+        endpoint_url=s3_endpoint,
+        max_bytes=4 * SIZE,
+        index=redis_url,
+        backoff=0.001,
+    )
+    index = store.index
+    assert index is not None
+    pipelined = index._pipelined
+    sent: list[list[str]] = []
+
+    def counted(requests: list[tuple[object, ...]]) -> list[object]:
+        sent.append([str(r[0]) for r in requests])
+        return pipelined(requests)
+
+    index._pipelined = counted  # type: ignore[method-assign]
+    assert store.put_many([(c.key, c.data) for c in CHUNKS[:10]]) == [True] * 10
+    assert sent == [["publish"] * 10]  # one pipeline for the ten
+    assert {info.key for info in store.list()} == {c.key for c in CHUNKS[6:10]}
+    assert (index.usage().bytes, index.usage().chunks) == (4 * SIZE, 4)
+    assert index.evicted == 6
+    assert store.put_if_absent_many([(c.key, c.data) for c in CHUNKS[8:12]]) == [
+        False,
+        False,
+        True,
+        True,
+    ]
+    assert sent[1:] == [["publish"] * 2]  # only the two it wrote
+    assert {info.key for info in store.list()} == {c.key for c in CHUNKS[8:12]}
+    assert (index.usage().bytes, index.usage().chunks) == (4 * SIZE, 4)
