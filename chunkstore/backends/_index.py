@@ -53,7 +53,7 @@ MAX_VICTIMS = 256
 EVICT_WORKERS = 8
 """Victims one index deletes at a time. A delete waits on the filesystem or the object
 store (an unlink took 1-4 ms on a local disk holding 10^6 chunk files), so the deletes of
-one eviction overlap; each is the same checked delete as alone."""
+one eviction overlap; each is the same delete as alone."""
 RESERVATION_GRACE = 3600.0
 """Seconds a reservation whose file is not published is left alone by a reconcile: its writer
 may still be writing the temp file. Older, its writer is taken as dead (killed after it
