@@ -12,7 +12,8 @@ agreement lives in a server built for it (spec/FORMAT.md section 6.8):
 The files stay the truth. While a writer writes its temp file, the index reserves the
 chunk's room and the writer deletes the victims; then it publishes and commits the chunk
 into the LRU order. A writer killed anywhere in between leaves a difference that
-:meth:`CapacityIndex.reconcile` repairs from a walk of the files. When the server is down,
+:meth:`CapacityIndex.reconcile` repairs from a walk of the files (a reservation with no file
+once it is older than :data:`RESERVATION_GRACE`). When the server is down,
 writes and reads go on (a warning, :attr:`CapacityIndex.errors`), the index is marked stale
 when it answers again, and the next reconcile restores the cap.
 """
@@ -38,6 +39,7 @@ from chunkstore.backends._index_scripts import (
     COMMIT,
     EVICT,
     REMOVE,
+    REMOVE_GONE,
 )
 from chunkstore.errors import ConfigError, MissingDependency, StoreError
 
@@ -49,6 +51,14 @@ SOCKET_TIMEOUT = 2.0
 """Seconds one request to the index may take before it counts as failed."""
 MAX_VICTIMS = 256
 """Chunks one admit may evict (a chunk as large as the cap evicts at most this many)."""
+EVICT_WORKERS = 8
+"""Victims one index deletes at a time. A delete waits on the filesystem or the object
+store (an unlink took 1-4 ms on a local disk holding 10^6 chunk files), so the deletes of
+one eviction overlap; each is the same delete as alone."""
+RESERVATION_GRACE = 3600.0
+"""Seconds a reservation whose file is not published is left alone by a reconcile: its writer
+may still be writing the temp file. Older, its writer is taken as dead (killed after it
+reserved) and the entry is taken out. The grace of an interrupted write's temp file."""
 BATCH = 1000
 """Repairs a reconcile sends in one script call (one round trip), and entries it checks
 against the files before it takes the missing ones out in one call; also the most requests
@@ -127,7 +137,12 @@ class CapacityIndex:
         self.store_id = store_id
         # One hash tag: the keys of one store share a Redis Cluster slot, as the scripts need.
         prefix = f"chunkstore:{{{store_id}}}"
-        self._keys = (f"{prefix}:usage", f"{prefix}:lru", f"{prefix}:sizes")
+        self._keys = (
+            f"{prefix}:usage",
+            f"{prefix}:lru",
+            f"{prefix}:sizes",
+            f"{prefix}:reserved",
+        )
         self._meta = f"{prefix}:meta"
         self._name_of = name_of
         self._path_of = path_of
@@ -138,6 +153,7 @@ class CapacityIndex:
         self._add = client.register_script(ADD)
         self._add_found = client.register_script(ADD_FOUND)
         self._remove = client.register_script(REMOVE)
+        self._remove_gone = client.register_script(REMOVE_GONE)
         self._commit = client.register_script(COMMIT)
         self._evict_script = client.register_script(EVICT)
         self._clear_stale = client.register_script(CLEAR_STALE)
@@ -147,6 +163,8 @@ class CapacityIndex:
         # are deleted; the publish waits for that (see reserve). Requests queue up in
         # order; the thread sends what is queued in one pipeline (see _drain).
         self._behind: concurrent.futures.ThreadPoolExecutor | None = None
+        # Victims are deleted up to EVICT_WORKERS at a time (started on first use).
+        self._deleters: concurrent.futures.ThreadPoolExecutor | None = None
         self._queued: collections.deque[tuple[Any, ...]] = collections.deque()
         self._draining = False
         self._down_until = 0.0
@@ -323,13 +341,13 @@ class CapacityIndex:
 
         def stage(pipe: Any, request: tuple[Any, ...]) -> None:
             kind = request[0]
-            if kind == "reserve":
-                args = self._add_args(request[1], request[2], "reserve")
-                pipe.evalsha(self._add.sha, 3, *self._keys, *args)
+            if kind in ("reserve", "publish"):
+                args = self._add_args(request[1], request[2], kind)
+                pipe.evalsha(self._add.sha, 4, *self._keys, *args)
             elif kind == "commit":
-                pipe.evalsha(self._commit.sha, 2, *self._keys[1:], request[1], request[2])
+                pipe.evalsha(self._commit.sha, 3, *self._keys[1:], request[1], request[2])
             elif kind == "release":
-                pipe.evalsha(self._remove.sha, 3, *self._keys, request[1])
+                pipe.evalsha(self._remove.sha, 4, *self._keys, request[1])
             else:  # touch
                 pipe.zadd(self._keys[1], dict.fromkeys(request[1], request[2]), xx=True, gt=True)
 
@@ -385,6 +403,10 @@ class CapacityIndex:
             behind, self._behind = self._behind, None
         if behind is not None:
             behind.shutdown(wait=True)
+        with self._lock:
+            deleters, self._deleters = self._deleters, None
+        if deleters is not None:
+            deleters.shutdown(wait=True)
 
     def fits(self, size: int) -> bool:
         """Whether one chunk of ``size`` bytes may be stored at all (not larger than the cap)."""
@@ -395,17 +417,21 @@ class CapacityIndex:
             return False
         return True
 
-    def account(self, path: str, size: int, *, reserve: bool = False) -> bool:
-        """Count a chunk just published at ``path`` (``reserve``: about to be) and delete
-        the least recently used chunks the index chose to bring usage back under the cap
-        (never this one). True if the index had no entry for it before; False if it had,
-        or is down."""
-        args = self._add_args(self._name_of(path), size, "reserve" if reserve else "publish")
-        ok, out = self._call("account", lambda: self._add(keys=self._keys, args=args))
-        if not ok:
-            return False
-        self._delete(out[1:])
-        return bool(int(out[0]))
+    def account_many(self, published: Sequence[tuple[str, int]]) -> list[bool]:
+        """Count the chunks just published, each ``(path, size)``, in one pipeline (one round
+        trip per :data:`BATCH`), and delete the least recently used chunks the index chose
+        to bring usage back under the cap (never one it is counting then). For each chunk:
+        True if the index had no entry for it before; False if it had, or is down."""
+        new: list[bool] = []
+        for start in range(0, len(published), BATCH):
+            requests = [
+                ("publish", self._name_of(path), size)
+                for path, size in published[start : start + BATCH]
+            ]
+            results = self._pipelined(requests)
+            self._delete([victim for out in results if out is not None for victim in out[1:]])
+            new += [out is not None and bool(int(out[0])) for out in results]
+        return new
 
     def _add_args(self, name: str, size: int, mode: str) -> list[Any]:
         cap = -1 if self.max_bytes is None else self.max_bytes
@@ -472,7 +498,9 @@ class CapacityIndex:
         progress: Callable[[int], None] | None = None,
     ) -> Reconciled:
         """Make the index agree with the files (of one shard, ``(i, n)``): add what a walk
-        finds and the index lacks, take out entries whose files are gone.
+        finds and the index lacks, take out entries whose files are gone. A reservation
+        younger than :data:`RESERVATION_GRACE` stays: its writer may still be writing the
+        temp file.
 
         Repairs go :data:`BATCH` to a round trip: one script call adds what a batch of
         the walk found, one takes out the entries of a batch whose files are gone. Safe
@@ -483,6 +511,8 @@ class CapacityIndex:
         reconcile clears ``stale``, unless a writer marked it again while the walk ran.
         """
         self.flush()
+        # Reservations made since this long ago may still be publishing: not taken out.
+        kept = time.time() - RESERVATION_GRACE
         marked = None
         if shard is None:  # a full reconcile clears the stale mark it began with
             marked = self._must("reconcile", lambda: self.client.hget(self._meta, "stale"))
@@ -520,9 +550,9 @@ class CapacityIndex:
                     missing.append(name)
                 checked += 1
                 if checked >= BATCH:
-                    removed += self._remove_missing(missing)
+                    removed += self._remove_missing(missing, kept)
                     checked = 0
-        removed += self._remove_missing(missing)
+        removed += self._remove_missing(missing, kept)
         if shard is None:
             seen = "" if marked is None else marked
             self._must("reconcile", partial(self._clear_stale, [self._meta], [seen]))
@@ -536,11 +566,13 @@ class CapacityIndex:
             raise ConnectionError(f"{self._label}: capacity index unreachable")
         return result
 
-    def _remove_missing(self, names: list[str]) -> int:
-        """Take ``names`` (entries whose files a reconcile found gone) out in one call."""
+    def _remove_missing(self, names: list[str], kept: float) -> int:
+        """Take ``names`` (entries whose files a reconcile found gone) out in one call, but
+        for those reserved at ``kept`` or later (their writers may still publish them)."""
         if not names:
             return 0
-        taken = int(self._must("reconcile", partial(self._remove, self._keys, names)))
+        args = [kept, *names]
+        taken = int(self._must("reconcile", partial(self._remove_gone, self._keys, args)))
         names.clear()
         return taken
 
@@ -550,8 +582,8 @@ class CapacityIndex:
         return bool(value) if ok else True
 
     def _names(self, shard: tuple[int, int] | None) -> Iterable[str]:
-        # Every counted entry, reserved ones included (they are not in the LRU order yet),
-        # a page of the sizes hash a round trip.
+        # Every counted entry, reserved ones included (they are not in the LRU order yet:
+        # the removal leaves the young ones alone), a page of the sizes hash a round trip.
         cursor = 0
         while True:
             cursor, page = self._must(
@@ -565,17 +597,30 @@ class CapacityIndex:
                 return
 
     def _delete(self, victims: Sequence[Any]) -> int:
-        deleted = 0
-        for raw in victims:
-            name = raw.decode() if isinstance(raw, bytes) else str(raw)
-            try:
-                if self._evict(self._path_of(name)):
-                    deleted += 1
-            except OSError as exc:
-                # Out of the index but still on disk: the next reconcile counts it again.
-                log.warning("%s: cannot evict %s: %s", self._label, name, exc)
-        self.evicted += deleted
+        """Delete the files of ``victims`` (names the index took out), up to
+        :data:`EVICT_WORKERS` at a time; how many were there. Returns once all are done."""
+        names = [raw.decode() if isinstance(raw, bytes) else str(raw) for raw in victims]
+        if len(names) > 1:
+            with self._lock:
+                if self._deleters is None:
+                    self._deleters = concurrent.futures.ThreadPoolExecutor(
+                        EVICT_WORKERS, thread_name_prefix=f"{self._label}-evict"
+                    )
+                deleters = self._deleters
+            deleted = sum(deleters.map(self._delete_one, names))
+        else:
+            deleted = sum(map(self._delete_one, names))
+        with self._lock:
+            self.evicted += deleted
         return deleted
+
+    def _delete_one(self, name: str) -> bool:
+        try:
+            return bool(self._evict(self._path_of(name)))
+        except OSError as exc:
+            # Out of the index but still on disk: the next reconcile counts it again.
+            log.warning("%s: cannot evict %s: %s", self._label, name, exc)
+            return False
 
 
 class WalkedNames:

@@ -1,15 +1,17 @@
 """The capacity index's Lua scripts: each change to a store's index is one atomic script.
 
-KEYS name a store's hashes and sorted set (usage, lru, sizes; meta for the stale mark).
+KEYS name a store's hashes and sorted sets (usage, lru, sizes, reserved; meta for the stale
+mark).
 :mod:`chunkstore.backends._index` registers and calls them.
 """
 
-# Shared by the scripts below (KEYS: usage, lru, sizes): takes one chunk out of the index
-# and returns the bytes it held.
+# Shared by the scripts below (KEYS: usage, lru, sizes, reserved): takes one chunk out of the
+# index and returns the bytes it held.
 TAKE_OUT = """
 local function take_out(name)
   local freed = tonumber(redis.call('HGET', KEYS[3], name) or '0')
   redis.call('ZREM', KEYS[2], name)
+  redis.call('ZREM', KEYS[4], name)
   redis.call('HDEL', KEYS[3], name)
   redis.call('HINCRBY', KEYS[1], 'bytes', -freed)
   redis.call('HINCRBY', KEYS[1], 'chunks', -1)
@@ -17,12 +19,14 @@ local function take_out(name)
 end
 """
 
-# KEYS: usage, lru, sizes. ARGV: member, size, now, cap (-1: none), max victims, mode.
+# KEYS: usage, lru, sizes, reserved. ARGV: member, size, now, cap (-1: none), max victims,
+# mode.
 # Accounts a chunk just published, or (mode 'reserve') about to be: new, or replacing one
 # of another size. Then takes the least recently used others out of the index until usage
 # fits the cap. Returns 1 if the entry is new (0 if the index had it), then the victims:
 # the caller deletes their files. A reserved chunk is counted but out of the LRU order
-# until its publish commits it, so no writer evicts a chunk that is not on disk yet.
+# until its publish commits it, so no writer evicts a chunk that is not on disk yet; the
+# reserved set holds when it was reserved, so a reconcile leaves it alone while it is young.
 ADD = (
     TAKE_OUT
     + """
@@ -37,8 +41,10 @@ end
 redis.call('HSET', KEYS[3], ARGV[1], size)
 if ARGV[6] == 'reserve' then
   redis.call('ZREM', KEYS[2], ARGV[1])
+  redis.call('ZADD', KEYS[4], ARGV[3], ARGV[1])
 else
   redis.call('ZADD', KEYS[2], ARGV[3], ARGV[1])
+  redis.call('ZREM', KEYS[4], ARGV[1])
 end
 local cap = tonumber(ARGV[4])
 local out = {old and 0 or 1}
@@ -56,12 +62,14 @@ return out
 """
 )
 
-# KEYS: usage, lru, sizes. ARGV: member, size, last use, then the next chunk's three, ...
-# Adds each chunk a walk found, unless the index has it (a writer accounted it meanwhile:
-# then only puts it into the LRU order if it is not there). Returns how many it added.
+# KEYS: usage, lru, sizes, reserved. ARGV: member, size, last use, then the next chunk's
+# three, ... Adds each chunk a walk found, unless the index has it (a writer accounted it
+# meanwhile: then only puts it into the LRU order if it is not there). A chunk found on disk
+# is no longer waiting for its publish. Returns how many it added.
 ADD_FOUND = """
 local added, bytes = 0, 0
 for i = 1, #ARGV, 3 do
+  redis.call('ZREM', KEYS[4], ARGV[i])
   if redis.call('HEXISTS', KEYS[3], ARGV[i]) == 1 then
     redis.call('ZADD', KEYS[2], 'NX', ARGV[i + 2], ARGV[i])
   else
@@ -78,16 +86,18 @@ end
 return added
 """
 
-# KEYS: lru, sizes. ARGV: member, now. Puts a published chunk (reserved before) into the
-# LRU order, if the index still counts it.
+# KEYS: lru, sizes, reserved. ARGV: member, now. Puts a published chunk (reserved before)
+# into the LRU order, if the index still counts it.
 COMMIT = """
+redis.call('ZREM', KEYS[3], ARGV[1])
 if redis.call('HEXISTS', KEYS[2], ARGV[1]) == 1 then
   redis.call('ZADD', KEYS[1], ARGV[2], ARGV[1])
 end
 return 0
 """
 
-# KEYS: usage, lru, sizes. ARGV: members. Takes chunks out; returns how many it held.
+# KEYS: usage, lru, sizes, reserved. ARGV: members. Takes chunks out; returns how many it
+# held.
 REMOVE = (
     TAKE_OUT
     + """
@@ -102,8 +112,9 @@ return taken
 """
 )
 
-# KEYS: usage, lru, sizes. ARGV: cap, max victims, oldest last use kept (-1: any). Takes out
-# the least recently used chunks while usage is over the cap or their last use is older.
+# KEYS: usage, lru, sizes, reserved. ARGV: cap, max victims, oldest last use kept (-1: any).
+# Takes out the least recently used chunks while usage is over the cap or their last use is
+# older.
 EVICT = (
     TAKE_OUT
     + """
@@ -122,6 +133,27 @@ while #victims < tonumber(ARGV[2]) do
   victims[#victims + 1] = pick
 end
 return victims
+"""
+)
+
+# KEYS: usage, lru, sizes, reserved. ARGV: the oldest reservation kept (seconds), members.
+# Takes out the chunks a reconcile found no file of, but for those reserved at or after that
+# time: their writers may still be writing the temp file. Returns how many it took out.
+REMOVE_GONE = (
+    TAKE_OUT
+    + """
+local kept = tonumber(ARGV[1])
+local taken = 0
+for i = 2, #ARGV do
+  if redis.call('HEXISTS', KEYS[3], ARGV[i]) == 1 then
+    local since = redis.call('ZSCORE', KEYS[4], ARGV[i])
+    if not since or tonumber(since) < kept then
+      take_out(ARGV[i])
+      taken = taken + 1
+    end
+  end
+end
+return taken
 """
 )
 

@@ -158,11 +158,17 @@ class S3Writes(S3Requests):
             written = self._plane_put(items, if_absent)
         else:  # NIXL's PUT has no If-None-Match: conditional writes stay on s3fs
             written = self._run(run)
-        for (key, data), ok in zip(items, written):
+        for (key, _), ok in zip(items, written):
             if ok:
                 self._touched.pop(key, None)
-                if index is not None:
-                    index.account(self.object_key(key), len(memoryview(data).cast("B")))
+        if index is not None:  # the batch accounted in one round trip, after its PUTs
+            index.account_many(
+                [
+                    (self.object_key(key), len(memoryview(data).cast("B")))
+                    for (key, data), ok in zip(items, written)
+                    if ok
+                ]
+            )
         return written
 
     def _plane_put(self, items: Sequence[tuple[ChunkKey, Buffer]], if_absent: bool) -> list[bool]:

@@ -7,6 +7,7 @@ sharded reconciles; eviction that never walks the store.
 
 from __future__ import annotations
 
+import concurrent.futures
 import os
 import signal
 import subprocess
@@ -185,7 +186,7 @@ for chunk in sample_chunks(400, seed=int(sys.argv[4])):
 
 
 def test_writers_killed_at_any_point_are_repaired_by_reconcile(
-    tmp_path: Path, redis_url: str
+    tmp_path: Path, redis_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     root = str(tmp_path / "s")
     cap = 20 * SIZE
@@ -204,6 +205,8 @@ def test_writers_killed_at_any_point_are_repaired_by_reconcile(
         time.sleep(delay)
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
+    # the writers are dead: their reservations need not wait out the grace to be taken out
+    monkeypatch.setattr(_index, "RESERVATION_GRACE", 0.0)
     store = FsStore(root, max_bytes=cap, index=redis_url)
     index = store.index
     assert index is not None
@@ -494,10 +497,10 @@ def test_reconcile_takes_out_missing_files_across_batches(
     assert index is not None
     for chunk in CHUNKS[:10]:
         os.remove(store.path_of(chunk.key))  # behind the index's back
-    removes = _counted_calls(index, "_remove")
+    removes = _counted_calls(index, "_remove_gone")
     result = index.reconcile()
     assert (result.walked, result.added, result.removed) == (10, 0, 10)
-    assert removes == [4, 4, 2]
+    assert removes == [5, 5, 3]  # the oldest reservation kept, then 4, 4 and 2 names
     assert {i.key for i in store.list()} == {c.key for c in CHUNKS[10:20]}
     assert (index.usage().bytes, index.usage().chunks) == disk_usage(store)
 
@@ -727,3 +730,162 @@ def test_a_full_reconcile_keeps_a_stale_mark_set_while_it_walked(
     index._scan = lambda shard: iter(walk)
     index.reconcile()
     assert not index.stale()
+
+
+# --- eviction deletes its victims several at a time --------------------------------------
+
+
+def test_an_eviction_deletes_all_its_victims_several_at_a_time(
+    tmp_path: Path, redis_url: str
+) -> None:
+    store = FsStore(str(tmp_path / "s"), create=True, index=redis_url)
+    store.put_many([(c.key, c.data) for c in CHUNKS[:20]])
+    _aged(store, CHUNKS[:20])
+    index = store.index
+    assert index is not None
+    index.reconcile()  # the files' (old, distinct) times as the LRU order
+    evict = index._evict
+    lock = threading.Lock()
+    running = [0, 0, 0]  # now, most at once, calls
+    both = threading.Barrier(2, timeout=30)
+
+    def slow(path: str) -> int:
+        with lock:
+            running[0] += 1
+            running[1] = max(running[:2])
+            running[2] += 1
+            first = running[2] <= 2
+        if first:
+            both.wait()  # the first two deletes meet: they run at once
+        try:
+            return evict(path)
+        finally:
+            with lock:
+                running[0] -= 1
+
+    index._evict = slow
+    assert index.evict(max_bytes=5 * SIZE) == 15
+    assert 2 <= running[1] <= _index.EVICT_WORKERS
+    assert index.evicted == 15
+    assert disk_usage(store) == (5 * SIZE, 5)
+    assert (index.usage().bytes, index.usage().chunks) == disk_usage(store)
+
+
+def test_a_victim_that_cannot_be_deleted_is_logged_and_counted_back_by_reconcile(
+    tmp_path: Path, redis_url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    store = FsStore(str(tmp_path / "s"), create=True, index=redis_url)
+    store.put_many([(c.key, c.data) for c in CHUNKS[:10]])
+    index = store.index
+    assert index is not None
+    stuck = store.path_of(CHUNKS[3].key)
+    evict = index._evict
+
+    def refusing(path: str) -> int:
+        if path == stuck:
+            raise PermissionError(13, "Permission denied", path)
+        return evict(path)
+
+    index._evict = refusing
+    with caplog.at_level("WARNING", logger=_index.__name__):
+        assert index.evict(max_bytes=0) == 9
+    assert "cannot evict" in caplog.text and CHUNKS[3].key.hex in caplog.text
+    assert [i.key for i in store.list()] == [CHUNKS[3].key]  # on disk, out of the index
+    assert index.usage().chunks == 0
+    assert index.reconcile().added == 1
+    assert (index.usage().bytes, index.usage().chunks) == disk_usage(store)
+
+
+# --- reconcile and reservations whose files are not published yet ------------------------
+
+
+def test_a_reconcile_keeps_a_reservation_whose_temp_file_is_being_written(
+    tmp_path: Path, redis_url: str
+) -> None:
+    root = str(tmp_path / "s")
+    writer = FsStore(root, create=True, index=redis_url)
+    writer.put_many([(c.key, c.data) for c in CHUNKS[:3]])
+    other = FsStore(root, index=redis_url).index  # another machine's reconcile
+    assert writer.index is not None and other is not None
+    results = []
+    write_temp = writer._write_temp
+
+    def writing(key: object, view: memoryview) -> str:
+        results.append(other.reconcile())  # the entry is reserved, its file not there yet
+        return write_temp(key, view)  # type: ignore[arg-type]
+
+    writer._write_temp = writing  # type: ignore[method-assign]
+    writer.put(CHUNKS[3].key, CHUNKS[3].data)
+    writer.index.flush()
+    assert [(r.walked, r.added, r.removed) for r in results] == [(3, 0, 0)]
+    assert (other.usage().bytes, other.usage().chunks) == disk_usage(writer) == (4 * SIZE, 4)
+    name = writer._name_of(writer.path_of(CHUNKS[3].key))
+    assert other.client.zscore(other._keys[1], name) is not None  # committed: in the LRU order
+    assert other.client.zscore(other._keys[3], name) is None  # no longer reserved
+
+
+def test_a_reconcile_takes_out_a_reservation_older_than_the_grace(
+    tmp_path: Path, redis_url: str
+) -> None:
+    store = FsStore(str(tmp_path / "s"), create=True, index=redis_url)
+    index = store.index
+    assert index is not None
+    store.put_many([(c.key, c.data) for c in CHUNKS[:2]])
+    dead, live = (store.path_of(c.key) for c in CHUNKS[2:4])
+    for path in (dead, live):  # writers that reserved, then were killed or are still writing
+        assert index.reserve(path, SIZE).result()
+    old = time.time() - _index.RESERVATION_GRACE - 1
+    index.client.zadd(index._keys[3], {index._name_of(dead): old})
+    result = index.reconcile()
+    assert (result.walked, result.added, result.removed) == (2, 0, 1)
+    assert (index.usage().bytes, index.usage().chunks) == (3 * SIZE, 3)  # the live one counted
+    assert index.client.zrange(index._keys[3], 0, -1) == [index._name_of(live).encode()]
+    index.release(live, _done(True))  # that writer gave up after all
+    assert (index.usage().bytes, index.usage().chunks) == disk_usage(store)
+    assert index.client.zcard(index._keys[3]) == 0
+
+
+def _done(value: bool) -> concurrent.futures.Future[bool]:
+    future: concurrent.futures.Future[bool] = concurrent.futures.Future()
+    future.set_result(value)
+    return future
+
+
+def test_s3_put_many_accounts_its_batch_in_one_round_trip(
+    s3_endpoint: str, s3_bucket: str, redis_url: str
+) -> None:
+    pytest.importorskip("s3fs")
+    from chunkstore.backends._s3 import S3Store
+
+    store = S3Store(
+        s3_bucket,
+        f"batched/{uuid.uuid4().hex[:8]}",
+        endpoint_url=s3_endpoint,
+        max_bytes=4 * SIZE,
+        index=redis_url,
+        backoff=0.001,
+    )
+    index = store.index
+    assert index is not None
+    pipelined = index._pipelined
+    sent: list[list[str]] = []
+
+    def counted(requests: list[tuple[object, ...]]) -> list[object]:
+        sent.append([str(r[0]) for r in requests])
+        return pipelined(requests)
+
+    index._pipelined = counted  # type: ignore[method-assign]
+    assert store.put_many([(c.key, c.data) for c in CHUNKS[:10]]) == [True] * 10
+    assert sent == [["publish"] * 10]  # one pipeline for the ten
+    assert {info.key for info in store.list()} == {c.key for c in CHUNKS[6:10]}
+    assert (index.usage().bytes, index.usage().chunks) == (4 * SIZE, 4)
+    assert index.evicted == 6
+    assert store.put_if_absent_many([(c.key, c.data) for c in CHUNKS[8:12]]) == [
+        False,
+        False,
+        True,
+        True,
+    ]
+    assert sent[1:] == [["publish"] * 2]  # only the two it wrote
+    assert {info.key for info in store.list()} == {c.key for c in CHUNKS[8:12]}
+    assert (index.usage().bytes, index.usage().chunks) == (4 * SIZE, 4)
