@@ -1,7 +1,7 @@
 """The floor under a prune pass: bare ``os.unlink`` of 1 % of N small files, no chunkstore code.
 
+    .venv/bin/python tools/bench_unlink_floor.py                      # 10^5, what `make bench` runs
     .venv/bin/python tools/bench_unlink_floor.py 1000000 /tmp/floor   # the 10^6 of the bench
-    .venv/bin/python tools/bench_unlink_floor.py 100000 /tmp/floor
 
 Makes N 64-byte files in the store's fan-out (``<ns>/<ab>/<cd>/<hex>.kvc``, the names
 ``tools/bench_sharing.py`` gives its prune stores), then deletes three disjoint random 1 %
@@ -16,6 +16,7 @@ import os
 import random
 import shutil
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Callable
@@ -61,7 +62,15 @@ def timed(label: str, paths: list[str], fn: Callable[[str], None], threads: int)
 
 
 def main() -> int:
-    count, root = int(sys.argv[1]), sys.argv[2]
+    if len(sys.argv) > 3 or (len(sys.argv) > 1 and not sys.argv[1].isdigit()):
+        print("usage: bench_unlink_floor.py [COUNT [DIR]]  (default 100000, a new temp dir)")
+        return 2
+    count = int(sys.argv[1]) if len(sys.argv) > 1 else 100_000
+    root = sys.argv[2] if len(sys.argv) > 2 else tempfile.mkdtemp(prefix="unlink-floor-")
+    if os.path.isdir(root) and os.listdir(root) or os.path.exists(root) and not os.path.isdir(root):
+        # It is removed at the end: never a directory that holds anything already.
+        print(f"bench_unlink_floor.py: {root} exists and is not an empty directory")
+        return 2
     start = time.perf_counter()
     paths = make(root, count)
     print(f"made {count} files in {time.perf_counter() - start:.1f} s", flush=True)
