@@ -181,8 +181,9 @@ class CacheAnnouncer:
         """The ``BlockStored`` of a cached chunk, from its header (None: gone or not a chunk)."""
         from chunkstore.format import read_header
 
-        # Not a use of the chunk: no hit is counted and the replacement policy is not told.
-        data = self.host.read_unchecked_many([key])[0]
+        # Only the header's bytes are copied out of the slot, not the payload. Not a use of
+        # the chunk either: no hit is counted and the replacement policy is not told.
+        data = self.host.read_headers_unchecked_many([key])[0]
         if data is None:
             self.unreadable += 1
             return None

@@ -233,6 +233,46 @@ def test_a_start_announces_what_the_cache_holds_already(tmp_path: Path) -> None:
     host.close()
 
 
+def test_the_announcer_copies_chunk_headers_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from chunkstore.format import header_bytes_needed
+
+    host = HostCache(SLOT_SIZE, num_slots=4, pin_memory=False)
+    host.put_many([(c.key, c.data) for c in CHUNKS[:2]])
+    copied: list[int] = []
+    headers = host.read_headers_unchecked_many
+
+    def counted(keys: list) -> list:
+        got = headers(keys)
+        copied.extend(len(data) for data in got if data is not None)
+        return got
+
+    def whole(keys: list) -> list:
+        raise AssertionError("the announcer read a whole chunk")
+
+    monkeypatch.setattr(host, "read_headers_unchecked_many", counted)
+    monkeypatch.setattr(host, "read_unchecked_many", whole)
+    ends = f"ipc://{tmp_path}/ev", f"ipc://{tmp_path}/rp"
+    with EventPublisher(ends[0], replay_endpoint=ends[1]) as publisher:
+        announcer = CacheAnnouncer(host, publisher).start()  # the listing
+        got = Listener(*ends)
+        try:
+            host.put_many([(c.key, c.data) for c in CHUNKS[2:4]])  # the changes
+            got.drain(lambda: got.prefix() == 4)
+            assert got.prefix() == 4
+        finally:
+            announcer.close()
+            got.close()
+    host.close()
+    heads = [header_bytes_needed(c.data[:8]) for c in CHUNKS[:4]]
+    assert copied == heads and all(h < len(c.data) for h, c in zip(heads, CHUNKS))
+    stored = got.events("BlockStored")
+    assert [e["block_hashes"] for e in stored] == [[c.key.digest] for c in CHUNKS[:4]]
+    assert [e["token_ids"] for e in stored] == [[int(t) for t in c.tokens] for c in CHUNKS[:4]]
+    assert [e["parent_block_hash"] for e in stored] == [c.parent for c in CHUNKS[:4]]
+
+
 def _serve(tmp_path: Path, events: str, replay: str) -> tuple[threading.Event, threading.Thread]:
     socket = tmp_path / "node.sock"
     args = build_parser().parse_args(
