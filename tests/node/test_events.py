@@ -16,6 +16,7 @@ from chunkstore.cli.main import build_parser
 from chunkstore.events import (
     NODE_OWNERSHIP,
     CacheAnnouncer,
+    EventBatch,
     EventPublisher,
     EventSubscriber,
     PrefixIndex,
@@ -271,6 +272,36 @@ def test_the_announcer_copies_chunk_headers_only(
     assert [e["block_hashes"] for e in stored] == [[c.key.digest] for c in CHUNKS[:4]]
     assert [e["token_ids"] for e in stored] == [[int(t) for t in c.tokens] for c in CHUNKS[:4]]
     assert [e["parent_block_hash"] for e in stored] == [c.parent for c in CHUNKS[:4]]
+
+
+def test_the_announcer_publishes_in_pages(tmp_path: Path) -> None:
+    host = HostCache(SLOT_SIZE, num_slots=6, pin_memory=False)
+    host.put_many([(c.key, c.data) for c in CHUNKS[:5]])
+    ends = f"ipc://{tmp_path}/ev", f"ipc://{tmp_path}/rp"
+    with EventPublisher(ends[0], replay_endpoint=ends[1]) as publisher:
+        sizes: list[list[str]] = []
+        publish = publisher.publish
+
+        def noted(batch: EventBatch) -> None:
+            sizes.append([e["type"] for e in batch.events])
+            publish(batch)
+
+        publisher.publish = noted  # type: ignore[method-assign]
+        announcer = CacheAnnouncer(host, publisher, interval=3600, page=2).start()
+        try:
+            assert announcer.held == 5
+            stored = ["BlockStored"]
+            assert sizes == [["AllBlocksCleared"], stored * 2, stored * 2, stored]
+            sizes.clear()
+            host.delete_many([c.key for c in CHUNKS[:3]])
+            host.put(CHUNKS[5].key, CHUNKS[5].data)
+            assert announcer.pump() == (1, 3)
+            assert [len(page) for page in sizes] == [2, 2]
+            assert sorted(t for page in sizes for t in page) == ["BlockRemoved"] * 3 + stored
+            assert announcer.pump() == (0, 0) and len(sizes) == 2  # nothing: no empty batch
+        finally:
+            announcer.close()
+    host.close()
 
 
 def _serve(tmp_path: Path, events: str, replay: str) -> tuple[threading.Event, threading.Thread]:
