@@ -26,7 +26,7 @@ REP socket. A request is a msgpack map
 ``{"exists": [bool, ...], "prefix": int}``, or ``{"error": str}``. ``prefix`` is
 how many leading keys are stored. Given a ``token``, it answers only requests
 whose ``"token"`` member equals it, compared in constant time; any other gets
-``{"error": REFUSED}``.
+``{"error": QUERY_REFUSED}``.
 """
 
 from __future__ import annotations

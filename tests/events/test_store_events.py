@@ -99,6 +99,7 @@ def test_events_carry_keys_parents_tokens_and_the_namespace(ends):
         assert e["parent_block_hash"] == c.parent and e["token_ids"] == c.tokens.tolist()
         assert e["block_size"] == len(c.tokens) and e["medium"] == "STORAGE"
         assert e["ownership"] == "shared" and e["extra_keys"] == [("namespace", c.key.namespace)]
+        assert e.get("group_idx") is None  # a chunk holds every KV cache group
 
 
 def test_vllm_decodes_the_store_announcements(ends):

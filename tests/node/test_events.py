@@ -214,6 +214,7 @@ def test_vllm_decodes_what_the_node_publishes(small_node: EventNode, listener: L
     assert stored[1].parent_block_hash == DIGESTS[0]
     assert {(e.medium, e.locality, e.ownership) for e in stored} == {("CPU", "LOCAL", "node")}
     assert stored[0].extra_keys == [("namespace", CHUNKS[0].key.namespace)]
+    assert {e.group_idx for e in stored} == {None}  # a chunk holds every KV cache group
 
 
 def test_a_start_announces_what_the_cache_holds_already(tmp_path: Path) -> None:
