@@ -24,6 +24,7 @@ Releasing twice is harmless.
 from __future__ import annotations
 
 import logging
+import struct
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -37,10 +38,13 @@ from chunkstore.cache._pool import DOOMED, READY, SlotPool, StaleSlot
 from chunkstore.cache.policy import DEFAULT_POLICY, CachePolicy, NoEvictableEntry, make_policy
 from chunkstore.errors import ConfigError
 from chunkstore.events import ChunkListener
-from chunkstore.format import ChunkLayout
+from chunkstore.format import MAX_HEADER_BYTES, ChunkLayout
 from chunkstore.hashing import ChunkKey, check_namespace
 
 log = logging.getLogger(__name__)
+
+_LENGTH = struct.Struct("<Q")
+"""The length prefix of a chunk header: the header's bytes after these 8."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -408,23 +412,36 @@ class HostCache(Store):
     def read_unchecked_many(self, keys: Sequence[ChunkKey]) -> list[bytes | None]:
         """Cached bytes per key. This is not a use.
         No hit is counted, and neither the policy nor access times are updated."""
-        out: list[bytes | None] = []
-        for key in keys:
+        return [self._copy_unchecked(key, headers_only=False) for key in keys]
+
+    def read_headers_unchecked_many(self, keys: Sequence[ChunkKey]) -> list[bytes | None]:
+        """Each cached chunk's header bytes, its length prefix included, and no payload.
+        None for a key not cached. Not a use, as :meth:`read_unchecked_many`.
+
+        The length prefix says how many bytes to copy.
+        Bytes that are not a chunk come back as they are, up to that many.
+        :func:`~chunkstore.format.read_header` then refuses them.
+        """
+        return [self._copy_unchecked(key, headers_only=True) for key in keys]
+
+    def _copy_unchecked(self, key: ChunkKey, *, headers_only: bool) -> bytes | None:
+        """A copy of ``key``'s cached bytes, or of its header only, taken under a pin."""
+        with self._lock:
+            self._check_open()
+            slot = self._index.get(key)
+            if slot is None or self.pool.state(slot) != READY:
+                return None
+            self.pool.pin(slot)
+            length = self.pool.length(slot)
+        try:
+            view = self.pool.view(slot)[:length]
+            if headers_only and length >= 8:
+                length = min(length, 8 + min(_LENGTH.unpack_from(view)[0], MAX_HEADER_BYTES))
+            return bytes(view[:length])
+        finally:
             with self._lock:
-                self._check_open()
-                slot = self._index.get(key)
-                if slot is None or self.pool.state(slot) != READY:
-                    out.append(None)
-                    continue
-                self.pool.pin(slot)
-                length = self.pool.length(slot)
-            try:
-                out.append(bytes(self.pool.view(slot)[:length]))
-            finally:
-                with self._lock:
-                    if not self.pool.closed:
-                        self._unpin(slot)
-        return out
+                if not self.pool.closed:
+                    self._unpin(slot)
 
     def exists_many(self, keys: Sequence[ChunkKey]) -> list[bool]:
         with self._lock:

@@ -4,6 +4,10 @@ Plugged into :data:`chunkstore.cli.commands.serve.SERVICES`; enabled by
 ``--events``. It publishes vLLM's KV event format (a PUB socket, a replay
 socket with ``--events-replay``) from a :class:`~chunkstore.events.StoreAnnouncer`
 over every ``--store``, and answers existence queries with ``--events-query``.
+
+The query socket answers anyone who reaches it. So a TCP endpoint other than a
+loopback address needs ``--events-query-token-file``: only requests carrying
+that file's secret are then answered.
 """
 
 from __future__ import annotations
@@ -38,7 +42,15 @@ def add_events_arguments(parser: argparse.ArgumentParser) -> None:
         "--events-query",
         metavar="ENDPOINT",
         default=None,
-        help="ZeroMQ REP endpoint answering which chunks exist, e.g. tcp://*:5559",
+        help="ZeroMQ REP endpoint answering which chunks exist, e.g. tcp://127.0.0.1:5559 or "
+        "ipc://PATH; any other TCP address needs --events-query-token-file",
+    )
+    group.add_argument(
+        "--events-query-token-file",
+        metavar="PATH",
+        default=None,
+        help='file holding the shared secret every query must carry as its "token" '
+        "(the first line, surrounding whitespace stripped); requests without it are refused",
     )
     group.add_argument("--events-topic", metavar="TOPIC", default="", help="topic frame")
     group.add_argument(
@@ -62,9 +74,51 @@ def check_events(args: argparse.Namespace) -> None:
 
     if args.events is None and (args.events_replay or args.events_query):
         raise ConfigError("--events-replay and --events-query need --events")
+    if args.events_query_token_file is not None and args.events_query is None:
+        raise ConfigError("--events-query-token-file needs --events-query")
+    if (
+        args.events_query is not None
+        and args.events_query_token_file is None
+        and not _local_endpoint(args.events_query)
+    ):
+        raise ConfigError(
+            f"--events-query {args.events_query} answers anyone who can connect: bind "
+            "tcp://127.0.0.1:PORT or ipc://PATH, or give --events-query-token-file"
+        )
     check_seconds(args.events_interval, "--events-interval", minimum=0.01, allow_minimum=True)
     if args.events_max_chunks < 1:
         raise ConfigError(f"--events-max-chunks must be positive, got {args.events_max_chunks}")
+
+
+def _local_endpoint(endpoint: str) -> bool:
+    """Whether a ZeroMQ endpoint only takes connections from this machine.
+    ``ipc://`` and ``inproc://`` do, and ``tcp://`` on a loopback address."""
+    from chunkstore.cli.peerservice import is_loopback
+
+    scheme, _, rest = endpoint.partition("://")
+    if scheme in ("ipc", "inproc"):
+        return True
+    host = rest.rpartition(":")[0]
+    return scheme == "tcp" and bool(host) and is_loopback(host)
+
+
+def read_query_token(path: str) -> bytes:
+    """The secret in ``path``: its first line, surrounding whitespace stripped."""
+    from chunkstore.events._announcer import MAX_QUERY_TOKEN_BYTES
+
+    try:
+        with open(path, "rb") as f:
+            head = f.read(MAX_QUERY_TOKEN_BYTES + 2)
+    except OSError as exc:
+        raise ConfigError(f"--events-query-token-file {path}: {exc.strerror}") from None
+    token = head.split(b"\n", 1)[0].strip()
+    if not token:
+        raise ConfigError(f"--events-query-token-file {path}: the file holds no token")
+    if len(token) > MAX_QUERY_TOKEN_BYTES:
+        raise ConfigError(
+            f"--events-query-token-file {path}: a token is at most {MAX_QUERY_TOKEN_BYTES} bytes"
+        )
+    return token
 
 
 def start_events(context: ServeContext) -> Stop | None:
@@ -101,7 +155,10 @@ def start_events(context: ServeContext) -> Stop | None:
             max_chunks=args.events_max_chunks,
         ).start()
         if args.events_query is not None:
-            query = ChunkQuery(context.store, args.events_query)
+            token = None
+            if args.events_query_token_file is not None:
+                token = read_query_token(args.events_query_token_file)
+            query = ChunkQuery(context.store, args.events_query, token=token)
     except BaseException:
         publisher.close()
         raise
@@ -109,6 +166,7 @@ def start_events(context: ServeContext) -> Stop | None:
         f"events: {publisher.endpoint}"
         + (f", replay {publisher.replay_endpoint}" if publisher.replay_endpoint else "")
         + (f", query {query.endpoint}" if query is not None else "")
+        + (" (token required)" if query is not None and query.needs_token else "")
         + f", {announcer.held} chunks announced"
     )
 

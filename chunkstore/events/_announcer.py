@@ -24,11 +24,15 @@ chunks never appear under another's keys. ``medium`` is ``STORAGE``,
 REP socket. A request is a msgpack map
 ``{"namespace": str, "keys": [32-byte digests]}``. It gets
 ``{"exists": [bool, ...], "prefix": int}``, or ``{"error": str}``. ``prefix`` is
-how many leading keys are stored.
+how many leading keys are stored. Given a ``token``, it answers only requests
+whose ``"token"`` member equals it, compared in constant time; any other gets
+``{"error": QUERY_REFUSED}``.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import re
 import threading
 import time
@@ -52,6 +56,10 @@ Describe = Callable[[ChunkKey], "tuple[bytes, list[int]] | None"]
 
 MAX_QUERY_KEYS = 4096
 """Most keys one query may ask about."""
+MAX_QUERY_TOKEN_BYTES = 1024
+"""Longest shared secret a query socket takes."""
+QUERY_REFUSED = "refused: this query socket needs its token, and the request's is missing or wrong"
+"""The error a request without the right token gets."""
 _NAMESPACE = re.compile(r"[0-9a-f]{16}")
 
 
@@ -168,21 +176,34 @@ def _stored(key: ChunkKey, parent: bytes, tokens: list[int]) -> dict[str, Any]:
 
 
 class ChunkQuery:
-    """Answers batch existence queries about ``store`` on a REP socket at ``endpoint``."""
+    """Answers batch existence queries about ``store`` on a REP socket at ``endpoint``.
 
-    def __init__(self, store: Any, endpoint: str) -> None:
+    With ``token`` (a shared secret, at most :data:`MAX_QUERY_TOKEN_BYTES`), only requests
+    carrying it as ``"token"`` are answered.
+    """
+
+    def __init__(self, store: Any, endpoint: str, *, token: bytes | str | None = None) -> None:
+        self._token: bytes | None = None
+        """The token's SHA-256: what a request's token is compared with."""
+        if token is not None:
+            secret = _token_bytes(token)
+            if not 0 < len(secret) <= MAX_QUERY_TOKEN_BYTES:
+                raise ValueError(f"a query token is 1 to {MAX_QUERY_TOKEN_BYTES} bytes")
+            self._token = hashlib.sha256(secret).digest()
         zmq = _zmq()
         self._zmq = zmq
         self.store = store
         self._ctx = zmq.Context()
         self._sock = self._ctx.socket(zmq.REP)
         self._sock.setsockopt(zmq.LINGER, 0)
-        self._sock.setsockopt(zmq.MAXMSGSIZE, 64 + MAX_QUERY_KEYS * 40)
+        self._sock.setsockopt(zmq.MAXMSGSIZE, 64 + MAX_QUERY_KEYS * 40 + MAX_QUERY_TOKEN_BYTES)
         self._sock.bind(endpoint)
         self.endpoint = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
         """The bound address."""
         self.errors = 0
         """Requests refused: malformed, or with too many keys."""
+        self.refused = 0
+        """Requests refused for want of the right token."""
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="chunkstore-query", daemon=True)
         self._thread.start()
@@ -190,7 +211,15 @@ class ChunkQuery:
     def answer(self, request: bytes) -> dict[str, Any]:
         """The reply to one request. It is also what the socket sends."""
         try:
-            keys = _parse_query(request)
+            body = _query_map(request)
+        except ValueError as exc:
+            self.errors += 1
+            return {"error": str(exc)}
+        if self._token is not None and not self._authentic(body.get("token")):
+            self.refused += 1
+            return {"error": QUERY_REFUSED}
+        try:
+            keys = _query_keys(body)
         except ValueError as exc:
             self.errors += 1
             return {"error": str(exc)}
@@ -201,6 +230,19 @@ class ChunkQuery:
                 break
             prefix += 1
         return {"exists": exists, "prefix": prefix}
+
+    @property
+    def needs_token(self) -> bool:
+        """Whether requests must carry the token."""
+        return self._token is not None
+
+    def _authentic(self, given: Any) -> bool:
+        """Whether ``given`` is the token. Digests of equal length are compared in constant
+        time, so neither the token's bytes nor its length show in the time taken."""
+        assert self._token is not None
+        if not isinstance(given, (bytes, str)):
+            return False
+        return hmac.compare_digest(hashlib.sha256(_token_bytes(given)).digest(), self._token)
 
     def _run(self) -> None:
         pack = _msgpack().packb
@@ -217,14 +259,23 @@ class ChunkQuery:
         self._ctx.term()
 
 
-def _parse_query(request: bytes) -> list[ChunkKey]:
-    """The keys a query names; ``ValueError`` for anything but the grammar."""
+def _token_bytes(token: bytes | str) -> bytes:
+    return token.encode() if isinstance(token, str) else bytes(token)
+
+
+def _query_map(request: bytes) -> dict[Any, Any]:
+    """The map a query is; ``ValueError`` for anything else."""
     try:
         body = _msgpack().unpackb(request, raw=False)
     except Exception:  # noqa: BLE001 - malformed input is one error
         raise ValueError("a query is a msgpack map") from None
     if not isinstance(body, dict):
         raise ValueError("a query is a msgpack map")
+    return body
+
+
+def _query_keys(body: dict[Any, Any]) -> list[ChunkKey]:
+    """The keys a query names; ``ValueError`` for anything but the grammar."""
     namespace, digests = body.get("namespace"), body.get("keys")
     if not isinstance(namespace, str) or not _NAMESPACE.fullmatch(namespace):
         raise ValueError("namespace must be 16 lower-case hex digits")

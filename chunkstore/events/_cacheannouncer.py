@@ -29,8 +29,11 @@ the announcer starts over: ``AllBlocksCleared``, then the listing.
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
+from collections import Counter
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from chunkstore.errors import FormatError
@@ -44,6 +47,7 @@ __all__ = ["NODE_OWNERSHIP", "CacheAnnouncer"]
 NODE_OWNERSHIP = "node"
 """``ownership`` of the node service's events: the host cache of one machine's engines."""
 MEDIUM = "CPU"
+STORED, REMOVED = "BlockStored", "BlockRemoved"
 LOCALITY = "LOCAL"
 
 
@@ -133,56 +137,54 @@ class CacheAnnouncer:
             for change in self._buffer.take():
                 latest.pop(change.key, None)  # ordered by each chunk's last change
                 latest[change.key] = change.stored
-            events: list[dict[str, Any]] = []
-            stored = removed = 0
-            for key, is_stored in latest.items():
-                event: dict[str, Any] | None
-                if is_stored and key not in self._held:
-                    event = self._describe(key)
-                    if event is None:
-                        continue
-                    self._held.add(key)
-                    stored += 1
-                elif not is_stored and key in self._held:
-                    self._held.discard(key)
-                    event = self._removed(key)
-                    removed += 1
-                else:
-                    continue  # a replaced copy, or a chunk never announced
-                events.append(event)
-                if len(events) >= self.page:
-                    self._publish(events)
-                    events = []
-            if events:
-                self._publish(events)
-            return stored, removed
+            sent = self._publish_pages(self._changes(latest))
+            return sent[STORED], sent[REMOVED]
+
+    def _changes(self, latest: dict[ChunkKey, bool]) -> Iterator[dict[str, Any]]:
+        """The event of each chunk's latest change, where it changes what was announced."""
+        for key, is_stored in latest.items():
+            if is_stored and key not in self._held:
+                event = self._describe(key)
+                if event is None:
+                    continue
+                self._held.add(key)
+                yield event
+            elif not is_stored and key in self._held:
+                self._held.discard(key)
+                yield self._removed(key)
+            # else: a replaced copy, or a chunk never announced
 
     def _resync(self) -> tuple[int, int]:
         """``AllBlocksCleared``, then every chunk the cache holds. The caller holds ``_pass``."""
         self._held.clear()
         self._publish([all_blocks_cleared()])
-        events: list[dict[str, Any]] = []
-        stored = 0
+        return self._publish_pages(self._listing())[STORED], 0
+
+    def _listing(self) -> Iterator[dict[str, Any]]:
+        """A ``BlockStored`` for each chunk the cache holds, marking each as held."""
         for info in self.host.list():
             event = self._describe(info.key)
-            if event is None:
-                continue
-            self._held.add(info.key)
-            stored += 1
-            events.append(event)
-            if len(events) >= self.page:
-                self._publish(events)
-                events = []
-        if events:
-            self._publish(events)
-        return stored, 0
+            if event is not None:
+                self._held.add(info.key)
+                yield event
+
+    def _publish_pages(self, events: Iterable[dict[str, Any]]) -> Counter[str]:
+        """Publish ``events`` in batches of ``page``, the last one shorter, as they come.
+        Returns how many of each type were published."""
+        sent: Counter[str] = Counter()
+        iterator = iter(events)
+        while page := list(itertools.islice(iterator, self.page)):
+            self._publish(page)
+            sent.update(event["type"] for event in page)
+        return sent
 
     def _describe(self, key: ChunkKey) -> dict[str, Any] | None:
         """The ``BlockStored`` of a cached chunk, from its header (None: gone or not a chunk)."""
         from chunkstore.format import read_header
 
-        # Not a use of the chunk: no hit is counted and the replacement policy is not told.
-        data = self.host.read_unchecked_many([key])[0]
+        # Only the header's bytes are copied out of the slot, not the payload. Not a use of
+        # the chunk either: no hit is counted and the replacement policy is not told.
+        data = self.host.read_headers_unchecked_many([key])[0]
         if data is None:
             self.unreadable += 1
             return None

@@ -36,7 +36,7 @@ from chunkstore.node import NodeCache, NodeRankCache
 from chunkstore.tiering import ProcessCache, RankCache
 from chunkstore.vllm.config import ConnectorConfig, parse_config
 from chunkstore.vllm.engine import EngineKV, describe_engine
-from chunkstore.vllm.events import ConnectorEvents, tier_mediums
+from chunkstore.vllm.events import ConnectorEvents, event_groups, tier_mediums
 from chunkstore.vllm.metadata import ChunkStoreMetadata
 from chunkstore.vllm.scheduler import ChunkStoreScheduler
 from chunkstore.vllm.shared import acquire_shared, release_shared
@@ -165,6 +165,7 @@ class ChunkStoreConnector(KVConnectorBase_V1, SupportsHMA):
             mediums=tier_mediums(cache.name, store.tiers),
             # Every chunk host memory holds, and as many again on their way to the tiers.
             identities=2 * cache.num_slots + 4096,
+            groups=event_groups(self._kv_cache_config),
         )
         store.tiered.watch(events.buffer)
         return events

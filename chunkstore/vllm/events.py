@@ -11,16 +11,19 @@ So ``--kv-events-config`` works unchanged.
 
 Rules:
 
-* A chunk in host memory is ``medium="CPU"``, ``locality="LOCAL"``. A chunk
-  in a filesystem or S3 tier is ``medium="STORAGE"``. ``ownership`` names the
-  tier.
-* Only host memory announces removals. It announces them only for chunks it
-  announced before. A shared tier's chunk may still serve other engines. So
-  this engine never claims it is gone.
-* The peer announces a peer tier's chunks. None are published here.
-* Some chunks have unknown vLLM block hashes. They may be another engine's.
-  Or their key was forgotten past ``identities``. Such chunks are counted in
-  :attr:`ConnectorEvents.unmapped`.
+* A chunk in host memory is ``medium="CPU"``, ``locality="LOCAL"``. One stored
+  in a filesystem or S3 tier is ``medium="STORAGE"``. ``ownership`` names the tier.
+* Removals are announced for host memory only, and only for chunks announced
+  before. A shared tier's chunk may still serve other engines. So this engine
+  never claims it is gone.
+* A peer tier's chunks are the peer's to announce. None are published here.
+* A chunk holds every KV cache group's KV for its tokens: each change of it is
+  one event per group, under the same block hashes, with that group's
+  ``group_idx``. Stores also carry the group's ``kv_cache_spec_kind`` and
+  ``kv_cache_spec_sliding_window``, as vLLM's GPU events do.
+* Some chunks have vLLM block hashes that are not known. They may be another
+  engine's, or have a key forgotten past ``identities``. Such chunks are counted
+  in :attr:`ConnectorEvents.unmapped`.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from typing import Any
 from chunkstore.events import EventBuffer
 from chunkstore.hashing import ChunkKey
 
-__all__ = ["ConnectorEvents", "TierMedium", "tier_mediums"]
+__all__ = ["ConnectorEvents", "EventGroup", "TierMedium", "event_groups", "tier_mediums"]
 
 MEDIUM_CPU = "CPU"
 MEDIUM_STORAGE = "STORAGE"
@@ -72,6 +75,36 @@ def tier_mediums(host_name: str, tiers: Iterable[Any]) -> dict[str, TierMedium]:
 
 
 @dataclass(frozen=True, slots=True)
+class EventGroup:
+    """How vLLM's events describe one KV cache group."""
+
+    kind: str | None
+    """``kv_cache_spec_kind``, e.g. ``full_attention`` or ``sliding_window``."""
+    sliding_window: int | None
+    """``kv_cache_spec_sliding_window``: the window in tokens, None for full attention."""
+
+
+SINGLE_GROUP = (EventGroup(None, None),)
+"""The groups of a model whose specs are not given: one, described by nothing but its index."""
+
+
+def event_groups(kv_cache_config: Any) -> tuple[EventGroup, ...]:
+    """Each of vLLM's KV cache groups, in ``group_idx`` order, as vLLM's events describe it."""
+    from vllm.v1.kv_cache_interface import (
+        get_kv_cache_spec_kind,
+        get_kv_cache_spec_sliding_window,
+    )
+
+    return tuple(
+        EventGroup(
+            get_kv_cache_spec_kind(group.kv_cache_spec).value,
+            get_kv_cache_spec_sliding_window(group.kv_cache_spec),
+        )
+        for group in kv_cache_config.kv_cache_groups
+    )
+
+
+@dataclass(frozen=True, slots=True)
 class _Identity:
     """What vLLM calls one chunk: its blocks' hashes and what went into them."""
 
@@ -92,7 +125,9 @@ class ConnectorEvents:
     ``mediums`` maps tier names; see :func:`tier_mediums`. Events of other
     tiers are ignored. At most ``capacity`` events wait between two
     :meth:`take` calls. Older ones are dropped and counted. At most
-    ``identities`` chunk keys are remembered.
+    ``identities`` chunk keys are remembered. ``groups`` are the engine's KV
+    cache groups (see :func:`event_groups`); one event per group stands for a
+    chunk's change.
     """
 
     def __init__(
@@ -103,6 +138,7 @@ class ConnectorEvents:
         mediums: Mapping[str, TierMedium],
         capacity: int = 65536,
         identities: int = 65536,
+        groups: Sequence[EventGroup] = SINGLE_GROUP,
     ) -> None:
         self.block_size = block_size
         self.blocks_per_chunk = blocks_per_chunk
@@ -110,6 +146,7 @@ class ConnectorEvents:
         self.buffer = EventBuffer(capacity)
         """The listener that receives the tiered store's calls."""
         self.identities = identities
+        self.groups = tuple(groups) or SINGLE_GROUP
         self.unmapped = 0
         """Events not published because the chunk's vLLM block hashes were not known."""
         self._ids: OrderedDict[ChunkKey, _Identity] = OrderedDict()
@@ -172,33 +209,36 @@ class ConnectorEvents:
                     held.discard(tier.ownership)
                     if not held:
                         del self._held[event.key]
-            if event.stored:
-                out.append(
-                    BlockStored(
-                        block_hashes=list(identity.block_hashes),
-                        parent_block_hash=identity.parent,
-                        token_ids=list(identity.token_ids),
-                        block_size=self.block_size,
-                        lora_id=identity.lora_id,
-                        medium=tier.medium,
-                        lora_name=identity.lora_name,
-                        extra_keys=identity.extra_keys,
-                        group_idx=0,
-                        locality=tier.locality,
-                        ownership=tier.ownership,
-                        session_id=identity.session_id,
+            for group_idx, group in enumerate(self.groups):
+                if event.stored:
+                    out.append(
+                        BlockStored(
+                            block_hashes=list(identity.block_hashes),
+                            parent_block_hash=identity.parent,
+                            token_ids=list(identity.token_ids),
+                            block_size=self.block_size,
+                            lora_id=identity.lora_id,
+                            medium=tier.medium,
+                            lora_name=identity.lora_name,
+                            extra_keys=identity.extra_keys,
+                            group_idx=group_idx,
+                            kv_cache_spec_kind=group.kind,
+                            kv_cache_spec_sliding_window=group.sliding_window,
+                            locality=tier.locality,
+                            ownership=tier.ownership,
+                            session_id=identity.session_id,
+                        )
                     )
-                )
-            else:
-                out.append(
-                    BlockRemoved(
-                        block_hashes=list(identity.block_hashes),
-                        medium=tier.medium,
-                        group_idx=0,
-                        locality=tier.locality,
-                        ownership=tier.ownership,
+                else:
+                    out.append(
+                        BlockRemoved(
+                            block_hashes=list(identity.block_hashes),
+                            medium=tier.medium,
+                            group_idx=group_idx,
+                            locality=tier.locality,
+                            ownership=tier.ownership,
+                        )
                     )
-                )
         return out
 
 

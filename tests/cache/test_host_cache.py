@@ -289,3 +289,27 @@ def test_memory_regions_hold_every_slot_view(layout: ChunkLayout, chain: list[Ma
     with tiered:
         (region,) = tiered.memory_regions()
         assert address(region) == address(tiered.host.memory_regions()[0])
+
+
+def test_header_reads_copy_the_header_only_and_are_not_a_use(
+    layout: ChunkLayout, chain: list[MadeChunk]
+) -> None:
+    from chunkstore.format import header_bytes_needed, read_header
+    from chunkstore.hashing import ChunkKey
+
+    with HostCache(layout, num_slots=3) as cache:
+        cache.put_many([(c.key, c.data) for c in chain[:2]])
+        cache.put(ChunkKey(b"\x01" * 32, chain[0].key.namespace), b"not a chunk")
+        missing = chain[2].key
+        got = cache.read_headers_unchecked_many([chain[0].key, missing, chain[1].key])
+        assert got[1] is None
+        for chunk, head in zip((chain[0], chain[1]), (got[0], got[2])):
+            assert head is not None
+            assert len(head) == header_bytes_needed(chunk.data[:8]) < len(chunk.data)
+            assert head == chunk.data[: len(head)]
+            assert read_header(head) == read_header(chunk.data)
+        # Bytes that are not a chunk come back up to what their first 8 bytes say, at most.
+        (odd,) = cache.read_headers_unchecked_many([ChunkKey(b"\x01" * 32, chain[0].key.namespace)])
+        assert odd == b"not a chunk"
+        stats = cache.stats()
+        assert (stats.hits, stats.misses) == (0, 0)

@@ -99,6 +99,7 @@ def test_events_carry_keys_parents_tokens_and_the_namespace(ends):
         assert e["parent_block_hash"] == c.parent and e["token_ids"] == c.tokens.tolist()
         assert e["block_size"] == len(c.tokens) and e["medium"] == "STORAGE"
         assert e["ownership"] == "shared" and e["extra_keys"] == [("namespace", c.key.namespace)]
+        assert e.get("group_idx") is None  # a chunk holds every KV cache group
 
 
 def test_vllm_decodes_the_store_announcements(ends):
@@ -221,3 +222,111 @@ def test_serve_refuses_event_options_without_events():
     )
     with pytest.raises(Exception, match="need --events"):
         serve.check_options(args)
+
+
+def ask_socket(endpoint, request):
+    """One request over a REQ socket, and its decoded reply."""
+    ctx = zmq.Context()
+    req = ctx.socket(zmq.REQ)
+    req.setsockopt(zmq.LINGER, 0)
+    try:
+        req.connect(endpoint)
+        req.send(msgpack.packb(request))
+        assert req.poll(10_000)
+        return msgpack.unpackb(req.recv())
+    finally:
+        req.close(0)
+        ctx.term()
+
+
+def test_a_query_socket_with_a_token_answers_only_requests_that_carry_it(tmp_path):
+    from chunkstore.events._announcer import QUERY_REFUSED
+
+    store = MemoryStore()
+    store.put_many([(c.key, c.data) for c in CHUNKS[:2]])
+    query = ChunkQuery(store, f"ipc://{tmp_path}/query", token=b"s3cret-token")
+    try:
+        assert query.needs_token
+        ask = {"namespace": CHUNKS[0].key.namespace, "keys": DIGESTS}
+        answer = {"exists": [True, True, False, False], "prefix": 2}
+        assert query.answer(msgpack.packb({**ask, "token": b"s3cret-token"})) == answer
+        assert query.answer(msgpack.packb({**ask, "token": "s3cret-token"})) == answer  # str too
+        for wrong in ({}, {"token": b"s3cret-tokeN"}, {"token": b"s3cret"}, {"token": 7}):
+            assert query.answer(msgpack.packb({**ask, **wrong})) == {"error": QUERY_REFUSED}
+        assert query.refused == 4 and query.errors == 0
+        # Malformed requests are told so whatever their token: there is no map to read it in.
+        assert "error" in query.answer(b"\xc1") and query.errors == 1
+        # Over the socket, as a router asks.
+        assert ask_socket(query.endpoint, {**ask, "token": b"s3cret-token"}) == answer
+        assert ask_socket(query.endpoint, ask) == {"error": QUERY_REFUSED}
+    finally:
+        query.close()
+    with pytest.raises(ValueError, match="1 to 1024 bytes"):
+        ChunkQuery(store, f"ipc://{tmp_path}/q2", token=b"")
+
+
+def test_serve_refuses_a_query_socket_open_to_the_network_without_a_token(tmp_path):
+    from chunkstore.errors import ConfigError
+
+    def check(*options):
+        base = ["serve", "--slot-size", "4KiB", "--host-cache", "64KiB", "--events", "ipc://e"]
+        serve.check_options(build_parser().parse_args([*base, *options]))
+
+    for exposed in ("tcp://*:5559", "tcp://0.0.0.0:5559", "tcp://10.1.2.3:5559", "tcp://eth0:1"):
+        with pytest.raises(ConfigError, match="answers anyone who can connect"):
+            check("--events-query", exposed)
+    for local in ("tcp://127.0.0.1:5559", "tcp://localhost:5559", "tcp://[::1]:5559", "ipc://q"):
+        check("--events-query", local)
+    token = tmp_path / "token"
+    token.write_text("s3cret-token\n")
+    check("--events-query", "tcp://*:5559", "--events-query-token-file", str(token))
+    with pytest.raises(ConfigError, match="needs --events-query"):
+        check("--events-query-token-file", str(token))
+
+
+def test_serve_answers_queries_with_the_token_file_and_refuses_those_without(tmp_path):
+    from chunkstore.cli.eventsservice import read_query_token
+    from chunkstore.errors import ConfigError
+    from chunkstore.events._announcer import QUERY_REFUSED
+
+    disk = open_store(str(tmp_path / "disk"), create=True)
+    disk.put_many([(c.key, c.data) for c in CHUNKS[:3]])
+    disk.close()
+    token = tmp_path / "token"
+    token.write_text("  s3cret-token  \nignored\n")
+    assert read_query_token(str(token)) == b"s3cret-token"
+    empty = tmp_path / "empty"
+    empty.write_text("\n")
+    with pytest.raises(ConfigError, match="holds no token"):
+        read_query_token(str(empty))
+    with pytest.raises(ConfigError, match="No such file"):
+        read_query_token(str(tmp_path / "missing"))
+    endpoint = f"ipc://{tmp_path}/q"
+    args = build_parser().parse_args(
+        [
+            "serve",
+            "--slot-size",
+            "1MiB",
+            "--host-cache",
+            "4MiB",
+            "--store",
+            str(tmp_path / "disk"),
+            "--events",
+            f"ipc://{tmp_path}/ev",
+            "--events-query",
+            endpoint,
+            "--events-query-token-file",
+            str(token),
+        ]
+    )
+    stop = threading.Event()
+    thread = threading.Thread(target=serve.run, args=(args,), kwargs={"stop_event": stop})
+    thread.start()
+    try:
+        ask = {"namespace": CHUNKS[0].key.namespace, "keys": DIGESTS}
+        assert ask_socket(endpoint, {**ask, "token": b"s3cret-token"})["prefix"] == 3
+        assert ask_socket(endpoint, {**ask, "token": b"guess"}) == {"error": QUERY_REFUSED}
+    finally:
+        stop.set()
+        thread.join(30)
+    assert not thread.is_alive()

@@ -16,6 +16,7 @@ from chunkstore.cli.main import build_parser
 from chunkstore.events import (
     NODE_OWNERSHIP,
     CacheAnnouncer,
+    EventBatch,
     EventPublisher,
     EventSubscriber,
     PrefixIndex,
@@ -213,6 +214,7 @@ def test_vllm_decodes_what_the_node_publishes(small_node: EventNode, listener: L
     assert stored[1].parent_block_hash == DIGESTS[0]
     assert {(e.medium, e.locality, e.ownership) for e in stored} == {("CPU", "LOCAL", "node")}
     assert stored[0].extra_keys == [("namespace", CHUNKS[0].key.namespace)]
+    assert {e.group_idx for e in stored} == {None}  # a chunk holds every KV cache group
 
 
 def test_a_start_announces_what_the_cache_holds_already(tmp_path: Path) -> None:
@@ -230,6 +232,76 @@ def test_a_start_announces_what_the_cache_holds_already(tmp_path: Path) -> None:
             announcer.close()
             got.close()
     assert host.listener is None  # closing stops listening
+    host.close()
+
+
+def test_the_announcer_copies_chunk_headers_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from chunkstore.format import header_bytes_needed
+
+    host = HostCache(SLOT_SIZE, num_slots=4, pin_memory=False)
+    host.put_many([(c.key, c.data) for c in CHUNKS[:2]])
+    copied: list[int] = []
+    headers = host.read_headers_unchecked_many
+
+    def counted(keys: list) -> list:
+        got = headers(keys)
+        copied.extend(len(data) for data in got if data is not None)
+        return got
+
+    def whole(keys: list) -> list:
+        raise AssertionError("the announcer read a whole chunk")
+
+    monkeypatch.setattr(host, "read_headers_unchecked_many", counted)
+    monkeypatch.setattr(host, "read_unchecked_many", whole)
+    ends = f"ipc://{tmp_path}/ev", f"ipc://{tmp_path}/rp"
+    with EventPublisher(ends[0], replay_endpoint=ends[1]) as publisher:
+        announcer = CacheAnnouncer(host, publisher).start()  # the listing
+        got = Listener(*ends)
+        try:
+            host.put_many([(c.key, c.data) for c in CHUNKS[2:4]])  # the changes
+            got.drain(lambda: got.prefix() == 4)
+            assert got.prefix() == 4
+        finally:
+            announcer.close()
+            got.close()
+    host.close()
+    heads = [header_bytes_needed(c.data[:8]) for c in CHUNKS[:4]]
+    assert copied == heads and all(h < len(c.data) for h, c in zip(heads, CHUNKS))
+    stored = got.events("BlockStored")
+    assert [e["block_hashes"] for e in stored] == [[c.key.digest] for c in CHUNKS[:4]]
+    assert [e["token_ids"] for e in stored] == [[int(t) for t in c.tokens] for c in CHUNKS[:4]]
+    assert [e["parent_block_hash"] for e in stored] == [c.parent for c in CHUNKS[:4]]
+
+
+def test_the_announcer_publishes_in_pages(tmp_path: Path) -> None:
+    host = HostCache(SLOT_SIZE, num_slots=6, pin_memory=False)
+    host.put_many([(c.key, c.data) for c in CHUNKS[:5]])
+    ends = f"ipc://{tmp_path}/ev", f"ipc://{tmp_path}/rp"
+    with EventPublisher(ends[0], replay_endpoint=ends[1]) as publisher:
+        sizes: list[list[str]] = []
+        publish = publisher.publish
+
+        def noted(batch: EventBatch) -> None:
+            sizes.append([e["type"] for e in batch.events])
+            publish(batch)
+
+        publisher.publish = noted  # type: ignore[method-assign]
+        announcer = CacheAnnouncer(host, publisher, interval=3600, page=2).start()
+        try:
+            assert announcer.held == 5
+            stored = ["BlockStored"]
+            assert sizes == [["AllBlocksCleared"], stored * 2, stored * 2, stored]
+            sizes.clear()
+            host.delete_many([c.key for c in CHUNKS[:3]])
+            host.put(CHUNKS[5].key, CHUNKS[5].data)
+            assert announcer.pump() == (1, 3)
+            assert [len(page) for page in sizes] == [2, 2]
+            assert sorted(t for page in sizes for t in page) == ["BlockRemoved"] * 3 + stored
+            assert announcer.pump() == (0, 0) and len(sizes) == 2  # nothing: no empty batch
+        finally:
+            announcer.close()
     host.close()
 
 

@@ -91,6 +91,7 @@ def test_saved_chunks_are_announced_in_cpu_with_vllm_block_hashes(harness, event
         assert event.token_ids == PROMPT[64 * i : 64 * (i + 1)]
         assert event.block_size == 32
         assert event.locality == "LOCAL" and event.ownership == "host"
+        assert (event.group_idx, event.kv_cache_spec_kind) == (0, "full_attention")
     # The router's join: the GPU's blocks and chunkstore's, under the same hashes.
     found = {(where, n) for n, _, where in index.longest_prefix(blocks)}
     assert ("CPU", 4 * BPC) in found
@@ -219,3 +220,38 @@ def test_a_restarted_engine_is_seen_and_its_old_blocks_forgotten(harness, events
     assert sub.restarts == 1, (sub.expected, sub.lost, sub.replayed)
     assert cpu_run(index, hashes(first)) == 0
     assert cpu_run(index, hashes(second)) == 4 * BPC
+
+
+def test_a_hybrid_models_chunks_are_announced_for_each_kv_cache_group(harness, events):
+    """A chunk holds every group's KV for its tokens: one event per group, as the GPU's."""
+    config, sub = events
+    h = harness(kv_events=config, sliding_window=1024)  # wide enough that no block is dropped
+    request = h.add(PROMPT)
+    h.run()
+    index, decoded = PrefixIndex(), []
+    collect(sub, index, decoded, lambda: len(events_of(decoded, BlockStored, "CPU")) >= 8)
+    stored = events_of(decoded, BlockStored, "CPU")
+    assert len(stored) == 8  # 4 chunks, 2 groups
+    blocks = hashes(request)
+    chunks = [blocks[BPC * i : BPC * (i + 1)] for i in range(4)]
+    described = {}
+    for group in (0, 1):
+        of_group = [e for e in stored if e.group_idx == group]
+        assert [e.block_hashes for e in of_group] == chunks
+        assert [e.token_ids for e in of_group] == [PROMPT[64 * i : 64 * (i + 1)] for i in range(4)]
+        (described[group],) = {
+            (e.kv_cache_spec_kind, e.kv_cache_spec_sliding_window) for e in of_group
+        }
+    assert described == {0: ("full_attention", None), 1: ("sliding_window", 1024)}
+    gpu = {
+        (e.group_idx, e.kv_cache_spec_kind, e.kv_cache_spec_sliding_window)
+        for e in events_of(decoded, BlockStored, "GPU")
+    }
+    assert gpu == {(g, *d) for g, d in described.items()}  # described as vLLM describes them
+    assert h.scheduler.reset_prefix_cache(reset_connector=True)
+    h.step()
+    collect(sub, index, decoded, lambda: len(events_of(decoded, BlockRemoved, "CPU")) >= 8)
+    removed = events_of(decoded, BlockRemoved, "CPU")
+    assert sorted((e.group_idx, tuple(e.block_hashes)) for e in removed) == sorted(
+        (g, tuple(c)) for g in (0, 1) for c in chunks
+    )
