@@ -17,7 +17,7 @@ for huge pages under the payload. It asks that the rest of the mapping never
 be one. That costs address space, not memory. The payload is then one
 physically contiguous piece per huge page. An ``O_DIRECT`` transfer of a chunk
 thus reaches the device as one request of a few segments. Without huge pages,
-it is many scattered pages over several requests;
+it is many scattered pages over several requests.
 ``tools/bench_direct_io.py`` compares the two. vLLM's own fs tier
 transfers straight from its primary region, in shared-memory pages. A tier
 that must copy to convert the layout gets huge pages at no extra cost.
