@@ -23,6 +23,8 @@ from tests.services import JuiceFsVolume
 
 
 class TestJuiceFsStore(StoreSuite):
+    replace_may_miss = True  # a read racing a rename over the file may find no file
+
     @pytest.fixture
     def make_store(self, juicefs: JuiceFsVolume) -> Callable[[], FsStore]:
         place = juicefs.fresh("suite")
