@@ -24,7 +24,6 @@ Releasing twice is harmless.
 from __future__ import annotations
 
 import logging
-import struct
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -38,13 +37,10 @@ from chunkstore.cache._pool import DOOMED, READY, SlotPool, StaleSlot
 from chunkstore.cache.policy import DEFAULT_POLICY, CachePolicy, NoEvictableEntry, make_policy
 from chunkstore.errors import ConfigError
 from chunkstore.events import ChunkListener
-from chunkstore.format import MAX_HEADER_BYTES, ChunkLayout
+from chunkstore.format import MAX_HEADER_BYTES, ChunkLayout, header_bytes_needed
 from chunkstore.hashing import ChunkKey, check_namespace
 
 log = logging.getLogger(__name__)
-
-_LENGTH = struct.Struct("<Q")
-"""The length prefix of a chunk header: the header's bytes after these 8."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -436,7 +432,7 @@ class HostCache(Store):
         try:
             view = self.pool.view(slot)[:length]
             if headers_only and length >= 8:
-                length = min(length, 8 + min(_LENGTH.unpack_from(view)[0], MAX_HEADER_BYTES))
+                length = min(length, header_bytes_needed(view), 8 + MAX_HEADER_BYTES)
             return bytes(view[:length])
         finally:
             with self._lock:

@@ -581,7 +581,7 @@ def read_header(data: Any) -> ChunkHeader:
     return parse_header(memoryview(data).cast("B"))
 
 
-def header_bytes_needed(prefix: bytes) -> int:
+def header_bytes_needed(prefix: bytes | bytearray | memoryview) -> int:
     """Given at least the first 8 bytes of a chunk, how many bytes its header spans."""
     if len(prefix) < 8:
         raise TruncatedChunk("need 8 bytes to read the header length")
