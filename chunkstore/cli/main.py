@@ -84,8 +84,11 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"chunkstore {__version__}")
     parser.add_argument("-v", "--verbose", action="count", default=0, help="log more (-vv: debug)")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
-    names = [info.name for info in pkgutil.iter_modules(commands.__path__)]
-    for name in sorted(names) if only is None else [only]:
+    if only is None:
+        names = sorted(info.name for info in pkgutil.iter_modules(commands.__path__))
+    else:
+        names = [only]  # a module the caller found among them
+    for name in names:
         importlib.import_module(f"{commands.__name__}.{name}").register(subparsers)
     return parser
 
