@@ -53,8 +53,8 @@ MAX_VICTIMS = 256
 """Chunks one admit may evict (a chunk as large as the cap evicts at most this many)."""
 EVICT_WORKERS = 8
 """Victims one index deletes at a time. A delete waits on the filesystem or the object
-store (an unlink took 1-4 ms on a local disk holding 10^6 chunk files), so the deletes of
-one eviction overlap; each is the same delete as alone."""
+store, so the deletes of one eviction overlap; each is the same delete as alone. See
+"Sharing across machines" in docs/benchmarks.md for the unlink floor."""
 RESERVATION_GRACE = 3600.0
 """Seconds a reservation whose file is not published is left alone by a reconcile: its writer
 may still be writing the temp file. Older, its writer is taken as dead (killed after it
