@@ -10,8 +10,11 @@ its metadata in that Redis; SeaweedFS's S3 gateway) and skips what this machine 
 - **Writers, capped vs uncapped.** 1, 2, 4 and 8 writer processes, split over the two
   mounts; capped = a cap of half the bytes written, so eviction runs: through the capacity
   index (Redis), and through the lock-file ledger for comparison. Usage is sampled from the
-  files while they write; the bound is the cap plus one chunk per writer.
-- **One writer's put against a bare write + rename** on the same path.
+  files while they write; the bound is the cap plus one chunk per writer. The floor: bare
+  write + rename with no chunkstore code, and the same with each writer unlinking its own
+  oldest files beyond its share of the cap (``floor`` = the one over the other).
+- **One writer's put against a bare write + rename** on the same path, and what a capped
+  put costs a writer with no disk in the way (small chunks on tmpfs).
 - **Prune passes** evicting 1 %, with the index and by a walk.
 - **SeaweedFS S3**: ``put_many`` and verified ``get_many`` against bare s3fs batches.
 
@@ -21,10 +24,12 @@ Figures, not thresholds: it prints ratios and never fails on them.
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import multiprocessing
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -33,6 +38,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +57,9 @@ WRITER_SECONDS = 20.0
 WRITER_TOKENS = 1024
 """Tokens per chunk of the writer runs: about 268 KiB a chunk (a real model's is 2-32 MiB)."""
 WRITER_COUNTS = (1, 2, 4, 8)
+WRITER_ROUNDS = (5, 1)
+"""Rounds of every mode on the local directory, and on JuiceFS (where one round of the
+lock-file mode alone takes minutes)."""
 
 
 def _chunks(count: int, seed: int, tokens: int) -> list[MadeChunk]:
@@ -173,6 +182,39 @@ def _writer(
     results.put(("done", written, time.perf_counter() - start))
 
 
+def _bare_writer(
+    root: str, options: dict[str, Any], seed: int, count: int, results: Any, go: Any
+) -> None:
+    """The floor, with no chunkstore code: write + rename into the store's fan-out, and with
+    ``options["share"]`` (bytes) unlink this writer's own oldest files beyond it. That is the
+    least a cap costs: the deletes, with no agreement between writers at all."""
+    share = options.get("share")
+    chunks = _chunks(count, seed, WRITER_TOKENS)
+    results.put(("ready", 0, 0.0))
+    go.wait(120)
+    start = time.perf_counter()
+    written, held, kept = 0, 0, collections.deque()
+    for chunk in chunks:
+        leaf = Path(root) / chunk.key.namespace / chunk.key.hex[:2] / chunk.key.hex[2:4]
+        leaf.mkdir(parents=True, exist_ok=True)
+        tmp = leaf / f".{chunk.key.hex}.tmp"
+        with open(tmp, "wb") as out:
+            out.write(chunk.data)
+        final = leaf / f"{chunk.key.hex}.kvc"
+        os.rename(tmp, final)
+        written += 1
+        if share is not None:
+            kept.append((final, len(chunk.data)))
+            held += len(chunk.data)
+            while held > share:
+                victim, size = kept.popleft()
+                os.unlink(victim)
+                held -= size
+        if time.perf_counter() - start > WRITER_SECONDS:
+            break
+    results.put(("done", written, time.perf_counter() - start))
+
+
 def _disk_usage(root: Path) -> int:
     total = 0
     for dirpath, _, files in os.walk(root):
@@ -186,7 +228,10 @@ def _disk_usage(root: Path) -> int:
 
 
 def run_writers(
-    roots: tuple[Path, Path, Path], writers: int, options: dict[str, Any]
+    roots: tuple[Path, Path, Path],
+    writers: int,
+    options: dict[str, Any],
+    target: Callable[..., None] = _writer,
 ) -> tuple[float, int]:
     """Chunks a second over all writers, and the most bytes seen on disk while they ran."""
     ctx = multiprocessing.get_context("spawn")
@@ -194,7 +239,7 @@ def run_writers(
     go = ctx.Event()
     procs = [
         ctx.Process(
-            target=_writer,
+            target=target,
             args=(str(roots[i % 2]), options, 1000 + i, WRITES_PER_WRITER, results, go),
         )
         for i in range(writers)
@@ -226,35 +271,58 @@ def run_writers(
     return rate, peak[0]
 
 
+def _round_ratios(rates: dict[str, list[float]], over: str, under: str) -> str:
+    """The median and range of ``over`` / ``under``, each ratio within one round."""
+    values = [a / b for a, b in zip(rates[over], rates[under])]
+    return f"{statistics.median(values):.2f}x ({min(values):.2f}-{max(values):.2f})"
+
+
 def bench_writers(label: str, base: tuple[Path, Path, Path], redis_url: str) -> None:
+    """Each mode in turn, :data:`WRITER_ROUNDS` times: a ratio is taken within a round, so a
+    slow stretch of the disk slows both sides of it."""
+    rounds = WRITER_ROUNDS[0] if base[0] == base[1] else WRITER_ROUNDS[1]
     chunk_size = len(_chunks(1, 1, WRITER_TOKENS)[0].data)
-    print(f"\n{label}: {WRITES_PER_WRITER} chunks of {chunk_size // 1024} KiB per writer")
     print(
-        f"{'writers':>7} {'uncapped/s':>11} {'index/s':>8} {'ratio':>6} {'lock/s':>7} {'ratio':>6} "
-        f"{'peak/bound (index)':>19}"
+        f"\n{label}: {WRITES_PER_WRITER} chunks of {chunk_size // 1024} KiB per writer; "
+        f"{rounds} round(s), medians and (range) of ratios within a round"
+    )
+    print(
+        f"{'writers':>7} {'uncapped/s':>10} {'index/s':>8} {'index ratio':>19} "
+        f"{'lock ratio':>19} {'peak/bound':>10} {'bare/s':>7} {'bare capped/s':>13} "
+        f"{'floor':>19}"
     )
     for writers in WRITER_COUNTS:
         cap = writers * WRITES_PER_WRITER * chunk_size // 2
-        rates = {}
+        rates: dict[str, list[float]] = collections.defaultdict(list)
         peak = 0
-        for mode, options in (
-            ("uncapped", {}),
-            ("index", {"max_bytes": cap, "index": redis_url}),
-            ("lock", {"max_bytes": cap}),
-        ):
-            name = f"w{writers}-{mode}-{uuid.uuid4().hex[:6]}"
-            roots = (base[0] / name, base[1] / name, base[2] / name)
-            FsStore(str(roots[0]), create=True)
-            _settle_mount(base)
-            rates[mode], seen = run_writers(roots, writers, options)
-            if mode == "index":
-                peak = seen
-            shutil.rmtree(roots[0], ignore_errors=True)
+        for _ in range(rounds):
+            for mode, options, target in (
+                ("uncapped", {}, _writer),
+                ("index", {"max_bytes": cap, "index": redis_url}, _writer),
+                ("lock", {"max_bytes": cap}, _writer),
+                ("bare", {}, _bare_writer),
+                ("bare capped", {"share": cap // writers}, _bare_writer),
+            ):
+                name = f"w{writers}-{mode.replace(' ', '-')}-{uuid.uuid4().hex[:6]}"
+                roots = (base[0] / name, base[1] / name, base[2] / name)
+                FsStore(str(roots[0]), create=True)
+                # Each mode starts with no dirty pages of the one before: the kernel's
+                # writeback of those would slow it by more than the modes differ.
+                os.sync()
+                _settle_mount(base)
+                rate, seen = run_writers(roots, writers, options, target)
+                rates[mode].append(rate)
+                if mode == "index":
+                    peak = max(peak, seen)
+                shutil.rmtree(roots[0], ignore_errors=True)
         bound = cap + writers * chunk_size
+        ratio = partial(_round_ratios, rates)
+        median = {mode: statistics.median(values) for mode, values in rates.items()}
         print(
-            f"{writers:>7} {rates['uncapped']:>11.0f} {rates['index']:>8.0f} "
-            f"{rates['index'] / rates['uncapped']:>5.2f}x {rates['lock']:>7.0f} "
-            f"{rates['lock'] / rates['uncapped']:>5.2f}x {peak / bound:>18.2f}"
+            f"{writers:>7} {median['uncapped']:>10.0f} {median['index']:>8.0f} "
+            f"{ratio('index', 'uncapped'):>19} {ratio('lock', 'uncapped'):>19} "
+            f"{peak / bound:>10.2f} {median['bare']:>7.0f} {median['bare capped']:>13.0f} "
+            f"{ratio('bare capped', 'bare'):>19}"
         )
 
 
@@ -296,6 +364,34 @@ def bench_single_put(label: str, root: Path, redis_url: str, rounds: int = 5) ->
     print(f"\n{label}: one writer against a bare write + rename ({rounds} rounds)")
     for mode, values in ratios.items():
         print(f"  {mode:<22} {_ratios(values)}")
+
+
+def bench_put_cost(redis_url: str, count: int = 3000, rounds: int = 3) -> None:
+    """What a capped put costs one writer, with no disk in the way: small chunks into a
+    store on tmpfs (``/dev/shm``), uncapped and capped through the index (half fits)."""
+    shm = Path("/dev/shm")
+    if not shm.is_dir():
+        print("\nput cost on tmpfs: skipped, no /dev/shm")
+        return
+    chunks = _chunks(count, 5, 64)
+    size = len(chunks[0].data)
+    costs: dict[str, list[float]] = collections.defaultdict(list)
+    with tempfile.TemporaryDirectory(dir=shm, prefix="bench-sharing-") as work:
+        for _ in range(rounds):
+            for mode, options in (
+                ("uncapped", {}),
+                ("capped (index)", {"max_bytes": count * size // 2, "index": redis_url}),
+            ):
+                store = FsStore(f"{work}/{uuid.uuid4().hex[:8]}", create=True, **options)
+                start = time.perf_counter()
+                for chunk in chunks:
+                    store.put_if_absent(chunk.key, chunk.data)
+                store.close()
+                costs[mode].append((time.perf_counter() - start) / count * 1e6)
+                shutil.rmtree(store.root, ignore_errors=True)
+    print(f"\nput cost on tmpfs: {count} chunks of {size // 1024} KiB, {rounds} rounds, us a chunk")
+    for mode, values in costs.items():
+        print(f"  {mode:<16} {min(values):.0f}-{max(values):.0f}")
 
 
 # --- prune ------------------------------------------------------------------------------
@@ -472,9 +568,10 @@ def bench_s3(endpoint: str, rounds: int = 3) -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--full", action="store_true", help="prune at 10^6 local, 10^5 JuiceFS")
-    parser.add_argument("--only", choices=("writers", "put", "prune", "s3"), action="append")
+    parts = ("writers", "put", "cost", "prune", "s3")
+    parser.add_argument("--only", choices=parts, action="append", help="run these parts alone")
     args = parser.parse_args()
-    only = set(args.only or ("writers", "put", "prune", "s3"))
+    only = set(args.only or parts)
     with contextlib.ExitStack() as stack:
         work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-sharing-")))
         (work / "redis").mkdir()
@@ -495,6 +592,8 @@ def main() -> int:
         if "put" in only:
             for label, roots in places:
                 bench_single_put(label, roots[0], redis_url)
+        if "cost" in only:
+            bench_put_cost(redis_url)
         if "prune" in only:
             bench_prune(
                 "local directory",
@@ -516,4 +615,9 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # A kill (SIGTERM) unwinds like Ctrl-C: the mounts are unmounted, the servers stopped.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit("bench_sharing: terminated"))
+    try:
+        sys.exit(main())
+    except RuntimeError as exc:  # a server missing or not starting: say so, no traceback
+        sys.exit(f"bench_sharing: {exc}")
