@@ -59,10 +59,17 @@ RESERVATION_GRACE = 3600.0
 """Seconds a reservation whose file is not published is left alone by a reconcile: its writer
 may still be writing the temp file. Older, its writer is taken as dead (killed after it
 reserved) and the entry is taken out. The grace of an interrupted write's temp file."""
+SEND_DELAY = 0.01
+"""Seconds a commit, release or touch waits for a reservation or flush to share its round
+trip. A writer's next reservation comes sooner, so both go as one pipeline."""
 BATCH = 1000
 """Repairs a reconcile sends in one script call (one round trip), and entries it checks
 against the files before it takes the missing ones out in one call; also the most requests
 the accounting thread sends in one pipeline."""
+
+
+_WAITED_ON = frozenset({"reserve", "flush"})
+"""Requests a caller waits on: the accounting thread sends them at once."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,6 +174,9 @@ class CapacityIndex:
         self._deleters: concurrent.futures.ThreadPoolExecutor | None = None
         self._queued: collections.deque[tuple[Any, ...]] = collections.deque()
         self._draining = False
+        self._waited_on = 0  # queued requests in _WAITED_ON
+        self._wake = threading.Event()  # set while one is queued, or the index closes
+        self._closing = False
         self._down_until = 0.0
         self._missed = False
         self.errors = 0
@@ -274,6 +284,9 @@ class CapacityIndex:
         """Queue ``request`` for the index's own thread (started here when it is idle)."""
         with self._lock:
             self._queued.append(request)
+            if request[0] in _WAITED_ON:
+                self._waited_on += 1
+                self._wake.set()
             if self._draining:
                 return  # the running drain takes it
             if self._behind is None:
@@ -290,8 +303,10 @@ class CapacityIndex:
     def _drain(self) -> None:
         """Send what is queued, in order, :data:`BATCH` requests to a pipeline (one round
         trip), until nothing is left. A reservation's future is settled as soon as its
-        victims are deleted, before the next reservation's victims."""
+        victims are deleted, before the next reservation's victims. Requests no one waits
+        on wait up to :data:`SEND_DELAY` for one someone does."""
         while True:
+            self._wake.wait(SEND_DELAY)
             with self._lock:
                 if not self._queued:
                     self._draining = False
@@ -302,6 +317,10 @@ class CapacityIndex:
                     request = self._queued.popleft()
                     batch.append(request)
                     weight += len(request[1]) if request[0] == "touch" else 1
+                    if request[0] in _WAITED_ON:
+                        self._waited_on -= 1
+                if not self._waited_on and not self._closing:
+                    self._wake.clear()
             try:
                 self._send(batch)
             except BaseException as exc:  # no writer is left waiting on a bug
@@ -401,6 +420,8 @@ class CapacityIndex:
         """Finish the accounting under way and stop its thread."""
         with self._lock:
             behind, self._behind = self._behind, None
+            self._closing = True  # what is queued goes now, with no delay
+            self._wake.set()
         if behind is not None:
             behind.shutdown(wait=True)
         with self._lock:

@@ -660,6 +660,46 @@ def test_reservations_queued_together_each_get_their_own_victims(
     assert disk_usage(store)[0] == cap
 
 
+def test_a_writers_commit_goes_with_its_next_reservation(
+    tmp_path: Path, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # No delay runs out in this test: a commit waits for the next reservation, or the flush.
+    monkeypatch.setattr(_index, "SEND_DELAY", 600.0)
+    store = FsStore(str(tmp_path / "s"), create=True, max_bytes=3 * SIZE, index=redis_url)
+    index = store.index
+    assert index is not None
+    gate = _Gate(index)
+    for chunk in CHUNKS[:6]:
+        store.put(chunk.key, chunk.data)
+    index.flush()
+    # The first reservation alone; then each commit with the next reservation; the last
+    # commit with the flush (which sends nothing of its own).
+    assert gate.sent == [1, 2, 2, 2, 2, 2, 1]
+    assert index.evicted == 3
+    assert (index.usage().bytes, index.usage().chunks) == disk_usage(store)
+    order = [name.decode() for name in index.client.zrange(index._keys[1], 0, -1)]
+    assert order == [store._name_of(store.path_of(c.key)) for c in CHUNKS[3:6]]
+    store.close()
+
+
+def test_a_commit_no_reservation_follows_is_sent_after_the_delay(
+    tmp_path: Path, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_index, "SEND_DELAY", 0.05)
+    store = FsStore(str(tmp_path / "s"), create=True, max_bytes=3 * SIZE, index=redis_url)
+    index = store.index
+    assert index is not None
+    store.put(CHUNKS[0].key, CHUNKS[0].data)
+    name = store._name_of(store.path_of(CHUNKS[0].key))
+    for _ in range(3000):  # nothing else is queued: the delay alone sends it
+        if index.client.zscore(index._keys[1], name) is not None:
+            break
+        time.sleep(0.01)
+    assert index.client.zscore(index._keys[1], name) is not None
+    assert index.client.zscore(index._keys[3], name) is None  # no longer reserved
+    store.close()
+
+
 @pytest.mark.parametrize("ending", ["flush", "close"])
 def test_flush_and_close_wait_for_everything_queued(
     tmp_path: Path, redis_url: str, ending: str
