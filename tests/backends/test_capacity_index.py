@@ -660,14 +660,21 @@ def test_reservations_queued_together_each_get_their_own_victims(
     assert disk_usage(store)[0] == cap
 
 
+def _capped_with_delay(
+    tmp_path: Path, redis_url: str, monkeypatch: pytest.MonkeyPatch, delay: float
+) -> tuple[FsStore, _index.CapacityIndex]:
+    """A store capped at 3 chunks whose index holds unwaited requests ``delay`` seconds."""
+    monkeypatch.setattr(_index, "SEND_DELAY", delay)
+    store = FsStore(str(tmp_path / "s"), create=True, max_bytes=3 * SIZE, index=redis_url)
+    assert store.index is not None
+    return store, store.index
+
+
 def test_a_writers_commit_goes_with_its_next_reservation(
     tmp_path: Path, redis_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # No delay runs out in this test: a commit waits for the next reservation, or the flush.
-    monkeypatch.setattr(_index, "SEND_DELAY", 600.0)
-    store = FsStore(str(tmp_path / "s"), create=True, max_bytes=3 * SIZE, index=redis_url)
-    index = store.index
-    assert index is not None
+    store, index = _capped_with_delay(tmp_path, redis_url, monkeypatch, 600.0)
     gate = _Gate(index)
     for chunk in CHUNKS[:6]:
         store.put(chunk.key, chunk.data)
@@ -685,10 +692,7 @@ def test_a_writers_commit_goes_with_its_next_reservation(
 def test_a_commit_no_reservation_follows_is_sent_after_the_delay(
     tmp_path: Path, redis_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(_index, "SEND_DELAY", 0.05)
-    store = FsStore(str(tmp_path / "s"), create=True, max_bytes=3 * SIZE, index=redis_url)
-    index = store.index
-    assert index is not None
+    store, index = _capped_with_delay(tmp_path, redis_url, monkeypatch, 0.05)
     store.put(CHUNKS[0].key, CHUNKS[0].data)
     name = store._name_of(store.path_of(CHUNKS[0].key))
     for _ in range(3000):  # nothing else is queued: the delay alone sends it
