@@ -182,6 +182,19 @@ def _writer(
     results.put(("done", written, time.perf_counter() - start))
 
 
+def _bare_put(root: Path, chunk: MadeChunk) -> Path:
+    """Write ``chunk`` into the store's own fan-out under ``root`` with no chunkstore code:
+    make the directories, write a temp file, rename it. Returns the chunk's path."""
+    leaf = root / chunk.key.namespace / chunk.key.hex[:2] / chunk.key.hex[2:4]
+    leaf.mkdir(parents=True, exist_ok=True)
+    tmp = leaf / f".{chunk.key.hex}.tmp"
+    with open(tmp, "wb") as out:
+        out.write(chunk.data)
+    final = leaf / f"{chunk.key.hex}.kvc"
+    os.rename(tmp, final)
+    return final
+
+
 def _bare_writer(
     root: str, options: dict[str, Any], seed: int, count: int, results: Any, go: Any
 ) -> None:
@@ -195,13 +208,7 @@ def _bare_writer(
     start = time.perf_counter()
     written, held, kept = 0, 0, collections.deque()
     for chunk in chunks:
-        leaf = Path(root) / chunk.key.namespace / chunk.key.hex[:2] / chunk.key.hex[2:4]
-        leaf.mkdir(parents=True, exist_ok=True)
-        tmp = leaf / f".{chunk.key.hex}.tmp"
-        with open(tmp, "wb") as out:
-            out.write(chunk.data)
-        final = leaf / f"{chunk.key.hex}.kvc"
-        os.rename(tmp, final)
+        final = _bare_put(Path(root), chunk)
         written += 1
         if share is not None:
             kept.append((final, len(chunk.data)))
@@ -341,12 +348,7 @@ def bench_single_put(label: str, root: Path, redis_url: str, rounds: int = 5) ->
         bare_dir.mkdir()
         start = time.perf_counter()
         for chunk in chunks:  # the store's own fan-out: the same directories to make
-            leaf = bare_dir / chunk.key.namespace / chunk.key.hex[:2] / chunk.key.hex[2:4]
-            leaf.mkdir(parents=True, exist_ok=True)
-            tmp = leaf / f".{chunk.key.hex}.tmp"
-            with open(tmp, "wb") as out:
-                out.write(chunk.data)
-            os.rename(tmp, leaf / f"{chunk.key.hex}.kvc")
+            _bare_put(bare_dir, chunk)
         bare = time.perf_counter() - start
         shutil.rmtree(bare_dir)
         for mode, options in (
