@@ -8,7 +8,7 @@ The layout is in spec/FORMAT.md, "Store layout".
 
 Nothing is kept only in memory: a fresh process sees every chunk on disk.
 Writes go to a unique temp file in the chunk's directory.
-They are renamed into place, or hard-linked for ``put_if_absent``.
+They are renamed into place; ``put_if_absent`` renames only onto a free name.
 So readers see whole chunks only, and a killed writer leaves at most an orphan temp file.
 """
 

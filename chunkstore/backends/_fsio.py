@@ -25,6 +25,7 @@ import xxhash
 
 from chunkstore.backends._fastread import ALIGN, O_DIRECT, is_aligned
 from chunkstore.backends._layout import temp_name
+from chunkstore.backends._noreplace import rename_noreplace
 from chunkstore.format import ByteRange
 
 log = logging.getLogger(__name__)
@@ -90,6 +91,8 @@ class LocalIO:
         # False once a time set did not show as the access time (a mount whose ctime does
         # not follow utime): uses then go to access records, which every reader honours.
         self._times_kept = True
+        # False once a rename that refuses to replace was not there: links from then on.
+        self._noreplace = True
 
     # --- paths ---------------------------------------------------------------
 
@@ -316,7 +319,24 @@ class LocalIO:
             self._sync_dir(os.path.dirname(final))
 
     def link_if_absent(self, tmp: str, final: str, fsync: bool) -> bool:
-        """Publish ``tmp`` as ``final`` unless it exists; ``tmp`` is gone afterwards."""
+        """Publish ``tmp`` as ``final`` unless it exists; ``tmp`` is gone afterwards.
+
+        One rename that refuses to replace where the system has it (one metadata
+        operation), else a hard link and then removing ``tmp`` (two)."""
+        written = rename_noreplace(tmp, final) if self._noreplace else None
+        if written is None:
+            self._noreplace = False
+            written = self._link_if_absent(tmp, final)
+        elif not written:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+        if written and fsync:
+            self._sync_dir(os.path.dirname(final))
+        return written
+
+    @staticmethod
+    def _link_if_absent(tmp: str, final: str) -> bool:
+        """:meth:`link_if_absent` by a hard link, on systems without the rename."""
         try:
             os.link(tmp, final)
             written = True
@@ -332,8 +352,6 @@ class LocalIO:
                 os.replace(tmp, final)
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
-        if written and fsync:
-            self._sync_dir(os.path.dirname(final))
         return written
 
     def remove(self, path: str) -> bool:

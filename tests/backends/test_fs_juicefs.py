@@ -32,8 +32,9 @@ class TestJuiceFsStore(StoreSuite):
 
 
 def test_put_if_absent_has_one_winner_across_mounts(juicefs: JuiceFsVolume) -> None:
-    """Two nodes racing to store the same chunks: the volume's hard link decides, so each key
-    is won exactly once, and both nodes then read the winner's bytes."""
+    """Two nodes racing to store the same chunks: the volume's rename that refuses an
+    existing name decides (JuiceFS has it, so neither node falls back to hard links), so each
+    key is won exactly once, and both nodes then read the winner's bytes."""
     places = juicefs.fresh("race")
     stores = [FsStore(str(place / "cache"), create=True) for place in places]
     chunks = sample_chunks(24, seed=5)
@@ -54,6 +55,7 @@ def test_put_if_absent_has_one_winner_across_mounts(juicefs: JuiceFsVolume) -> N
         for store in stores:
             assert [bytes(store.get(c.key) or b"") for c in chunks] == [c.data for c in chunks]
             assert store.corrupt_detected == 0
+            assert isinstance(store.io, LocalIO) and store.io._noreplace
     finally:
         for store in stores:
             store.close()
