@@ -180,6 +180,51 @@ def redis_url(redis_port: int) -> str:
     return f"redis://127.0.0.1:{redis_port}/0"
 
 
+@pytest.fixture
+def private_redis(tmp_path: Path) -> Iterator[Callable[[], subprocess.Popen[bytes]]]:
+    """Start (and restart) a redis-server of this test's own on one loopback port."""
+    binary = find_binary("redis-server")
+    if binary is None:
+        unavailable("redis-server is not installed", "apt-get install -y redis-server")
+    port = free_port()
+    running: list[subprocess.Popen[bytes]] = []
+
+    def start() -> subprocess.Popen[bytes]:
+        proc = subprocess.Popen(
+            [
+                binary,
+                "--port",
+                str(port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--dir",
+                str(tmp_path),
+            ],
+            stdout=subprocess.DEVNULL,
+        )
+        running.append(proc)
+        import redis
+
+        client = redis.Redis(port=port)
+        wait_for(lambda: pings(client), "redis-server", proc)
+        return proc
+
+    start.port = port  # type: ignore[attr-defined]
+    yield start
+    for proc in running:
+        stop(proc)
+
+
+def pings(client: object) -> bool:
+    """Whether a Redis client's server answers a PING."""
+    try:
+        return bool(client.ping())  # type: ignore[attr-defined]
+    except Exception:  # noqa: BLE001 - not up yet
+        return False
+
+
 # --- JuiceFS: one volume, two mounts (two "nodes") ----------------------------------------
 
 

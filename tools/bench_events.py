@@ -10,12 +10,20 @@ collects ``take_events``) into one batch for an
 An :class:`~chunkstore.events.EventSubscriber` in another process reads them. (The
 benchmark's events carry the put time, in nanoseconds, in their first two token ids.)
 
+``--shared`` measures the shared-store publisher instead (what ``chunkstore serve
+--events`` runs): a writer process puts chunks into a filesystem store with a capacity
+index (a redis-server of the benchmark's own on 127.0.0.1), and a
+:class:`~chunkstore.events.StoreAnnouncer` over another object of that store follows the
+index's change feed (its listing an hour away) and publishes what it reads, each chunk's
+parent and tokens read from its header.
+
 Reported per run: events/s delivered, lag p50/p99 from the put to the subscriber
 decoding its event (milliseconds), and events lost (sequence gaps no replay filled,
 plus events published but never read). ``--runs`` repeats; a range is printed.
 Nothing fails on a figure.
 
     python tools/bench_events.py [--rate 10000] [--seconds 3] [--runs 3] [--step-ms 5]
+    python tools/bench_events.py --shared [--rate 2000]
 """
 
 from __future__ import annotations
@@ -31,11 +39,16 @@ import time
 from typing import Any
 
 
-def _subscribe(ends: tuple[str, str], ready: Any, results: Any, expect: Any) -> None:
-    """Subscriber process: read until ``expect`` (set by the parent) events arrived."""
+def _subscribe(
+    ends: tuple[str, str], ready: Any, results: Any, expect: Any, arrivals: bool = False
+) -> None:
+    """Subscriber process: read until ``expect`` (set by the parent) events arrived. The
+    lag of a stored event is read from its tokens, or with ``arrivals`` left to the parent:
+    the results then carry each stored digest's arrival time instead."""
     from chunkstore.events import EventSubscriber
 
     sub = EventSubscriber(ends[0], replay_endpoint=ends[1])
+    arrived: dict[bytes, float] = {}
     lags: list[float] = []
     received = 0
     joined = False
@@ -49,14 +62,18 @@ def _subscribe(ends: tuple[str, str], ready: Any, results: Any, expect: Any) -> 
         for r in got:
             for event in r.batch.events:
                 received += 1
-                if event["type"] == "BlockStored":
+                if event["type"] != "BlockStored":
+                    continue
+                if arrivals:
+                    arrived[event["block_hashes"][0]] = now
+                else:
                     put_ns = (event["token_ids"][0] << 32) | event["token_ids"][1]
                     lags.append(now - put_ns / 1e9)
         if expect.value >= 0 and deadline == float("inf"):
             deadline = time.time() + 10
         if expect.value >= 0 and received >= expect.value:
             break
-    results.put((received, sub.lost, lags))
+    results.put((received, sub.lost, arrived if arrivals else lags))
     sub.close()
 
 
@@ -142,12 +159,285 @@ def _run(rate: int, seconds: float, step_ms: float) -> dict[str, float]:
     }
 
 
+def _shared_writer(root: str, url: str, rate: int, seconds: float, first: int, done: Any) -> None:
+    """Writer process: ``rate`` chunks a second into the indexed store, a millisecond's
+    worth per ``put_many``; each chunk's first two tokens are its put time (ns), the third
+    its number (from ``first``)."""
+    import numpy as np
+
+    from chunkstore.backends._fs import FsStore
+    from chunkstore.format import ChunkLayout, encode_chunk
+    from chunkstore.hashing import chain_keys, namespace_root
+    from chunkstore.testing.factories import kv_tensors, small_spec
+
+    layout = ChunkLayout(small_spec(16))
+    root_digest = namespace_root(layout.fingerprint)
+    tensors = kv_tensors(layout, np.zeros(16, dtype=np.uint32))
+    store = FsStore(root, index=url)
+    total = int(rate * seconds)
+    per_tick = max(1, rate // 1000)
+    start = time.perf_counter()
+    for i in range(0, total, per_tick):
+        due = start + i / rate
+        while time.perf_counter() < due:
+            time.sleep(0.00025)
+        now = time.time_ns()
+        items = []
+        for j in range(i, min(i + per_tick, total)):
+            tokens = np.array([now >> 32, now & 0xFFFFFFFF, first + j] + [0] * 13, dtype=np.uint32)
+            key = chain_keys(tokens, root=root_digest, chunk_tokens=16)[0]
+            data = encode_chunk(
+                layout,
+                key=key.digest,
+                parent=root_digest,
+                namespace=key.namespace,
+                tokens=tokens,
+                tensors=tensors,
+            )
+            items.append((key, data))
+        store.put_many(items)
+    wrote = time.perf_counter() - start
+    store.close()  # sends what the index has queued
+    done.put((total, wrote))
+
+
+def _run_shared(rate: int, seconds: float, writers: int) -> dict[str, float]:
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from pathlib import Path
+
+    from bench_sharing import redis_server
+
+    from chunkstore.backends._fs import FsStore
+    from chunkstore.cli.storeaccess import header_reader
+    from chunkstore.events import EventBatch, EventPublisher, StoreAnnouncer
+
+    tmp = tempfile.mkdtemp(prefix="bench-events-shared-")
+    with redis_server(Path(tmp)) as port:
+        url = f"redis://127.0.0.1:{port}/0"
+        root = os.path.join(tmp, "store")
+        FsStore(root, create=True, index=url).close()
+        watched = FsStore(root, index=url, track_access=False)  # as serve's announcer has it
+        read = header_reader(watched)
+
+        def describe(key: Any) -> tuple[bytes, list[int]] | None:
+            header = read(key)
+            return None if header is None else (header.parent, list(header.tokens))
+
+        ends = f"ipc://{tmp}/events", f"ipc://{tmp}/replay"
+        pub = EventPublisher(ends[0], replay_endpoint=ends[1])
+        announcer = StoreAnnouncer([watched], pub, describe, interval=3600).start()
+        ctx = mp.get_context("spawn")
+        ready, results, expect = ctx.Event(), ctx.Queue(), ctx.Value("q", -1)
+        reader = ctx.Process(target=_subscribe, args=(ends, ready, results, expect), daemon=True)
+        reader.start()
+        for _ in range(600):  # join first: PUB drops what it sends before that
+            pub.publish(EventBatch(time.time(), []))
+            if ready.wait(0.05):
+                break
+        done = ctx.Queue()
+        procs = [
+            ctx.Process(
+                target=_shared_writer,
+                args=(root, url, rate // writers, seconds, n << 24, done),
+            )
+            for n in range(writers)
+        ]
+        for proc in procs:
+            proc.start()
+        reports = [done.get(timeout=seconds * 20 + 60) for _ in procs]
+        for proc in procs:
+            proc.join(30)
+        total = sum(n for n, _ in reports)
+        wrote = max(t for _, t in reports)
+        deadline = time.monotonic() + 30
+        while announcer.held < total and time.monotonic() < deadline:
+            time.sleep(0.05)
+        announcer.close()
+        pub.flush(10)
+        expect.value = announcer.followed
+        received, gaps, lags = results.get(timeout=30)
+        reader.join(10)
+        drained = _drain_rate(watched, pub, describe, total)
+        pub.close()
+        watched.close()
+    lags.sort()
+    return {
+        "events_per_s": received / wrote,
+        "stores_per_s": total / wrote,
+        "p50_ms": 1000 * lags[len(lags) // 2] if lags else float("nan"),
+        "p99_ms": 1000 * lags[int(len(lags) * 0.99)] if lags else float("nan"),
+        "lost": float(gaps + max(0, total - received)),
+        "events": float(received),
+        "drained_per_s": drained,
+    }
+
+
+def _inject(url: str, feed: str, names: list[str], rate: int, done: Any) -> None:
+    """Feed process: append ``names`` to the change feed at ``rate`` a second, as the
+    index's scripts do for the writers of many machines; the times each went in."""
+    import redis
+
+    from chunkstore.backends._index_scripts import FEED_LENGTH
+
+    client = redis.Redis.from_url(url)
+    per_tick = max(1, rate // 1000)
+    times: list[float] = []
+    start = time.perf_counter()
+    for i in range(0, len(names), per_tick):
+        due = start + i / rate
+        while time.perf_counter() < due:
+            time.sleep(0.00025)
+        pipe = client.pipeline(transaction=False)
+        for name in names[i : i + per_tick]:
+            pipe.xadd(feed, {"s": name}, maxlen=FEED_LENGTH, approximate=True)
+        now = time.time()
+        pipe.execute()
+        times += [now] * len(names[i : i + per_tick])
+    done.put((times, time.perf_counter() - start))
+
+
+def _run_injected(rate: int, seconds: float) -> dict[str, float]:
+    """The shared-store publisher at ``rate`` stores a second: chunks written beforehand,
+    their feed entries appended at ``rate``, as many machines' writers would make them."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from pathlib import Path
+
+    from bench_sharing import redis_server
+
+    from chunkstore.backends._fs import FsStore
+    from chunkstore.cli.storeaccess import header_reader
+    from chunkstore.events import EventBatch, EventPublisher, StoreAnnouncer
+
+    total = int(rate * seconds)
+    tmp = tempfile.mkdtemp(prefix="bench-events-feed-")
+    with redis_server(Path(tmp)) as port:
+        url = f"redis://127.0.0.1:{port}/0"
+        root = os.path.join(tmp, "store")
+        keys = _prewrite(root, total)
+        watched = FsStore(root, index=url, track_access=False)
+        assert watched.index is not None
+        read = header_reader(watched)
+
+        def describe(key: Any) -> tuple[bytes, list[int]] | None:
+            header = read(key)
+            return None if header is None else (header.parent, list(header.tokens))
+
+        ends = f"ipc://{tmp}/events", f"ipc://{tmp}/replay"
+        pub = EventPublisher(ends[0], replay_endpoint=ends[1])
+        announcer = StoreAnnouncer([], pub, describe, interval=3600)
+        announcer.feeds = [watched.index.feed()]
+        announcer.scan()  # AllBlocksCleared; the listing is of no store
+        announcer.start()
+        ctx = mp.get_context("spawn")
+        ready, results, expect = ctx.Event(), ctx.Queue(), ctx.Value("q", -1)
+        reader = ctx.Process(
+            target=_subscribe, args=(ends, ready, results, expect, True), daemon=True
+        )
+        reader.start()
+        for _ in range(600):  # join first: PUB drops what it sends before that
+            pub.publish(EventBatch(time.time(), []))
+            if ready.wait(0.05):
+                break
+        done = ctx.Queue()
+        names = [key.path for key in keys]
+        feeder = ctx.Process(target=_inject, args=(url, announcer.feeds[0].key, names, rate, done))
+        feeder.start()
+        times, wrote = done.get(timeout=seconds * 20 + 60)
+        feeder.join(30)
+        deadline = time.monotonic() + 30
+        while announcer.held < total and time.monotonic() < deadline:
+            time.sleep(0.05)
+        announcer.close()
+        pub.flush(10)
+        expect.value = announcer.followed
+        received, gaps, arrived = results.get(timeout=30)
+        reader.join(10)
+        pub.close()
+        watched.close()
+    lags = sorted(arrived[k.digest] - t for k, t in zip(keys, times) if k.digest in arrived)
+    return {
+        "events_per_s": received / wrote,
+        "stores_per_s": total / wrote,
+        "p50_ms": 1000 * lags[len(lags) // 2] if lags else float("nan"),
+        "p99_ms": 1000 * lags[int(len(lags) * 0.99)] if lags else float("nan"),
+        "lost": float(gaps + max(0, total - received)),
+        "events": float(received),
+        "drained_per_s": float("nan"),
+    }
+
+
+def _prewrite(root: str, count: int) -> list[Any]:
+    """``count`` small chunks written into a new store at ``root`` (no index); their keys."""
+    import numpy as np
+
+    from chunkstore.backends._fs import FsStore
+    from chunkstore.format import ChunkLayout, encode_chunk
+    from chunkstore.hashing import chain_keys, namespace_root
+    from chunkstore.testing.factories import kv_tensors, small_spec
+
+    layout = ChunkLayout(small_spec(16))
+    root_digest = namespace_root(layout.fingerprint)
+    tensors = kv_tensors(layout, np.zeros(16, dtype=np.uint32))
+    store = FsStore(root, create=True)
+    keys = []
+    for start in range(0, count, 500):
+        items = []
+        for j in range(start, min(start + 500, count)):
+            tokens = np.array([j >> 16, j & 0xFFFF] + [7] * 14, dtype=np.uint32)
+            key = chain_keys(tokens, root=root_digest, chunk_tokens=16)[0]
+            data = encode_chunk(
+                layout,
+                key=key.digest,
+                parent=root_digest,
+                namespace=key.namespace,
+                tokens=tokens,
+                tensors=tensors,
+            )
+            items.append((key, data))
+            keys.append(key)
+        store.put_many(items)
+    store.close()
+    return keys
+
+
+def _drain_rate(store: Any, pub: Any, describe: Any, total: int) -> float:
+    """Events a second a new announcer publishes while it reads the whole feed again from
+    its start, with no writer beside it: what the publisher alone can keep up with."""
+    from chunkstore.backends._feed import ChangeFeed
+    from chunkstore.events import StoreAnnouncer
+
+    announcer = StoreAnnouncer([store], pub, describe, interval=3600)
+    feed = announcer.feeds[0]
+    announcer.feeds = [ChangeFeed(feed.client, feed.key, from_start=True)]
+    start = time.perf_counter()
+    for _ in range(10 * total):
+        if announcer.held >= total:
+            break
+        announcer.follow(0.01)
+    return announcer.held / (time.perf_counter() - start)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rate", type=int, default=10_000, help="chunks stored per second")
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--step-ms", type=float, default=5.0, help="engine step (ms)")
+    parser.add_argument(
+        "--shared",
+        action="store_true",
+        help="the shared-store publisher, following a capacity index's change feed "
+        "(needs redis-server)",
+    )
+    parser.add_argument(
+        "--writers", type=int, default=2, help="writer processes with --shared (default 2)"
+    )
+    parser.add_argument(
+        "--shared-feed",
+        action="store_true",
+        help="the shared-store publisher at --rate: chunks written first, their feed entries "
+        "then appended at --rate, as the writers of many machines would (needs redis-server)",
+    )
     args = parser.parse_args()
     try:
         import msgpack  # noqa: F401
@@ -157,12 +447,26 @@ def main() -> int:
         return 0
     results = []
     for n in range(args.runs):
-        r = _run(args.rate, args.seconds, args.step_ms)
+        try:
+            if args.shared_feed:
+                r = _run_injected(args.rate, args.seconds)
+            elif args.shared:
+                r = _run_shared(args.rate, args.seconds, args.writers)
+            else:
+                r = _run(args.rate, args.seconds, args.step_ms)
+        except RuntimeError as exc:  # a server that is not installed or did not start
+            print(f"skipped: {exc}")
+            return 0
         results.append(r)
         print(
             f"run {n + 1}: {r['events']:.0f} events ({r['stores_per_s']:.0f} stores/s), "
             f"{r['events_per_s']:.0f} events/s, "
-            f"lag p50 {r['p50_ms']:.1f} ms, p99 {r['p99_ms']:.1f} ms, lost {r['lost']:.0f}",
+            f"lag p50 {r['p50_ms']:.1f} ms, p99 {r['p99_ms']:.1f} ms, lost {r['lost']:.0f}"
+            + (
+                f"; publisher alone {r['drained_per_s']:.0f} events/s"
+                if args.shared and not args.shared_feed
+                else ""
+            ),
             flush=True,
         )
 
@@ -170,8 +474,13 @@ def main() -> int:
         values = [r[name] for r in results]
         return f"{format(min(values), fmt)}-{format(max(values), fmt)}"
 
+    what = f"step {args.step_ms:g} ms"
+    if args.shared_feed:
+        what = "shared store, feed appended at the rate"
+    elif args.shared:
+        what = f"shared store, {args.writers} writer processes"
     print(
-        f"{args.runs} runs at {args.rate} stores/s (step {args.step_ms:g} ms): "
+        f"{args.runs} runs at {args.rate} stores/s ({what}): "
         f"{span('events_per_s', '.0f')} events/s, lag p50 {span('p50_ms', '.1f')} ms, "
         f"p99 {span('p99_ms', '.1f')} ms, lost {span('lost', '.0f')}; "
         f"median p99 {statistics.median(r['p99_ms'] for r in results):.1f} ms"

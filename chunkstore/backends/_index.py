@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import partial
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from chunkstore.backends._capacity import Usage
 from chunkstore.backends._index_scripts import (
@@ -42,6 +42,9 @@ from chunkstore.backends._index_scripts import (
     REMOVE_GONE,
 )
 from chunkstore.errors import ConfigError, MissingDependency, StoreError
+
+if TYPE_CHECKING:
+    from chunkstore.backends._feed import ChangeFeed
 
 log = logging.getLogger(__name__)
 
@@ -149,6 +152,7 @@ class CapacityIndex:
             f"{prefix}:lru",
             f"{prefix}:sizes",
             f"{prefix}:reserved",
+            f"{prefix}:feed",
         )
         self._meta = f"{prefix}:meta"
         self._name_of = name_of
@@ -252,6 +256,8 @@ class CapacityIndex:
         each writer is publishing.
 
         Returns what ``publish`` returned, or False for a chunk larger than the cap.
+        ``publish`` returns False only when a file is at ``final`` already (a put-if-absent
+        that lost): that file is committed in the chunk's place, not taken out.
         """
         del replace  # publish() decides; the index learns the outcome either way
         if reserved is None:
@@ -264,15 +270,15 @@ class CapacityIndex:
         except BaseException:
             self.release(final, reserved)
             raise
-        if written:
-            self._queue("commit", self._name_of(final), time.time())
-        else:
-            self.release(final, reserved)
+        # Published, or another writer's file is there: either way a chunk is on disk, so
+        # into the LRU order. Taking the entry out would drop the winner's chunk from the
+        # index when the two writers' reservations raced.
+        self._queue("commit", self._name_of(final), time.time())
         return written
 
     def release(self, final: str, reserved: concurrent.futures.Future[bool]) -> None:
-        """Take back the reservation of a chunk that was not published (a put-if-absent
-        that lost, a write that failed), if it made the entry."""
+        """Take back the reservation of a chunk that was not published (a write that
+        failed), if it made the entry."""
         if reserved.result():
             self._queue("release", self._name_of(final))
         else:  # the entry was there before (a replacement): back into the LRU order
@@ -362,11 +368,11 @@ class CapacityIndex:
             kind = request[0]
             if kind in ("reserve", "publish"):
                 args = self._add_args(request[1], request[2], kind)
-                pipe.evalsha(self._add.sha, 4, *self._keys, *args)
+                pipe.evalsha(self._add.sha, 5, *self._keys, *args)
             elif kind == "commit":
-                pipe.evalsha(self._commit.sha, 3, *self._keys[1:], request[1], request[2])
+                pipe.evalsha(self._commit.sha, 4, *self._keys[1:], request[1], request[2])
             elif kind == "release":
-                pipe.evalsha(self._remove.sha, 4, *self._keys, request[1])
+                pipe.evalsha(self._remove.sha, 5, *self._keys, request[1])
             else:  # touch
                 pipe.zadd(self._keys[1], dict.fromkeys(request[1], request[2]), xx=True, gt=True)
 
@@ -487,6 +493,13 @@ class CapacityIndex:
         pipeline with the others queued: a read does not wait for the round trip."""
         if paths:
             self._queue("touch", [self._name_of(path) for path in paths], time.time())
+
+    def feed(self) -> ChangeFeed:
+        """A reader of this store's change feed, from now on: every chunk any writer's index
+        step puts in or takes out, in order (see :mod:`chunkstore.backends._feed`)."""
+        from chunkstore.backends._feed import ChangeFeed
+
+        return ChangeFeed(self.client, self._keys[4], self._label)
 
     # --- maintenance ---------------------------------------------------------------
 

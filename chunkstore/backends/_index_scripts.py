@@ -1,13 +1,28 @@
 """The capacity index's Lua scripts: each change to a store's index is one atomic script.
 
-KEYS name a store's hashes and sorted sets (usage, lru, sizes, reserved; meta for the stale
-mark).
+KEYS name a store's hashes, sorted sets and stream (usage, lru, sizes, reserved, feed; meta
+for the stale mark).
 :mod:`chunkstore.backends._index` registers and calls them.
+
+Each script that puts a chunk into the LRU order appends ``s <name>`` to the store's change
+feed, and each that takes one out appends ``r <name>``: what
+:class:`~chunkstore.backends._feed.ChangeFeed` reads.
 """
 
-# Shared by the scripts below (KEYS: usage, lru, sizes, reserved): takes one chunk out of the
-# index and returns the bytes it held.
-TAKE_OUT = """
+FEED_LENGTH = 100_000
+"""Entries a store's change feed keeps, about (Redis trims whole nodes of the stream)."""
+
+# Shared by the scripts below (KEYS: usage, lru, sizes, reserved, feed): appends to the change
+# feed, and takes one chunk out of the index, returning the bytes it held.
+_ANNOUNCE = f"""
+local function announce(feed, kind, name)
+  redis.call('XADD', feed, 'MAXLEN', '~', {FEED_LENGTH}, '*', kind, name)
+end
+"""
+
+TAKE_OUT = (
+    _ANNOUNCE
+    + """
 local function take_out(name)
   local freed = tonumber(redis.call('HGET', KEYS[3], name) or '0')
   redis.call('ZREM', KEYS[2], name)
@@ -15,12 +30,14 @@ local function take_out(name)
   redis.call('HDEL', KEYS[3], name)
   redis.call('HINCRBY', KEYS[1], 'bytes', -freed)
   redis.call('HINCRBY', KEYS[1], 'chunks', -1)
+  announce(KEYS[5], 'r', name)
   return freed
 end
 """
+)
 
-# KEYS: usage, lru, sizes, reserved. ARGV: member, size, now, cap (-1: none), max victims,
-# mode.
+# KEYS: usage, lru, sizes, reserved, feed. ARGV: member, size, now, cap (-1: none), max
+# victims, mode.
 # Accounts a chunk just published, or (mode 'reserve') about to be: new, or replacing one
 # of another size. Then takes the least recently used others out of the index until usage
 # fits the cap. Returns 1 if the entry is new (0 if the index had it), then the victims:
@@ -45,6 +62,7 @@ if ARGV[6] == 'reserve' then
 else
   redis.call('ZADD', KEYS[2], ARGV[3], ARGV[1])
   redis.call('ZREM', KEYS[4], ARGV[1])
+  announce(KEYS[5], 's', ARGV[1])
 end
 local cap = tonumber(ARGV[4])
 local out = {old and 0 or 1}
@@ -62,11 +80,13 @@ return out
 """
 )
 
-# KEYS: usage, lru, sizes, reserved. ARGV: member, size, last use, then the next chunk's
-# three, ... Adds each chunk a walk found, unless the index has it (a writer accounted it
-# meanwhile: then only puts it into the LRU order if it is not there). A chunk found on disk
-# is no longer waiting for its publish. Returns how many it added.
-ADD_FOUND = """
+# KEYS: usage, lru, sizes, reserved, feed. ARGV: member, size, last use, then the next
+# chunk's three, ... Adds each chunk a walk found, unless the index has it (a writer
+# accounted it meanwhile: then only puts it into the LRU order if it is not there). A chunk
+# found on disk is no longer waiting for its publish. Returns how many it added.
+ADD_FOUND = (
+    TAKE_OUT
+    + """
 local added, bytes = 0, 0
 for i = 1, #ARGV, 3 do
   redis.call('ZREM', KEYS[4], ARGV[i])
@@ -77,6 +97,7 @@ for i = 1, #ARGV, 3 do
     redis.call('ZADD', KEYS[2], ARGV[i + 2], ARGV[i])
     added = added + 1
     bytes = bytes + tonumber(ARGV[i + 1])
+    announce(KEYS[5], 's', ARGV[i])
   end
 end
 if added > 0 then
@@ -85,18 +106,23 @@ if added > 0 then
 end
 return added
 """
+)
 
-# KEYS: lru, sizes, reserved. ARGV: member, now. Puts a published chunk (reserved before)
-# into the LRU order, if the index still counts it.
-COMMIT = """
+# KEYS: lru, sizes, reserved, feed. ARGV: member, now. Puts a published chunk (reserved
+# before) into the LRU order, if the index still counts it.
+COMMIT = (
+    _ANNOUNCE
+    + """
 redis.call('ZREM', KEYS[3], ARGV[1])
 if redis.call('HEXISTS', KEYS[2], ARGV[1]) == 1 then
   redis.call('ZADD', KEYS[1], ARGV[2], ARGV[1])
+  announce(KEYS[4], 's', ARGV[1])
 end
 return 0
 """
+)
 
-# KEYS: usage, lru, sizes, reserved. ARGV: members. Takes chunks out; returns how many it
+# KEYS: usage, lru, sizes, reserved, feed. ARGV: members. Takes chunks out; returns how many it
 # held.
 REMOVE = (
     TAKE_OUT
@@ -112,7 +138,7 @@ return taken
 """
 )
 
-# KEYS: usage, lru, sizes, reserved. ARGV: cap, max victims, oldest last use kept (-1: any).
+# KEYS: usage, lru, sizes, reserved, feed. ARGV: cap, max victims, oldest last use kept (-1: any).
 # Takes out the least recently used chunks while usage is over the cap or their last use is
 # older.
 EVICT = (
@@ -136,7 +162,7 @@ return victims
 """
 )
 
-# KEYS: usage, lru, sizes, reserved. ARGV: the oldest reservation kept (seconds), members.
+# KEYS: usage, lru, sizes, reserved, feed. ARGV: the oldest reservation kept (seconds), members.
 # Takes out the chunks a reconcile found no file of, but for those reserved at or after that
 # time: their writers may still be writing the temp file. Returns how many it took out.
 REMOVE_GONE = (

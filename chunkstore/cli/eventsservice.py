@@ -3,7 +3,9 @@
 Plugged into :data:`chunkstore.cli.commands.serve.SERVICES`; enabled by
 ``--events``. It publishes vLLM's KV event format (a PUB socket, a replay
 socket with ``--events-replay``) from a :class:`~chunkstore.events.StoreAnnouncer`
-over every ``--store``, and answers existence queries with ``--events-query``.
+over every ``--store``, and answers existence queries with ``--events-query``. A store
+opened with a capacity index (``--store-option index=URL``) is followed through the index's
+change feed between listings.
 
 The query socket answers anyone who reaches it. So a TCP endpoint other than a
 loopback address needs ``--events-query-token-file``: only requests carrying
@@ -13,7 +15,7 @@ that file's secret are then answered.
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from chunkstore.errors import ConfigError
 
@@ -58,7 +60,8 @@ def add_events_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="S",
         type=float,
         default=10.0,
-        help="seconds between two listings of the stores (default 10)",
+        help="seconds between two listings of the stores (default 10); a store with a "
+        "capacity index is also followed through its change feed in between",
     )
     group.add_argument(
         "--events-max-chunks",
@@ -125,17 +128,18 @@ def start_events(context: ServeContext) -> Stop | None:
     args = context.args
     if args.events is None:
         return None
-    from chunkstore.cli.storeaccess import read_header_of
+    from chunkstore.cli.storeaccess import header_reader
     from chunkstore.errors import FormatError
     from chunkstore.events import ChunkQuery, EventPublisher, StoreAnnouncer
     from chunkstore.hashing import ChunkKey
 
-    stores = [tier.store for tier in context.store.tiers]
+    stores = _watched_stores(context)
+    readers = [header_reader(store) for store in stores]
 
     def describe(key: ChunkKey) -> tuple[bytes, list[int]] | None:
-        for store in stores:
+        for read in readers:
             try:
-                header = read_header_of(store, key)
+                header = read(key)
             except FormatError:
                 continue
             if header is not None:
@@ -161,6 +165,7 @@ def start_events(context: ServeContext) -> Stop | None:
             query = ChunkQuery(context.store, args.events_query, token=token)
     except BaseException:
         publisher.close()
+        _close_all(stores)
         raise
     context.announce(
         f"events: {publisher.endpoint}"
@@ -175,5 +180,31 @@ def start_events(context: ServeContext) -> Stop | None:
         if query is not None:
             query.close()
         publisher.close()
+        _close_all(stores)
 
     return stop
+
+
+def _watched_stores(context: ServeContext) -> list[Any]:
+    """Each ``--store`` opened again, for the announcer alone: its header reads must not
+    count as uses, or announcing a store would make every chunk in it look just used."""
+    from chunkstore.cli.storeaccess import stop_access_tracking
+    from chunkstore.cli.storeargs import open_cli_store
+
+    stores: list[Any] = []
+    try:
+        for url in context.args.store:
+            store = open_cli_store(url, context.args, prefix="store", option="--store")
+            stop_access_tracking(store)
+            stores.append(store)
+    except BaseException:
+        _close_all(stores)
+        raise
+    return stores
+
+
+def _close_all(stores: list[Any]) -> None:
+    for store in stores:
+        close = getattr(store, "close", None)
+        if close is not None:
+            close()

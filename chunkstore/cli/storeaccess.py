@@ -12,7 +12,7 @@ without it has no access records, quarantine area or stray files).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -83,8 +83,22 @@ def read_header_of(store: Store, key: ChunkKey) -> ChunkHeader | None:
 
     Reads only the header bytes when the store supports ranged reads.
     """
-    if isinstance(store, SupportsRangedRead):
-        parts = store.read_ranges(key, [ByteRange(0, HEADER_PROBE_BYTES)])
+    return header_reader(store)(key)
+
+
+def header_reader(store: Store) -> Callable[[ChunkKey], ChunkHeader | None]:
+    """:func:`read_header_of` for ``store``, how to read chosen once: for many keys."""
+    if not isinstance(store, SupportsRangedRead):
+
+        def whole(key: ChunkKey) -> ChunkHeader | None:
+            data = read_raw_many(store, [key])[0]
+            return None if data is None else read_header(data)
+
+        return whole
+    ranged = store
+
+    def head_only(key: ChunkKey) -> ChunkHeader | None:
+        parts = ranged.read_ranges(key, [ByteRange(0, HEADER_PROBE_BYTES)])
         if parts is None:
             return None
         head = bytes(parts[0])
@@ -95,13 +109,13 @@ def read_header_of(store: Store, key: ChunkKey) -> ChunkHeader | None:
         # A damaged length prefix can announce up to 2**64 bytes: past the largest header a
         # reader accepts, the probe alone is judged (HeaderTooLarge), nothing more is read.
         if len(head) == HEADER_PROBE_BYTES and len(head) < needed <= 8 + MAX_HEADER_BYTES:
-            more = store.read_ranges(key, [ByteRange(0, needed)])
+            more = ranged.read_ranges(key, [ByteRange(0, needed)])
             if more is None:
                 return None
             head = bytes(more[0])
         return read_header(head)
-    data = read_raw_many(store, [key])[0]
-    return None if data is None else read_header(data)
+
+    return head_only
 
 
 def _stray(store: SupportsMaintenance, item: StoredFile, kind: str) -> Stray:

@@ -50,11 +50,17 @@ def add_maintenance_options(
     )
 
 
-def add_store_options(parser: argparse.ArgumentParser, prefix: str = "") -> None:
-    """``--config FILE`` and repeatable ``-o KEY=VALUE`` (with ``prefix``: ``--src-config``...)."""
+def add_store_options(
+    parser: argparse.ArgumentParser | argparse._ArgumentGroup,
+    prefix: str = "",
+    who: str | None = None,
+) -> None:
+    """``--config FILE`` and repeatable ``-o KEY=VALUE`` (with ``prefix``: ``--src-config``...);
+    ``who`` names the stores they are for in the help."""
     dashed = f"--{prefix}-" if prefix else "--"
     dest = f"{prefix}_" if prefix else ""
-    who = f"the {prefix.upper()} store" if prefix else "the store"
+    if who is None:
+        who = f"the {prefix.upper()} store" if prefix else "the store"
     parser.add_argument(
         f"{dashed}config",
         dest=f"{dest}config",

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
 import re
 import threading
 import time
@@ -51,9 +52,16 @@ from chunkstore.hashing import ChunkKey
 
 __all__ = ["ChunkQuery", "StoreAnnouncer"]
 
+log = logging.getLogger(__name__)
+
 Describe = Callable[[ChunkKey], "tuple[bytes, list[int]] | None"]
 """A chunk's parent digest and token ids, read from its header (None: gone or unreadable)."""
 
+PENDING_FOR = 5.0
+"""Seconds a followed store whose header cannot be read yet is tried again (another mount
+may show a new file a moment late); after that the next listing has it."""
+FEED_RETRY = 1.0
+"""Seconds the feed thread waits after a feed could not be read."""
 MAX_QUERY_KEYS = 4096
 """Most keys one query may ask about."""
 MAX_QUERY_TOKEN_BYTES = 1024
@@ -64,7 +72,13 @@ _NAMESPACE = re.compile(r"[0-9a-f]{16}")
 
 
 class StoreAnnouncer:
-    """Publishes what ``stores`` hold on ``publisher``, every ``interval`` seconds.
+    """Publishes what ``stores`` hold on ``publisher``: a listing every ``interval``
+    seconds, and in between the change feed of each store that has a capacity index.
+
+    A store with an index (``store.index.feed()``, through wrappers' ``inner``) is
+    followed as its writers change it, within a round trip of the index. Where the feed
+    lost entries (see :mod:`chunkstore.backends._feed`), the stores are listed at once.
+    A store without one is seen at the next listing. ``follow=False`` lists only.
 
     At most ``max_chunks`` chunks are tracked (beyond that, new ones are counted
     in :attr:`untracked`, not announced); ``page`` events go in one batch.
@@ -79,6 +93,7 @@ class StoreAnnouncer:
         interval: float = 10.0,
         page: int = 512,
         max_chunks: int = 1_000_000,
+        follow: bool = True,
     ) -> None:
         self.stores = list(stores)
         self.publisher = publisher
@@ -88,10 +103,22 @@ class StoreAnnouncer:
         self.max_chunks = max_chunks
         self.untracked = 0
         """Chunks seen past ``max_chunks`` in the last listing. They are not announced."""
+        self.followed = 0
+        """Changes announced from change feeds (stores and removals)."""
+        self.feeds = [f for f in map(_feed_of, self.stores) if f is not None] if follow else []
+        """The change feeds followed, one per store with a capacity index."""
         self._held: set[ChunkKey] = set()
         self._started = False
+        self._lock = threading.Lock()  # _held, _touched, and the order of what is published
+        # Keys a feed changed while a listing ran: the feed is newer, so the listing's
+        # difference leaves them alone.
+        self._touched: set[ChunkKey] | None = None
+        # Stored keys whose header could not be read yet (another mount may show a new
+        # file a moment later), with when to give up on them: the listing has them then.
+        self._pending: dict[ChunkKey, float] = {}
         self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._rescan = threading.Event()
+        self._threads: list[threading.Thread] = []
 
     @property
     def held(self) -> int:
@@ -100,67 +127,156 @@ class StoreAnnouncer:
 
     def scan(self) -> tuple[int, int]:
         """List the stores once and publish the change; (stored, removed) announced."""
+        with self._lock:
+            self._touched = set()
+        try:
+            return self._scan()
+        finally:
+            with self._lock:
+                self._touched = None
+
+    def _scan(self) -> tuple[int, int]:
         listed: set[ChunkKey] = set()
-        self.untracked = 0
+        untracked = 0
         for store in self.stores:
             for info in store.list():
                 if info.key in listed:
                     continue
                 if len(listed) >= self.max_chunks:
-                    self.untracked += 1
+                    untracked += 1
                     continue
                 listed.add(info.key)
-        if not self._started:
-            self._started = True
-            self._publish([all_blocks_cleared()])
-        new = [k for k in listed if k not in self._held]
-        gone = [k for k in self._held if k not in listed]
-        stored = 0
-        events: list[dict[str, Any]] = []
-        for key in new:
-            described = self.describe(key)
-            if described is None:
-                continue
-            parent, tokens = described
-            events.append(_stored(key, parent, tokens))
-            self._held.add(key)
-            stored += 1
-            if len(events) >= self.page:
-                self._publish(events)
-                events = []
-        for key in gone:
-            events.append(block_removed([key.digest], "STORAGE", ownership="shared"))
-            self._held.discard(key)
-            if len(events) >= self.page:
-                self._publish(events)
-                events = []
-        if events:
-            self._publish(events)
-        return stored, len(gone)
+        self.untracked = untracked
+        with self._lock:
+            if not self._started:
+                self._started = True
+                self._publish([all_blocks_cleared()])
+            touched = self._touched or set()
+            new = [k for k in listed if k not in self._held and k not in touched]
+            gone = [k for k in self._held if k not in listed and k not in touched]
+        described = [(key, self.describe(key)) for key in new]
+        with self._lock:
+            touched = self._touched or set()
+            events: list[dict[str, Any]] = []
+            stored = removed = 0
+            for key, found in described:
+                if found is None or key in touched or key in self._held:
+                    continue
+                events.append(_stored(key, *found))
+                self._held.add(key)
+                stored += 1
+            for key in gone:
+                if key in touched or key not in self._held:
+                    continue
+                events.append(_removed(key))
+                self._held.discard(key)
+                removed += 1
+            self._publish_pages(events)
+        return stored, removed
+
+    def follow(self, timeout: float = 0.1) -> int:
+        """Read each change feed once (waiting up to ``timeout`` seconds in all) and publish
+        what changed; how many events went out. A feed that lost entries has the stores
+        listed at once (on the listing thread, or by the next :meth:`scan`)."""
+        changes: list[tuple[bool, ChunkKey]] = []
+        for feed in self.feeds:
+            read = feed.read(timeout / len(self.feeds))
+            if read.gap:
+                self._rescan.set()
+            changes += read.changes
+        now = time.monotonic()
+        final: dict[ChunkKey, bool] = dict.fromkeys(self._due(now), True)
+        for stored, key in changes:  # in order: the last change of a key is its state
+            final.pop(key, None)
+            final[key] = stored
+        with self._lock:
+            if self._touched is not None:
+                self._touched.update(final)
+            todo = [
+                (key, stored)
+                for key, stored in final.items()
+                if stored != (key in self._held)
+                and not (stored and len(self._held) >= self.max_chunks)
+            ]
+        described = {key: self.describe(key) for key, stored in todo if stored}
+        with self._lock:
+            events: list[dict[str, Any]] = []
+            for key, stored in todo:
+                if stored and key not in self._held:
+                    found = described[key]
+                    if found is None:
+                        self._pending.setdefault(key, now + PENDING_FOR)
+                        continue
+                    self._pending.pop(key, None)
+                    events.append(_stored(key, *found))
+                    self._held.add(key)
+                elif not stored and key in self._held:
+                    self._pending.pop(key, None)
+                    events.append(_removed(key))
+                    self._held.discard(key)
+            self._publish_pages(events)
+            self.followed += len(events)
+        return len(events)
+
+    def _due(self, now: float) -> list[ChunkKey]:
+        """Pending stored keys to describe again; those past their time are dropped."""
+        with self._lock:
+            for key in [k for k, until in self._pending.items() if until < now]:
+                del self._pending[key]
+            return list(self._pending)
+
+    def _publish_pages(self, events: list[dict[str, Any]]) -> None:
+        for start in range(0, len(events), self.page):
+            self._publish(events[start : start + self.page])
 
     def _publish(self, events: list[dict[str, Any]]) -> None:
         self.publisher.publish(EventBatch(time.time(), events))
 
     def start(self) -> StoreAnnouncer:
-        """Scan now, then every ``interval`` seconds on a thread, until :meth:`close`."""
+        """Scan now, then list every ``interval`` seconds and follow the change feeds, each
+        on a thread, until :meth:`close`."""
         self.scan()
-        self._thread = threading.Thread(
-            target=self._run, name="chunkstore-store-announcer", daemon=True
-        )
-        self._thread.start()
+        targets = [("chunkstore-store-announcer", self._run)]
+        if self.feeds:
+            targets.append(("chunkstore-store-feed", self._follow))
+        for name, target in targets:
+            thread = threading.Thread(target=target, name=name, daemon=True)
+            thread.start()
+            self._threads.append(thread)
         return self
 
     def _run(self) -> None:
-        while not self._stop.wait(self.interval):
+        while not self._stop.is_set():
+            self._rescan.wait(self.interval)
+            self._rescan.clear()
+            if self._stop.is_set():
+                return
             try:
                 self.scan()
             except Exception:  # noqa: BLE001 - a failing listing is retried next time
                 continue
 
+    def _follow(self) -> None:
+        while not self._stop.is_set():
+            errors = sum(feed.errors for feed in self.feeds)
+            try:
+                self.follow()
+            except Exception:  # noqa: BLE001 - a failing header read is retried next time
+                log.exception("store announcer: following the change feeds failed")
+                self._stop.wait(FEED_RETRY)
+                continue
+            if sum(feed.errors for feed in self.feeds) > errors:
+                self._stop.wait(FEED_RETRY)  # a feed is down: do not spin on it
+
     def close(self) -> None:
         self._stop.set()
-        if self._thread is not None:
-            self._thread.join(self.interval + 5)
+        self._rescan.set()
+        for thread in self._threads:
+            thread.join(self.interval + 5)
+
+
+def _removed(key: ChunkKey) -> dict[str, Any]:
+    return block_removed([key.digest], "STORAGE", ownership="shared")
 
 
 def _stored(key: ChunkKey, parent: bytes, tokens: list[int]) -> dict[str, Any]:
@@ -257,6 +373,16 @@ class ChunkQuery:
         self._thread.join(2)
         self._sock.close(0)
         self._ctx.term()
+
+
+def _feed_of(store: Any) -> Any:
+    """The change feed of ``store``'s capacity index (through wrappers), or None."""
+    while store is not None:
+        index = getattr(store, "index", None)
+        if index is not None and hasattr(index, "feed"):
+            return index.feed()
+        store = getattr(store, "inner", None)
+    return None
 
 
 def _token_bytes(token: bytes | str) -> bytes:

@@ -29,11 +29,6 @@ from chunkstore.testing.store_suite import StoreSuite
 from tests.services import (
     JuiceFsVolume,
     S3Service,
-    find_binary,
-    free_port,
-    stop,
-    unavailable,
-    wait_for,
 )
 
 CHUNKS = sample_chunks(40, seed=5)
@@ -241,50 +236,6 @@ def test_shard_names() -> None:
         with pytest.raises(ConfigError):
             parse_shard(bad)
     assert shard_of("0011223344556677/ab/cd/abcd.kvc", 4) == 0xAB % 4
-
-
-@pytest.fixture
-def private_redis(tmp_path: Path) -> Iterator[Callable[[], subprocess.Popen[bytes]]]:
-    """Start (and restart) a redis-server of this test's own on one loopback port."""
-    binary = find_binary("redis-server")
-    if binary is None:
-        unavailable("redis-server is not installed", "apt-get install -y redis-server")
-    port = free_port()
-    running: list[subprocess.Popen[bytes]] = []
-
-    def start() -> subprocess.Popen[bytes]:
-        proc = subprocess.Popen(
-            [
-                binary,
-                "--port",
-                str(port),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--dir",
-                str(tmp_path),
-            ],
-            stdout=subprocess.DEVNULL,
-        )
-        running.append(proc)
-        import redis
-
-        client = redis.Redis(port=port)
-        wait_for(lambda: _pings(client), "redis-server", proc)
-        return proc
-
-    start.port = port  # type: ignore[attr-defined]
-    yield start
-    for proc in running:
-        stop(proc)
-
-
-def _pings(client: object) -> bool:
-    try:
-        return bool(client.ping())  # type: ignore[attr-defined]
-    except Exception:  # noqa: BLE001 - not up yet
-        return False
 
 
 def test_store_keeps_serving_while_the_index_is_down(

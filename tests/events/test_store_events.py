@@ -39,10 +39,12 @@ def describe(store):
 
 
 def drain(sub, index, until):
-    """Apply batches (caught up first) until ``until()`` holds or ``ROUNDS`` reads passed."""
-    for received in sub.catch_up():
-        index.apply("store", received)
-    for _ in range(ROUNDS):
+    """Apply batches until ``until()`` holds or ``ROUNDS`` reads passed, catching up first
+    and every tenth read: what PUB sent before the subscriber joined comes by replay."""
+    for n in range(ROUNDS):
+        if n % 10 == 0:
+            for received in sub.catch_up():
+                index.apply("store", received)
         if until():
             return
         for received in sub.receive(timeout=0.1):
@@ -330,3 +332,166 @@ def test_serve_answers_queries_with_the_token_file_and_refuses_those_without(tmp
         stop.set()
         thread.join(30)
     assert not thread.is_alive()
+
+
+# --- stores followed through their capacity index's change feed ----------------------------
+
+
+@pytest.fixture
+def indexed(tmp_path, redis_url):
+    """Two objects of one indexed store, as two nodes: the announcer's and a writer's."""
+    pytest.importorskip("redis")
+    from chunkstore.backends._fs import FsStore
+
+    root = str(tmp_path / "shared")
+    writer = FsStore(root, create=True, index=redis_url)
+    watched = FsStore(root, index=redis_url)
+    yield watched, writer
+    writer.close()
+    watched.close()
+
+
+def test_an_indexed_store_is_followed_between_listings(ends, indexed):
+    """With a listing an hour away, another writer's stores and deletes still reach the
+    subscriber: through the index's change feed."""
+    watched, writer = indexed
+    with EventPublisher(ends[0], replay_endpoint=ends[1]) as pub:
+        announcer = StoreAnnouncer([watched], pub, describe(watched), interval=3600).start()
+        try:
+            assert len(announcer.feeds) == 1
+            with EventSubscriber(ends[0], replay_endpoint=ends[1]) as sub:
+                index = PrefixIndex()
+                for chunk in CHUNKS[:3]:
+                    writer.put(chunk.key, chunk.data)
+                writer.index.flush()
+                drain(sub, index, lambda: prefix(index, DIGESTS) == 3)
+                assert prefix(index, DIGESTS) == 3
+                writer.delete_many([CHUNKS[1].key])
+                drain(sub, index, lambda: prefix(index, DIGESTS) == 1)
+                assert prefix(index, DIGESTS) == 1 and index.count("store", "STORAGE") == 2
+                assert sub.lost == 0
+            assert announcer.followed == 4
+        finally:
+            announcer.close()
+
+
+def test_a_listing_only_announcer_does_not_follow(ends, indexed):
+    watched, _ = indexed
+    with EventPublisher(ends[0]) as pub:
+        assert StoreAnnouncer([watched], pub, describe(watched), follow=False).feeds == []
+
+
+def test_a_gap_in_the_feed_has_the_stores_listed_at_once(ends, indexed, tmp_path):
+    """Chunks that never went through the feed (written with no index) are announced as
+    soon as the feed says it lost entries, not at the next listing an hour away."""
+    from chunkstore.backends._fs import FsStore
+
+    watched, writer = indexed
+    with EventPublisher(ends[0], replay_endpoint=ends[1]) as pub:
+        announcer = StoreAnnouncer([watched], pub, describe(watched), interval=3600).start()
+        try:
+            with EventSubscriber(ends[0], replay_endpoint=ends[1]) as sub:
+                index = PrefixIndex()
+                writer.put(CHUNKS[0].key, CHUNKS[0].data)
+                writer.index.flush()
+                drain(sub, index, lambda: prefix(index, DIGESTS) == 1)
+                unindexed = FsStore(str(tmp_path / "shared"))
+                unindexed.put_many([(c.key, c.data) for c in CHUNKS[1:]])
+                unindexed.close()
+                writer.index.client.delete(announcer.feeds[0].key)  # the stream lost
+                drain(sub, index, lambda: prefix(index, DIGESTS) == 4)
+                assert prefix(index, DIGESTS) == 4
+        finally:
+            announcer.close()
+
+
+def test_a_followed_store_whose_header_is_not_readable_yet_is_tried_again(ends, indexed):
+    """Another mount may show a new file a moment after the feed names it."""
+    watched, writer = indexed
+    seen = describe(watched)
+    asked: list[object] = []
+
+    def late(key):
+        asked.append(key)
+        return None if len(asked) == 1 else seen(key)
+
+    with EventPublisher(ends[0]) as pub:
+        announcer = StoreAnnouncer([watched], pub, late, interval=3600)
+        announcer.scan()
+        writer.put(CHUNKS[0].key, CHUNKS[0].data)
+        writer.index.flush()
+        assert announcer.follow(0.5) == 0 and announcer.held == 0
+        assert announcer.follow(0.05) == 1 and announcer.held == 1
+        assert asked == [CHUNKS[0].key, CHUNKS[0].key]
+        assert announcer.follow(0.05) == 0  # announced once
+
+
+def test_serve_follows_a_store_opened_with_its_index(tmp_path, redis_url):
+    """``--store-option index=URL`` reaches the store; its writers' chunks are then
+    announced well before the next listing (an hour away)."""
+    pytest.importorskip("redis")
+    from chunkstore.backends._fs import FsStore
+
+    root = tmp_path / "shared"
+    writer = FsStore(str(root), create=True, index=redis_url)
+    events, replay = f"ipc://{tmp_path}/ev", f"ipc://{tmp_path}/rp"
+    args = build_parser().parse_args(
+        ["serve", "--slot-size", "1MiB", "--host-cache", "4MiB", "--store", str(root)]
+        + ["--store-option", f"index={redis_url}", "--events", events]
+        + ["--events-replay", replay, "--events-interval", "3600"]
+    )
+    stop = threading.Event()
+    thread = threading.Thread(target=serve.run, args=(args,), kwargs={"stop_event": stop})
+    thread.start()
+    try:
+        index = PrefixIndex()
+        with EventSubscriber(events, replay_endpoint=replay) as sub:
+            for _ in range(ROUNDS):  # until the announcer's first batch arrives
+                drain(sub, index, lambda: sub.expected is not None)
+                if sub.expected is not None:
+                    break
+            writer.put_many([(c.key, c.data) for c in CHUNKS])
+            writer.index.flush()
+            drain(sub, index, lambda: prefix(index, DIGESTS) == 4)
+        assert index.longest_prefix(DIGESTS) == [(4, "store", "STORAGE")]
+    finally:
+        stop.set()
+        thread.join(30)
+        writer.close()
+    assert not thread.is_alive()
+
+
+def test_announcing_a_store_does_not_count_as_using_its_chunks(tmp_path, redis_url):
+    """The announcer reads every chunk's header; those reads must leave the chunks' last
+    uses (here, the index's LRU scores) as they were, or announcing would reorder eviction."""
+    pytest.importorskip("redis")
+    from chunkstore.backends._fs import FsStore
+
+    root = tmp_path / "shared"
+    writer = FsStore(str(root), create=True, index=redis_url, access_resolution=0)
+    writer.put_many([(c.key, c.data) for c in CHUNKS])
+    writer.index.flush()
+    lru = writer.index._keys[1]
+    before = writer.index.client.zrange(lru, 0, -1, withscores=True)
+    events, replay = f"ipc://{tmp_path}/ev", f"ipc://{tmp_path}/rp"
+    args = build_parser().parse_args(
+        ["serve", "--slot-size", "1MiB", "--host-cache", "4MiB", "--store", str(root)]
+        + ["--store-option", f"index={redis_url}", "--store-option", "access_resolution=0"]
+        + ["--events", events, "--events-replay", replay]
+    )
+    stop = threading.Event()
+    thread = threading.Thread(target=serve.run, args=(args,), kwargs={"stop_event": stop})
+    thread.start()
+    try:
+        index = PrefixIndex()
+        with EventSubscriber(events, replay_endpoint=replay) as sub:
+            for _ in range(ROUNDS):  # serve may bind after the subscriber first asks
+                drain(sub, index, lambda: prefix(index, DIGESTS) == 4)
+                if prefix(index, DIGESTS) == 4:
+                    break
+        assert prefix(index, DIGESTS) == 4
+    finally:
+        stop.set()
+        thread.join(30)
+    assert writer.index.client.zrange(lru, 0, -1, withscores=True) == before
+    writer.close()

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from chunkstore.cache import DEFAULT_POLICY, POLICY_NAMES
-from chunkstore.cli.storeargs import local_path, open_cli_store, size_arg
+from chunkstore.cli.storeargs import add_store_options, local_path, open_cli_store, size_arg
 from chunkstore.errors import ConfigError, StoreError
 from chunkstore.units import MAX_SECONDS, format_size, parse_size, shown
 
@@ -174,9 +174,12 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
             "serves it until interrupted (Ctrl-C or SIGTERM flushes pending writes)."
         ),
         epilog="example:\n  chunkstore serve --host-cache 64G --slot-size 16MiB "
-        "--store /mnt/kv --metrics-port 9400\n\n"
+        "--store /mnt/kv --metrics-port 9400\n"
+        "  chunkstore serve --host-cache 8G --slot-size 16MiB --store /mnt/shared/kv \\\n"
+        "    --store-option index=redis://10.0.0.5:6379/0 --events tcp://*:5557\n\n"
         "Every --store must exist already (a mistyped path is an error, not a new empty\n"
-        "cache); give --create to make missing ones.",
+        "cache); give --create to make missing ones. With a capacity index (the index\n"
+        "store option), --events follows the store's changes as its writers make them.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     cache = parser.add_argument_group("host cache")
@@ -232,6 +235,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="create a --store directory that does not exist yet; an S3 bucket must exist "
         "(default: a missing store is an error, so a typo never starts an empty cache)",
     )
+    add_store_options(tiers, "store", who="every --store")
     tiers.add_argument(
         "--write-tiers",
         choices=("all", "first"),
@@ -319,7 +323,9 @@ def build_store(args: argparse.Namespace, metrics: ChunkstoreMetrics) -> TieredS
     tiers = []
     try:
         for url in args.store:
-            tiers.append(open_cli_store(url, args, create=args.create, option="--store"))
+            tiers.append(
+                open_cli_store(url, args, prefix="store", create=args.create, option="--store")
+            )
         return TieredStore(
             host,
             tiers,

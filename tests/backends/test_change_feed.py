@@ -1,0 +1,168 @@
+"""A shared store's change feed (real redis-server on 127.0.0.1): what the capacity index's
+steps append, as another node reads it, and the gaps that send a reader back to a listing."""
+
+from __future__ import annotations
+
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from chunkstore.backends._feed import ChangeFeed
+from chunkstore.backends._fs import FsStore
+from chunkstore.testing.factories import sample_chunks
+
+pytest.importorskip("redis")
+
+CHUNKS = sample_chunks(8, seed=11)
+SIZE = len(CHUNKS[0].data)
+
+
+def final_state(changes: list[tuple[bool, object]]) -> dict[object, bool]:
+    state: dict[object, bool] = {}
+    for stored, key in changes:
+        state[key] = stored
+    return state
+
+
+def read_all(feed: ChangeFeed) -> tuple[list[tuple[bool, object]], bool]:
+    """Every change the feed holds now, and whether any read reported a gap."""
+    changes: list[tuple[bool, object]] = []
+    gap = False
+    for _ in range(20):
+        read = feed.read(0.05)
+        changes += read.changes
+        gap = gap or read.gap
+        if not read.changes:
+            break
+    return changes, gap
+
+
+def test_another_node_reads_stores_evictions_and_deletes_in_order(
+    tmp_path: Path, redis_url: str
+) -> None:
+    root = str(tmp_path / "s")
+    writer = FsStore(root, create=True, max_bytes=3 * SIZE, index=redis_url)
+    reader = FsStore(root, index=redis_url)  # the second node: its own client
+    assert writer.index is not None and reader.index is not None
+    feed = reader.index.feed()
+    try:
+        for chunk in CHUNKS[:5]:
+            assert writer.put(chunk.key, chunk.data)
+        writer.index.flush()
+        changes, gap = read_all(feed)
+        assert not gap
+        keys = [c.key for c in CHUNKS[:5]]
+        assert [k for stored, k in changes if stored] == keys
+        # the two oldest made room for the last two, each before the chunk that took it
+        assert [k for stored, k in changes if not stored] == keys[:2]
+        assert changes.index((False, keys[0])) < changes.index((True, keys[3]))
+        assert final_state(changes) == {k: k not in keys[:2] for k in keys}
+        writer.delete_many([keys[2]])
+        changes, gap = read_all(feed)
+        assert changes == [(False, keys[2])] and not gap
+    finally:
+        writer.close()
+        reader.close()
+
+
+def test_a_reconcile_announces_what_it_adds(tmp_path: Path, redis_url: str) -> None:
+    root = str(tmp_path / "s")
+    plain = FsStore(root, create=True)
+    plain.put_many([(c.key, c.data) for c in CHUNKS[:3]])  # written with no index
+    plain.close()
+    store = FsStore(root, index=redis_url)
+    assert store.index is not None
+    feed = store.index.feed()
+    try:
+        store.index.reconcile()
+        changes, _ = read_all(feed)
+        assert final_state(changes) == {c.key: True for c in CHUNKS[:3]}
+        store.index.reconcile()  # nothing new: nothing announced
+        assert read_all(feed)[0] == []
+    finally:
+        store.close()
+
+
+def test_a_trimmed_or_lost_stream_reads_as_a_gap(tmp_path: Path, redis_url: str) -> None:
+    store = FsStore(str(tmp_path / "s"), create=True, index=redis_url)
+    assert store.index is not None
+    feed = store.index.feed()
+    client = store.index.client
+    try:
+        store.put(CHUNKS[0].key, CHUNKS[0].data)
+        store.index.flush()
+        assert read_all(feed) == ([(True, CHUNKS[0].key)], False)
+        # entries trimmed away before they were read
+        for chunk in CHUNKS[1:4]:
+            store.put(chunk.key, chunk.data)
+        store.index.flush()
+        client.xtrim(feed.key, maxlen=1, approximate=False)
+        read = feed.read(0.05)
+        assert read.gap
+        assert not feed.read(0.05).gap  # read on from the stream's end
+        # the stream gone (a flush, a server restarted with no persistence)
+        client.delete(feed.key)
+        assert feed.read(0.05).gap
+        store.put(CHUNKS[5].key, CHUNKS[5].data)
+        store.index.flush()
+        assert read_all(feed) == ([(True, CHUNKS[5].key)], False)
+        # gone and begun anew between two reads, with more entries than were read
+        client.delete(feed.key)
+        for chunk in CHUNKS[6:8]:
+            store.put(chunk.key, chunk.data)
+        store.index.flush()
+        assert feed.read(0.05).gap
+        assert read_all(feed) == ([], False)
+    finally:
+        store.close()
+
+
+def test_a_feed_that_could_not_be_read_reports_a_gap_when_the_server_is_back(
+    tmp_path: Path, private_redis: Callable[[], subprocess.Popen[bytes]]
+) -> None:
+    server = private_redis()
+    url = f"redis://127.0.0.1:{private_redis.port}/0"  # type: ignore[attr-defined]
+    store = FsStore(str(tmp_path / "s"), create=True, index=url)
+    assert store.index is not None
+    feed = store.index.feed()
+    try:
+        server.kill()
+        server.wait()
+        read = feed.read(0.05)
+        assert not read.changes and not read.gap and feed.errors == 1
+        private_redis()
+        assert feed.read(0.05).gap
+        assert not feed.read(0.05).gap
+    finally:
+        store.close()
+
+
+def test_a_writer_that_loses_a_put_race_leaves_the_winner_counted(
+    tmp_path: Path, redis_url: str
+) -> None:
+    """Two nodes reserve the same chunk; one publishes, the other finds the name taken.
+    The loser must not take the winner's chunk out of the index (nor announce it gone)."""
+    root = str(tmp_path / "s")
+    nodes = [FsStore(root, create=True, index=redis_url) for _ in range(2)]
+    indexes = [n.index for n in nodes]
+    assert indexes[0] is not None and indexes[1] is not None
+    feed = indexes[0].feed()
+    final = nodes[0].path_of(CHUNKS[0].key)
+    try:
+        loser = indexes[0].reserve(final, SIZE)
+        assert loser.result() is True  # it made the entry
+        winner = indexes[1].reserve(final, SIZE)
+        assert winner.result() is False
+        assert indexes[1].admit(final, SIZE, lambda: True, replace=False, reserved=winner)
+        assert not indexes[0].admit(final, SIZE, lambda: False, replace=False, reserved=loser)
+        for index in indexes:
+            index.flush()
+        assert indexes[0].usage().chunks == 1
+        name = nodes[0]._name_of(final)
+        assert indexes[0].client.zscore(indexes[0]._keys[1], name) is not None
+        assert final_state(read_all(feed)[0]) == {CHUNKS[0].key: True}
+    finally:
+        for node in nodes:
+            node.close()
