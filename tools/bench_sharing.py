@@ -567,6 +567,37 @@ def bench_s3(endpoint: str, rounds: int = 3) -> None:
         print(f"  {name:<20} {_ratios(values)}")
 
 
+def bench_s3_evict(endpoint: str, redis_url: str, count: int = 1000, rounds: int = 2) -> None:
+    """An eviction of half of ``count`` small chunks through the index on SeaweedFS: the
+    victims in DeleteObjects batches, against one HEAD and two DELETEs each."""
+    from chunkstore.backends._s3 import S3Store
+
+    chunks = _chunks(count, 11, 16)
+    size = len(chunks[0].data)
+    times: dict[str, list[float]] = collections.defaultdict(list)
+    for _ in range(rounds):
+        for mode in ("batched", "one by one"):
+            store = S3Store(
+                "bench-sharing",
+                f"evict/{uuid.uuid4().hex[:8]}",
+                endpoint_url=endpoint,
+                index=redis_url,
+            )
+            assert store.index is not None
+            if mode == "one by one":
+                store.index._evict_many = None  # the per-victim path, as before batching
+            store.put_many([(c.key, c.data) for c in chunks])
+            start = time.perf_counter()
+            evicted = store.index.evict(max_bytes=count // 2 * size)
+            times[mode].append(time.perf_counter() - start)
+            assert evicted == count - count // 2, evicted
+            store.close()
+    print(f"\nSeaweedFS S3: evicting {count // 2} of {count} chunks through the index")
+    for mode, values in times.items():
+        rates = [(count // 2) / t for t in values]
+        print(f"  {mode:<11} {min(rates):.0f}-{max(rates):.0f} victims/s")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--full", action="store_true", help="prune at 10^6 local, 10^5 JuiceFS")
@@ -613,6 +644,7 @@ def main() -> int:
             endpoint = stack.enter_context(seaweedfs(work / "weed"))
             if endpoint is not None:
                 bench_s3(endpoint)
+                bench_s3_evict(endpoint, redis_url)
     return 0
 
 

@@ -124,7 +124,9 @@ class CapacityIndex:
 
     ``name_of(path)`` gives a chunk's name in the index (relative to the store's root, so
     that every mount of one volume agrees) and ``path_of(name)`` inverts it.
-    ``evict(path)`` deletes a chunk and its access record and returns its size or 0.
+    ``evict(path)`` deletes a chunk and its access record and returns its size or 0;
+    ``evict_many(paths)``, where a store has it, deletes many in fewer requests and returns
+    how many went.
     ``scan()`` yields ``(path, size, access_time)`` for every chunk (of one shard, given
     ``shard=(i, n)``); ``exists(path)`` says whether a chunk file is there.
     """
@@ -138,6 +140,7 @@ class CapacityIndex:
         name_of: Callable[[str], str],
         path_of: Callable[[str], str],
         evict: Callable[[str], int],
+        evict_many: Callable[[list[str]], int] | None = None,
         scan: Callable[[tuple[int, int] | None], Iterable[tuple[str, int, float]]],
         exists: Callable[[str], bool],
         label: str = "store",
@@ -158,6 +161,7 @@ class CapacityIndex:
         self._name_of = name_of
         self._path_of = path_of
         self._evict = evict
+        self._evict_many = evict_many
         self._scan = scan
         self._exists = exists
         self._label = label
@@ -631,10 +635,18 @@ class CapacityIndex:
                 return
 
     def _delete(self, victims: Sequence[Any]) -> int:
-        """Delete the files of ``victims`` (names the index took out), up to
-        :data:`EVICT_WORKERS` at a time; how many were there. Returns once all are done."""
+        """Delete the files of ``victims`` (names the index took out), in the store's batches
+        where it has them, else up to :data:`EVICT_WORKERS` at a time; how many went (a
+        batch counts each delete that did not fail). Returns once all are done."""
         names = [raw.decode() if isinstance(raw, bytes) else str(raw) for raw in victims]
-        if len(names) > 1:
+        if self._evict_many is not None and names:
+            try:
+                deleted = self._evict_many([self._path_of(name) for name in names])
+            except OSError as exc:
+                # Out of the index but still stored: the next reconcile counts them again.
+                log.warning("%s: cannot evict %d chunks: %s", self._label, len(names), exc)
+                deleted = 0
+        elif len(names) > 1:
             with self._lock:
                 if self._deleters is None:
                     self._deleters = concurrent.futures.ThreadPoolExecutor(

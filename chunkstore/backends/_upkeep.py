@@ -184,6 +184,7 @@ class Upkeep:
             name_of=self._name_of,
             path_of=self._full_path,
             evict=self._evict_path,
+            evict_many=getattr(self, "_evict_paths", None),
             scan=self._scan_shard,
             exists=self._exists_path,
             label=self.name,

@@ -886,3 +886,56 @@ def test_s3_put_many_accounts_its_batch_in_one_round_trip(
     assert sent[1:] == [["publish"] * 2]  # only the two it wrote
     assert {info.key for info in store.list()} == {c.key for c in CHUNKS[8:12]}
     assert (index.usage().bytes, index.usage().chunks) == (4 * SIZE, 4)
+
+
+@pytest.mark.parametrize("server", ["moto", "seaweedfs"])
+def test_s3_victims_go_in_batched_deletes_with_their_access_records(
+    request: pytest.FixtureRequest, server: str, redis_url: str
+) -> None:
+    """An eviction on S3 deletes its victims and their access records in DeleteObjects
+    requests, with no HEAD of each and no second trip to the index."""
+    pytest.importorskip("s3fs")
+    from chunkstore.backends._s3 import S3Store
+
+    if server == "moto":
+        endpoint = request.getfixturevalue("s3_endpoint")
+        bucket = request.getfixturevalue("s3_bucket")
+    else:
+        service = request.getfixturevalue("seaweedfs_s3")
+        endpoint, bucket = service.endpoint, service.new_bucket()
+    store = S3Store(
+        bucket,
+        f"evict/{uuid.uuid4().hex[:8]}",
+        endpoint_url=endpoint,
+        index=redis_url,
+        access_resolution=0,
+        backoff=0.001,
+    )
+    index = store.index
+    assert index is not None
+    store.put_many([(c.key, c.data) for c in CHUNKS[:10]])
+    assert [store.get(c.key) is not None for c in CHUNKS[:10]] == [True] * 10  # access records
+    store.flush()
+    index.flush()
+
+    def access_records() -> list[str]:
+        listed = store._run(lambda: store._request("list_objects_v2", Prefix=store._full("")))
+        return [o["Key"] for o in listed.get("Contents", []) if o["Key"].endswith(".atime")]
+
+    assert len(access_records()) == 10
+    ops: list[str] = []
+    real = store._request
+
+    async def recorded(op: str, **kwargs: object) -> object:
+        ops.append(op)
+        return await real(op, **kwargs)
+
+    store._request = recorded  # type: ignore[method-assign]
+    assert index.evict(max_bytes=3 * SIZE) == 7
+    assert ops == ["delete_objects"]
+    store._request = real  # type: ignore[method-assign]
+    assert (index.usage().bytes, index.usage().chunks) == (3 * SIZE, 3)
+    names = {info.key for info in store.list()}
+    assert len(names) == 3
+    assert len(access_records()) == 3  # the victims' went with them
+    store.close()
