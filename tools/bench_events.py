@@ -29,6 +29,7 @@ Nothing fails on a figure.
 from __future__ import annotations
 
 import argparse
+import functools
 import multiprocessing as mp
 import os
 import statistics
@@ -36,7 +37,10 @@ import sys
 import tempfile
 import threading
 import time
+from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench_sharing's servers
 
 
 def _subscribe(
@@ -77,6 +81,52 @@ def _subscribe(
     sub.close()
 
 
+class _Subscriber:
+    """The subscriber process, joined live before anything is measured."""
+
+    def __init__(self, pub: Any, ends: tuple[str, str], arrivals: bool = False) -> None:
+        from chunkstore.events import EventBatch
+
+        ctx = mp.get_context("spawn")
+        self.ready, self.results, self.expect = ctx.Event(), ctx.Queue(), ctx.Value("q", -1)
+        self.process = ctx.Process(
+            target=_subscribe,
+            args=(ends, self.ready, self.results, self.expect, arrivals),
+            daemon=True,
+        )
+        self.process.start()
+        # Join first: PUB drops what it sends before a subscriber is connected.
+        for _ in range(600):
+            pub.publish(EventBatch(time.time(), []))
+            if self.ready.wait(0.05):
+                break
+
+    def finish(self, pub: Any, published: int) -> tuple[int, int, Any]:
+        """Once ``published`` events went out: (received, lost by sequence, lags or
+        arrivals)."""
+        pub.flush(10)
+        self.expect.value = published
+        received, gaps, data = self.results.get(timeout=30)
+        self.process.join(10)
+        return received, gaps, data
+
+
+def _figures(
+    received: int, gaps: int, published: int, total: int, wrote: float, lags: list[float]
+) -> dict[str, float]:
+    """One run's figures: rates over ``wrote`` seconds, lag percentiles, events lost."""
+    lags = sorted(lags)
+    return {
+        "events_per_s": received / wrote,
+        "stores_per_s": total / wrote,
+        "p50_ms": 1000 * lags[len(lags) // 2] if lags else float("nan"),
+        "p99_ms": 1000 * lags[int(len(lags) * 0.99)] if lags else float("nan"),
+        "lost": float(gaps + max(0, published - received)),
+        "events": float(received),
+        "drained_per_s": float("nan"),
+    }
+
+
 def _run(rate: int, seconds: float, step_ms: float) -> dict[str, float]:
     from chunkstore.cache import HostCache
     from chunkstore.events import (
@@ -115,15 +165,7 @@ def _run(rate: int, seconds: float, step_ms: float) -> dict[str, float]:
                 published += len(events)
                 pub.publish(EventBatch(time.time(), events))
 
-    ctx = mp.get_context("spawn")
-    ready, results, expect = ctx.Event(), ctx.Queue(), ctx.Value("q", -1)
-    reader = ctx.Process(target=_subscribe, args=(ends, ready, results, expect), daemon=True)
-    reader.start()
-    # Join first: PUB drops what it sends before a subscriber is connected.
-    for _ in range(600):
-        pub.publish(EventBatch(time.time(), []))
-        if ready.wait(0.05):
-            break
+    reader = _Subscriber(pub, ends)
     stepper = threading.Thread(target=step, daemon=True)
     stepper.start()
     data = os.urandom(slot)
@@ -142,37 +184,52 @@ def _run(rate: int, seconds: float, step_ms: float) -> dict[str, float]:
     wrote = time.perf_counter() - start
     stop.set()
     stepper.join(15)
-    pub.flush(10)
-    expect.value = published
-    received, gaps, lags = results.get(timeout=30)
-    reader.join(10)
+    received, gaps, lags = reader.finish(pub, published)
     pub.close()
     cache.close()
-    lags.sort()
-    return {
-        "events_per_s": received / wrote,
-        "stores_per_s": total / wrote,
-        "p50_ms": 1000 * lags[len(lags) // 2] if lags else float("nan"),
-        "p99_ms": 1000 * lags[int(len(lags) * 0.99)] if lags else float("nan"),
-        "lost": float(gaps + max(0, published - received)),
-        "events": float(received),
-    }
+    return _figures(received, gaps, published, total, wrote, lags)
+
+
+@functools.cache
+def _small_model() -> tuple[Any, bytes, Any]:
+    """A small model of 16-token chunks: its layout, namespace root and one KV payload."""
+    import numpy as np
+
+    from chunkstore.format import ChunkLayout
+    from chunkstore.hashing import namespace_root
+    from chunkstore.testing.factories import kv_tensors, small_spec
+
+    layout = ChunkLayout(small_spec(16))
+    return layout, namespace_root(layout.fingerprint), kv_tensors(layout, np.zeros(16))
+
+
+def _first_chunk(tokens: list[int]) -> tuple[Any, bytes]:
+    """The key and bytes of a conversation's first chunk of the small model (8 KiB)."""
+    import numpy as np
+
+    from chunkstore.format import encode_chunk
+    from chunkstore.hashing import chain_keys
+
+    layout, root, tensors = _small_model()
+    covered = np.array(tokens, dtype=np.uint32)
+    key = chain_keys(covered, root=root, chunk_tokens=16)[0]
+    data = encode_chunk(
+        layout,
+        key=key.digest,
+        parent=root,
+        namespace=key.namespace,
+        tokens=covered,
+        tensors=tensors,
+    )
+    return key, bytes(data)
 
 
 def _shared_writer(root: str, url: str, rate: int, seconds: float, first: int, done: Any) -> None:
     """Writer process: ``rate`` chunks a second into the indexed store, a millisecond's
     worth per ``put_many``; each chunk's first two tokens are its put time (ns), the third
     its number (from ``first``)."""
-    import numpy as np
-
     from chunkstore.backends._fs import FsStore
-    from chunkstore.format import ChunkLayout, encode_chunk
-    from chunkstore.hashing import chain_keys, namespace_root
-    from chunkstore.testing.factories import kv_tensors, small_spec
 
-    layout = ChunkLayout(small_spec(16))
-    root_digest = namespace_root(layout.fingerprint)
-    tensors = kv_tensors(layout, np.zeros(16, dtype=np.uint32))
     store = FsStore(root, index=url)
     total = int(rate * seconds)
     per_tick = max(1, rate // 1000)
@@ -182,58 +239,57 @@ def _shared_writer(root: str, url: str, rate: int, seconds: float, first: int, d
         while time.perf_counter() < due:
             time.sleep(0.00025)
         now = time.time_ns()
-        items = []
-        for j in range(i, min(i + per_tick, total)):
-            tokens = np.array([now >> 32, now & 0xFFFFFFFF, first + j] + [0] * 13, dtype=np.uint32)
-            key = chain_keys(tokens, root=root_digest, chunk_tokens=16)[0]
-            data = encode_chunk(
-                layout,
-                key=key.digest,
-                parent=root_digest,
-                namespace=key.namespace,
-                tokens=tokens,
-                tensors=tensors,
-            )
-            items.append((key, data))
-        store.put_many(items)
+        store.put_many(
+            [
+                _first_chunk([now >> 32, now & 0xFFFFFFFF, first + j] + [0] * 13)
+                for j in range(i, min(i + per_tick, total))
+            ]
+        )
     wrote = time.perf_counter() - start
     store.close()  # sends what the index has queued
     done.put((total, wrote))
 
 
-def _run_shared(rate: int, seconds: float, writers: int) -> dict[str, float]:
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from pathlib import Path
+def _watched(root: str, url: str) -> tuple[Any, Any]:
+    """The store at ``root`` as serve's announcer opens it (its reads record no uses), and
+    the ``describe`` it announces with."""
+    from chunkstore.backends._fs import FsStore
+    from chunkstore.cli.storeaccess import header_reader
 
+    store = FsStore(root, index=url, track_access=False)
+    read = header_reader(store)
+
+    def describe(key: Any) -> tuple[bytes, list[int]] | None:
+        header = read(key)
+        return None if header is None else (header.parent, list(header.tokens))
+
+    return store, describe
+
+
+def _wait_held(announcer: Any, total: int) -> None:
+    deadline = time.monotonic() + 30
+    while announcer.held < total and time.monotonic() < deadline:
+        time.sleep(0.05)
+    announcer.close()
+
+
+def _run_shared(rate: int, seconds: float, writers: int) -> dict[str, float]:
     from bench_sharing import redis_server
 
     from chunkstore.backends._fs import FsStore
-    from chunkstore.cli.storeaccess import header_reader
-    from chunkstore.events import EventBatch, EventPublisher, StoreAnnouncer
+    from chunkstore.events import EventPublisher, StoreAnnouncer
 
     tmp = tempfile.mkdtemp(prefix="bench-events-shared-")
     with redis_server(Path(tmp)) as port:
         url = f"redis://127.0.0.1:{port}/0"
         root = os.path.join(tmp, "store")
         FsStore(root, create=True, index=url).close()
-        watched = FsStore(root, index=url, track_access=False)  # as serve's announcer has it
-        read = header_reader(watched)
-
-        def describe(key: Any) -> tuple[bytes, list[int]] | None:
-            header = read(key)
-            return None if header is None else (header.parent, list(header.tokens))
-
+        watched, describe = _watched(root, url)
         ends = f"ipc://{tmp}/events", f"ipc://{tmp}/replay"
         pub = EventPublisher(ends[0], replay_endpoint=ends[1])
         announcer = StoreAnnouncer([watched], pub, describe, interval=3600).start()
+        reader = _Subscriber(pub, ends)
         ctx = mp.get_context("spawn")
-        ready, results, expect = ctx.Event(), ctx.Queue(), ctx.Value("q", -1)
-        reader = ctx.Process(target=_subscribe, args=(ends, ready, results, expect), daemon=True)
-        reader.start()
-        for _ in range(600):  # join first: PUB drops what it sends before that
-            pub.publish(EventBatch(time.time(), []))
-            if ready.wait(0.05):
-                break
         done = ctx.Queue()
         procs = [
             ctx.Process(
@@ -248,28 +304,13 @@ def _run_shared(rate: int, seconds: float, writers: int) -> dict[str, float]:
         for proc in procs:
             proc.join(30)
         total = sum(n for n, _ in reports)
-        wrote = max(t for _, t in reports)
-        deadline = time.monotonic() + 30
-        while announcer.held < total and time.monotonic() < deadline:
-            time.sleep(0.05)
-        announcer.close()
-        pub.flush(10)
-        expect.value = announcer.followed
-        received, gaps, lags = results.get(timeout=30)
-        reader.join(10)
-        drained = _drain_rate(watched, pub, describe, total)
+        _wait_held(announcer, total)
+        received, gaps, lags = reader.finish(pub, announcer.followed)
+        figures = _figures(received, gaps, total, total, max(t for _, t in reports), lags)
+        figures["drained_per_s"] = _drain_rate(watched, pub, describe, total)
         pub.close()
         watched.close()
-    lags.sort()
-    return {
-        "events_per_s": received / wrote,
-        "stores_per_s": total / wrote,
-        "p50_ms": 1000 * lags[len(lags) // 2] if lags else float("nan"),
-        "p99_ms": 1000 * lags[int(len(lags) * 0.99)] if lags else float("nan"),
-        "lost": float(gaps + max(0, total - received)),
-        "events": float(received),
-        "drained_per_s": drained,
-    }
+    return figures
 
 
 def _inject(url: str, feed: str, names: list[str], rate: int, done: Any) -> None:
@@ -299,14 +340,9 @@ def _inject(url: str, feed: str, names: list[str], rate: int, done: Any) -> None
 def _run_injected(rate: int, seconds: float) -> dict[str, float]:
     """The shared-store publisher at ``rate`` stores a second: chunks written beforehand,
     their feed entries appended at ``rate``, as many machines' writers would make them."""
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from pathlib import Path
-
     from bench_sharing import redis_server
 
-    from chunkstore.backends._fs import FsStore
-    from chunkstore.cli.storeaccess import header_reader
-    from chunkstore.events import EventBatch, EventPublisher, StoreAnnouncer
+    from chunkstore.events import EventPublisher, StoreAnnouncer
 
     total = int(rate * seconds)
     tmp = tempfile.mkdtemp(prefix="bench-events-feed-")
@@ -314,87 +350,41 @@ def _run_injected(rate: int, seconds: float) -> dict[str, float]:
         url = f"redis://127.0.0.1:{port}/0"
         root = os.path.join(tmp, "store")
         keys = _prewrite(root, total)
-        watched = FsStore(root, index=url, track_access=False)
-        assert watched.index is not None
-        read = header_reader(watched)
-
-        def describe(key: Any) -> tuple[bytes, list[int]] | None:
-            header = read(key)
-            return None if header is None else (header.parent, list(header.tokens))
-
+        watched, describe = _watched(root, url)
         ends = f"ipc://{tmp}/events", f"ipc://{tmp}/replay"
         pub = EventPublisher(ends[0], replay_endpoint=ends[1])
         announcer = StoreAnnouncer([], pub, describe, interval=3600)
-        announcer.feeds = [watched.index.feed()]
-        announcer.scan()  # AllBlocksCleared; the listing is of no store
+        announcer.feeds = [watched.index.feed()]  # the store is not listed: all comes by feed
         announcer.start()
-        ctx = mp.get_context("spawn")
-        ready, results, expect = ctx.Event(), ctx.Queue(), ctx.Value("q", -1)
-        reader = ctx.Process(
-            target=_subscribe, args=(ends, ready, results, expect, True), daemon=True
-        )
-        reader.start()
-        for _ in range(600):  # join first: PUB drops what it sends before that
-            pub.publish(EventBatch(time.time(), []))
-            if ready.wait(0.05):
-                break
-        done = ctx.Queue()
+        reader = _Subscriber(pub, ends, arrivals=True)
+        done = mp.get_context("spawn").Queue()
         names = [key.path for key in keys]
-        feeder = ctx.Process(target=_inject, args=(url, announcer.feeds[0].key, names, rate, done))
+        feeder = mp.get_context("spawn").Process(
+            target=_inject, args=(url, announcer.feeds[0].key, names, rate, done)
+        )
         feeder.start()
         times, wrote = done.get(timeout=seconds * 20 + 60)
         feeder.join(30)
-        deadline = time.monotonic() + 30
-        while announcer.held < total and time.monotonic() < deadline:
-            time.sleep(0.05)
-        announcer.close()
-        pub.flush(10)
-        expect.value = announcer.followed
-        received, gaps, arrived = results.get(timeout=30)
-        reader.join(10)
+        _wait_held(announcer, total)
+        received, gaps, arrived = reader.finish(pub, announcer.followed)
         pub.close()
         watched.close()
-    lags = sorted(arrived[k.digest] - t for k, t in zip(keys, times) if k.digest in arrived)
-    return {
-        "events_per_s": received / wrote,
-        "stores_per_s": total / wrote,
-        "p50_ms": 1000 * lags[len(lags) // 2] if lags else float("nan"),
-        "p99_ms": 1000 * lags[int(len(lags) * 0.99)] if lags else float("nan"),
-        "lost": float(gaps + max(0, total - received)),
-        "events": float(received),
-        "drained_per_s": float("nan"),
-    }
+    lags = [arrived[k.digest] - t for k, t in zip(keys, times) if k.digest in arrived]
+    return _figures(received, gaps, total, total, wrote, lags)
 
 
 def _prewrite(root: str, count: int) -> list[Any]:
     """``count`` small chunks written into a new store at ``root`` (no index); their keys."""
-    import numpy as np
-
     from chunkstore.backends._fs import FsStore
-    from chunkstore.format import ChunkLayout, encode_chunk
-    from chunkstore.hashing import chain_keys, namespace_root
-    from chunkstore.testing.factories import kv_tensors, small_spec
 
-    layout = ChunkLayout(small_spec(16))
-    root_digest = namespace_root(layout.fingerprint)
-    tensors = kv_tensors(layout, np.zeros(16, dtype=np.uint32))
     store = FsStore(root, create=True)
     keys = []
     for start in range(0, count, 500):
-        items = []
-        for j in range(start, min(start + 500, count)):
-            tokens = np.array([j >> 16, j & 0xFFFF] + [7] * 14, dtype=np.uint32)
-            key = chain_keys(tokens, root=root_digest, chunk_tokens=16)[0]
-            data = encode_chunk(
-                layout,
-                key=key.digest,
-                parent=root_digest,
-                namespace=key.namespace,
-                tokens=tokens,
-                tensors=tensors,
-            )
-            items.append((key, data))
-            keys.append(key)
+        items = [
+            _first_chunk([j >> 16, j & 0xFFFF] + [7] * 14)
+            for j in range(start, min(start + 500, count))
+        ]
+        keys += [key for key, _ in items]
         store.put_many(items)
     store.close()
     return keys

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 
 import pytest
@@ -54,6 +55,20 @@ def drain(sub, index, until):
 def prefix(index, digests):
     found = index.longest_prefix(digests)
     return found[0][0] if found else 0
+
+
+@contextlib.contextmanager
+def serving(args):
+    """``chunkstore serve`` with ``args`` on a thread, stopped (and seen to stop) on exit."""
+    stop = threading.Event()
+    thread = threading.Thread(target=serve.run, args=(args,), kwargs={"stop_event": stop})
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(30)
+    assert not thread.is_alive()
 
 
 @pytest.fixture
@@ -201,21 +216,11 @@ def test_serve_publishes_what_its_store_holds(tmp_path):
             f"ipc://{tmp_path}/q",
         ]
     )
-    stop = threading.Event()
-    thread = threading.Thread(target=serve.run, args=(args,), kwargs={"stop_event": stop})
-    thread.start()
-    try:
+    with serving(args):
         index = PrefixIndex()
         with EventSubscriber(events, replay_endpoint=replay) as sub:
-            for _ in range(ROUNDS):
-                drain(sub, index, lambda: prefix(index, DIGESTS) == 4)
-                if prefix(index, DIGESTS) == 4:
-                    break
+            drain(sub, index, lambda: prefix(index, DIGESTS) == 4)
         assert index.longest_prefix(DIGESTS) == [(4, "store", "STORAGE")]
-    finally:
-        stop.set()
-        thread.join(30)
-    assert not thread.is_alive()
 
 
 def test_serve_refuses_event_options_without_events():
@@ -321,17 +326,10 @@ def test_serve_answers_queries_with_the_token_file_and_refuses_those_without(tmp
             str(token),
         ]
     )
-    stop = threading.Event()
-    thread = threading.Thread(target=serve.run, args=(args,), kwargs={"stop_event": stop})
-    thread.start()
-    try:
+    with serving(args):
         ask = {"namespace": CHUNKS[0].key.namespace, "keys": DIGESTS}
         assert ask_socket(endpoint, {**ask, "token": b"s3cret-token"})["prefix"] == 3
         assert ask_socket(endpoint, {**ask, "token": b"guess"}) == {"error": QUERY_REFUSED}
-    finally:
-        stop.set()
-        thread.join(30)
-    assert not thread.is_alive()
 
 
 # --- stores followed through their capacity index's change feed ----------------------------
@@ -440,25 +438,17 @@ def test_serve_follows_a_store_opened_with_its_index(tmp_path, redis_url):
         + ["--store-option", f"index={redis_url}", "--events", events]
         + ["--events-replay", replay, "--events-interval", "3600"]
     )
-    stop = threading.Event()
-    thread = threading.Thread(target=serve.run, args=(args,), kwargs={"stop_event": stop})
-    thread.start()
     try:
-        index = PrefixIndex()
-        with EventSubscriber(events, replay_endpoint=replay) as sub:
-            for _ in range(ROUNDS):  # until the announcer's first batch arrives
-                drain(sub, index, lambda: sub.expected is not None)
-                if sub.expected is not None:
-                    break
-            writer.put_many([(c.key, c.data) for c in CHUNKS])
-            writer.index.flush()
-            drain(sub, index, lambda: prefix(index, DIGESTS) == 4)
-        assert index.longest_prefix(DIGESTS) == [(4, "store", "STORAGE")]
+        with serving(args):
+            index = PrefixIndex()
+            with EventSubscriber(events, replay_endpoint=replay) as sub:
+                drain(sub, index, lambda: sub.expected is not None)  # the announcer is up
+                writer.put_many([(c.key, c.data) for c in CHUNKS])
+                writer.index.flush()
+                drain(sub, index, lambda: prefix(index, DIGESTS) == 4)
+            assert index.longest_prefix(DIGESTS) == [(4, "store", "STORAGE")]
     finally:
-        stop.set()
-        thread.join(30)
         writer.close()
-    assert not thread.is_alive()
 
 
 def test_announcing_a_store_does_not_count_as_using_its_chunks(tmp_path, redis_url):
@@ -479,19 +469,10 @@ def test_announcing_a_store_does_not_count_as_using_its_chunks(tmp_path, redis_u
         + ["--store-option", f"index={redis_url}", "--store-option", "access_resolution=0"]
         + ["--events", events, "--events-replay", replay]
     )
-    stop = threading.Event()
-    thread = threading.Thread(target=serve.run, args=(args,), kwargs={"stop_event": stop})
-    thread.start()
-    try:
+    with serving(args):
         index = PrefixIndex()
         with EventSubscriber(events, replay_endpoint=replay) as sub:
-            for _ in range(ROUNDS):  # serve may bind after the subscriber first asks
-                drain(sub, index, lambda: prefix(index, DIGESTS) == 4)
-                if prefix(index, DIGESTS) == 4:
-                    break
+            drain(sub, index, lambda: prefix(index, DIGESTS) == 4)
         assert prefix(index, DIGESTS) == 4
-    finally:
-        stop.set()
-        thread.join(30)
     assert writer.index.client.zrange(lru, 0, -1, withscores=True) == before
     writer.close()
