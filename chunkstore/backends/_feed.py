@@ -73,7 +73,17 @@ class ChangeFeed:
         self._lost = False  # a read failed: the next one that works reports a gap
         self.errors = 0
         """Reads that failed (the server down or unreachable)."""
-        state = None if from_start else self._state()
+        if from_start:
+            return
+        import redis
+
+        try:
+            state = self._state()
+        except (redis.RedisError, OSError) as exc:  # down: the first read that works is a gap
+            self._lost = True
+            self.errors += 1
+            log.warning("%s: change feed unreachable (%s); listing instead", self._label, exc)
+            return
         if state is not None:
             self._position, self._count = state.last, state.added or 0
 

@@ -139,6 +139,24 @@ def test_a_feed_that_could_not_be_read_reports_a_gap_when_the_server_is_back(
         store.close()
 
 
+def test_a_feed_opened_while_the_server_is_down_reports_a_gap_once_it_is_back(
+    tmp_path: Path, private_redis: Callable[[], subprocess.Popen[bytes]]
+) -> None:
+    server = private_redis()
+    url = f"redis://127.0.0.1:{private_redis.port}/0"  # type: ignore[attr-defined]
+    store = FsStore(str(tmp_path / "s"), create=True, index=url)
+    assert store.index is not None
+    try:
+        server.kill()
+        server.wait()
+        feed = store.index.feed()  # no exception: serve --events starts all the same
+        assert feed.errors == 1
+        private_redis()
+        assert feed.read(0.05).gap
+    finally:
+        store.close()
+
+
 def test_a_writer_that_loses_a_put_race_leaves_the_winner_counted(
     tmp_path: Path, redis_url: str
 ) -> None:
