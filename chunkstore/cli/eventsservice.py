@@ -54,6 +54,14 @@ def add_events_arguments(parser: argparse.ArgumentParser) -> None:
         help='file holding the shared secret every query must carry as its "token" '
         "(the first line, surrounding whitespace stripped); requests without it are refused",
     )
+    group.add_argument(
+        "--events-query-curve-secret-file",
+        metavar="PATH",
+        default=None,
+        help="file holding the query socket's CurveZMQ secret key (40 Z85 characters, the "
+        "first line): requests, tokens and answers are then encrypted; clients need the "
+        "public key serve prints at start",
+    )
     group.add_argument("--events-topic", metavar="TOPIC", default="", help="topic frame")
     group.add_argument(
         "--events-interval",
@@ -79,6 +87,8 @@ def check_events(args: argparse.Namespace) -> None:
         raise ConfigError("--events-replay and --events-query need --events")
     if args.events_query_token_file is not None and args.events_query is None:
         raise ConfigError("--events-query-token-file needs --events-query")
+    if args.events_query_curve_secret_file is not None and args.events_query is None:
+        raise ConfigError("--events-query-curve-secret-file needs --events-query")
     if (
         args.events_query is not None
         and args.events_query_token_file is None
@@ -124,6 +134,24 @@ def read_query_token(path: str) -> bytes:
     return token
 
 
+def read_curve_secret(path: str) -> bytes:
+    """The CurveZMQ secret key in ``path`` (its first line, whitespace stripped), checked."""
+    from chunkstore.events._announcer import curve_public_key
+
+    option = "--events-query-curve-secret-file"
+    try:
+        with open(path, "rb") as f:
+            head = f.read(256)
+    except OSError as exc:
+        raise ConfigError(f"{option} {path}: {exc.strerror}") from None
+    secret = head.split(b"\n", 1)[0].strip()
+    try:
+        curve_public_key(secret)
+    except ValueError as exc:
+        raise ConfigError(f"{option} {path}: {exc}") from None
+    return secret
+
+
 def start_events(context: ServeContext) -> Stop | None:
     args = context.args
     if args.events is None:
@@ -162,7 +190,10 @@ def start_events(context: ServeContext) -> Stop | None:
             token = None
             if args.events_query_token_file is not None:
                 token = read_query_token(args.events_query_token_file)
-            query = ChunkQuery(context.store, args.events_query, token=token)
+            curve = None
+            if args.events_query_curve_secret_file is not None:
+                curve = read_curve_secret(args.events_query_curve_secret_file)
+            query = ChunkQuery(context.store, args.events_query, token=token, curve_secret=curve)
     except BaseException:
         publisher.close()
         _close_all(stores)
@@ -172,6 +203,11 @@ def start_events(context: ServeContext) -> Stop | None:
         + (f", replay {publisher.replay_endpoint}" if publisher.replay_endpoint else "")
         + (f", query {query.endpoint}" if query is not None else "")
         + (" (token required)" if query is not None and query.needs_token else "")
+        + (
+            f" (CurveZMQ, public key {query.curve_public.decode()})"
+            if query is not None and query.curve_public is not None
+            else ""
+        )
         + f", {announcer.held} chunks announced"
     )
 

@@ -26,7 +26,7 @@ REP socket. A request is a msgpack map
 ``{"exists": [bool, ...], "prefix": int}``, or ``{"error": str}``. ``prefix`` is
 how many leading keys are stored. Given a ``token``, it answers only requests
 whose ``"token"`` member equals it, compared in constant time; any other gets
-``{"error": QUERY_REFUSED}``.
+``{"error": QUERY_REFUSED}``. Given a CurveZMQ secret key, the socket encrypts.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ from chunkstore.events._wire import (
 )
 from chunkstore.hashing import ChunkKey
 
-__all__ = ["ChunkQuery", "StoreAnnouncer"]
+__all__ = ["ChunkQuery", "StoreAnnouncer", "curve_public_key"]
 
 log = logging.getLogger(__name__)
 
@@ -295,10 +295,19 @@ class ChunkQuery:
     """Answers batch existence queries about ``store`` on a REP socket at ``endpoint``.
 
     With ``token`` (a shared secret, at most :data:`MAX_QUERY_TOKEN_BYTES`), only requests
-    carrying it as ``"token"`` are answered.
+    carrying it as ``"token"`` are answered. With ``curve_secret`` (a CurveZMQ secret key,
+    40 Z85 characters) the socket speaks CurveZMQ: requests, tokens and answers are
+    encrypted, and only clients that know :attr:`curve_public` can connect.
     """
 
-    def __init__(self, store: Any, endpoint: str, *, token: bytes | str | None = None) -> None:
+    def __init__(
+        self,
+        store: Any,
+        endpoint: str,
+        *,
+        token: bytes | str | None = None,
+        curve_secret: bytes | None = None,
+    ) -> None:
         self._token: bytes | None = None
         """The token's SHA-256: what a request's token is compared with."""
         if token is not None:
@@ -312,6 +321,12 @@ class ChunkQuery:
         self._ctx = zmq.Context()
         self._sock = self._ctx.socket(zmq.REP)
         self._sock.setsockopt(zmq.LINGER, 0)
+        self.curve_public: bytes | None = None
+        """The server's CurveZMQ public key (Z85) clients need; None without CurveZMQ."""
+        if curve_secret is not None:
+            self.curve_public = curve_public_key(curve_secret)
+            self._sock.curve_secretkey = curve_secret
+            self._sock.curve_server = True
         self._sock.setsockopt(zmq.MAXMSGSIZE, 64 + MAX_QUERY_KEYS * 40 + MAX_QUERY_TOKEN_BYTES)
         self._sock.bind(endpoint)
         self.endpoint = self._sock.getsockopt_string(zmq.LAST_ENDPOINT)
@@ -383,6 +398,20 @@ def _feed_of(store: Any) -> Any:
             return index.feed()
         store = getattr(store, "inner", None)
     return None
+
+
+def curve_public_key(secret: bytes) -> bytes:
+    """The CurveZMQ public key (Z85) of ``secret``; ``ValueError`` for anything but a
+    secret key of 40 Z85 characters, or where this libzmq has no CurveZMQ."""
+    zmq = _zmq()
+    if not zmq.has("curve"):
+        raise ValueError("this libzmq was built without CurveZMQ")
+    if len(secret) != 40:
+        raise ValueError("a CurveZMQ secret key is 40 Z85 characters")
+    try:
+        return bytes(zmq.curve_public(secret))
+    except (zmq.ZMQError, ValueError) as exc:
+        raise ValueError(f"not a CurveZMQ secret key: {exc}") from None
 
 
 def _token_bytes(token: bytes | str) -> bytes:

@@ -24,6 +24,7 @@ from chunkstore.events import (  # noqa: E402
     StoreAnnouncer,
 )
 from chunkstore.testing.factories import sample_chunks  # noqa: E402
+from tests.services import free_port  # noqa: E402
 
 ROUNDS = 100
 """Most reads of 0.1 s a test waits for batches (bounded, never a timing check)."""
@@ -231,15 +232,20 @@ def test_serve_refuses_event_options_without_events():
         serve.check_options(args)
 
 
-def ask_socket(endpoint, request):
-    """One request over a REQ socket, and its decoded reply."""
+def ask_socket(endpoint, request, *, server_key=None, wait_ms=10_000):
+    """One request over a REQ socket, and its decoded reply (None if none came in
+    ``wait_ms``). With ``server_key`` the socket is a CurveZMQ client of that server."""
     ctx = zmq.Context()
     req = ctx.socket(zmq.REQ)
     req.setsockopt(zmq.LINGER, 0)
+    if server_key is not None:
+        public, secret = zmq.curve_keypair()
+        req.curve_serverkey, req.curve_publickey, req.curve_secretkey = server_key, public, secret
     try:
         req.connect(endpoint)
         req.send(msgpack.packb(request))
-        assert req.poll(10_000)
+        if not req.poll(wait_ms):
+            return None
         return msgpack.unpackb(req.recv())
     finally:
         req.close(0)
@@ -476,3 +482,62 @@ def test_announcing_a_store_does_not_count_as_using_its_chunks(tmp_path, redis_u
         assert prefix(index, DIGESTS) == 4
     assert writer.index.client.zrange(lru, 0, -1, withscores=True) == before
     writer.close()
+
+
+needs_curve = pytest.mark.skipif(not zmq.has("curve"), reason="libzmq without CurveZMQ")
+
+
+@needs_curve
+def test_a_curve_query_socket_answers_only_clients_that_know_its_key(tmp_path):
+    store = MemoryStore()
+    store.put_many([(c.key, c.data) for c in CHUNKS[:2]])
+    server_public, server_secret = zmq.curve_keypair()
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    query = ChunkQuery(store, endpoint, token=b"tok", curve_secret=server_secret)
+    try:
+        assert query.curve_public == server_public
+        ask = {"namespace": CHUNKS[0].key.namespace, "keys": DIGESTS, "token": b"tok"}
+        answer = {"exists": [True, True, False, False], "prefix": 2}
+        assert ask_socket(endpoint, ask, server_key=server_public) == answer
+        # a plain client's handshake fails, and so does one that has another server's key
+        assert ask_socket(endpoint, ask, wait_ms=500) is None
+        assert ask_socket(endpoint, ask, server_key=zmq.curve_keypair()[0], wait_ms=500) is None
+        assert ask_socket(endpoint, ask, server_key=server_public) == answer  # still serving
+    finally:
+        query.close()
+
+
+@needs_curve
+def test_serve_reads_the_curve_secret_file_and_prints_the_public_key(tmp_path, capsys):
+    from chunkstore.cli.eventsservice import read_curve_secret
+    from chunkstore.errors import ConfigError
+
+    disk = open_store(str(tmp_path / "disk"), create=True)
+    disk.put_many([(c.key, c.data) for c in CHUNKS[:3]])
+    disk.close()
+    public, secret = zmq.curve_keypair()
+    keyfile = tmp_path / "curve"
+    keyfile.write_bytes(secret + b"\n")
+    assert read_curve_secret(str(keyfile)) == secret
+    for bad, message in ((b"short\n", "40 Z85"), (b" " * 40, "40 Z85"), (b"~" * 40, "not a")):
+        (tmp_path / "bad").write_bytes(bad)
+        with pytest.raises(ConfigError, match=message):
+            read_curve_secret(str(tmp_path / "bad"))
+    with pytest.raises(ConfigError, match="No such file"):
+        read_curve_secret(str(tmp_path / "missing"))
+    endpoint = f"ipc://{tmp_path}/q"
+    args = build_parser().parse_args(
+        ["serve", "--slot-size", "1MiB", "--host-cache", "4MiB", "--store", str(tmp_path / "disk")]
+        + ["--events", f"ipc://{tmp_path}/ev", "--events-query", endpoint]
+        + ["--events-query-curve-secret-file", str(keyfile)]
+    )
+    with serving(args):
+        ask = {"namespace": CHUNKS[0].key.namespace, "keys": DIGESTS}
+        assert ask_socket(endpoint, ask, server_key=public)["prefix"] == 3
+    assert f"CurveZMQ, public key {public.decode()}" in capsys.readouterr().out
+    lonely = build_parser().parse_args(
+        ["serve", "--slot-size", "4KiB", "--host-cache", "64KiB"]
+        + ["--events-query-curve-secret-file", str(keyfile)]
+    )
+    with pytest.raises(ConfigError, match="needs --events-query"):
+        serve.check_options(lonely)
