@@ -284,10 +284,18 @@ def _round_ratios(rates: dict[str, list[float]], over: str, under: str) -> str:
     return f"{statistics.median(values):.2f}x ({min(values):.2f}-{max(values):.2f})"
 
 
-def bench_writers(label: str, base: tuple[Path, Path, Path], redis_url: str) -> None:
-    """Each mode in turn, :data:`WRITER_ROUNDS` times: a ratio is taken within a round, so a
-    slow stretch of the disk slows both sides of it."""
-    rounds = WRITER_ROUNDS[0] if base[0] == base[1] else WRITER_ROUNDS[1]
+def bench_writers(
+    label: str,
+    base: tuple[Path, Path, Path],
+    redis_url: str,
+    rounds: int | None = None,
+    lock: bool = True,
+) -> None:
+    """Each mode in turn, ``rounds`` times (default :data:`WRITER_ROUNDS`): a ratio is taken
+    within a round, so a slow stretch of the disk slows both sides of it. ``lock=False``
+    leaves out the lock-file mode (minutes a round on JuiceFS)."""
+    if rounds is None:
+        rounds = WRITER_ROUNDS[0] if base[0] == base[1] else WRITER_ROUNDS[1]
     chunk_size = len(_chunks(1, 1, WRITER_TOKENS)[0].data)
     print(
         f"\n{label}: {WRITES_PER_WRITER} chunks of {chunk_size // 1024} KiB per writer; "
@@ -306,7 +314,7 @@ def bench_writers(label: str, base: tuple[Path, Path, Path], redis_url: str) -> 
             for mode, options, target in (
                 ("uncapped", {}, _writer),
                 ("index", {"max_bytes": cap, "index": redis_url}, _writer),
-                ("lock", {"max_bytes": cap}, _writer),
+                *([("lock", {"max_bytes": cap}, _writer)] if lock else []),
                 ("bare", {}, _bare_writer),
                 ("bare capped", {"share": cap // writers}, _bare_writer),
             ):
@@ -327,7 +335,8 @@ def bench_writers(label: str, base: tuple[Path, Path, Path], redis_url: str) -> 
         median = {mode: statistics.median(values) for mode, values in rates.items()}
         print(
             f"{writers:>7} {median['uncapped']:>10.0f} {median['index']:>8.0f} "
-            f"{ratio('index', 'uncapped'):>19} {ratio('lock', 'uncapped'):>19} "
+            f"{ratio('index', 'uncapped'):>19} "
+            f"{ratio('lock', 'uncapped') if lock else 'not run':>19} "
             f"{peak / bound:>10.2f} {median['bare']:>7.0f} {median['bare capped']:>13.0f} "
             f"{ratio('bare capped', 'bare'):>19}"
         )
@@ -342,7 +351,11 @@ def bench_single_put(label: str, root: Path, redis_url: str, rounds: int = 5) ->
     """One writer's put_if_absent against a bare write + rename of the same bytes into the
     same fan-out directories (a fresh store makes them as it goes; so does the bare loop)."""
     chunks = _chunks(100, 3, WRITER_TOKENS)
-    ratios: dict[str, list[float]] = {"put": [], "put, capped (index)": []}
+    ratios: dict[str, list[float]] = {
+        "put": [],
+        "put, indexed, no cap": [],
+        "put, capped (index)": [],
+    }
     for _ in range(rounds):
         bare_dir = root / f"bare-{uuid.uuid4().hex[:6]}"
         bare_dir.mkdir()
@@ -353,6 +366,7 @@ def bench_single_put(label: str, root: Path, redis_url: str, rounds: int = 5) ->
         shutil.rmtree(bare_dir)
         for mode, options in (
             ("put", {}),
+            ("put, indexed, no cap", {"index": redis_url}),
             ("put, capped (index)", {"max_bytes": 100 * len(chunks[0].data), "index": redis_url}),
         ):
             store_dir = root / f"store-{uuid.uuid4().hex[:6]}"
@@ -365,7 +379,7 @@ def bench_single_put(label: str, root: Path, redis_url: str, rounds: int = 5) ->
             shutil.rmtree(store_dir)
     print(f"\n{label}: one writer against a bare write + rename ({rounds} rounds)")
     for mode, values in ratios.items():
-        print(f"  {mode:<22} {_ratios(values)}")
+        print(f"  {mode:<24} {_ratios(values)}")
 
 
 def bench_put_cost(redis_url: str, count: int = 3000, rounds: int = 3) -> None:
@@ -382,6 +396,7 @@ def bench_put_cost(redis_url: str, count: int = 3000, rounds: int = 3) -> None:
         for _ in range(rounds):
             for mode, options in (
                 ("uncapped", {}),
+                ("indexed, no cap", {"index": redis_url}),
                 ("capped (index)", {"max_bytes": count * size // 2, "index": redis_url}),
             ):
                 store = FsStore(f"{work}/{uuid.uuid4().hex[:8]}", create=True, **options)
@@ -603,7 +618,21 @@ def main() -> int:
     parser.add_argument("--full", action="store_true", help="prune at 10^6 local, 10^5 JuiceFS")
     parts = ("writers", "put", "cost", "prune", "s3")
     parser.add_argument("--only", choices=parts, action="append", help="run these parts alone")
+    parser.add_argument(
+        "--place",
+        choices=("local", "juicefs"),
+        action="append",
+        help="where the writers and the single put run (default: both)",
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=None, help="writer rounds on each place (default 5 and 1)"
+    )
+    parser.add_argument(
+        "--no-lock", action="store_true", help="leave out the lock-file writers (slow on JuiceFS)"
+    )
     args = parser.parse_args()
+    if args.rounds is not None and args.rounds < 1:
+        parser.error("--rounds must be at least 1")
     only = set(args.only or parts)
     with contextlib.ExitStack() as stack:
         work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-sharing-")))
@@ -619,9 +648,15 @@ def main() -> int:
         ]
         if mounts is not None:
             places.append(("JuiceFS, two mounts", mounts))
+        if args.place:
+            places = [
+                p
+                for p in places
+                if ("local" if p[0] == "local directory" else "juicefs") in args.place
+            ]
         if "writers" in only:
             for label, roots in places:
-                bench_writers(label, roots, redis_url)
+                bench_writers(label, roots, redis_url, args.rounds, lock=not args.no_lock)
         if "put" in only:
             for label, roots in places:
                 bench_single_put(label, roots[0], redis_url)

@@ -257,7 +257,8 @@ class CapacityIndex:
         """Publish a chunk of ``size`` bytes at ``final`` once its room is made: the least
         recently used chunks the index chose are deleted first (:meth:`reserve`, done here
         unless ``reserved`` gives its future). So usage passes the cap by at most the chunk
-        each writer is publishing.
+        each writer is publishing. With no cap there is no room to make: the publish does
+        not wait for the reservation.
 
         Returns what ``publish`` returned, or False for a chunk larger than the cap.
         ``publish`` returns False only when a file is at ``final`` already (a put-if-absent
@@ -268,7 +269,10 @@ class CapacityIndex:
             if not self.fits(size):
                 return False
             reserved = self.reserve(final, size)
-        reserved.result()  # the room is made: the victims are gone
+        if self.max_bytes is not None:
+            reserved.result()  # the room is made: the victims are gone
+        # Uncapped, a reservation chooses no victim: nothing to wait for. It is sent before
+        # the commit all the same (the requests go in order).
         try:
             written = publish()
         except BaseException:

@@ -220,6 +220,7 @@ def test_sharded_reconciles_repair_everything(tmp_path: Path, redis_url: str) ->
     indexed = FsStore(root, index=redis_url)
     assert indexed.index is not None
     indexed.put(CHUNKS[20].key, CHUNKS[20].data)
+    indexed.index.flush()  # uncapped, the put did not wait for its accounting
     shards = [FsStore(root, index=redis_url).index for _ in range(3)]
     results = [index.reconcile(shard=(i, 3)) for i, index in enumerate(shards) if index]
     assert sum(r.walked for r in results) == 21
@@ -567,12 +568,14 @@ def test_queued_touches_and_reservations_go_in_one_pipeline_in_order(
     time.sleep(0.002)
     index.touch([a])
     writer = threading.Thread(target=store.put, args=(CHUNKS[4].key, CHUNKS[4].data))
-    writer.start()  # its reservation queues too, and its commit after the publish
-    _wait_queued(index, 3)
+    # Its reservation queues too, and (uncapped, it does not wait for the reservation) its
+    # commit after the publish.
+    writer.start()
+    _wait_queued(index, 4)
     gate.opened.set()
     writer.join(timeout=60)
     index.flush()
-    assert gate.sent[:2] == [1, 3]  # B's and A's touches and E's reservation: one pipeline
+    assert gate.sent[:2] == [1, 4]  # B's and A's touches, E's reservation and commit: one
     order = [name.decode() for name in index.client.zrange(index._keys[1], 0, -1)]
     names = [store._name_of(p) for p in (d, c, b, a, store.path_of(CHUNKS[4].key))]
     assert order == names
@@ -938,4 +941,27 @@ def test_s3_victims_go_in_batched_deletes_with_their_access_records(
     names = {info.key for info in store.list()}
     assert len(names) == 3
     assert len(access_records()) == 3  # the victims' went with them
+    store.close()
+
+
+def test_an_uncapped_writer_publishes_without_waiting_for_its_reservation(
+    tmp_path: Path, redis_url: str
+) -> None:
+    """With no cap a reservation makes no room, so a put does not wait for its round trip;
+    the index still counts each chunk, in order, once the pipeline goes."""
+    store = FsStore(str(tmp_path / "s"), create=True, index=redis_url)
+    index = store.index
+    assert index is not None
+    gate = _Gate(index)
+    gate.arm()
+    for chunk in CHUNKS[:3]:  # the accounting thread is held: none of this is sent yet
+        assert store.put(chunk.key, chunk.data)
+    gate.wait_entered()
+    assert disk_usage(store) == (3 * SIZE, 3)
+    gate.opened.set()
+    index.flush()
+    assert (index.usage().bytes, index.usage().chunks) == (3 * SIZE, 3)
+    order = [name.decode() for name in index.client.zrange(index._keys[1], 0, -1)]
+    assert order == [store._name_of(store.path_of(c.key)) for c in CHUNKS[:3]]
+    assert index.client.zcard(index._keys[3]) == 0  # none left reserved
     store.close()
