@@ -240,9 +240,13 @@ class CapacityIndex:
         writes its temp file meanwhile. The future's result: whether the entry is new.
 
         Hand the future to :meth:`admit`, or to :meth:`release` if the chunk is not
-        published after all. Only for chunks that :meth:`fits`."""
+        published after all. Only for chunks that :meth:`fits`. With no cap there is no
+        room to make: nothing is sent, and :meth:`admit` counts the chunk once published."""
         reserved: concurrent.futures.Future[bool] = concurrent.futures.Future()
-        self._queue("reserve", self._name_of(final), size, reserved)
+        if self.max_bytes is None:
+            reserved.set_result(False)
+        else:
+            self._queue("reserve", self._name_of(final), size, reserved)
         return reserved
 
     def admit(
@@ -257,8 +261,8 @@ class CapacityIndex:
         """Publish a chunk of ``size`` bytes at ``final`` once its room is made: the least
         recently used chunks the index chose are deleted first (:meth:`reserve`, done here
         unless ``reserved`` gives its future). So usage passes the cap by at most the chunk
-        each writer is publishing. With no cap there is no room to make: the publish does
-        not wait for the reservation.
+        each writer is publishing. With no cap there is no room to make: the chunk is
+        counted after its publish, as an account after the fact (:meth:`account_many`).
 
         Returns what ``publish`` returned, or False for a chunk larger than the cap.
         ``publish`` returns False only when a file is at ``final`` already (a put-if-absent
@@ -269,10 +273,7 @@ class CapacityIndex:
             if not self.fits(size):
                 return False
             reserved = self.reserve(final, size)
-        if self.max_bytes is not None:
-            reserved.result()  # the room is made: the victims are gone
-        # Uncapped, a reservation chooses no victim: nothing to wait for. It is sent before
-        # the commit all the same (the requests go in order).
+        reserved.result()  # the room is made: the victims are gone
         try:
             written = publish()
         except BaseException:
@@ -281,12 +282,17 @@ class CapacityIndex:
         # Published, or another writer's file is there: either way a chunk is on disk, so
         # into the LRU order. Taking the entry out would drop the winner's chunk from the
         # index when the two writers' reservations raced.
-        self._queue("commit", self._name_of(final), time.time())
+        if self.max_bytes is None:
+            self._queue("publish", self._name_of(final), size)
+        else:
+            self._queue("commit", self._name_of(final), time.time())
         return written
 
     def release(self, final: str, reserved: concurrent.futures.Future[bool]) -> None:
         """Take back the reservation of a chunk that was not published (a write that
         failed), if it made the entry."""
+        if self.max_bytes is None:
+            return  # nothing was reserved
         if reserved.result():
             self._queue("release", self._name_of(final))
         else:  # the entry was there before (a replacement): back into the LRU order

@@ -568,14 +568,14 @@ def test_queued_touches_and_reservations_go_in_one_pipeline_in_order(
     time.sleep(0.002)
     index.touch([a])
     writer = threading.Thread(target=store.put, args=(CHUNKS[4].key, CHUNKS[4].data))
-    # Its reservation queues too, and (uncapped, it does not wait for the reservation) its
-    # commit after the publish.
+    # Uncapped, it reserves nothing: its chunk is counted once published, and that queues
+    # behind the touches too.
     writer.start()
-    _wait_queued(index, 4)
+    _wait_queued(index, 3)
     gate.opened.set()
     writer.join(timeout=60)
     index.flush()
-    assert gate.sent[:2] == [1, 4]  # B's and A's touches, E's reservation and commit: one
+    assert gate.sent[:2] == [1, 3]  # B's and A's touches and E's account: one pipeline
     order = [name.decode() for name in index.client.zrange(index._keys[1], 0, -1)]
     names = [store._name_of(p) for p in (d, c, b, a, store.path_of(CHUNKS[4].key))]
     assert order == names
@@ -803,7 +803,7 @@ def test_a_reconcile_keeps_a_reservation_whose_temp_file_is_being_written(
     tmp_path: Path, redis_url: str
 ) -> None:
     root = str(tmp_path / "s")
-    writer = FsStore(root, create=True, index=redis_url)
+    writer = FsStore(root, create=True, max_bytes=40 * SIZE, index=redis_url)  # reserves
     writer.put_many([(c.key, c.data) for c in CHUNKS[:3]])
     other = FsStore(root, index=redis_url).index  # another machine's reconcile
     assert writer.index is not None and other is not None
@@ -827,7 +827,7 @@ def test_a_reconcile_keeps_a_reservation_whose_temp_file_is_being_written(
 def test_a_reconcile_takes_out_a_reservation_older_than_the_grace(
     tmp_path: Path, redis_url: str
 ) -> None:
-    store = FsStore(str(tmp_path / "s"), create=True, index=redis_url)
+    store = FsStore(str(tmp_path / "s"), create=True, max_bytes=40 * SIZE, index=redis_url)
     index = store.index
     assert index is not None
     store.put_many([(c.key, c.data) for c in CHUNKS[:2]])
@@ -947,8 +947,8 @@ def test_s3_victims_go_in_batched_deletes_with_their_access_records(
 def test_an_uncapped_writer_publishes_without_waiting_for_its_reservation(
     tmp_path: Path, redis_url: str
 ) -> None:
-    """With no cap a reservation makes no room, so a put does not wait for its round trip;
-    the index still counts each chunk, in order, once the pipeline goes."""
+    """With no cap there is no room to make, so a put reserves nothing and waits for no
+    round trip; the index counts each chunk after its publish, in order, in one pipeline."""
     store = FsStore(str(tmp_path / "s"), create=True, index=redis_url)
     index = store.index
     assert index is not None
@@ -960,6 +960,7 @@ def test_an_uncapped_writer_publishes_without_waiting_for_its_reservation(
     assert disk_usage(store) == (3 * SIZE, 3)
     gate.opened.set()
     index.flush()
+    assert sum(gate.sent) == 3  # one account a chunk, and no reservation
     assert (index.usage().bytes, index.usage().chunks) == (3 * SIZE, 3)
     order = [name.decode() for name in index.client.zrange(index._keys[1], 0, -1)]
     assert order == [store._name_of(store.path_of(c.key)) for c in CHUNKS[:3]]

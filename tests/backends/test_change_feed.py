@@ -163,7 +163,7 @@ def test_a_writer_that_loses_a_put_race_leaves_the_winner_counted(
     """Two nodes reserve the same chunk; one publishes, the other finds the name taken.
     The loser must not take the winner's chunk out of the index (nor announce it gone)."""
     root = str(tmp_path / "s")
-    nodes = [FsStore(root, create=True, index=redis_url) for _ in range(2)]
+    nodes = [FsStore(root, create=True, max_bytes=40 * SIZE, index=redis_url) for _ in range(2)]
     indexes = [n.index for n in nodes]
     assert indexes[0] is not None and indexes[1] is not None
     feed = indexes[0].feed()
