@@ -119,12 +119,7 @@ def read_query_token(path: str) -> bytes:
     """The secret in ``path``: its first line, surrounding whitespace stripped."""
     from chunkstore.events._announcer import MAX_QUERY_TOKEN_BYTES
 
-    try:
-        with open(path, "rb") as f:
-            head = f.read(MAX_QUERY_TOKEN_BYTES + 2)
-    except OSError as exc:
-        raise ConfigError(f"--events-query-token-file {path}: {exc.strerror}") from None
-    token = head.split(b"\n", 1)[0].strip()
+    token = _first_line(path, "--events-query-token-file", MAX_QUERY_TOKEN_BYTES + 2)
     if not token:
         raise ConfigError(f"--events-query-token-file {path}: the file holds no token")
     if len(token) > MAX_QUERY_TOKEN_BYTES:
@@ -139,17 +134,23 @@ def read_curve_secret(path: str) -> bytes:
     from chunkstore.events._announcer import curve_public_key
 
     option = "--events-query-curve-secret-file"
-    try:
-        with open(path, "rb") as f:
-            head = f.read(256)
-    except OSError as exc:
-        raise ConfigError(f"{option} {path}: {exc.strerror}") from None
-    secret = head.split(b"\n", 1)[0].strip()
+    secret = _first_line(path, option, 256)
     try:
         curve_public_key(secret)
     except ValueError as exc:
         raise ConfigError(f"{option} {path}: {exc}") from None
     return secret
+
+
+def _first_line(path: str, option: str, limit: int) -> bytes:
+    """The first line of the file ``path`` names (of its first ``limit`` bytes), surrounding
+    whitespace stripped; a one-line ConfigError naming ``option`` if it cannot be read."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(limit)
+    except OSError as exc:
+        raise ConfigError(f"{option} {path}: {exc.strerror}") from None
+    return head.split(b"\n", 1)[0].strip()
 
 
 def start_events(context: ServeContext) -> Stop | None:
