@@ -9,11 +9,13 @@ agreement lives in a server built for it (spec/FORMAT.md section 6.8):
 - each change is one Lua script, so two writers never pick the same victim and the
   counters never drift from the set.
 
-The files stay the truth. While a writer writes its temp file, the index reserves the
-chunk's room and the writer deletes the victims; then it publishes and commits the chunk
-into the LRU order. A writer killed anywhere in between leaves a difference that
-:meth:`CapacityIndex.reconcile` repairs from a walk of the files (a reservation with no file
-once it is older than :data:`RESERVATION_GRACE`). When the server is down,
+The files stay the truth. A capped writer reserves room for several chunks at once, a
+credit counted in usage, and deletes the victims that make it; it publishes its chunks into
+that room with no round trip, and accounts them after the fact, many in one script. It
+gives back what is left when it closes; a writer not seen for :data:`CREDIT_GRACE` is taken
+as dead and its credit given back by the next writer that asks for credit, or a reconcile.
+A writer killed anywhere in between leaves a difference that
+:meth:`CapacityIndex.reconcile` repairs from a walk of the files. When the server is down,
 writes and reads go on (a warning, :attr:`CapacityIndex.errors`), the index is marked stale
 when it answers again, and the next reconcile restores the cap.
 """
@@ -26,6 +28,7 @@ import concurrent.futures
 import logging
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -33,11 +36,13 @@ from typing import TYPE_CHECKING, Any
 
 from chunkstore.backends._capacity import Usage
 from chunkstore.backends._index_scripts import (
-    ADD,
+    ACCOUNT,
     ADD_FOUND,
     CLEAR_STALE,
-    COMMIT,
+    CREDIT,
     EVICT,
+    GIVE_BACK,
+    RECLAIM,
     REMOVE,
     REMOVE_GONE,
 )
@@ -59,19 +64,33 @@ EVICT_WORKERS = 8
 store, so the deletes of one eviction overlap; each is the same delete as alone. See
 "Sharing across machines" in docs/benchmarks.md for the unlink floor."""
 RESERVATION_GRACE = 3600.0
-"""Seconds a reservation whose file is not published is left alone by a reconcile: its writer
-may still be writing the temp file. Older, its writer is taken as dead (killed after it
-reserved) and the entry is taken out. The grace of an interrupted write's temp file."""
+"""Seconds a one-chunk reservation (what writers of an earlier reading of spec 6.8 make)
+whose file is not published is left alone by a reconcile: its writer may still be writing
+the temp file. Older, its writer is taken as dead and the entry is taken out."""
+CREDIT_CHUNKS = 16
+"""Chunks of room one credit request reserves, at most: one round trip in this many puts."""
+CREDIT_SHARE = 16
+"""One credit request asks for at most this fraction of the cap (1/16)."""
+CREDIT_TOTAL_SHARE = 4
+"""The credit all writers of a store hold is at most this fraction of the cap (1/4), but for
+one chunk's room per writer: credit is counted in usage, so it takes room from chunks. Past
+it, a credit request gets only the room its next chunk needs."""
+CREDIT_GRACE = 60.0
+"""Seconds, by the index server's clock, after a writer's last credit request or account
+after which its credit is given back: the writer is taken as dead. A live writer that idles
+longer finds its credit gone; it then counts its chunks in full and asks anew."""
 SEND_DELAY = 0.01
-"""Seconds a commit, release or touch waits for a reservation or flush to share its round
-trip. A writer's next reservation comes sooner, so both go as one pipeline."""
+"""Seconds an account or touch waits for a credit request or flush to share its round
+trip. A writer that runs low on credit asks sooner, so both go as one pipeline."""
+ACCOUNT_CHUNKS = 250
+"""Chunks one account script call holds: one script keeps the server busy while it runs."""
 BATCH = 1000
 """Repairs a reconcile sends in one script call (one round trip), and entries it checks
 against the files before it takes the missing ones out in one call; also the most requests
 the accounting thread sends in one pipeline."""
 
 
-_WAITED_ON = frozenset({"reserve", "flush"})
+_WAITED_ON = frozenset({"credit", "flush"})
 """Requests a caller waits on: the accounting thread sends them at once."""
 
 
@@ -157,6 +176,8 @@ class CapacityIndex:
             f"{prefix}:reserved",
             f"{prefix}:feed",
         )
+        # with the credit each writer holds, and when each was last seen (server's clock)
+        self._credit_keys = (*self._keys, f"{prefix}:credit", f"{prefix}:writers")
         self._meta = f"{prefix}:meta"
         self._name_of = name_of
         self._path_of = path_of
@@ -165,17 +186,28 @@ class CapacityIndex:
         self._scan = scan
         self._exists = exists
         self._label = label
-        self._add = client.register_script(ADD)
+        self._account = client.register_script(ACCOUNT)
+        self._credit_script = client.register_script(CREDIT)
+        self._give_back = client.register_script(GIVE_BACK)
+        self._reclaim = client.register_script(RECLAIM)
         self._add_found = client.register_script(ADD_FOUND)
         self._remove = client.register_script(REMOVE)
         self._remove_gone = client.register_script(REMOVE_GONE)
-        self._commit = client.register_script(COMMIT)
         self._evict_script = client.register_script(EVICT)
         self._clear_stale = client.register_script(CLEAR_STALE)
         self._lock = threading.Lock()
-        # Accounting runs beside the writer, on one thread of the index's own: while a
-        # writer writes its temp file, the index reserves the chunk's room and the victims
-        # are deleted; the publish waits for that (see reserve). Requests queue up in
+        # This writer's credit (see reserve): its name in the index, the bytes of room it
+        # holds and has not drawn yet, whether a credit request is on its way, and the puts
+        # waiting for one (each its size and future).
+        self._writer = uuid.uuid4().hex[:16]
+        self._credit = 0
+        self._asking = False
+        self._asked = False  # ever: close gives back what is left
+        self._waiting: collections.deque[tuple[int, concurrent.futures.Future[int]]] = (
+            collections.deque()
+        )
+        # Accounting runs beside the writer, on one thread of the index's own: credit
+        # requests (and the victims' deletes), accounts, touches. Requests queue up in
         # order; the thread sends what is queued in one pipeline (see _drain).
         self._behind: concurrent.futures.ThreadPoolExecutor | None = None
         # Victims are deleted up to EVICT_WORKERS at a time (started on first use).
@@ -234,20 +266,38 @@ class CapacityIndex:
 
     # --- the limiter's interface ---------------------------------------------------
 
-    def reserve(self, final: str, size: int) -> concurrent.futures.Future[bool]:
-        """Account a chunk of ``size`` bytes that is about to be published at ``final`` and
-        delete the victims that make room for it, on the index's own thread: the writer
-        writes its temp file meanwhile. The future's result: whether the entry is new.
+    def reserve(self, final: str, size: int) -> concurrent.futures.Future[int]:
+        """Room for a chunk of ``size`` bytes about to be published at ``final``, drawn from
+        this writer's credit. The future's result: the bytes drawn (0 when the index is
+        down, or with no cap: there is no room to make).
 
-        Hand the future to :meth:`admit`, or to :meth:`release` if the chunk is not
-        published after all. Only for chunks that :meth:`fits`. With no cap there is no
-        room to make: nothing is sent, and :meth:`admit` counts the chunk once published."""
-        reserved: concurrent.futures.Future[bool] = concurrent.futures.Future()
+        With credit enough, the future is done at once. Otherwise, and when the credit runs
+        low, the index's own thread asks for more (one script: counted in usage, the least
+        recently used chunks taken out) and deletes the victims; the writer writes its temp
+        file meanwhile. Hand the future to :meth:`admit`, or to :meth:`release` if the chunk
+        is not published after all. Only for chunks that :meth:`fits`."""
+        reserved: concurrent.futures.Future[int] = concurrent.futures.Future()
         if self.max_bytes is None:
-            reserved.set_result(False)
-        else:
-            self._queue("reserve", self._name_of(final), size, reserved)
+            reserved.set_result(0)
+            return reserved
+        with self._lock:
+            if not self._waiting and self._credit >= size:
+                self._credit -= size
+                reserved.set_result(size)
+                low = self._credit < self._grant(size) // 2
+            else:
+                self._waiting.append((size, reserved))
+                low = True
+            ask = low and not self._asking
+            self._asking = self._asking or ask
+        if ask:
+            self._queue("credit", size)
         return reserved
+
+    def _grant(self, size: int) -> int:
+        """Bytes of room one credit request asks for, for chunks of about ``size`` bytes."""
+        assert self.max_bytes is not None
+        return max(size, min(CREDIT_CHUNKS * size, self.max_bytes // CREDIT_SHARE))
 
     def admit(
         self,
@@ -256,47 +306,41 @@ class CapacityIndex:
         publish: Callable[[], bool],
         *,
         replace: bool,
-        reserved: concurrent.futures.Future[bool] | None = None,
+        reserved: concurrent.futures.Future[int] | None = None,
     ) -> bool:
-        """Publish a chunk of ``size`` bytes at ``final`` once its room is made: the least
-        recently used chunks the index chose are deleted first (:meth:`reserve`, done here
-        unless ``reserved`` gives its future). So usage passes the cap by at most the chunk
-        each writer is publishing. With no cap there is no room to make: the chunk is
-        counted after its publish, as an account after the fact (:meth:`account_many`).
+        """Publish a chunk of ``size`` bytes at ``final`` once its room is made
+        (:meth:`reserve`, done here unless ``reserved`` gives its future), then account it
+        after the fact, with the other accounts queued (no round trip to wait on). So the
+        chunks on disk stay within what usage counts, accounted chunks and credit.
 
         Returns what ``publish`` returned, or False for a chunk larger than the cap.
         ``publish`` returns False only when a file is at ``final`` already (a put-if-absent
-        that lost): that file is committed in the chunk's place, not taken out.
+        that lost): that file is accounted in the chunk's place, not taken out.
         """
         del replace  # publish() decides; the index learns the outcome either way
         if reserved is None:
             if not self.fits(size):
                 return False
             reserved = self.reserve(final, size)
-        reserved.result()  # the room is made: the victims are gone
+        drawn = reserved.result()  # the room is made: the victims are gone
         try:
             written = publish()
         except BaseException:
             self.release(final, reserved)
             raise
         # Published, or another writer's file is there: either way a chunk is on disk, so
-        # into the LRU order. Taking the entry out would drop the winner's chunk from the
-        # index when the two writers' reservations raced.
-        if self.max_bytes is None:
-            self._queue("publish", self._name_of(final), size)
-        else:
-            self._queue("commit", self._name_of(final), time.time())
+        # into the LRU order. Taking the entry out would drop the winner's chunk.
+        self._queue("account", self._name_of(final), size, drawn)
         return written
 
-    def release(self, final: str, reserved: concurrent.futures.Future[bool]) -> None:
-        """Take back the reservation of a chunk that was not published (a write that
-        failed), if it made the entry."""
-        if self.max_bytes is None:
-            return  # nothing was reserved
-        if reserved.result():
-            self._queue("release", self._name_of(final))
-        else:  # the entry was there before (a replacement): back into the LRU order
-            self._queue("commit", self._name_of(final), time.time())
+    def release(self, final: str, reserved: concurrent.futures.Future[int]) -> None:
+        """Give the room reserved for a chunk that was not published (a write that failed)
+        back to this writer's credit."""
+        del final  # the room was never the chunk's own
+        drawn = reserved.result()
+        if drawn:
+            with self._lock:
+                self._credit += drawn
 
     # --- the accounting thread -----------------------------------------------------
 
@@ -345,9 +389,16 @@ class CapacityIndex:
                 self._send(batch)
             except BaseException as exc:  # no writer is left waiting on a bug
                 log.exception("%s: capacity index accounting failed", self._label)
+                with self._lock:
+                    waiters = [future for _, future in self._waiting]
+                    self._waiting.clear()
+                    self._asking = False
                 for request in batch:
                     waiting = request[-1]
-                    if isinstance(waiting, concurrent.futures.Future) and not waiting.done():
+                    if isinstance(waiting, concurrent.futures.Future):
+                        waiters.append(waiting)
+                for waiting in waiters:
+                    if not waiting.done():
                         waiting.set_exception(exc)
                 if not isinstance(exc, Exception):
                     with self._lock:
@@ -355,24 +406,49 @@ class CapacityIndex:
                     raise
 
     def _send(self, batch: list[tuple[Any, ...]]) -> None:
-        requests = [r for r in batch if r[0] != "flush"]
+        requests = _grouped([r for r in batch if r[0] != "flush"])
+        for i, request in enumerate(requests):
+            if request[0] == "credit":  # at least enough for every put waiting on it
+                with self._lock:
+                    needed = max(sum(size for size, _ in self._waiting) - self._credit, 0)
+                requests[i] = ("credit", max(self._grant(request[1]), needed), needed)
         results = self._pipelined(requests) if requests else []
         for request, result in zip(requests, results):
-            if request[0] != "reserve":
-                continue
-            reserved = request[-1]
-            try:
-                new = False
-                if result is not None:  # None: the index is down (the writer goes on)
-                    self._delete(result[1:])
-                    new = bool(int(result[0]))
-            except Exception as exc:  # noqa: BLE001 - for the writer waiting on it
-                reserved.set_exception(exc)
-            else:
-                reserved.set_result(new)
+            if request[0] == "credit":
+                self._credited(result)
+            elif request[0] == "accounts" and result is not None:
+                self._delete(result[2:])
+                if int(result[0]):  # the credit drawn had been given back: ask anew
+                    with self._lock:
+                        self._credit = 0
         for request in batch:
             if request[0] == "flush":
                 request[1].set_result(None)
+
+    def _credited(self, result: list[Any] | None) -> None:
+        """Settle a credit request's outcome (the bytes reserved, then the victims): delete
+        its victims, add the room to this writer's credit and hand it to the puts waiting, in
+        order; ask again for those it does not cover. With the index down (``result`` None),
+        the puts go on with none."""
+        if result is not None:
+            self._delete(result[1:])
+        ready: list[tuple[concurrent.futures.Future[int], int]] = []
+        with self._lock:
+            self._asking = False
+            self._asked = True
+            if result is not None:
+                self._credit += int(result[0])
+            while self._waiting and (result is None or self._credit >= self._waiting[0][0]):
+                size, future = self._waiting.popleft()
+                drawn = 0 if result is None else size
+                self._credit -= drawn
+                ready.append((future, drawn))
+            again = self._waiting[0][0] if self._waiting else 0
+            self._asking = bool(again)
+        for future, drawn in ready:
+            future.set_result(drawn)
+        if again:
+            self._queue("credit", again)
 
     def _pipelined(self, requests: list[tuple[Any, ...]]) -> list[Any]:
         """Each request's result from one pipeline, None where it failed."""
@@ -380,13 +456,16 @@ class CapacityIndex:
 
         def stage(pipe: Any, request: tuple[Any, ...]) -> None:
             kind = request[0]
-            if kind in ("reserve", "publish"):
-                args = self._add_args(request[1], request[2], kind)
-                pipe.evalsha(self._add.sha, 5, *self._keys, *args)
-            elif kind == "commit":
-                pipe.evalsha(self._commit.sha, 4, *self._keys[1:], request[1], request[2])
-            elif kind == "release":
-                pipe.evalsha(self._remove.sha, 5, *self._keys, request[1])
+            if kind == "accounts":
+                pipe.evalsha(
+                    self._account.sha, 7, *self._credit_keys, *self._account_args(request[1])
+                )
+            elif kind == "credit":
+                assert self.max_bytes is not None
+                most = self.max_bytes // CREDIT_TOTAL_SHARE
+                wanted, needed = request[1], request[2]
+                args = (self._writer, wanted, needed, self.max_bytes, MAX_VICTIMS, CREDIT_GRACE)
+                pipe.evalsha(self._credit_script.sha, 7, *self._credit_keys, *args, most)
             else:  # touch
                 pipe.zadd(self._keys[1], dict.fromkeys(request[1], request[2]), xx=True, gt=True)
 
@@ -405,7 +484,8 @@ class CapacityIndex:
                     results[i] = result
             return results
 
-        ok, results = self._call("account", send, len(requests))
+        weight = sum(len(r[1]) if r[0] == "accounts" else 1 for r in requests)
+        ok, results = self._call("account", send, weight)
         if not ok:
             return [None] * len(requests)
         failed = [r for r in results if isinstance(r, Exception)]
@@ -418,8 +498,17 @@ class CapacityIndex:
             )
         return [None if isinstance(r, Exception) else r for r in results]
 
+    def _account_args(self, chunks: Sequence[tuple[str, int, int]]) -> list[Any]:
+        """The account script's arguments for ``chunks``, each ``(name, size, drawn)``."""
+        cap = -1 if self.max_bytes is None else self.max_bytes
+        writer = self._writer if self.max_bytes is not None else ""
+        args: list[Any] = [writer, cap, MAX_VICTIMS, time.time()]
+        for chunk in chunks:
+            args += chunk
+        return args
+
     def _load_scripts(self) -> None:
-        scripts = (self._add, self._remove, self._commit)
+        scripts = (self._account, self._credit_script)
         pipe = self.client.pipeline(transaction=False)
         for script in scripts:
             pipe.script_load(script.script)
@@ -446,8 +535,13 @@ class CapacityIndex:
             behind.shutdown(wait=True)
         with self._lock:
             deleters, self._deleters = self._deleters, None
+            asked, self._asked = self._asked, False
+            self._credit = 0
+            self._closing = False
         if deleters is not None:
             deleters.shutdown(wait=True)
+        if asked:  # what is left of the credit goes back to the store's room
+            self._call("give back", partial(self._give_back, self._credit_keys, [self._writer]))
 
     def fits(self, size: int) -> bool:
         """Whether one chunk of ``size`` bytes may be stored at all (not larger than the cap)."""
@@ -461,22 +555,18 @@ class CapacityIndex:
     def account_many(self, published: Sequence[tuple[str, int]]) -> list[bool]:
         """Count the chunks just published, each ``(path, size)``, in one pipeline (one round
         trip per :data:`BATCH`), and delete the least recently used chunks the index chose
-        to bring usage back under the cap (never one it is counting then). For each chunk:
-        True if the index had no entry for it before; False if it had, or is down."""
+        to bring usage back under the cap. For each chunk: True if the index had no entry
+        for it before; False if it had, or is down."""
         new: list[bool] = []
         for start in range(0, len(published), BATCH):
-            requests = [
-                ("publish", self._name_of(path), size)
-                for path, size in published[start : start + BATCH]
-            ]
+            part = published[start : start + BATCH]
+            requests = _grouped([("account", self._name_of(p), size, 0) for p, size in part])
             results = self._pipelined(requests)
-            self._delete([victim for out in results if out is not None for victim in out[1:]])
-            new += [out is not None and bool(int(out[0])) for out in results]
+            self._delete([victim for out in results if out is not None for victim in out[2:]])
+            for request, out in zip(requests, results):
+                flags = b"0" * len(request[1]) if out is None else _as_bytes(out[1])
+                new += [flag == ord("1") for flag in flags]
         return new
-
-    def _add_args(self, name: str, size: int, mode: str) -> list[Any]:
-        cap = -1 if self.max_bytes is None else self.max_bytes
-        return [name, size, time.time(), cap, MAX_VICTIMS, mode]
 
     def removed(self, remove: Callable[[], Sequence[tuple[str, int]]]) -> None:
         """Run ``remove`` (returns the ``(path, size)`` of each chunk it deleted) and take
@@ -548,7 +638,7 @@ class CapacityIndex:
         """Make the index agree with the files (of one shard, ``(i, n)``): add what a walk
         finds and the index lacks, take out entries whose files are gone. A reservation
         younger than :data:`RESERVATION_GRACE` stays: its writer may still be writing the
-        temp file.
+        temp file. The credit of writers not seen for :data:`CREDIT_GRACE` is given back.
 
         Repairs go :data:`BATCH` to a round trip: one script call adds what a batch of
         the walk found, one takes out the entries of a batch whose files are gone. Safe
@@ -564,6 +654,7 @@ class CapacityIndex:
         marked = None
         if shard is None:  # a full reconcile clears the stale mark it began with
             marked = self._must("reconcile", lambda: self.client.hget(self._meta, "stale"))
+        self._must("reconcile", partial(self._reclaim, self._credit_keys, [CREDIT_GRACE]))
         walked = added = 0
         found = WalkedNames()
         triples: list[Any] = []
@@ -711,6 +802,25 @@ class WalkedNames:
         wanted = np.fromiter((hash(n) for n in names), dtype=np.int64, count=len(names))
         at = np.searchsorted(self._sorted, wanted).clip(max=len(self._sorted) - 1)
         return [bool(hit) for hit in self._sorted[at] == wanted]
+
+
+def _grouped(requests: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
+    """``requests`` with each run of accounts, ``("account", name, size, drawn)``, made one
+    ``("accounts", [(name, size, drawn), ...])`` of at most :data:`ACCOUNT_CHUNKS`: one
+    script call for many chunks, in the same order."""
+    out: list[tuple[Any, ...]] = []
+    for request in requests:
+        if request[0] != "account":
+            out.append(request)
+        elif out and out[-1][0] == "accounts" and len(out[-1][1]) < ACCOUNT_CHUNKS:
+            out[-1][1].append(request[1:])
+        else:
+            out.append(("accounts", [request[1:]]))
+    return out
+
+
+def _as_bytes(raw: Any) -> bytes:
+    return raw if isinstance(raw, bytes) else str(raw).encode()
 
 
 def _pages(items: Iterable[str], size: int) -> Iterable[list[str]]:

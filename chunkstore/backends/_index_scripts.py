@@ -1,12 +1,14 @@
 """The capacity index's Lua scripts: each change to a store's index is one atomic script.
 
-KEYS name a store's hashes, sorted sets and stream (usage, lru, sizes, reserved, feed; meta
-for the stale mark).
+KEYS name a store's hashes, sorted sets and stream (usage, lru, sizes, reserved, feed, then
+credit and writers for the scripts that reserve room; meta for the stale mark).
 :mod:`chunkstore.backends._index` registers and calls them.
 
 Each script that puts a chunk into the LRU order appends ``s <name>`` to the store's change
 feed, and each that takes one out appends ``r <name>``: what
-:class:`~chunkstore.backends._feed.ChangeFeed` reads.
+:class:`~chunkstore.backends._feed.ChangeFeed` reads. ``reserved`` holds the reservations
+of writers that follow an earlier reading of spec 6.8 (one per chunk); this library's
+writers reserve room as credit instead, and the scripts still honour both.
 """
 
 FEED_LENGTH = 100_000
@@ -28,7 +30,7 @@ local function take_out(name)
   redis.call('ZREM', KEYS[2], name)
   redis.call('ZREM', KEYS[4], name)
   redis.call('HDEL', KEYS[3], name)
-  redis.call('HINCRBY', KEYS[1], 'bytes', -freed)
+  redis.call('HINCRBY', KEYS[1], 'bytes', 0 - freed)
   redis.call('HINCRBY', KEYS[1], 'chunks', -1)
   announce(KEYS[5], 'r', name)
   return freed
@@ -36,47 +38,138 @@ end
 """
 )
 
-# KEYS: usage, lru, sizes, reserved, feed. ARGV: member, size, now, cap (-1: none), max
-# victims, mode.
-# Accounts a chunk just published, or (mode 'reserve') about to be: new, or replacing one
-# of another size. Then takes the least recently used others out of the index until usage
-# fits the cap. Returns 1 if the entry is new (0 if the index had it), then the victims:
-# the caller deletes their files. A reserved chunk is counted but out of the LRU order
-# until its publish commits it, so no writer evicts a chunk that is not on disk yet; the
-# reserved set holds when it was reserved, so a reconcile leaves it alone while it is young.
-ADD = (
+# Shared by the scripts below (KEYS as theirs, credit and writers 6th and 7th): the credit
+# of writers last seen before a time is given back (they are taken as dead), and chunks are
+# evicted while what is counted, accounted bytes and credit, exceeds a cap.
+_CREDIT = """
+local function reclaim(before)
+  local dead = redis.call('ZRANGEBYSCORE', KEYS[7], '-inf', '(' .. before, 'LIMIT', 0, 100)
+  for _, writer in ipairs(dead) do
+    local held = tonumber(redis.call('HGET', KEYS[6], writer) or '0')
+    redis.call('HINCRBY', KEYS[1], 'credit', 0 - held)  -- not -held: Lua writes -0 as '-0'
+    redis.call('HDEL', KEYS[6], writer)
+    redis.call('ZREM', KEYS[7], writer)
+  end
+  return #dead
+end
+
+local function counted()
+  local raw = redis.call('HMGET', KEYS[1], 'bytes', 'credit')
+  return tonumber(raw[1] or '0') + tonumber(raw[2] or '0')
+end
+
+local function evict_to(cap, most, victims)
+  if cap < 0 then return victims end
+  local used = counted()
+  while used > cap and #victims < most do
+    local oldest = redis.call('ZRANGE', KEYS[2], 0, 0)
+    if not oldest[1] then break end
+    used = used - take_out(oldest[1])
+    victims[#victims + 1] = oldest[1]
+  end
+  return victims
+end
+
+local function now_on_server()
+  local time = redis.call('TIME')
+  return tonumber(time[1]) + tonumber(time[2]) / 1e6
+end
+"""
+
+# KEYS: usage, lru, sizes, reserved, feed, credit, writers. ARGV: writer (empty: none), cap
+# (-1: none), max victims, now (the first chunk's last use), then name, size, credit drawn for
+# each chunk.
+# Accounts chunks just published: each is new, or replaces one of another size, and goes
+# into the LRU order. The credit each drew (when the writer reserved its room ahead) comes
+# off the writer's credit, so what is counted stays what is on disk plus what is reserved.
+# A writer whose credit was given back meanwhile draws nothing: its chunks count in full,
+# and least recently used chunks are evicted while the count exceeds the cap. Returns 1 if
+# the writer's credit was short (it had been given back), a string of '1' (new) and '0'
+# (the index had it) per chunk, then the victims: the caller deletes their files.
+ACCOUNT = (
     TAKE_OUT
+    + _CREDIT
     + """
-local old = redis.call('HGET', KEYS[3], ARGV[1])
-local size = tonumber(ARGV[2])
-if old then
-  redis.call('HINCRBY', KEYS[1], 'bytes', size - tonumber(old))
-else
-  redis.call('HINCRBY', KEYS[1], 'bytes', size)
-  redis.call('HINCRBY', KEYS[1], 'chunks', 1)
+local writer = ARGV[1]
+local have = -1
+if writer ~= '' then have = tonumber(redis.call('HGET', KEYS[6], writer) or '-1') end
+local short, new, bytes, chunks, drawn = 0, {}, 0, 0, 0
+for i = 5, #ARGV, 3 do
+  local name, size, draw = ARGV[i], tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2])
+  local old = redis.call('HGET', KEYS[3], name)
+  if old then
+    bytes = bytes + size - tonumber(old)
+    new[#new + 1] = '0'
+  else
+    bytes = bytes + size
+    chunks = chunks + 1
+    new[#new + 1] = '1'
+  end
+  redis.call('HSET', KEYS[3], name, size)
+  -- a microsecond apart, so the LRU order within one call is the order accounted
+  redis.call('ZADD', KEYS[2], tonumber(ARGV[4]) + (i - 5) / 3 * 1e-6, name)
+  redis.call('ZREM', KEYS[4], name)
+  announce(KEYS[5], 's', name)
+  if draw > 0 then
+    if draw > have then
+      short = 1
+      draw = math.max(have, 0)
+    end
+    have = have - draw
+    drawn = drawn + draw
+  end
 end
-redis.call('HSET', KEYS[3], ARGV[1], size)
-if ARGV[6] == 'reserve' then
-  redis.call('ZREM', KEYS[2], ARGV[1])
-  redis.call('ZADD', KEYS[4], ARGV[3], ARGV[1])
-else
-  redis.call('ZADD', KEYS[2], ARGV[3], ARGV[1])
-  redis.call('ZREM', KEYS[4], ARGV[1])
-  announce(KEYS[5], 's', ARGV[1])
+redis.call('HINCRBY', KEYS[1], 'bytes', bytes)
+redis.call('HINCRBY', KEYS[1], 'chunks', chunks)
+if drawn > 0 then redis.call('HINCRBY', KEYS[1], 'credit', 0 - drawn) end
+if have >= 0 then
+  redis.call('HSET', KEYS[6], writer, have)
+  redis.call('ZADD', KEYS[7], now_on_server(), writer)
 end
-local cap = tonumber(ARGV[4])
-local out = {old and 0 or 1}
-if cap < 0 then return out end
-local used = tonumber(redis.call('HGET', KEYS[1], 'bytes'))
-while used > cap and #out <= tonumber(ARGV[5]) do
-  local oldest = redis.call('ZRANGE', KEYS[2], 0, 1)
-  local pick = oldest[1]
-  if pick == ARGV[1] then pick = oldest[2] end
-  if not pick then break end
-  used = used - take_out(pick)
-  out[#out + 1] = pick
-end
-return out
+return evict_to(tonumber(ARGV[2]), tonumber(ARGV[3]), {short, table.concat(new)})
+"""
+)
+
+# KEYS: usage, lru, sizes, reserved, feed, credit, writers. ARGV: writer, bytes wanted, bytes
+# needed, cap, max victims, grace (seconds), most credit all writers may hold. Gives back the
+# credit of writers not seen for the grace (by the server's clock), then reserves room for
+# the writer's next chunks: what it wants while all writers' credit stays within the most,
+# else what it needs. The room is counted, and least recently used chunks are taken out while
+# the count exceeds the cap. Returns the bytes reserved, then the victims: the writer deletes
+# their files before it publishes into that room.
+CREDIT = (
+    TAKE_OUT
+    + _CREDIT
+    + """
+local now = now_on_server()
+reclaim(now - tonumber(ARGV[6]))
+local held = tonumber(redis.call('HGET', KEYS[1], 'credit') or '0')
+local room = tonumber(ARGV[7]) - held
+local grant = math.max(tonumber(ARGV[3]), math.min(tonumber(ARGV[2]), room))
+redis.call('HINCRBY', KEYS[6], ARGV[1], grant)
+redis.call('HINCRBY', KEYS[1], 'credit', grant)
+redis.call('ZADD', KEYS[7], now, ARGV[1])
+return evict_to(tonumber(ARGV[4]), tonumber(ARGV[5]), {grant})
+"""
+)
+
+# KEYS: usage, lru, sizes, reserved, feed, credit, writers. ARGV: writer. Gives back what is
+# left of a writer's credit (it closes). Returns the bytes given back.
+GIVE_BACK = """
+local held = tonumber(redis.call('HGET', KEYS[6], ARGV[1]) or '0')
+redis.call('HINCRBY', KEYS[1], 'credit', 0 - held)  -- not -held: Lua writes -0 as '-0'
+redis.call('HDEL', KEYS[6], ARGV[1])
+redis.call('ZREM', KEYS[7], ARGV[1])
+return held
+"""
+
+# KEYS: usage, lru, sizes, reserved, feed, credit, writers. ARGV: grace (seconds). Gives back
+# the credit of writers not seen for the grace (a reconcile's step). Returns how many.
+RECLAIM = (
+    TAKE_OUT
+    + _CREDIT
+    + """
+return reclaim(now_on_server() - tonumber(ARGV[1]))
 """
 )
 
@@ -105,20 +198,6 @@ if added > 0 then
   redis.call('HINCRBY', KEYS[1], 'chunks', added)
 end
 return added
-"""
-)
-
-# KEYS: lru, sizes, reserved, feed. ARGV: member, now. Puts a published chunk (reserved
-# before) into the LRU order, if the index still counts it.
-COMMIT = (
-    _ANNOUNCE
-    + """
-redis.call('ZREM', KEYS[3], ARGV[1])
-if redis.call('HEXISTS', KEYS[2], ARGV[1]) == 1 then
-  redis.call('ZADD', KEYS[1], ARGV[2], ARGV[1])
-  announce(KEYS[4], 's', ARGV[1])
-end
-return 0
 """
 )
 

@@ -7,7 +7,6 @@ sharded reconciles; eviction that never walks the store.
 
 from __future__ import annotations
 
-import concurrent.futures
 import os
 import signal
 import subprocess
@@ -23,7 +22,7 @@ import pytest
 from chunkstore.backends import _index
 from chunkstore.backends._fs import FsStore
 from chunkstore.backends._index import parse_shard, shard_of
-from chunkstore.errors import ConfigError
+from chunkstore.errors import ConfigError, StoreError
 from chunkstore.testing.factories import MadeChunk, sample_chunks
 from chunkstore.testing.store_suite import StoreSuite
 from tests.services import (
@@ -127,6 +126,9 @@ def test_usage_never_passes_cap_plus_one_chunk_per_writer(tmp_path: Path, redis_
     assert seen and max(seen) <= cap + writers * SIZE
     used, count = disk_usage(stores[0])
     assert used <= cap
+    for store in stores:  # each writer's last accounts, sent after its publishes
+        assert store.index is not None
+        store.index.flush()
     index = stores[0].index
     assert index is not None
     assert (index.usage().bytes, index.usage().chunks) == (used, count)
@@ -173,9 +175,11 @@ import sys
 from chunkstore.backends import _index
 from chunkstore.backends._fs import FsStore
 from chunkstore.testing.factories import sample_chunks
+_index.CREDIT_SHARE = _index.CREDIT_TOTAL_SHARE = 2  # credit of 10 chunks: dies holding some
 store = FsStore(sys.argv[1], create=True, max_bytes=int(sys.argv[3]), index=sys.argv[2])
-print("ready", flush=True)
-for chunk in sample_chunks(400, seed=int(sys.argv[4])):
+chunks = sample_chunks(400, seed=int(sys.argv[4]))
+print("ready", flush=True)  # the kills below land among the puts
+for chunk in chunks:
     store.put(chunk.key, chunk.data)
 """
 
@@ -200,15 +204,17 @@ def test_writers_killed_at_any_point_are_repaired_by_reconcile(
         time.sleep(delay)
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=30)
-    # the writers are dead: their reservations need not wait out the grace to be taken out
-    monkeypatch.setattr(_index, "RESERVATION_GRACE", 0.0)
+    # the writers are dead: their credit need not wait out the grace to be given back
+    monkeypatch.setattr(_index, "CREDIT_GRACE", 0.0)
     store = FsStore(root, max_bytes=cap, index=redis_url)
     index = store.index
     assert index is not None
+    assert index.client.hlen(index._credit_keys[5]) > 0  # the dead writers' credit
     result = index.reconcile()
     used, count = disk_usage(store)
     assert (index.usage().bytes, index.usage().chunks) == (used, count)
     assert result.walked == count
+    assert _credit_counted(index) == (0, 0)
     index.evict()
     used, count = disk_usage(store)
     assert used <= cap and (index.usage().bytes, index.usage().chunks) == (used, count)
@@ -582,10 +588,8 @@ def test_queued_touches_and_reservations_go_in_one_pipeline_in_order(
     assert (index.usage().bytes, index.usage().chunks) == disk_usage(store)
 
 
-def test_reservations_queued_together_each_get_their_own_victims(
-    tmp_path: Path, redis_url: str
-) -> None:
-    cap = 4 * SIZE
+def test_puts_waiting_together_share_one_credit_request(tmp_path: Path, redis_url: str) -> None:
+    cap = 4 * SIZE  # so small that one credit is one chunk's room
     store = FsStore(str(tmp_path / "s"), create=True, max_bytes=cap, index=redis_url)
     index = store.index
     assert index is not None
@@ -602,12 +606,16 @@ def test_reservations_queued_together_each_get_their_own_victims(
     ]
     for thread in writers:
         thread.start()
-    _wait_queued(index, 3)
+    for _ in range(3000):
+        if len(index._waiting) == 3:
+            break
+        time.sleep(0.01)
+    assert len(index._waiting) == 3
     gate.opened.set()
     for thread in writers:
         thread.join(timeout=60)
     index.flush()
-    assert gate.sent[1] == 3  # the three reservations in one pipeline
+    assert gate.sent[1] == 1  # one credit request, room for all three
     assert {i.key for i in store.list()} == {c.key for c in (CHUNKS[3], *CHUNKS[4:7])}
     assert index.evicted == 3
     assert (index.usage().bytes, index.usage().chunks) == disk_usage(store)
@@ -827,28 +835,28 @@ def test_a_reconcile_keeps_a_reservation_whose_temp_file_is_being_written(
 def test_a_reconcile_takes_out_a_reservation_older_than_the_grace(
     tmp_path: Path, redis_url: str
 ) -> None:
+    """One-chunk reservations, as writers of spec 6.8's earlier reading make them (counted,
+    sized, in ``reserved``): a reconcile keeps a young one and takes out one past the grace."""
     store = FsStore(str(tmp_path / "s"), create=True, max_bytes=40 * SIZE, index=redis_url)
     index = store.index
     assert index is not None
     store.put_many([(c.key, c.data) for c in CHUNKS[:2]])
-    dead, live = (store.path_of(c.key) for c in CHUNKS[2:4])
-    for path in (dead, live):  # writers that reserved, then were killed or are still writing
-        assert index.reserve(path, SIZE).result()
+    index.flush()
+    dead, live = (index._name_of(store.path_of(c.key)) for c in CHUNKS[2:4])
     old = time.time() - _index.RESERVATION_GRACE - 1
-    index.client.zadd(index._keys[3], {index._name_of(dead): old})
+    for name, when in ((dead, old), (live, time.time())):  # killed, or still writing
+        index.client.hset(index._keys[2], name, SIZE)
+        index.client.zadd(index._keys[3], {name: when})
+        index.client.hincrby(index._keys[0], "bytes", SIZE)
+        index.client.hincrby(index._keys[0], "chunks", 1)
     result = index.reconcile()
     assert (result.walked, result.added, result.removed) == (2, 0, 1)
     assert (index.usage().bytes, index.usage().chunks) == (3 * SIZE, 3)  # the live one counted
-    assert index.client.zrange(index._keys[3], 0, -1) == [index._name_of(live).encode()]
-    index.release(live, _done(True))  # that writer gave up after all
+    assert index.client.zrange(index._keys[3], 0, -1) == [live.encode()]
+    store.put(CHUNKS[3].key, CHUNKS[3].data)  # its chunk published after all: accounted
+    index.flush()
     assert (index.usage().bytes, index.usage().chunks) == disk_usage(store)
     assert index.client.zcard(index._keys[3]) == 0
-
-
-def _done(value: bool) -> concurrent.futures.Future[bool]:
-    future: concurrent.futures.Future[bool] = concurrent.futures.Future()
-    future.set_result(value)
-    return future
 
 
 def test_s3_put_many_accounts_its_batch_in_one_round_trip(
@@ -871,12 +879,12 @@ def test_s3_put_many_accounts_its_batch_in_one_round_trip(
     sent: list[list[str]] = []
 
     def counted(requests: list[tuple[object, ...]]) -> list[object]:
-        sent.append([str(r[0]) for r in requests])
+        sent.append([f"{r[0]} {len(r[1])}" for r in requests])  # type: ignore[arg-type]
         return pipelined(requests)
 
     index._pipelined = counted  # type: ignore[method-assign]
     assert store.put_many([(c.key, c.data) for c in CHUNKS[:10]]) == [True] * 10
-    assert sent == [["publish"] * 10]  # one pipeline for the ten
+    assert sent == [["accounts 10"]]  # one script call for the ten
     assert {info.key for info in store.list()} == {c.key for c in CHUNKS[6:10]}
     assert (index.usage().bytes, index.usage().chunks) == (4 * SIZE, 4)
     assert index.evicted == 6
@@ -886,7 +894,7 @@ def test_s3_put_many_accounts_its_batch_in_one_round_trip(
         True,
         True,
     ]
-    assert sent[1:] == [["publish"] * 2]  # only the two it wrote
+    assert sent[1:] == [["accounts 2"]]  # only the two it wrote
     assert {info.key for info in store.list()} == {c.key for c in CHUNKS[8:12]}
     assert (index.usage().bytes, index.usage().chunks) == (4 * SIZE, 4)
 
@@ -948,7 +956,7 @@ def test_an_uncapped_writer_publishes_without_waiting_for_its_reservation(
     tmp_path: Path, redis_url: str
 ) -> None:
     """With no cap there is no room to make, so a put reserves nothing and waits for no
-    round trip; the index counts each chunk after its publish, in order, in one pipeline."""
+    round trip; the index counts the chunks after their publish, in order, in one call."""
     store = FsStore(str(tmp_path / "s"), create=True, index=redis_url)
     index = store.index
     assert index is not None
@@ -960,9 +968,137 @@ def test_an_uncapped_writer_publishes_without_waiting_for_its_reservation(
     assert disk_usage(store) == (3 * SIZE, 3)
     gate.opened.set()
     index.flush()
-    assert sum(gate.sent) == 3  # one account a chunk, and no reservation
+    assert gate.sent == [1]  # one account for the three, and no reservation
     assert (index.usage().bytes, index.usage().chunks) == (3 * SIZE, 3)
     order = [name.decode() for name in index.client.zrange(index._keys[1], 0, -1)]
     assert order == [store._name_of(store.path_of(c.key)) for c in CHUNKS[:3]]
     assert index.client.zcard(index._keys[3]) == 0  # none left reserved
     store.close()
+
+
+def _credit_counted(index: _index.CapacityIndex) -> tuple[int, int]:
+    """The credit usage counts, and what the writers' credit adds up to; they must agree."""
+    counted = int(index.client.hget(index._keys[0], "credit") or 0)
+    held = sum(int(v) for v in index.client.hvals(index._credit_keys[5]))
+    assert counted == held >= 0
+    return counted, index.client.zcard(index._credit_keys[6])
+
+
+def _requests_sent(index: _index.CapacityIndex) -> list[str]:
+    sent: list[str] = []
+    pipelined = index._pipelined
+
+    def counted(requests: list[tuple[object, ...]]) -> list[object]:
+        sent.extend(str(r[0]) for r in requests)
+        return pipelined(requests)
+
+    index._pipelined = counted  # type: ignore[method-assign]
+    return sent
+
+
+def test_a_capped_writer_reserves_room_for_many_chunks_in_one_request(
+    tmp_path: Path, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_index, "CREDIT_SHARE", 1)  # room for CREDIT_CHUNKS at a time
+    monkeypatch.setattr(_index, "CREDIT_TOTAL_SHARE", 1)
+    cap = 24 * SIZE
+    store = FsStore(str(tmp_path / "s"), create=True, max_bytes=cap, index=redis_url)
+    index = store.index
+    assert index is not None
+    sent = _requests_sent(index)
+    for chunk in CHUNKS[:20]:
+        assert store.put(chunk.key, chunk.data)
+    index.flush()
+    # the first put waits for credit; the next is asked for when half of it is drawn
+    assert sent.count("credit") == 2
+    assert sent.count("accounts") < 20
+    used, count = disk_usage(store)
+    credit, writers = _credit_counted(index)
+    assert (credit, writers) == (2 * _index.CREDIT_CHUNKS * SIZE - 20 * SIZE, 1)
+    assert used + credit <= cap  # the room held is counted: the files stay under the cap
+    assert (index.usage().bytes, index.usage().chunks) == (used, count)
+    assert index.evicted == 20 - count
+    store.close()
+    assert _credit_counted(index) == (0, 0)  # closing gives back what is left
+
+
+def test_a_failed_write_gives_its_room_back_to_the_credit(
+    tmp_path: Path, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_index, "CREDIT_SHARE", 1)
+    monkeypatch.setattr(_index, "CREDIT_TOTAL_SHARE", 1)
+    store = FsStore(str(tmp_path / "s"), create=True, max_bytes=40 * SIZE, index=redis_url)
+    index = store.index
+    assert index is not None
+    store.put(CHUNKS[0].key, CHUNKS[0].data)
+    held = index._credit
+
+    def failing(key: object, view: memoryview) -> str:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(store, "_write_temp", failing)
+    with pytest.raises(StoreError):
+        store.put(CHUNKS[1].key, CHUNKS[1].data)
+    assert index._credit == held
+    index.flush()
+    assert (index.usage().bytes, index.usage().chunks) == disk_usage(store) == (SIZE, 1)
+    store.close()
+
+
+def test_a_writer_not_seen_for_the_grace_loses_its_credit_to_the_next_request(
+    tmp_path: Path, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_index, "CREDIT_SHARE", 1)
+    monkeypatch.setattr(_index, "CREDIT_TOTAL_SHARE", 1)
+    cap = 40 * SIZE
+    root = str(tmp_path / "s")
+    idle = FsStore(root, create=True, max_bytes=cap, index=redis_url)
+    busy = FsStore(root, max_bytes=cap, index=redis_url)
+    assert idle.index is not None and busy.index is not None
+    idle.put(CHUNKS[0].key, CHUNKS[0].data)
+    idle.index.flush()
+    assert idle.index._credit == (_index.CREDIT_CHUNKS - 1) * SIZE
+    monkeypatch.setattr(_index, "CREDIT_GRACE", 0.2)
+    time.sleep(0.3)  # by the server's clock, the idle writer looks dead
+    busy.put(CHUNKS[1].key, CHUNKS[1].data)  # its credit request gives the idle one's back
+    busy.index.flush()
+    assert _credit_counted(busy.index) == ((_index.CREDIT_CHUNKS - 1) * SIZE, 1)
+    # The idle writer comes back: it draws on credit it no longer holds, so its chunk is
+    # counted in full, and it asks anew next time.
+    idle.put(CHUNKS[2].key, CHUNKS[2].data)
+    idle.index.flush()
+    assert idle.index._credit == 0
+    assert (busy.index.usage().bytes, busy.index.usage().chunks) == disk_usage(idle)
+    assert _credit_counted(busy.index)[0] == (_index.CREDIT_CHUNKS - 1) * SIZE
+    idle.put(CHUNKS[3].key, CHUNKS[3].data)
+    idle.index.flush()
+    assert _credit_counted(busy.index) == (2 * (_index.CREDIT_CHUNKS - 1) * SIZE, 2)
+    for store in (idle, busy):
+        store.close()
+    assert _credit_counted(busy.index) == (0, 0)
+    assert (busy.index.usage().bytes, busy.index.usage().chunks) == disk_usage(idle)
+
+
+def test_writers_credit_together_stays_within_a_quarter_of_the_cap(
+    tmp_path: Path, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past a quarter of the cap held as credit, a writer gets only its next chunk's room: many
+    writers on a small cap leave room for chunks."""
+    monkeypatch.setattr(_index, "CREDIT_SHARE", 1)
+    cap = 40 * SIZE
+    root = str(tmp_path / "s")
+    stores = [FsStore(root, create=True, max_bytes=cap, index=redis_url) for _ in range(4)]
+    grants = []
+    for store, chunk in zip(stores, CHUNKS):
+        assert store.index is not None
+        store.put(chunk.key, chunk.data)
+        store.index.flush()
+        grants.append(store.index._credit + SIZE)  # what it drew, and what is left
+    assert grants == [10 * SIZE, SIZE, SIZE, SIZE]
+    assert _credit_counted(stores[0].index)[0] == 9 * SIZE  # type: ignore[arg-type]
+    # Writers that drew all their credit are given back too (nothing), once not seen.
+    monkeypatch.setattr(_index, "CREDIT_GRACE", 0.0)
+    stores[0].index.reconcile()  # type: ignore[union-attr]
+    assert _credit_counted(stores[0].index) == (0, 0)  # type: ignore[arg-type]
+    for store in stores:
+        store.close()
