@@ -620,9 +620,10 @@ def main() -> int:
     parser.add_argument("--only", choices=parts, action="append", help="run these parts alone")
     parser.add_argument(
         "--place",
-        choices=("local", "juicefs"),
+        choices=("local", "juicefs", "tmpfs"),
         action="append",
-        help="where the writers and the single put run (default: both)",
+        help="where the writers and the single put run (default: local and juicefs; tmpfs, "
+        "a directory in /dev/shm, takes the disk's own spread out of the ratios)",
     )
     parser.add_argument(
         "--rounds", type=int, default=None, help="writer rounds on each place (default 5 and 1)"
@@ -648,12 +649,11 @@ def main() -> int:
         ]
         if mounts is not None:
             places.append(("JuiceFS, two mounts", mounts))
-        if args.place:
-            places = [
-                p
-                for p in places
-                if ("local" if p[0] == "local directory" else "juicefs") in args.place
-            ]
+        if args.place and "tmpfs" in args.place:
+            shm = Path(stack.enter_context(tempfile.TemporaryDirectory(dir="/dev/shm")))
+            places.append(("tmpfs", (shm, shm, shm)))
+        chosen = {"local directory": "local", "JuiceFS, two mounts": "juicefs", "tmpfs": "tmpfs"}
+        places = [p for p in places if chosen[p[0]] in (args.place or ("local", "juicefs"))]
         if "writers" in only:
             for label, roots in places:
                 bench_writers(label, roots, redis_url, args.rounds, lock=not args.no_lock)
