@@ -203,6 +203,10 @@ class CapacityIndex:
         self._credit = 0
         self._asking = False
         self._asked = False  # ever: close gives back what is left
+        # A credit request or an account that drew on credit failed: the server's entry for
+        # this writer no longer matches what it holds. It is given back before the next
+        # credit request, and what was drawn is the next reconcile's to count.
+        self._forget = False
         self._waiting: collections.deque[tuple[int, concurrent.futures.Future[int]]] = (
             collections.deque()
         )
@@ -291,7 +295,16 @@ class CapacityIndex:
             ask = low and not self._asking
             self._asking = self._asking or ask
         if ask:
-            self._queue("credit", size)
+            try:
+                self._queue("credit", size)
+            except BaseException as exc:  # no later put may wait behind this one
+                with self._lock:
+                    self._asking = False
+                    waiters = [future for _, future in self._waiting]
+                    self._waiting.clear()
+                for future in waiters:
+                    future.set_exception(exc)
+                raise
         return reserved
 
     def _grant(self, size: int) -> int:
@@ -337,7 +350,10 @@ class CapacityIndex:
         """Give the room reserved for a chunk that was not published (a write that failed)
         back to this writer's credit."""
         del final  # the room was never the chunk's own
-        drawn = reserved.result()
+        try:
+            drawn = reserved.result()
+        except Exception:  # noqa: BLE001 - no room was drawn; the write's own error stands
+            return
         if drawn:
             with self._lock:
                 self._credit += drawn
@@ -407,12 +423,27 @@ class CapacityIndex:
 
     def _send(self, batch: list[tuple[Any, ...]]) -> None:
         requests = _grouped([r for r in batch if r[0] != "flush"])
+        with self._lock:
+            forget = self._forget and any(r[0] == "credit" for r in requests)
+        if forget:  # first, so that the credit asked for now is all the server counts
+            requests.insert(0, ("give back",))
         for i, request in enumerate(requests):
             if request[0] == "credit":  # at least enough for every put waiting on it
                 with self._lock:
                     needed = max(sum(size for size, _ in self._waiting) - self._credit, 0)
                 requests[i] = ("credit", max(self._grant(request[1]), needed), needed)
         results = self._pipelined(requests) if requests else []
+        lost = any(
+            result is None
+            and (r[0] == "credit" or (r[0] == "accounts" and any(c[2] for c in r[1])))
+            for r, result in zip(requests, results)
+        )
+        with self._lock:
+            if forget and results[0] is not None:
+                self._forget = False
+            if lost:
+                self._credit = 0
+                self._forget = True
         for request, result in zip(requests, results):
             if request[0] == "credit":
                 self._credited(result)
@@ -460,6 +491,8 @@ class CapacityIndex:
                 pipe.evalsha(
                     self._account.sha, 7, *self._credit_keys, *self._account_args(request[1])
                 )
+            elif kind == "give back":
+                pipe.evalsha(self._give_back.sha, 7, *self._credit_keys, self._writer)
             elif kind == "credit":
                 assert self.max_bytes is not None
                 most = self.max_bytes // CREDIT_TOTAL_SHARE
@@ -502,13 +535,13 @@ class CapacityIndex:
         """The account script's arguments for ``chunks``, each ``(name, size, drawn)``."""
         cap = -1 if self.max_bytes is None else self.max_bytes
         writer = self._writer if self.max_bytes is not None else ""
-        args: list[Any] = [writer, cap, MAX_VICTIMS, time.time()]
+        args: list[Any] = [writer, cap, MAX_VICTIMS * len(chunks), time.time()]
         for chunk in chunks:
             args += chunk
         return args
 
     def _load_scripts(self) -> None:
-        scripts = (self._account, self._credit_script)
+        scripts = (self._account, self._credit_script, self._give_back)
         pipe = self.client.pipeline(transaction=False)
         for script in scripts:
             pipe.script_load(script.script)

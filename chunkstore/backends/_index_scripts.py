@@ -61,7 +61,8 @@ end
 local function evict_to(cap, most, victims)
   if cap < 0 then return victims end
   local used = counted()
-  while used > cap and #victims < most do
+  local before = #victims  -- the caller's own leading values are no victims
+  while used > cap and #victims - before < most do
     local oldest = redis.call('ZRANGE', KEYS[2], 0, 0)
     if not oldest[1] then break end
     used = used - take_out(oldest[1])
@@ -135,8 +136,9 @@ return evict_to(tonumber(ARGV[2]), tonumber(ARGV[3]), {short, table.concat(new)}
 # credit of writers not seen for the grace (by the server's clock), then reserves room for
 # the writer's next chunks: what it wants while all writers' credit stays within the most,
 # else what it needs. The room is counted, and least recently used chunks are taken out while
-# the count exceeds the cap. Returns the bytes reserved, then the victims: the writer deletes
-# their files before it publishes into that room.
+# the count exceeds the cap; where no victim is left to make the room (or more are needed
+# than max victims), less is reserved, down to what is needed. Returns the bytes reserved,
+# then the victims: the writer deletes their files before it publishes into that room.
 CREDIT = (
     TAKE_OUT
     + _CREDIT
@@ -149,7 +151,18 @@ local grant = math.max(tonumber(ARGV[3]), math.min(tonumber(ARGV[2]), room))
 redis.call('HINCRBY', KEYS[6], ARGV[1], grant)
 redis.call('HINCRBY', KEYS[1], 'credit', grant)
 redis.call('ZADD', KEYS[7], now, ARGV[1])
-return evict_to(tonumber(ARGV[4]), tonumber(ARGV[5]), {grant})
+local out = evict_to(tonumber(ARGV[4]), tonumber(ARGV[5]), {grant})
+-- No victim left to make the room (or too many needed): grant less, down to what is needed.
+local over = counted() - tonumber(ARGV[4])
+if tonumber(ARGV[4]) >= 0 and over > 0 then
+  local cut = math.min(over, grant - tonumber(ARGV[3]))
+  if cut > 0 then
+    redis.call('HINCRBY', KEYS[6], ARGV[1], 0 - cut)
+    redis.call('HINCRBY', KEYS[1], 'credit', 0 - cut)
+    out[1] = grant - cut
+  end
+end
+return out
 """
 )
 

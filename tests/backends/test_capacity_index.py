@@ -1102,3 +1102,74 @@ def test_writers_credit_together_stays_within_a_quarter_of_the_cap(
     assert _credit_counted(stores[0].index) == (0, 0)  # type: ignore[arg-type]
     for store in stores:
         store.close()
+
+
+def test_credit_lost_with_a_failed_request_is_given_back_before_the_next(
+    tmp_path: Path, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Accounts that drew on credit fail while the index is down: the server still counts
+    that credit. The writer gives it back before it asks anew, so it is not held twice."""
+    monkeypatch.setattr(_index, "CREDIT_SHARE", 1)
+    monkeypatch.setattr(_index, "CREDIT_TOTAL_SHARE", 1)
+    store = FsStore(str(tmp_path / "s"), create=True, max_bytes=40 * SIZE, index=redis_url)
+    index = store.index
+    assert index is not None
+    store.put(CHUNKS[0].key, CHUNKS[0].data)
+    index.flush()
+    assert _credit_counted(index)[0] == index._credit > 0
+    index._down_until = time.monotonic() + 600  # taken as down: nothing is sent
+    for chunk in CHUNKS[1:4]:
+        assert store.put(chunk.key, chunk.data)  # drawn on credit; their accounts fail
+    index.flush()
+    assert index._credit == 0 and index._forget
+    index._down_until = 0.0
+    store.put(CHUNKS[4].key, CHUNKS[4].data)
+    index.flush()
+    assert _credit_counted(index)[0] == index._credit  # the lost credit was given back
+    assert not index._forget
+    index.reconcile()  # the chunks accounted while it was down
+    assert (index.usage().bytes, index.usage().chunks) == disk_usage(store)
+    store.close()
+
+
+def test_a_credit_with_too_few_victims_is_cut_to_what_is_needed(
+    tmp_path: Path, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cap = 8 * SIZE
+    root = str(tmp_path / "s")
+    full = FsStore(root, create=True, max_bytes=cap, index=redis_url)
+    full.put_many([(c.key, c.data) for c in CHUNKS[:8]])
+    full.close()
+    monkeypatch.setattr(_index, "CREDIT_SHARE", 2)  # asks for 4 chunks' room
+    monkeypatch.setattr(_index, "CREDIT_TOTAL_SHARE", 1)
+    monkeypatch.setattr(_index, "MAX_VICTIMS", 1)  # one victim a step: not enough for 4
+    store = FsStore(root, max_bytes=cap, index=redis_url)
+    assert store.index is not None
+    store.put(CHUNKS[8].key, CHUNKS[8].data)
+    store.index.flush()
+    credit = _credit_counted(store.index)[0]
+    assert disk_usage(store)[0] + credit <= cap  # the room counted is room that was made
+    assert (store.index.usage().bytes, store.index.usage().chunks) == disk_usage(store)
+    store.close()
+
+
+def test_a_credit_request_that_cannot_be_queued_leaves_no_put_waiting(
+    tmp_path: Path, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = FsStore(str(tmp_path / "s"), create=True, max_bytes=40 * SIZE, index=redis_url)
+    index = store.index
+    assert index is not None
+    queue = index._queue
+
+    def refused(*request: object) -> None:
+        raise RuntimeError("cannot schedule new futures after interpreter shutdown")
+
+    monkeypatch.setattr(index, "_queue", refused)
+    with pytest.raises(RuntimeError):
+        index.reserve(store.path_of(CHUNKS[0].key), SIZE)
+    assert not index._waiting and not index._asking
+    monkeypatch.setattr(index, "_queue", queue)
+    assert store.put(CHUNKS[1].key, CHUNKS[1].data)  # asks anew, and is not left waiting
+    index.flush()
+    assert (index.usage().bytes, index.usage().chunks) == disk_usage(store) == (SIZE, 1)
+    store.close()
