@@ -984,6 +984,17 @@ def _credit_counted(index: _index.CapacityIndex) -> tuple[int, int]:
     return counted, index.client.zcard(index._credit_keys[6])
 
 
+def _credited_store(
+    tmp_path: Path, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> tuple[FsStore, _index.CapacityIndex]:
+    """A store capped at 40 chunks whose writer asks for CREDIT_CHUNKS' room at a time."""
+    monkeypatch.setattr(_index, "CREDIT_SHARE", 1)
+    monkeypatch.setattr(_index, "CREDIT_TOTAL_SHARE", 1)
+    store = FsStore(str(tmp_path / "s"), create=True, max_bytes=40 * SIZE, index=redis_url)
+    assert store.index is not None
+    return store, store.index
+
+
 def _requests_sent(index: _index.CapacityIndex) -> list[str]:
     sent: list[str] = []
     pipelined = index._pipelined
@@ -1025,11 +1036,7 @@ def test_a_capped_writer_reserves_room_for_many_chunks_in_one_request(
 def test_a_failed_write_gives_its_room_back_to_the_credit(
     tmp_path: Path, redis_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(_index, "CREDIT_SHARE", 1)
-    monkeypatch.setattr(_index, "CREDIT_TOTAL_SHARE", 1)
-    store = FsStore(str(tmp_path / "s"), create=True, max_bytes=40 * SIZE, index=redis_url)
-    index = store.index
-    assert index is not None
+    store, index = _credited_store(tmp_path, redis_url, monkeypatch)
     store.put(CHUNKS[0].key, CHUNKS[0].data)
     held = index._credit
 
@@ -1109,11 +1116,7 @@ def test_credit_lost_with_a_failed_request_is_given_back_before_the_next(
 ) -> None:
     """Accounts that drew on credit fail while the index is down: the server still counts
     that credit. The writer gives it back before it asks anew, so it is not held twice."""
-    monkeypatch.setattr(_index, "CREDIT_SHARE", 1)
-    monkeypatch.setattr(_index, "CREDIT_TOTAL_SHARE", 1)
-    store = FsStore(str(tmp_path / "s"), create=True, max_bytes=40 * SIZE, index=redis_url)
-    index = store.index
-    assert index is not None
+    store, index = _credited_store(tmp_path, redis_url, monkeypatch)
     store.put(CHUNKS[0].key, CHUNKS[0].data)
     index.flush()
     assert _credit_counted(index)[0] == index._credit > 0
