@@ -382,9 +382,9 @@ class CapacityIndex:
 
     def _drain(self) -> None:
         """Send what is queued, in order, :data:`BATCH` requests to a pipeline (one round
-        trip), until nothing is left. A reservation's future is settled as soon as its
-        victims are deleted, before the next reservation's victims. Requests no one waits
-        on wait up to :data:`SEND_DELAY` for one someone does."""
+        trip), until nothing is left. The puts a credit request serves are settled as
+        soon as its victims are deleted, before the next request's victims. Requests no
+        one waits on wait up to :data:`SEND_DELAY` for one someone does."""
         while True:
             self._wake.wait(SEND_DELAY)
             with self._lock:
