@@ -298,14 +298,19 @@ class CapacityIndex:
             try:
                 self._queue("credit", size)
             except BaseException as exc:  # no later put may wait behind this one
-                with self._lock:
-                    self._asking = False
-                    waiters = [future for _, future in self._waiting]
-                    self._waiting.clear()
-                for future in waiters:
+                for future in self._drop_waiting():
                     future.set_exception(exc)
                 raise
         return reserved
+
+    def _drop_waiting(self) -> list[concurrent.futures.Future[int]]:
+        """Take every put waiting for credit off the queue (no request is on its way for
+        them any more) and return their futures, for the caller to fail."""
+        with self._lock:
+            self._asking = False
+            waiters = [future for _, future in self._waiting]
+            self._waiting.clear()
+        return waiters
 
     def _grant(self, size: int) -> int:
         """Bytes of room one credit request asks for, for chunks of about ``size`` bytes."""
@@ -405,10 +410,7 @@ class CapacityIndex:
                 self._send(batch)
             except BaseException as exc:  # no writer is left waiting on a bug
                 log.exception("%s: capacity index accounting failed", self._label)
-                with self._lock:
-                    waiters = [future for _, future in self._waiting]
-                    self._waiting.clear()
-                    self._asking = False
+                waiters: list[concurrent.futures.Future[Any]] = list(self._drop_waiting())
                 for request in batch:
                     waiting = request[-1]
                     if isinstance(waiting, concurrent.futures.Future):
