@@ -1176,3 +1176,25 @@ def test_a_credit_request_that_cannot_be_queued_leaves_no_put_waiting(
     index.flush()
     assert (index.usage().bytes, index.usage().chunks) == disk_usage(store) == (SIZE, 1)
     store.close()
+
+
+def test_a_bug_in_the_accounting_thread_fails_the_put_waiting_for_credit(
+    tmp_path: Path, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = FsStore(str(tmp_path / "s"), create=True, max_bytes=40 * SIZE, index=redis_url)
+    index = store.index
+    assert index is not None
+    pipelined = index._pipelined
+
+    def broken(requests: list[tuple[object, ...]]) -> list[object]:
+        raise ValueError("a bug")
+
+    monkeypatch.setattr(index, "_pipelined", broken)
+    with pytest.raises(ValueError, match="a bug"):  # raised to the put, not left waiting
+        store.put(CHUNKS[0].key, CHUNKS[0].data)
+    assert not index._waiting and not index._asking
+    monkeypatch.setattr(index, "_pipelined", pipelined)
+    assert store.put(CHUNKS[1].key, CHUNKS[1].data)
+    index.flush()
+    assert (index.usage().bytes, index.usage().chunks) == disk_usage(store) == (SIZE, 1)
+    store.close()
