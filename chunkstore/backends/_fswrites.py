@@ -199,6 +199,31 @@ class FsWrites(Store):
         size = self._remove_sized(path)
         return max(size, 0)
 
+    def _evict_victim(self, path: str, chosen_at: float) -> tuple[bool, int]:
+        """Delete a chunk the capacity index chose as a victim at ``chosen_at`` (this
+        machine's clock, no later than the choice), unless its file changed since.
+
+        Returns ``(deleted, kept)``: ``kept`` is the size of a file left in place because its
+        ctime is past the choice (a put replaced it, or a read recorded a use), else 0.
+        The index then accounts it again. Without a ctime (fsspec) the victim is deleted.
+
+        On a local filesystem a ctime is never later than the change it stamps, so no file
+        changed before the choice is kept; a kernel may stamp it with a clock up to a tick
+        behind, so a change within a tick after the choice may go unseen. Elsewhere the
+        ctime is another machine's clock: skew keeps a file that changed just before, or
+        misses a change just after. Neither is worse than deleting every victim.
+        """
+        st = self.io.stat(path)
+        if st is None:
+            return False, 0
+        if st.ctime > chosen_at:
+            return False, st.size
+        if not self.io.remove(path):
+            return False, 0
+        with contextlib.suppress(OSError):
+            self.io.remove(path + ".atime")
+        return True, 0
+
     # --- quarantine (the primitives of Upkeep) -------------------------------------
 
     def _suspect(self, key: ChunkKey) -> FileIdent | None:

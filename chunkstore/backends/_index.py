@@ -143,9 +143,11 @@ class CapacityIndex:
 
     ``name_of(path)`` gives a chunk's name in the index (relative to the store's root, so
     that every mount of one volume agrees) and ``path_of(name)`` inverts it.
-    ``evict(path)`` deletes a chunk and its access record and returns its size or 0;
-    ``evict_many(paths)``, where a store has it, deletes many in fewer requests and returns
-    how many went.
+    ``evict(path, chosen_at)`` deletes a victim (a chunk the index took out in a step sent
+    at ``chosen_at``) and its access record, unless its file changed since; it returns
+    ``(deleted, kept)``, ``kept`` being the size of a file so left in place (else 0), which
+    the index then accounts again. ``evict_many(paths)``, where a store has it, deletes
+    many in fewer requests, with no such check, and returns how many went.
     ``scan()`` yields ``(path, size, access_time)`` for every chunk (of one shard, given
     ``shard=(i, n)``); ``exists(path)`` says whether a chunk file is there.
     """
@@ -158,7 +160,7 @@ class CapacityIndex:
         *,
         name_of: Callable[[str], str],
         path_of: Callable[[str], str],
-        evict: Callable[[str], int],
+        evict: Callable[[str, float], tuple[bool, int]],
         evict_many: Callable[[list[str]], int] | None = None,
         scan: Callable[[tuple[int, int] | None], Iterable[tuple[str, int, float]]],
         exists: Callable[[str], bool],
@@ -227,6 +229,9 @@ class CapacityIndex:
         """Requests to the index that failed (each a write or read that went on without it)."""
         self.evicted = 0
         """Chunks this process evicted."""
+        self.kept = 0
+        """Victims this process left in place because their file changed after the index
+        chose them (a put replaced it, or a read recorded a use), and accounted again."""
 
     # --- talking to the server -----------------------------------------------------
 
@@ -434,6 +439,7 @@ class CapacityIndex:
                 with self._lock:
                     needed = max(sum(size for size, _ in self._waiting) - self._credit, 0)
                 requests[i] = ("credit", max(self._grant(request[1]), needed), needed)
+        sent = time.time()  # no later than the steps choose their victims
         results = self._pipelined(requests) if requests else []
         lost = any(
             result is None
@@ -448,9 +454,9 @@ class CapacityIndex:
                 self._forget = True
         for request, result in zip(requests, results):
             if request[0] == "credit":
-                self._credited(result)
+                self._credited(result, sent)
             elif request[0] == "accounts" and result is not None:
-                self._delete(result[2:])
+                self._delete(result[2:], sent)
                 if int(result[0]):  # the credit drawn had been given back: ask anew
                     with self._lock:
                         self._credit = 0
@@ -458,13 +464,13 @@ class CapacityIndex:
             if request[0] == "flush":
                 request[1].set_result(None)
 
-    def _credited(self, result: list[Any] | None) -> None:
+    def _credited(self, result: list[Any] | None, sent: float) -> None:
         """Settle a credit request's outcome (the bytes reserved, then the victims): delete
         its victims, add the room to this writer's credit and hand it to the puts waiting, in
         order; ask again for those it does not cover. With the index down (``result`` None),
-        the puts go on with none."""
+        the puts go on with none. ``sent``: when the request was sent."""
         if result is not None:
-            self._delete(result[1:])
+            self._delete(result[1:], sent)
         ready: list[tuple[concurrent.futures.Future[int], int]] = []
         with self._lock:
             self._asking = False
@@ -596,8 +602,10 @@ class CapacityIndex:
         for start in range(0, len(published), BATCH):
             part = published[start : start + BATCH]
             requests = _grouped([("account", self._name_of(p), size, 0) for p, size in part])
+            sent = time.time()
             results = self._pipelined(requests)
-            self._delete([victim for out in results if out is not None for victim in out[2:]])
+            victims = [victim for out in results if out is not None for victim in out[2:]]
+            self._delete(victims, sent)
             for request, out in zip(requests, results):
                 flags = b"0" * len(request[1]) if out is None else _as_bytes(out[1])
                 new += [flag == ord("1") for flag in flags]
@@ -652,7 +660,9 @@ class CapacityIndex:
         cap = self.max_bytes if max_bytes is None else max_bytes
         before = -1.0 if older_than is None else time.time() - older_than
         total = 0
+        kept = self.kept
         while True:
+            sent = time.time()
             ok, victims = self._call(
                 "evict",
                 lambda: self._evict_script(
@@ -661,9 +671,12 @@ class CapacityIndex:
             )
             if not ok:
                 raise ConnectionError(f"{self._label}: capacity index unreachable")
-            total += self._delete(victims)
+            total += self._delete(victims, sent)
             if len(victims) < MAX_VICTIMS:
-                return total
+                break
+        if self.kept != kept:  # the victims left in place are counted again on return
+            self.flush()
+        return total
 
     def reconcile(
         self,
@@ -770,10 +783,15 @@ class CapacityIndex:
             if int(cursor) == 0:
                 return
 
-    def _delete(self, victims: Sequence[Any]) -> int:
-        """Delete the files of ``victims`` (names the index took out), in the store's batches
-        where it has them, else up to :data:`EVICT_WORKERS` at a time; how many went (a
-        batch counts each delete that did not fail). Returns once all are done."""
+    def _delete(self, victims: Sequence[Any], chosen_at: float) -> int:
+        """Delete the files of ``victims`` (names the index took out in a step sent at
+        ``chosen_at``), in the store's batches where it has them, else up to
+        :data:`EVICT_WORKERS` at a time; how many went (a batch counts each delete that did
+        not fail). Returns once all are done.
+
+        One at a time, a victim whose file changed after the choice stays, and its account
+        is queued again: a put that replaced it, or a read, came after the index chose it.
+        """
         names = [raw.decode() if isinstance(raw, bytes) else str(raw) for raw in victims]
         if self._evict_many is not None and names:
             try:
@@ -782,27 +800,35 @@ class CapacityIndex:
                 # Out of the index but still stored: the next reconcile counts them again.
                 log.warning("%s: cannot evict %d chunks: %s", self._label, len(names), exc)
                 deleted = 0
-        elif len(names) > 1:
-            with self._lock:
-                if self._deleters is None:
-                    self._deleters = concurrent.futures.ThreadPoolExecutor(
-                        EVICT_WORKERS, thread_name_prefix=f"{self._label}-evict"
-                    )
-                deleters = self._deleters
-            deleted = sum(deleters.map(self._delete_one, names))
+            outcomes = []
         else:
-            deleted = sum(map(self._delete_one, names))
+            delete_one = partial(self._delete_one, chosen_at=chosen_at)
+            if len(names) > 1:
+                with self._lock:
+                    if self._deleters is None:
+                        self._deleters = concurrent.futures.ThreadPoolExecutor(
+                            EVICT_WORKERS, thread_name_prefix=f"{self._label}-evict"
+                        )
+                    deleters = self._deleters
+                outcomes = list(deleters.map(delete_one, names))
+            else:
+                outcomes = list(map(delete_one, names))
+            deleted = sum(gone for gone, _ in outcomes)
+        kept = [(name, size) for name, (_, size) in zip(names, outcomes) if size]
         with self._lock:
             self.evicted += deleted
+            self.kept += len(kept)
+        for name, size in kept:
+            self._queue("account", name, size, 0)
         return deleted
 
-    def _delete_one(self, name: str) -> bool:
+    def _delete_one(self, name: str, chosen_at: float) -> tuple[bool, int]:
         try:
-            return bool(self._evict(self._path_of(name)))
+            return self._evict(self._path_of(name), chosen_at)
         except OSError as exc:
             # Out of the index but still on disk: the next reconcile counts it again.
             log.warning("%s: cannot evict %s: %s", self._label, name, exc)
-            return False
+            return False, 0
 
 
 class WalkedNames:

@@ -237,6 +237,12 @@ class S3Store(S3Reads, S3Writes, S3Requests, Upkeep, Store):
         key = _chunk_key_of(self._relative(path))
         return 0 if key is None else self.delete_many([key])
 
+    def _evict_victim(self, path: str, chosen_at: float) -> tuple[bool, int]:
+        """Delete a victim the capacity index chose (see :meth:`_evict_paths`): S3 has no
+        delete conditional on an object's age, so it goes whatever ``chosen_at`` says."""
+        del chosen_at
+        return bool(self._evict_path(path)), 0
+
     def _evict_paths(self, paths: builtins.list[str]) -> int:
         """Delete the chunk objects ``paths`` (victims the capacity index took out) and
         their access records: :data:`DELETE_BATCH` chunks to one DeleteObjects request, with

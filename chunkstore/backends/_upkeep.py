@@ -46,7 +46,7 @@ class Upkeep:
     * ``_read_small(name)`` and ``_write_small(name, data)``: a small file.
       Names are relative to the root. Both raise OSError on failure.
     * ``_full_path(name)``, ``_name_of(path)``, ``_chunk_path(key)``: naming.
-    * ``_evict_path(path)`` and ``_exists_path(path)``: for the capacity index.
+    * ``_evict_victim(path, chosen_at)`` and ``_exists_path(path)``: for the capacity index.
     * ``_ensure_marker()`` and ``list()``, as the store has them anyway.
     """
 
@@ -71,7 +71,7 @@ class Upkeep:
         def _full_path(self, name: str) -> str: ...
         def _name_of(self, path: str) -> str: ...
         def _chunk_path(self, key: ChunkKey) -> str: ...
-        def _evict_path(self, path: str) -> int: ...
+        def _evict_victim(self, path: str, chosen_at: float) -> tuple[bool, int]: ...
         def _exists_path(self, path: str) -> bool: ...
         def _ensure_marker(self) -> None: ...
         def list(self, namespace: str | None = None) -> Iterator[ChunkInfo]: ...
@@ -183,7 +183,7 @@ class Upkeep:
             max_bytes,
             name_of=self._name_of,
             path_of=self._full_path,
-            evict=self._evict_path,
+            evict=self._evict_victim,
             evict_many=getattr(self, "_evict_paths", None),
             scan=self._scan_shard,
             exists=self._exists_path,

@@ -757,7 +757,7 @@ def test_an_eviction_deletes_all_its_victims_several_at_a_time(
     running = [0, 0, 0]  # now, most at once, calls
     both = threading.Barrier(2, timeout=30)
 
-    def slow(path: str) -> int:
+    def slow(path: str, chosen_at: float) -> tuple[bool, int]:
         with lock:
             running[0] += 1
             running[1] = max(running[:2])
@@ -766,7 +766,7 @@ def test_an_eviction_deletes_all_its_victims_several_at_a_time(
         if first:
             both.wait()  # the first two deletes meet: they run at once
         try:
-            return evict(path)
+            return evict(path, chosen_at)
         finally:
             with lock:
                 running[0] -= 1
@@ -789,10 +789,10 @@ def test_a_victim_that_cannot_be_deleted_is_logged_and_counted_back_by_reconcile
     stuck = store.path_of(CHUNKS[3].key)
     evict = index._evict
 
-    def refusing(path: str) -> int:
+    def refusing(path: str, chosen_at: float) -> tuple[bool, int]:
         if path == stuck:
             raise PermissionError(13, "Permission denied", path)
-        return evict(path)
+        return evict(path, chosen_at)
 
     index._evict = refusing
     with caplog.at_level("WARNING", logger=_index.__name__):
@@ -802,6 +802,96 @@ def test_a_victim_that_cannot_be_deleted_is_logged_and_counted_back_by_reconcile
     assert index.usage().chunks == 0
     assert index.reconcile().added == 1
     assert (index.usage().bytes, index.usage().chunks) == disk_usage(store)
+
+
+def _changing_first_victim(index: _index.CapacityIndex, change: Callable[[str], None]) -> list[str]:
+    """Wrap ``index``'s victim delete so that ``change(path)`` runs on the first victim
+    after the index chose it, before the delete looks at it; returns the paths changed."""
+    evict = index._evict
+    changed: list[str] = []
+    lock = threading.Lock()
+
+    def changing(path: str, chosen_at: float) -> tuple[bool, int]:
+        with lock:
+            first = not changed
+            if first:
+                changed.append(path)
+        if first:
+            time.sleep(0.01)  # past a coarse ctime clock's tick after the choice
+            change(path)
+        return evict(path, chosen_at)
+
+    index._evict = changing
+    return changed
+
+
+def test_a_victim_a_put_replaced_after_the_choice_stays_and_is_counted_again(
+    tmp_path: Path, redis_url: str
+) -> None:
+    _replaced_victim_stays(str(tmp_path / "s"), redis_url)
+
+
+def test_a_victim_replaced_through_the_same_juicefs_mount_stays(
+    juicefs: JuiceFsVolume, redis_url: str
+) -> None:
+    # Through the other mount the change shows once the attribute cache expires (docs).
+    _replaced_victim_stays(str(juicefs.fresh("victim")[0] / "s"), redis_url)
+
+
+def _replaced_victim_stays(root: str, redis_url: str) -> None:
+    store = FsStore(root, create=True, index=redis_url)
+    store.put_many([(c.key, c.data) for c in CHUNKS[:10]])
+    _aged(store, CHUNKS[:10])
+    index = store.index
+    assert index is not None
+    index.reconcile()
+    by_path = {store.path_of(c.key): c for c in CHUNKS[:10]}
+    changed = _changing_first_victim(
+        index, lambda path: store.put_many([(by_path[path].key, by_path[path].data)])
+    )
+    assert index.evict(max_bytes=0) == 9
+    assert (index.evicted, index.kept) == (9, 1)
+    assert [store.path_of(i.key) for i in store.list()] == changed  # the new file stays
+    assert store.get(by_path[changed[0]].key) == by_path[changed[0]].data
+    assert (index.usage().bytes, index.usage().chunks) == disk_usage(store) == (SIZE, 1)
+
+
+def test_a_victim_read_after_the_choice_stays(tmp_path: Path, redis_url: str) -> None:
+    store = FsStore(str(tmp_path / "s"), create=True, index=redis_url, access_resolution=0)
+    store.put_many([(c.key, c.data) for c in CHUNKS[:10]])
+    _aged(store, CHUNKS[:10])
+    index = store.index
+    assert index is not None
+    index.reconcile()
+    by_path = {store.path_of(c.key): c for c in CHUNKS[:10]}
+    changed = _changing_first_victim(index, lambda path: store.get(by_path[path].key))
+    assert index.evict(max_bytes=0) == 9
+    assert index.kept == 1 and [store.path_of(i.key) for i in store.list()] == changed
+    assert (index.usage().bytes, index.usage().chunks) == disk_usage(store)
+
+
+def test_a_capped_writer_keeps_a_victim_replaced_after_its_credit_chose_it(
+    tmp_path: Path, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store, index = _credited_store(tmp_path, redis_url, monkeypatch)
+    store.put_many([(c.key, c.data) for c in CHUNKS[:40]])
+    index.flush()
+    by_path = {store.path_of(c.key): c for c in CHUNKS[:40]}
+    other = FsStore(str(tmp_path / "s"), index=redis_url)  # another writer, uncapped
+    changed = _changing_first_victim(
+        index, lambda path: other.put_many([(by_path[path].key, by_path[path].data)])
+    )
+    store.put_many([(c.key, c.data) for c in sample_chunks(8, seed=6)])
+    index.flush()
+    assert other.index is not None
+    other.index.flush()
+    index.flush()  # the kept victim's account, and the victim it chose in turn
+    assert index.kept == 1 and os.path.exists(changed[0])
+    on_disk = disk_usage(store)
+    assert on_disk[0] <= 40 * SIZE
+    usage = index.usage()
+    assert usage.bytes + int(store.index.client.hget(index._keys[0], "credit") or 0) <= 40 * SIZE
+    assert (usage.bytes, usage.chunks) == on_disk
 
 
 # --- reconcile and reservations whose files are not published yet ------------------------
