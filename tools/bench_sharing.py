@@ -16,6 +16,8 @@ its metadata in that Redis; SeaweedFS's S3 gateway) and skips what this machine 
 - **One writer's put against a bare write + rename** on the same path, and what a capped
   put costs a writer with no disk in the way (small chunks on tmpfs).
 - **Prune passes** evicting 1 %, with the index and by a walk.
+- **The orphan sweep** a reconcile adds, whole and in four shards, against a bare listing of
+  the fan-out directories.
 - **SeaweedFS S3**: ``put_many`` and verified ``get_many`` against bare s3fs batches.
 
 Figures, not thresholds: it prints ratios and never fails on them.
@@ -26,6 +28,7 @@ from __future__ import annotations
 import argparse
 import collections
 import contextlib
+import hashlib
 import multiprocessing
 import os
 import shutil
@@ -463,6 +466,55 @@ def bench_prune(label: str, root: Path, redis_url: str, sizes: tuple[int, ...]) 
         shutil.rmtree(store_dir, ignore_errors=True)
 
 
+def _spread(root: Path, count: int) -> FsStore:
+    """A store of ``count`` 64-byte chunks spread over the fan-out directories as real keys
+    are (and one orphan temp file in every hundredth directory)."""
+    store = FsStore(str(root), create=True)
+    ns = "0123456789abcdef"
+    for i in range(count):
+        hexkey = hashlib.blake2b(i.to_bytes(8, "little"), digest_size=32).hexdigest()
+        leaf = root / ns / hexkey[:2] / hexkey[2:4]
+        leaf.mkdir(parents=True, exist_ok=True)
+        (leaf / f"{hexkey}.kvc").write_bytes(b"x" * 64)
+        if i % 100 == 0:
+            (leaf / f".{hexkey}.1.abcdef.tmp").write_bytes(b"x")
+    return store
+
+
+def bench_sweep(label: str, root: Path, count: int, rounds: int = 3) -> None:
+    """The orphan sweep a reconcile adds (dry run: what it finds, nothing removed), whole and
+    in four shards, against listing every fan-out directory with no chunkstore code."""
+    from chunkstore.cli.orphans import sweep
+
+    store_dir = root / f"sweep-{count}-{uuid.uuid4().hex[:6]}"
+    store = _spread(store_dir, count)
+    whole, sharded, floor = [], [], []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        found = sweep(store, grace=0.0, dry_run=True)
+        whole.append(time.perf_counter() - start)
+        assert len(found.removed) == (count + 99) // 100, len(found.removed)
+        times = []
+        for i in range(4):
+            start = time.perf_counter()
+            sweep(store, grace=0.0, dry_run=True, shard=(i, 4))
+            times.append(time.perf_counter() - start)
+        sharded.append(max(times))
+        start = time.perf_counter()
+        for top, _, names in os.walk(store_dir / "0123456789abcdef"):
+            del top, names  # the listing is the floor
+        floor.append(time.perf_counter() - start)
+    print(
+        f"{label}, {count} chunks: sweep {_span(whole)} s, slowest of 4 shards "
+        f"{_span(sharded)} s, bare listing {_span(floor)} s"
+    )
+    shutil.rmtree(store_dir, ignore_errors=True)
+
+
+def _span(values: list[float]) -> str:
+    return f"{min(values):.2f}-{max(values):.2f}"
+
+
 def bench_index_alone(redis_url: str, count: int) -> None:
     """The index's own part of a reconcile and of a 1 % eviction, with no files behind it:
     what is left of a prune pass once the filesystem's deletes are taken out."""
@@ -616,7 +668,7 @@ def bench_s3_evict(endpoint: str, redis_url: str, count: int = 1000, rounds: int
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--full", action="store_true", help="prune at 10^6 local, 10^5 JuiceFS")
-    parts = ("writers", "put", "cost", "prune", "s3")
+    parts = ("writers", "put", "cost", "prune", "sweep", "s3")
     parser.add_argument("--only", choices=parts, action="append", help="run these parts alone")
     parser.add_argument(
         "--place",
@@ -674,6 +726,10 @@ def main() -> int:
                 bench_prune(
                     "JuiceFS", mounts[0], redis_url, (10**4, 10**5) if args.full else (10**4,)
                 )
+        if "sweep" in only:
+            bench_sweep("local directory", local, 10**5 if args.full else 10**4)
+            if mounts is not None:
+                bench_sweep("JuiceFS", mounts[0], 10**4)
         if "s3" in only:
             (work / "weed").mkdir()
             endpoint = stack.enter_context(seaweedfs(work / "weed"))

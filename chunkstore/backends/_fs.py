@@ -18,7 +18,8 @@ import builtins
 import logging
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from functools import partial
 from typing import Any
 
 from chunkstore.backends import _layout as L
@@ -48,6 +49,7 @@ from chunkstore.backends.maintenance import (
     QUARANTINE_MODES,
     FileIdent,
     StoredFile,
+    Strays,
 )
 from chunkstore.errors import (
     ConfigError,
@@ -317,10 +319,14 @@ class FsStore(FsReads, FsWrites, Upkeep, Store):
         return sorted(n for n, is_dir in entries if is_dir and is_namespace(n))
 
     def _walk(
-        self, namespace: str | None, shard: tuple[int, int] | None = None
+        self,
+        namespace: str | None,
+        shard: tuple[int, int] | None = None,
+        skip: Callable[[str, str], bool] | None = None,
     ) -> Iterator[tuple[str, str, list[tuple[str, FileStat]]]]:
         """(namespace, directory, files) for every fan-out leaf directory.
-        With a shard ``(i, n)``, only those whose first fan-out byte is ``i`` modulo ``n``."""
+        With a shard ``(i, n)``, only those whose first fan-out byte is ``i`` modulo ``n``.
+        ``skip(directory, name)``: regular files left out unstatted (see ``scan_files``)."""
         spaces = self.namespaces()
         if namespace is not None:
             # Only a real directory, as without a name: a namespace that is a symlink to
@@ -338,7 +344,8 @@ class FsStore(FsReads, FsWrites, Upkeep, Store):
                     if not cd_is_dir or not L.FANOUT_RE.fullmatch(cd):
                         continue
                     leaf = self.io.join(ab_dir, cd)
-                    yield ns, leaf, self.io.scan_files(leaf)
+                    names = None if skip is None else partial(skip, leaf)
+                    yield ns, leaf, self.io.scan_files(leaf, names)
 
     def list(self, namespace: str | None = None) -> Iterator[ChunkInfo]:
         if namespace is not None:
@@ -358,25 +365,43 @@ class FsStore(FsReads, FsWrites, Upkeep, Store):
             for fname, st in files:
                 if not st.regular or L.classify(fname) != L.CHUNK:
                     continue
-                h = fname[: -len(L.CHUNK_SUFFIX)]
-                if h[0:2] != leaf[-5:-3] or h[2:4] != leaf[-2:]:
+                if not _in_own_directory(leaf, fname):
                     continue  # a chunk in the wrong fan-out directory is foreign
+                h = fname[: -len(L.CHUNK_SUFFIX)]
                 path = self.io.join(leaf, fname)
                 atime = self._access_time(path, st, fname in records)
                 yield ChunkInfo(ChunkKey(bytes.fromhex(h), ns), st.size, st.mtime, atime)
 
-    def _other_files(self, kinds: tuple[str, ...]) -> Iterator[StoredFile]:
-        for ns, leaf, files in self._walk(None):
+    def _other_files(
+        self, kinds: tuple[str, ...], shard: tuple[int, int] | None = None
+    ) -> Iterator[tuple[str, StoredFile]]:
+        """``(kind, file)`` for files of ``kinds`` in the chunk directories (of one shard):
+        one listing a directory, and a stat only for what is not a chunk or access record
+        there."""
+        for ns, leaf, files in self._walk(None, shard, _owned_name):
             for fname, st in files:
                 kind = L.classify(fname) if st.regular else L.FOREIGN  # a symlink, FIFO, dir
-                if kind == L.CHUNK and (fname[0:2] != leaf[-5:-3] or fname[2:4] != leaf[-2:]):
+                if kind == L.CHUNK and not _in_own_directory(leaf, fname):
                     kind = L.FOREIGN
                 if kind in kinds:
-                    yield StoredFile(self.io.join(leaf, fname), ns, st.size, st.mtime)
+                    yield kind, StoredFile(self.io.join(leaf, fname), ns, st.size, st.mtime)
 
-    def _unfinished(self) -> Iterator[StoredFile]:
-        """Temp files of interrupted writes, beside the chunks."""
-        return self._other_files((L.TEMP,))
+    def _unfinished(self, shard: tuple[int, int] | None = None) -> Iterator[StoredFile]:
+        """Temp files of interrupted writes, beside the chunks (of one shard)."""
+        return (found for _, found in self._other_files((L.TEMP,), shard))
+
+    def _foreign(self, shard: tuple[int, int] | None = None) -> Iterator[StoredFile]:
+        """Files in chunk directories (of one shard) that are neither chunks, access records
+        nor temp files."""
+        return (found for _, found in self._other_files((L.FOREIGN,), shard))
+
+    def strays(self, shard: tuple[int, int] | None = None) -> Strays:
+        """Temp files and foreign files (of one shard), found in one walk."""
+        unfinished: builtins.list[StoredFile] = []
+        foreign: builtins.list[StoredFile] = []
+        for kind, found in self._other_files((L.TEMP, L.FOREIGN), shard):
+            (unfinished if kind == L.TEMP else foreign).append(found)
+        return Strays(unfinished, foreign)
 
     def _drop_unfinished(self, orphan: StoredFile) -> bool:
         return self.io.remove(orphan.path)
@@ -390,10 +415,6 @@ class FsStore(FsReads, FsWrites, Upkeep, Store):
         """Write ``name`` atomically; never through a link in its directories."""
         self._refuse_link(*name.split("/")[:-1])
         self.io.write_small(self._full_path(name), data)
-
-    def foreign_files(self) -> builtins.list[StoredFile]:
-        """Files in chunk directories that are neither chunks, access records nor temp files."""
-        return list(self._other_files((L.FOREIGN,)))
 
     def relative_path(self, path: str) -> str:
         """A :class:`StoredFile` path relative to the store's root."""
@@ -497,3 +518,15 @@ def open_fs_store(url: str, **options: Any) -> FsStore:
     except ValueError as exc:
         raise ConfigError(f"unsupported store URL {url!r}: {exc}") from None
     return FsStore(path, fs=fs, **options)
+
+
+def _in_own_directory(leaf: str, fname: str) -> bool:
+    """Whether the chunk file ``fname`` sits in its own fan-out directory ``leaf``."""
+    return fname[0:2] == leaf[-5:-3] and fname[2:4] == leaf[-2:]
+
+
+def _owned_name(leaf: str, fname: str) -> bool:
+    """Whether a regular file named ``fname`` in ``leaf`` is the store's own: a chunk in
+    its fan-out directory, or an access record. A stray walk needs no stat of those."""
+    kind = L.classify(fname)
+    return kind == L.ACCESS or (kind == L.CHUNK and _in_own_directory(leaf, fname))

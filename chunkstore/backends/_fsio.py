@@ -17,7 +17,7 @@ import logging
 import os
 import stat as _stat
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -127,11 +127,17 @@ class LocalIO:
         except (FileNotFoundError, NotADirectoryError):
             return None
 
-    def scan_files(self, path: str) -> list[tuple[str, FileStat]]:
+    def scan_files(
+        self, path: str, skip: Callable[[str], bool] | None = None
+    ) -> list[tuple[str, FileStat]]:
         """Entries directly in ``path`` with their own stat, symlinks not followed.
         Entries that vanish meanwhile are skipped.
         Anything but a regular file has ``regular`` False.
-        A store lists it as foreign and never as a chunk."""
+        A store lists it as foreign and never as a chunk.
+
+        A regular file whose name ``skip`` accepts is left out unstatted: the directory's
+        own listing says it is a regular file, so a walk for strays costs a listing per
+        directory, not a stat per chunk."""
         out: list[tuple[str, FileStat]] = []
         try:
             it = os.scandir(path)
@@ -139,6 +145,12 @@ class LocalIO:
             return out
         with it:
             for entry in it:
+                if skip is not None and skip(entry.name):
+                    try:
+                        if entry.is_file(follow_symlinks=False):
+                            continue
+                    except OSError:
+                        pass  # the stat below tells
                 try:
                     st = entry.stat(follow_symlinks=False)
                 except FileNotFoundError:
@@ -572,11 +584,15 @@ class FsspecIO:
             for e in entries
         ]
 
-    def scan_files(self, path: str) -> list[tuple[str, FileStat]]:
+    def scan_files(
+        self, path: str, skip: Callable[[str], bool] | None = None
+    ) -> list[tuple[str, FileStat]]:
         out = []
         for e in self._ls(path) or []:
             if e.get("type") == "directory":
                 continue
+            if skip is not None and skip(e["name"].rsplit("/", 1)[-1]):
+                continue  # the listing holds only files here: skipped names are regular
             mtime = _info_time(e, "mtime", "LastModified", "last_modified", "created")
             name = e["name"].rsplit("/", 1)[-1]
             out.append((name, FileStat(int(e.get("size") or 0), mtime, 0.0)))

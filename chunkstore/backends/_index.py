@@ -26,6 +26,7 @@ import array
 import collections
 import concurrent.futures
 import logging
+import re
 import threading
 import time
 import uuid
@@ -89,6 +90,8 @@ BATCH = 1000
 against the files before it takes the missing ones out in one call; also the most requests
 the accounting thread sends in one pipeline."""
 
+
+_FANOUT = re.compile(r"[0-9a-f]{2}")
 
 _WAITED_ON = frozenset({"credit", "flush"})
 """Requests a caller waits on: the accounting thread sends them at once."""
@@ -907,9 +910,12 @@ def store_identity(marker: bytes) -> str:
 
 def shard_of(name: str, shards: int) -> int:
     """Which of ``shards`` shards the chunk name ``<ns>/<ab>/<cd>/<hex>.kvc`` falls in: by its
-    first fan-out byte, so a shard is whole fan-out directories."""
+    first fan-out byte, so a shard is whole fan-out directories. Another file's name goes by
+    the fan-out directory it sits in, and to shard 0 when it sits in none."""
     parts = name.split("/")
-    return int(parts[1], 16) % shards if len(parts) > 1 else 0
+    if len(parts) > 2 and _FANOUT.fullmatch(parts[1]):
+        return int(parts[1], 16) % shards
+    return 0
 
 
 def chunks_of_shard(store: Any, shard: tuple[int, int]) -> Iterable[Any]:

@@ -29,7 +29,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from chunkstore.backends import _layout as L
-from chunkstore.backends._index import CapacityIndex
+from chunkstore.backends._index import CapacityIndex, shard_of
 from chunkstore.backends._s3reads import S3Reads
 from chunkstore.backends._s3requests import (
     _AUTH_CODES,
@@ -432,8 +432,10 @@ class S3Store(S3Reads, S3Writes, S3Requests, Upkeep, Store):
             key, size, mtime, _ = pending
             yield ChunkInfo(key, size, mtime, mtime)
 
-    def foreign_files(self) -> builtins.list[StoredFile]:
-        """Objects under namespace prefixes that are neither chunks nor access records."""
+    def _foreign(self, shard: tuple[int, int] | None = None) -> builtins.list[StoredFile]:
+        """Objects under namespace prefixes that are neither chunks nor access records (of
+        shard ``(i, n)``: by the fan-out prefix they sit under; a listing of the whole
+        prefix, filtered)."""
         out = []
         for obj in self._objects(""):
             rel = self._relative(obj["Key"])
@@ -441,6 +443,8 @@ class S3Store(S3Reads, S3Writes, S3Requests, Upkeep, Store):
             if not is_namespace(top):
                 continue
             if _chunk_key_of(rel.removesuffix(".atime")) is not None:
+                continue
+            if shard is not None and shard_of(rel, shard[1]) != shard[0]:
                 continue
             out.append(
                 StoredFile(
@@ -459,8 +463,9 @@ class S3Store(S3Reads, S3Writes, S3Requests, Upkeep, Store):
             rel = self._relative(o["Key"])[len(area) + 1 :]
             yield rel, o["Key"], int(o.get("Size", 0)), _timestamp(o.get("LastModified"))
 
-    def _unfinished(self) -> builtins.list[StoredFile]:
-        """Unfinished multipart uploads of chunks (S3's only partial writes).
+    def _unfinished(self, shard: tuple[int, int] | None = None) -> builtins.list[StoredFile]:
+        """Unfinished multipart uploads of chunks (S3's only partial writes), of shard
+        ``(i, n)`` by the chunk's name.
 
         Uploads of any other name are another application's. They are never
         listed, never aborted.
@@ -500,6 +505,8 @@ class S3Store(S3Reads, S3Writes, S3Requests, Upkeep, Store):
             rel = self._relative(upload["Key"])
             if _chunk_key_of(rel) is None:
                 continue  # not a chunk's upload: another application's
+            if shard is not None and shard_of(rel, shard[1]) != shard[0]:
+                continue
             if upload["Key"].startswith(prefix):
                 out.append(
                     StoredFile(

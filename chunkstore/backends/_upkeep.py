@@ -19,6 +19,7 @@ from chunkstore.backends.maintenance import (
     FileIdent,
     SetAside,
     StoredFile,
+    Strays,
     set_aside_if_still_corrupt,
     set_aside_outcome,
 )
@@ -42,7 +43,8 @@ class Upkeep:
       None where the store records none.
     * ``_read_current(key)``: the chunk's bytes and ident, read again now.
     * ``_area_files(area)``: (name under ``area``, path, size, mtime) per file there.
-    * ``_unfinished()`` and ``_drop_unfinished(file)``: interrupted writes.
+    * ``_unfinished(shard)`` and ``_drop_unfinished(file)``: interrupted writes;
+      ``_foreign(shard)``: files among the chunks chunkstore did not write.
     * ``_read_small(name)`` and ``_write_small(name, data)``: a small file.
       Names are relative to the root. Both raise OSError on failure.
     * ``_full_path(name)``, ``_name_of(path)``, ``_chunk_path(key)``: naming.
@@ -64,7 +66,8 @@ class Upkeep:
         def _suspect(self, key: ChunkKey) -> FileIdent | None: ...
         def _read_current(self, key: ChunkKey) -> tuple[Any, FileIdent | None] | None: ...
         def _area_files(self, area: str) -> Iterable[tuple[str, str, int, float]]: ...
-        def _unfinished(self) -> Iterable[StoredFile]: ...
+        def _unfinished(self, shard: tuple[int, int] | None = None) -> Iterable[StoredFile]: ...
+        def _foreign(self, shard: tuple[int, int] | None = None) -> Iterable[StoredFile]: ...
         def _drop_unfinished(self, orphan: StoredFile) -> bool: ...
         def _read_small(self, name: str) -> bytes | None: ...
         def _write_small(self, name: str, data: bytes) -> None: ...
@@ -134,7 +137,20 @@ class Upkeep:
 
         Live writers finish far sooner than the default hour.
         """
-        return sum(1 for f in self.orphans(grace) if self._drop_unfinished(f))
+        return self.remove_unfinished(self.orphans(grace))
+
+    def remove_unfinished(self, files: Sequence[StoredFile]) -> int:
+        """Remove these interrupted writes (found by :meth:`strays` or :meth:`orphans`);
+        how many went."""
+        return sum(1 for f in files if self._drop_unfinished(f))
+
+    def foreign_files(self) -> builtins.list[StoredFile]:
+        """Files among the chunks that are neither chunks, access records nor temp files."""
+        return builtins.list(self._foreign())
+
+    def strays(self, shard: tuple[int, int] | None = None) -> Strays:
+        """Interrupted writes and foreign files (of shard ``(i, n)``)."""
+        return Strays(builtins.list(self._unfinished(shard)), builtins.list(self._foreign(shard)))
 
     # --- model records (SupportsModelRecords) -------------------------------------
 

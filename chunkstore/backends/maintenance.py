@@ -48,6 +48,17 @@ class StoredFile:
 
 
 @dataclass(frozen=True, slots=True)
+class Strays:
+    """What one walk of a store's chunk directories (or of one shard of them) found that is
+    not a chunk."""
+
+    unfinished: list[StoredFile]
+    """Interrupted writes: temp files, or S3's unfinished multipart uploads."""
+    foreign: list[StoredFile]
+    """Files chunkstore did not write."""
+
+
+@dataclass(frozen=True, slots=True)
 class StrandedFile:
     """A set-aside's staged temp file, left by a process killed between its two renames.
     In ``quarantine/<ns>/`` it is a corrupt chunk on its way to its quarantine name.
@@ -118,8 +129,16 @@ class SupportsMaintenance(Protocol):
     def remove_orphans(self, grace: float = 3600.0) -> int:
         """Remove unfinished writes older than ``grace`` seconds. Returns how many went."""
 
+    def remove_unfinished(self, files: Sequence[StoredFile]) -> int:
+        """Remove these unfinished writes (as :meth:`strays` found them). Returns how many
+        went."""
+
     def foreign_files(self) -> list[StoredFile]:
         """Files among the chunks that chunkstore did not write (reported, never touched)."""
+
+    def strays(self, shard: tuple[int, int] | None = None) -> Strays:
+        """Unfinished writes and foreign files among the chunks, of shard ``(i, n)`` (by the
+        fan-out directory: see :func:`~chunkstore.backends._index.shard_of`) or of all."""
 
     def relative_path(self, path: str) -> str:
         """A :class:`StoredFile` path as shown to a user (relative to the store's root)."""

@@ -57,42 +57,51 @@ class StraySweep:
         }
 
 
-def sweep(store: Store, *, grace: float, dry_run: bool) -> StraySweep:
+def sweep(
+    store: Store, *, grace: float, dry_run: bool, shard: tuple[int, int] | None = None
+) -> StraySweep:
     """Classify the store's strays; remove orphan temp files and finish stranded set-asides
-    older than ``grace`` seconds."""
+    older than ``grace`` seconds.
+
+    With ``shard=(i, n)``, only the temp and foreign files of that shard's fan-out
+    directories; shard 0 also takes the quarantine and the stranded set-asides, which sit
+    outside them. The ``n`` shards' sweeps together are the whole sweep, each file in one.
+    """
     from chunkstore.cli.storeaccess import (
-        foreign_files,
+        find_strays,
         quarantined,
-        remove_orphans,
+        remove_unfinished,
         settle_stranded,
         stranded_files,
-        temp_files,
     )
 
-    # One walk for temp files (split by age here), one for foreign files: on a large tree
-    # each walk costs as much as the listing itself.
+    # One walk, temp and foreign files together (split by age here). It lists each
+    # directory and stats only what is not a chunk: a chunk walk stats every file.
     cutoff = time.time() - grace
-    temps = temp_files(store, 0.0)
-    old = [s for s in temps if s.mtime <= cutoff]
-    young = [s for s in temps if s.mtime > cutoff]
-    staged = stranded_files(store)
-    if not dry_run:
+    found = find_strays(store, shard)
+    old = [(f, s) for f, s in found.temps if s.mtime <= cutoff]
+    young = [s for _, s in found.temps if s.mtime > cutoff]
+    areas = shard is None or shard[0] == 0  # quarantine and staging: one shard's to sweep
+    staged = stranded_files(store) if areas else []
+    if not areas:
+        stranded = []
+    elif not dry_run:
         stranded = settle_stranded(store, grace)
     else:
         stranded = [s for s in staged if s.mtime <= cutoff]
     settled = {s.path for s in stranded}
     result = StraySweep(
-        removed=sorted(old, key=lambda s: s.path),
+        removed=sorted((s for _, s in old), key=lambda s: s.path),
         young=sorted(young, key=lambda s: s.path),
-        foreign=sorted(foreign_files(store), key=lambda s: s.path),
-        quarantined=sorted(quarantined(store), key=lambda s: s.path),
+        foreign=sorted(found.foreign, key=lambda s: s.path),
+        quarantined=sorted(quarantined(store), key=lambda s: s.path) if areas else [],
         stranded=sorted(stranded, key=lambda s: s.path),
         staged_young=sorted(
             (s for s in staged if s.mtime > cutoff and s.path not in settled), key=lambda s: s.path
         ),
     )
-    if not dry_run and old:
-        remove_orphans(store, grace)
+    if not dry_run:
+        remove_unfinished(store, [f for f, _ in old])
     return result
 
 

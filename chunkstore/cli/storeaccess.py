@@ -127,16 +127,33 @@ def _stray(store: SupportsMaintenance, item: StoredFile, kind: str) -> Stray:
     )
 
 
-def temp_files(store: Store, older_than: float = 0.0) -> list[Stray]:
-    """Writers' temp files last modified at least ``older_than`` seconds ago."""
+@dataclass(frozen=True, slots=True)
+class FoundStrays:
+    """A store's temp files and foreign files, from one walk (of one shard)."""
+
+    temps: list[tuple[StoredFile, Stray]]
+    """Writers' temp files: each as the store names it (to remove it) and as shown."""
+    foreign: list[Stray]
+    """Files that are not chunkstore's."""
+
+
+def find_strays(store: Store, shard: tuple[int, int] | None = None) -> FoundStrays:
+    """The temp files and foreign files among the store's chunks, of shard ``(i, n)`` or
+    all of them, in one walk (a store without stray files has none)."""
     if not isinstance(store, SupportsMaintenance):
-        return []
-    return [_stray(store, f, "temp") for f in store.orphans(older_than)]
+        return FoundStrays([], [])
+    found = store.strays(shard)
+    return FoundStrays(
+        [(f, _stray(store, f, "temp")) for f in found.unfinished],
+        [_stray(store, f, "foreign") for f in found.foreign],
+    )
 
 
-def remove_orphans(store: Store, grace: float) -> int:
-    """Delete temp files older than ``grace`` seconds; returns how many went."""
-    return int(store.remove_orphans(grace)) if isinstance(store, SupportsMaintenance) else 0
+def remove_unfinished(store: Store, files: Sequence[StoredFile]) -> int:
+    """Delete these temp files (as :func:`find_strays` found them); how many went."""
+    if not isinstance(store, SupportsMaintenance) or not files:
+        return 0
+    return int(store.remove_unfinished(files))
 
 
 def _staged_stray(store: Store, item: StrandedFile) -> Stray:
@@ -157,13 +174,6 @@ def settle_stranded(store: Store, grace: float) -> list[Stray]:
     if not isinstance(store, SupportsStagingSweep):
         return []
     return [_staged_stray(store, f) for f in store.settle_stranded(grace)]
-
-
-def foreign_files(store: Store) -> list[Stray]:
-    """Files in the store's chunk directories that chunkstore did not write."""
-    if not isinstance(store, SupportsMaintenance):
-        return []
-    return [_stray(store, f, "foreign") for f in store.foreign_files()]
 
 
 def quarantined(store: Store) -> list[Stray]:

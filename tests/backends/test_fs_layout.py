@@ -122,6 +122,56 @@ def test_foreign_files_are_listed_not_served(tmp_path: Path) -> None:
     assert {i.key for i in store.list()} == {CHUNKS[0].key}
 
 
+def test_a_stray_walk_stats_only_what_is_not_the_stores_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = FsStore(str(tmp_path), create=True)
+    for chunk in CHUNKS[:3]:
+        store.put(chunk.key, chunk.data)
+    leaf = (tmp_path / CHUNKS[0].key.path).parent
+    link = leaf / f"{CHUNKS[0].key.hex[:4]}{'0' * 60}.kvc"  # a chunk's name, not a file
+    link.symlink_to(tmp_path / "elsewhere")
+    os.mkfifo(leaf / f"{CHUNKS[0].key.hex[:4]}{'1' * 60}.kvc")
+    (leaf / "README").write_text("x")
+    statted: list[str] = []
+    scandir = os.scandir
+
+    class Counted:
+        def __init__(self, entry: os.DirEntry[str]) -> None:
+            self._entry = entry
+            self.name = entry.name
+
+        def is_file(self, *, follow_symlinks: bool = True) -> bool:
+            return self._entry.is_file(follow_symlinks=follow_symlinks)
+
+        def is_dir(self, *, follow_symlinks: bool = True) -> bool:
+            return self._entry.is_dir(follow_symlinks=follow_symlinks)
+
+        def stat(self, *, follow_symlinks: bool = True) -> os.stat_result:
+            statted.append(self.name)
+            return self._entry.stat(follow_symlinks=follow_symlinks)
+
+    class Listing:
+        def __init__(self, path: str) -> None:
+            self._it = scandir(path)
+
+        def __enter__(self) -> Listing:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            self._it.close()
+
+        def __iter__(self) -> Any:
+            return (Counted(entry) for entry in self._it)
+
+    monkeypatch.setattr(os, "scandir", Listing)
+    found = store.strays()
+    names = {os.path.basename(f.path) for f in found.foreign}
+    assert names == {link.name, "README", link.name.replace("0" * 60, "1" * 60)}
+    assert sorted(statted) == sorted(names)  # never a chunk of the store
+    assert found.unfinished == []
+
+
 def test_quarantine_moves_aside_with_reason(tmp_path: Path) -> None:
     store = FsStore(str(tmp_path), create=True)
     store.put(CHUNKS[1].key, corrupt_copies(CHUNKS[1])["bitflip"])

@@ -536,3 +536,26 @@ def test_orphan_sweep_keeps_the_pages_it_read_when_a_later_one_fails(
     paged_uploads(store, monkeypatch, fail_after=1)
     assert len(store.orphans(0)) == 2
     store.close()
+
+
+def test_strays_split_into_shards_that_cover_them_once(s3_endpoint: str, s3_bucket: str) -> None:
+    import boto3
+
+    store = make(s3_endpoint, s3_bucket)
+    chunks = sample_chunks(8, seed=41)
+    client = boto3.client("s3", endpoint_url=s3_endpoint)
+    for chunk in chunks[:4]:
+        client.create_multipart_upload(Bucket=s3_bucket, Key=f"p/{chunk.key.path}")
+    ns = chunks[0].key.namespace
+    foreign = [f"p/{c.key.path}.junk" for c in chunks[4:]] + [f"p/{ns}/junk.txt"]
+    for name in foreign:
+        client.put_object(Bucket=s3_bucket, Key=name, Body=b"x")
+    whole = store.strays()
+    shards = [store.strays((i, 3)) for i in range(3)]
+    uploads = [f.path for s in shards for f in s.unfinished]
+    assert sorted(uploads) == sorted(f.path for f in whole.unfinished) and len(uploads) == 4
+    assert sorted(f.path for s in shards for f in s.foreign) == sorted(foreign)
+    assert f"p/{ns}/junk.txt" in [f.path for f in shards[0].foreign]  # under no fan-out prefix
+    assert store.remove_unfinished(shards[1].unfinished) == len(shards[1].unfinished)
+    assert len(store.orphans()) == 4 - len(shards[1].unfinished)
+    store.close()

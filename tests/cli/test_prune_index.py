@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -68,3 +69,48 @@ def test_bad_shards_and_flags_are_one_line_errors(cli, tmp_path: Path, redis_url
         assert result.rc == USAGE, (args, result.out, result.err)
         last = result.err.strip().splitlines()[-1]
         assert last.startswith("chunkstore ") and "Traceback" not in result.err
+
+
+def _orphans_and_foreign(root: Path) -> tuple[set[str], str]:
+    """An orphan temp file, two hours old, beside each chunk of ``root``, and one foreign
+    file; their paths relative to the root."""
+    from chunkstore.backends import _layout as L
+
+    old = time.time() - 7200
+    orphans = set()
+    for chunk in CHUNKS:
+        leaf = (root / chunk.key.path).parent
+        orphan = leaf / L.temp_name(chunk.key.hex)
+        orphan.write_bytes(b"partial")
+        os.utime(orphan, (old, old))
+        orphans.add(str(orphan.relative_to(root)))
+    readme = (root / CHUNKS[0].key.path).parent / "README"
+    readme.write_text("not a chunk")
+    return orphans, str(readme.relative_to(root))
+
+
+def test_sharded_reconciles_sweep_each_orphan_once(cli, tmp_path: Path, redis_url: str) -> None:
+    root = _store(tmp_path / "s")
+    orphans, readme = _orphans_and_foreign(Path(root))
+    index = f"index={redis_url}"
+    removed: list[str] = []
+    foreign: list[str] = []
+    for shard in range(3):
+        result = cli("prune", root, "-o", index, "--reconcile", "--shard", f"{shard}/3", "--json")
+        assert result.rc == 0, result.err
+        removed += result.json()["orphans_removed"]
+        foreign += result.json()["foreign"]
+    assert sorted(removed) == sorted(orphans)  # each once, by the shard of its directory
+    assert foreign == [readme]
+    assert not [p for p in Path(root).rglob("*") if str(p.relative_to(root)) in orphans]
+
+
+def test_a_sharded_verify_sweeps_its_own_directories(cli, tmp_path: Path) -> None:
+    from chunkstore.backends._index import shard_of
+
+    root = _store(tmp_path / "s")
+    orphans, _ = _orphans_and_foreign(Path(root))
+    result = cli("verify", root, "--shard", "1/2", "--json")
+    assert result.rc == 0, result.err
+    swept = result.json()["orphans_removed"]
+    assert swept and sorted(swept) == sorted(o for o in orphans if shard_of(o, 2) == 1)

@@ -156,11 +156,10 @@ def run(args: argparse.Namespace) -> int:
 def _collect(store: Store, args: argparse.Namespace) -> Summary:
     """List the store (reading each chunk's header unless ``--no-headers``) and its strays."""
     from chunkstore.cli.storeaccess import (
-        foreign_files,
+        find_strays,
         quarantined,
         read_error_count,
         stop_access_tracking,
-        temp_files,
         unreadable_among,
     )
 
@@ -184,8 +183,9 @@ def _collect(store: Store, args: argparse.Namespace) -> Summary:
                 if unreadable_among(store, [info.key], [None], errors_before):
                     summary.unreadable.append(info)
                 progress.advance()
-    orphans = temp_files(store)
-    foreign = foreign_files(store)
+    strays = find_strays(store)
+    orphans = [shown for _, shown in strays.temps]
+    foreign = strays.foreign
     summary.quarantined = quarantined(store)
     summary.model_ids = {fp: _model_id(store, fp) for fp in models}
     if args.namespace is not None:

@@ -45,7 +45,7 @@ With a capacity index (-o index=URL: Redis or Valkey), --max-bytes and
 --older-than evict through the index and walk nothing: the pass costs what it
 removes. --reconcile walks the store (or one shard of it, --shard i/n, so that
 several machines share the walk) and repairs the index from the files; it also
-sweeps orphans when it walks the whole store.
+sweeps the orphans of what it walked (shard 0 also quarantine and staging).
 """
 
 
@@ -83,7 +83,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--shard",
         metavar="I/N",
         type=shard_arg,
-        help="with --reconcile: walk only shard I of N (fan-out directories I mod N)",
+        help="with --reconcile: walk and sweep only shard I of N (fan-out directories I mod N)",
     )
     add_maintenance_options(parser, batch_default=256, batch_unit="deleted")
     add_output_options(parser)
@@ -278,8 +278,8 @@ def _run_indexed(args: argparse.Namespace, store: Any = None) -> int:
         evicted = index.evict(max_bytes=max_bytes, older_than=older_than)
         report["removed"] = evicted
         lines.append(f"evicted {evicted} chunks through the index")
-    if args.reconcile and args.shard is None:
-        strays = sweep(store, grace=parse_age(args.grace), dry_run=False)
+    if args.reconcile:
+        strays = sweep(store, grace=parse_age(args.grace), dry_run=False, shard=args.shard)
         report.update(strays.as_json())
         lines.extend(describe(strays, dry_run=False))
     usage = index.usage()

@@ -87,7 +87,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         metavar="I/N",
         type=shard_arg,
         help="only shard I of N (fan-out directories I mod N): N machines share one store's "
-        "pass; the orphan sweep runs only without --shard",
+        "pass, the orphan sweep included (shard 0 also sweeps quarantine and staging)",
     )
     add_maintenance_options(parser, batch_default=64, batch_unit="read")
     add_output_options(parser)
@@ -178,12 +178,8 @@ def run(args: argparse.Namespace) -> int:
                 bad = _judge_batch(store, batch, tally)
                 tally.findings.extend(_act(store, bad, args.action))
                 progress.advance(len(batch))
-        # The sweep walks the whole store: a sharded pass leaves it to the unsharded one.
-        strays = (
-            StraySweep()
-            if args.shard is not None
-            else sweep(store, grace=grace, dry_run=args.action == "report")
-        )
+        # A sharded pass sweeps its own directories: the shards together sweep them all.
+        strays = sweep(store, grace=grace, dry_run=args.action == "report", shard=args.shard)
     elapsed = time.monotonic() - started
     if args.json:
         emit_json(_document(args, tally, strays, elapsed))
