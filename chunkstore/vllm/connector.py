@@ -166,6 +166,7 @@ class ChunkStoreConnector(KVConnectorBase_V1, SupportsHMA):
             # Every chunk host memory holds, and as many again on their way to the tiers.
             identities=2 * cache.num_slots + 4096,
             groups=event_groups(self._kv_cache_config),
+            hash_block_size=_hash_block_size(self._vllm_config, self._kv_cache_config),
         )
         store.tiered.watch(events.buffer)
         return events
@@ -323,6 +324,16 @@ class ChunkStoreConnector(KVConnectorBase_V1, SupportsHMA):
         cls, vllm_config: Any, metric_types: Any, labelnames: Any, per_engine_labelvalues: Any
     ) -> ChunkStorePromMetrics:
         return ChunkStorePromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
+
+
+def _hash_block_size(vllm_config: Any, kv_cache_config: Any) -> int | None:
+    """The tokens one of ``request.block_hashes`` spans, where vLLM says (it resolves it
+    before it builds the scheduler); None: the block size."""
+    for config in (kv_cache_config, getattr(vllm_config, "cache_config", None)):
+        value = getattr(config, "hash_block_size", None)
+        if isinstance(value, int) and value > 0:
+            return value
+    return None
 
 
 def _kv_events_enabled(vllm_config: Any) -> bool:

@@ -21,9 +21,14 @@ Rules:
   one event per group, under the same block hashes, with that group's
   ``group_idx``. Stores also carry the group's ``kv_cache_spec_kind`` and
   ``kv_cache_spec_sliding_window``, as vLLM's GPU events do.
+* Where vLLM hashes finer than its blocks (``hash_block_size`` below the block
+  size, as a hybrid model's ``prefix_match_unit`` makes it), a block's hash is
+  the last fine hash inside it, as vLLM's own block pool names it.
 * Some chunks have vLLM block hashes that are not known. They may be another
-  engine's, or have a key forgotten past ``identities``. Such chunks are counted
-  in :attr:`ConnectorEvents.unmapped`.
+  engine's, or have a key forgotten past ``identities``, or come from a request
+  whose hashes do not tile its blocks (finer than ``hash_block_size`` says, or
+  a ``hash_block_size`` that does not divide the block size). Such chunks are
+  counted in :attr:`ConnectorEvents.unmapped`.
 """
 
 from __future__ import annotations
@@ -127,7 +132,9 @@ class ConnectorEvents:
     :meth:`take` calls. Older ones are dropped and counted. At most
     ``identities`` chunk keys are remembered. ``groups`` are the engine's KV
     cache groups (see :func:`event_groups`); one event per group stands for a
-    chunk's change.
+    chunk's change. ``hash_block_size`` is the token span of one of
+    ``request.block_hashes`` (vLLM's ``kv_cache_config.hash_block_size``; None:
+    ``block_size``). Where it does not divide ``block_size``, no chunk is mapped.
     """
 
     def __init__(
@@ -139,8 +146,14 @@ class ConnectorEvents:
         capacity: int = 65536,
         identities: int = 65536,
         groups: Sequence[EventGroup] = SINGLE_GROUP,
+        hash_block_size: int | None = None,
     ) -> None:
         self.block_size = block_size
+        self.hash_block_size = hash_block_size or block_size
+        # Fine hashes a block; None where they do not tile the blocks: nothing maps.
+        self._step: int | None = None
+        if 0 < self.hash_block_size <= block_size and block_size % self.hash_block_size == 0:
+            self._step = block_size // self.hash_block_size
         self.blocks_per_chunk = blocks_per_chunk
         self.mediums = dict(mediums)
         self.buffer = EventBuffer(capacity)
@@ -162,9 +175,11 @@ class ConnectorEvents:
         ``keys`` are the request's chunks ``first``, ``first + 1`` and so on.
         """
         bpc, bs = self.blocks_per_chunk, self.block_size
-        hashes = list(request.block_hashes)
-        if len(hashes) * bs > request.num_tokens + bs:
-            return  # hashes finer than blocks (a hybrid model's): no 1:1 view, leave unmapped
+        if self._step is None:
+            return
+        if len(request.block_hashes) * self.hash_block_size > request.num_tokens + bs:
+            return  # hashes finer than hash_block_size says: no view of the blocks, unmapped
+        hashes = _BlockView(request.block_hashes, self._step)
         for j, key in enumerate(keys):
             index = first + j
             with self._lock:
@@ -242,7 +257,29 @@ class ConnectorEvents:
         return out
 
 
-def _identity(request: Any, hashes: list[Any], index: int, bpc: int, bs: int) -> _Identity:
+class _BlockView:
+    """``request.block_hashes`` seen one hash per vLLM block: with ``step`` fine hashes a
+    block, a block's hash is the last one inside it (it chains over the whole prefix), as
+    vLLM's ``BlockHashListWithBlockSize`` reads it. Nothing is copied."""
+
+    __slots__ = ("hashes", "step")
+
+    def __init__(self, hashes: Sequence[Any], step: int) -> None:
+        self.hashes = hashes
+        self.step = step
+
+    def __len__(self) -> int:
+        return len(self.hashes) // self.step
+
+    def __getitem__(self, block: int) -> Any:
+        return self.hashes[(block + 1) * self.step - 1]
+
+    def blocks(self, start: int, stop: int) -> list[Any]:
+        """The hashes of blocks ``start`` to ``stop - 1``."""
+        return [self.hashes[(b + 1) * self.step - 1] for b in range(start, stop)]
+
+
+def _identity(request: Any, hashes: _BlockView, index: int, bpc: int, bs: int) -> _Identity:
     """Chunk ``index`` of ``request`` as vLLM's block pool describes its blocks."""
     from vllm.v1.core.kv_cache_utils import (
         generate_block_hash_extra_keys,
@@ -257,7 +294,7 @@ def _identity(request: Any, hashes: list[Any], index: int, bpc: int, bs: int) ->
     ]
     lora = getattr(request, "lora_request", None)
     return _Identity(
-        block_hashes=[maybe_convert_block_hash(h) for h in hashes[start : start + bpc]],
+        block_hashes=[maybe_convert_block_hash(h) for h in hashes.blocks(start, start + bpc)],
         parent=maybe_convert_block_hash(hashes[start - 1]) if start else None,
         token_ids=list(request.all_token_ids[start * bs : (start + bpc) * bs]),
         lora_id=lora.adapter_id if lora is not None else None,

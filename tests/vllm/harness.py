@@ -71,6 +71,8 @@ class Harness:
     worker: ChunkStoreConnector
     kv: dict[str, torch.Tensor]
     group_of: dict[str, int]
+    hash_block_size: int = BLOCK
+    """Tokens one of a request's ``block_hashes`` spans."""
     finished: dict[str, Any] = field(default_factory=dict)
     steps: int = 0
     connector_stats: list[Any] = field(default_factory=list)
@@ -90,7 +92,7 @@ class Harness:
             list(prompt),
             params,
             None,
-            block_hasher=get_request_block_hasher(BLOCK, sha256),
+            block_hasher=get_request_block_hasher(self.hash_block_size, sha256),
             **kwargs,
         )
         self.scheduler.add_request(request)
@@ -224,6 +226,7 @@ def make_harness(
     sliding_window: int | None = None,
     max_batched: int = 512,
     kv_events: Any = None,
+    hash_block_size: int = BLOCK,
 ) -> Harness:
     init_none_hash(sha256)
     model = ModelConfig(model=str(model_dir), dtype="bfloat16", seed=0, max_model_len=2048)
@@ -270,6 +273,7 @@ def make_harness(
     kv_cache_config = KVCacheConfig(
         num_blocks=num_blocks, kv_cache_tensors=[], kv_cache_groups=groups
     )
+    kv_cache_config.hash_block_size = hash_block_size  # as vLLM's engine core sets it
     config.cache_config.num_gpu_blocks = num_blocks
     worker = ChunkStoreConnector(config, KVConnectorRole.WORKER, kv_cache_config)
     kv = {
@@ -284,9 +288,10 @@ def make_harness(
         kv_cache_config=kv_cache_config,
         structured_output_manager=StructuredOutputManager(config),
         block_size=BLOCK,
+        hash_block_size=hash_block_size,
         log_stats=True,
     )
-    return Harness(scheduler, worker, kv, group_of)
+    return Harness(scheduler, worker, kv, group_of, hash_block_size)
 
 
 @contextlib.contextmanager

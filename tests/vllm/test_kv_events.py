@@ -263,3 +263,67 @@ def test_a_hybrid_models_chunks_are_announced_for_each_kv_cache_group(harness, e
     assert sorted((e.group_idx, tuple(e.block_hashes)) for e in removed) == sorted(
         (g, tuple(c)) for g in (0, 1) for c in chunks
     )
+
+
+def test_hashes_finer_than_blocks_announce_each_block_as_vllms_gpu_events_name_it(harness, events):
+    """With ``hash_block_size`` below the block size (a hybrid model's ``prefix_match_unit``),
+    a block's hash is the last fine hash inside it: the hashes vLLM's GPU events carry."""
+    config, sub = events
+    h = harness(kv_events=config, sliding_window=1024, hash_block_size=16)
+    request = h.add(PROMPT)
+    h.run()
+    index, decoded = PrefixIndex(), []
+    collect(sub, index, decoded, lambda: len(events_of(decoded, BlockStored, "CPU")) >= 8)
+    fine = hashes(request)
+    blocks = fine[1::2]  # 16-token hashes, 32-token blocks: every second one ends a block
+    assert len(blocks) >= 4 * BPC
+    chunks = [blocks[BPC * i : BPC * (i + 1)] for i in range(4)]
+    stored = events_of(decoded, BlockStored, "CPU")
+    gpu = events_of(decoded, BlockStored, "GPU")
+    for group in (0, 1):
+        of_group = [e for e in stored if e.group_idx == group]
+        assert [e.block_hashes for e in of_group] == chunks
+        assert [e.parent_block_hash for e in of_group] == [None] + [c[-1] for c in chunks[:-1]]
+        assert [e.token_ids for e in of_group] == [PROMPT[64 * i : 64 * (i + 1)] for i in range(4)]
+        gpu_blocks = [b for e in gpu if e.group_idx == group for b in e.block_hashes]
+        assert gpu_blocks[: 4 * BPC] == blocks[: 4 * BPC]  # vLLM names the blocks the same
+    assert h.connector.events is not None and h.connector.events.unmapped == 0
+
+
+def test_hashes_that_do_not_tile_the_blocks_are_counted_unmapped_not_announced(tiny_model):
+    """A request whose hashes are finer than ``hash_block_size`` says, or a
+    ``hash_block_size`` that does not divide the block size, maps no chunk."""
+    from vllm import SamplingParams
+    from vllm.utils.hashing import sha256
+    from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+    from vllm.v1.request import Request
+
+    from chunkstore.hashing import ChunkKey
+    from chunkstore.vllm.events import ConnectorEvents, tier_mediums
+
+    init_none_hash(sha256)
+    params = SamplingParams(max_tokens=1)
+    fine = Request("fine", PROMPT, params, None, block_hasher=get_request_block_hasher(16, sha256))
+    keys = [ChunkKey(bytes([i]) * 32, "0" * 16) for i in range(4)]
+    for hash_block_size in (32, 24):  # the request's hashes span 16 tokens
+        events = ConnectorEvents(
+            block_size=32,
+            blocks_per_chunk=BPC,
+            mediums=tier_mediums("host", []),
+            hash_block_size=hash_block_size,
+        )
+        events.remember(fine, 0, keys)
+        for key in keys:
+            events.buffer.chunk_stored(key, "host")
+        assert events.take() == []
+        assert events.unmapped == 4
+    told = ConnectorEvents(
+        block_size=32, blocks_per_chunk=BPC, mediums=tier_mediums("host", []), hash_block_size=16
+    )
+    told.remember(fine, 0, keys)
+    for key in keys:
+        told.buffer.chunk_stored(key, "host")
+    assert [e.block_hashes for e in told.take()] == [
+        hashes(fine)[1::2][BPC * i : BPC * (i + 1)] for i in range(4)
+    ]
+    assert told.unmapped == 0
