@@ -15,7 +15,11 @@ benchmark's events carry the put time, in nanoseconds, in their first two token 
 index (a redis-server of the benchmark's own on 127.0.0.1), and a
 :class:`~chunkstore.events.StoreAnnouncer` over another object of that store follows the
 index's change feed (its listing an hour away) and publishes what it reads, each chunk's
-parent and tokens read from its header.
+parent and tokens taken from its feed entry (the writer put them there). ``--shared-feed``
+writes the chunks first and appends their entries at ``--rate``, as the writers of many
+machines would; ``--names-only`` appends names alone (as a reconcile does), so the
+publisher reads each chunk's header, and ``--place juicefs`` puts the store on a JuiceFS
+volume: written through one mount, read through another.
 
 Reported per run: events/s delivered, lag p50/p99 from the put to the subscriber
 decoding its event (milliseconds), and events lost (sequence gaps no replay filled,
@@ -24,11 +28,13 @@ Nothing fails on a figure.
 
     python tools/bench_events.py [--rate 10000] [--seconds 3] [--runs 3] [--step-ms 5]
     python tools/bench_events.py --shared [--rate 2000]
+    python tools/bench_events.py --shared-feed [--names-only] [--place juicefs]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import functools
 import multiprocessing as mp
 import os
@@ -313,8 +319,8 @@ def _run_shared(rate: int, seconds: float, writers: int) -> dict[str, float]:
     return figures
 
 
-def _inject(url: str, feed: str, names: list[str], rate: int, done: Any) -> None:
-    """Feed process: append ``names`` to the change feed at ``rate`` a second, as the
+def _inject(url: str, feed: str, entries: list[dict[str, Any]], rate: int, done: Any) -> None:
+    """Feed process: append ``entries`` to the change feed at ``rate`` a second, as the
     index's scripts do for the writers of many machines; the times each went in."""
     import redis
 
@@ -324,33 +330,43 @@ def _inject(url: str, feed: str, names: list[str], rate: int, done: Any) -> None
     per_tick = max(1, rate // 1000)
     times: list[float] = []
     start = time.perf_counter()
-    for i in range(0, len(names), per_tick):
+    for i in range(0, len(entries), per_tick):
         due = start + i / rate
         while time.perf_counter() < due:
             time.sleep(0.00025)
         pipe = client.pipeline(transaction=False)
-        for name in names[i : i + per_tick]:
-            pipe.xadd(feed, {"s": name}, maxlen=FEED_LENGTH, approximate=True)
+        for entry in entries[i : i + per_tick]:
+            pipe.xadd(feed, entry, maxlen=FEED_LENGTH, approximate=True)
         now = time.time()
         pipe.execute()
-        times += [now] * len(names[i : i + per_tick])
+        times += [now] * len(entries[i : i + per_tick])
     done.put((times, time.perf_counter() - start))
 
 
-def _run_injected(rate: int, seconds: float) -> dict[str, float]:
+def _run_injected(rate: int, seconds: float, links: bool, place: str) -> dict[str, float]:
     """The shared-store publisher at ``rate`` stores a second: chunks written beforehand,
-    their feed entries appended at ``rate``, as many machines' writers would make them."""
-    from bench_sharing import redis_server
+    their feed entries appended at ``rate``, as many machines' writers would make them:
+    each with the chunk's parent and tokens (``d``), or with ``links=False`` its name alone,
+    so the publisher reads each header. ``place`` ``juicefs``: the chunks are written
+    through one JuiceFS mount and the publisher reads through another."""
+    from bench_sharing import juicefs_mounts, redis_server
 
     from chunkstore.events import EventPublisher, StoreAnnouncer
 
     total = int(rate * seconds)
     tmp = tempfile.mkdtemp(prefix="bench-events-feed-")
-    with redis_server(Path(tmp)) as port:
+    with contextlib.ExitStack() as stack:
+        port = stack.enter_context(redis_server(Path(tmp)))
         url = f"redis://127.0.0.1:{port}/0"
-        root = os.path.join(tmp, "store")
-        keys = _prewrite(root, total)
-        watched, describe = _watched(root, url)
+        written = watched_root = os.path.join(tmp, "store")
+        if place == "juicefs":
+            mounts = stack.enter_context(juicefs_mounts(Path(tmp), port))
+            if mounts is None:
+                raise RuntimeError("JuiceFS is not installed")
+            written, watched_root = str(mounts[0] / "store"), str(mounts[1] / "store")
+        made = _prewrite(written, total)
+        keys = [key for key, _ in made]
+        watched, describe = _watched(watched_root, url)
         ends = f"ipc://{tmp}/events", f"ipc://{tmp}/replay"
         pub = EventPublisher(ends[0], replay_endpoint=ends[1])
         announcer = StoreAnnouncer([], pub, describe, interval=3600)
@@ -358,9 +374,9 @@ def _run_injected(rate: int, seconds: float) -> dict[str, float]:
         announcer.start()
         reader = _Subscriber(pub, ends, arrivals=True)
         done = mp.get_context("spawn").Queue()
-        names = [key.path for key in keys]
+        entries = [{"s": key.path, "d": link} if links else {"s": key.path} for key, link in made]
         feeder = mp.get_context("spawn").Process(
-            target=_inject, args=(url, announcer.feeds[0].key, names, rate, done)
+            target=_inject, args=(url, announcer.feeds[0].key, entries, rate, done)
         )
         feeder.start()
         times, wrote = done.get(timeout=seconds * 20 + 60)
@@ -373,21 +389,23 @@ def _run_injected(rate: int, seconds: float) -> dict[str, float]:
     return _figures(received, gaps, total, total, wrote, lags)
 
 
-def _prewrite(root: str, count: int) -> list[Any]:
-    """``count`` small chunks written into a new store at ``root`` (no index); their keys."""
+def _prewrite(root: str, count: int) -> list[tuple[Any, bytes]]:
+    """``count`` small chunks written into a new store at ``root`` (no index); each one's
+    key and the parent and tokens its feed entry carries."""
     from chunkstore.backends._fs import FsStore
+    from chunkstore.format import chain_link
 
     store = FsStore(root, create=True)
-    keys = []
+    made = []
     for start in range(0, count, 500):
         items = [
             _first_chunk([j >> 16, j & 0xFFFF] + [7] * 14)
             for j in range(start, min(start + 500, count))
         ]
-        keys += [key for key, _ in items]
+        made += [(key, chain_link(data) or b"") for key, data in items]
         store.put_many(items)
     store.close()
-    return keys
+    return made
 
 
 def _drain_rate(store: Any, pub: Any, describe: Any, total: int) -> float:
@@ -428,6 +446,19 @@ def main() -> int:
         help="the shared-store publisher at --rate: chunks written first, their feed entries "
         "then appended at --rate, as the writers of many machines would (needs redis-server)",
     )
+    parser.add_argument(
+        "--names-only",
+        action="store_true",
+        help="with --shared-feed: entries name their chunk alone (as a reconcile's do), so "
+        "the publisher reads each chunk's header",
+    )
+    parser.add_argument(
+        "--place",
+        choices=("local", "juicefs"),
+        default="local",
+        help="with --shared-feed: where the store is; juicefs writes through one mount and "
+        "publishes through another",
+    )
     args = parser.parse_args()
     try:
         import msgpack  # noqa: F401
@@ -439,7 +470,7 @@ def main() -> int:
     for n in range(args.runs):
         try:
             if args.shared_feed:
-                r = _run_injected(args.rate, args.seconds)
+                r = _run_injected(args.rate, args.seconds, not args.names_only, args.place)
             elif args.shared:
                 r = _run_shared(args.rate, args.seconds, args.writers)
             else:
@@ -466,7 +497,9 @@ def main() -> int:
 
     what = f"step {args.step_ms:g} ms"
     if args.shared_feed:
-        what = "shared store, feed appended at the rate"
+        what = f"shared store on {args.place}, feed appended at the rate, entries " + (
+            "naming chunks alone" if args.names_only else "with parents and tokens"
+        )
     elif args.shared:
         what = f"shared store, {args.writers} writer processes"
     print(

@@ -2,7 +2,9 @@
 
 The index's scripts append one entry to a Redis stream for each chunk they put into the LRU
 order (``s``: stored) or take out of the index (``r``: removed); see
-:mod:`chunkstore.backends._index_scripts`. Every writer of the store, on every machine,
+:mod:`chunkstore.backends._index_scripts`. A writer's stored entry also carries ``d``: the
+chunk's parent digest and token bytes, so a reader can announce it without reading its
+header. Every writer of the store, on every machine,
 goes through them, so one reader of the stream sees the whole store change within a round
 trip, where a listing would see it at its next walk.
 
@@ -38,6 +40,10 @@ class FeedRead:
     changes: list[tuple[bool, ChunkKey]] = field(default_factory=list)
     """Every change in the order it happened: ``(True, key)`` stored, ``(False, key)``
     removed."""
+    links: dict[ChunkKey, bytes] = field(default_factory=dict)
+    """For stored chunks whose entry carried it (``d``): the parent digest and token bytes
+    the writer read from the chunk's header. Unchecked: BLAKE3 of it is the key's digest
+    when it is honest."""
     gap: bool = False
     """Entries were lost since the last read: list the store to know what it holds."""
 
@@ -133,13 +139,18 @@ class ChangeFeed:
         for raw_id, fields in entries:
             self._position = _id(raw_id)
             self._count += 1
-            for kind, name in fields.items():
-                key = _key_of_name(_text(name))
-                if key is not None:
-                    stored = _text(kind) == "s"
-                    out.changes.append((stored, key))
-                    if stored:
-                        out.stored.append(key)
+            fields = {_text(kind): value for kind, value in fields.items()}
+            for kind, stored in (("s", True), ("r", False)):
+                name = fields.get(kind)
+                key = None if name is None else _key_of_name(name)
+                if key is None:
+                    continue
+                out.changes.append((stored, key))
+                if stored:
+                    out.stored.append(key)
+                    link = fields.get("d")
+                    if isinstance(link, bytes):
+                        out.links[key] = link
         out.gap = self._lost
         self._lost = False
         if state is None:
@@ -176,9 +187,9 @@ class _Stream:
         return position != (0, 0) and self.first is not None and self.first > position
 
 
-def _key_of_name(name: str) -> ChunkKey | None:
+def _key_of_name(name: Any) -> ChunkKey | None:
     """The key of a chunk name ``<ns>/<ab>/<cd>/<hex>.kvc``; None for anything else."""
     try:
-        return ChunkKey.parse_path(name)
-    except (KeyParseError, ValueError):
+        return ChunkKey.parse_path(_text(name))
+    except (KeyParseError, ValueError):  # UnicodeDecodeError is a ValueError
         return None

@@ -37,6 +37,7 @@ from chunkstore.backends.maintenance import (
     reason_record,
 )
 from chunkstore.errors import StoreError
+from chunkstore.format import chain_link
 from chunkstore.hashing import ChunkKey, is_namespace
 
 log = logging.getLogger(__name__)
@@ -123,7 +124,12 @@ class FsWrites(Store):
             if isinstance(limiter, CapacityIndex):
                 admitting, reserved = reserved, None
                 written = limiter.admit(
-                    final, len(view), publish, replace=replace, reserved=admitting
+                    final,
+                    len(view),
+                    publish,
+                    replace=replace,
+                    reserved=admitting,
+                    link=chain_link(view) or b"",
                 )
             elif limiter is not None:
                 written = limiter.admit(final, len(view), publish, replace=replace)

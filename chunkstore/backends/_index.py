@@ -333,6 +333,7 @@ class CapacityIndex:
         *,
         replace: bool,
         reserved: concurrent.futures.Future[int] | None = None,
+        link: bytes = b"",
     ) -> bool:
         """Publish a chunk of ``size`` bytes at ``final`` once its room is made
         (:meth:`reserve`, done here unless ``reserved`` gives its future), then account it
@@ -341,7 +342,9 @@ class CapacityIndex:
 
         Returns what ``publish`` returned, or False for a chunk larger than the cap.
         ``publish`` returns False only when a file is at ``final`` already (a put-if-absent
-        that lost): that file is accounted in the chunk's place, not taken out.
+        that lost): that file is accounted in the chunk's place, not taken out. ``link`` (the
+        chunk's parent digest and token bytes, see :func:`chunkstore.format.chain_link`)
+        goes onto the change feed with the account, for readers that announce the chunk.
         """
         del replace  # publish() decides; the index learns the outcome either way
         if reserved is None:
@@ -356,7 +359,7 @@ class CapacityIndex:
             raise
         # Published, or another writer's file is there: either way a chunk is on disk, so
         # into the LRU order. Taking the entry out would drop the winner's chunk.
-        self._queue("account", self._name_of(final), size, drawn)
+        self._queue("account", self._name_of(final), size, drawn, link)
         return written
 
     def release(self, final: str, reserved: concurrent.futures.Future[int]) -> None:
@@ -542,8 +545,8 @@ class CapacityIndex:
             )
         return [None if isinstance(r, Exception) else r for r in results]
 
-    def _account_args(self, chunks: Sequence[tuple[str, int, int]]) -> list[Any]:
-        """The account script's arguments for ``chunks``, each ``(name, size, drawn)``."""
+    def _account_args(self, chunks: Sequence[tuple[str, int, int, bytes]]) -> list[Any]:
+        """The account script's arguments for ``chunks``, each ``(name, size, drawn, link)``."""
         cap = -1 if self.max_bytes is None else self.max_bytes
         writer = self._writer if self.max_bytes is not None else ""
         args: list[Any] = [writer, cap, MAX_VICTIMS * len(chunks), time.time()]
@@ -596,15 +599,18 @@ class CapacityIndex:
             return False
         return True
 
-    def account_many(self, published: Sequence[tuple[str, int]]) -> list[bool]:
-        """Count the chunks just published, each ``(path, size)``, in one pipeline (one round
-        trip per :data:`BATCH`), and delete the least recently used chunks the index chose
-        to bring usage back under the cap. For each chunk: True if the index had no entry
-        for it before; False if it had, or is down."""
+    def account_many(self, published: Sequence[tuple[str, int, bytes]]) -> list[bool]:
+        """Count the chunks just published, each ``(path, size, link)`` (``link`` as for
+        :meth:`admit`, or empty), in one pipeline (one round trip per :data:`BATCH`), and
+        delete the least recently used chunks the index chose to bring usage back under the
+        cap. For each chunk: True if the index had no entry for it before; False if it had,
+        or is down."""
         new: list[bool] = []
         for start in range(0, len(published), BATCH):
             part = published[start : start + BATCH]
-            requests = _grouped([("account", self._name_of(p), size, 0) for p, size in part])
+            requests = _grouped(
+                [("account", self._name_of(p), size, 0, link) for p, size, link in part]
+            )
             sent = time.time()
             results = self._pipelined(requests)
             victims = [victim for out in results if out is not None for victim in out[2:]]
@@ -822,7 +828,7 @@ class CapacityIndex:
             self.evicted += deleted
             self.kept += len(kept)
         for name, size in kept:
-            self._queue("account", name, size, 0)
+            self._queue("account", name, size, 0, b"")
         return deleted
 
     def _delete_one(self, name: str, chosen_at: float) -> tuple[bool, int]:
@@ -869,8 +875,8 @@ class WalkedNames:
 
 
 def _grouped(requests: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:
-    """``requests`` with each run of accounts, ``("account", name, size, drawn)``, made one
-    ``("accounts", [(name, size, drawn), ...])`` of at most :data:`ACCOUNT_CHUNKS`: one
+    """``requests`` with each run of accounts, ``("account", name, size, drawn, link)``, made
+    one ``("accounts", [(name, size, drawn, link), ...])`` of at most :data:`ACCOUNT_CHUNKS`: one
     script call for many chunks, in the same order."""
     out: list[tuple[Any, ...]] = []
     for request in requests:

@@ -5,7 +5,8 @@ credit and writers for the scripts that reserve room; meta for the stale mark).
 :mod:`chunkstore.backends._index` registers and calls them.
 
 Each script that puts a chunk into the LRU order appends ``s <name>`` to the store's change
-feed, and each that takes one out appends ``r <name>``: what
+feed (a writer's account adds ``d <link>``, the chunk's parent digest and token bytes), and
+each that takes one out appends ``r <name>``: what
 :class:`~chunkstore.backends._feed.ChangeFeed` reads. ``reserved`` holds the reservations
 of writers that follow an earlier reading of spec 6.8 (one per chunk); this library's
 writers reserve room as credit instead, and the scripts still honour both.
@@ -17,8 +18,12 @@ FEED_LENGTH = 100_000
 # Shared by the scripts below (KEYS: usage, lru, sizes, reserved, feed): appends to the change
 # feed, and takes one chunk out of the index, returning the bytes it held.
 _ANNOUNCE = f"""
-local function announce(feed, kind, name)
-  redis.call('XADD', feed, 'MAXLEN', '~', {FEED_LENGTH}, '*', kind, name)
+local function announce(feed, kind, name, link)
+  if link and link ~= '' then
+    redis.call('XADD', feed, 'MAXLEN', '~', {FEED_LENGTH}, '*', kind, name, 'd', link)
+  else
+    redis.call('XADD', feed, 'MAXLEN', '~', {FEED_LENGTH}, '*', kind, name)
+  end
 end
 """
 
@@ -78,8 +83,8 @@ end
 """
 
 # KEYS: usage, lru, sizes, reserved, feed, credit, writers. ARGV: writer (empty: none), cap
-# (-1: none), max victims, now (the first chunk's last use), then name, size, credit drawn for
-# each chunk.
+# (-1: none), max victims, now (the first chunk's last use), then name, size, credit drawn and
+# link (the parent digest and token bytes for the feed's ``d``; empty: none) for each chunk.
 # Accounts chunks just published: each is new, or replaces one of another size, and goes
 # into the LRU order. The credit each drew (when the writer reserved its room ahead) comes
 # off the writer's credit, so what is counted stays what is on disk plus what is reserved.
@@ -95,7 +100,7 @@ local writer = ARGV[1]
 local have = -1
 if writer ~= '' then have = tonumber(redis.call('HGET', KEYS[6], writer) or '-1') end
 local short, new, bytes, chunks, drawn = 0, {}, 0, 0, 0
-for i = 5, #ARGV, 3 do
+for i = 5, #ARGV, 4 do
   local name, size, draw = ARGV[i], tonumber(ARGV[i + 1]), tonumber(ARGV[i + 2])
   local old = redis.call('HGET', KEYS[3], name)
   if old then
@@ -108,9 +113,9 @@ for i = 5, #ARGV, 3 do
   end
   redis.call('HSET', KEYS[3], name, size)
   -- a microsecond apart, so the LRU order within one call is the order accounted
-  redis.call('ZADD', KEYS[2], tonumber(ARGV[4]) + (i - 5) / 3 * 1e-6, name)
+  redis.call('ZADD', KEYS[2], tonumber(ARGV[4]) + (i - 5) / 4 * 1e-6, name)
   redis.call('ZREM', KEYS[4], name)
-  announce(KEYS[5], 's', name)
+  announce(KEYS[5], 's', name, ARGV[i + 3])
   if draw > 0 then
     if draw > have then
       short = 1

@@ -30,6 +30,7 @@ from chunkstore.backends._s3requests import (
 from chunkstore.backends.base import Buffer
 from chunkstore.backends.maintenance import FileIdent, SetAside, reason_record
 from chunkstore.errors import StoreError
+from chunkstore.format import chain_link
 from chunkstore.hashing import ChunkKey
 
 log = logging.getLogger(__name__)
@@ -164,9 +165,10 @@ class S3Writes(S3Requests):
         if index is not None:  # the batch accounted in one round trip, after its PUTs
             index.account_many(
                 [
-                    (self.object_key(key), len(memoryview(data).cast("B")))
+                    (self.object_key(key), len(view), chain_link(view) or b"")
                     for (key, data), ok in zip(items, written)
                     if ok
+                    for view in (memoryview(data).cast("B"),)
                 ]
             )
         return written

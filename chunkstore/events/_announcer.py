@@ -35,10 +35,13 @@ import hashlib
 import hmac
 import logging
 import re
+import struct
 import threading
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
+
+import blake3
 
 from chunkstore.events._publisher import EventPublisher, _zmq
 from chunkstore.events._wire import (
@@ -48,7 +51,7 @@ from chunkstore.events._wire import (
     block_removed,
     block_stored,
 )
-from chunkstore.hashing import ChunkKey
+from chunkstore.hashing import DIGEST_SIZE, ChunkKey
 
 __all__ = ["ChunkQuery", "StoreAnnouncer", "curve_public_key"]
 
@@ -76,7 +79,9 @@ class StoreAnnouncer:
     seconds, and in between the change feed of each store that has a capacity index.
 
     A store with an index (``store.index.feed()``, through wrappers' ``inner``) is
-    followed as its writers change it, within a round trip of the index. Where the feed
+    followed as its writers change it, within a round trip of the index. A feed entry that
+    carries the chunk's parent and tokens, checked against its key, is announced without
+    reading the chunk's header. Where the feed
     lost entries (see :mod:`chunkstore.backends._feed`), the stores are listed at once.
     A store without one is seen at the next listing. ``follow=False`` lists only.
 
@@ -105,6 +110,9 @@ class StoreAnnouncer:
         """Chunks seen past ``max_chunks`` in the last listing. They are not announced."""
         self.followed = 0
         """Changes announced from change feeds (stores and removals)."""
+        self.bad_links = 0
+        """Feed entries whose parent and tokens (``d``) do not hash to their chunk's key: the
+        header was read instead."""
         self.feeds = [f for f in map(_feed_of, self.stores) if f is not None] if follow else []
         """The change feeds followed, one per store with a capacity index."""
         self._held: set[ChunkKey] = set()
@@ -179,11 +187,13 @@ class StoreAnnouncer:
         what changed; how many events went out. A feed that lost entries has the stores
         listed at once (on the listing thread, or by the next :meth:`scan`)."""
         changes: list[tuple[bool, ChunkKey]] = []
+        links: dict[ChunkKey, bytes] = {}
         for feed in self.feeds:
             read = feed.read(timeout / len(self.feeds))
             if read.gap:
                 self._rescan.set()
             changes += read.changes
+            links.update(read.links)
         now = time.monotonic()
         final: dict[ChunkKey, bool] = dict.fromkeys(self._due(now), True)
         for stored, key in changes:  # in order: the last change of a key is its state
@@ -198,7 +208,11 @@ class StoreAnnouncer:
                 if stored != (key in self._held)
                 and not (stored and len(self._held) >= self.max_chunks)
             ]
-        described = {key: self.describe(key) for key, stored in todo if stored}
+        described = {
+            key: self._from_link(key, links.get(key)) or self.describe(key)
+            for key, stored in todo
+            if stored
+        }
         with self._lock:
             events: list[dict[str, Any]] = []
             for key, stored in todo:
@@ -217,6 +231,21 @@ class StoreAnnouncer:
             self._publish_pages(events)
             self.followed += len(events)
         return len(events)
+
+    def _from_link(self, key: ChunkKey, link: bytes | None) -> tuple[bytes, list[int]] | None:
+        """The parent and tokens a feed entry's ``link`` gives for ``key``, if it is what the
+        key hashes (so no header need be read); None without one, or for one that is not
+        (counted in :attr:`bad_links`: the header is read instead)."""
+        if link is None:
+            return None
+        if len(link) < DIGEST_SIZE or (len(link) - DIGEST_SIZE) % 4:
+            self.bad_links += 1
+            return None
+        if blake3.blake3(link).digest() != key.digest:
+            self.bad_links += 1
+            return None
+        count = (len(link) - DIGEST_SIZE) // 4
+        return link[:DIGEST_SIZE], list(struct.unpack_from(f"<{count}I", link, DIGEST_SIZE))
 
     def _due(self, now: float) -> list[ChunkKey]:
         """Pending stored keys to describe again; those past their time are dropped."""

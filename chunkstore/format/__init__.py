@@ -24,6 +24,7 @@ from chunkstore.format._spec import KVSpec, LayerGroup, LayerKind
 # isort: split
 # Importable here, not curated (see the module docstring).
 from chunkstore.format._chunk import PayloadVerifier as PayloadVerifier
+from chunkstore.format._chunk import chain_link as chain_link
 from chunkstore.format._chunk import check_identity as check_identity
 from chunkstore.format._chunk import header_bytes_needed as header_bytes_needed
 from chunkstore.format._chunk import key_digest as key_digest

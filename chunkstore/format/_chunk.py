@@ -21,6 +21,7 @@ from chunkstore.errors import (
     ChecksumMismatch,
     CompressionError,
     ConfigError,
+    FormatError,
     KeyMismatch,
     LayoutError,
     MissingDependency,
@@ -31,6 +32,7 @@ from chunkstore.errors import (
 from chunkstore.format._dtypes import dtype_named
 from chunkstore.format._header import (
     FORMAT_VERSION,
+    MAX_HEADER_BYTES,
     ChunkHeader,
     _meta_fields,
     complete_header,
@@ -39,6 +41,7 @@ from chunkstore.format._header import (
     render_header,
 )
 from chunkstore.format._layout import ALIGNMENT, ChunkLayout
+from chunkstore.format._template import _known_link
 
 if TYPE_CHECKING:
     import numpy as np
@@ -579,6 +582,27 @@ def check_identity(
 def read_header(data: Any) -> ChunkHeader:
     """Parse only the header (no checksum): for listing and inspection."""
     return parse_header(memoryview(data).cast("B"))
+
+
+def chain_link(data: bytes | bytearray | memoryview) -> bytes | None:
+    """What the key of the chunk at the start of ``data`` hashes: its parent digest
+    followed by its tokens as little-endian uint32, as its header holds them (BLAKE3 of
+    the result is the key's digest, when the header is honest). None where the header is
+    not whole or not well formed. A header of a known layout is read by position."""
+    view = memoryview(data).cast("B")
+    if len(view) < 8:
+        return None
+    end = header_bytes_needed(view)
+    if end - 8 > MAX_HEADER_BYTES or len(view) < end:
+        return None
+    link = _known_link(bytes(view[:end]))
+    if link is not None:
+        return link
+    try:
+        header = parse_header(view)
+    except FormatError:
+        return None
+    return header.parent + header.token_bytes
 
 
 def header_bytes_needed(prefix: bytes | bytearray | memoryview) -> int:

@@ -242,6 +242,21 @@ def _parse_known(raw: bytes) -> ChunkHeader | None:
     return None
 
 
+def _known_link(raw: bytes) -> bytes | None:
+    """The parent digest and token bytes of ``raw``, read by position as
+    :func:`_parse_known` reads them, the rest left unparsed; None if no known template
+    matches or either field is not lower-case hex."""
+    for template, pieces in _KNOWN_TEMPLATES.get(len(raw), ()):
+        for start, piece in pieces:
+            if not raw.startswith(piece, start):
+                break
+        else:
+            parent = _unhex(raw[slice(*template.positions["parent"])])
+            tokens = _unhex(raw[slice(*template.positions["tokens"])])
+            return None if parent is None or tokens is None else parent + tokens
+    return None
+
+
 def _known_fields(raw: bytes, template: HeaderTemplate) -> ChunkHeader:
     """The header ``raw`` holds, whose fixed bytes are ``template``'s."""
     values: dict[str, bytes] = {}

@@ -172,3 +172,72 @@ def test_a_writer_that_loses_a_put_race_leaves_the_winner_counted(
     finally:
         for node in nodes:
             node.close()
+
+
+def _links(store: object, feed: ChangeFeed) -> dict[object, bytes | None]:
+    """Per chunk the feed named stored: the parent and tokens (``d``) its entry carried."""
+    changes: dict[object, bytes | None] = {}
+    for _ in range(20):
+        read = feed.read(0.05)
+        for stored, key in read.changes:
+            if stored:
+                changes[key] = read.links.get(key)
+        if not read.changes:
+            break
+    return changes
+
+
+@pytest.mark.parametrize("capped", [False, True])
+def test_a_filesystem_writers_entries_carry_what_each_key_hashes(
+    tmp_path: Path, redis_url: str, capped: bool
+) -> None:
+    """A reader announces the chunk from its entry: BLAKE3 of ``d`` is the key's digest,
+    and it is the header's parent and tokens. A reconcile's entry, from a walk, has none."""
+    import blake3
+
+    from chunkstore.format import read_header
+
+    root = str(tmp_path / "s")
+    writer = FsStore(root, create=True, max_bytes=100 * SIZE if capped else None, index=redis_url)
+    assert writer.index is not None
+    feed = writer.index.feed()
+    try:
+        writer.put_many([(c.key, c.data) for c in CHUNKS[:4]])
+        writer.index.flush()
+        links = _links(writer, feed)
+        assert set(links) == {c.key for c in CHUNKS[:4]}
+        for chunk in CHUNKS[:4]:
+            link = links[chunk.key]
+            assert link is not None and blake3.blake3(link).digest() == chunk.key.digest
+            header = read_header(chunk.data)
+            assert link == header.parent + header.token_bytes
+        plain = FsStore(root)
+        plain.put(CHUNKS[4].key, CHUNKS[4].data)
+        plain.close()
+        writer.index.reconcile()
+        assert _links(writer, feed) == {CHUNKS[4].key: None}
+    finally:
+        writer.close()
+
+
+def test_an_s3_writers_entries_carry_what_each_key_hashes(
+    s3_endpoint: str, s3_bucket: str, redis_url: str
+) -> None:
+    import blake3
+
+    pytest.importorskip("s3fs")
+    from chunkstore.backends._s3 import S3Store
+
+    store = S3Store(s3_bucket, "linked", endpoint_url=s3_endpoint, backoff=0.001, index=redis_url)
+    assert store.index is not None
+    feed = store.index.feed()
+    try:
+        store.put_many([(c.key, c.data) for c in CHUNKS[:3]])
+        links = _links(store, feed)
+        assert set(links) == {c.key for c in CHUNKS[:3]}
+        assert all(
+            link is not None and blake3.blake3(link).digest() == key.digest
+            for key, link in links.items()
+        )
+    finally:
+        store.close()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import struct
 import threading
 
 import pytest
@@ -409,9 +410,13 @@ def test_a_gap_in_the_feed_has_the_stores_listed_at_once(ends, indexed, tmp_path
             announcer.close()
 
 
-def test_a_followed_store_whose_header_is_not_readable_yet_is_tried_again(ends, indexed):
-    """Another mount may show a new file a moment after the feed names it."""
-    watched, writer = indexed
+def test_a_followed_store_whose_header_is_not_readable_yet_is_tried_again(ends, indexed, tmp_path):
+    """Another mount may show a new file a moment after the feed names it. An entry with no
+    parent and tokens (``d``), as a reconcile adds for a file it found, is described from
+    the chunk's header."""
+    from chunkstore.backends._fs import FsStore
+
+    watched, _ = indexed
     seen = describe(watched)
     asked: list[object] = []
 
@@ -422,12 +427,76 @@ def test_a_followed_store_whose_header_is_not_readable_yet_is_tried_again(ends, 
     with EventPublisher(ends[0]) as pub:
         announcer = StoreAnnouncer([watched], pub, late, interval=3600)
         announcer.scan()
-        writer.put(CHUNKS[0].key, CHUNKS[0].data)
-        writer.index.flush()
+        plain = FsStore(str(tmp_path / "shared"))  # no index: no entry of its own
+        plain.put(CHUNKS[0].key, CHUNKS[0].data)
+        plain.close()
+        feed = announcer.feeds[0]
+        feed.client.xadd(feed.key, {"s": CHUNKS[0].key.path})
         assert announcer.follow(0.5) == 0 and announcer.held == 0
         assert announcer.follow(0.05) == 1 and announcer.held == 1
         assert asked == [CHUNKS[0].key, CHUNKS[0].key]
         assert announcer.follow(0.05) == 0  # announced once
+
+
+def test_a_writers_feed_entry_carries_what_its_chunk_is_announced_with(ends, indexed):
+    """A writer's entry carries the chunk's parent and tokens: the announcer publishes them
+    without reading a header, and they are the header's."""
+    watched, writer = indexed
+
+    def never(key):
+        raise AssertionError(f"read the header of {key}")
+
+    with EventPublisher(ends[0], replay_endpoint=ends[1]) as pub:
+        announcer = StoreAnnouncer([watched], pub, never, interval=3600)
+        announcer.scan()
+        with EventSubscriber(ends[0], replay_endpoint=ends[1]) as sub:
+            index, got = PrefixIndex(), []
+            writer.put_many([(c.key, c.data) for c in CHUNKS])
+            writer.index.flush()
+            assert announcer.follow(0.5) == len(CHUNKS)
+            pub.flush()
+            for _ in range(ROUNDS):
+                for received in sub.catch_up() + sub.receive(timeout=0.1):
+                    index.apply("store", received)
+                    got += [e for e in received.batch.events if e["type"] == "BlockStored"]
+                if len(got) >= len(CHUNKS):
+                    break
+    headers = {c.key.digest: describe(watched)(c.key) for c in CHUNKS}
+    assert {e["block_hashes"][0]: (e["parent_block_hash"], e["token_ids"]) for e in got} == (
+        headers
+    )
+    assert announcer.bad_links == 0
+
+
+def test_a_feed_entry_whose_tokens_do_not_hash_to_its_key_is_read_from_the_header(
+    ends, indexed, tmp_path
+):
+    """``d`` is a writer's word: one that is not what the key hashes (or is cut short) is
+    counted and the chunk's header read instead."""
+    from chunkstore.backends._fs import FsStore
+
+    watched, _ = indexed
+    read: list[object] = []
+    seen = describe(watched)
+
+    def header(key):
+        read.append(key)
+        return seen(key)
+
+    with EventPublisher(ends[0]) as pub:
+        announcer = StoreAnnouncer([watched], pub, header, interval=3600)
+        announcer.scan()
+        plain = FsStore(str(tmp_path / "shared"))  # no index: no entries of its own
+        plain.put_many([(c.key, c.data) for c in CHUNKS[:2]])
+        plain.close()
+        feed = announcer.feeds[0]
+        parent, tokens = seen(CHUNKS[0].key)
+        lying = parent + struct.pack(f"<{len(tokens)}I", *[t + 1 for t in tokens])
+        feed.client.xadd(feed.key, {"s": CHUNKS[0].key.path, "d": lying})
+        feed.client.xadd(feed.key, {"s": CHUNKS[1].key.path, "d": b"short"})
+        assert announcer.follow(0.5) == 2
+    assert read == [CHUNKS[0].key, CHUNKS[1].key]
+    assert announcer.bad_links == 2
 
 
 def test_serve_follows_a_store_opened_with_its_index(tmp_path, redis_url):

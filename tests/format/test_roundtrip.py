@@ -23,6 +23,7 @@ from chunkstore.format import (
     ChunkLayout,
     KVSpec,
     LayerGroup,
+    chain_link,
     decode_chunk,
     decode_into,
     encode_chunk,
@@ -283,3 +284,36 @@ def test_a_reader_learns_the_template_of_a_header_it_parsed(monkeypatch) -> None
     assert read_header(foreign + bytes(chunk[header.data_offset :])).key == header.key
     assert not template_module._KNOWN_TEMPLATES
     assert len(template_module._UNLEARNABLE) == 1
+
+
+@settings(max_examples=50, deadline=None)
+@given(kv_specs(), st.integers(0, 2**31), st.booleans())
+def test_a_chunks_chain_link_is_what_its_key_hashes(spec: KVSpec, seed: int, zstd: bool) -> None:
+    """``chain_link`` gives the parent digest and token bytes, by position for a known
+    header and through the JSON parser for any other; BLAKE3 of it is the key."""
+    import blake3
+
+    kwargs = {"compression": "zstd"} if zstd else {}
+    data, _, tokens, key, root = _encode(ChunkLayout(spec), seed, **kwargs)
+    link = chain_link(data)
+    assert link == root + tokens.astype("<u4").tobytes()
+    assert blake3.blake3(link).digest() == key
+    saved = dict(template_module._KNOWN_TEMPLATES)
+    template_module._KNOWN_TEMPLATES.clear()
+    try:
+        assert chain_link(data) == link
+    finally:
+        template_module._KNOWN_TEMPLATES.clear()
+        template_module._KNOWN_TEMPLATES.update(saved)
+
+
+def test_a_chain_link_of_a_cut_or_damaged_header_is_none() -> None:
+    spec = KVSpec.simple("m", num_layers=2, num_kv_heads=2, head_dim=4, chunk_tokens=8)
+    data, *_ = _encode(ChunkLayout(spec), 4)
+    end = read_header(data).data_offset
+    assert chain_link(data[: end - 1]) is None
+    assert chain_link(data[:7]) is None
+    assert chain_link(b"\xff" * 64) is None
+    damaged = bytearray(data)
+    damaged[data.index(b'"parent"') + 12] = ord("G")  # not a hex digit
+    assert chain_link(bytes(damaged)) is None
