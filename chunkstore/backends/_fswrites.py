@@ -216,8 +216,10 @@ class FsWrites(Store):
         On a local filesystem a ctime is never later than the change it stamps, so no file
         changed before the choice is kept; a kernel may stamp it with a clock up to a tick
         behind, so a change within a tick after the choice may go unseen. Elsewhere the
-        ctime is another machine's clock: skew keeps a file that changed just before, or
-        misses a change just after. Neither is worse than deleting every victim.
+        ctime is another machine's clock: skew keeps files that changed before, or misses a
+        change just after; the index bounds how often it lets a victim stay
+        (:data:`~chunkstore.backends._index.SPARE_WINDOW`). A use kept in an access record
+        leaves the ctime alone and is not seen.
         """
         st = self.io.stat(path)
         if st is None:

@@ -26,6 +26,7 @@ import array
 import collections
 import concurrent.futures
 import logging
+import math
 import re
 import threading
 import time
@@ -76,6 +77,14 @@ CREDIT_TOTAL_SHARE = 4
 """The credit all writers of a store hold is at most this fraction of the cap (1/4), but for
 one chunk's room per writer: credit is counted in usage, so it takes room from chunks. Past
 it, a credit request gets only the room its next chunk needs."""
+SPARE_WINDOW = 60.0
+"""Seconds after which a victim left in place once (its file changed after the choice) may
+be left again: chosen again sooner, it is deleted. So a ctime clock running ahead of this
+machine's, which makes every file look changed after the choice, costs one extra account a
+victim, not an eviction that never ends."""
+MAX_SPARED = 4096
+"""Most victims one index leaves in place within :data:`SPARE_WINDOW`; beyond that, victims
+are deleted whatever their ctime."""
 CREDIT_GRACE = 60.0
 """Seconds, by the index server's clock, after a writer's last credit request or account
 after which its credit is given back: the writer is taken as dead. A live writer that idles
@@ -235,6 +244,9 @@ class CapacityIndex:
         self.kept = 0
         """Victims this process left in place because their file changed after the index
         chose them (a put replaced it, or a read recorded a use), and accounted again."""
+        # Victims left in place, with when (monotonic), oldest first: at most once each
+        # within SPARE_WINDOW, and at most MAX_SPARED in it.
+        self._spared: dict[str, float] = {}
 
     # --- talking to the server -----------------------------------------------------
 
@@ -832,12 +844,25 @@ class CapacityIndex:
         return deleted
 
     def _delete_one(self, name: str, chosen_at: float) -> tuple[bool, int]:
+        now = time.monotonic()
+        with self._lock:
+            while self._spared:
+                oldest, since = next(iter(self._spared.items()))
+                if now - since < SPARE_WINDOW:
+                    break
+                del self._spared[oldest]
+            # Spared once already, or too many spared: delete whatever the ctime says.
+            may_spare = name not in self._spared and len(self._spared) < MAX_SPARED
         try:
-            return self._evict(self._path_of(name), chosen_at)
+            deleted, kept = self._evict(self._path_of(name), chosen_at if may_spare else math.inf)
         except OSError as exc:
             # Out of the index but still on disk: the next reconcile counts it again.
             log.warning("%s: cannot evict %s: %s", self._label, name, exc)
             return False, 0
+        if kept:
+            with self._lock:
+                self._spared[name] = now
+        return deleted, kept
 
 
 class WalkedNames:

@@ -894,6 +894,49 @@ def test_a_capped_writer_keeps_a_victim_replaced_after_its_credit_chose_it(
     assert (usage.bytes, usage.chunks) == on_disk
 
 
+def test_a_ctime_clock_ahead_of_the_writers_spares_each_victim_once_and_the_cap_holds(
+    tmp_path: Path, redis_url: str
+) -> None:
+    """Where files are stamped by a clock a minute ahead (another machine's), every victim
+    looks changed after the choice. Each is left in place once and deleted when chosen
+    again, so eviction ends, and the files come back under the cap."""
+    store = FsStore(str(tmp_path / "s"), create=True, max_bytes=10 * SIZE, index=redis_url)
+    index = store.index
+    assert index is not None
+    evict = index._evict
+    index._evict = lambda path, chosen_at: evict(path, chosen_at - 60.0)
+    chunks = sample_chunks(30, seed=12)
+    for chunk in chunks:
+        store.put_many([(chunk.key, chunk.data)])
+    index.flush()
+    kept = index.kept
+    assert 0 < kept <= len(chunks)  # each victim spared once at most
+    time.sleep(0.5)
+    assert index.kept == kept  # nothing goes on accounting and sparing by itself
+    on_disk = disk_usage(store)
+    assert on_disk[0] <= 10 * SIZE
+    usage = index.usage()
+    assert (usage.bytes, usage.chunks) == on_disk
+    store.close()
+
+
+def test_past_max_spared_victims_are_deleted_whatever_their_ctime(
+    tmp_path: Path, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(_index, "MAX_SPARED", 2)
+    store = FsStore(str(tmp_path / "s"), create=True, max_bytes=4 * SIZE, index=redis_url)
+    index = store.index
+    assert index is not None
+    evict = index._evict
+    index._evict = lambda path, chosen_at: evict(path, chosen_at - 60.0)
+    for chunk in sample_chunks(12, seed=13):
+        store.put_many([(chunk.key, chunk.data)])
+    index.flush()
+    assert index.kept == 2
+    assert disk_usage(store)[0] <= 4 * SIZE
+    store.close()
+
+
 # --- reconcile and reservations whose files are not published yet ------------------------
 
 
