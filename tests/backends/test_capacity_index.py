@@ -838,14 +838,20 @@ def test_a_victim_replaced_through_the_same_juicefs_mount_stays(
     _replaced_victim_stays(str(juicefs.fresh("victim")[0] / "s"), redis_url)
 
 
-def _replaced_victim_stays(root: str, redis_url: str) -> None:
-    store = FsStore(root, create=True, index=redis_url)
+def _ten_aged(store: FsStore) -> tuple[_index.CapacityIndex, dict[str, MadeChunk]]:
+    """Ten chunks put into ``store`` and aged, its index reconciled from them; the index,
+    and the chunks by path."""
     store.put_many([(c.key, c.data) for c in CHUNKS[:10]])
     _aged(store, CHUNKS[:10])
     index = store.index
     assert index is not None
     index.reconcile()
-    by_path = {store.path_of(c.key): c for c in CHUNKS[:10]}
+    return index, {store.path_of(c.key): c for c in CHUNKS[:10]}
+
+
+def _replaced_victim_stays(root: str, redis_url: str) -> None:
+    store = FsStore(root, create=True, index=redis_url)
+    index, by_path = _ten_aged(store)
     changed = _changing_first_victim(
         index, lambda path: store.put_many([(by_path[path].key, by_path[path].data)])
     )
@@ -858,12 +864,7 @@ def _replaced_victim_stays(root: str, redis_url: str) -> None:
 
 def test_a_victim_read_after_the_choice_stays(tmp_path: Path, redis_url: str) -> None:
     store = FsStore(str(tmp_path / "s"), create=True, index=redis_url, access_resolution=0)
-    store.put_many([(c.key, c.data) for c in CHUNKS[:10]])
-    _aged(store, CHUNKS[:10])
-    index = store.index
-    assert index is not None
-    index.reconcile()
-    by_path = {store.path_of(c.key): c for c in CHUNKS[:10]}
+    index, by_path = _ten_aged(store)
     changed = _changing_first_victim(index, lambda path: store.get(by_path[path].key))
     assert index.evict(max_bytes=0) == 9
     assert index.kept == 1 and [store.path_of(i.key) for i in store.list()] == changed
