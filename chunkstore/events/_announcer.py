@@ -238,10 +238,8 @@ class StoreAnnouncer:
         (counted in :attr:`bad_links`: the header is read instead)."""
         if link is None:
             return None
-        if len(link) < DIGEST_SIZE or (len(link) - DIGEST_SIZE) % 4:
-            self.bad_links += 1
-            return None
-        if blake3.blake3(link).digest() != key.digest:
+        whole = len(link) >= DIGEST_SIZE and (len(link) - DIGEST_SIZE) % 4 == 0
+        if not whole or blake3.blake3(link).digest() != key.digest:
             self.bad_links += 1
             return None
         count = (len(link) - DIGEST_SIZE) // 4

@@ -233,12 +233,19 @@ def _parse_known(raw: bytes) -> ChunkHeader | None:
     ``bytes.fromhex`` would need a str.
     Decoding the 2 KiB token field to one cost more than the rest of the parse.
     """
+    template = _known_template(raw)
+    return None if template is None else _known_fields(raw, template)
+
+
+def _known_template(raw: bytes) -> HeaderTemplate | None:
+    """The known template whose fixed bytes ``raw`` holds, compared with ``startswith``
+    at their offsets; None if none does."""
     for template, pieces in _KNOWN_TEMPLATES.get(len(raw), ()):
         for start, piece in pieces:
             if not raw.startswith(piece, start):
                 break
         else:
-            return _known_fields(raw, template)
+            return template
     return None
 
 
@@ -246,15 +253,12 @@ def _known_link(raw: bytes) -> bytes | None:
     """The parent digest and token bytes of ``raw``, read by position as
     :func:`_parse_known` reads them, the rest left unparsed; None if no known template
     matches or either field is not lower-case hex."""
-    for template, pieces in _KNOWN_TEMPLATES.get(len(raw), ()):
-        for start, piece in pieces:
-            if not raw.startswith(piece, start):
-                break
-        else:
-            parent = _unhex(raw[slice(*template.positions["parent"])])
-            tokens = _unhex(raw[slice(*template.positions["tokens"])])
-            return None if parent is None or tokens is None else parent + tokens
-    return None
+    template = _known_template(raw)
+    if template is None:
+        return None
+    parent = _unhex(raw[slice(*template.positions["parent"])])
+    tokens = _unhex(raw[slice(*template.positions["tokens"])])
+    return None if parent is None or tokens is None else parent + tokens
 
 
 def _known_fields(raw: bytes, template: HeaderTemplate) -> ChunkHeader:

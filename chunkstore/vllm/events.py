@@ -179,7 +179,10 @@ class ConnectorEvents:
             return
         if len(request.block_hashes) * self.hash_block_size > request.num_tokens + bs:
             return  # hashes finer than hash_block_size says: no view of the blocks, unmapped
-        hashes = _BlockView(request.block_hashes, self._step)
+        from vllm.v1.core.kv_cache_utils import BlockHashListWithBlockSize
+
+        # One hash per block, the last fine one inside it, as vLLM's block pool reads them.
+        hashes = BlockHashListWithBlockSize(request.block_hashes, self.hash_block_size, bs)
         for j, key in enumerate(keys):
             index = first + j
             with self._lock:
@@ -257,30 +260,9 @@ class ConnectorEvents:
         return out
 
 
-class _BlockView:
-    """``request.block_hashes`` seen one hash per vLLM block: with ``step`` fine hashes a
-    block, a block's hash is the last one inside it (it chains over the whole prefix), as
-    vLLM's ``BlockHashListWithBlockSize`` reads it. Nothing is copied."""
-
-    __slots__ = ("hashes", "step")
-
-    def __init__(self, hashes: Sequence[Any], step: int) -> None:
-        self.hashes = hashes
-        self.step = step
-
-    def __len__(self) -> int:
-        return len(self.hashes) // self.step
-
-    def __getitem__(self, block: int) -> Any:
-        return self.hashes[(block + 1) * self.step - 1]
-
-    def blocks(self, start: int, stop: int) -> list[Any]:
-        """The hashes of blocks ``start`` to ``stop - 1``."""
-        return [self.hashes[(b + 1) * self.step - 1] for b in range(start, stop)]
-
-
-def _identity(request: Any, hashes: _BlockView, index: int, bpc: int, bs: int) -> _Identity:
-    """Chunk ``index`` of ``request`` as vLLM's block pool describes its blocks."""
+def _identity(request: Any, hashes: Any, index: int, bpc: int, bs: int) -> _Identity:
+    """Chunk ``index`` of ``request`` as vLLM's block pool describes its blocks; ``hashes``
+    holds one hash per block."""
     from vllm.v1.core.kv_cache_utils import (
         generate_block_hash_extra_keys,
         maybe_convert_block_hash,
@@ -294,7 +276,7 @@ def _identity(request: Any, hashes: _BlockView, index: int, bpc: int, bs: int) -
     ]
     lora = getattr(request, "lora_request", None)
     return _Identity(
-        block_hashes=[maybe_convert_block_hash(h) for h in hashes.blocks(start, start + bpc)],
+        block_hashes=[maybe_convert_block_hash(h) for h in hashes[start : start + bpc]],
         parent=maybe_convert_block_hash(hashes[start - 1]) if start else None,
         token_ids=list(request.all_token_ids[start * bs : (start + bpc) * bs]),
         lora_id=lora.adapter_id if lora is not None else None,
