@@ -812,8 +812,12 @@ class CapacityIndex:
 
         One at a time, a victim whose file changed after the choice stays, and its account
         is queued again: a put that replaced it, or a read, came after the index chose it.
+        In batches (a store with no ctime to compare: S3), a victim the index took in again
+        since the choice stays: a writer stored it anew and accounted it.
         """
         names = [raw.decode() if isinstance(raw, bytes) else str(raw) for raw in victims]
+        if self._evict_many is not None and names:
+            names = self._still_out(names)
         if self._evict_many is not None and names:
             try:
                 deleted = self._evict_many([self._path_of(name) for name in names])
@@ -842,6 +846,18 @@ class CapacityIndex:
         for name, size in kept:
             self._queue("account", name, size, 0, b"")
         return deleted
+
+    def _still_out(self, names: list[str]) -> list[str]:
+        """Of victims ``names``, those not back in the LRU order (one round trip). A victim
+        back there was accounted after the index chose it: a writer stored it again, so it
+        stays, counted in :attr:`kept`. With the index unreachable, all of them."""
+        ok, scores = self._call("evict", lambda: self.client.zmscore(self._keys[1], names))
+        if not ok:
+            return names
+        out = [name for name, score in zip(names, scores) if score is None]
+        with self._lock:
+            self.kept += len(names) - len(out)
+        return out
 
     def _delete_one(self, name: str, chosen_at: float) -> tuple[bool, int]:
         now = time.monotonic()

@@ -1038,7 +1038,8 @@ def test_s3_victims_go_in_batched_deletes_with_their_access_records(
     request: pytest.FixtureRequest, server: str, redis_url: str
 ) -> None:
     """An eviction on S3 deletes its victims and their access records in DeleteObjects
-    requests, with no HEAD of each and no second trip to the index."""
+    requests, with no HEAD of each (one more trip to the index asks which it took in
+    again)."""
     pytest.importorskip("s3fs")
     from chunkstore.backends._s3 import S3Store
 
@@ -1083,6 +1084,46 @@ def test_s3_victims_go_in_batched_deletes_with_their_access_records(
     names = {info.key for info in store.list()}
     assert len(names) == 3
     assert len(access_records()) == 3  # the victims' went with them
+    store.close()
+
+
+@pytest.mark.parametrize("server", ["moto", "seaweedfs"])
+def test_an_s3_victim_stored_again_after_the_choice_stays_and_stays_counted(
+    request: pytest.FixtureRequest, server: str, redis_url: str
+) -> None:
+    """S3 has no ctime to compare, so the index is asked instead: a victim a writer stored
+    again (and accounted) between the choice and the delete stays, in the store and in the
+    index."""
+    pytest.importorskip("s3fs")
+    from chunkstore.backends._s3 import S3Store
+
+    if server == "moto":
+        endpoint = request.getfixturevalue("s3_endpoint")
+        bucket = request.getfixturevalue("s3_bucket")
+    else:
+        service = request.getfixturevalue("seaweedfs_s3")
+        endpoint, bucket = service.endpoint, service.new_bucket()
+    store = S3Store(bucket, f"again/{uuid.uuid4().hex[:8]}", endpoint_url=endpoint, index=redis_url)
+    index = store.index
+    assert index is not None
+    store.put_many([(c.key, c.data) for c in CHUNKS[:10]])
+    index.flush()
+    by_name = {c.key.path: c for c in CHUNKS[:10]}  # names in the index: under the prefix
+    still_out = index._still_out
+    again: list[MadeChunk] = []
+
+    def storing_the_first_again(names: list[str]) -> list[str]:
+        if not again:  # another writer replaces the first victim after the choice
+            again.append(by_name[names[0]])
+            assert store.put_many([(again[0].key, again[0].data)]) == [True]
+        return still_out(names)
+
+    index._still_out = storing_the_first_again  # type: ignore[method-assign]
+    assert index.evict(max_bytes=0) == 9
+    assert (index.evicted, index.kept) == (9, 1)
+    assert [info.key for info in store.list()] == [again[0].key]
+    assert store.get(again[0].key) == again[0].data
+    assert (index.usage().bytes, index.usage().chunks) == (SIZE, 1)
     store.close()
 
 
