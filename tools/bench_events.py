@@ -19,7 +19,11 @@ parent and tokens taken from its feed entry (the writer put them there). ``--sha
 writes the chunks first and appends their entries at ``--rate``, as the writers of many
 machines would; ``--names-only`` appends names alone (as a reconcile does), so the
 publisher reads each chunk's header, and ``--place juicefs`` puts the store on a JuiceFS
-volume: written through one mount, read through another.
+volume: written through one mount, read through another. ``--floor`` publishes that feed
+with no chunkstore code (redis-py, msgpack and pyzmq alone): what any publisher costs here.
+
+``--held N`` measures instead the store announcer taking in N new chunks from a feed made
+in memory: the full garbage collections that ran meanwhile, and the longest.
 
 Reported per run: events/s delivered, lag p50/p99 from the put to the subscriber
 decoding its event (milliseconds), and events lost (sequence gaps no replay filled,
@@ -28,7 +32,8 @@ Nothing fails on a figure.
 
     python tools/bench_events.py [--rate 10000] [--seconds 3] [--runs 3] [--step-ms 5]
     python tools/bench_events.py --shared [--rate 2000]
-    python tools/bench_events.py --shared-feed [--names-only] [--place juicefs]
+    python tools/bench_events.py --shared-feed [--names-only | --floor] [--place juicefs]
+    python tools/bench_events.py --held 1000000
 """
 
 from __future__ import annotations
@@ -343,7 +348,9 @@ def _inject(url: str, feed: str, entries: list[dict[str, Any]], rate: int, done:
     done.put((times, time.perf_counter() - start))
 
 
-def _run_injected(rate: int, seconds: float, links: bool, place: str) -> dict[str, float]:
+def _run_injected(
+    rate: int, seconds: float, links: bool, place: str, floor: bool = False
+) -> dict[str, float]:
     """The shared-store publisher at ``rate`` stores a second: chunks written beforehand,
     their feed entries appended at ``rate``, as many machines' writers would make them:
     each with the chunk's parent and tokens (``d``), or with ``links=False`` its name alone,
@@ -364,29 +371,182 @@ def _run_injected(rate: int, seconds: float, links: bool, place: str) -> dict[st
             if mounts is None:
                 raise RuntimeError("JuiceFS is not installed")
             written, watched_root = str(mounts[0] / "store"), str(mounts[1] / "store")
+        # What the benchmark keeps is bytes and strings, which the collector does not walk,
+        # so its collections cost what serve's would.
         made = _prewrite(written, total)
-        keys = [key for key, _ in made]
-        watched, describe = _watched(watched_root, url)
-        ends = f"ipc://{tmp}/events", f"ipc://{tmp}/replay"
-        pub = EventPublisher(ends[0], replay_endpoint=ends[1])
-        announcer = StoreAnnouncer([], pub, describe, interval=3600)
-        announcer.feeds = [watched.index.feed()]  # the store is not listed: all comes by feed
-        announcer.start()
-        reader = _Subscriber(pub, ends, arrivals=True)
-        done = mp.get_context("spawn").Queue()
+        digests = [key.digest for key, _ in made]
         entries = [{"s": key.path, "d": link} if links else {"s": key.path} for key, link in made]
+        del made
+        watched, describe = _watched(watched_root, url)
+        feed = watched.index.feed()
+        ends = f"ipc://{tmp}/events", f"ipc://{tmp}/replay"
+        if floor:
+            pub: Any = _FloorPublisher(ends)
+            reader = _Subscriber(pub, ends, arrivals=True)
+            follower = threading.Thread(target=pub.follow, args=(url, feed.key, total))
+            follower.start()
+            time.sleep(0.2)  # its first read is waiting at the stream's end
+        else:
+            pub = EventPublisher(ends[0], replay_endpoint=ends[1])
+            announcer = StoreAnnouncer([], pub, describe, interval=3600)
+            announcer.feeds = [feed]  # the store is not listed: all comes by its feed
+            announcer.start()
+            reader = _Subscriber(pub, ends, arrivals=True)
+        done = mp.get_context("spawn").Queue()
         feeder = mp.get_context("spawn").Process(
-            target=_inject, args=(url, announcer.feeds[0].key, entries, rate, done)
+            target=_inject, args=(url, feed.key, entries, rate, done)
         )
         feeder.start()
         times, wrote = done.get(timeout=seconds * 20 + 60)
         feeder.join(30)
-        _wait_held(announcer, total)
-        received, gaps, arrived = reader.finish(pub, announcer.followed)
+        if floor:
+            follower.join(30)
+            published = pub.sent
+        else:
+            _wait_held(announcer, total)
+            published = announcer.followed
+        received, gaps, arrived = reader.finish(pub, published)
         pub.close()
         watched.close()
-    lags = [arrived[k.digest] - t for k, t in zip(keys, times) if k.digest in arrived]
+    lags = [arrived[d] - t for d, t in zip(digests, times) if d in arrived]
     return _figures(received, gaps, total, total, wrote, lags)
+
+
+def _run_growth(count: int) -> dict[str, float]:
+    """The store announcer taking in ``count`` new chunks from a change feed made in memory
+    (no Redis, no socket: the batches go nowhere), 1,000 to a read, as ``chunkstore serve
+    --events`` does when a store fills: the full garbage collections that ran meanwhile,
+    the longest one, and the chunks taken in a second."""
+    import gc
+
+    import blake3
+
+    from chunkstore.backends._feed import FeedRead
+    from chunkstore.events import StoreAnnouncer
+    from chunkstore.hashing import ChunkKey
+
+    parent = bytes(32)
+
+    class Feed:
+        errors = 0
+        made = 0
+
+        def read(self, timeout: float) -> FeedRead:
+            out = FeedRead()
+            for n in range(self.made, min(self.made + 1000, count)):
+                link = parent + n.to_bytes(4, "little") + bytes(60)  # 16 tokens
+                key = ChunkKey(blake3.blake3(link).digest(), "0" * 16)
+                out.changes.append((True, key))
+                out.links[key] = link
+            self.made += len(out.changes)
+            return out
+
+    class Nowhere:
+        def publish(self, batch: Any) -> None:
+            pass
+
+    pauses: list[float] = []
+    began = [0.0]
+
+    def timed(phase: str, info: dict[str, int]) -> None:
+        if info["generation"] == 2:
+            if phase == "start":
+                began[0] = time.perf_counter()
+            else:
+                pauses.append(time.perf_counter() - began[0])
+
+    announcer = StoreAnnouncer([], Nowhere(), lambda key: None, interval=3600)
+    announcer.feeds = [Feed()]
+    gc.collect()
+    gc.callbacks.append(timed)
+    try:
+        start = time.perf_counter()
+        while announcer.held < count:
+            announcer.follow(0)
+        took = time.perf_counter() - start
+    finally:
+        gc.callbacks.remove(timed)
+    return {
+        "full_collections": float(len(pauses)),
+        "longest_ms": 1000 * max(pauses, default=0.0),
+        "total_ms": 1000 * sum(pauses),
+        "per_s": count / took,
+    }
+
+
+class _FloorPublisher:
+    """The floor of ``--shared-feed``, with no chunkstore code: redis-py reads the feed
+    (XREAD, blocking), each ``s`` entry's parent and tokens become a ``BlockStored`` map,
+    msgpack packs the batch and a ZeroMQ PUB socket sends it in vLLM's framing (topic,
+    8-byte sequence number, payload). Nothing is checked or remembered: no BLAKE3, no held
+    set, no listing, no queue to a sending thread. :meth:`publish` (empty batches, to join
+    the subscriber) and :meth:`flush` are what :class:`_Subscriber` calls."""
+
+    def __init__(self, ends: tuple[str, str]) -> None:
+        import zmq
+
+        self._ctx = zmq.Context()
+        self._pub, self._replay = self._ctx.socket(zmq.PUB), self._ctx.socket(zmq.ROUTER)
+        self._pub.setsockopt(zmq.SNDHWM, 100_000)
+        self._pub.bind(ends[0])
+        self._replay.bind(ends[1])  # the subscriber connects; with no gap it never asks
+        self._seq = 0
+        self.sent = 0
+        """Events sent."""
+
+    def _send(self, events: list[dict[str, Any]]) -> None:
+        import msgpack
+
+        payload = msgpack.packb([time.time(), events], use_bin_type=True)
+        self._pub.send_multipart((b"", self._seq.to_bytes(8, "big"), payload))
+        self._seq += 1
+
+    def publish(self, batch: Any) -> None:
+        self._send(list(batch.events))
+
+    def flush(self, timeout: float) -> bool:
+        return True  # every send is done in the caller's thread
+
+    def follow(self, url: str, feed: str, total: int) -> None:
+        """Read ``feed`` from its end and publish until ``total`` stored entries went out."""
+        import struct
+
+        import redis
+
+        client = redis.Redis.from_url(url)
+        last: Any = "$"
+        while self.sent < total:
+            answer = client.xread({feed: last}, count=1000, block=100)
+            if not answer:
+                continue
+            events = []
+            for raw_id, fields in answer[0][1]:
+                last = raw_id
+                link, name = fields.get(b"d"), fields.get(b"s")
+                if link is None or name is None:
+                    continue
+                tokens = list(struct.unpack_from(f"<{(len(link) - 32) // 4}I", link, 32))
+                events.append(
+                    {
+                        "type": "BlockStored",
+                        "block_hashes": [bytes.fromhex(name[-68:-4].decode())],
+                        "parent_block_hash": link[:32],
+                        "token_ids": tokens,
+                        "block_size": len(tokens),
+                        "lora_id": None,
+                        "medium": "STORAGE",
+                        "lora_name": None,
+                    }
+                )
+            if events:
+                self._send(events)
+                self.sent += len(events)
+        client.close()
+
+    def close(self) -> None:
+        self._pub.close(linger=2000)
+        self._replay.close(0)
+        self._ctx.term()
 
 
 def _prewrite(root: str, count: int) -> list[tuple[Any, bytes]]:
@@ -459,7 +619,34 @@ def main() -> int:
         help="with --shared-feed: where the store is; juicefs writes through one mount and "
         "publishes through another",
     )
+    parser.add_argument(
+        "--floor",
+        action="store_true",
+        help="with --shared-feed: the same feed, feeder and subscriber, published by a bare "
+        "redis-py/msgpack/pyzmq loop with no chunkstore code (what any publisher costs here)",
+    )
+    parser.add_argument(
+        "--held",
+        type=int,
+        metavar="N",
+        help="instead: the store announcer taking in N new chunks from a feed made in memory; "
+        "prints the full garbage collections meanwhile and the longest",
+    )
     args = parser.parse_args()
+    if args.held is not None:
+        if args.held < 1:
+            parser.error("--held takes a count of at least 1")
+        for n in range(args.runs):
+            g = _run_growth(args.held)
+            print(
+                f"run {n + 1}: {args.held} chunks taken in at {g['per_s']:.0f}/s; "
+                f"{g['full_collections']:.0f} full collections, longest "
+                f"{g['longest_ms']:.0f} ms, {g['total_ms']:.0f} ms in all",
+                flush=True,
+            )
+        return 0
+    if args.floor and (args.names_only or not args.shared_feed):
+        parser.error("--floor goes with --shared-feed, and its entries carry parents and tokens")
     try:
         import msgpack  # noqa: F401
         import zmq  # noqa: F401
@@ -470,7 +657,9 @@ def main() -> int:
     for n in range(args.runs):
         try:
             if args.shared_feed:
-                r = _run_injected(args.rate, args.seconds, not args.names_only, args.place)
+                r = _run_injected(
+                    args.rate, args.seconds, not args.names_only, args.place, args.floor
+                )
             elif args.shared:
                 r = _run_shared(args.rate, args.seconds, args.writers)
             else:
@@ -500,6 +689,8 @@ def main() -> int:
         what = f"shared store on {args.place}, feed appended at the rate, entries " + (
             "naming chunks alone" if args.names_only else "with parents and tokens"
         )
+        if args.floor:
+            what += ", published by the bare floor loop"
     elif args.shared:
         what = f"shared store, {args.writers} writer processes"
     print(

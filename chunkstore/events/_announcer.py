@@ -43,6 +43,7 @@ from typing import Any
 
 import blake3
 
+from chunkstore.events._keyset import KeySet
 from chunkstore.events._publisher import EventPublisher, _zmq
 from chunkstore.events._wire import (
     EventBatch,
@@ -115,12 +116,12 @@ class StoreAnnouncer:
         header was read instead."""
         self.feeds = [f for f in map(_feed_of, self.stores) if f is not None] if follow else []
         """The change feeds followed, one per store with a capacity index."""
-        self._held: set[ChunkKey] = set()
+        self._held = KeySet()
         self._started = False
         self._lock = threading.Lock()  # _held, _touched, and the order of what is published
         # Keys a feed changed while a listing ran: the feed is newer, so the listing's
         # difference leaves them alone.
-        self._touched: set[ChunkKey] | None = None
+        self._touched: KeySet | None = None
         # Stored keys whose header could not be read yet (another mount may show a new
         # file a moment later), with when to give up on them: the listing has them then.
         self._pending: dict[ChunkKey, float] = {}
@@ -136,7 +137,7 @@ class StoreAnnouncer:
     def scan(self) -> tuple[int, int]:
         """List the stores once and publish the change; (stored, removed) announced."""
         with self._lock:
-            self._touched = set()
+            self._touched = KeySet()
         try:
             return self._scan()
         finally:
@@ -144,7 +145,7 @@ class StoreAnnouncer:
                 self._touched = None
 
     def _scan(self) -> tuple[int, int]:
-        listed: set[ChunkKey] = set()
+        listed = KeySet()
         untracked = 0
         for store in self.stores:
             for info in store.list():
@@ -159,12 +160,12 @@ class StoreAnnouncer:
             if not self._started:
                 self._started = True
                 self._publish([all_blocks_cleared()])
-            touched = self._touched or set()
-            new = [k for k in listed if k not in self._held and k not in touched]
-            gone = [k for k in self._held if k not in listed and k not in touched]
+            touched = self._touched or KeySet()
+            new = listed.minus(self._held, touched)
+            gone = self._held.minus(listed, touched)
         described = [(key, self.describe(key)) for key in new]
         with self._lock:
-            touched = self._touched or set()
+            touched = self._touched or KeySet()
             events: list[dict[str, Any]] = []
             stored = removed = 0
             for key, found in described:
