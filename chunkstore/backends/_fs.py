@@ -197,6 +197,11 @@ class FsStore(FsReads, FsWrites, Upkeep, Store):
         """The full path of ``name`` (relative to the root, with ``/``)."""
         return self.io.join(self.root, *name.split("/"))
 
+    @property
+    def _has_ctime(self) -> bool:
+        """Whether files show a ctime: not through fsspec, whose stat reports none."""
+        return not isinstance(self.io, FsspecIO)
+
     def _exists_path(self, path: str) -> bool:
         return self.io.stat(path) is not None
 

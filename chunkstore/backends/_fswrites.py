@@ -211,7 +211,8 @@ class FsWrites(Store):
 
         Returns ``(deleted, kept)``: ``kept`` is the size of a file left in place because its
         ctime is past the choice (a put replaced it, or a read recorded a use), else 0.
-        The index then accounts it again. Without a ctime (fsspec) the victim is deleted.
+        The index then accounts it again. Without a ctime (fsspec) the victim is deleted; the
+        index was asked instead whether a writer stored it again.
 
         On a local filesystem a ctime is never later than the change it stamps, so no file
         changed before the choice is kept; a kernel may stamp it with a clock up to a tick

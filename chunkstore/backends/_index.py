@@ -161,7 +161,9 @@ class CapacityIndex:
     the index then accounts again. ``evict_many(paths)``, where a store has it, deletes
     many in fewer requests, with no such check, and returns how many went.
     ``scan()`` yields ``(path, size, access_time)`` for every chunk (of one shard, given
-    ``shard=(i, n)``); ``exists(path)`` says whether a chunk file is there.
+    ``shard=(i, n)``); ``exists(path)`` says whether a chunk file is there. ``ask_back``, for
+    a store whose files show no ctime, has each batch of victims checked against the index
+    before the deletes: one back in the LRU order stays.
     """
 
     def __init__(
@@ -177,6 +179,7 @@ class CapacityIndex:
         scan: Callable[[tuple[int, int] | None], Iterable[tuple[str, int, float]]],
         exists: Callable[[str], bool],
         label: str = "store",
+        ask_back: bool = False,
     ) -> None:
         self.client = client
         self.max_bytes = max_bytes
@@ -200,6 +203,7 @@ class CapacityIndex:
         self._scan = scan
         self._exists = exists
         self._label = label
+        self._ask_back = ask_back
         self._account = client.register_script(ACCOUNT)
         self._credit_script = client.register_script(CREDIT)
         self._give_back = client.register_script(GIVE_BACK)
@@ -242,8 +246,10 @@ class CapacityIndex:
         self.evicted = 0
         """Chunks this process evicted."""
         self.kept = 0
-        """Victims this process left in place because their file changed after the index
-        chose them (a put replaced it, or a read recorded a use), and accounted again."""
+        """Victims this process left in place: their file changed after the index chose them
+        (a put replaced it, or a read recorded a use), and they were accounted again; or,
+        where files show no ctime, the index had them again (a writer stored and accounted
+        them since)."""
         # Victims left in place, with when (monotonic), oldest first: at most once each
         # within SPARE_WINDOW, and at most MAX_SPARED in it.
         self._spared: dict[str, float] = {}
@@ -812,11 +818,11 @@ class CapacityIndex:
 
         One at a time, a victim whose file changed after the choice stays, and its account
         is queued again: a put that replaced it, or a read, came after the index chose it.
-        In batches (a store with no ctime to compare: S3), a victim the index took in again
-        since the choice stays: a writer stored it anew and accounted it.
+        Where files show no ctime (``ask_back``: S3, fsspec), a victim the index took in again
+        since the choice stays instead: a writer stored it anew and accounted it.
         """
         names = [raw.decode() if isinstance(raw, bytes) else str(raw) for raw in victims]
-        if self._evict_many is not None and names:
+        if self._ask_back and names:
             names = self._still_out(names)
         if self._evict_many is not None and names:
             try:

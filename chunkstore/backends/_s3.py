@@ -229,6 +229,9 @@ class S3Store(S3Reads, S3Writes, S3Requests, Upkeep, Store):
     def _chunk_path(self, key: ChunkKey) -> str:
         return self.object_key(key)
 
+    _has_ctime = False
+    """Objects show no ctime: victims are checked against the capacity index instead."""
+
     def _exists_path(self, path: str) -> bool:
         return self._object_sizes([path])[0] is not None
 
@@ -238,8 +241,9 @@ class S3Store(S3Reads, S3Writes, S3Requests, Upkeep, Store):
         return 0 if key is None else self.delete_many([key])
 
     def _evict_victim(self, path: str, chosen_at: float) -> tuple[bool, int]:
-        """Delete a victim the capacity index chose (see :meth:`_evict_paths`): S3 has no
-        delete conditional on an object's age, so it goes whatever ``chosen_at`` says."""
+        """Delete a victim the capacity index chose (see :meth:`_evict_paths`). An object
+        shows no ctime, so it goes whatever ``chosen_at`` says; the index was asked instead
+        whether a writer stored it again."""
         del chosen_at
         return bool(self._evict_path(path)), 0
 

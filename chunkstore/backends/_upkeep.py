@@ -48,13 +48,17 @@ class Upkeep:
     * ``_read_small(name)`` and ``_write_small(name, data)``: a small file.
       Names are relative to the root. Both raise OSError on failure.
     * ``_full_path(name)``, ``_name_of(path)``, ``_chunk_path(key)``: naming.
-    * ``_evict_victim(path, chosen_at)`` and ``_exists_path(path)``: for the capacity index.
+    * ``_evict_victim(path, chosen_at)`` and ``_exists_path(path)``: for the capacity index,
+      with ``_has_ctime``: whether its files show when they last changed.
     * ``_ensure_marker()`` and ``list()``, as the store has them anyway.
     """
 
     if TYPE_CHECKING:
         name: str
         quarantine_mode: str
+
+        @property
+        def _has_ctime(self) -> bool: ...
 
         def _set_aside(
             self, key: ChunkKey, ident: FileIdent | None, reason: str | None
@@ -204,6 +208,7 @@ class Upkeep:
             scan=self._scan_shard,
             exists=self._exists_path,
             label=self.name,
+            ask_back=not self._has_ctime,
         )
 
     def _scan_shard(self, shard: tuple[int, int] | None) -> Iterator[tuple[str, int, float]]:
