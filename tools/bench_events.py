@@ -20,7 +20,8 @@ writes the chunks first and appends their entries at ``--rate``, as the writers 
 machines would; ``--names-only`` appends names alone (as a reconcile does), so the
 publisher reads each chunk's header, and ``--place juicefs`` puts the store on a JuiceFS
 volume: written through one mount, read through another. ``--floor`` publishes that feed
-with no chunkstore code (redis-py, msgpack and pyzmq alone): what any publisher costs here.
+with no chunkstore code (redis-py, msgpack and pyzmq alone): a lower bound for any
+publisher here.
 
 ``--held N`` measures instead the store announcer taking in N new chunks from a feed made
 in memory: the full garbage collections that ran meanwhile, and the longest.
@@ -478,8 +479,9 @@ class _FloorPublisher:
     """The floor of ``--shared-feed``, with no chunkstore code: redis-py reads the feed
     (XREAD, blocking), each ``s`` entry's parent and tokens become a ``BlockStored`` map,
     msgpack packs the batch and a ZeroMQ PUB socket sends it in vLLM's framing (topic,
-    8-byte sequence number, payload). Nothing is checked or remembered: no BLAKE3, no held
-    set, no listing, no queue to a sending thread. :meth:`publish` (empty batches, to join
+    8-byte sequence number, payload), with the fields the announcer's events carry. Nothing
+    is checked or remembered: no BLAKE3, no held set, no replay buffer, no listing, no queue
+    to a sending thread. So it is a lower bound. :meth:`publish` (empty batches, to join
     the subscriber) and :meth:`flush` are what :class:`_Subscriber` calls."""
 
     def __init__(self, ends: tuple[str, str]) -> None:
@@ -536,6 +538,8 @@ class _FloorPublisher:
                         "lora_id": None,
                         "medium": "STORAGE",
                         "lora_name": None,
+                        "extra_keys": [("namespace", name[:16].decode())],
+                        "ownership": "shared",
                     }
                 )
             if events:
