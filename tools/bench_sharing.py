@@ -12,9 +12,11 @@ its metadata in that Redis; SeaweedFS's S3 gateway) and skips what this machine 
   index (Redis), and through the lock-file ledger for comparison. Usage is sampled from the
   files while they write; the bound is the cap plus one chunk per writer. The floor: bare
   write + rename with no chunkstore code, and the same with each writer unlinking its own
-  oldest files beyond its share of the cap (``floor`` = the one over the other).
+  oldest files beyond its share of the cap (``floor`` = the one over the other), or with
+  the writers sharing one cap kept in Redis the simplest way (``redis floor``).
 - **One writer's put against a bare write + rename** on the same path, and what a capped
-  put costs a writer with no disk in the way (small chunks on tmpfs).
+  put costs a writer with no disk in the way (small chunks on tmpfs), beside the bare loop
+  of the Redis floor.
 - **Prune passes** evicting 1 %, with the index and by a walk.
 - **The orphan sweep** a reconcile adds, whole and in four shards, against a bare listing of
   the fan-out directories.
@@ -203,9 +205,20 @@ def _bare_writer(
 ) -> None:
     """The floor, with no chunkstore code: write + rename into the store's fan-out, and with
     ``options["share"]`` (bytes) unlink this writer's own oldest files beyond it. That is the
-    least a cap costs: the deletes, with no agreement between writers at all."""
+    least a cap costs: the deletes, with no agreement between writers at all.
+
+    With ``options["redis"]`` (a URL) and ``options["cap"]`` (bytes) instead, the writers
+    share one cap kept in Redis: every 4 chunks, one script call accounts them and pops the
+    least recently used beyond the cap, whoever wrote them, and this writer unlinks those.
+    That is the least a cap agreed through Redis costs."""
     share = options.get("share")
     chunks = _chunks(count, seed, WRITER_TOKENS)
+    account, keys, pending = None, [], []
+    if options.get("redis"):
+        import redis
+
+        account = redis.Redis.from_url(options["redis"]).register_script(_FLOOR_ACCOUNT)
+        keys = [f"floor:{Path(root).name}:{part}" for part in ("usage", "lru", "sizes")]
     results.put(("ready", 0, 0.0))
     go.wait(120)
     start = time.perf_counter()
@@ -213,6 +226,13 @@ def _bare_writer(
     for chunk in chunks:
         final = _bare_put(Path(root), chunk)
         written += 1
+        if account is not None:
+            pending += [str(final.relative_to(root)), len(chunk.data)]
+            if len(pending) == 8:
+                for victim in account(keys=keys, args=[options["cap"], time.time(), *pending]):
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(Path(root) / victim.decode())
+                pending = []
         if share is not None:
             kept.append((final, len(chunk.data)))
             held += len(chunk.data)
@@ -307,7 +327,7 @@ def bench_writers(
     print(
         f"{'writers':>7} {'uncapped/s':>10} {'index/s':>8} {'index ratio':>19} "
         f"{'lock ratio':>19} {'peak/bound':>10} {'bare/s':>7} {'bare capped/s':>13} "
-        f"{'floor':>19}"
+        f"{'floor':>19} {'redis floor':>19}"
     )
     for writers in WRITER_COUNTS:
         cap = writers * WRITES_PER_WRITER * chunk_size // 2
@@ -320,6 +340,7 @@ def bench_writers(
                 *([("lock", {"max_bytes": cap}, _writer)] if lock else []),
                 ("bare", {}, _bare_writer),
                 ("bare capped", {"share": cap // writers}, _bare_writer),
+                ("bare redis", {"redis": redis_url, "cap": cap}, _bare_writer),
             ):
                 name = f"w{writers}-{mode.replace(' ', '-')}-{uuid.uuid4().hex[:6]}"
                 roots = (base[0] / name, base[1] / name, base[2] / name)
@@ -341,7 +362,7 @@ def bench_writers(
             f"{ratio('index', 'uncapped'):>19} "
             f"{ratio('lock', 'uncapped') if lock else 'not run':>19} "
             f"{peak / bound:>10.2f} {median['bare']:>7.0f} {median['bare capped']:>13.0f} "
-            f"{ratio('bare capped', 'bare'):>19}"
+            f"{ratio('bare capped', 'bare'):>19} {ratio('bare redis', 'bare'):>19}"
         )
 
 
@@ -385,9 +406,51 @@ def bench_single_put(label: str, root: Path, redis_url: str, rounds: int = 5) ->
         print(f"  {mode:<24} {_ratios(values)}")
 
 
+# The least a cap kept in Redis costs: account a few chunks and pop the victims, one step.
+_FLOOR_ACCOUNT = """
+local cap, now, added = tonumber(ARGV[1]), tonumber(ARGV[2]), 0
+for i = 3, #ARGV, 2 do
+  redis.call('HSET', KEYS[3], ARGV[i], ARGV[i + 1])
+  redis.call('ZADD', KEYS[2], now, ARGV[i])
+  added = added + tonumber(ARGV[i + 1])
+end
+local usage, victims = redis.call('INCRBY', KEYS[1], added), {}
+while usage > cap do
+  local popped = redis.call('ZPOPMIN', KEYS[2])
+  if #popped == 0 then break end
+  local size = tonumber(redis.call('HGET', KEYS[3], popped[1]))
+  redis.call('HDEL', KEYS[3], popped[1])
+  usage = redis.call('DECRBY', KEYS[1], size)
+  victims[#victims + 1] = popped[1]
+end
+return victims
+"""
+
+
+def _bare_costs(root: Path, chunks: list[MadeChunk], client: Any, cap: int | None) -> None:
+    """The floor, with no chunkstore code: write + rename each chunk; with ``cap``, also
+    account every 4 in one Redis script call (sizes, LRU order, usage) that pops the least
+    recently used beyond ``cap``, and unlink those, all in this thread."""
+    script = client.register_script(_FLOOR_ACCOUNT)
+    keys = [f"floor:{root.name}:{part}" for part in ("usage", "lru", "sizes")]
+    pending: list[Any] = []
+    for n, chunk in enumerate(chunks):
+        final = _bare_put(root, chunk)
+        if cap is None:
+            continue
+        pending += [str(final.relative_to(root)), len(chunk.data)]
+        if len(pending) == 8 or n == len(chunks) - 1:
+            for victim in script(keys=keys, args=[cap, time.time(), *pending]):
+                os.unlink(root / victim.decode())
+            pending = []
+
+
 def bench_put_cost(redis_url: str, count: int = 3000, rounds: int = 3) -> None:
     """What a capped put costs one writer, with no disk in the way: small chunks into a
-    store on tmpfs (``/dev/shm``), uncapped and capped through the index (half fits)."""
+    store on tmpfs (``/dev/shm``), uncapped and capped through the index (half fits), and
+    the floor of each with no chunkstore code (see :func:`_bare_costs`)."""
+    import redis
+
     shm = Path("/dev/shm")
     if not shm.is_dir():
         print("\nput cost on tmpfs: skipped, no /dev/shm")
@@ -395,8 +458,15 @@ def bench_put_cost(redis_url: str, count: int = 3000, rounds: int = 3) -> None:
     chunks = _chunks(count, 5, 64)
     size = len(chunks[0].data)
     costs: dict[str, list[float]] = collections.defaultdict(list)
+    client = redis.Redis.from_url(redis_url)
     with tempfile.TemporaryDirectory(dir=shm, prefix="bench-sharing-") as work:
         for _ in range(rounds):
+            for mode, cap in (("floor, uncapped", None), ("floor, capped", count * size // 2)):
+                root = Path(work) / uuid.uuid4().hex[:8]
+                start = time.perf_counter()
+                _bare_costs(root, chunks, client, cap)
+                costs[mode].append((time.perf_counter() - start) / count * 1e6)
+                shutil.rmtree(root, ignore_errors=True)
             for mode, options in (
                 ("uncapped", {}),
                 ("indexed, no cap", {"index": redis_url}),
@@ -412,6 +482,7 @@ def bench_put_cost(redis_url: str, count: int = 3000, rounds: int = 3) -> None:
     print(f"\nput cost on tmpfs: {count} chunks of {size // 1024} KiB, {rounds} rounds, us a chunk")
     for mode, values in costs.items():
         print(f"  {mode:<16} {min(values):.0f}-{max(values):.0f}")
+    client.close()
 
 
 # --- prune ------------------------------------------------------------------------------
