@@ -1034,6 +1034,14 @@ def test_s3_put_many_accounts_its_batch_in_one_round_trip(
     assert (index.usage().bytes, index.usage().chunks) == (4 * SIZE, 4)
 
 
+def _s3_server(request: pytest.FixtureRequest, server: str) -> tuple[str, str]:
+    """The endpoint and a bucket of ``server``: moto's, or a fresh one on SeaweedFS."""
+    if server == "moto":
+        return request.getfixturevalue("s3_endpoint"), request.getfixturevalue("s3_bucket")
+    service = request.getfixturevalue("seaweedfs_s3")
+    return service.endpoint, service.new_bucket()
+
+
 @pytest.mark.parametrize("server", ["moto", "seaweedfs"])
 def test_s3_victims_go_in_batched_deletes_with_their_access_records(
     request: pytest.FixtureRequest, server: str, redis_url: str
@@ -1044,12 +1052,7 @@ def test_s3_victims_go_in_batched_deletes_with_their_access_records(
     pytest.importorskip("s3fs")
     from chunkstore.backends._s3 import S3Store
 
-    if server == "moto":
-        endpoint = request.getfixturevalue("s3_endpoint")
-        bucket = request.getfixturevalue("s3_bucket")
-    else:
-        service = request.getfixturevalue("seaweedfs_s3")
-        endpoint, bucket = service.endpoint, service.new_bucket()
+    endpoint, bucket = _s3_server(request, server)
     store = S3Store(
         bucket,
         f"evict/{uuid.uuid4().hex[:8]}",
@@ -1098,12 +1101,7 @@ def test_an_s3_victim_stored_again_after_the_choice_stays_and_stays_counted(
     pytest.importorskip("s3fs")
     from chunkstore.backends._s3 import S3Store
 
-    if server == "moto":
-        endpoint = request.getfixturevalue("s3_endpoint")
-        bucket = request.getfixturevalue("s3_bucket")
-    else:
-        service = request.getfixturevalue("seaweedfs_s3")
-        endpoint, bucket = service.endpoint, service.new_bucket()
+    endpoint, bucket = _s3_server(request, server)
     prefix = f"again/{uuid.uuid4().hex[:8]}"
     _stored_again_stays(S3Store(bucket, prefix, endpoint_url=endpoint, index=redis_url))
 
