@@ -17,6 +17,7 @@ its metadata in that Redis; SeaweedFS's S3 gateway) and skips what this machine 
 - **One writer's put against a bare write + rename** on the same path, and what a capped
   put costs a writer with no disk in the way (small chunks on tmpfs), beside the bare loop
   of the Redis floor.
+- **One victim's delete** through another mount, against a bare unlink.
 - **Prune passes** evicting 1 %, with the index and by a walk.
 - **The orphan sweep** a reconcile adds, whole and in four shards, against a bare listing of
   the fan-out directories.
@@ -736,10 +737,42 @@ def bench_s3_evict(endpoint: str, redis_url: str, count: int = 1000, rounds: int
         print(f"  {mode:<11} {min(rates):.0f}-{max(rates):.0f} victims/s")
 
 
+def bench_victim_delete(label: str, roots: tuple[Path, Path, Path], rounds: int = 2) -> None:
+    """What one victim's delete costs: 300 small chunks written through ``roots[0]``, then
+    deleted through ``roots[1]`` (the other mount, on JuiceFS) by a bare unlink, by a stat
+    and an unlink, and by the store's own victim delete (the stat its ctime guard reads, the
+    unlink, and the unlink of an access record the chunk may have)."""
+    chunks = _chunks(300, 9, 64)
+    times: dict[str, list[float]] = collections.defaultdict(list)
+    for _ in range(rounds):
+        for mode in ("bare unlink", "stat + unlink", "store's delete"):
+            name = f"delete-{uuid.uuid4().hex[:8]}"
+            writer = FsStore(str(roots[0] / name), create=True)
+            writer.put_many([(c.key, c.data) for c in chunks])
+            writer.close()
+            _settle_mount(roots)
+            store = FsStore(str(roots[1] / name))
+            paths = [store.path_of(c.key) for c in chunks]
+            start = time.perf_counter()
+            for path in paths:
+                if mode == "store's delete":
+                    store._evict_victim(path, time.time() + 3600)  # chosen after any change
+                else:
+                    if mode == "stat + unlink":
+                        os.stat(path)
+                    os.unlink(path)
+            times[mode].append((time.perf_counter() - start) / len(paths) * 1000)
+            store.close()
+            shutil.rmtree(roots[0] / name, ignore_errors=True)
+    print(f"\n{label}: one victim's delete, {len(chunks)} chunks, {rounds} rounds, ms a victim")
+    for mode, values in times.items():
+        print(f"  {mode:<15} {min(values):.2f}-{max(values):.2f}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--full", action="store_true", help="prune at 10^6 local, 10^5 JuiceFS")
-    parts = ("writers", "put", "cost", "prune", "sweep", "s3")
+    parts = ("writers", "put", "cost", "delete", "prune", "sweep", "s3")
     parser.add_argument("--only", choices=parts, action="append", help="run these parts alone")
     parser.add_argument(
         "--place",
@@ -785,6 +818,9 @@ def main() -> int:
                 bench_single_put(label, roots[0], redis_url)
         if "cost" in only:
             bench_put_cost(redis_url)
+        if "delete" in only:
+            for label, roots in places:
+                bench_victim_delete(label, roots)
         if "prune" in only:
             bench_prune(
                 "local directory",
