@@ -216,12 +216,11 @@ def _bare_writer(
     That is the least a cap agreed through Redis costs."""
     share = options.get("share")
     chunks = _chunks(count, seed, WRITER_TOKENS)
-    account, keys, pending = None, [], []
+    floor_cap = None
     if options.get("redis"):
         import redis
 
-        account = redis.Redis.from_url(options["redis"]).register_script(_FLOOR_ACCOUNT)
-        keys = [f"floor:{Path(root).name}:{part}" for part in ("usage", "lru", "sizes")]
+        floor_cap = _FloorCap(redis.Redis.from_url(options["redis"]), Path(root), options["cap"])
     results.put(("ready", 0, 0.0))
     go.wait(120)
     start = time.perf_counter()
@@ -229,13 +228,8 @@ def _bare_writer(
     for chunk in chunks:
         final = _bare_put(Path(root), chunk)
         written += 1
-        if account is not None:
-            pending += [str(final.relative_to(root)), len(chunk.data)]
-            if len(pending) == 8:
-                for victim in account(keys=keys, args=[options["cap"], time.time(), *pending]):
-                    with contextlib.suppress(FileNotFoundError):
-                        os.unlink(Path(root) / victim.decode())
-                pending = []
+        if floor_cap is not None:
+            floor_cap.add(final, len(chunk.data))
         if share is not None:
             kept.append((final, len(chunk.data)))
             held += len(chunk.data)
@@ -443,22 +437,45 @@ return victims
 """
 
 
+class _FloorCap:
+    """The Redis floor's cap over the chunks under ``root``, with no chunkstore code: every
+    4 chunks added, one script call accounts them (sizes, LRU order, usage) and pops the
+    least recently used beyond ``cap``, whoever wrote them; this thread unlinks those."""
+
+    def __init__(self, client: Any, root: Path, cap: int) -> None:
+        self._script = client.register_script(_FLOOR_ACCOUNT)
+        self._keys = [f"floor:{root.name}:{part}" for part in ("usage", "lru", "sizes")]
+        self._root = root
+        self._cap = cap
+        self._pending: list[Any] = []
+
+    def add(self, final: Path, size: int) -> None:
+        """Account the chunk just written at ``final`` (with the next 3, or at flush)."""
+        self._pending += [str(final.relative_to(self._root)), size]
+        if len(self._pending) == 8:
+            self.flush()
+
+    def flush(self) -> None:
+        """Account what is pending now and unlink the victims."""
+        if not self._pending:
+            return
+        args = [self._cap, time.time(), *self._pending]
+        for victim in self._script(keys=self._keys, args=args):
+            with contextlib.suppress(FileNotFoundError):  # another writer's victim too
+                os.unlink(self._root / victim.decode())
+        self._pending = []
+
+
 def _bare_costs(root: Path, chunks: list[MadeChunk], client: Any, cap: int | None) -> None:
     """The floor, with no chunkstore code: write + rename each chunk; with ``cap``, also
-    account every 4 in one Redis script call (sizes, LRU order, usage) that pops the least
-    recently used beyond ``cap``, and unlink those, all in this thread."""
-    script = client.register_script(_FLOOR_ACCOUNT)
-    keys = [f"floor:{root.name}:{part}" for part in ("usage", "lru", "sizes")]
-    pending: list[Any] = []
-    for n, chunk in enumerate(chunks):
+    keep the cap as :class:`_FloorCap` does, all in this thread."""
+    floor_cap = None if cap is None else _FloorCap(client, root, cap)
+    for chunk in chunks:
         final = _bare_put(root, chunk)
-        if cap is None:
-            continue
-        pending += [str(final.relative_to(root)), len(chunk.data)]
-        if len(pending) == 8 or n == len(chunks) - 1:
-            for victim in script(keys=keys, args=[cap, time.time(), *pending]):
-                os.unlink(root / victim.decode())
-            pending = []
+        if floor_cap is not None:
+            floor_cap.add(final, len(chunk.data))
+    if floor_cap is not None:
+        floor_cap.flush()
 
 
 def bench_put_cost(redis_url: str, count: int = 3000, rounds: int = 3) -> None:

@@ -27,8 +27,7 @@ class KeySet:
     def __init__(self, keys: Iterable[ChunkKey] = ()) -> None:
         self._by_namespace: dict[str, dict[bytes, None]] = {}
         self._size = 0
-        for key in keys:
-            self.add(key)
+        self.update(keys)
 
     def __contains__(self, key: object) -> bool:
         if not isinstance(key, ChunkKey):
