@@ -36,6 +36,10 @@ _O_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _O_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
 
 
+KNOWN_DIRS = 1 << 17
+"""Directories one :class:`LocalIO` remembers as there (two namespaces' fan-out), a few
+MB; past it, it forgets them all and learns them again, one mkdir each."""
+
 SMALL_FILE_LIMIT = 1 << 20
 """Largest state file (layout marker, ledger, access record, model record) a store reads."""
 
@@ -93,6 +97,9 @@ class LocalIO:
         self._times_kept = True
         # False once a rename that refuses to replace was not there: links from then on.
         self._noreplace = True
+        # Directories seen to be there (made here, or found by a mkdir): a put into one
+        # makes none. A hint only: one removed since is made again by write_temp.
+        self._dirs: set[str] = set()
 
     # --- paths ---------------------------------------------------------------
 
@@ -287,6 +294,25 @@ class LocalIO:
 
     # --- writes --------------------------------------------------------------
 
+    def make_dir(self, directory: str) -> bool:
+        """Make ``directory`` (and its parents) unless this object saw it already; True when
+        this call made it, so that it held nothing a moment ago.
+
+        One mkdir (and one for each parent missing), as a bare write loop makes, where a
+        first open would fail, then a stat of each parent and a mkdir (each a request to a
+        network filesystem's metadata server). Any other error is left for the write to
+        meet and report."""
+        if directory in self._dirs:
+            return False
+        try:
+            made = _mkdir_parents(directory)
+        except OSError:
+            return False
+        if len(self._dirs) >= KNOWN_DIRS:
+            self._dirs.clear()
+        self._dirs.add(directory)
+        return made
+
     def write_temp(
         self, directory: str, name: str, data: Any, fsync: bool, direct: bool = False
     ) -> str:
@@ -301,10 +327,11 @@ class LocalIO:
                 fd = os.open(path, flags, 0o644)
                 break
             except FileNotFoundError:
-                # the fan-out directory does not exist yet (or a prune removed it)
+                # the fan-out directory does not exist yet (or was removed since make_dir)
                 if attempt == 2:
                     raise
                 os.makedirs(directory, exist_ok=True)
+                self._dirs.add(directory)
         try:
             write_all(fd, memoryview(data).cast("B"), direct)
             if fsync:
@@ -443,6 +470,25 @@ class LocalIO:
                 yield
             finally:
                 os.close(fd)  # closing releases the flock
+
+
+def _mkdir_parents(path: str) -> bool:
+    """Make ``path`` and any parents missing, each tried with mkdir first (no stat before):
+    True if ``path`` was made here, False if it was there."""
+    try:
+        os.mkdir(path)
+    except FileExistsError:
+        return False
+    except FileNotFoundError:
+        parent = os.path.dirname(path)
+        if not parent or parent == path:
+            raise
+        _mkdir_parents(parent)
+        try:
+            os.mkdir(path)
+        except FileExistsError:
+            return False
+    return True
 
 
 def write_all(fd: int, view: memoryview, direct: bool = False) -> None:
@@ -649,6 +695,12 @@ class FsspecIO:
             return bytes(self.fs.cat_file(path))
         except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
             return None
+
+    @staticmethod
+    def make_dir(directory: str) -> bool:
+        """False: :meth:`write_temp` makes the directory as it writes (one call to fsspec)."""
+        del directory
+        return False
 
     def write_temp(self, directory: str, name: str, data: Any, fsync: bool) -> str:
         path = self.join(directory, name)

@@ -95,7 +95,9 @@ class FsWrites(Store):
 
     def _put(self, key: ChunkKey, data: Buffer, *, replace: bool) -> bool:
         final = self.path_of(key)
-        if not replace and self.io.exists(final):
+        # A directory made just now held no chunk: no need to look for one.
+        made = self.io.make_dir(self._dir_of(key))
+        if not replace and not made and self.io.exists(final):
             return False
         view = memoryview(data).cast("B")
         tmp = None

@@ -252,6 +252,60 @@ def test_write_failure_is_a_store_error(tmp_path: Path, monkeypatch: pytest.Monk
     assert os.listdir(leaf) == []  # the temp file was cleaned up
 
 
+def test_a_directory_is_made_once_per_io(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    made: list[str] = []
+    mkdir = os.mkdir
+
+    def counted(path: str, *args: Any, **kwargs: Any) -> None:
+        made.append(str(path))
+        mkdir(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "mkdir", counted)
+    io = LocalIO()
+    leaf = str(tmp_path / "ns" / "ab" / "cd")
+    assert io.make_dir(leaf) is True  # made, with its parents
+    assert made[0] == leaf and made[-1] == leaf
+    made.clear()
+    assert io.make_dir(leaf) is False  # known: no request at all
+    assert made == []
+    assert LocalIO().make_dir(leaf) is False  # another object finds it with one mkdir
+    assert made == [leaf]
+    shutil.rmtree(leaf)  # removed behind the object's back: the write makes it again
+    path = io.write_temp(leaf, "t.tmp", b"x", False)
+    assert Path(path).read_bytes() == b"x"
+
+
+def test_a_put_into_a_removed_directory_makes_it_again(tmp_path: Path) -> None:
+    store = FsStore(str(tmp_path), create=True)
+    chunk = CHUNKS[0]
+    assert store.put_if_absent(chunk.key, chunk.data)
+    shutil.rmtree((tmp_path / chunk.key.path).parent)
+    assert store.get(chunk.key) is None
+    assert store.put_if_absent(chunk.key, chunk.data)
+    assert store.get(chunk.key) == chunk.data
+
+
+def test_a_put_if_absent_into_a_directory_it_made_still_refuses_a_file_there(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Another writer's chunk lands between this put's mkdir and its publish: the put made
+    # the directory, so it does not look for a file first, and the publish still refuses.
+    store = FsStore(str(tmp_path), create=True)
+    chunk, theirs = CHUNKS[0], CHUNKS[0].data[:-1] + bytes([CHUNKS[0].data[-1] ^ 1])
+    final = tmp_path / chunk.key.path
+    make_dir = store.io.make_dir
+
+    def then_theirs(directory: str) -> bool:
+        made = make_dir(directory)
+        final.write_bytes(theirs)
+        return made
+
+    monkeypatch.setattr(store.io, "make_dir", then_theirs)
+    assert store.put_if_absent_many([(chunk.key, chunk.data)]) == [False]
+    assert final.read_bytes() == theirs
+    assert [name for name in os.listdir(final.parent) if name != final.name] == []
+
+
 def test_marker_appearing_between_first_look_and_listing_is_accepted(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
