@@ -90,8 +90,14 @@ CREDIT_GRACE = 60.0
 after which its credit is given back: the writer is taken as dead. A live writer that idles
 longer finds its credit gone; it then counts its chunks in full and asks anew."""
 SEND_DELAY = 0.01
-"""Seconds an account or touch waits for a credit request or flush to share its round
-trip. A writer that runs low on credit asks sooner, so both go as one pipeline."""
+"""Seconds an account or touch waits at least for a credit request or flush to share its
+round trip. A writer that runs low on credit asks sooner, so both go as one pipeline."""
+SEND_DELAY_MOST = 0.05
+"""Seconds an account or touch waits at most. Past :data:`SEND_DELAY` it goes as soon as
+:data:`SEND_MIN` requests are queued: a slow writer (many machines' writers on a network
+filesystem) then sends a few accounts a round trip, not one, and a fast one is not held."""
+SEND_MIN = 8
+"""Accounts and touched chunks queued that go without waiting for :data:`SEND_DELAY_MOST`."""
 ACCOUNT_CHUNKS = 250
 """Chunks one account script call holds: one script keeps the server busy while it runs."""
 BATCH = 1000
@@ -237,6 +243,8 @@ class CapacityIndex:
         self._queued: collections.deque[tuple[Any, ...]] = collections.deque()
         self._draining = False
         self._waited_on = 0  # queued requests in _WAITED_ON
+        self._weight = 0  # accounts and touched chunks queued
+        self._since = 0.0  # when the oldest request queued was queued (monotonic)
         self._wake = threading.Event()  # set while one is queued, or the index closes
         self._closing = False
         self._down_until = 0.0
@@ -397,7 +405,10 @@ class CapacityIndex:
     def _queue(self, *request: Any) -> None:
         """Queue ``request`` for the index's own thread (started here when it is idle)."""
         with self._lock:
+            if not self._queued:
+                self._since = time.monotonic()
             self._queued.append(request)
+            self._weight += _weight(request)
             if request[0] in _WAITED_ON:
                 self._waited_on += 1
                 self._wake.set()
@@ -410,7 +421,7 @@ class CapacityIndex:
             try:
                 self._behind.submit(self._drain)
             except RuntimeError:  # the interpreter is shutting down
-                self._queued.pop()
+                self._weight -= _weight(self._queued.pop())
                 raise
             self._draining = True
 
@@ -418,21 +429,31 @@ class CapacityIndex:
         """Send what is queued, in order, :data:`BATCH` requests to a pipeline (one round
         trip), until nothing is left. The puts a credit request serves are settled as
         soon as its victims are deleted, before the next request's victims. Requests no
-        one waits on wait up to :data:`SEND_DELAY` for one someone does."""
+        one waits on wait :data:`SEND_DELAY` for one someone does, then until
+        :data:`SEND_MIN` are queued, :data:`SEND_DELAY_MOST` at most."""
         while True:
             self._wake.wait(SEND_DELAY)
             with self._lock:
                 if not self._queued:
                     self._draining = False
                     return
+                if (
+                    not self._waited_on
+                    and not self._closing
+                    and self._weight < SEND_MIN
+                    and time.monotonic() - self._since < SEND_DELAY_MOST
+                ):
+                    continue  # a few more may share the round trip
                 batch: list[tuple[Any, ...]] = []
                 weight = 0
                 while self._queued and weight < BATCH:
                     request = self._queued.popleft()
                     batch.append(request)
-                    weight += len(request[1]) if request[0] == "touch" else 1
+                    weight += _weight(request)
                     if request[0] in _WAITED_ON:
                         self._waited_on -= 1
+                self._weight -= weight
+                self._since = time.monotonic()
                 if not self._waited_on and not self._closing:
                     self._wake.clear()
             try:
@@ -919,6 +940,12 @@ class WalkedNames:
         wanted = np.fromiter((hash(n) for n in names), dtype=np.int64, count=len(names))
         at = np.searchsorted(self._sorted, wanted).clip(max=len(self._sorted) - 1)
         return [bool(hit) for hit in self._sorted[at] == wanted]
+
+
+def _weight(request: tuple[Any, ...]) -> int:
+    """What ``request`` counts toward a pipeline's :data:`BATCH` and :data:`SEND_MIN`: a
+    touch its chunks, any other request one."""
+    return len(request[1]) if request[0] == "touch" else 1
 
 
 def _grouped(requests: list[tuple[Any, ...]]) -> list[tuple[Any, ...]]:

@@ -667,6 +667,32 @@ def test_a_commit_no_reservation_follows_is_sent_after_the_delay(
     store.close()
 
 
+def test_a_few_accounts_wait_for_more_and_go_in_one_round_trip(
+    tmp_path: Path, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Past SEND_DELAY an account waits, up to SEND_DELAY_MOST (here never), for SEND_MIN.
+    monkeypatch.setattr(_index, "SEND_DELAY", 0.01)
+    monkeypatch.setattr(_index, "SEND_DELAY_MOST", 600.0)
+    store = FsStore(str(tmp_path / "s"), create=True, index=redis_url)
+    index = store.index
+    assert index is not None
+    gate = _Gate(index)
+    chunks = CHUNKS[: _index.SEND_MIN]
+    store.put(chunks[0].key, chunks[0].data)
+    time.sleep(0.2)  # twenty times SEND_DELAY
+    assert gate.sent == []
+    for chunk in chunks[1:]:
+        store.put(chunk.key, chunk.data)
+    names = [store._name_of(store.path_of(c.key)) for c in chunks]
+    for _ in range(3000):
+        if None not in index.client.zmscore(index._keys[1], names):
+            break
+        time.sleep(0.01)
+    assert None not in index.client.zmscore(index._keys[1], names)
+    assert gate.sent == [1]  # one account script for all of them
+    store.close()
+
+
 @pytest.mark.parametrize("ending", ["flush", "close"])
 def test_flush_and_close_wait_for_everything_queued(
     tmp_path: Path, redis_url: str, ending: str
