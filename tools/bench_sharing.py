@@ -15,7 +15,8 @@ its metadata in that Redis; SeaweedFS's S3 gateway) and skips what this machine 
   The floor: bare write + rename with no chunkstore code, and the same with each writer
   unlinking its own oldest files beyond its share of the cap (``floor`` = the one over the
   other), or with the writers sharing one cap kept in Redis the simplest way (``redis
-  floor``).
+  floor``). Then the CPU each mode took a chunk, run medians: the writers' user and system
+  time (all their threads), and the JuiceFS mounts' and redis-server's.
 - **One writer's put against a bare write + rename** on the same path, and what a capped
   put costs a writer with no disk in the way (small chunks on tmpfs), beside the bare loop
   of the Redis floor.
@@ -46,6 +47,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -179,7 +181,7 @@ def _writer(
     chunks = _chunks(count, seed, WRITER_TOKENS)
     results.put(("ready", 0, 0.0))
     go.wait(120)  # every writer starts together, once all are ready
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), os.times()
     written = 0
     for chunk in chunks:
         store.put_if_absent(chunk.key, chunk.data)
@@ -187,7 +189,7 @@ def _writer(
         if time.perf_counter() - start > WRITER_SECONDS:
             break  # the lock-file ledger across mounts can take minutes for the whole run
     store.close()
-    results.put(("done", written, time.perf_counter() - start))
+    results.put(("done", written, time.perf_counter() - start, *_cpu_since(cpu)))
 
 
 def _bare_put(root: Path, chunk: MadeChunk) -> Path:
@@ -223,7 +225,7 @@ def _bare_writer(
         floor_cap = _FloorCap(redis.Redis.from_url(options["redis"]), Path(root), options["cap"])
     results.put(("ready", 0, 0.0))
     go.wait(120)
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), os.times()
     written, held, kept = 0, 0, collections.deque()
     for chunk in chunks:
         final = _bare_put(Path(root), chunk)
@@ -239,7 +241,43 @@ def _bare_writer(
                 held -= size
         if time.perf_counter() - start > WRITER_SECONDS:
             break
-    results.put(("done", written, time.perf_counter() - start))
+    results.put(("done", written, time.perf_counter() - start, *_cpu_since(cpu)))
+
+
+def _cpu_since(before: os.times_result) -> tuple[float, float]:
+    """This process's user and system CPU seconds since ``before`` (all its threads)."""
+    now = os.times()
+    return now.user - before.user, now.system - before.system
+
+
+def _process_cpu(pids: list[int]) -> float:
+    """User + system CPU seconds of the processes ``pids`` so far (0 for one gone)."""
+    total = 0.0
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
+@dataclass
+class WriterRun:
+    """One run of writers: chunks a second over all of them, chunks written, their CPU
+    (user, system) and that of the servers beside them (JuiceFS mounts, redis-server),
+    and with sampling the most bytes seen on disk."""
+
+    rate: float
+    written: int
+    user: float
+    system: float
+    servers: dict[str, float]
+    peak: int
+
+    def per_chunk(self, seconds: float) -> float:
+        return 1000 * seconds / max(self.written, 1)
 
 
 def _disk_usage(root: Path) -> int:
@@ -260,9 +298,10 @@ def run_writers(
     options: dict[str, Any],
     target: Callable[..., None] = _writer,
     sample: bool = False,
-) -> tuple[float, int]:
-    """Chunks a second over all writers, and with ``sample`` the most bytes seen on disk
-    while they ran (else 0)."""
+    servers: dict[str, list[int]] | None = None,
+) -> WriterRun:
+    """Run ``writers`` writer processes together; with ``sample``, sample the bytes on disk
+    while they run. ``servers``: the pids of each server whose CPU to count, by name."""
     ctx = multiprocessing.get_context("spawn")
     results = ctx.Queue()
     go = ctx.Event()
@@ -288,18 +327,61 @@ def run_writers(
     sampler = threading.Thread(target=watch)
     if sample:
         sampler.start()
+    servers = servers or {}
+    before = {name: _process_cpu(pids) for name, pids in servers.items()}
     go.set()
-    rate = 0.0
+    run = WriterRun(0.0, 0, 0.0, 0.0, {}, 0)
     for _ in procs:
-        _, written, seconds = results.get(timeout=600)
-        rate += written / seconds
+        _, written, seconds, user, system = results.get(timeout=600)
+        run.rate += written / seconds
+        run.written += written
+        run.user += user
+        run.system += system
+    run.servers = {name: _process_cpu(pids) - before[name] for name, pids in servers.items()}
     done.set()
     for proc in procs:
         proc.join()
     if sample:
         sampler.join()
-        peak[0] = max(peak[0], _disk_usage(roots[2]))
-    return rate, peak[0]
+        run.peak = max(peak[0], _disk_usage(roots[2]))
+    return run
+
+
+def _server_pids(redis_url: str, juicefs: bool) -> dict[str, list[int]]:
+    """The pids of redis-server and, with ``juicefs``, of the JuiceFS mounts running."""
+    import redis
+
+    pids = {"redis": [int(redis.Redis.from_url(redis_url).info("server")["process_id"])]}
+    if juicefs:
+        pids["juicefs"] = []
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            with contextlib.suppress(OSError):
+                with open(f"/proc/{entry}/cmdline", "rb") as cmdline:
+                    args = cmdline.read().split(b"\0")
+                if args and args[0].endswith(b"juicefs") and b"mount" in args:
+                    pids["juicefs"].append(int(entry))
+    return pids
+
+
+def _cpu_line(runs: dict[str, list[WriterRun]], modes: tuple[str, ...]) -> str:
+    """Run medians of CPU ms a chunk for ``modes``: the writers' user + system time, then
+    each server's."""
+    parts = []
+    for mode in modes:
+        if not runs.get(mode):
+            continue
+        mine = runs[mode]
+
+        def median(seconds: Callable[[WriterRun], float], of: list[WriterRun] = mine) -> float:
+            return statistics.median(run.per_chunk(seconds(run)) for run in of)
+
+        figures = [f"{median(lambda r: r.user):.2f}+{median(lambda r: r.system):.2f}"]
+        for name in mine[0].servers:
+            figures.append(f"{name} {median(lambda r, n=name: r.servers[n]):.2f}")
+        parts.append(f"{mode}: " + ", ".join(figures))
+    return "CPU ms a chunk (writers user+system, servers): " + "; ".join(parts)
 
 
 def _round_ratios(rates: dict[str, list[float]], over: str, under: str) -> str:
@@ -350,6 +432,8 @@ def bench_writers(
         # the metadata server as much as the writers do, so no rate is taken beside them.
         runs.append(("bound", indexed, _writer))
         peak = 0
+        servers = _server_pids(redis_url, juicefs=base[0] != base[1])
+        seen: dict[str, list[WriterRun]] = collections.defaultdict(list)
         for mode, options, target in runs:
             name = f"w{writers}-{mode.replace(' ', '-')}-{uuid.uuid4().hex[:6]}"
             roots = (base[0] / name, base[1] / name, base[2] / name)
@@ -358,11 +442,12 @@ def bench_writers(
             # writeback of those would slow it by more than the modes differ.
             os.sync()
             _settle_mount(base)
-            rate, peak_seen = run_writers(roots, writers, options, target, mode == "bound")
+            run = run_writers(roots, writers, options, target, mode == "bound", servers)
             if mode == "bound":
-                peak = peak_seen
+                peak = run.peak
             else:
-                rates[mode].append(rate)
+                rates[mode].append(run.rate)
+                seen[mode].append(run)
             shutil.rmtree(roots[0], ignore_errors=True)
         bound = cap + writers * chunk_size
         ratio = partial(_round_ratios, rates)
@@ -374,6 +459,7 @@ def bench_writers(
             f"{peak / bound:>10.2f} {median['bare']:>7.0f} {median['bare capped']:>13.0f} "
             f"{ratio('bare capped', 'bare'):>19} {ratio('bare redis', 'bare'):>19}"
         )
+        print(f"{'':>7} {_cpu_line(seen, ('uncapped', 'index', 'bare', 'bare redis'))}")
 
 
 def _settle_mount(base: tuple[Path, Path, Path]) -> None:
