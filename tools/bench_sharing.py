@@ -359,7 +359,8 @@ def _server_pids(redis_url: str, juicefs: bool) -> dict[str, list[int]]:
                 continue
             with contextlib.suppress(OSError):
                 with open(f"/proc/{entry}/cmdline", "rb") as cmdline:
-                    args = cmdline.read().split(b"\0")
+                    # JuiceFS rewrites its command line with spaces between the words
+                    args = cmdline.read().replace(b"\0", b" ").split()
                 if args and args[0].endswith(b"juicefs") and b"mount" in args:
                     pids["juicefs"].append(int(entry))
     return pids
