@@ -413,9 +413,9 @@ def bench_writers(
         f"{'lock ratio':>19} {'peak/bound':>10} {'bare/s':>7} {'bare capped/s':>13} "
         f"{'floor':>19} {'redis floor':>19}"
     )
+    servers = _server_pids(redis_url, juicefs=base[0] != base[1])
     for writers in WRITER_COUNTS:
         cap = writers * WRITES_PER_WRITER * chunk_size // 2
-        rates: dict[str, list[float]] = collections.defaultdict(list)
         indexed = {"max_bytes": cap, "index": redis_url}
         runs = [
             (mode, options, target)
@@ -433,7 +433,6 @@ def bench_writers(
         # the metadata server as much as the writers do, so no rate is taken beside them.
         runs.append(("bound", indexed, _writer))
         peak = 0
-        servers = _server_pids(redis_url, juicefs=base[0] != base[1])
         seen: dict[str, list[WriterRun]] = collections.defaultdict(list)
         for mode, options, target in runs:
             name = f"w{writers}-{mode.replace(' ', '-')}-{uuid.uuid4().hex[:6]}"
@@ -447,10 +446,10 @@ def bench_writers(
             if mode == "bound":
                 peak = run.peak
             else:
-                rates[mode].append(run.rate)
                 seen[mode].append(run)
             shutil.rmtree(roots[0], ignore_errors=True)
         bound = cap + writers * chunk_size
+        rates = {mode: [run.rate for run in mine] for mode, mine in seen.items()}
         ratio = partial(_round_ratios, rates)
         median = {mode: statistics.median(values) for mode, values in rates.items()}
         print(
