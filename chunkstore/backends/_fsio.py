@@ -330,7 +330,7 @@ class LocalIO:
                 # the fan-out directory does not exist yet (or was removed since make_dir)
                 if attempt == 2:
                     raise
-                os.makedirs(directory, exist_ok=True)
+                _mkdir_parents(directory)
                 self._dirs.add(directory)
         try:
             write_all(fd, memoryview(data).cast("B"), direct)

@@ -95,8 +95,9 @@ class FsWrites(Store):
 
     def _put(self, key: ChunkKey, data: Buffer, *, replace: bool) -> bool:
         final = self.path_of(key)
+        directory = self._dir_of(key)
+        made = self.io.make_dir(directory)
         # A directory made just now held no chunk: no need to look for one.
-        made = self.io.make_dir(self._dir_of(key))
         if not replace and not made and self.io.exists(final):
             return False
         view = memoryview(data).cast("B")
@@ -111,7 +112,7 @@ class FsWrites(Store):
             reserved = limiter.reserve(final, len(view))
         try:
             self._ensure_marker()
-            tmp = self._write_temp(key, view)
+            tmp = self._write_temp(key, view, directory)
 
             def publish() -> bool:
                 nonlocal published
@@ -152,12 +153,12 @@ class FsWrites(Store):
                 assert isinstance(limiter, CapacityIndex)
                 limiter.release(final, reserved)
 
-    def _write_temp(self, key: ChunkKey, view: memoryview) -> str:
+    def _write_temp(self, key: ChunkKey, view: memoryview, directory: str) -> str:
         name = L.temp_name(key.hex)
         if isinstance(self.io, LocalIO):
             direct = self.write_mode == DIRECT
-            return self.io.write_temp(self._dir_of(key), name, view, self.fsync, direct)
-        return self.io.write_temp(self._dir_of(key), name, view, self.fsync)
+            return self.io.write_temp(directory, name, view, self.fsync, direct)
+        return self.io.write_temp(directory, name, view, self.fsync)
 
     def delete_many(self, keys: Sequence[ChunkKey]) -> int:
         paths = [self.path_of(k) for k in keys]

@@ -979,9 +979,9 @@ def test_a_reconcile_keeps_a_reservation_whose_temp_file_is_being_written(
     results = []
     write_temp = writer._write_temp
 
-    def writing(key: object, view: memoryview) -> str:
+    def writing(key: object, view: memoryview, directory: str) -> str:
         results.append(other.reconcile())  # the entry is reserved, its file not there yet
-        return write_temp(key, view)  # type: ignore[arg-type]
+        return write_temp(key, view, directory)  # type: ignore[arg-type]
 
     writer._write_temp = writing  # type: ignore[method-assign]
     writer.put(CHUNKS[3].key, CHUNKS[3].data)
@@ -1255,7 +1255,7 @@ def test_a_failed_write_gives_its_room_back_to_the_credit(
     store.put(CHUNKS[0].key, CHUNKS[0].data)
     held = index._credit
 
-    def failing(key: object, view: memoryview) -> str:
+    def failing(key: object, view: memoryview, directory: str) -> str:
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(store, "_write_temp", failing)
