@@ -62,9 +62,14 @@ SOCKET_TIMEOUT = 2.0
 MAX_VICTIMS = 256
 """Chunks one admit may evict (a chunk as large as the cap evicts at most this many)."""
 EVICT_WORKERS = 8
-"""Victims one index deletes at a time. A delete waits on the filesystem or the object
-store, so the deletes of one eviction overlap; each is the same delete as alone. See
-"Sharing across machines" in docs/benchmarks.md for the unlink floor."""
+"""Victims one index deletes at a time, once a delete is slow (:data:`SLOW_DELETE`). Such a
+delete waits on a server (a network filesystem's metadata, an object store), so the deletes
+of one eviction overlap; each is the same delete as alone. See "Sharing across machines" in
+docs/benchmarks.md for the unlink floor."""
+SLOW_DELETE = 0.0002
+"""Seconds a victim's delete may take and the next still run in the same thread. A local
+unlink takes tens of microseconds, less than handing it to another thread costs; past this,
+the rest of the victims go :data:`EVICT_WORKERS` at a time."""
 RESERVATION_GRACE = 3600.0
 """Seconds a one-chunk reservation (what writers of an earlier reading of spec 6.8 make)
 whose file is not published is left alone by a reconcile: its writer may still be writing
@@ -833,9 +838,9 @@ class CapacityIndex:
 
     def _delete(self, victims: Sequence[Any], chosen_at: float) -> int:
         """Delete the files of ``victims`` (names the index took out in a step sent at
-        ``chosen_at``), in the store's batches where it has them, else up to
-        :data:`EVICT_WORKERS` at a time; how many went (a batch counts each delete that did
-        not fail). Returns once all are done.
+        ``chosen_at``), in the store's batches where it has them, else one by one (several
+        at a time once they are slow, see :meth:`_delete_each`); how many went (a batch
+        counts each delete that did not fail). Returns once all are done.
 
         One at a time, a victim whose file changed after the choice stays, and its account
         is queued again: a put that replaced it, or a read, came after the index chose it.
@@ -854,17 +859,7 @@ class CapacityIndex:
                 deleted = 0
             outcomes = []
         else:
-            delete_one = partial(self._delete_one, chosen_at=chosen_at)
-            if len(names) > 1:
-                with self._lock:
-                    if self._deleters is None:
-                        self._deleters = concurrent.futures.ThreadPoolExecutor(
-                            EVICT_WORKERS, thread_name_prefix=f"{self._label}-evict"
-                        )
-                    deleters = self._deleters
-                outcomes = list(deleters.map(delete_one, names))
-            else:
-                outcomes = list(map(delete_one, names))
+            outcomes = self._delete_each(names, chosen_at)
             deleted = sum(gone for gone, _ in outcomes)
         kept = [(name, size) for name, (_, size) in zip(names, outcomes) if size]
         with self._lock:
@@ -873,6 +868,26 @@ class CapacityIndex:
         for name, size in kept:
             self._queue("account", name, size, 0, b"")
         return deleted
+
+    def _delete_each(self, names: list[str], chosen_at: float) -> list[tuple[bool, int]]:
+        """:meth:`_delete_one` of each of ``names``, in order: in this thread while each
+        takes less than :data:`SLOW_DELETE`, then the rest up to :data:`EVICT_WORKERS` at a
+        time."""
+        delete_one = partial(self._delete_one, chosen_at=chosen_at)
+        outcomes: list[tuple[bool, int]] = []
+        for i, name in enumerate(names):
+            start = time.perf_counter()
+            outcomes.append(delete_one(name))
+            if time.perf_counter() - start >= SLOW_DELETE and i + 2 < len(names):
+                with self._lock:
+                    if self._deleters is None:
+                        self._deleters = concurrent.futures.ThreadPoolExecutor(
+                            EVICT_WORKERS, thread_name_prefix=f"{self._label}-evict"
+                        )
+                    deleters = self._deleters
+                outcomes += deleters.map(delete_one, names[i + 1 :])
+                break
+        return outcomes
 
     def _still_out(self, names: list[str]) -> list[str]:
         """Of victims ``names``, those not back in the LRU order (one round trip). A victim

@@ -767,12 +767,31 @@ def test_a_full_reconcile_keeps_a_stale_mark_set_while_it_walked(
     assert not index.stale()
 
 
-# --- eviction deletes its victims several at a time --------------------------------------
+# --- eviction deletes slow victims several at a time -------------------------------------
 
 
-def test_an_eviction_deletes_all_its_victims_several_at_a_time(
-    tmp_path: Path, redis_url: str
-) -> None:
+def test_fast_deletes_run_one_by_one_in_the_evicting_thread(tmp_path: Path, redis_url: str) -> None:
+    store = FsStore(str(tmp_path / "s"), create=True, index=redis_url)
+    store.put_many([(c.key, c.data) for c in CHUNKS[:20]])
+    _aged(store, CHUNKS[:20])
+    index = store.index
+    assert index is not None
+    index.reconcile()
+    evict = index._evict
+    threads: list[int] = []
+
+    def fast(path: str, chosen_at: float) -> tuple[bool, int]:
+        threads.append(threading.get_ident())
+        return evict(path, chosen_at)
+
+    index._evict = fast
+    assert index.evict(max_bytes=5 * SIZE) == 15
+    assert threads == [threading.get_ident()] * 15  # a local unlink: no hop to a worker
+    assert index._deleters is None
+    assert disk_usage(store) == (5 * SIZE, 5)
+
+
+def test_an_eviction_deletes_slow_victims_several_at_a_time(tmp_path: Path, redis_url: str) -> None:
     store = FsStore(str(tmp_path / "s"), create=True, index=redis_url)
     store.put_many([(c.key, c.data) for c in CHUNKS[:20]])
     _aged(store, CHUNKS[:20])
@@ -789,9 +808,11 @@ def test_an_eviction_deletes_all_its_victims_several_at_a_time(
             running[0] += 1
             running[1] = max(running[:2])
             running[2] += 1
-            first = running[2] <= 2
-        if first:
-            both.wait()  # the first two deletes meet: they run at once
+            first = running[2] <= 3
+        if running[2] == 1:
+            time.sleep(_index.SLOW_DELETE * 5)  # as slow as a network filesystem's delete
+        elif first:
+            both.wait()  # the next two deletes meet: they run at once
         try:
             return evict(path, chosen_at)
         finally:
