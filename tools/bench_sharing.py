@@ -725,7 +725,7 @@ def bench_index_alone(redis_url: str, count: int) -> None:
         None,
         name_of=lambda path: path,
         path_of=lambda name: name,
-        evict=lambda _path: 64,
+        evict=lambda _path, _chosen_at: (True, 0),  # deleted; nothing kept
         scan=scan,
         exists=lambda _path: True,
     )
