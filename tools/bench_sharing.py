@@ -716,8 +716,8 @@ def bench_index_alone(redis_url: str, count: int) -> None:
     now = time.time()
     names = [f"ns/{i % 256:02x}/{i:064x}.kvc" for i in range(count)]
 
-    def scan(_shard: tuple[int, int] | None) -> Iterator[tuple[str, int, float]]:
-        return ((name, 64, now - count + i) for i, name in enumerate(names))
+    def scan(_shard: tuple[int, int] | None) -> Iterator[tuple[str, int, float, bool]]:
+        return ((name, 64, now - count + i, False) for i, name in enumerate(names))
 
     index = CapacityIndex(
         client,
@@ -725,7 +725,7 @@ def bench_index_alone(redis_url: str, count: int) -> None:
         None,
         name_of=lambda path: path,
         path_of=lambda name: name,
-        evict=lambda _path, _chosen_at: (True, 0),  # deleted; nothing kept
+        evict=lambda _path, _chosen_at, _recorded: (True, 0),  # deleted; nothing kept
         scan=scan,
         exists=lambda _path: True,
     )
@@ -858,12 +858,14 @@ def bench_s3_evict(endpoint: str, redis_url: str, count: int = 1000, rounds: int
 def bench_victim_delete(label: str, roots: tuple[Path, Path, Path], rounds: int = 2) -> None:
     """What one victim's delete costs: 300 small chunks written through ``roots[0]``, then
     deleted through ``roots[1]`` (the other mount, on JuiceFS) by a bare unlink, by a stat
-    and an unlink, and by the store's own victim delete (the stat its ctime guard reads, the
-    unlink, and the unlink of an access record the chunk may have)."""
+    and an unlink, and by the store's own victim delete: the stat its ctime guard reads and
+    the unlink, then, for a victim the index says has an access record, that record's
+    unlink too (none was written here, so it is the unlink of an absent name)."""
     chunks = _chunks(300, 9, 64)
     times: dict[str, list[float]] = collections.defaultdict(list)
     for _ in range(rounds):
-        for mode in ("bare unlink", "stat + unlink", "store's delete"):
+        modes = ("bare unlink", "stat + unlink", "store's delete", "... with record")
+        for mode in modes:
             name = f"delete-{uuid.uuid4().hex[:8]}"
             writer = FsStore(str(roots[0] / name), create=True)
             writer.put_many([(c.key, c.data) for c in chunks])
@@ -873,8 +875,9 @@ def bench_victim_delete(label: str, roots: tuple[Path, Path, Path], rounds: int 
             paths = [store.path_of(c.key) for c in chunks]
             start = time.perf_counter()
             for path in paths:
-                if mode == "store's delete":
-                    store._evict_victim(path, time.time() + 3600)  # chosen after any change
+                if mode in ("store's delete", "... with record"):
+                    # (chosen after any change: the ctime guard keeps nothing)
+                    store._evict_victim(path, time.time() + 3600, mode == "... with record")
                 else:
                     if mode == "stat + unlink":
                         os.stat(path)

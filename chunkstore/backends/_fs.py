@@ -363,6 +363,20 @@ class FsStore(FsReads, FsWrites, Upkeep, Store):
         return self._chunks(None, shard)
 
     def _chunks(self, namespace: str | None, shard: tuple[int, int] | None) -> Iterator[ChunkInfo]:
+        return (info for _, info, _ in self._walk_chunks(namespace, shard))
+
+    def _scan_records(
+        self, shard: tuple[int, int] | None
+    ) -> Iterator[tuple[str, int, float, bool]]:
+        """(path, size, access time, has an access record) of every chunk (of one shard),
+        from the one walk: a reconcile tells the index which victims have a record."""
+        for path, info, recorded in self._walk_chunks(None, shard):
+            yield path, info.size, info.atime, recorded
+
+    def _walk_chunks(
+        self, namespace: str | None, shard: tuple[int, int] | None
+    ) -> Iterator[tuple[str, ChunkInfo, bool]]:
+        """(path, info, has an access record) of each chunk in the walked directories."""
         for ns, leaf, files in self._walk(namespace, shard):
             records = {
                 n[: -len(".atime")] for n, st in files if st.regular and L.classify(n) == L.ACCESS
@@ -374,8 +388,10 @@ class FsStore(FsReads, FsWrites, Upkeep, Store):
                     continue  # a chunk in the wrong fan-out directory is foreign
                 h = fname[: -len(L.CHUNK_SUFFIX)]
                 path = self.io.join(leaf, fname)
-                atime = self._access_time(path, st, fname in records)
-                yield ChunkInfo(ChunkKey(bytes.fromhex(h), ns), st.size, st.mtime, atime)
+                recorded = fname in records
+                atime = self._access_time(path, st, recorded)
+                info = ChunkInfo(ChunkKey(bytes.fromhex(h), ns), st.size, st.mtime, atime)
+                yield path, info, recorded
 
     def _other_files(
         self, kinds: tuple[str, ...], shard: tuple[int, int] | None = None

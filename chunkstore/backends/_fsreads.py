@@ -492,10 +492,11 @@ class FsReads(Store):
             self._touched[key] = last if recent else now
             if recent:
                 return
-            if not self.io.set_access(path, now, st):
+            recorded = not self.io.set_access(path, now, st)
+            if recorded:
                 self.io.write_small(path + ".atime", L.access_bytes(now))
             if self.index is not None:
-                self.index.touch([path])
+                self.index.touch([path], recorded=recorded)
         except OSError as exc:  # access times are advisory; a read never fails over them
             log.debug("%s: cannot record access to %s: %s", self.name, path, exc)
 

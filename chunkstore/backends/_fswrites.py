@@ -208,9 +208,11 @@ class FsWrites(Store):
         size = self._remove_sized(path)
         return max(size, 0)
 
-    def _evict_victim(self, path: str, chosen_at: float) -> tuple[bool, int]:
+    def _evict_victim(self, path: str, chosen_at: float, recorded: bool) -> tuple[bool, int]:
         """Delete a chunk the capacity index chose as a victim at ``chosen_at`` (this
         machine's clock, no later than the choice), unless its file changed since.
+        Its access record goes too when ``recorded`` (the index knows a reader wrote one)
+        or through fsspec; a local record the index does not know of is left (harmless).
 
         Returns ``(deleted, kept)``: ``kept`` is the size of a file left in place because its
         ctime is past the choice (a put replaced it, or a read recorded a use), else 0.
@@ -232,8 +234,11 @@ class FsWrites(Store):
             return False, st.size
         if not self.io.remove(path):
             return False, 0
-        with contextlib.suppress(OSError):
-            self.io.remove(path + ".atime")
+        # (the record's unlink is skipped when the index knows of none: on a shared
+        # filesystem an unlink of an absent name is a round trip to the metadata server)
+        if recorded or not self.io.local:
+            with contextlib.suppress(OSError):
+                self.io.remove(path + ".atime")
         return True, 0
 
     # --- quarantine (the primitives of Upkeep) -------------------------------------

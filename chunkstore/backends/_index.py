@@ -45,6 +45,7 @@ from chunkstore.backends._index_scripts import (
     EVICT,
     GIVE_BACK,
     RECLAIM,
+    RECORD,
     REMOVE,
     REMOVE_GONE,
 )
@@ -166,13 +167,15 @@ class CapacityIndex:
 
     ``name_of(path)`` gives a chunk's name in the index (relative to the store's root, so
     that every mount of one volume agrees) and ``path_of(name)`` inverts it.
-    ``evict(path, chosen_at)`` deletes a victim (a chunk the index took out in a step sent
-    at ``chosen_at``) and its access record, unless its file changed since; it returns
+    ``evict(path, chosen_at, recorded)`` deletes a victim (a chunk the index took out in a
+    step sent at ``chosen_at``) and, where ``recorded`` says the index knew of one, its
+    access record, unless its file changed since; it returns
     ``(deleted, kept)``, ``kept`` being the size of a file so left in place (else 0), which
     the index then accounts again. ``evict_many(paths)``, where a store has it, deletes
     many in fewer requests, with no such check, and returns how many went.
-    ``scan()`` yields ``(path, size, access_time)`` for every chunk (of one shard, given
-    ``shard=(i, n)``); ``exists(path)`` says whether a chunk file is there. ``ask_back``, for
+    ``scan()`` yields ``(path, size, access_time, recorded)`` for every chunk (of one shard,
+    given ``shard=(i, n)``), ``recorded`` saying an access record lies beside its file;
+    ``exists(path)`` says whether a chunk file is there. ``ask_back``, for
     a store whose files show no ctime, has each batch of victims checked against the index
     before the deletes: one back in the LRU order stays.
     """
@@ -185,9 +188,9 @@ class CapacityIndex:
         *,
         name_of: Callable[[str], str],
         path_of: Callable[[str], str],
-        evict: Callable[[str, float], tuple[bool, int]],
+        evict: Callable[[str, float, bool], tuple[bool, int]],
         evict_many: Callable[[list[str]], int] | None = None,
-        scan: Callable[[tuple[int, int] | None], Iterable[tuple[str, int, float]]],
+        scan: Callable[[tuple[int, int] | None], Iterable[tuple[str, int, float, bool]]],
         exists: Callable[[str], bool],
         label: str = "store",
         ask_back: bool = False,
@@ -203,6 +206,7 @@ class CapacityIndex:
             f"{prefix}:sizes",
             f"{prefix}:reserved",
             f"{prefix}:feed",
+            f"{prefix}:records",
         )
         # with the credit each writer holds, and when each was last seen (server's clock)
         self._credit_keys = (*self._keys, f"{prefix}:credit", f"{prefix}:writers")
@@ -224,6 +228,7 @@ class CapacityIndex:
         self._remove_gone = client.register_script(REMOVE_GONE)
         self._evict_script = client.register_script(EVICT)
         self._clear_stale = client.register_script(CLEAR_STALE)
+        self._record = client.register_script(RECORD)
         self._lock = threading.Lock()
         # This writer's credit (see reserve): its name in the index, the bytes of room it
         # holds and has not drawn yet, whether a credit request is on its way, and the puts
@@ -547,16 +552,18 @@ class CapacityIndex:
             kind = request[0]
             if kind == "accounts":
                 pipe.evalsha(
-                    self._account.sha, 7, *self._credit_keys, *self._account_args(request[1])
+                    self._account.sha, 8, *self._credit_keys, *self._account_args(request[1])
                 )
             elif kind == "give back":
-                pipe.evalsha(self._give_back.sha, 7, *self._credit_keys, self._writer)
+                pipe.evalsha(self._give_back.sha, 8, *self._credit_keys, self._writer)
             elif kind == "credit":
                 assert self.max_bytes is not None
                 most = self.max_bytes // CREDIT_TOTAL_SHARE
                 wanted, needed = request[1], request[2]
                 args = (self._writer, wanted, needed, self.max_bytes, MAX_VICTIMS, CREDIT_GRACE)
-                pipe.evalsha(self._credit_script.sha, 7, *self._credit_keys, *args, most)
+                pipe.evalsha(self._credit_script.sha, 8, *self._credit_keys, *args, most)
+            elif kind == "record":
+                pipe.evalsha(self._record.sha, 2, self._keys[2], self._keys[5], *request[1])
             else:  # touch
                 pipe.zadd(self._keys[1], dict.fromkeys(request[1], request[2]), xx=True, gt=True)
 
@@ -599,7 +606,7 @@ class CapacityIndex:
         return args
 
     def _load_scripts(self) -> None:
-        scripts = (self._account, self._credit_script, self._give_back)
+        scripts = (self._account, self._credit_script, self._give_back, self._record)
         pipe = self.client.pipeline(transaction=False)
         for script in scripts:
             pipe.script_load(script.script)
@@ -686,13 +693,18 @@ class CapacityIndex:
         self.reconcile()
         return self.usage()
 
-    def touch(self, paths: Sequence[str]) -> None:
+    def touch(self, paths: Sequence[str], *, recorded: bool = False) -> None:
         """Record uses of these chunks now (LRU order); a chunk the index lacks stays out.
+        ``recorded``: the use went to an access record beside each file, which the index
+        notes so that the victim's delete removes it (see :meth:`_delete`).
 
         Sent from the index's own thread, after this store's earlier requests, in one
         pipeline with the others queued: a read does not wait for the round trip."""
         if paths:
-            self._queue("touch", [self._name_of(path) for path in paths], time.time())
+            names = [self._name_of(path) for path in paths]
+            self._queue("touch", names, time.time())
+            if recorded:
+                self._queue("record", names)
 
     def feed(self) -> ChangeFeed:
         """A reader of this store's change feed, from now on: every chunk any writer's index
@@ -725,7 +737,7 @@ class CapacityIndex:
             if not ok:
                 raise ConnectionError(f"{self._label}: capacity index unreachable")
             total += self._delete(victims, sent)
-            if len(victims) < MAX_VICTIMS:
+            if len(victims) - 1 < MAX_VICTIMS:  # (the last element is the records string)
                 break
         if self.kept != kept:  # the victims left in place are counted again on return
             self.flush()
@@ -737,7 +749,8 @@ class CapacityIndex:
         progress: Callable[[int], None] | None = None,
     ) -> Reconciled:
         """Make the index agree with the files (of one shard, ``(i, n)``): add what a walk
-        finds and the index lacks, take out entries whose files are gone. A reservation
+        finds and the index lacks, note the access records it finds beside chunks (so their
+        victims' deletes remove them), take out entries whose files are gone. A reservation
         younger than :data:`RESERVATION_GRACE` stays: its writer may still be writing the
         temp file. The credit of writers not seen for :data:`CREDIT_GRACE` is given back.
 
@@ -758,23 +771,24 @@ class CapacityIndex:
         self._must("reconcile", partial(self._reclaim, self._credit_keys, [CREDIT_GRACE]))
         walked = added = 0
         found = WalkedNames()
-        triples: list[Any] = []
+        found_four: list[Any] = []  # name, size, last use, has a record: for each chunk
 
         def add_found() -> None:
             nonlocal added
-            added += int(self._must("reconcile", partial(self._add_found, self._keys, triples)))
-            triples.clear()
+            call = partial(self._add_found, self._keys, found_four)
+            added += int(self._must("reconcile", call))
+            found_four.clear()
 
-        for path, size, atime in self._scan(shard):
+        for path, size, atime, recorded in self._scan(shard):
             name = self._name_of(path)
             found.add(name)
-            triples += (name, size, atime)
+            found_four += (name, size, atime, int(recorded))
             walked += 1
-            if len(triples) >= 3 * BATCH:
+            if len(found_four) >= 4 * BATCH:
                 add_found()
             if progress is not None and walked % 1000 == 0:
                 progress(1000)
-        if triples:
+        if found_four:
             add_found()
         found.freeze()
         removed = 0
@@ -837,19 +851,23 @@ class CapacityIndex:
                 return
 
     def _delete(self, victims: Sequence[Any], chosen_at: float) -> int:
-        """Delete the files of ``victims`` (names the index took out in a step sent at
-        ``chosen_at``), in the store's batches where it has them, else one by one (several
-        at a time once they are slow, see :meth:`_delete_each`); how many went (a batch
-        counts each delete that did not fail). Returns once all are done.
+        """Delete the files of ``victims`` (what a step sent at ``chosen_at`` returned: the
+        names it took out, then a string of ``1`` for each that had an access record the
+        index knew of, ``0`` for each that had none), in the store's batches where it has
+        them, else one by one (several at a time once they are slow, see
+        :meth:`_delete_each`); how many went (a batch counts each delete that did not fail).
+        Returns once all are done.
 
         One at a time, a victim whose file changed after the choice stays, and its account
         is queued again: a put that replaced it, or a read, came after the index chose it.
         Where files show no ctime (``ask_back``: S3, fsspec), a victim the index took in again
         since the choice stays instead: a writer stored it anew and accounted it.
         """
-        names = [raw.decode() if isinstance(raw, bytes) else str(raw) for raw in victims]
+        decoded = [raw.decode() if isinstance(raw, bytes) else str(raw) for raw in victims]
+        names = decoded[:-1]
+        recorded = [flag == "1" for flag in decoded[-1]] if decoded else []
         if self._ask_back and names:
-            names = self._still_out(names)
+            names, recorded = self._still_out(names, recorded)
         if self._evict_many is not None and names:
             try:
                 deleted = self._evict_many([self._path_of(name) for name in names])
@@ -859,25 +877,31 @@ class CapacityIndex:
                 deleted = 0
             outcomes = []
         else:
-            outcomes = self._delete_each(names, chosen_at)
+            outcomes = self._delete_each(names, recorded, chosen_at)
             deleted = sum(gone for gone, _ in outcomes)
-        kept = [(name, size) for name, (_, size) in zip(names, outcomes) if size]
+        kept = [
+            (name, size, had) for name, had, (_, size) in zip(names, recorded, outcomes) if size
+        ]
         with self._lock:
             self.evicted += deleted
             self.kept += len(kept)
-        for name, size in kept:
+        for name, size, had in kept:
             self._queue("account", name, size, 0, b"")
+            if had:  # its access record stays with it
+                self._queue("record", [name])
         return deleted
 
-    def _delete_each(self, names: list[str], chosen_at: float) -> list[tuple[bool, int]]:
-        """:meth:`_delete_one` of each of ``names``, in order: in this thread while each
-        takes less than :data:`SLOW_DELETE`, then the rest up to :data:`EVICT_WORKERS` at a
-        time."""
+    def _delete_each(
+        self, names: list[str], recorded: list[bool], chosen_at: float
+    ) -> list[tuple[bool, int]]:
+        """:meth:`_delete_one` of each of ``names`` (``recorded``: whether each has an access
+        record the index knew of), in order: in this thread while each takes less than
+        :data:`SLOW_DELETE`, then the rest up to :data:`EVICT_WORKERS` at a time."""
         delete_one = partial(self._delete_one, chosen_at=chosen_at)
         outcomes: list[tuple[bool, int]] = []
-        for i, name in enumerate(names):
+        for i, (name, had) in enumerate(zip(names, recorded)):
             start = time.perf_counter()
-            outcomes.append(delete_one(name))
+            outcomes.append(delete_one(name, had))
             if time.perf_counter() - start >= SLOW_DELETE and i + 2 < len(names):
                 with self._lock:
                     if self._deleters is None:
@@ -885,23 +909,24 @@ class CapacityIndex:
                             EVICT_WORKERS, thread_name_prefix=f"{self._label}-evict"
                         )
                     deleters = self._deleters
-                outcomes += deleters.map(delete_one, names[i + 1 :])
+                outcomes += deleters.map(delete_one, names[i + 1 :], recorded[i + 1 :])
                 break
         return outcomes
 
-    def _still_out(self, names: list[str]) -> list[str]:
-        """Of victims ``names``, those not back in the LRU order (one round trip). A victim
-        back there was accounted after the index chose it: a writer stored it again, so it
-        stays, counted in :attr:`kept`. With the index unreachable, all of them."""
+    def _still_out(self, names: list[str], recorded: list[bool]) -> tuple[list[str], list[bool]]:
+        """Of victims ``names`` (with their ``recorded`` flags), those not back in the LRU
+        order (one round trip). A victim back there was accounted after the index chose it:
+        a writer stored it again, so it stays, counted in :attr:`kept`. With the index
+        unreachable, all of them."""
         ok, scores = self._call("evict", lambda: self.client.zmscore(self._keys[1], names))
         if not ok:
-            return names
-        out = [name for name, score in zip(names, scores) if score is None]
+            return names, recorded
+        out = [(name, had) for name, had, score in zip(names, recorded, scores) if score is None]
         with self._lock:
             self.kept += len(names) - len(out)
-        return out
+        return [name for name, _ in out], [had for _, had in out]
 
-    def _delete_one(self, name: str, chosen_at: float) -> tuple[bool, int]:
+    def _delete_one(self, name: str, recorded: bool, chosen_at: float) -> tuple[bool, int]:
         now = time.monotonic()
         with self._lock:
             while self._spared:
@@ -912,7 +937,8 @@ class CapacityIndex:
             # Spared once already, or too many spared: delete whatever the ctime says.
             may_spare = name not in self._spared and len(self._spared) < MAX_SPARED
         try:
-            deleted, kept = self._evict(self._path_of(name), chosen_at if may_spare else math.inf)
+            chosen = chosen_at if may_spare else math.inf
+            deleted, kept = self._evict(self._path_of(name), chosen, recorded)
         except OSError as exc:
             # Out of the index but still on disk: the next reconcile counts it again.
             log.warning("%s: cannot evict %s: %s", self._label, name, exc)

@@ -240,11 +240,12 @@ class S3Store(S3Reads, S3Writes, S3Requests, Upkeep, Store):
         key = _chunk_key_of(self._relative(path))
         return 0 if key is None else self.delete_many([key])
 
-    def _evict_victim(self, path: str, chosen_at: float) -> tuple[bool, int]:
+    def _evict_victim(self, path: str, chosen_at: float, recorded: bool) -> tuple[bool, int]:
         """Delete a victim the capacity index chose (see :meth:`_evict_paths`). An object
         shows no ctime, so it goes whatever ``chosen_at`` says; the index was asked instead
-        whether a writer stored it again."""
-        del chosen_at
+        whether a writer stored it again. Its access record goes whatever ``recorded`` says
+        (a delete of an absent object costs no more than the one request carrying both)."""
+        del chosen_at, recorded
         return bool(self._evict_path(path)), 0
 
     def _evict_paths(self, paths: builtins.list[str]) -> int:

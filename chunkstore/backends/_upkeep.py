@@ -48,8 +48,8 @@ class Upkeep:
     * ``_read_small(name)`` and ``_write_small(name, data)``: a small file.
       Names are relative to the root. Both raise OSError on failure.
     * ``_full_path(name)``, ``_name_of(path)``, ``_chunk_path(key)``: naming.
-    * ``_evict_victim(path, chosen_at)`` and ``_exists_path(path)``: for the capacity index,
-      with ``_has_ctime``: whether its files show when they last changed.
+    * ``_evict_victim(path, chosen_at, recorded)`` and ``_exists_path(path)``: for the
+      capacity index, with ``_has_ctime``: whether its files show when they last changed.
     * ``_ensure_marker()`` and ``list()``, as the store has them anyway.
     """
 
@@ -78,7 +78,9 @@ class Upkeep:
         def _full_path(self, name: str) -> str: ...
         def _name_of(self, path: str) -> str: ...
         def _chunk_path(self, key: ChunkKey) -> str: ...
-        def _evict_victim(self, path: str, chosen_at: float) -> tuple[bool, int]: ...
+        def _evict_victim(
+            self, path: str, chosen_at: float, recorded: bool
+        ) -> tuple[bool, int]: ...
         def _exists_path(self, path: str) -> bool: ...
         def _ensure_marker(self) -> None: ...
         def list(self, namespace: str | None = None) -> Iterator[ChunkInfo]: ...
@@ -205,7 +207,7 @@ class Upkeep:
             path_of=self._full_path,
             evict=self._evict_victim,
             evict_many=getattr(self, "_evict_paths", None),
-            scan=self._scan_shard,
+            scan=self._scan_records,
             exists=self._exists_path,
             label=self.name,
             ask_back=not self._has_ctime,
@@ -216,3 +218,11 @@ class Upkeep:
         chunks = self.list() if shard is None else chunks_of_shard(self, shard)
         for info in chunks:
             yield self._chunk_path(info.key), info.size, info.atime
+
+    def _scan_records(
+        self, shard: tuple[int, int] | None
+    ) -> Iterator[tuple[str, int, float, bool]]:
+        """:meth:`_scan_shard`, each chunk with whether an access record lies beside it.
+        Here always False: a store that deletes every victim's record needs no flag."""
+        for path, size, atime in self._scan_shard(shard):
+            yield path, size, atime, False

@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from chunkstore.backends import _index
+from chunkstore.backends import _index, _layout
 from chunkstore.backends._fs import FsStore
 from chunkstore.backends._index import parse_shard, shard_of
 from chunkstore.errors import ConfigError, StoreError
@@ -210,7 +210,7 @@ def test_writers_killed_at_any_point_are_repaired_by_reconcile(
     store = FsStore(root, max_bytes=cap, index=redis_url)
     index = store.index
     assert index is not None
-    assert index.client.hlen(index._credit_keys[5]) > 0  # the dead writers' credit
+    assert index.client.hlen(index._credit_keys[6]) > 0  # the dead writers' credit
     result = index.reconcile()
     used, count = disk_usage(store)
     assert (index.usage().bytes, index.usage().chunks) == (used, count)
@@ -427,7 +427,7 @@ def test_reconcile_in_batches_leaves_entries_a_writer_made_meanwhile_alone(
     rewritten = by_path[walk[4][0]]  # in the second batch, walked but not yet sent
     adds = _counted_calls(index, "_add_found")
 
-    def scan(shard: object) -> Iterator[tuple[str, int, float]]:
+    def scan(shard: object) -> Iterator[tuple[str, int, float, bool]]:
         for i, found in enumerate(walk):
             if i == 6:  # the first batch is in; a writer writes meanwhile
                 writer.put(rewritten.key, rewritten.data)
@@ -437,7 +437,7 @@ def test_reconcile_in_batches_leaves_entries_a_writer_made_meanwhile_alone(
 
     index._scan = scan
     result = index.reconcile()
-    assert adds == [12, 12, 6]  # three batches of (name, size, last use)
+    assert adds == [16, 16, 8]  # three batches of (name, size, last use, has a record)
     assert (result.walked, result.added, result.removed) == (10, 9, 0)
     used, count = disk_usage(plain)
     assert count == 11 and (index.usage().bytes, index.usage().chunks) == (used, count)
@@ -784,9 +784,9 @@ def test_fast_deletes_run_one_by_one_in_the_evicting_thread(
     evict = index._evict
     threads: list[int] = []
 
-    def fast(path: str, chosen_at: float) -> tuple[bool, int]:
+    def fast(path: str, chosen_at: float, recorded: bool) -> tuple[bool, int]:
         threads.append(threading.get_ident())
-        return evict(path, chosen_at)
+        return evict(path, chosen_at, recorded)
 
     index._evict = fast
     assert index.evict(max_bytes=5 * SIZE) == 15
@@ -807,7 +807,7 @@ def test_an_eviction_deletes_slow_victims_several_at_a_time(tmp_path: Path, redi
     running = [0, 0, 0]  # now, most at once, calls
     both = threading.Barrier(2, timeout=30)
 
-    def slow(path: str, chosen_at: float) -> tuple[bool, int]:
+    def slow(path: str, chosen_at: float, recorded: bool) -> tuple[bool, int]:
         with lock:
             running[0] += 1
             running[1] = max(running[:2])
@@ -818,7 +818,7 @@ def test_an_eviction_deletes_slow_victims_several_at_a_time(tmp_path: Path, redi
         elif first:
             both.wait()  # the next two deletes meet: they run at once
         try:
-            return evict(path, chosen_at)
+            return evict(path, chosen_at, recorded)
         finally:
             with lock:
                 running[0] -= 1
@@ -841,10 +841,10 @@ def test_a_victim_that_cannot_be_deleted_is_logged_and_counted_back_by_reconcile
     stuck = store.path_of(CHUNKS[3].key)
     evict = index._evict
 
-    def refusing(path: str, chosen_at: float) -> tuple[bool, int]:
+    def refusing(path: str, chosen_at: float, recorded: bool) -> tuple[bool, int]:
         if path == stuck:
             raise PermissionError(13, "Permission denied", path)
-        return evict(path, chosen_at)
+        return evict(path, chosen_at, recorded)
 
     index._evict = refusing
     with caplog.at_level("WARNING", logger=_index.__name__):
@@ -863,7 +863,7 @@ def _changing_first_victim(index: _index.CapacityIndex, change: Callable[[str], 
     changed: list[str] = []
     lock = threading.Lock()
 
-    def changing(path: str, chosen_at: float) -> tuple[bool, int]:
+    def changing(path: str, chosen_at: float, recorded: bool) -> tuple[bool, int]:
         with lock:
             first = not changed
             if first:
@@ -871,7 +871,7 @@ def _changing_first_victim(index: _index.CapacityIndex, change: Callable[[str], 
         if first:
             time.sleep(0.01)  # past a coarse ctime clock's tick after the choice
             change(path)
-        return evict(path, chosen_at)
+        return evict(path, chosen_at, recorded)
 
     index._evict = changing
     return changed
@@ -957,7 +957,7 @@ def test_a_ctime_clock_ahead_of_the_writers_spares_each_victim_once_and_the_cap_
     index = store.index
     assert index is not None
     evict = index._evict
-    index._evict = lambda path, chosen_at: evict(path, chosen_at - 60.0)
+    index._evict = lambda path, chosen_at, recorded: evict(path, chosen_at - 60.0, recorded)
     chunks = sample_chunks(30, seed=12)
     for chunk in chunks:
         store.put_many([(chunk.key, chunk.data)])
@@ -981,7 +981,7 @@ def test_past_max_spared_victims_are_deleted_whatever_their_ctime(
     index = store.index
     assert index is not None
     evict = index._evict
-    index._evict = lambda path, chosen_at: evict(path, chosen_at - 60.0)
+    index._evict = lambda path, chosen_at, recorded: evict(path, chosen_at - 60.0, recorded)
     for chunk in sample_chunks(12, seed=13):
         store.put_many([(chunk.key, chunk.data)])
     index.flush()
@@ -1176,12 +1176,14 @@ def _stored_again_stays(store: Any) -> None:
     still_out = index._still_out
     again: list[MadeChunk] = []
 
-    def storing_the_first_again(names: list[str]) -> list[str]:
+    def storing_the_first_again(
+        names: list[str], recorded: list[bool]
+    ) -> tuple[list[str], list[bool]]:
         if not again:
             again.append(by_name[names[0]])
             assert store.put_many([(again[0].key, again[0].data)]) == [True]
             index.flush()  # its account, sent after the fact on a filesystem, is in
-        return still_out(names)
+        return still_out(names, recorded)
 
     index._still_out = storing_the_first_again
     assert index.evict(max_bytes=0) == 9
@@ -1219,9 +1221,9 @@ def test_an_uncapped_writer_publishes_without_waiting_for_its_reservation(
 def _credit_counted(index: _index.CapacityIndex) -> tuple[int, int]:
     """The credit usage counts, and what the writers' credit adds up to; they must agree."""
     counted = int(index.client.hget(index._keys[0], "credit") or 0)
-    held = sum(int(v) for v in index.client.hvals(index._credit_keys[5]))
+    held = sum(int(v) for v in index.client.hvals(index._credit_keys[6]))
     assert counted == held >= 0
-    return counted, index.client.zcard(index._credit_keys[6])
+    return counted, index.client.zcard(index._credit_keys[7])
 
 
 def _credited_store(
@@ -1437,4 +1439,103 @@ def test_a_bug_in_the_accounting_thread_fails_the_put_waiting_for_credit(
     assert store.put(CHUNKS[1].key, CHUNKS[1].data)
     index.flush()
     assert (index.usage().bytes, index.usage().chunks) == disk_usage(store) == (SIZE, 1)
+    store.close()
+
+
+def _removes_counted(store: FsStore, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Record every path ``store`` removes from now on (removing it still)."""
+    removed: list[str] = []
+    remove = store.io.remove
+
+    def counted(path: str) -> bool:
+        removed.append(path)
+        return remove(path)
+
+    monkeypatch.setattr(store.io, "remove", counted)
+    return removed
+
+
+def test_a_victim_with_no_access_record_known_costs_one_unlink(
+    tmp_path: Path, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = FsStore(str(tmp_path / "s"), create=True, index=redis_url)
+    index, by_path = _ten_aged(store)
+    removed = _removes_counted(store, monkeypatch)
+    assert index.evict(max_bytes=0) == 10
+    assert sorted(removed) == sorted(by_path)  # no unlink of an absent access record
+    assert list(store.list()) == []
+    store.close()
+
+
+def test_an_access_record_a_reader_wrote_goes_with_its_victim(
+    tmp_path: Path, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = FsStore(str(tmp_path / "s"), create=True, index=redis_url, access_resolution=0)
+    index, by_path = _ten_aged(store)
+    # (a filesystem that cannot set an access time: the reader writes a record beside it)
+    monkeypatch.setattr(store.io, "set_access", lambda *_args: False)
+    path = store.path_of(CHUNKS[0].key)
+    assert store.get(CHUNKS[0].key) == CHUNKS[0].data
+    index.flush()
+    assert os.path.exists(path + ".atime")
+    records = index._keys[5]
+    assert index.client.smembers(records) == {store._name_of(path).encode()}
+    removed = _removes_counted(store, monkeypatch)
+    assert index.evict(max_bytes=0) == 10
+    assert sorted(removed) == sorted([*by_path, path + ".atime"])
+    assert not os.path.exists(path + ".atime") and index.client.scard(records) == 0
+    store.close()
+
+
+def test_a_record_the_index_does_not_know_of_is_left_and_does_no_harm(
+    tmp_path: Path, redis_url: str
+) -> None:
+    store = FsStore(str(tmp_path / "s"), create=True, index=redis_url)
+    index, _ = _ten_aged(store)
+    path = store.path_of(CHUNKS[0].key)
+    with open(path + ".atime", "wb") as record:  # as a reader without the index writes one
+        record.write(_layout.access_bytes(time.time() - 5000))
+    assert index.evict(max_bytes=0) == 10
+    assert os.path.exists(path + ".atime") and list(store.list()) == []
+    store.put(CHUNKS[0].key, CHUNKS[0].data)  # stored again beside the leftover record
+    assert store.get(CHUNKS[0].key) == CHUNKS[0].data
+    [info] = store.list()
+    os.remove(path + ".atime")
+    [without] = store.list()
+    assert info.key == CHUNKS[0].key and info.atime == without.atime  # the older record: no use
+    store.close()
+
+
+def test_a_reconcile_notes_the_records_it_finds_so_their_victims_take_them(
+    tmp_path: Path, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = FsStore(str(tmp_path / "s"), create=True, index=redis_url)
+    index, by_path = _ten_aged(store)
+    recorded = [store.path_of(c.key) for c in CHUNKS[:2]]
+    for path in recorded:  # as readers without the index (or before a restart) wrote them
+        with open(path + ".atime", "wb") as record:
+            record.write(_layout.access_bytes(time.time() - 5000))
+    index.client.delete(index._keys[5])  # the set lost too (a Redis restarted empty)
+    assert index.reconcile().added == 0  # every chunk was counted: only the records are new
+    noted = {store._name_of(path).encode() for path in recorded}
+    assert index.client.smembers(index._keys[5]) == noted
+    removed = _removes_counted(store, monkeypatch)
+    assert index.evict(max_bytes=0) == 10
+    assert sorted(removed) == sorted([*by_path, *(path + ".atime" for path in recorded)])
+    assert not any(os.path.exists(path + ".atime") for path in recorded)
+    store.close()
+
+
+def test_a_chunk_taken_out_of_the_index_drops_its_record_mark(
+    tmp_path: Path, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = FsStore(str(tmp_path / "s"), create=True, index=redis_url, access_resolution=0)
+    index, _ = _ten_aged(store)
+    monkeypatch.setattr(store.io, "set_access", lambda *_args: False)
+    assert store.get(CHUNKS[0].key) == CHUNKS[0].data
+    index.flush()
+    assert index.client.scard(index._keys[5]) == 1
+    assert store.delete_many([CHUNKS[0].key]) == 1
+    index.flush()
+    assert index.client.scard(index._keys[5]) == 0
     store.close()
