@@ -15,10 +15,11 @@ So readers see whole chunks only, and a killed writer leaves at most an orphan t
 from __future__ import annotations
 
 import builtins
+import contextlib
 import logging
 import os
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 from typing import Any
 
@@ -398,14 +399,56 @@ class FsStore(FsReads, FsWrites, Upkeep, Store):
     ) -> Iterator[tuple[str, StoredFile]]:
         """``(kind, file)`` for files of ``kinds`` in the chunk directories (of one shard):
         one listing a directory, and a stat only for what is not a chunk or access record
-        there."""
-        for ns, leaf, files in self._walk(None, shard, _owned_name):
+        there, and for an access record beside no chunk (kind :data:`LONE_RECORD`)."""
+        owned: builtins.list[str] = []  # the names skip took, of the leaf being scanned
+
+        def skip(leaf: str, fname: str) -> bool:
+            if not _owned_name(leaf, fname):
+                return False
+            owned.append(fname)
+            return True
+
+        for ns, leaf, files in self._walk(None, shard, skip):
             for fname, st in files:
                 kind = L.classify(fname) if st.regular else L.FOREIGN  # a symlink, FIFO, dir
                 if kind == L.CHUNK and not _in_own_directory(leaf, fname):
                     kind = L.FOREIGN
                 if kind in kinds:
                     yield kind, StoredFile(self.io.join(leaf, fname), ns, st.size, st.mtime)
+            if LONE_RECORD in kinds:
+                yield from self._lone_records(ns, leaf, owned, [fname for fname, _ in files])
+            owned.clear()
+
+    def _lone_records(
+        self, ns: str, leaf: str, owned: builtins.list[str], statted: builtins.list[str]
+    ) -> Iterator[tuple[str, StoredFile]]:
+        """The access records of one listing of ``leaf`` with no chunk name beside them:
+        ``owned`` are the regular chunks and records it held, ``statted`` its other names.
+        Each comes with its own stat (a record vanished meanwhile is left out)."""
+        present = {*owned, *statted}
+        for fname in set(owned).difference(statted):  # (one statted is no regular file)
+            chunk = fname[: -len(".atime")]
+            if L.classify(fname) != L.ACCESS or chunk in present:
+                continue
+            if not _in_own_directory(leaf, chunk):
+                continue  # no chunk of the store can sit here: not a record of ours to judge
+            path = self.io.join(leaf, fname)
+            st = self.io.stat(path)
+            if st is not None:
+                yield LONE_RECORD, StoredFile(path, ns, st.size, st.mtime)
+
+    def remove_lone_records(self, files: Sequence[StoredFile]) -> builtins.list[StoredFile]:
+        """Delete these access records (found by :meth:`strays`) but for those whose chunk is
+        there again: a writer stored it since, and a reader may have recorded a use of it.
+        Returns those that went."""
+        gone = []
+        for record in files:
+            if self.io.exists(record.path[: -len(".atime")]):
+                continue
+            with contextlib.suppress(OSError):  # (gone already, or not ours to delete)
+                if self.io.remove(record.path):
+                    gone.append(record)
+        return gone
 
     def _unfinished(self, shard: tuple[int, int] | None = None) -> Iterator[StoredFile]:
         """Temp files of interrupted writes, beside the chunks (of one shard)."""
@@ -417,12 +460,12 @@ class FsStore(FsReads, FsWrites, Upkeep, Store):
         return (found for _, found in self._other_files((L.FOREIGN,), shard))
 
     def strays(self, shard: tuple[int, int] | None = None) -> Strays:
-        """Temp files and foreign files (of one shard), found in one walk."""
-        unfinished: builtins.list[StoredFile] = []
-        foreign: builtins.list[StoredFile] = []
-        for kind, found in self._other_files((L.TEMP, L.FOREIGN), shard):
-            (unfinished if kind == L.TEMP else foreign).append(found)
-        return Strays(unfinished, foreign)
+        """Temp files, foreign files and access records beside no chunk (of one shard),
+        found in one walk."""
+        found: dict[str, builtins.list[StoredFile]] = {L.TEMP: [], L.FOREIGN: [], LONE_RECORD: []}
+        for kind, stray in self._other_files((L.TEMP, L.FOREIGN, LONE_RECORD), shard):
+            found[kind].append(stray)
+        return Strays(found[L.TEMP], found[L.FOREIGN], found[LONE_RECORD])
 
     def _drop_unfinished(self, orphan: StoredFile) -> bool:
         return self.io.remove(orphan.path)
@@ -544,6 +587,10 @@ def open_fs_store(url: str, **options: Any) -> FsStore:
 def _in_own_directory(leaf: str, fname: str) -> bool:
     """Whether the chunk file ``fname`` sits in its own fan-out directory ``leaf``."""
     return fname[0:2] == leaf[-5:-3] and fname[2:4] == leaf[-2:]
+
+
+LONE_RECORD = "lone record"
+"""The kind of an access record whose chunk is not beside it, for :meth:`FsStore._other_files`."""
 
 
 def _owned_name(leaf: str, fname: str) -> bool:

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Protocol, runtime_checkable
 
@@ -56,6 +56,9 @@ class Strays:
     """Interrupted writes: temp files, or S3's unfinished multipart uploads."""
     foreign: list[StoredFile]
     """Files chunkstore did not write."""
+    lone_records: list[StoredFile] = field(default_factory=list)
+    """Access records whose chunk is not there (filesystems): a victim's delete may leave
+    one (spec 6.8)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,6 +161,16 @@ class SupportsStagingSweep(Protocol):
         Those in quarantine move to their quarantine name.
         They are deleted where a copy already holds it.
         Those in the state directory are deleted."""
+
+
+@runtime_checkable
+class SupportsLoneRecords(Protocol):
+    """Delete access records whose chunk is gone (the filesystem store: a capped writer
+    leaves the record of a victim the capacity index had no note of)."""
+
+    def remove_lone_records(self, files: Sequence[StoredFile]) -> list[StoredFile]:
+        """Delete these records (as :meth:`strays` found them), but for one whose chunk is
+        there again (a writer stored it since). Returns those that went."""
 
 
 @runtime_checkable

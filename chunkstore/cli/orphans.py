@@ -5,6 +5,10 @@ temp file looks the same, so only files older than the grace period (default
 one hour, far longer than any single chunk write) are removed. Foreign files
 may be someone's data and are only reported; quarantined chunks are counted.
 
+A capped writer that deletes a victim the capacity index had no access record noted for
+leaves that record behind (spec 6.8); past the grace period (by its last use, its mtime)
+the sweep deletes such a record, unless its chunk was stored again meanwhile.
+
 A set-aside killed between its two renames leaves its staged file in
 ``quarantine/<ns>/`` or ``.chunkstore/``; past the grace period (by the time it
 was staged, its ctime) the sweep finishes it: a corrupt chunk gets its quarantine
@@ -42,6 +46,9 @@ class StraySweep:
     name or deleted (or that would be, in a dry run)."""
     staged_young: list[Stray] = field(default_factory=list)
     """Staged files within the grace period (possibly a set-aside in progress): kept."""
+    lone_records: list[Stray] = field(default_factory=list)
+    """Access records beside no chunk, last used before the grace period: removed (or that
+    would be, in a dry run)."""
 
     def as_json(self) -> dict[str, Any]:
         """JSON-friendly summary with the paths."""
@@ -54,6 +61,7 @@ class StraySweep:
             "stranded_quarantined": [s.path for s in self.stranded if s.kind == _INTO_QUARANTINE],
             "stranded_removed": [s.path for s in self.stranded if s.kind != _INTO_QUARANTINE],
             "staged_in_grace": [s.path for s in self.staged_young],
+            "lone_records_removed": [s.path for s in self.lone_records],
         }
 
 
@@ -70,6 +78,7 @@ def sweep(
     from chunkstore.cli.storeaccess import (
         find_strays,
         quarantined,
+        remove_lone_records,
         remove_unfinished,
         settle_stranded,
         stranded_files,
@@ -81,6 +90,7 @@ def sweep(
     found = find_strays(store, shard)
     old = [(f, s) for f, s in found.temps if s.mtime <= cutoff]
     young = [s for _, s in found.temps if s.mtime > cutoff]
+    lone = [(f, s) for f, s in found.lone_records if s.mtime <= cutoff]
     areas = shard is None or shard[0] == 0  # quarantine and staging: one shard's to sweep
     staged = stranded_files(store) if areas else []
     if not areas:
@@ -102,6 +112,9 @@ def sweep(
     )
     if not dry_run:
         remove_unfinished(store, [f for f, _ in old])
+        went = remove_lone_records(store, [f for f, _ in lone])
+        lone = [(f, s) for f, s in lone if f.path in went]  # (one stored again is kept)
+    result.lone_records.extend(sorted((s for _, s in lone), key=lambda s: s.path))
     return result
 
 
@@ -128,6 +141,10 @@ def describe(result: StraySweep, *, dry_run: bool) -> list[str]:
     if result.staged_young:
         count = len(result.staged_young)
         lines.append(f"kept {count} staged set-aside file(s) younger than the grace period")
+    if result.lone_records:
+        verb = "would remove" if dry_run else "removed"
+        count = len(result.lone_records)
+        lines.append(f"{verb} {count} access record(s) whose chunk is gone")
     if result.quarantined:
         lines.append(f"{len(result.quarantined)} chunk(s) in quarantine")
     return lines

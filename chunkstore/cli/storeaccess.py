@@ -13,13 +13,14 @@ without it has no access records, quarantine area or stray files).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from chunkstore.backends.base import Store, SupportsRangedRead
 from chunkstore.backends.maintenance import (
     StoredFile,
     StrandedFile,
+    SupportsLoneRecords,
     SupportsMaintenance,
     SupportsStagingSweep,
 )
@@ -135,6 +136,8 @@ class FoundStrays:
     """Writers' temp files: each as the store names it (to remove it) and as shown."""
     foreign: list[Stray]
     """Files that are not chunkstore's."""
+    lone_records: list[tuple[StoredFile, Stray]] = field(default_factory=list)
+    """Access records beside no chunk: each as the store names it and as shown."""
 
 
 def find_strays(store: Store, shard: tuple[int, int] | None = None) -> FoundStrays:
@@ -146,7 +149,16 @@ def find_strays(store: Store, shard: tuple[int, int] | None = None) -> FoundStra
     return FoundStrays(
         [(f, _stray(store, f, "temp")) for f in found.unfinished],
         [_stray(store, f, "foreign") for f in found.foreign],
+        [(f, _stray(store, f, "lone-record")) for f in found.lone_records],
     )
+
+
+def remove_lone_records(store: Store, files: Sequence[StoredFile]) -> set[str]:
+    """Delete these access records beside no chunk (as :func:`find_strays` found them), but
+    for those whose chunk is there again; the store paths of those that went."""
+    if not isinstance(store, SupportsLoneRecords) or not files:
+        return set()
+    return {f.path for f in store.remove_lone_records(files)}
 
 
 def remove_unfinished(store: Store, files: Sequence[StoredFile]) -> int:
